@@ -1,0 +1,67 @@
+// Loading ModelWeights: from a Hugging Face checkpoint directory (config.json plus
+// safetensors, single file or sharded) or from a preset with seeded random weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/config.h"
+#include "core/weights.h"
+
+namespace glm {
+
+struct LayerSpan {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1: through the last layer
+};
+
+// The span with end = -1 replaced by num_hidden_layers; an error unless
+// 0 <= begin < end <= num_hidden_layers.
+absl::StatusOr<LayerSpan> ResolveLayerSpan(const ModelConfig& config, LayerSpan span);
+
+// Reads `dir`/config.json and the safetensors it names. Only layers [span.begin, span.end)
+// are mapped (with the embedding when begin is 0, final norm and lm_head when end is the
+// last layer). Every tensor of the span must be present with the right shape; a tensor the
+// loader does not recognise is an error naming it, except the MTP layer(s) (index
+// num_hidden_layers and up), which are recognised and skipped. Accepts per-expert and fused
+// (`mlp.experts.gate_up_proj` / `mlp.experts.down_proj`) expert tensors.
+absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan span = {});
+
+// Seeded random weights for a config, HF-like init (normal, std 0.02; norm gains 1; biases
+// and correction bias 0), bit-identical on every machine for the same seed and dtype.
+// Each tensor's values depend only on (seed, its HF name, element index), so a span's weights
+// equal the same layers of the whole model, and a saved-then-loaded copy is identical.
+struct RandomWeightOptions {
+  uint64_t seed = 0;
+  DType dtype = DType::kBF16;  // dtype of the large matrices
+  double stddev = 0.02;
+};
+absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
+                                           const RandomWeightOptions& options = {},
+                                           LayerSpan span = {});
+
+// A model directory (contains config.json) or a preset spec ("glm-4.5-air:layers=2").
+absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSpan span = {},
+                                       const RandomWeightOptions& random_options = {});
+
+// config.json text for a config (model_type glm4_moe, legacy top-level rope fields); `dtype`
+// becomes torch_dtype. ParseConfigJson of the result gives back the same config.
+std::string ConfigToJson(const ModelConfig& config, DType dtype = DType::kBF16);
+
+struct SaveCheckpointOptions {
+  // Write routed experts as mlp.experts.gate_up_proj [E, 2I, hidden] and
+  // mlp.experts.down_proj [E, hidden, I] instead of one tensor per expert matrix.
+  bool fused_experts = false;
+  // > 0: split into model-0000i-of-0000N.safetensors shards of at most about this many bytes
+  // (a tensor is never split) plus model.safetensors.index.json; 0: one model.safetensors.
+  int64_t max_shard_bytes = 0;
+};
+
+// Writes `weights` as a Hugging Face checkpoint directory (created if needed): config.json and
+// safetensors, matrices in their stored dtype, 1-D parameters as F32. A span writes only its
+// own tensors (LoadCheckpoint then loads it with the same span).
+absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
+                            const SaveCheckpointOptions& options = {});
+
+}  // namespace glm

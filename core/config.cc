@@ -1,0 +1,384 @@
+#include "core/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+
+namespace glm {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("config field '", field, "': ", why));
+}
+
+// Reads an optional integer field; absent or null keeps the default.
+absl::Status ReadInt(const Json& j, const char* field, int64_t* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number_integer()) return FieldError(field, "expected an integer");
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadFloat(const Json& j, const char* field, double* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return FieldError(field, "expected a number");
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const Json& j, const char* field, bool* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return FieldError(field, "expected true or false");
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const Json& j, const char* field, std::string* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) return FieldError(field, "expected a string");
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+// eos_token_id is an integer or a list of integers.
+absl::Status ReadTokenIds(const Json& j, const char* field, std::vector<int32_t>* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  out->clear();
+  if (it->is_number_integer()) {
+    out->push_back(it->get<int32_t>());
+    return absl::OkStatus();
+  }
+  if (!it->is_array()) return FieldError(field, "expected an integer or a list of integers");
+  for (const Json& v : *it) {
+    if (!v.is_number_integer()) return FieldError(field, "expected a list of integers");
+    out->push_back(v.get<int32_t>());
+  }
+  return absl::OkStatus();
+}
+
+// RoPE: either legacy top-level fields or a rope_parameters / rope_scaling object. Only the
+// default (unscaled) rope type is what GLM-4.5 uses; any other type is refused rather than
+// silently computed wrong.
+absl::Status ReadRope(const Json& j, ModelConfig* c) {
+  if (absl::Status s = ReadFloat(j, "rope_theta", &c->rope_theta); !s.ok()) return s;
+  if (absl::Status s = ReadFloat(j, "partial_rotary_factor", &c->partial_rotary_factor); !s.ok())
+    return s;
+  for (const char* name : {"rope_parameters", "rope_scaling"}) {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) return FieldError(name, "expected an object");
+    std::string type = "default";
+    for (const char* key : {"rope_type", "type"}) {
+      if (absl::Status s = ReadString(*it, key, &type); !s.ok()) {
+        return FieldError(absl::StrCat(name, ".", key), "expected a string");
+      }
+    }
+    if (type != "default") {
+      return absl::UnimplementedError(absl::StrCat(
+          "config field '", name, ".rope_type': '", type, "' is not supported (only 'default')"));
+    }
+    if (!ReadFloat(*it, "rope_theta", &c->rope_theta).ok())
+      return FieldError(absl::StrCat(name, ".rope_theta"), "expected a number");
+    if (!ReadFloat(*it, "partial_rotary_factor", &c->partial_rotary_factor).ok())
+      return FieldError(absl::StrCat(name, ".partial_rotary_factor"), "expected a number");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text) {
+  Json j = Json::parse(json_text.begin(), json_text.end(), /*cb=*/nullptr,
+                       /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("config.json is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
+
+  ModelConfig c;
+  std::string model_type;
+  if (absl::Status s = ReadString(j, "model_type", &model_type); !s.ok()) return s;
+  if (!model_type.empty() && model_type != "glm4_moe") {
+    return FieldError("model_type", absl::StrCat("'", model_type, "' is not 'glm4_moe'"));
+  }
+  struct IntField {
+    const char* name;
+    int64_t* dst;
+  };
+  const IntField ints[] = {
+      {"vocab_size", &c.vocab_size},
+      {"hidden_size", &c.hidden_size},
+      {"intermediate_size", &c.intermediate_size},
+      {"moe_intermediate_size", &c.moe_intermediate_size},
+      {"num_hidden_layers", &c.num_hidden_layers},
+      {"num_attention_heads", &c.num_attention_heads},
+      {"num_key_value_heads", &c.num_key_value_heads},
+      {"head_dim", &c.head_dim},
+      {"n_routed_experts", &c.n_routed_experts},
+      {"n_shared_experts", &c.n_shared_experts},
+      {"num_experts_per_tok", &c.num_experts_per_tok},
+      {"n_group", &c.n_group},
+      {"topk_group", &c.topk_group},
+      {"first_k_dense_replace", &c.first_k_dense_replace},
+      {"max_position_embeddings", &c.max_position_embeddings},
+      {"num_nextn_predict_layers", &c.num_nextn_predict_layers},
+      {"pad_token_id", &c.pad_token_id},
+  };
+  for (const IntField& f : ints) {
+    if (absl::Status s = ReadInt(j, f.name, f.dst); !s.ok()) return s;
+  }
+  if (absl::Status s = ReadFloat(j, "rms_norm_eps", &c.rms_norm_eps); !s.ok()) return s;
+  if (absl::Status s = ReadFloat(j, "routed_scaling_factor", &c.routed_scaling_factor); !s.ok())
+    return s;
+  if (absl::Status s = ReadBool(j, "use_qk_norm", &c.use_qk_norm); !s.ok()) return s;
+  if (absl::Status s = ReadBool(j, "attention_bias", &c.attention_bias); !s.ok()) return s;
+  if (absl::Status s = ReadBool(j, "norm_topk_prob", &c.norm_topk_prob); !s.ok()) return s;
+  if (absl::Status s = ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings); !s.ok())
+    return s;
+  if (absl::Status s = ReadString(j, "hidden_act", &c.hidden_act); !s.ok()) return s;
+  if (absl::Status s = ReadTokenIds(j, "eos_token_id", &c.eos_token_ids); !s.ok()) return s;
+  if (absl::Status s = ReadRope(j, &c); !s.ok()) return s;
+
+  if (c.head_dim == 0 && c.num_attention_heads > 0) {
+    if (c.hidden_size % c.num_attention_heads != 0) {
+      return FieldError("head_dim",
+                        "absent, and hidden_size is not divisible by num_attention_heads");
+    }
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<ModelConfig> c = ParseConfigJson(buffer.str());
+  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  return c;
+}
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size", c.moe_intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"n_routed_experts", c.n_routed_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"n_group", c.n_group},
+      {"topk_group", c.topk_group},
+      {"max_position_embeddings", c.max_position_embeddings},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) return FieldError(name, absl::StrCat("must be positive, got ", value));
+  }
+  if (c.n_shared_experts < 0) return FieldError("n_shared_experts", "must not be negative");
+  if (c.num_nextn_predict_layers < 0)
+    return FieldError("num_nextn_predict_layers", "must not be negative");
+  if (c.first_k_dense_replace < 0)
+    return FieldError("first_k_dense_replace", "must not be negative");
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return FieldError("num_key_value_heads",
+                      absl::StrCat(c.num_attention_heads, " attention heads are not divisible by ",
+                                   c.num_key_value_heads, " kv heads"));
+  }
+  if (!(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0)) {
+    return FieldError("partial_rotary_factor",
+                      absl::StrCat("must be in (0, 1], got ", c.partial_rotary_factor));
+  }
+  if (c.rotary_dim() % 2 != 0 || c.rotary_dim() == 0) {
+    return FieldError("partial_rotary_factor",
+                      absl::StrCat("gives rotary width ", c.rotary_dim(), " of head_dim ",
+                                   c.head_dim, "; it must be even and positive"));
+  }
+  if (!(c.rope_theta > 0.0)) return FieldError("rope_theta", "must be positive");
+  if (!(c.rms_norm_eps > 0.0)) return FieldError("rms_norm_eps", "must be positive");
+  if (!(c.routed_scaling_factor > 0.0))
+    return FieldError("routed_scaling_factor", "must be positive");
+  if (c.num_experts_per_tok > c.n_routed_experts) {
+    return FieldError("num_experts_per_tok",
+                      absl::StrCat(c.num_experts_per_tok, " is larger than n_routed_experts ",
+                                   c.n_routed_experts));
+  }
+  if (c.n_routed_experts % c.n_group != 0) {
+    return FieldError("n_group", absl::StrCat(c.n_routed_experts,
+                                              " experts are not divisible into ", c.n_group,
+                                              " groups"));
+  }
+  if (c.topk_group > c.n_group) {
+    return FieldError("topk_group",
+                      absl::StrCat(c.topk_group, " is larger than n_group ", c.n_group));
+  }
+  // A group's score is the sum of its two best experts, so groups need at least two (HF
+  // would fail the same way); with one group the group step is a no-op.
+  if (c.n_group > 1 && c.n_routed_experts / c.n_group < 2) {
+    return FieldError("n_group", "each expert group needs at least two experts");
+  }
+  if (c.hidden_act != "silu") {
+    return FieldError("hidden_act", absl::StrCat("'", c.hidden_act, "' is not supported (silu)"));
+  }
+  for (int32_t id : c.eos_token_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return FieldError("eos_token_id", absl::StrCat(id, " is outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+ModelConfig Glm45() {
+  ModelConfig c;
+  c.hidden_size = 5120;
+  c.num_hidden_layers = 92;
+  c.num_attention_heads = 96;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.partial_rotary_factor = 0.5;
+  c.rope_theta = 1e6;
+  c.use_qk_norm = true;
+  c.attention_bias = true;
+  c.intermediate_size = 12288;
+  c.moe_intermediate_size = 1536;
+  c.n_routed_experts = 160;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 8;
+  c.routed_scaling_factor = 2.5;
+  c.first_k_dense_replace = 3;
+  c.num_nextn_predict_layers = 1;
+  c.eos_token_ids = {151329, 151336, 151338};
+  c.pad_token_id = 151329;
+  return c;
+}
+
+ModelConfig Glm45Air() {
+  ModelConfig c = Glm45();
+  c.hidden_size = 4096;
+  c.num_hidden_layers = 46;
+  c.use_qk_norm = false;
+  c.intermediate_size = 10944;
+  c.moe_intermediate_size = 1408;
+  c.n_routed_experts = 128;
+  c.routed_scaling_factor = 1.0;
+  c.first_k_dense_replace = 1;
+  return c;
+}
+
+// GLM-4.5's architecture (QK-norm, attention bias, partial RoPE, GQA, a dense first layer,
+// sigmoid-routed experts with a shared one) and its real vocabulary, at a width a laptop CPU
+// serves interactively.
+ModelConfig Glm45Mini() {
+  ModelConfig c = Glm45();
+  c.hidden_size = 512;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.intermediate_size = 1536;
+  c.moe_intermediate_size = 256;
+  c.n_routed_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.first_k_dense_replace = 1;
+  c.max_position_embeddings = 8192;
+  return c;
+}
+
+// A test shape: every feature on, everything small.
+ModelConfig Tiny() {
+  ModelConfig c = Glm45();
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 96;
+  c.moe_intermediate_size = 32;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.n_group = 2;
+  c.topk_group = 1;
+  c.first_k_dense_replace = 1;
+  c.max_position_embeddings = 1024;
+  c.eos_token_ids = {255};
+  c.pad_token_id = 255;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  ModelConfig (*make)();
+};
+constexpr Preset kPresets[] = {
+    {"glm-4.5", Glm45},
+    {"glm-4.5-air", Glm45Air},
+    {"glm-4.5-mini", Glm45Mini},
+    {"tiny", Tiny},
+};
+
+}  // namespace
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
+  std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
+  const Preset* preset = nullptr;
+  for (const Preset& p : kPresets) {
+    if (parts[0] == p.name) preset = &p;
+  }
+  if (preset == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown preset '", parts[0], "'; known: ",
+                                            absl::StrJoin(PresetNames(), ", ")));
+  }
+  ModelConfig c = preset->make();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(parts[i], '=');
+    int64_t value = 0;
+    if (kv.first == "layers" && absl::SimpleAtoi(kv.second, &value)) {
+      if (value <= 0 || value > c.num_hidden_layers) {
+        return absl::InvalidArgumentError(absl::StrCat("preset option layers=", kv.second,
+                                                       " must be in [1, ", c.num_hidden_layers,
+                                                       "]"));
+      }
+      c.num_hidden_layers = value;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown preset option '", parts[i], "' (known: layers=N)"));
+    }
+  }
+  if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
+  return c;
+}
+
+std::string DescribeConfig(const ModelConfig& c) {
+  return absl::StrCat("hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (",
+                      c.first_k_dense_replace, " dense), ", c.num_attention_heads, " heads / ",
+                      c.num_key_value_heads, " kv heads x ", c.head_dim, " (rotary ",
+                      c.rotary_dim(), "), ", c.n_routed_experts, " experts top-",
+                      c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ",
+                      c.vocab_size, c.use_qk_norm ? ", qk-norm" : "",
+                      c.attention_bias ? ", qkv bias" : "");
+}
+
+}  // namespace glm

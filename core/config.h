@@ -1,0 +1,74 @@
+// ModelConfig: every Glm4MoeConfig field that changes the forward math, parsed once from a
+// Hugging Face config.json (or taken from a preset) and validated before anything uses it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace glm {
+
+struct ModelConfig {
+  // Defaults are Glm4MoeConfig's library defaults (used when config.json omits a field).
+  int64_t vocab_size = 151552;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 10944;     // dense FFN width
+  int64_t moe_intermediate_size = 1408;  // width of each routed expert
+  int64_t num_hidden_layers = 46;        // not counting the MTP layer(s)
+  int64_t num_attention_heads = 96;
+  int64_t num_key_value_heads = 8;
+  int64_t head_dim = 0;  // 0 until parsed: defaults to hidden_size / num_attention_heads
+  double partial_rotary_factor = 0.5;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool use_qk_norm = false;
+  bool attention_bias = false;
+  int64_t n_routed_experts = 128;
+  int64_t n_shared_experts = 1;
+  int64_t num_experts_per_tok = 8;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 1.0;
+  int64_t first_k_dense_replace = 1;
+  bool tie_word_embeddings = false;
+  std::string hidden_act = "silu";
+  int64_t max_position_embeddings = 131072;
+  int64_t num_nextn_predict_layers = 0;
+  std::vector<int32_t> eos_token_ids;
+  int64_t pad_token_id = -1;  // -1: none
+
+  // Derived facts (valid after Validate()).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
+  int64_t q_dim() const { return num_attention_heads * head_dim; }
+  int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  bool is_moe_layer(int64_t layer) const { return layer >= first_k_dense_replace; }
+  int64_t shared_intermediate_size() const { return moe_intermediate_size * n_shared_experts; }
+};
+
+// Parses the text of a config.json. Accepts both the legacy top-level rope_theta /
+// partial_rotary_factor and the newer rope_parameters object. The result is validated.
+absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text);
+absl::StatusOr<ModelConfig> LoadConfigFile(const std::string& path);
+
+// Checks every invariant the kernels rely on; the error names the offending field.
+absl::Status ValidateConfig(const ModelConfig& config);
+
+// Presets: "glm-4.5", "glm-4.5-air" (released shapes), "glm-4.5-mini" (GLM-4.5-shaped but
+// small enough to serve on a laptop CPU: the embedded default model) and "tiny" (test shape).
+// Options follow a colon: "glm-4.5-air:layers=2" keeps the first two layers.
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec);
+
+// Names of the presets PresetConfig accepts (without options).
+std::vector<std::string> PresetNames();
+
+// Short human-readable summary ("hidden 4096, 46 layers, 128 experts top-8, ...").
+std::string DescribeConfig(const ModelConfig& config);
+
+}  // namespace glm

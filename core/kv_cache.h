@@ -1,0 +1,88 @@
+// The paged KV cache: fixed-size blocks of token slots, handed out by a reference-counted
+// block allocator, addressed per sequence through a block table.
+//
+// A block id names the same slot range in every layer (as in vLLM), so one block table
+// serves the whole layer span. Keys and values are stored in fp32 on the CPU backend, so the
+// cache adds no rounding to the exact path.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace glm {
+
+// Free list plus reference counts. Blocks shared by several sequences (a common prompt
+// prefix) carry one reference per holder and return to the free list at zero.
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int32_t num_blocks);
+
+  // A free block with reference count 1, or -1 when none is left.
+  int32_t Allocate();
+  void AddRef(int32_t block);
+  // Drops one reference; the block is free again when none remain.
+  void Release(int32_t block);
+
+  int32_t num_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
+  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+  int32_t ref_count(int32_t block) const { return ref_counts_[block]; }
+
+ private:
+  std::vector<int32_t> ref_counts_;  // [num_blocks]
+  std::vector<int32_t> free_;        // stack of free block ids
+};
+
+// A sequence's blocks in position order: token p lives in block table[p / block_size] at
+// slot p % block_size.
+using BlockTable = std::vector<int32_t>;
+
+struct KvCacheShape {
+  int64_t num_layers = 0;  // layers of the served span
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 16;  // token slots per block
+  int64_t num_blocks = 0;
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheShape& shape);
+
+  const KvCacheShape& shape() const { return shape_; }
+  int64_t kv_dim() const { return shape_.kv_heads * shape_.head_dim; }
+  int64_t capacity_tokens() const { return shape_.num_blocks * shape_.block_size; }
+  // Bytes of K and V storage per token across the span's layers.
+  int64_t bytes_per_token() const { return 2 * shape_.num_layers * kv_dim() * sizeof(float); }
+
+  // Key / value rows of one block in one layer: [block_size, kv_heads * head_dim].
+  float* keys(int64_t layer, int32_t block) { return data_.data() + Offset(layer, block, 0); }
+  float* values(int64_t layer, int32_t block) { return data_.data() + Offset(layer, block, 1); }
+  const float* keys(int64_t layer, int32_t block) const {
+    return data_.data() + Offset(layer, block, 0);
+  }
+  const float* values(int64_t layer, int32_t block) const {
+    return data_.data() + Offset(layer, block, 1);
+  }
+
+  BlockAllocator& allocator() { return allocator_; }
+  const BlockAllocator& allocator() const { return allocator_; }
+
+  // Grows `table` with fresh blocks until it covers `tokens` positions. All or nothing: on
+  // RESOURCE_EXHAUSTED the table and the allocator are as they were.
+  absl::Status Reserve(BlockTable* table, int64_t tokens);
+  // Releases every block of the table and clears it.
+  void Free(BlockTable* table);
+
+ private:
+  int64_t Offset(int64_t layer, int32_t block, int kind) const {
+    return ((layer * shape_.num_blocks + block) * 2 + kind) * shape_.block_size * kv_dim();
+  }
+
+  KvCacheShape shape_;
+  std::vector<float> data_;  // [num_layers, num_blocks, 2 (k, v), block_size, kv_dim]
+  BlockAllocator allocator_;
+};
+
+}  // namespace glm

@@ -1,0 +1,191 @@
+#include "core/model.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops/embedding.h"
+#include "core/ops/ffn.h"
+#include "core/ops/linear.h"
+#include "core/ops/norm.h"
+
+namespace glm {
+
+int64_t ForwardBatch::total_tokens() const {
+  int64_t total = 0;
+  for (const SequenceSlice& s : sequences) total += s.num_tokens;
+  return total;
+}
+
+Model::Model(ModelWeights weights)
+    : weights_(std::move(weights)),
+      rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
+      router_(RouterParams::FromConfig(weights_.config)) {}
+
+KvCacheShape Model::CacheShape(int64_t num_blocks, int64_t block_size) const {
+  KvCacheShape shape;
+  shape.num_layers = num_span_layers();
+  shape.kv_heads = config().num_key_value_heads;
+  shape.head_dim = config().head_dim;
+  shape.block_size = block_size;
+  shape.num_blocks = num_blocks;
+  return shape;
+}
+
+absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
+  const ModelConfig& c = config();
+  const KvCacheShape& cs = cache.shape();
+  if (cs.num_layers != num_span_layers() || cs.kv_heads != c.num_key_value_heads ||
+      cs.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("KV cache shape does not match the model");
+  }
+  const int64_t total = batch.total_tokens();
+  if (total == 0) return absl::InvalidArgumentError("empty batch");
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.num_tokens <= 0 || s.start_position < 0) {
+      return absl::InvalidArgumentError("each sequence needs at least one new token");
+    }
+    const int64_t end = s.start_position + s.num_tokens;
+    if (end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", end - 1,
+                                                     " is past max_position_embeddings ",
+                                                     c.max_position_embeddings));
+    }
+    if (s.blocks == nullptr ||
+        static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
+      return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
+    }
+    for (int32_t b : *s.blocks) {
+      if (b < 0 || b >= cs.num_blocks) return absl::InvalidArgumentError("bad block id");
+    }
+  }
+  if (weights_.has_embedding()) {
+    if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("this span starts at layer 0: expected ", total, " token ids"));
+    }
+    for (int32_t id : batch.token_ids) {
+      if (id < 0 || id >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  } else {
+    if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
+        !batch.token_ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("this span starts at layer ",
+                                                     layer_begin(), ": expected hidden states [",
+                                                     total, ", ", c.hidden_size, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
+                           const ForwardBatch& batch, const std::vector<int32_t>& positions,
+                           KvCache* cache) {
+  const ModelConfig& c = config();
+  const AttentionWeights& a = layer.attn;
+  const int64_t t = static_cast<int64_t>(positions.size());
+  const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  Linear(x_.data(), t, a.q_proj, bias(a.q_bias), q_.data());
+  Linear(x_.data(), t, a.k_proj, bias(a.k_bias), k_.data());
+  Linear(x_.data(), t, a.v_proj, bias(a.v_bias), v_.data());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!a.q_norm.empty()) {  // QK-norm per head, before RoPE; values are not normalised
+    RmsNorm(q_.data(), a.q_norm.data(), t * c.num_attention_heads, c.head_dim, eps, q_.data());
+    RmsNorm(k_.data(), a.k_norm.data(), t * c.num_key_value_heads, c.head_dim, eps, k_.data());
+  }
+  rope_.Apply(q_.data(), t, c.num_attention_heads, positions.data());
+  rope_.Apply(k_.data(), t, c.num_key_value_heads, positions.data());
+  WriteKv(k_.data(), v_.data(), batch.sequences, span_layer, cache);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+                 attn_.data());
+  Linear(attn_.data(), t, a.o_proj, nullptr, out_.data());
+}
+
+void Model::FfnBlock(const LayerWeights& layer, int64_t tokens) {
+  if (layer.is_moe) {
+    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data());
+  } else {
+    SwiGluFfn(x_.data(), tokens, layer.dense, out_.data());
+  }
+}
+
+absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
+                            const ForwardOptions& options, ForwardResult* result) {
+  if (absl::Status s = CheckBatch(batch, *cache); !s.ok()) return s;
+  const ModelConfig& c = config();
+  const int64_t t = batch.total_tokens();
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  h_.resize(t * hidden);
+  x_.resize(t * hidden);
+  q_.resize(t * c.q_dim());
+  k_.resize(t * c.kv_dim());
+  v_.resize(t * c.kv_dim());
+  attn_.resize(t * c.q_dim());
+  out_.resize(t * hidden);
+  std::vector<int32_t> positions;
+  positions.reserve(t);
+  for (const SequenceSlice& s : batch.sequences) {
+    for (int64_t i = 0; i < s.num_tokens; ++i) {
+      positions.push_back(static_cast<int32_t>(s.start_position + i));
+    }
+  }
+
+  if (weights_.has_embedding()) {
+    EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
+  } else {
+    std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());
+  }
+  result->layer_hidden.clear();
+  if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+
+  for (int64_t i = 0; i < num_span_layers(); ++i) {
+    const LayerWeights& layer = weights_.layers[i];
+    RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
+    AttentionBlock(layer, i, batch, positions, cache);
+    for (int64_t j = 0; j < t * hidden; ++j) h_[j] += out_[j];
+    RmsNorm(h_.data(), layer.post_attention_norm.data(), t, hidden, eps, x_.data());
+    FfnBlock(layer, t);
+    for (int64_t j = 0; j < t * hidden; ++j) h_[j] += out_[j];
+    if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+  }
+
+  if (options.return_hidden) {
+    result->hidden = h_;
+  } else {
+    result->hidden.clear();
+  }
+  result->logits.clear();
+  if (options.logits == LogitsRows::kNone) return absl::OkStatus();
+  if (!weights_.has_head()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits need the last layer; this span ends at layer ", layer_end()));
+  }
+  // Only the rows whose logits are wanted go through the final norm and lm_head.
+  std::vector<int64_t> rows;
+  if (options.logits == LogitsRows::kAll) {
+    for (int64_t r = 0; r < t; ++r) rows.push_back(r);
+  } else {
+    int64_t end = 0;
+    for (const SequenceSlice& s : batch.sequences) {
+      end += s.num_tokens;
+      rows.push_back(end - 1);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> normed(n * hidden);
+  for (int64_t r = 0; r < n; ++r) {
+    RmsNorm(h_.data() + rows[r] * hidden, weights_.final_norm.data(), 1, hidden, eps,
+            normed.data() + r * hidden);
+  }
+  result->logits.resize(n * c.vocab_size);
+  Linear(normed.data(), n, weights_.lm_head, nullptr, result->logits.data());
+  return absl::OkStatus();
+}
+
+}  // namespace glm

@@ -1,0 +1,95 @@
+// The GLM-4.5 decoder stack over a span of layers, run on a ragged batch with a paged KV
+// cache:
+//
+//   h = embed(tokens)                       (span starts at layer 0; else h = hidden input)
+//   for each layer l in the span:
+//     h += Attn_l(RMSNorm_in(h))
+//     h += FFN_l(RMSNorm_post(h))           (dense SwiGLU or MoE)
+//   logits = RMSNorm_final(h) lm_head^T     (span ends at the last layer)
+//
+// Not thread-safe: one engine thread owns a Model and its KvCache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "core/kv_cache.h"
+#include "core/ops/attention.h"
+#include "core/ops/moe.h"
+#include "core/ops/rope.h"
+#include "core/weights.h"
+
+namespace glm {
+
+// All new tokens of all scheduled sequences, concatenated in sequence order.
+struct ForwardBatch {
+  std::vector<SequenceSlice> sequences;
+  absl::Span<const int32_t> token_ids;  // [total_tokens]: when the span starts at layer 0
+  absl::Span<const float> hidden_in;    // [total_tokens, hidden]: when it starts later
+
+  int64_t total_tokens() const;
+};
+
+enum class LogitsRows {
+  kNone,  // no logits
+  kLast,  // one row per sequence: its last new token
+  kAll,   // one row per new token
+};
+
+struct ForwardOptions {
+  LogitsRows logits = LogitsRows::kLast;
+  bool return_hidden = false;        // residual stream after the span's last layer
+  bool return_layer_hidden = false;  // residual stream after the embedding and each layer
+};
+
+struct ForwardResult {
+  std::vector<float> logits;  // [rows, vocab], rows per ForwardOptions::logits
+  std::vector<float> hidden;  // [total_tokens, hidden] (pre final norm), if requested
+  // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
+  // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
+  std::vector<std::vector<float>> layer_hidden;
+};
+
+class Model {
+ public:
+  explicit Model(ModelWeights weights);
+
+  const ModelConfig& config() const { return weights_.config; }
+  const ModelWeights& weights() const { return weights_; }
+  int64_t layer_begin() const { return weights_.layer_begin; }
+  int64_t layer_end() const { return weights_.layer_end; }
+  int64_t num_span_layers() const { return weights_.layer_end - weights_.layer_begin; }
+
+  // The KV cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
+  KvCacheShape CacheShape(int64_t num_blocks, int64_t block_size = 16) const;
+
+  // Runs one step. Every sequence's block table must already cover its new positions (see
+  // KvCache::Reserve); keys and values of the new tokens are written into the cache.
+  // Returns INVALID_ARGUMENT for a malformed batch (wrong input kind or size, token id out
+  // of range, uncovered positions) without touching the cache.
+  absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                       ForwardResult* result);
+
+ private:
+  absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
+  void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                      const std::vector<int32_t>& positions, KvCache* cache);
+  void FfnBlock(const LayerWeights& layer, int64_t tokens);
+
+  ModelWeights weights_;
+  RotaryEmbedding rope_;
+  RouterParams router_;
+
+  // Run state, resized per step. Shapes for T = total tokens of the step.
+  std::vector<float> h_;     // [T, hidden] residual stream
+  std::vector<float> x_;     // [T, hidden] normed input of the current sub-block
+  std::vector<float> q_;     // [T, heads * head_dim]
+  std::vector<float> k_;     // [T, kv_heads * head_dim]
+  std::vector<float> v_;     // [T, kv_heads * head_dim]
+  std::vector<float> attn_;  // [T, heads * head_dim]
+  std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
+};
+
+}  // namespace glm

@@ -1,0 +1,82 @@
+#include "core/ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace glm {
+
+void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
+             KvCache* cache) {
+  const int64_t bs = cache->shape().block_size, dim = cache->kv_dim();
+  int64_t row = 0;
+  for (const SequenceSlice& s : batch) {
+    for (int64_t t = 0; t < s.num_tokens; ++t, ++row) {
+      const int64_t pos = s.start_position + t;
+      const int32_t block = (*s.blocks)[pos / bs];
+      const int64_t slot = pos % bs;
+      std::copy_n(k + row * dim, dim, cache->keys(layer, block) + slot * dim);
+      std::copy_n(v + row * dim, dim, cache->values(layer, block) + slot * dim);
+    }
+  }
+}
+
+void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
+                    int64_t layer, int64_t heads, float scale, float* out) {
+  const int64_t bs = cache.shape().block_size;
+  const int64_t head_dim = cache.shape().head_dim;
+  const int64_t kv_heads = cache.shape().kv_heads;
+  const int64_t kv_dim = kv_heads * head_dim;
+  const int64_t group = heads / kv_heads;
+
+  // Flatten (token, head) work items so that one long prompt and many decodes both spread
+  // over all threads. token_seq[t] and token_pos[t] locate each batch row.
+  std::vector<int32_t> token_seq;
+  std::vector<int64_t> token_pos;
+  int64_t max_context = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (int64_t t = 0; t < batch[i].num_tokens; ++t) {
+      token_seq.push_back(static_cast<int32_t>(i));
+      token_pos.push_back(batch[i].start_position + t);
+    }
+    max_context = std::max(max_context, batch[i].start_position + batch[i].num_tokens);
+  }
+  const int64_t total = static_cast<int64_t>(token_seq.size());
+
+#pragma omp parallel
+  {
+    std::vector<float> probs(max_context);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t item = 0; item < total * heads; ++item) {
+      const int64_t t = item / heads, h = item % heads;
+      const SequenceSlice& s = batch[token_seq[t]];
+      const int64_t context = token_pos[t] + 1;  // causal: positions 0..pos
+      const int64_t kv_off = (h / group) * head_dim;
+      const float* qv = q + (t * heads + h) * head_dim;
+
+      float max_score = -INFINITY;
+      for (int64_t p = 0; p < context; ++p) {
+        const float* kv = cache.keys(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
+        float dot = 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * kv[d];
+        probs[p] = dot * scale;
+        max_score = std::max(max_score, probs[p]);
+      }
+      float sum = 0.f;
+      for (int64_t p = 0; p < context; ++p) {
+        probs[p] = std::exp(probs[p] - max_score);
+        sum += probs[p];
+      }
+      const float inv_sum = 1.0f / sum;
+      float* o = out + (t * heads + h) * head_dim;
+      std::fill_n(o, head_dim, 0.f);
+      for (int64_t p = 0; p < context; ++p) {
+        const float w = probs[p] * inv_sum;
+        const float* vv = cache.values(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vv[d];
+      }
+    }
+  }
+}
+
+}  // namespace glm

@@ -1,0 +1,30 @@
+// Causal grouped-query attention over the paged KV cache, for a ragged batch.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "core/kv_cache.h"
+
+namespace glm {
+
+// One sequence's slice of a ragged batch: its new tokens occupy positions
+// [start_position, start_position + num_tokens) and its block table covers them.
+struct SequenceSlice {
+  int64_t num_tokens = 0;
+  int64_t start_position = 0;
+  const BlockTable* blocks = nullptr;
+};
+
+// Stores the new tokens' keys and values ([total_tokens, kv_heads * head_dim] each, rows in
+// batch order) into their slots of `layer`.
+void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
+             KvCache* cache);
+
+// out[t, h, :] = softmax(q[t, h] . K^T * scale) V over the positions <= t's position of t's
+// own sequence, with K, V of kv head h / (heads / kv_heads). Scores, softmax and the
+// weighted sum are fp32. q: [total_tokens, heads, head_dim]; out: same shape.
+void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
+                    int64_t layer, int64_t heads, float scale, float* out);
+
+}  // namespace glm

@@ -1,0 +1,23 @@
+#include "core/ops/ffn.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/ops/linear.h"
+
+namespace glm {
+
+void SiluMul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y) {
+  const int64_t width = w.gate.rows;
+  std::vector<float> gate(m * width), up(m * width);
+  Linear(x, m, w.gate, nullptr, gate.data());
+  Linear(x, m, w.up, nullptr, up.data());
+  SiluMul(gate.data(), up.data(), m * width);
+  Linear(gate.data(), m, w.down, nullptr, y);
+}
+
+}  // namespace glm

@@ -1,0 +1,17 @@
+// SwiGLU feed-forward: y = down(silu(gate(x)) * up(x)), the dense FFN, every routed expert
+// and the shared expert.
+#pragma once
+
+#include <cstdint>
+
+#include "core/weights.h"
+
+namespace glm {
+
+// silu(g) * u elementwise, silu(g) = g / (1 + exp(-g)); writes into g.
+void SiluMul(float* g, const float* u, int64_t n);
+
+// x: [m, hidden]; y: [m, hidden] (overwritten).
+void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y);
+
+}  // namespace glm

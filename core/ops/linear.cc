@@ -1,0 +1,104 @@
+#include "core/ops/linear.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace glm {
+namespace internal {
+
+bool CpuHasAvx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin,
+                int64_t k_len, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t base = (row_begin + r) * w.cols + k_begin;
+    float* dst = out + r * k_len;
+    switch (w.dtype) {
+      case DType::kF32:
+        std::copy_n(static_cast<const float*>(w.data) + base, k_len, dst);
+        break;
+      case DType::kBF16: {
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+        for (int64_t k = 0; k < k_len; ++k) dst[k] = Bf16ToFloat(src[k]);
+        break;
+      }
+      case DType::kF16: {
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+        for (int64_t k = 0; k < k_len; ++k) dst[k] = F16ToFloat(src[k]);
+        break;
+      }
+    }
+  }
+}
+
+// The reference arithmetic: 16 lanes, lane j sums k = j, j+16, ... of one K block, then the
+// lanes are combined by a fixed pairwise tree, and the block sums are added in order.
+static inline float Dot16(const float* a, const float* b, int64_t n) {
+  float lane[16] = {};
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] += a[k + j] * b[k + j];
+  }
+  for (int j = 0; k + j < n; ++j) lane[j] += a[k + j] * b[k + j];
+  for (int width = 8; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  }
+  return lane[0];
+}
+
+void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+  const int64_t n_rows = w.rows, k_total = w.cols;
+  const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
+#pragma omp parallel
+  {
+    std::vector<float> panel(kBlockN * std::min(k_total, kBlockK));
+#pragma omp for schedule(static)
+    for (int64_t nb = 0; nb < n_blocks; ++nb) {
+      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] = 0.f;
+      }
+      for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+        const int64_t kk = std::min(kBlockK, k_total - k0);
+        WidenPanel(w, n0, nn, k0, kk, panel.data());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t n = 0; n < nn; ++n) {
+            y[i * n_rows + n0 + n] += Dot16(x + i * k_total + k0, panel.data() + n * kk, kk);
+          }
+        }
+      }
+      if (bias != nullptr) {
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += bias[n0 + n];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace internal
+
+void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+  if (m <= 0 || w.rows <= 0) return;
+  if (internal::CpuHasAvx512()) {
+    internal::LinearAvx512(x, m, w, bias, y);
+  } else {
+    internal::LinearGeneric(x, m, w, bias, y);
+  }
+}
+
+const char* LinearKernelName() { return internal::CpuHasAvx512() ? "avx512" : "generic"; }
+
+}  // namespace glm

@@ -1,0 +1,116 @@
+// The AVX-512 Linear kernel. Same arithmetic as LinearGeneric's lane structure (16 lanes over
+// k, a fixed lane tree, fixed K blocks), with fused multiply-adds and register tiles of up
+// to 4 activation rows x 4 weight rows.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/ops/linear.h"
+
+namespace glm::internal {
+namespace {
+
+constexpr int kTileM = 4;
+constexpr int kTileN = 4;
+
+// Lane tree: (j, j+8), (j, j+4), (j, j+2), (j, j+1): the same for every tile shape.
+inline float ReduceLanes(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+  return _mm_cvtss_f32(d);
+}
+
+// y[i][n] += dot(x_i[0:kk], panel_n[0:kk]) for an MR x NR tile.
+template <int MR, int NR>
+void Tile(const float* x, int64_t ldx, const float* panel, int64_t kk, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= kk; k += 16) {
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(panel + n * kk + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
+    }
+  }
+  if (k < kk) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (kk - k)) - 1);
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mask, panel + n * kk + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+
+template <int MR>
+constexpr TileFn kTilesForM[kTileN] = {Tile<MR, 1>, Tile<MR, 2>, Tile<MR, 3>, Tile<MR, 4>};
+constexpr const TileFn* kTiles[kTileM] = {kTilesForM<1>, kTilesForM<2>, kTilesForM<3>,
+                                          kTilesForM<4>};
+
+// Widens nn rows x kk columns of bf16 to fp32 (exact: bf16 is the top half of an fp32).
+void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* dst) {
+  for (int64_t r = 0; r < nn; ++r) {
+    const uint16_t* s = src + r * ld;
+    float* d = dst + r * kk;
+    int64_t k = 0;
+    for (; k + 16 <= kk; k += 16) {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k));
+      __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+      _mm512_storeu_ps(d + k, _mm512_castsi512_ps(wide));
+    }
+    for (; k < kk; ++k) d[k] = Bf16ToFloat(s[k]);
+  }
+}
+
+}  // namespace
+
+void LinearAvx512(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+  const int64_t n_rows = w.rows, k_total = w.cols;
+  const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
+#pragma omp parallel
+  {
+    // Each K block of kBlockN weight rows is widened (or copied) once into a contiguous
+    // fp32 panel that stays in L2 while every activation tile passes over it.
+    std::vector<float> panel(kBlockN * std::min(k_total, kBlockK));
+#pragma omp for schedule(static)
+    for (int64_t nb = 0; nb < n_blocks; ++nb) {
+      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+      for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
+      for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+        const int64_t kk = std::min(kBlockK, k_total - k0);
+        if (w.dtype == DType::kBF16) {
+          WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk,
+                    panel.data());
+        } else {
+          WidenPanel(w, n0, nn, k0, kk, panel.data());
+        }
+        for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
+          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
+          for (int64_t n = 0; n < nn; n += kTileN) {
+            const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+            kTiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel.data() + n * kk, kk,
+                                   y + i0 * n_rows + n0 + n, n_rows);
+          }
+        }
+      }
+      if (bias != nullptr) {
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += bias[n0 + n];
+      }
+    }
+  }
+}
+
+}  // namespace glm::internal

@@ -1,0 +1,37 @@
+// The mixture-of-experts FFN: sigmoid router with a selection-only correction bias,
+// group-limited top-k, normalised and scaled weights, routed experts plus a shared expert.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/weights.h"
+
+namespace glm {
+
+struct RouterParams {
+  int64_t n_experts = 0;
+  int64_t top_k = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+
+  static RouterParams FromConfig(const ModelConfig& c);
+};
+
+// For each token: s = sigmoid(logits); c = s + correction_bias; keep the topk_group groups
+// with the best sum of their two largest c (other experts' c become 0, as the reference's
+// masked_fill); choose the top_k experts by c (ties: lower index); weights are the chosen
+// s, divided by (their sum + 1e-20) if norm_topk_prob, times routed_scaling_factor.
+// logits: [tokens, n_experts]; experts, weights: [tokens, top_k], experts ascending by score
+// rank (best first).
+void RouteTokens(const float* logits, int64_t tokens, const float* correction_bias,
+                 const RouterParams& p, int32_t* experts, float* weights);
+
+// y = sum_k w_k Expert_k(x) + Shared(x), routed sum accumulated in fp32 in ascending expert
+// order (independent of the other tokens in the batch). x, y: [tokens, hidden].
+void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p,
+            float* y);
+
+}  // namespace glm

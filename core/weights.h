@@ -1,0 +1,92 @@
+// The model's parameters as per-layer structs, in their stored precision.
+//
+// Matrices are views (pointer + dtype + shape) into memory owned elsewhere: the mmap of a
+// safetensors file or a buffer of seeded random values, kept alive by ModelWeights::storage.
+// Small 1-D parameters (norm gains, biases, router correction bias) are widened to fp32 at
+// load time: they are a rounding error of the model's size and every kernel wants them fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/config.h"
+#include "core/dtype.h"
+
+namespace glm {
+
+// A row-major weight matrix [rows = out_features, cols = in_features]; y = x W^T.
+struct Matrix {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+
+  bool empty() const { return data == nullptr; }
+  int64_t bytes() const { return rows * cols * DTypeSize(dtype); }
+  // Rows [begin, begin + count) as a matrix of their own.
+  Matrix RowSlice(int64_t begin, int64_t count) const {
+    return Matrix{dtype, count, cols,
+                  static_cast<const char*>(data) + begin * cols * DTypeSize(dtype)};
+  }
+};
+
+// A SwiGLU feed-forward block: down(silu(gate(x)) * up(x)).
+struct FfnWeights {
+  Matrix gate;  // [width, hidden]
+  Matrix up;    // [width, hidden]
+  Matrix down;  // [hidden, width]
+};
+
+struct AttentionWeights {
+  Matrix q_proj;               // [heads * head_dim, hidden]
+  Matrix k_proj;               // [kv_heads * head_dim, hidden]
+  Matrix v_proj;               // [kv_heads * head_dim, hidden]
+  Matrix o_proj;               // [hidden, heads * head_dim]
+  std::vector<float> q_bias;   // [heads * head_dim], empty without attention_bias
+  std::vector<float> k_bias;   // [kv_heads * head_dim], empty without attention_bias
+  std::vector<float> v_bias;   // [kv_heads * head_dim], empty without attention_bias
+  std::vector<float> q_norm;   // [head_dim], empty without use_qk_norm
+  std::vector<float> k_norm;   // [head_dim], empty without use_qk_norm
+};
+
+struct MoeWeights {
+  Matrix router;                          // [n_routed_experts, hidden] (math in fp32)
+  std::vector<float> router_bias;         // [n_routed_experts] e_score_correction_bias
+  std::vector<FfnWeights> experts;        // [n_routed_experts], width moe_intermediate_size
+  FfnWeights shared;                      // width moe_intermediate_size * n_shared_experts
+  bool has_shared() const { return !shared.gate.empty(); }
+};
+
+struct LayerWeights {
+  int64_t layer_index = 0;              // index in the full model
+  std::vector<float> input_norm;        // [hidden]
+  std::vector<float> post_attention_norm;  // [hidden]
+  AttentionWeights attn;
+  bool is_moe = false;
+  FfnWeights dense;  // width intermediate_size, when !is_moe
+  MoeWeights moe;    // when is_moe
+};
+
+// A span [layer_begin, layer_end) of the model. The embedding is present only when
+// layer_begin == 0; the final norm and lm_head only when layer_end == num_hidden_layers.
+struct ModelWeights {
+  ModelConfig config;
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;
+  Matrix embed_tokens;                // [vocab, hidden] or empty
+  std::vector<LayerWeights> layers;   // layers[i] is model layer layer_begin + i
+  std::vector<float> final_norm;      // [hidden] or empty
+  Matrix lm_head;                     // [vocab, hidden] or empty (a view of embed when tied)
+  DType weight_dtype = DType::kF32;   // dtype of the large matrices as stored
+
+  // Owners of the memory the matrices point into (file mappings, random-weight buffers).
+  std::vector<std::shared_ptr<const void>> storage;
+
+  bool has_embedding() const { return !embed_tokens.empty(); }
+  bool has_head() const { return !lm_head.empty(); }
+  // Bytes of every matrix and vector this span holds (tied lm_head counted once).
+  int64_t ParameterBytes() const;
+};
+
+}  // namespace glm

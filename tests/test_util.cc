@@ -1,0 +1,43 @@
+#include "tests/test_util.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace glm::testing {
+
+std::string GoldenDir(const std::string& name) {
+  return std::string(GLMSERVE_GOLDEN_DIR) + "/" + name;
+}
+
+double RelativeError(const float* a, const float* b, int64_t n) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  if (ref == 0) return diff == 0 ? 0 : INFINITY;
+  return std::sqrt(diff / ref);
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  return RelativeError(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return tmpl;
+}
+
+}  // namespace glm::testing

@@ -1,0 +1,24 @@
+// Helpers shared by the tests: fixture paths, error norms, float64 reference utilities.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace glm::testing {
+
+// Absolute path of tests/golden/<name>.
+std::string GoldenDir(const std::string& name);
+
+// ||a - b|| / ||b|| over n elements (0 when both are zero).
+double RelativeError(const float* a, const float* b, int64_t n);
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b);
+
+// n values ~ N(0, stddev^2) from a seeded generator.
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float stddev = 1.0f);
+
+// A fresh temporary directory, removed by the caller if wanted.
+std::string MakeTempDir(const std::string& prefix);
+
+}  // namespace glm::testing
