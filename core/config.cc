@@ -231,6 +231,14 @@ absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.n_group > 1 && c.n_routed_experts / c.n_group < 2) {
     return FieldError("n_group", "each expert group needs at least two experts");
   }
+  // Experts outside the kept groups can never be chosen, so the kept groups must hold at
+  // least num_experts_per_tok experts (otherwise the reference picks among -inf ties).
+  if (c.topk_group * (c.n_routed_experts / c.n_group) < c.num_experts_per_tok) {
+    return FieldError("topk_group", absl::StrCat(c.topk_group, " of ", c.n_group,
+                                                 " groups hold fewer experts than "
+                                                 "num_experts_per_tok ",
+                                                 c.num_experts_per_tok));
+  }
   if (c.hidden_act != "silu") {
     return FieldError("hidden_act", absl::StrCat("'", c.hidden_act, "' is not supported (silu)"));
   }

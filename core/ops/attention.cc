@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/parallel.h"
+
 namespace glm {
 
 void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
@@ -43,11 +45,10 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   }
   const int64_t total = static_cast<int64_t>(token_seq.size());
 
-#pragma omp parallel
-  {
-    std::vector<float> probs(max_context);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < total * heads; ++item) {
+  ParallelFor(total * heads, 4, [&](int64_t item_begin, int64_t item_end) {
+    thread_local std::vector<float> probs;
+    probs.resize(max_context);
+    for (int64_t item = item_begin; item < item_end; ++item) {
       const int64_t t = item / heads, h = item % heads;
       const SequenceSlice& s = batch[token_seq[t]];
       const int64_t context = token_pos[t] + 1;  // causal: positions 0..pos
@@ -76,7 +77,7 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
         for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vv[d];
       }
     }
-  }
+  });
 }
 
 }  // namespace glm

@@ -1,27 +1,25 @@
 #include "core/ops/linear.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <vector>
+
+#include "core/parallel.h"
 
 namespace glm {
 namespace internal {
 
 bool CpuHasAvx512() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq");
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return has;
 #else
   return false;
 #endif
 }
 
-void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin,
-                int64_t k_len, float* out) {
+void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
+                float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t base = (row_begin + r) * w.cols + k_begin;
     float* dst = out + r * k_len;
@@ -61,11 +59,10 @@ static inline float Dot16(const float* a, const float* b, int64_t n) {
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
   const int64_t n_rows = w.rows, k_total = w.cols;
   const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
-#pragma omp parallel
-  {
-    std::vector<float> panel(kBlockN * std::min(k_total, kBlockK));
-#pragma omp for schedule(static)
-    for (int64_t nb = 0; nb < n_blocks; ++nb) {
+  ParallelFor(n_blocks, 1, [&](int64_t nb_begin, int64_t nb_end) {
+    thread_local std::vector<float> panel;
+    panel.resize(kBlockN * std::min(k_total, kBlockK));
+    for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
       const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] = 0.f;
@@ -85,7 +82,7 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace internal

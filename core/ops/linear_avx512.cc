@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/ops/linear.h"
+#include "core/parallel.h"
 
 namespace glm::internal {
 namespace {
@@ -52,6 +53,54 @@ void Tile(const float* x, int64_t ldx, const float* panel, int64_t kk, float* y,
     for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
 }
 
+// The same tile reading bf16 weights in place (row stride ldw), widening in registers: for
+// few activation rows, where staging a widened panel would cost more than it saves. The
+// arithmetic is identical to Tile's on the widened panel.
+inline __m512 LoadBf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 LoadBf16Masked(const uint16_t* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MR, int NR>
+void TileBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t kk, float* y,
+              int64_t ldy) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= kk; k += 16) {
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = LoadBf16(w + n * ldw + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
+    }
+  }
+  if (k < kk) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (kk - k)) - 1);
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = LoadBf16Masked(w + n * ldw + k, mask);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
+      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
+}
+
+using TileBf16Fn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*,
+                            int64_t);
+template <int MR>
+constexpr TileBf16Fn kBf16TilesForM[kTileN] = {TileBf16<MR, 1>, TileBf16<MR, 2>, TileBf16<MR, 3>,
+                                               TileBf16<MR, 4>};
+constexpr const TileBf16Fn* kBf16Tiles[kTileM] = {kBf16TilesForM<1>, kBf16TilesForM<2>,
+                                                  kBf16TilesForM<3>, kBf16TilesForM<4>};
+
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 
 template <int MR>
@@ -79,16 +128,29 @@ void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* d
 void LinearAvx512(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
   const int64_t n_rows = w.rows, k_total = w.cols;
   const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
-#pragma omp parallel
-  {
+  ParallelFor(n_blocks, 1, [&](int64_t nb_begin, int64_t nb_end) {
     // Each K block of kBlockN weight rows is widened (or copied) once into a contiguous
     // fp32 panel that stays in L2 while every activation tile passes over it.
-    std::vector<float> panel(kBlockN * std::min(k_total, kBlockK));
-#pragma omp for schedule(static)
-    for (int64_t nb = 0; nb < n_blocks; ++nb) {
+    thread_local std::vector<float> panel;
+    panel.resize(kBlockN * std::min(k_total, kBlockK));
+    for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
       const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
       for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
-      for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+      if (w.dtype == DType::kBF16 && m <= kTileM) {
+        // Few rows (decode): stream each 4-row weight tile through all K blocks in place,
+        // so the hardware prefetcher sees long sequential rows. Same per-element order.
+        const uint16_t* wb = static_cast<const uint16_t*>(w.data) + n0 * k_total;
+        const int mr = static_cast<int>(m);
+        for (int64_t n = 0; n < nn; n += kTileN) {
+          const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+          for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+            kBf16Tiles[mr - 1][nr - 1](x + k0, k_total, wb + n * k_total + k0, k_total,
+                                       std::min(kBlockK, k_total - k0), y + n0 + n, n_rows);
+          }
+        }
+      }
+      for (int64_t k0 = 0; k0 < k_total && !(w.dtype == DType::kBF16 && m <= kTileM);
+           k0 += kBlockK) {
         const int64_t kk = std::min(kBlockK, k_total - k0);
         if (w.dtype == DType::kBF16) {
           WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk,
@@ -110,7 +172,7 @@ void LinearAvx512(const float* x, int64_t m, const Matrix& w, const float* bias,
           for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += bias[n0 + n];
       }
     }
-  }
+  });
 }
 
 }  // namespace glm::internal

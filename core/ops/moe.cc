@@ -56,7 +56,7 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
       std::vector<bool> keep(p.n_group, false);
       for (int32_t g : kept_groups) keep[g] = true;
       for (int64_t e = 0; e < n; ++e) {
-        if (!keep[e / group_size]) c[e] = 0.0f;
+        if (!keep[e / group_size]) c[e] = -INFINITY;
       }
     }
     int32_t* chosen = experts + t * p.top_k;
@@ -74,8 +74,7 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
   }
 }
 
-void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p,
-            float* y) {
+void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y) {
   const int64_t hidden = w.router.cols;
   // Router in fp32 (weights widened exactly), as the reference does.
   std::vector<float> router_logits(tokens * p.n_experts);
@@ -104,7 +103,8 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
     const int64_t m = static_cast<int64_t>(rows.size());
     xe.resize(m * hidden);
     ye.resize(m * hidden);
-    for (int64_t i = 0; i < m; ++i) std::copy_n(x + rows[i] * hidden, hidden, xe.data() + i * hidden);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(x + rows[i] * hidden, hidden, xe.data() + i * hidden);
     SwiGluFfn(xe.data(), m, w.experts[e], ye.data());
     for (int64_t i = 0; i < m; ++i) {
       float* yr = y + rows[i] * hidden;

@@ -21,8 +21,8 @@ struct RouterParams {
 };
 
 // For each token: s = sigmoid(logits); c = s + correction_bias; keep the topk_group groups
-// with the best sum of their two largest c (other experts' c become 0, as the reference's
-// masked_fill); choose the top_k experts by c (ties: lower index); weights are the chosen
+// with the best sum of their two largest c (experts of the other groups are masked to -inf,
+// as Transformers 5.x does: never chosen, even when kept experts score below 0); choose the top_k experts by c (ties: lower index); weights are the chosen
 // s, divided by (their sum + 1e-20) if norm_topk_prob, times routed_scaling_factor.
 // logits: [tokens, n_experts]; experts, weights: [tokens, top_k], experts ascending by score
 // rank (best first).

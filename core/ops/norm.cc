@@ -1,26 +1,31 @@
 #include "core/ops/norm.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/parallel.h"
 
 namespace glm {
 
-void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps,
-             float* y) {
-#pragma omp parallel for schedule(static) if (rows * width > (1 << 15))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * width;
-    float* yr = y + r * width;
-    // fp32 squares summed in 8 interleaved partial sums: a fixed order, vectorisable.
-    float part[8] = {};
-    int64_t i = 0;
-    for (; i + 8 <= width; i += 8)
-      for (int j = 0; j < 8; ++j) part[j] += xr[i + j] * xr[i + j];
-    for (int j = 0; i + j < width; ++j) part[j] += xr[i + j] * xr[i + j];
-    const float sum = ((part[0] + part[4]) + (part[2] + part[6])) +
-                      ((part[1] + part[5]) + (part[3] + part[7]));
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
-    for (int64_t c = 0; c < width; ++c) yr[c] = gain[c] * (xr[c] * inv);
-  }
+void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps, float* y) {
+  // Rows in chunks of ~32K elements: small calls stay on the calling thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, width));
+  ParallelFor(rows, grain, [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const float* xr = x + r * width;
+      float* yr = y + r * width;
+      // fp32 squares summed in 8 interleaved partial sums: a fixed order, vectorisable.
+      float part[8] = {};
+      int64_t i = 0;
+      for (; i + 8 <= width; i += 8)
+        for (int j = 0; j < 8; ++j) part[j] += xr[i + j] * xr[i + j];
+      for (int j = 0; i + j < width; ++j) part[j] += xr[i + j] * xr[i + j];
+      const float sum =
+          ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+      for (int64_t c = 0; c < width; ++c) yr[c] = gain[c] * (xr[c] * inv);
+    }
+  });
 }
 
 }  // namespace glm

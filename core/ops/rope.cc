@@ -1,6 +1,9 @@
 #include "core/ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/parallel.h"
 
 namespace glm {
 
@@ -16,32 +19,35 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t rotary_dim, double th
 void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
                             const int32_t* positions) const {
   const int64_t half = rotary_dim_ / 2;
-#pragma omp parallel for schedule(static) if (tokens * heads * head_dim_ > (1 << 15))
-  for (int64_t t = 0; t < tokens; ++t) {
-    float cos_v[512], sin_v[512];  // rotary_dim / 2 <= 512 for any sane head_dim
-    float* cs = cos_v;
-    float* sn = sin_v;
-    std::vector<float> heap;
-    if (half > 512) {
-      heap.resize(2 * half);
-      cs = heap.data();
-      sn = heap.data() + half;
-    }
-    const float pos = static_cast<float>(positions[t]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
-      cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (t * heads + h) * head_dim_;
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, heads * head_dim_));
+  ParallelFor(tokens, grain, [&](int64_t token_begin, int64_t token_end) {
+    for (int64_t t = token_begin; t < token_end; ++t) {
+      float cos_v[512], sin_v[512];  // rotary_dim / 2 <= 512 for any sane head_dim
+      float* cs = cos_v;
+      float* sn = sin_v;
+      std::vector<float> heap;
+      if (half > 512) {
+        heap.resize(2 * half);
+        cs = heap.data();
+        sn = heap.data() + half;
+      }
+      const float pos = static_cast<float>(positions[t]);
       for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
+        const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
+        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + (t * heads + h) * head_dim_;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * cs[i] - b * sn[i];
+          v[i + half] = b * cs[i] + a * sn[i];
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace glm

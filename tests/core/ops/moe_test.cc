@@ -55,6 +55,19 @@ TEST(RouterTest, GroupLimitedSelection) {
   for (int k = 0; k < 3; ++k) EXPECT_NEAR(weights[k], p[experts[k]], 1e-6);  // unnormalised
 }
 
+TEST(RouterTest, MaskedGroupsAreNeverChosenEvenOverNegativeScores) {
+  // 4 experts in 2 groups; a bias of -2 makes every corrected score negative. Group 1
+  // (experts 2, 3) wins; top-2 must come from it even though a masked score of 0 (the older
+  // masked_fill(0.0) behaviour) would beat them.
+  const float logits[] = {Logit(.1f), Logit(.1f), Logit(.9f), Logit(.8f)};
+  const float bias[] = {-2.f, -2.f, -2.f, -2.f};
+  int32_t experts[2];
+  float weights[2];
+  RouteTokens(logits, 1, bias, Params(4, 2, 2, 1), experts, weights);
+  EXPECT_EQ(experts[0], 2);
+  EXPECT_EQ(experts[1], 3);
+}
+
 TEST(RouterTest, TiesPickLowerIndexAndEveryExpertCanBeChosen) {
   float logits[6] = {}, bias[6] = {};  // all scores equal
   int32_t experts[6];
