@@ -32,6 +32,18 @@ KvCacheShape Model::CacheShape(int64_t num_blocks, int64_t block_size) const {
   return shape;
 }
 
+int64_t Model::kv_bytes_per_token() const {
+  return 2 * num_span_layers() * config().kv_dim() * static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
+                                                            int64_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError("KV cache needs a positive block count and block size");
+  }
+  return std::make_unique<KvCache>(CacheShape(num_blocks, block_size));
+}
+
 absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
   const ModelConfig& c = config();
   const KvCacheShape& cs = cache.shape();

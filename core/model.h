@@ -16,6 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/kv_cache.h"
+#include "core/model_runner.h"
+#include "core/forward_types.h"
 #include "core/ops/attention.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
@@ -23,44 +25,19 @@
 
 namespace glm {
 
-// All new tokens of all scheduled sequences, concatenated in sequence order.
-struct ForwardBatch {
-  std::vector<SequenceSlice> sequences;
-  absl::Span<const int32_t> token_ids;  // [total_tokens]: when the span starts at layer 0
-  absl::Span<const float> hidden_in;    // [total_tokens, hidden]: when it starts later
-
-  int64_t total_tokens() const;
-};
-
-enum class LogitsRows {
-  kNone,  // no logits
-  kLast,  // one row per sequence: its last new token
-  kAll,   // one row per new token
-};
-
-struct ForwardOptions {
-  LogitsRows logits = LogitsRows::kLast;
-  bool return_hidden = false;        // residual stream after the span's last layer
-  bool return_layer_hidden = false;  // residual stream after the embedding and each layer
-};
-
-struct ForwardResult {
-  std::vector<float> logits;  // [rows, vocab], rows per ForwardOptions::logits
-  std::vector<float> hidden;  // [total_tokens, hidden] (pre final norm), if requested
-  // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
-  // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
-  std::vector<std::vector<float>> layer_hidden;
-};
-
-class Model {
+class Model final : public ModelRunner {
  public:
   explicit Model(ModelWeights weights);
 
-  const ModelConfig& config() const { return weights_.config; }
+  const ModelConfig& config() const override { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
-  int64_t layer_begin() const { return weights_.layer_begin; }
-  int64_t layer_end() const { return weights_.layer_end; }
-  int64_t num_span_layers() const { return weights_.layer_end - weights_.layer_begin; }
+  int64_t layer_begin() const override { return weights_.layer_begin; }
+  int64_t layer_end() const override { return weights_.layer_end; }
+  std::string device_name() const override { return "cpu"; }
+  int64_t weight_bytes() const override { return weights_.ParameterBytes(); }
+  int64_t kv_bytes_per_token() const override;
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
+                                                       int64_t block_size) override;
 
   // The KV cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape CacheShape(int64_t num_blocks, int64_t block_size = 16) const;
@@ -70,7 +47,7 @@ class Model {
   // Returns INVALID_ARGUMENT for a malformed batch (wrong input kind or size, token id out
   // of range, uncovered positions) without touching the cache.
   absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
-                       ForwardResult* result);
+                       ForwardResult* result) override;
 
  private:
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;

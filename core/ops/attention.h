@@ -4,17 +4,10 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "core/forward_types.h"
 #include "core/kv_cache.h"
 
 namespace glm {
-
-// One sequence's slice of a ragged batch: its new tokens occupy positions
-// [start_position, start_position + num_tokens) and its block table covers them.
-struct SequenceSlice {
-  int64_t num_tokens = 0;
-  int64_t start_position = 0;
-  const BlockTable* blocks = nullptr;
-};
 
 // Stores the new tokens' keys and values ([total_tokens, kv_heads * head_dim] each, rows in
 // batch order) into their slots of `layer`.

@@ -1,0 +1,22 @@
+// The CUDA backend's entry points. Declared for every build; without the CUDA backend
+// (GLMSERVE_CUDA off) they report that no GPU path exists, so callers need no #ifdefs.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/model_runner.h"
+
+namespace glm {
+
+// True when this build has the CUDA backend and a usable GPU is present at run time.
+bool CudaDeviceAvailable();
+// Why CudaDeviceAvailable() is false ("built without CUDA", "no CUDA device: ..."), or the
+// device's name when it is true.
+std::string CudaDeviceDescription();
+
+// A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights);
+
+}  // namespace glm

@@ -1,0 +1,17 @@
+// Built when GLMSERVE_CUDA is off: the CUDA entry points say so.
+#include "absl/status/status.h"
+#include "core/cuda/cuda_runner.h"
+
+namespace glm {
+
+bool CudaDeviceAvailable() { return false; }
+
+std::string CudaDeviceDescription() { return "built without the CUDA backend"; }
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights) {
+  return absl::FailedPreconditionError(
+      "--device=cuda: this build has no CUDA backend (configure with nvcc present and "
+      "-DGLMSERVE_CUDA=ON)");
+}
+
+}  // namespace glm

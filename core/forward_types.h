@@ -1,0 +1,49 @@
+// The inputs and outputs of one forward step over a ragged batch, shared by every backend.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/kv_cache.h"
+
+namespace glm {
+
+// One sequence's slice of a ragged batch: its new tokens occupy positions
+// [start_position, start_position + num_tokens) and its block table covers them.
+struct SequenceSlice {
+  int64_t num_tokens = 0;
+  int64_t start_position = 0;
+  const BlockTable* blocks = nullptr;
+};
+
+// All new tokens of all scheduled sequences, concatenated in sequence order.
+struct ForwardBatch {
+  std::vector<SequenceSlice> sequences;
+  absl::Span<const int32_t> token_ids;  // [total_tokens]: when the span starts at layer 0
+  absl::Span<const float> hidden_in;    // [total_tokens, hidden]: when it starts later
+
+  int64_t total_tokens() const;
+};
+
+enum class LogitsRows {
+  kNone,  // no logits
+  kLast,  // one row per sequence: its last new token
+  kAll,   // one row per new token
+};
+
+struct ForwardOptions {
+  LogitsRows logits = LogitsRows::kLast;
+  bool return_hidden = false;        // residual stream after the span's last layer
+  bool return_layer_hidden = false;  // residual stream after the embedding and each layer
+};
+
+struct ForwardResult {
+  std::vector<float> logits;  // [rows, vocab], rows per ForwardOptions::logits
+  std::vector<float> hidden;  // [total_tokens, hidden] (pre final norm), if requested
+  // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
+  // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
+  std::vector<std::vector<float>> layer_hidden;
+};
+
+}  // namespace glm

@@ -1,0 +1,25 @@
+#include "core/model_runner.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_runner.h"
+#include "core/model.h"
+
+namespace glm {
+
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
+  if (name == "auto") return DeviceKind::kAuto;
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("device '", name, "' is not one of auto, cpu, cuda"));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
+                                                               DeviceKind device) {
+  if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && CudaDeviceAvailable())) {
+    return CreateCudaRunner(std::move(weights));
+  }
+  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));
+}
+
+}  // namespace glm

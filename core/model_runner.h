@@ -1,0 +1,53 @@
+// ModelRunner: what the engine needs from a backend. The CPU Model and the CUDA model both
+// implement it over the same ForwardBatch / ForwardOptions / ForwardResult types, so the
+// scheduler, the server and the tests do not care where the layers run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/forward_types.h"
+#include "core/kv_cache.h"
+#include "core/weights.h"
+
+namespace glm {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual int64_t layer_begin() const = 0;
+  virtual int64_t layer_end() const = 0;
+  int64_t num_span_layers() const { return layer_end() - layer_begin(); }
+  bool has_embedding() const { return layer_begin() == 0; }
+  bool has_head() const { return layer_end() == config().num_hidden_layers; }
+
+  // "cpu" or e.g. "cuda:0 NVIDIA H200".
+  virtual std::string device_name() const = 0;
+  // Bytes of weights this runner holds (for info and sizing).
+  virtual int64_t weight_bytes() const = 0;
+  // KV bytes one token slot takes across the span's layers.
+  virtual int64_t kv_bytes_per_token() const = 0;
+
+  // A KV cache this runner's Forward can use: `num_blocks` blocks of `block_size` tokens.
+  virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
+                                                               int64_t block_size) = 0;
+
+  // One step over a ragged batch; see core/model.h for the contract.
+  virtual absl::Status Forward(const ForwardBatch& batch, KvCache* cache,
+                               const ForwardOptions& options, ForwardResult* result) = 0;
+};
+
+enum class DeviceKind { kAuto, kCpu, kCuda };
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
+
+// kAuto picks CUDA when a usable GPU is present (run-time check), else the CPU; kCuda fails
+// with FAILED_PRECONDITION when the build has no CUDA backend or no GPU is present.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
+                                                               DeviceKind device);
+
+}  // namespace glm
