@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config.h"
+#include "core/dtype.h"
 #include "core/weights.h"
 
 namespace glm {

@@ -34,8 +34,12 @@ enum class LogitsRows {
 
 struct ForwardOptions {
   LogitsRows logits = LogitsRows::kLast;
-  bool return_hidden = false;        // residual stream after the span's last layer
+  bool return_hidden = false;        // residual stream after the run's last layer
   bool return_layer_hidden = false;  // residual stream after the embedding and each layer
+  // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own
+  // bounds). Token input iff layer_begin == 0; logits iff layer_end is the model's last layer.
+  int64_t layer_begin = -1;
+  int64_t layer_end = -1;
 };
 
 struct ForwardResult {

@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
   return std::make_unique<KvCache>(CacheShape(num_blocks, block_size));
 }
 
-absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
+absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
+                               int64_t run_end) const {
   const ModelConfig& c = config();
   const KvCacheShape& cs = cache.shape();
   if (cs.num_layers != num_span_layers() || cs.kv_heads != c.num_key_value_heads ||
@@ -71,10 +72,15 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache) 
       if (b < 0 || b >= cs.num_blocks) return absl::InvalidArgumentError("bad block id");
     }
   }
-  if (weights_.has_embedding()) {
+  if (run_begin < layer_begin() || run_end > layer_end() || run_begin >= run_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
+                                                   ") are not within the served span [",
+                                                   layer_begin(), ", ", layer_end(), ")"));
+  }
+  if (run_begin == 0) {
     if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("this span starts at layer 0: expected ", total, " token ids"));
+          absl::StrCat("a run from layer 0 takes token ids: expected ", total));
     }
     for (int32_t id : batch.token_ids) {
       if (id < 0 || id >= c.vocab_size) {
@@ -85,9 +91,9 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache) 
   } else {
     if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
         !batch.token_ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("this span starts at layer ",
-                                                     layer_begin(), ": expected hidden states [",
-                                                     total, ", ", c.hidden_size, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("a run from layer ", run_begin,
+                                                     " takes hidden states [", total, ", ",
+                                                     c.hidden_size, "]"));
     }
   }
   return absl::OkStatus();
@@ -127,7 +133,13 @@ void Model::FfnBlock(const LayerWeights& layer, int64_t tokens) {
 
 absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
                             const ForwardOptions& options, ForwardResult* result) {
-  if (absl::Status s = CheckBatch(batch, *cache); !s.ok()) return s;
+  const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
+  const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
+  if (absl::Status s = CheckBatch(batch, *cache, run_begin, run_end); !s.ok()) return s;
+  if (options.logits != LogitsRows::kNone && run_end != config().num_hidden_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits need the last layer; this run ends at layer ", run_end));
+  }
   const ModelConfig& c = config();
   const int64_t t = batch.total_tokens();
   const int64_t hidden = c.hidden_size;
@@ -148,7 +160,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
     }
   }
 
-  if (weights_.has_embedding()) {
+  if (run_begin == 0) {
     EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
   } else {
     std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());
@@ -156,7 +168,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   result->layer_hidden.clear();
   if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
 
-  for (int64_t i = 0; i < num_span_layers(); ++i) {
+  for (int64_t i = run_begin - layer_begin(); i < run_end - layer_begin(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
     AttentionBlock(layer, i, batch, positions, cache);
@@ -174,10 +186,6 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   result->logits.clear();
   if (options.logits == LogitsRows::kNone) return absl::OkStatus();
-  if (!weights_.has_head()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logits need the last layer; this span ends at layer ", layer_end()));
-  }
   // Only the rows whose logits are wanted go through the final norm and lm_head.
   std::vector<int64_t> rows;
   if (options.logits == LogitsRows::kAll) {

@@ -50,7 +50,8 @@ class Model final : public ModelRunner {
                        ForwardResult* result) override;
 
  private:
-  absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
+  absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
+                          int64_t run_end) const;
   void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                       const std::vector<int32_t>& positions, KvCache* cache);
   void FfnBlock(const LayerWeights& layer, int64_t tokens);

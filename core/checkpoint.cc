@@ -1,0 +1,350 @@
+// LoadCheckpoint, RandomWeights and LoadModel. Both weight sources walk the slot list of
+// core/weight_layout.h, so a checkpoint and a preset give structurally identical weights.
+#include "core/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <new>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/parallel.h"
+#include "core/safetensors.h"
+#include "core/weight_layout.h"
+
+namespace glm {
+namespace {
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// An owned, 64-byte aligned buffer that can sit in ModelWeights::storage.
+std::shared_ptr<void> AllocateAligned(size_t bytes) {
+  constexpr std::align_val_t kAlign{64};
+  void* p = ::operator new(bytes == 0 ? 1 : bytes, kAlign, std::nothrow);
+  if (p == nullptr) return nullptr;
+  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, kAlign); });
+}
+
+// Element i of an unaligned buffer (checkpoint tensors need not be aligned).
+float ReadUnaligned(const void* data, DType dtype, int64_t i) {
+  const char* p = static_cast<const char*>(data) + i * DTypeSize(dtype);
+  if (dtype == DType::kF32) {
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+// Parses "model.layers.<N>.<rest>"; false for any other name.
+bool ParseLayerName(const std::string& name, int64_t* layer) {
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!absl::StartsWith(name, kPrefix)) return false;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size()) return false;
+  const absl::string_view digits(name.data() + kPrefix.size(), dot - kPrefix.size());
+  for (char ch : digits) {
+    if (ch < '0' || ch > '9') return false;
+  }
+  return absl::SimpleAtoi(digits, layer);
+}
+
+class CheckpointLoader {
+ public:
+  CheckpointLoader(const std::string& dir, const TensorStore& store, ModelWeights* w)
+      : dir_(dir), store_(store), w_(w) {}
+
+  absl::Status Load() {
+    for (const WeightSlot& slot : ListWeightSlots(w_)) {
+      if (absl::Status s = Fill(slot); !s.ok()) return s;
+    }
+    return CheckUnconsumed();
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir_, ": ", what));
+  }
+
+  absl::StatusOr<const TensorInfo*> Get(const std::string& name,
+                                        const std::vector<int64_t>& shape) {
+    const TensorInfo* t = store_.Find(name);
+    if (t == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint ", dir_, ": missing tensor '", name, "'"));
+    }
+    if (t->shape != shape) {
+      return Error(absl::StrCat("tensor '", name, "' has shape ", ShapeToString(t->shape),
+                                ", expected ", ShapeToString(shape)));
+    }
+    consumed_.insert(name);
+    return t;
+  }
+
+  // The tensor's data, copied once into an aligned buffer when the file stores it at an
+  // offset that is not a multiple of its element size (kernels load whole elements).
+  const char* AlignedData(const TensorInfo* t) {
+    if (reinterpret_cast<uintptr_t>(t->data) % DTypeSize(t->dtype) == 0) {
+      return static_cast<const char*>(t->data);
+    }
+    auto it = copies_.find(t);
+    if (it != copies_.end()) return it->second;
+    std::shared_ptr<void> buffer = AllocateAligned(static_cast<size_t>(t->bytes));
+    if (buffer == nullptr) return nullptr;
+    std::memcpy(buffer.get(), t->data, static_cast<size_t>(t->bytes));
+    w_->storage.push_back(buffer);
+    const char* data = static_cast<const char*>(buffer.get());
+    copies_.emplace(t, data);
+    return data;
+  }
+
+  absl::Status SetMatrix(const TensorInfo* t, int64_t element_offset, int64_t rows, int64_t cols,
+                         Matrix* m) {
+    const char* base = AlignedData(t);
+    if (base == nullptr) return absl::ResourceExhaustedError("out of memory copying " + t->name);
+    *m = Matrix{t->dtype, rows, cols, base + element_offset * DTypeSize(t->dtype)};
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(const WeightSlot& slot) {
+    if (slot.expert >= 0) {
+      const std::string fused = LayerPrefix(slot.layer) + "mlp.experts.gate_up_proj";
+      if (store_.Find(fused) != nullptr) return FillFusedExpert(slot);
+    }
+    absl::StatusOr<const TensorInfo*> t = Get(slot.name, slot.shape);
+    if (!t.ok()) return t.status();
+    if (slot.matrix != nullptr) {
+      return SetMatrix(*t, 0, slot.shape[0], slot.shape[1], slot.matrix);
+    }
+    slot.vector->resize(static_cast<size_t>(slot.shape[0]));
+    for (int64_t i = 0; i < slot.shape[0]; ++i) {
+      (*slot.vector)[static_cast<size_t>(i)] = ReadUnaligned((*t)->data, (*t)->dtype, i);
+    }
+    return absl::OkStatus();
+  }
+
+  // Routed experts stored as mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up rows)
+  // and mlp.experts.down_proj [E, H, I]: each expert's matrices are views at an offset.
+  absl::Status FillFusedExpert(const WeightSlot& slot) {
+    const ModelConfig& c = w_->config;
+    const int64_t n = c.n_routed_experts, width = c.moe_intermediate_size, h = c.hidden_size;
+    const std::string prefix = LayerPrefix(slot.layer) + "mlp.experts.";
+    if (slot.part == ExpertPart::kDown) {
+      absl::StatusOr<const TensorInfo*> t = Get(prefix + "down_proj", {n, h, width});
+      if (!t.ok()) return t.status();
+      return SetMatrix(*t, slot.expert * h * width, h, width, slot.matrix);
+    }
+    absl::StatusOr<const TensorInfo*> t = Get(prefix + "gate_up_proj", {n, 2 * width, h});
+    if (!t.ok()) return t.status();
+    const int64_t row = slot.expert * 2 * width + (slot.part == ExpertPart::kUp ? width : 0);
+    return SetMatrix(*t, row * h, width, h, slot.matrix);
+  }
+
+  // Tensors nobody consumed are errors unless they belong to what the span leaves out.
+  bool Skippable(const std::string& name) const {
+    const ModelConfig& c = w_->config;
+    const bool has_head = w_->layer_end == c.num_hidden_layers;
+    int64_t layer = 0;
+    if (ParseLayerName(name, &layer)) {
+      if (layer >= c.num_hidden_layers) return true;  // MTP layer(s): not used yet
+      if (layer < w_->layer_begin || layer >= w_->layer_end) return true;
+      // Old checkpoints store the RoPE table; it is recomputed from the config.
+      return absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
+    }
+    if (name == "model.embed_tokens.weight") return true;  // consumed whenever needed
+    if (name == "model.norm.weight") return !has_head;
+    // A tied head is the embedding; HF ignores a stored copy the same way.
+    if (name == "lm_head.weight") return !has_head || c.tie_word_embeddings;
+    return false;
+  }
+
+  absl::Status CheckUnconsumed() const {
+    std::vector<std::string> unexpected;
+    for (const std::string& name : store_.Names()) {
+      if (consumed_.count(name) == 0 && !Skippable(name)) unexpected.push_back(name);
+    }
+    if (unexpected.empty()) return absl::OkStatus();
+    std::string more;
+    if (unexpected.size() > 1) more = absl::StrCat(" (and ", unexpected.size() - 1, " more)");
+    return Error(absl::StrCat("unexpected tensor '", unexpected[0],
+                              "', which this model config does not use", more));
+  }
+
+  const std::string& dir_;
+  const TensorStore& store_;
+  ModelWeights* w_;
+  std::set<std::string> consumed_;
+  std::map<const TensorInfo*, const char*> copies_;
+};
+
+// --- Seeded random weights ---
+
+constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
+
+// The splitmix64 output function: a bijective 64-bit mixer.
+inline uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t HashName(absl::string_view name) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+  return h;
+}
+
+// Element i of a tensor is the sum of the four 16-bit fields of splitmix64 draw i of the
+// tensor's stream (Irwin-Hall: nearly normal, within +-3.46 sigma), centred and scaled.
+// Integer arithmetic plus one float multiply: identical on every machine and thread count.
+struct FillJob {
+  uint64_t key;
+  void* dst;
+  DType dtype;
+  int64_t first;
+  int64_t count;
+  float scale;
+};
+
+void RunFillJob(const FillJob& job) {
+  for (int64_t i = job.first; i < job.first + job.count; ++i) {
+    const uint64_t u = Mix64(job.key + static_cast<uint64_t>(i + 1) * kGamma);
+    const int64_t sum = static_cast<int64_t>((u & 0xffff) + ((u >> 16) & 0xffff) +
+                                             ((u >> 32) & 0xffff) + (u >> 48));
+    const float v = static_cast<float>(sum - 2 * 65535) * job.scale;
+    switch (job.dtype) {
+      case DType::kF32:
+        static_cast<float*>(job.dst)[i] = v;
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(job.dst)[i] = FloatToBf16(v);
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(job.dst)[i] = FloatToF16(v);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<LayerSpan> ResolveLayerSpan(const ModelConfig& config, LayerSpan span) {
+  const int64_t n = config.num_hidden_layers;
+  const int64_t end = span.end == -1 ? n : span.end;
+  if (span.begin < 0 || span.begin >= end || end > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer span [", span.begin, ", ", span.end, ") is not within the model's ", n,
+                     " layers (need 0 <= begin < end <= ", n, "; end -1 means ", n, ")"));
+  }
+  return LayerSpan{span.begin, end};
+}
+
+absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan span) {
+  absl::StatusOr<ModelConfig> config = LoadConfigFile(dir + "/config.json");
+  if (!config.ok()) return config.status();
+  absl::StatusOr<LayerSpan> resolved = ResolveLayerSpan(*config, span);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<TensorStore> store = TensorStore::Open(dir);
+  if (!store.ok()) return store.status();
+
+  ModelWeights w;
+  PrepareWeights(*config, resolved->begin, resolved->end, &w);
+  if (absl::Status s = CheckpointLoader(dir, *store, &w).Load(); !s.ok()) return s;
+  FinishWeights(&w);
+  for (std::shared_ptr<const void>& owner : store->Owners()) w.storage.push_back(owner);
+  return w;
+}
+
+absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
+                                           const RandomWeightOptions& options, LayerSpan span) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  absl::StatusOr<LayerSpan> resolved = ResolveLayerSpan(config, span);
+  if (!resolved.ok()) return resolved.status();
+  if (!(options.stddev >= 0.0 && std::isfinite(options.stddev))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random weight stddev must be finite and >= 0, got ", options.stddev));
+  }
+
+  ModelWeights w;
+  PrepareWeights(config, resolved->begin, resolved->end, &w);
+  const std::vector<WeightSlot> slots = ListWeightSlots(&w);
+
+  // One arena for every matrix, each at a 64-byte aligned offset.
+  const int64_t element_size = DTypeSize(options.dtype);
+  std::vector<int64_t> offsets(slots.size(), -1);
+  int64_t total = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].matrix == nullptr) continue;
+    offsets[i] = total;
+    total += (slots[i].shape[0] * slots[i].shape[1] * element_size + 63) / 64 * 64;
+  }
+  std::shared_ptr<void> arena = AllocateAligned(static_cast<size_t>(total));
+  if (arena == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", total, " bytes of random weights"));
+  }
+  char* base = static_cast<char*>(arena.get());
+  w.storage.push_back(arena);
+
+  // Values depend only on (seed, name, element), never on the chunking or the thread count.
+  constexpr int64_t kChunk = 1 << 16;
+  // Unit variance: four uniforms on {0..65535} have variance 4 * (65536^2 - 1) / 12.
+  const float scale =
+      static_cast<float>(options.stddev / std::sqrt((65536.0 * 65536.0 - 1.0) / 3.0));
+  std::vector<FillJob> jobs;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const WeightSlot& slot = slots[i];
+    if (slot.vector != nullptr) {
+      slot.vector->assign(static_cast<size_t>(slot.shape[0]),
+                          slot.init == ParamInit::kOnes ? 1.0f : 0.0f);
+      continue;
+    }
+    const int64_t rows = slot.shape[0], cols = slot.shape[1];
+    *slot.matrix = Matrix{options.dtype, rows, cols, base + offsets[i]};
+    const uint64_t key = Mix64(options.seed ^ Mix64(HashName(slot.name)));
+    for (int64_t first = 0; first < rows * cols; first += kChunk) {
+      jobs.push_back({key, base + offsets[i], options.dtype, first,
+                      std::min(kChunk, rows * cols - first), scale});
+    }
+  }
+  ParallelFor(static_cast<int64_t>(jobs.size()), 1, [&jobs](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) RunFillJob(jobs[static_cast<size_t>(j)]);
+  });
+
+  FinishWeights(&w);
+  return w;
+}
+
+absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSpan span,
+                                       const RandomWeightOptions& random_options) {
+  const bool is_dir = IsDirectory(dir_or_preset);
+  if (is_dir && Exists(dir_or_preset + "/config.json")) {
+    return LoadCheckpoint(dir_or_preset, span);
+  }
+  absl::StatusOr<ModelConfig> preset = PresetConfig(dir_or_preset);
+  if (preset.ok()) return RandomWeights(*preset, random_options, span);
+  if (preset.status().code() != absl::StatusCode::kNotFound) return preset.status();
+  const std::string what = is_dir                  ? "is a directory without config.json"
+                           : Exists(dir_or_preset) ? "is not a checkpoint directory"
+                                                   : "does not exist";
+  return absl::NotFoundError(absl::StrCat(
+      "'", dir_or_preset, "' is neither a checkpoint directory containing config.json (it ", what,
+      ") nor a preset (", preset.status().message(), ")"));
+}
+
+}  // namespace glm

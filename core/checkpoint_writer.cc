@@ -1,0 +1,192 @@
+// SaveCheckpoint and ConfigToJson: ModelWeights out as a Hugging Face checkpoint directory.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checkpoint.h"
+#include "core/safetensors.h"
+#include "core/safetensors_writer.h"
+#include "core/weight_layout.h"
+#include "nlohmann/json.hpp"
+
+namespace glm {
+namespace {
+
+using Json = nlohmann::json;
+
+const char* TorchDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+  }
+  return "bfloat16";
+}
+
+absl::Status MakeDirectories(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      path = dir.substr(0, i);
+      if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot create directory ", path, ": ", std::strerror(errno)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot create ", path));
+  out << text;
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat("error writing ", path));
+  return absl::OkStatus();
+}
+
+absl::Status ShapeError(const std::string& name, const std::vector<int64_t>& expected,
+                        const std::vector<int64_t>& actual) {
+  return absl::InvalidArgumentError(absl::StrCat("cannot save tensor '", name, "': holds ",
+                                                 ShapeToString(actual), ", expected ",
+                                                 ShapeToString(expected)));
+}
+
+// The tensors of the weights in checkpoint form: one per slot, or per layer for fused experts.
+absl::StatusOr<std::vector<TensorToWrite>> CollectTensors(ModelWeights* w, bool fused) {
+  std::vector<TensorToWrite> out;
+  // layer -> (gate_up pieces, down pieces), in expert order.
+  std::map<int64_t, TensorToWrite> gate_up, down;
+  const ModelConfig& c = w->config;
+  for (const WeightSlot& slot : ListWeightSlots(w)) {
+    if (slot.vector != nullptr) {
+      const std::vector<int64_t> actual = {static_cast<int64_t>(slot.vector->size())};
+      if (actual != slot.shape) return ShapeError(slot.name, slot.shape, actual);
+      out.push_back({slot.name, DType::kF32, slot.shape, {{slot.vector->data(), actual[0] * 4}}});
+      continue;
+    }
+    const Matrix& m = *slot.matrix;
+    const std::vector<int64_t> actual = {m.rows, m.cols};
+    if (m.empty() || actual != slot.shape) return ShapeError(slot.name, slot.shape, actual);
+    if (!fused || slot.expert < 0) {
+      out.push_back({slot.name, m.dtype, slot.shape, {{m.data, m.bytes()}}});
+      continue;
+    }
+    const std::string prefix = LayerPrefix(slot.layer) + "mlp.experts.";
+    const int64_t width = c.moe_intermediate_size, n = c.n_routed_experts;
+    TensorToWrite& t = slot.part == ExpertPart::kDown ? down[slot.layer] : gate_up[slot.layer];
+    if (t.name.empty()) {
+      if (slot.part == ExpertPart::kDown) {
+        t = {prefix + "down_proj", m.dtype, {n, c.hidden_size, width}, {}};
+      } else {
+        t = {prefix + "gate_up_proj", m.dtype, {n, 2 * width, c.hidden_size}, {}};
+      }
+    }
+    if (t.dtype != m.dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot fuse experts of layer ", slot.layer, ": mixed dtypes"));
+    }
+    // Slots come gate, up, down per expert: appending keeps [gate_e; up_e] row blocks.
+    t.pieces.push_back({m.data, m.bytes()});
+  }
+  for (auto* fused_map : {&gate_up, &down}) {
+    for (auto& [layer, t] : *fused_map) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ConfigToJson(const ModelConfig& c, DType dtype) {
+  Json j = {
+      {"architectures", {"Glm4MoeForCausalLM"}},
+      {"model_type", "glm4_moe"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size", c.moe_intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"partial_rotary_factor", c.partial_rotary_factor},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"use_qk_norm", c.use_qk_norm},
+      {"attention_bias", c.attention_bias},
+      {"n_routed_experts", c.n_routed_experts},
+      {"n_shared_experts", c.n_shared_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"n_group", c.n_group},
+      {"topk_group", c.topk_group},
+      {"norm_topk_prob", c.norm_topk_prob},
+      {"routed_scaling_factor", c.routed_scaling_factor},
+      {"first_k_dense_replace", c.first_k_dense_replace},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"hidden_act", c.hidden_act},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+      {"torch_dtype", TorchDTypeName(dtype)},
+  };
+  if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  return j.dump(2) + "\n";
+}
+
+absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
+                            const SaveCheckpointOptions& options) {
+  if (absl::Status s = ValidateConfig(weights.config); !s.ok()) return s;
+  // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
+  // `weights` const.
+  ModelWeights copy = weights;
+  absl::StatusOr<std::vector<TensorToWrite>> tensors = CollectTensors(&copy, options.fused_experts);
+  if (!tensors.ok()) return tensors.status();
+  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  if (absl::Status s =
+          WriteTextFile(dir + "/config.json", ConfigToJson(weights.config, weights.weight_dtype));
+      !s.ok()) {
+    return s;
+  }
+  // A leftover file of the other layout would shadow or confuse the new one on load.
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::remove(options.max_shard_bytes <= 0 ? index_path.c_str() : single.c_str());
+  if (options.max_shard_bytes <= 0) return WriteSafetensors(single, *tensors);
+
+  // Greedy sharding in slot order; a tensor larger than the limit gets a shard of its own.
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  int64_t shard_bytes = 0, total = 0;
+  for (TensorToWrite& t : *tensors) {
+    int64_t bytes = 0;
+    for (const ByteRange& r : t.pieces) bytes += r.size;
+    if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shard_bytes += bytes;
+    total += bytes;
+    shards.back().push_back(std::move(t));
+  }
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
+    if (absl::Status s = WriteSafetensors(dir + "/" + file, shards[i]); !s.ok()) return s;
+    for (const TensorToWrite& t : shards[i]) weight_map[t.name] = file;
+  }
+  Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return WriteTextFile(index_path, index.dump(2) + "\n");
+}
+
+}  // namespace glm

@@ -1,0 +1,47 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p and repetition penalty, with a
+// per-request seed whose random stream depends only on (seed, token index), so a request's
+// tokens never depend on what else shares its batch or on preemption and recompute.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace glm {
+
+struct SamplingParams {
+  float temperature = 0.0f;         // 0: greedy (argmax; ties: lowest id)
+  int32_t top_k = 0;                // 0: off; else keep the k most likely tokens
+  float top_p = 1.0f;               // nucleus: smallest set with cumulative prob >= top_p
+  float min_p = 0.0f;               // drop tokens with prob < min_p * max prob
+  float repetition_penalty = 1.0f;  // > 1 discourages tokens already in prompt or output
+  uint64_t seed = 0;                // the request's random stream
+};
+
+// INVALID_ARGUMENT naming the field: temperature < 0 or not finite, top_k < 0, top_p not in
+// (0, 1], min_p not in [0, 1), repetition_penalty <= 0 or not finite.
+absl::Status ValidateSamplingParams(const SamplingParams& params);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  // log-softmax of the model's raw logits at the chosen token (before penalty, temperature
+  // and truncation: the model's own belief, comparable across sampling settings).
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, best first
+};
+
+// Chooses the token at output index `token_index` of a request. `history` is the prompt plus
+// the tokens generated so far (for the repetition penalty). Deterministic: the same inputs
+// give the same token on every machine.
+SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
+                         absl::Span<const int32_t> history, uint64_t token_index,
+                         int32_t top_logprobs);
+
+}  // namespace glm

@@ -1,0 +1,36 @@
+#include "core/weights.h"
+
+namespace glm {
+namespace {
+
+int64_t VectorBytes(const std::vector<float>& v) {
+  return static_cast<int64_t>(v.size() * sizeof(float));
+}
+
+int64_t FfnBytes(const FfnWeights& f) { return f.gate.bytes() + f.up.bytes() + f.down.bytes(); }
+
+}  // namespace
+
+int64_t ModelWeights::ParameterBytes() const {
+  int64_t total = embed_tokens.bytes() + VectorBytes(final_norm);
+  // A tied head is a view of the embedding: its bytes are already counted (when this span has
+  // the embedding) or counted here once (a tail span that only needs it for the head).
+  if (lm_head.data != embed_tokens.data) total += lm_head.bytes();
+  for (const LayerWeights& l : layers) {
+    total += VectorBytes(l.input_norm) + VectorBytes(l.post_attention_norm);
+    const AttentionWeights& a = l.attn;
+    total += a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes();
+    for (const std::vector<float>* v : {&a.q_bias, &a.k_bias, &a.v_bias, &a.q_norm, &a.k_norm}) {
+      total += VectorBytes(*v);
+    }
+    if (l.is_moe) {
+      total += l.moe.router.bytes() + VectorBytes(l.moe.router_bias) + FfnBytes(l.moe.shared);
+      for (const FfnWeights& e : l.moe.experts) total += FfnBytes(e);
+    } else {
+      total += FfnBytes(l.dense);
+    }
+  }
+  return total;
+}
+
+}  // namespace glm
