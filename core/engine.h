@@ -136,6 +136,10 @@ struct EngineOptions {
   // Limits enforced at submission.
   int64_t max_prompt_tokens = 0;  // 0: max_position_embeddings
   int64_t max_new_tokens_limit = 0;  // 0: max_position_embeddings
+  // Tests: after every step, verify the block accounting and request bookkeeping (every
+  // block's reference count equals its holders; every live request is in exactly one
+  // queue). The first violation is kept in EngineStats::invariant_error.
+  bool check_invariants = false;
 };
 
 // Cumulative counters and instantaneous gauges, readable from any thread.
@@ -152,6 +156,7 @@ struct EngineStats {
   int64_t prefix_hits = 0;     // of which found in the cache
   int64_t prompt_tokens_computed = 0;  // prompt tokens that went through the model
   int64_t tokens_generated = 0;
+  std::string invariant_error;  // empty unless check_invariants found a violation
   double kv_usage() const {
     return kv_blocks_total == 0 ? 0.0
                                 : 1.0 - static_cast<double>(kv_blocks_free) / kv_blocks_total;

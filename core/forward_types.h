@@ -34,6 +34,10 @@ enum class LogitsRows {
 
 struct ForwardOptions {
   LogitsRows logits = LogitsRows::kLast;
+  // When non-empty, one entry per batch sequence, overriding `logits` for that sequence
+  // (e.g. decodes want their last row, a prefill chunk mid-prompt wants none). Logits rows
+  // come out in batch order.
+  std::vector<LogitsRows> sequence_logits;
   bool return_hidden = false;        // residual stream after the run's last layer
   bool return_layer_hidden = false;  // residual stream after the embedding and each layer
   // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own

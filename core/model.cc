@@ -48,6 +48,9 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
                                int64_t run_end) const {
   const ModelConfig& c = config();
   const KvCacheShape& cs = cache.shape();
+  if (!cache.host_fp32()) {
+    return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
+  }
   if (cs.num_layers != num_span_layers() || cs.kv_heads != c.num_key_value_heads ||
       cs.head_dim != c.head_dim) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
@@ -136,7 +139,13 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
   const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
   if (absl::Status s = CheckBatch(batch, *cache, run_begin, run_end); !s.ok()) return s;
-  if (options.logits != LogitsRows::kNone && run_end != config().num_hidden_layers) {
+  bool wants_logits = options.sequence_logits.empty() && options.logits != LogitsRows::kNone;
+  for (LogitsRows r : options.sequence_logits) wants_logits |= r != LogitsRows::kNone;
+  if (!options.sequence_logits.empty() &&
+      options.sequence_logits.size() != batch.sequences.size()) {
+    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
+  }
+  if (wants_logits && run_end != config().num_hidden_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits need the last layer; this run ends at layer ", run_end));
   }
@@ -185,18 +194,21 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
     result->hidden.clear();
   }
   result->logits.clear();
-  if (options.logits == LogitsRows::kNone) return absl::OkStatus();
   // Only the rows whose logits are wanted go through the final norm and lm_head.
   std::vector<int64_t> rows;
-  if (options.logits == LogitsRows::kAll) {
-    for (int64_t r = 0; r < t; ++r) rows.push_back(r);
-  } else {
-    int64_t end = 0;
-    for (const SequenceSlice& s : batch.sequences) {
-      end += s.num_tokens;
-      rows.push_back(end - 1);
+  int64_t first_row = 0;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const LogitsRows want =
+        options.sequence_logits.empty() ? options.logits : options.sequence_logits[i];
+    const int64_t count = batch.sequences[i].num_tokens;
+    if (want == LogitsRows::kAll) {
+      for (int64_t r = 0; r < count; ++r) rows.push_back(first_row + r);
+    } else if (want == LogitsRows::kLast) {
+      rows.push_back(first_row + count - 1);
     }
+    first_row += count;
   }
+  if (rows.empty()) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<float> normed(n * hidden);
   for (int64_t r = 0; r < n; ++r) {

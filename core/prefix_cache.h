@@ -41,7 +41,12 @@ class PrefixCache {
   // allocator or nothing more can be evicted. Returns true if `needed` are now free.
   bool EnsureFree(int64_t needed);
 
-  int64_t evictable_blocks() const;  // cached blocks no sequence holds
+  int64_t evictable_blocks() const;
+  // Calls fn(block) for every block the cache holds a reference on.
+  template <typename Fn>
+  void ForEachBlock(Fn fn) const {
+    for (const auto& [hash, entry] : entries_) fn(entry.block);
+  }  // cached blocks no sequence holds
   int64_t cached_blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t queries() const { return queries_; }
   int64_t hits() const { return hits_; }

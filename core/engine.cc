@@ -1,0 +1,321 @@
+#include "core/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "core/engine_impl.h"
+
+namespace glm {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kForwardDone:
+      return "forward_done";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kDeadline:
+      return "deadline";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "unknown";
+}
+
+// ---- EventQueue ----------------------------------------------------------------------------
+
+EventCallback EventQueue::Callback() {
+  return [this](Event&& event) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(event));
+    }
+    cv_.notify_one();
+  };
+}
+
+std::optional<Event> EventQueue::Pop(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto ready = [this] { return !events_.empty(); };
+  if (timeout == absl::InfiniteDuration()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), ready)) {
+    return std::nullopt;
+  }
+  Event event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+// ---- Engine ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kDefaultKvCapacityTokens = 32768;
+constexpr int32_t kMaxTopLogprobs = 20;
+
+int64_t BlocksFor(int64_t tokens, int64_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
+absl::Status CheckOptions(const EngineOptions& o) {
+  if (o.max_batch_tokens <= 0) return absl::InvalidArgumentError("max_batch_tokens must be > 0");
+  if (o.max_running <= 0) return absl::InvalidArgumentError("max_running must be > 0");
+  if (o.max_waiting < 0) return absl::InvalidArgumentError("max_waiting must be >= 0");
+  if (o.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  if (o.kv_capacity_tokens < 0) {
+    return absl::InvalidArgumentError("kv_capacity_tokens must be >= 0");
+  }
+  if (o.max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> model,
+                                                       const EngineOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("no model");
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  EngineOptions o = options;
+  const int64_t max_positions = model->config().max_position_embeddings;
+  if (o.kv_capacity_tokens == 0) o.kv_capacity_tokens = kDefaultKvCapacityTokens;
+  if (o.max_prompt_tokens <= 0) o.max_prompt_tokens = max_positions;
+  if (o.max_new_tokens_limit <= 0) o.max_new_tokens_limit = max_positions;
+  absl::StatusOr<std::unique_ptr<KvCache>> cache =
+      model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size);
+  if (!cache.ok()) return cache.status();
+  std::unique_ptr<Engine> engine(new Engine(std::move(model), o));
+  engine->impl_ = std::make_unique<Impl>(engine->model_.get(), o, *std::move(cache));
+  return engine;
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
+    : model_(std::move(model)), options_(options) {}
+
+Engine::~Engine() { impl_.reset(); }
+
+int64_t Engine::kv_capacity_tokens() const { return impl_->cache().capacity_tokens(); }
+
+namespace {
+
+absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model,
+                              const EngineOptions& o, int64_t total_blocks) {
+  const ModelConfig& c = model.config();
+  if (!model.has_embedding() || !model.has_head()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Generate needs the whole model; this server serves layers [", model.layer_begin(),
+        ", ", model.layer_end(), ") of ", c.num_hidden_layers));
+  }
+  if (g.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  if (static_cast<int64_t>(g.prompt.size()) > o.max_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", g.prompt.size(),
+                                                   " tokens; the limit is ",
+                                                   o.max_prompt_tokens));
+  }
+  for (size_t i = 0; i < g.prompt.size(); ++i) {
+    if (g.prompt[i] < 0 || g.prompt[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " (", g.prompt[i],
+                                                     ") is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  if (g.stop.max_new_tokens <= 0 || g.stop.max_new_tokens > o.max_new_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [1, ",
+                                                   o.max_new_tokens_limit, "], got ",
+                                                   g.stop.max_new_tokens));
+  }
+  for (int32_t id : g.stop.stop_token_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop token id ", id,
+                                                     " is outside the vocabulary"));
+    }
+  }
+  if (absl::Status s = ValidateSamplingParams(g.sampling); !s.ok()) return s;
+  if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.stop.max_new_tokens;
+  if (static_cast<int64_t>(g.prompt.size()) >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", g.prompt.size(),
+                                                   " tokens; the model's context is ",
+                                                   c.max_position_embeddings));
+  }
+  const int64_t capped = std::min<int64_t>(total, c.max_position_embeddings);
+  if (BlocksFor(capped, o.block_size) > total_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt plus max_new_tokens (", capped, " tokens) exceeds the KV cache capacity of ",
+        total_blocks * o.block_size, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model,
+                             int64_t run_begin, int64_t run_end) {
+  const ModelConfig& c = model.config();
+  if (run_begin < model.layer_begin() || run_end > model.layer_end() || run_begin >= run_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
+                                                   ") are not served; this server serves [",
+                                                   model.layer_begin(), ", ", model.layer_end(),
+                                                   ")"));
+  }
+  if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("logits need the last layer (",
+                                                   c.num_hidden_layers, "); this call ends at ",
+                                                   run_end));
+  }
+  if (!f.return_hidden && f.logits == LogitsRows::kNone) {
+    return absl::InvalidArgumentError("the request asks for neither hidden states nor logits");
+  }
+  if (run_begin == 0) {
+    if (!f.hidden.empty()) {
+      return absl::InvalidArgumentError("a call starting at layer 0 takes token ids, not hidden "
+                                        "states");
+    }
+    if (f.token_ids.empty()) return absl::InvalidArgumentError("token_ids is empty");
+    for (size_t i = 0; i < f.token_ids.size(); ++i) {
+      if (f.token_ids[i] < 0 || f.token_ids[i] >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", i, " (", f.token_ids[i],
+                                                       ") is outside the vocabulary [0, ",
+                                                       c.vocab_size, ")"));
+      }
+    }
+  } else {
+    if (!f.token_ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a call starting at layer ", run_begin, " takes hidden states, not token ids"));
+    }
+    if (f.num_tokens <= 0) return absl::InvalidArgumentError("hidden states have no rows");
+    if (static_cast<int64_t>(f.hidden.size()) != f.num_tokens * c.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden states have ", f.hidden.size(), " values; expected [", f.num_tokens, ", ",
+          c.hidden_size, "]"));
+    }
+    for (size_t i = 0; i < f.hidden.size(); ++i) {
+      if (!std::isfinite(f.hidden[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("hidden states hold a non-finite value at row ",
+                         i / c.hidden_size, ", column ", i % c.hidden_size));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback) {
+  if (draining_.load()) {
+    return absl::UnavailableError("the server is draining and accepts no new requests");
+  }
+  if (!callback) return absl::InvalidArgumentError("no event callback");
+  if (impl_->QueuedCount() >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full (",
+                                                     options_.max_waiting, " requests)"));
+  }
+  const int64_t total_blocks = impl_->cache().shape().num_blocks;
+  auto seq = std::make_unique<Sequence>();
+  seq->callback = std::move(callback);
+  seq->deadline = request.deadline;
+  seq->times.arrived = std::chrono::steady_clock::now();
+  if (auto* g = std::get_if<GenerateRequest>(&request.body)) {
+    if (absl::Status s = ValidateGenerate(*g, *model_, options_, total_blocks); !s.ok()) return s;
+    seq->is_generate = true;
+    seq->generate = std::move(*g);
+    seq->tokens = seq->generate.prompt;
+    seq->prompt_tokens = static_cast<int64_t>(seq->tokens.size());
+    seq->run_begin = 0;
+    seq->run_end = model_->config().num_hidden_layers;
+  } else {
+    ForwardRequest& f = std::get<ForwardRequest>(request.body);
+    const int64_t run_begin = f.layer_begin < 0 ? model_->layer_begin() : f.layer_begin;
+    const int64_t run_end = f.layer_end < 0 ? model_->layer_end() : f.layer_end;
+    if (absl::Status s = ValidateForward(f, *model_, run_begin, run_end); !s.ok()) return s;
+    seq->is_generate = false;
+    seq->run_begin = run_begin;
+    seq->run_end = run_end;
+    seq->num_inputs =
+        run_begin == 0 ? static_cast<int64_t>(f.token_ids.size()) : f.num_tokens;
+    if (f.session_id.empty()) {
+      if (BlocksFor(seq->num_inputs, options_.block_size) > total_blocks) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            seq->num_inputs, " positions exceed the KV cache capacity of ",
+            total_blocks * options_.block_size, " tokens"));
+      }
+    } else {
+      std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
+      auto it = impl_->sessions_.find(f.session_id);
+      if (f.create_session) {
+        if (it != impl_->sessions_.end()) {
+          return absl::AlreadyExistsError(absl::StrCat("session '", f.session_id,
+                                                       "' already exists"));
+        }
+        if (static_cast<int64_t>(impl_->sessions_.size()) >= options_.max_sessions) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the server holds its maximum of ", options_.max_sessions, " sessions"));
+        }
+        auto session = std::make_unique<Session>();
+        session->id = f.session_id;
+        session->layer_begin = run_begin;
+        session->layer_end = run_end;
+        it = impl_->sessions_.emplace(f.session_id, std::move(session)).first;
+      } else if (it == impl_->sessions_.end()) {
+        return absl::NotFoundError(absl::StrCat("no session '", f.session_id,
+                                                "' (never created, closed or expired)"));
+      }
+      Session& session = *it->second;
+      if (session.layer_begin != run_begin || session.layer_end != run_end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "session '", f.session_id, "' runs layers [", session.layer_begin, ", ",
+            session.layer_end, "); this call asks for [", run_begin, ", ", run_end, ")"));
+      }
+      if (session.position + seq->num_inputs > model_->config().max_position_embeddings) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "session '", f.session_id, "' would pass the model's context of ",
+            model_->config().max_position_embeddings, " positions"));
+      }
+      ++session.in_flight;
+      session.last_used = seq->times.arrived;
+      seq->session = &session;
+    }
+    seq->forward = std::move(f);
+  }
+  return impl_->Enqueue(std::move(seq));
+}
+
+void Engine::Cancel(RequestId id) { impl_->Cancel(id); }
+
+absl::Status Engine::CloseSession(const std::string& session_id) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
+    auto it = impl_->sessions_.find(session_id);
+    if (it == impl_->sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("no session '", session_id, "'"));
+    }
+    if (it->second->in_flight > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session '", session_id, "' has ", it->second->in_flight, " requests in flight"));
+    }
+    impl_->closed_sessions_.push_back(std::move(it->second));
+    impl_->sessions_.erase(it);
+  }
+  impl_->WakeLoop();  // the engine thread frees the blocks
+  return absl::OkStatus();
+}
+
+void Engine::StartDraining() { draining_.store(true); }
+
+bool Engine::Idle() const { return impl_->Idle(); }
+
+EngineStats Engine::Stats() const { return impl_->Stats(); }
+
+void Engine::SetStepObserver(std::function<void(const StepReport&)> observer) {
+  impl_->SetStepObserver(std::move(observer));
+}
+
+}  // namespace glm

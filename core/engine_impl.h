@@ -1,0 +1,128 @@
+// Engine::Impl: the engine thread's state and the step loop (core/engine_loop.cc), plus the
+// inbox and registries other threads touch under their mutexes.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/engine.h"
+#include "core/engine_internal.h"
+#include "core/prefix_cache.h"
+
+namespace glm {
+
+using engine_internal::Sequence;
+using engine_internal::Session;
+
+class Engine::Impl {
+ public:
+  Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
+  ~Impl();  // stops the loop; unfinished requests end with CANCELLED
+
+  KvCache& cache() { return *cache_; }
+
+  // Called with a validated sequence (Engine::Submit).
+  RequestId Enqueue(std::unique_ptr<Sequence> seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq->id = next_id_++;
+    const RequestId id = seq->id;
+    inbox_.push_back(std::move(seq));
+    ++queued_count_;
+    cv_.notify_all();
+    return id;
+  }
+
+  // Requests accepted but not yet finished count against max_waiting while not running.
+  int64_t QueuedCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_count_;
+  }
+
+  void Cancel(RequestId id) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels_.push_back(id);
+    }
+    cv_.notify_all();
+  }
+
+  // Session registry, shared with the submitting threads.
+  std::mutex sessions_mu_;
+  std::unordered_map<std::string, std::unique_ptr<Session>> sessions_;  // guarded
+  std::vector<std::unique_ptr<Session>> closed_sessions_;               // guarded; to free
+
+  void WakeLoop() { cv_.notify_all(); }
+
+  EngineStats Stats() {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+
+  bool Idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_count_ == 0 && running_count_ == 0 && inbox_.empty();
+  }
+
+  void SetStepObserver(std::function<void(const StepReport&)> observer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    observer_ = std::move(observer);
+  }
+
+ private:
+  // ---- The loop ----
+  void Loop();
+  bool TakeInbox();  // false when stopping
+  void ExpireAndCancel(SteadyTime now, const std::vector<RequestId>& cancels);
+  void ExpireSessions(SteadyTime now);
+  void Admit();
+  bool AdmitOne(Sequence* seq);
+  // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
+  // preempting later-admitted sequences as needed. False if it cannot.
+  bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
+  Sequence* PickVictim(const Sequence* except);
+  void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
+  void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
+  void AfterGenerateStep(Sequence* seq, const float* logits);
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+  void ReleaseBlocks(Sequence* seq);
+  void UpdateStats(int64_t step_delta);
+  absl::Status CheckInvariants();
+  std::string invariant_error_;
+
+  ModelRunner* model_;
+  EngineOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  PrefixCache prefix_;
+  std::thread thread_;
+
+  // Inbox from other threads.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  RequestId next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> inbox_;
+  std::vector<RequestId> cancels_;
+  int64_t queued_count_ = 0;   // accepted, not running, not finished
+  int64_t running_count_ = 0;  // mirrors running_.size()
+  std::function<void(const StepReport&)> observer_;
+
+  // Engine-thread state.
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> live_;
+  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
+  std::vector<Sequence*> running_;  // in admission order
+  int64_t admissions_ = 0;
+
+  // Published counters.
+  std::mutex stats_mu_;
+  EngineStats stats_;
+  int64_t steps_ = 0, preemptions_ = 0, prompt_computed_ = 0, generated_total_ = 0;
+};
+
+}  // namespace glm

@@ -1,0 +1,63 @@
+// Engine internals shared by engine.cc (loop, scheduling) and engine_submit.cc (validation):
+// the per-request Sequence and the per-session state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/engine.h"
+#include "core/kv_cache.h"
+
+namespace glm::engine_internal {
+
+// A session's sequence, kept between Forward calls. Guarded by Engine::Impl::sessions_mu_.
+struct Session {
+  std::string id;
+  BlockTable blocks;           // owned by the engine thread while a request is in flight
+  int64_t position = 0;        // tokens processed so far (next call starts here)
+  int64_t layer_begin = 0;     // fixed by the first call
+  int64_t layer_end = 0;
+  int64_t in_flight = 0;       // accepted requests not yet finished
+  SteadyTime last_used;
+};
+
+// One accepted request as the scheduler sees it.
+struct Sequence {
+  RequestId id = 0;
+  EventCallback callback;
+  std::optional<SteadyTime> deadline;
+  Timestamps times;
+  bool is_generate = true;
+
+  // Generation: the prompt followed by the tokens generated so far.
+  GenerateRequest generate;
+  std::vector<int32_t> tokens;
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;
+
+  // Forward.
+  ForwardRequest forward;
+  int64_t num_inputs = 0;  // input positions of the request
+  ForwardOutput output;
+  Session* session = nullptr;  // not owned; valid while in_flight > 0
+
+  int64_t run_begin = 0;  // layers this request runs
+  int64_t run_end = 0;
+  int64_t base_position = 0;  // absolute position of input 0 (a session's offset)
+  int64_t computed = 0;       // inputs whose keys and values are in the cache
+  BlockTable own_blocks;      // the request's blocks when it has no session
+  int64_t admitted_order = -1;  // admission counter; -1 while waiting
+  int64_t cached_prompt_tokens = 0;
+  int64_t preemptions = 0;
+
+  int64_t total_inputs() const {
+    return is_generate ? static_cast<int64_t>(tokens.size()) : num_inputs;
+  }
+  BlockTable& blocks() { return session != nullptr ? session->blocks : own_blocks; }
+  // Sequences whose inputs the engine keeps can be preempted and recomputed; a session's
+  // earlier calls are gone, so its cache is pinned.
+  bool preemptible() const { return session == nullptr; }
+};
+
+}  // namespace glm::engine_internal

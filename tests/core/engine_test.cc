@@ -1,0 +1,451 @@
+// The continuous-batching engine: batching, chunking, preemption and prefix sharing never
+// change a request's output; cancellation, deadlines and sessions keep the KV cache
+// accounting exact; bad requests are refused up front.
+#include "core/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "core/checkpoint.h"
+#include "core/model.h"
+
+namespace glm {
+namespace {
+
+std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+  EXPECT_TRUE(config.ok());
+  config->max_position_embeddings = 512;
+  RandomWeightOptions options;
+  options.seed = 7;
+  options.stddev = 0.1;
+  absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return std::make_unique<Model>(*std::move(w));
+}
+
+std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
+  options.check_invariants = true;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(TinyModel(span), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+// Everything a request produced.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
+  ForwardOutput forward;
+  FinishEvent finish;
+  int finishes = 0;
+  bool operator==(const Outcome& o) const {
+    if (tokens != o.tokens || logprobs != o.logprobs || top.size() != o.top.size()) return false;
+    for (size_t i = 0; i < top.size(); ++i) {
+      if (top[i].size() != o.top[i].size()) return false;
+      for (size_t j = 0; j < top[i].size(); ++j) {
+        if (top[i][j].token != o.top[i][j].token || top[i][j].logprob != o.top[i][j].logprob)
+          return false;
+      }
+    }
+    return forward.hidden == o.forward.hidden && forward.logits == o.forward.logits;
+  }
+};
+
+// Collects events of many requests; Wait() returns once every submitted one finished.
+class Collector {
+ public:
+  EventCallback For(int key) {
+    return [this, key](Event&& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Outcome& o = outcomes_[key];
+      if (auto* t = std::get_if<TokenEvent>(&e.body)) {
+        o.tokens.push_back(t->token);
+        o.logprobs.push_back(t->logprob);
+        o.top.push_back(t->top);
+      } else if (auto* f = std::get_if<ForwardOutput>(&e.body)) {
+        o.forward = std::move(*f);
+      } else {
+        o.finish = std::get<FinishEvent>(e.body);
+        ++o.finishes;
+        ++finished_;
+        cv_.notify_all();
+      }
+    };
+  }
+  void Wait(int count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(60), [&] { return finished_ >= count; }))
+        << finished_ << " of " << count << " finished";
+  }
+  std::map<int, Outcome>& outcomes() { return outcomes_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, Outcome> outcomes_;
+  int finished_ = 0;
+};
+
+GenerateRequest MakeGenerate(int key, int prompt_len, int max_new, bool sample) {
+  GenerateRequest g;
+  for (int i = 0; i < prompt_len; ++i) g.prompt.push_back((key * 31 + i * 17 + 5) % 250);
+  g.stop.max_new_tokens = max_new;
+  g.stop.ignore_eos = true;
+  g.logprobs = true;
+  g.top_logprobs = 3;
+  if (sample) {
+    g.sampling.temperature = 0.9f;
+    g.sampling.top_k = 40;
+    g.sampling.top_p = 0.95f;
+    g.sampling.repetition_penalty = 1.1f;
+    g.sampling.seed = 1000 + key;
+  }
+  return g;
+}
+
+Outcome RunAlone(const GenerateRequest& g, EngineOptions options = {}) {
+  options.prefix_caching = false;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  EXPECT_TRUE(engine->Submit({g}, c.For(0)).ok());
+  c.Wait(1);
+  return c.outcomes()[0];
+}
+
+void ExpectAllBlocksFree(Engine& engine) {
+  // The loop publishes stats after each step; give it a moment to go idle.
+  for (int i = 0; i < 200 && !engine.Idle(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  const EngineStats s = engine.Stats();
+  EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total) << "blocks leaked";
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.invariant_error, "");
+}
+
+TEST(EngineTest, ConcurrentRequestsEqualOneAtATime) {
+  EngineOptions options;
+  options.max_batch_tokens = 64;
+  options.max_running = 16;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  std::vector<GenerateRequest> requests;
+  for (int k = 0; k < 32; ++k) {
+    requests.push_back(MakeGenerate(k, 1 + (k * 7) % 40, 6 + k % 9, /*sample=*/k % 2 == 1));
+    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
+  }
+  c.Wait(32);
+  for (int k = 0; k < 32; ++k) {
+    const Outcome& got = c.outcomes()[k];
+    EXPECT_EQ(got.finishes, 1);
+    EXPECT_EQ(got.finish.reason, FinishReason::kLength);
+    EXPECT_EQ(static_cast<int>(got.tokens.size()), requests[k].stop.max_new_tokens);
+    EXPECT_TRUE(got == RunAlone(requests[k])) << "request " << k;
+  }
+  ExpectAllBlocksFree(*engine);
+  EXPECT_GT(engine->Stats().steps, 0);
+}
+
+TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
+  const GenerateRequest g = MakeGenerate(3, 50, 5, /*sample=*/true);
+  EngineOptions big;
+  big.max_batch_tokens = 512;
+  const Outcome reference = RunAlone(g, big);
+  for (int64_t budget : {1, 5, 16, 49}) {
+    EngineOptions options;
+    options.max_batch_tokens = budget;
+    EXPECT_TRUE(RunAlone(g, options) == reference) << "budget " << budget;
+  }
+}
+
+TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 96;  // 6 blocks of 16; each request needs 3 at the end
+  options.block_size = 16;
+  options.max_running = 8;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  std::vector<GenerateRequest> requests;
+  for (int k = 0; k < 8; ++k) {
+    requests.push_back(MakeGenerate(k, 20, 24, /*sample=*/k % 2 == 0));
+    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
+  }
+  c.Wait(8);
+  int64_t preempted = 0;
+  for (int k = 0; k < 8; ++k) {
+    const Outcome& got = c.outcomes()[k];
+    EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
+    EXPECT_TRUE(got == RunAlone(requests[k])) << "request " << k;
+    preempted += got.finish.preemptions;
+  }
+  EXPECT_GT(engine->Stats().preemptions, 0);
+  EXPECT_EQ(engine->Stats().preemptions, preempted);
+  ExpectAllBlocksFree(*engine);
+}
+
+TEST(EngineTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
+  EngineOptions options;
+  options.block_size = 8;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  GenerateRequest a = MakeGenerate(1, 35, 4, false);
+  GenerateRequest b = a;
+  b.prompt.resize(30);  // shares the first 3 full blocks (24 tokens) with a
+  b.prompt.push_back(9);
+  b.sampling.temperature = 0.7f;
+  b.sampling.seed = 5;
+  Collector c;
+  ASSERT_TRUE(engine->Submit({a}, c.For(0)).ok());
+  c.Wait(1);
+  const int64_t computed_before = engine->Stats().prompt_tokens_computed;
+  ASSERT_TRUE(engine->Submit({b}, c.For(1)).ok());
+  c.Wait(2);
+  const EngineStats s = engine->Stats();
+  EXPECT_EQ(c.outcomes()[1].finish.cached_prompt_tokens, 24);
+  EXPECT_EQ(s.prompt_tokens_computed - computed_before, 31 - 24);  // only the tail computed
+  EXPECT_GE(s.prefix_hits, 3);
+  EXPECT_TRUE(c.outcomes()[1] == RunAlone(b)) << "a prefix hit changed the output";
+  // The same prompt again: everything but the last block is a hit, output identical.
+  ASSERT_TRUE(engine->Submit({a}, c.For(2)).ok());
+  c.Wait(3);
+  EXPECT_EQ(c.outcomes()[2].finish.cached_prompt_tokens, 32);
+  EXPECT_TRUE(c.outcomes()[2] == c.outcomes()[0]);
+  ExpectAllBlocksFree(*engine);
+}
+
+TEST(EngineTest, CancelAndDeadlinesFreeEverythingAndSpareOthers) {
+  EngineOptions options;
+  options.max_batch_tokens = 32;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  std::mt19937 rng(3);
+  std::vector<GenerateRequest> requests;
+  std::vector<RequestId> ids;
+  for (int k = 0; k < 24; ++k) {
+    requests.push_back(MakeGenerate(k, 5 + k % 30, 40, k % 3 == 0));
+    Request r{requests.back()};
+    if (k % 6 == 5) r.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(k);
+    absl::StatusOr<RequestId> id = engine->Submit(std::move(r), c.For(k));
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  for (int k = 1; k < 24; k += 4) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    engine->Cancel(ids[k]);
+  }
+  c.Wait(24);
+  for (int k = 0; k < 24; ++k) {
+    const Outcome& got = c.outcomes()[k];
+    EXPECT_EQ(got.finishes, 1);
+    if (got.finish.reason == FinishReason::kCancelled) {
+      EXPECT_EQ(got.finish.status.code(), absl::StatusCode::kCancelled);
+    } else if (got.finish.reason == FinishReason::kDeadline) {
+      EXPECT_EQ(got.finish.status.code(), absl::StatusCode::kDeadlineExceeded);
+    } else {
+      EXPECT_TRUE(got == RunAlone(requests[k])) << "request " << k;
+    }
+  }
+  ExpectAllBlocksFree(*engine);
+}
+
+TEST(EngineTest, SessionInPiecesEqualsOneForward) {
+  std::unique_ptr<Engine> engine = MakeEngine();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 21; ++i) ids.push_back((i * 13 + 1) % 250);
+  Collector c;
+  ForwardRequest whole;
+  whole.token_ids = ids;
+  whole.logits = LogitsRows::kAll;
+  ASSERT_TRUE(engine->Submit({whole}, c.For(0)).ok());
+  c.Wait(1);
+  const ForwardOutput& ref = c.outcomes()[0].forward;
+  ASSERT_EQ(ref.rows, 21);
+
+  std::vector<float> hidden, logits;
+  int start = 0, key = 1;
+  for (int piece : {5, 1, 9, 6}) {
+    ForwardRequest f;
+    f.token_ids.assign(ids.begin() + start, ids.begin() + start + piece);
+    f.session_id = "s1";
+    f.create_session = start == 0;
+    f.logits = LogitsRows::kAll;
+    ASSERT_TRUE(engine->Submit({f}, c.For(key)).ok());
+    c.Wait(key + 1);
+    const Outcome& o = c.outcomes()[key];
+    ASSERT_TRUE(o.finish.status.ok()) << o.finish.status;
+    EXPECT_EQ(o.forward.start_position, start);
+    hidden.insert(hidden.end(), o.forward.hidden.begin(), o.forward.hidden.end());
+    logits.insert(logits.end(), o.forward.logits.begin(), o.forward.logits.end());
+    start += piece;
+    ++key;
+  }
+  EXPECT_EQ(hidden, ref.hidden);
+  EXPECT_EQ(logits, ref.logits);
+  EXPECT_EQ(engine->Stats().sessions, 1);
+  EXPECT_TRUE(engine->CloseSession("s1").ok());
+  EXPECT_EQ(engine->CloseSession("s1").code(), absl::StatusCode::kNotFound);
+  ForwardRequest after;
+  after.token_ids = {1};
+  after.session_id = "s1";
+  EXPECT_EQ(engine->Submit({after}, c.For(99)).status().code(), absl::StatusCode::kNotFound);
+  ExpectAllBlocksFree(*engine);
+}
+
+TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
+  // Layers [0, 1) then [1, 3) of one engine, joined by hidden states, equal the whole stack.
+  std::unique_ptr<Engine> engine = MakeEngine();
+  Collector c;
+  ForwardRequest whole;
+  whole.token_ids = {3, 1, 4, 1, 5, 9, 2, 6};
+  whole.logits = LogitsRows::kLast;
+  whole.return_hidden = false;
+  ASSERT_TRUE(engine->Submit({whole}, c.For(0)).ok());
+  ForwardRequest head = whole;
+  head.layer_end = 1;
+  head.logits = LogitsRows::kNone;
+  head.return_hidden = true;
+  ASSERT_TRUE(engine->Submit({head}, c.For(1)).ok());
+  c.Wait(2);
+  ForwardRequest tail;
+  tail.layer_begin = 1;
+  tail.hidden = c.outcomes()[1].forward.hidden;
+  tail.num_tokens = 8;
+  tail.logits = LogitsRows::kLast;
+  tail.return_hidden = false;
+  ASSERT_TRUE(engine->Submit({tail}, c.For(2)).ok());
+  c.Wait(3);
+  ASSERT_EQ(c.outcomes()[2].forward.logits.size(), 256u);
+  EXPECT_EQ(c.outcomes()[2].forward.logits, c.outcomes()[0].forward.logits);
+}
+
+TEST(EngineTest, RandomizedStressKeepsInvariants) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 160;
+  options.block_size = 8;
+  options.max_batch_tokens = 24;
+  options.max_running = 6;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  std::mt19937 rng(11);
+  std::vector<RequestId> ids;
+  int submitted = 0;
+  for (int k = 0; k < 80; ++k) {
+    GenerateRequest g = MakeGenerate(k % 10, 1 + rng() % 40, 1 + rng() % 30, rng() % 2);
+    Request r{g};
+    if (rng() % 7 == 0) r.deadline = std::chrono::steady_clock::now() +
+                                     std::chrono::microseconds(rng() % 20000);
+    absl::StatusOr<RequestId> id = engine->Submit(std::move(r), c.For(k));
+    if (id.ok()) {
+      ids.push_back(*id);
+      ++submitted;
+    }
+    if (rng() % 5 == 0 && !ids.empty()) engine->Cancel(ids[rng() % ids.size()]);
+    if (rng() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+  }
+  c.Wait(submitted);
+  for (auto& [key, o] : c.outcomes()) EXPECT_EQ(o.finishes, 1) << "request " << key;
+  ExpectAllBlocksFree(*engine);
+}
+
+TEST(EngineTest, BadRequestsAreRefusedUpFront) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 64;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  auto code = [&](Request r) { return engine->Submit(std::move(r), c.For(0)).status().code(); };
+  using absl::StatusCode;
+  GenerateRequest ok = MakeGenerate(0, 4, 4, false);
+  GenerateRequest g = ok;
+  g.prompt.clear();
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.prompt[1] = 256;
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.sampling.temperature = -1;
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.sampling.top_p = 0;
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.stop.max_new_tokens = 0;
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.top_logprobs = 21;
+  EXPECT_EQ(code({g}), StatusCode::kInvalidArgument);
+  g = ok;
+  g.stop.max_new_tokens = 100;  // 104 tokens > 64 slots: can never fit
+  EXPECT_EQ(code({g}), StatusCode::kResourceExhausted);
+
+  ForwardRequest f;
+  f.layer_begin = 1;
+  f.num_tokens = 2;
+  f.hidden.assign(2 * 64, 0.5f);
+  f.hidden[70] = NAN;
+  EXPECT_EQ(code({f}), StatusCode::kInvalidArgument);
+  f.hidden[70] = 0.f;
+  f.hidden.pop_back();
+  EXPECT_EQ(code({f}), StatusCode::kInvalidArgument);  // byte count
+  f.hidden.push_back(0.f);
+  f.layer_end = 5;
+  EXPECT_EQ(code({f}), StatusCode::kInvalidArgument);  // layers not served
+  ForwardRequest s;
+  s.token_ids = {1, 2};
+  s.session_id = "nope";
+  EXPECT_EQ(code({s}), StatusCode::kNotFound);
+  s.create_session = true;
+  EXPECT_TRUE(engine->Submit({s}, c.For(1)).ok());
+  EXPECT_EQ(code({s}), StatusCode::kAlreadyExists);
+  EXPECT_EQ(engine->CloseSession("other").code(), StatusCode::kNotFound);
+
+  engine->StartDraining();
+  EXPECT_EQ(code({ok}), StatusCode::kUnavailable);
+  c.Wait(1);
+}
+
+TEST(EngineTest, GenerateNeedsTheWholeModel) {
+  std::unique_ptr<Engine> engine = MakeEngine({}, LayerSpan{1, -1});
+  Collector c;
+  EXPECT_EQ(engine->Submit({MakeGenerate(0, 3, 3, false)}, c.For(0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineTest, QueueFullIsResourceExhausted) {
+  EngineOptions options;
+  options.max_waiting = 2;
+  options.max_running = 1;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  int accepted = 0;
+  absl::StatusCode last = absl::StatusCode::kOk;
+  for (int k = 0; k < 20; ++k) {
+    absl::StatusOr<RequestId> id = engine->Submit({MakeGenerate(k, 30, 200, false)}, c.For(k));
+    if (id.ok()) {
+      ++accepted;
+    } else {
+      last = id.status().code();
+    }
+  }
+  EXPECT_EQ(last, absl::StatusCode::kResourceExhausted);
+  EXPECT_LE(accepted, 4);
+  c.Wait(accepted);
+}
+
+TEST(EngineTest, StopTokensAndEos) {
+  GenerateRequest g = MakeGenerate(2, 6, 12, false);
+  const Outcome free_run = RunAlone(g);
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  g.stop.stop_token_ids = {free_run.tokens[3]};
+  const Outcome stopped = RunAlone(g);
+  EXPECT_EQ(stopped.finish.reason, FinishReason::kStop);
+  // It stops at the first occurrence of that token, which it still reports.
+  const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]);
+  EXPECT_EQ(stopped.tokens,
+            std::vector<int32_t>(free_run.tokens.begin(), first + 1));
+}
+
+}  // namespace
+}  // namespace glm
