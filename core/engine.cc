@@ -39,6 +39,9 @@ EventCallback EventQueue::Callback() {
   };
 }
 
+// GCC 12 reports a false -Wmaybe-uninitialized on moving a std::variant of these events.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 std::optional<Event> EventQueue::Pop(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto ready = [this] { return !events_.empty(); };
@@ -47,10 +50,11 @@ std::optional<Event> EventQueue::Pop(absl::Duration timeout) {
   } else if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), ready)) {
     return std::nullopt;
   }
-  Event event = std::move(events_.front());
+  std::optional<Event> event(std::in_place, std::move(events_.front()));
   events_.pop_front();
   return event;
 }
+#pragma GCC diagnostic pop
 
 // ---- Engine ----------------------------------------------------------------------------------
 

@@ -71,6 +71,9 @@ struct ForwardRequest {
 };
 
 struct Request {
+  Request(GenerateRequest generate) : body(std::move(generate)) {}  // NOLINT: implicit
+  Request(ForwardRequest forward) : body(std::move(forward)) {}     // NOLINT: implicit
+
   std::variant<GenerateRequest, ForwardRequest> body;
   std::optional<SteadyTime> deadline;  // dropped with DEADLINE_EXCEEDED when passed
   std::string client_request_id;       // echoed for logs; not interpreted
