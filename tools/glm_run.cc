@@ -4,8 +4,6 @@
 //
 //   glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16
 //   glm-run --model=path/to/checkpoint --prompt=1,2,3 --logits_out=/tmp/logits.npy
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +21,7 @@
 #include "core/model.h"
 #include "core/npy.h"
 #include "core/ops/linear.h"
+#include "core/parallel.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset, e.g. glm-4.5-air:layers=2");
@@ -35,7 +34,7 @@ ABSL_FLAG(std::string, logits_out, "", "write the prompt's logits [tokens, vocab
 ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
-ABSL_FLAG(int, threads, 0, "worker threads (0: OpenMP's default, all cores)");
+ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
 namespace {
@@ -71,7 +70,7 @@ int32_t ArgMax(const float* v, int64_t n) {
 }
 
 absl::Status Run() {
-  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
   absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<glm::DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
@@ -93,7 +92,7 @@ absl::Status Run() {
               model.weights().ParameterBytes() / 1e9,
               std::string(glm::DTypeName(model.weights().weight_dtype)).c_str(),
               Seconds(t_load, Clock::now()));
-  std::printf("threads   %d, linear kernel %s\n", omp_get_max_threads(), glm::LinearKernelName());
+  std::printf("threads   %d, linear kernel %s\n", glm::NumThreads(), glm::LinearKernelName());
 
   const int64_t total = static_cast<int64_t>(prompt->size()) + max_new;
   const int64_t block_size = 16;

@@ -1,0 +1,74 @@
+// glm-run end to end: on a golden checkpoint it prints the reference's greedy continuation and
+// writes the reference's logits and hidden states as .npy files; bad arguments fail cleanly.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/npy.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+
+namespace glm {
+namespace {
+
+struct RunResult {
+  int exit_code;
+  std::string output;
+};
+
+RunResult RunGlmRun(const std::string& args) {
+  const std::string command = absl::StrCat(GLM_RUN_PATH, " ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), output};
+}
+
+TEST(GlmRunTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
+  const std::string dir = testing::GoldenDir("qknorm_bias_fp32");
+  std::ifstream in(dir + "/expected.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json expected = nlohmann::json::parse(text.str());
+  const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
+  const std::string tmp = testing::MakeTempDir("glm_run_test");
+  const RunResult r =
+      RunGlmRun(absl::StrCat("--model=", dir, " --prompt=", absl::StrJoin(prompt, ","),
+                       " --max_new_tokens=", greedy.size(), " --logits_out=", tmp,
+                       "/logits.npy --hidden_out=", tmp, "/hidden.npy"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+      << r.output;
+  absl::StatusOr<NpyArray> logits = ReadNpy(tmp + "/logits.npy");
+  absl::StatusOr<NpyArray> ref = ReadNpy(dir + "/logits.npy");
+  ASSERT_TRUE(logits.ok() && ref.ok());
+  EXPECT_EQ(logits->shape, ref->shape);
+  EXPECT_LT(testing::RelativeError(logits->data, ref->data), 1e-5);
+  absl::StatusOr<NpyArray> hidden = ReadNpy(tmp + "/hidden.npy");
+  absl::StatusOr<NpyArray> ref_hidden = ReadNpy(dir + "/hidden_states.npy");
+  ASSERT_TRUE(hidden.ok() && ref_hidden.ok());
+  EXPECT_EQ(hidden->shape, ref_hidden->shape);
+  EXPECT_LT(testing::RelativeError(hidden->data, ref_hidden->data), 1e-5);
+}
+
+TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
+  RunResult r = RunGlmRun("--model=tiny --prompt=1,x,3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not a token id"), std::string::npos) << r.output;
+  r = RunGlmRun("--model=tiny --prompt=1,999");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("outside the vocabulary"), std::string::npos) << r.output;
+  r = RunGlmRun("--model=/no/such/dir");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("/no/such/dir"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace glm
