@@ -109,9 +109,10 @@ void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   const AttentionWeights& a = layer.attn;
   const int64_t t = static_cast<int64_t>(positions.size());
   const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-  Linear(x_.data(), t, a.q_proj, bias(a.q_bias), q_.data());
-  Linear(x_.data(), t, a.k_proj, bias(a.k_bias), k_.data());
-  Linear(x_.data(), t, a.v_proj, bias(a.v_bias), v_.data());
+  const LinearJob qkv[] = {{x_.data(), t, &a.q_proj, bias(a.q_bias), q_.data()},
+                           {x_.data(), t, &a.k_proj, bias(a.k_bias), k_.data()},
+                           {x_.data(), t, &a.v_proj, bias(a.v_bias), v_.data()}};
+  LinearMany(qkv);
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (!a.q_norm.empty()) {  // QK-norm per head, before RoPE; values are not normalised
     RmsNorm(q_.data(), a.q_norm.data(), t * c.num_attention_heads, c.head_dim, eps, q_.data());

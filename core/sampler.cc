@@ -22,9 +22,11 @@
 //      most likely token is always kept.
 //   7. Draw u in [0, 1) from (seed, token_index) alone and walk the kept prefix in canonical
 //      order until the running sum exceeds u times the kept mass.
-// Every sum is taken in an order fixed by the inputs (token id or canonical order), never in
-// the order a selection algorithm happens to leave elements, so the result does not depend on
-// the standard library's nth_element either.
+// Every sum is taken in an order fixed by the inputs (id order, or CanonicalWalk's bin by bin
+// order), never in the order a selection algorithm happens to leave elements, so the result
+// does not depend on the standard library's nth_element or heap either. No expression here
+// has the a * b + c shape that GCC fuses into an FMA by default where the ISA has one, so
+// results do not depend on -ffp-contract or the target; keep it that way.
 
 namespace glm {
 namespace {

@@ -14,8 +14,9 @@ void SiluMul(float* g, const float* u, int64_t n) {
 void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y) {
   const int64_t width = w.gate.rows;
   std::vector<float> gate(m * width), up(m * width);
-  Linear(x, m, w.gate, nullptr, gate.data());
-  Linear(x, m, w.up, nullptr, up.data());
+  const LinearJob jobs[] = {{x, m, &w.gate, nullptr, gate.data()},
+                            {x, m, &w.up, nullptr, up.data()}};
+  LinearMany(jobs);
   SiluMul(gate.data(), up.data(), m * width);
   Linear(gate.data(), m, w.down, nullptr, y);
 }

@@ -56,44 +56,66 @@ static inline float Dot16(const float* a, const float* b, int64_t n) {
   return lane[0];
 }
 
-void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  const int64_t n_rows = w.rows, k_total = w.cols;
-  const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
-  ParallelFor(n_blocks, 1, [&](int64_t nb_begin, int64_t nb_end) {
+void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel) {
+  const Matrix& w = *job.w;
+  const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  float* y = job.y;
+  for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
+  panel->resize(kBlockN * std::min(k_total, kBlockK));
+  for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+    const int64_t kk = std::min(kBlockK, k_total - k0);
+    WidenPanel(w, n0, nn, k0, kk, panel->data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t n = 0; n < nn; ++n) {
+        y[i * n_rows + n0 + n] += Dot16(job.x + i * k_total + k0, panel->data() + n * kk, kk);
+      }
+    }
+  }
+  if (job.bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += job.bias[n0 + n];
+  }
+}
+
+namespace {
+
+using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
+
+void RunJobs(absl::Span<const LinearJob> jobs, BlockFn block_fn) {
+  // Blocks of all jobs in one index space: [starts[j], starts[j + 1]) belong to job j.
+  std::vector<int64_t> starts(jobs.size() + 1, 0);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int64_t blocks = jobs[j].m > 0 ? (jobs[j].w->rows + kBlockN - 1) / kBlockN : 0;
+    starts[j + 1] = starts[j] + blocks;
+  }
+  ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
-    panel.resize(kBlockN * std::min(k_total, kBlockK));
-    for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] = 0.f;
-      }
-      for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
-        const int64_t kk = std::min(kBlockK, k_total - k0);
-        WidenPanel(w, n0, nn, k0, kk, panel.data());
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t n = 0; n < nn; ++n) {
-            y[i * n_rows + n0 + n] += Dot16(x + i * k_total + k0, panel.data() + n * kk, kk);
-          }
-        }
-      }
-      if (bias != nullptr) {
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += bias[n0 + n];
-        }
-      }
+    for (int64_t b = begin; b < end; ++b) {
+      const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
+      block_fn(jobs[j], b - starts[j], &panel);
     }
   });
 }
 
+}  // namespace
+
+void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+  const LinearJob job{x, m, &w, bias, y};
+  RunJobs({job}, LinearBlockGeneric);
+}
+
 }  // namespace internal
+
+void LinearMany(absl::Span<const LinearJob> jobs) {
+  internal::RunJobs(jobs, internal::CpuHasAvx512() ? internal::LinearBlockAvx512
+                                                   : internal::LinearBlockGeneric);
+}
 
 void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
   if (m <= 0 || w.rows <= 0) return;
-  if (internal::CpuHasAvx512()) {
-    internal::LinearAvx512(x, m, w, bias, y);
-  } else {
-    internal::LinearGeneric(x, m, w, bias, y);
-  }
+  const LinearJob job{x, m, &w, bias, y};
+  LinearMany({job});
 }
 
 const char* LinearKernelName() { return internal::CpuHasAvx512() ? "avx512" : "generic"; }

@@ -9,14 +9,29 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
 
 #include "core/weights.h"
 
 namespace glm {
 
-// x: [m, w.cols] row-major; y: [m, w.rows]; bias: [w.rows] or nullptr. Uses all OpenMP
-// threads (or the calling thread alone when called inside a parallel region).
+// x: [m, w.cols] row-major; y: [m, w.rows]; bias: [w.rows] or nullptr. Uses the thread
+// pool (core/parallel.h).
 void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y);
+
+// Several independent linear layers in one parallel loop (q/k/v; every expert's gate and up):
+// one dispatch instead of many, and small matrices share the threads. Each job's result is
+// exactly what Linear gives for it.
+struct LinearJob {
+  const float* x = nullptr;  // [m, w->cols]
+  int64_t m = 0;
+  const Matrix* w = nullptr;
+  const float* bias = nullptr;  // [w->rows] or nullptr
+  float* y = nullptr;           // [m, w->rows]
+};
+void LinearMany(absl::Span<const LinearJob> jobs);
 
 // Which kernel Linear dispatches to on this machine ("avx512" or "generic").
 const char* LinearKernelName();
@@ -24,7 +39,9 @@ const char* LinearKernelName();
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y);
-void LinearAvx512(const float* x, int64_t m, const Matrix& w, const float* bias, float* y);
+// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job; `panel` is scratch.
+void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel);
+void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel);
 bool CpuHasAvx512();
 // Widens rows [row_begin, row_begin + rows) x columns [k_begin, k_begin + k_len) of w to
 // fp32 into out [rows, k_len].

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/ops/linear.h"
-#include "core/parallel.h"
 
 namespace glm::internal {
 namespace {
@@ -125,54 +124,52 @@ void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* d
 
 }  // namespace
 
-void LinearAvx512(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  const int64_t n_rows = w.rows, k_total = w.cols;
-  const int64_t n_blocks = (n_rows + kBlockN - 1) / kBlockN;
-  ParallelFor(n_blocks, 1, [&](int64_t nb_begin, int64_t nb_end) {
-    // Each K block of kBlockN weight rows is widened (or copied) once into a contiguous
-    // fp32 panel that stays in L2 while every activation tile passes over it.
-    thread_local std::vector<float> panel;
-    panel.resize(kBlockN * std::min(k_total, kBlockK));
-    for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-      for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
-      if (w.dtype == DType::kBF16 && m <= kTileM) {
-        // Few rows (decode): stream each 4-row weight tile through all K blocks in place,
-        // so the hardware prefetcher sees long sequential rows. Same per-element order.
-        const uint16_t* wb = static_cast<const uint16_t*>(w.data) + n0 * k_total;
-        const int mr = static_cast<int>(m);
-        for (int64_t n = 0; n < nn; n += kTileN) {
-          const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-          for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
-            kBf16Tiles[mr - 1][nr - 1](x + k0, k_total, wb + n * k_total + k0, k_total,
-                                       std::min(kBlockK, k_total - k0), y + n0 + n, n_rows);
-          }
-        }
-      }
-      for (int64_t k0 = 0; k0 < k_total && !(w.dtype == DType::kBF16 && m <= kTileM);
-           k0 += kBlockK) {
-        const int64_t kk = std::min(kBlockK, k_total - k0);
-        if (w.dtype == DType::kBF16) {
-          WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk,
-                    panel.data());
-        } else {
-          WidenPanel(w, n0, nn, k0, kk, panel.data());
-        }
-        for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
-          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
-          for (int64_t n = 0; n < nn; n += kTileN) {
-            const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-            kTiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel.data() + n * kk, kk,
-                                   y + i0 * n_rows + n0 + n, n_rows);
-          }
-        }
-      }
-      if (bias != nullptr) {
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += bias[n0 + n];
+void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel_buffer) {
+  const Matrix& w = *job.w;
+  const float* x = job.x;
+  float* y = job.y;
+  const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
+  if (w.dtype == DType::kBF16 && m <= kTileM) {
+    // Few rows (decode): stream each 4-row weight tile through all K blocks in place, so the
+    // hardware prefetcher sees long sequential rows. Same per-element order as below.
+    const uint16_t* wb = static_cast<const uint16_t*>(w.data) + n0 * k_total;
+    const int mr = static_cast<int>(m);
+    for (int64_t n = 0; n < nn; n += kTileN) {
+      const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+      for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+        kBf16Tiles[mr - 1][nr - 1](x + k0, k_total, wb + n * k_total + k0, k_total,
+                                   std::min(kBlockK, k_total - k0), y + n0 + n, n_rows);
       }
     }
-  });
+  } else {
+    // Each K block of the task's weight rows is widened (or copied) once into a contiguous
+    // fp32 panel that stays in L2 while every activation tile passes over it.
+    panel_buffer->resize(kBlockN * std::min(k_total, kBlockK));
+    float* panel = panel_buffer->data();
+    for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+      const int64_t kk = std::min(kBlockK, k_total - k0);
+      if (w.dtype == DType::kBF16) {
+        WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk,
+                  panel);
+      } else {
+        WidenPanel(w, n0, nn, k0, kk, panel);
+      }
+      for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
+        const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
+        for (int64_t n = 0; n < nn; n += kTileN) {
+          const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+          kTiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel + n * kk, kk,
+                                 y + i0 * n_rows + n0 + n, n_rows);
+        }
+      }
+    }
+  }
+  if (job.bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += job.bias[n0 + n];
+  }
 }
 
 }  // namespace glm::internal

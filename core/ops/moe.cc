@@ -95,27 +95,60 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
     }
   }
 
-  std::fill_n(y, tokens * hidden, 0.f);
-  std::vector<float> xe, ye;
+  // Every active expert (and the shared one) in two parallel loops: all gate/up projections,
+  // then all down projections. Expert e's rows are gathered into xs[e].
+  struct Active {
+    const FfnWeights* w;
+    const float* x;
+    int64_t m;
+    std::vector<float> gathered, gate, up, out;
+  };
+  std::vector<Active> active;
   for (int64_t e = 0; e < p.n_experts; ++e) {
     const std::vector<int32_t>& rows = routed_rows[e];
     if (rows.empty()) continue;
-    const int64_t m = static_cast<int64_t>(rows.size());
-    xe.resize(m * hidden);
-    ye.resize(m * hidden);
-    for (int64_t i = 0; i < m; ++i)
-      std::copy_n(x + rows[i] * hidden, hidden, xe.data() + i * hidden);
-    SwiGluFfn(xe.data(), m, w.experts[e], ye.data());
-    for (int64_t i = 0; i < m; ++i) {
+    Active a{&w.experts[e], nullptr, static_cast<int64_t>(rows.size()), {}, {}, {}, {}};
+    a.gathered.resize(a.m * hidden);
+    for (int64_t i = 0; i < a.m; ++i)
+      std::copy_n(x + rows[i] * hidden, hidden, a.gathered.data() + i * hidden);
+    active.push_back(std::move(a));
+  }
+  for (Active& a : active) a.x = a.gathered.data();
+  if (w.has_shared()) active.push_back(Active{&w.shared, x, tokens, {}, {}, {}, {}});
+  std::vector<LinearJob> jobs;
+  for (Active& a : active) {
+    const int64_t width = a.w->gate.rows;
+    a.gate.resize(a.m * width);
+    a.up.resize(a.m * width);
+    a.out.resize(a.m * hidden);
+    jobs.push_back({a.x, a.m, &a.w->gate, nullptr, a.gate.data()});
+    jobs.push_back({a.x, a.m, &a.w->up, nullptr, a.up.data()});
+  }
+  LinearMany(jobs);
+  jobs.clear();
+  for (Active& a : active) {
+    SiluMul(a.gate.data(), a.up.data(), static_cast<int64_t>(a.gate.size()));
+    jobs.push_back({a.gate.data(), a.m, &a.w->down, nullptr, a.out.data()});
+  }
+  LinearMany(jobs);
+
+  // y = sum over experts in ascending order of w * out, then + shared: per token, an order
+  // that does not depend on the other tokens.
+  std::fill_n(y, tokens * hidden, 0.f);
+  size_t next = 0;
+  for (int64_t e = 0; e < p.n_experts; ++e) {
+    const std::vector<int32_t>& rows = routed_rows[e];
+    if (rows.empty()) continue;
+    const Active& a = active[next++];
+    for (size_t i = 0; i < rows.size(); ++i) {
       float* yr = y + rows[i] * hidden;
-      const float* er = ye.data() + i * hidden;
+      const float* er = a.out.data() + i * hidden;
       const float wi = routed_w[e][i];
       for (int64_t d = 0; d < hidden; ++d) yr[d] += er[d] * wi;
     }
   }
   if (w.has_shared()) {
-    std::vector<float> shared(tokens * hidden);
-    SwiGluFfn(x, tokens, w.shared, shared.data());
+    const std::vector<float>& shared = active.back().out;
     for (int64_t i = 0; i < tokens * hidden; ++i) y[i] += shared[i];
   }
 }
