@@ -86,7 +86,7 @@ class Engine::Impl {
   // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
   // preempting later-admitted sequences as needed. False if it cannot.
   bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
-  Sequence* PickVictim(const Sequence* except);
+  Sequence* PickVictim();  // the most recently admitted preemptible sequence
   void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
   void AfterGenerateStep(Sequence* seq, const float* logits);

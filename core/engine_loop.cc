@@ -221,7 +221,11 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
   }
   const int64_t needed = BlocksFor(positions, options_.block_size) -
                          static_cast<int64_t>(table.size());
-  if (needed > 0 && !prefix_.EnsureFree(needed)) {
+  // Keep one spare block per running sequence for its decode growth, so that admitting a
+  // newcomer does not just get it preempted a few steps later (admit/preempt thrash). An
+  // empty engine admits anything that fits at all.
+  const int64_t reserve = static_cast<int64_t>(running_.size());
+  if (needed > 0 && !prefix_.EnsureFree(needed + reserve)) {
     if (seq->session == nullptr) {
       cache_->Free(&table);  // give back matched prefix blocks
       seq->computed = 0;
@@ -238,10 +242,10 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
   return true;
 }
 
-Sequence* Engine::Impl::PickVictim(const Sequence* except) {
+Sequence* Engine::Impl::PickVictim() {
   Sequence* victim = nullptr;
   for (Sequence* seq : running_) {
-    if (seq == except || !seq->preemptible()) continue;
+    if (!seq->preemptible()) continue;
     if (victim == nullptr || seq->admitted_order > victim->admitted_order) victim = seq;
   }
   return victim;
@@ -276,13 +280,12 @@ bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
                          static_cast<int64_t>(table.size());
   if (needed <= 0) return true;
   while (!prefix_.EnsureFree(needed)) {
-    Sequence* victim = PickVictim(seq);
-    if (victim == nullptr) {
-      if (!seq->preemptible()) return false;
-      Preempt(seq, selected);  // it alone cannot grow now; others may finish first
-      return true;             // the caller notices seq left running_
-    }
+    // The most recently admitted sequence gives way, even when that is `seq` itself: an
+    // older request never loses its place to a newer one.
+    Sequence* victim = PickVictim();
+    if (victim == nullptr) return false;  // only pinned sessions hold blocks
     Preempt(victim, selected);
+    if (victim == seq) return true;  // the caller notices seq left running_
   }
   return cache_->Reserve(&table, positions).ok();
 }

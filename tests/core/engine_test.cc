@@ -164,14 +164,16 @@ TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
 
 TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
   EngineOptions options;
-  options.kv_capacity_tokens = 96;  // 6 blocks of 16; each request needs 3 at the end
+  // 6 blocks of 16. Each request starts in one block and ends needing 3: admission (one
+  // spare block per running sequence) lets 3 in, and their growth forces preemptions.
+  options.kv_capacity_tokens = 96;
   options.block_size = 16;
   options.max_running = 8;
   std::unique_ptr<Engine> engine = MakeEngine(options);
   Collector c;
   std::vector<GenerateRequest> requests;
   for (int k = 0; k < 8; ++k) {
-    requests.push_back(MakeGenerate(k, 20, 24, /*sample=*/k % 2 == 0));
+    requests.push_back(MakeGenerate(k, 4, 40, /*sample=*/k % 2 == 0));
     ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
   }
   c.Wait(8);
