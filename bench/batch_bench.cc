@@ -35,8 +35,7 @@ struct Result {
   double wall_seconds = 0;
 };
 
-Result Measure(glm::Engine& engine, int concurrency, int prompt, int new_tokens,
-               int64_t vocab) {
+Result Measure(glm::Engine& engine, int concurrency, int prompt, int new_tokens, int64_t vocab) {
   Result r;
   r.concurrency = concurrency;
   std::mutex mu;
@@ -52,7 +51,8 @@ Result Measure(glm::Engine& engine, int concurrency, int prompt, int new_tokens,
   std::vector<std::unique_ptr<glm::EventQueue>> queues;
   for (int k = 0; k < concurrency; ++k) {
     glm::GenerateRequest g;
-    for (int i = 0; i < prompt; ++i) g.prompt.push_back(static_cast<int32_t>((k * 7919 + i * 104729) % vocab));
+    for (int i = 0; i < prompt; ++i)
+      g.prompt.push_back(static_cast<int32_t>((k * 7919 + i * 104729) % vocab));
     g.stop.max_new_tokens = new_tokens;
     g.stop.ignore_eos = true;
     queues.push_back(std::make_unique<glm::EventQueue>());

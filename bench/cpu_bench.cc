@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
   std::printf("threads %d, linear kernel %s\n", glm::NumThreads(), glm::LinearKernelName());
   const double bandwidth = MeasureReadBandwidth();
   const double blas = MeasureBlasGflops();
-  std::printf("machine: read bandwidth %.1f GB/s, OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
-              bandwidth, blas);
+  std::printf("machine: read bandwidth %.1f GB/s, OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n", bandwidth,
+              blas);
 
   const auto t_load = Clock::now();
   absl::StatusOr<glm::ModelConfig> config = glm::PresetConfig(absl::GetFlag(FLAGS_preset));
@@ -194,8 +194,7 @@ int main(int argc, char** argv) {
     if (step > 0) decode_s += Since(t);
   }
   const double step_s = decode_s / steps;
-  const StepCost decode_cost =
-      Cost(model, 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
+  const StepCost decode_cost = Cost(model, 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
   const double decode_gbs = (decode_cost.weight_bytes + decode_cost.kv_bytes) / step_s / 1e9;
   const double prefill_gflops = prefill_cost.flops / prefill_s / 1e9;
 
@@ -203,10 +202,10 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| prefill | %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (sgemm) | %.2f |\n",
               prefill, prefill_s, prefill / prefill_s, prefill_gflops, blas, prefill_gflops / blas);
-  std::printf("| decode (batch 1) | %d | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB read) | %.1f GB/s "
-              "(read) | %.2f |\n",
-              steps, step_s * 1e3, 1.0 / step_s, decode_gbs,
-              (decode_cost.weight_bytes + decode_cost.kv_bytes) / 1e9, bandwidth,
-              decode_gbs / bandwidth);
+  std::printf(
+      "| decode (batch 1) | %d | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB read) | %.1f GB/s "
+      "(read) | %.2f |\n",
+      steps, step_s * 1e3, 1.0 / step_s, decode_gbs,
+      (decode_cost.weight_bytes + decode_cost.kv_bytes) / 1e9, bandwidth, decode_gbs / bandwidth);
   return 0;
 }

@@ -86,8 +86,8 @@ absl::Status ReadRope(const Json& j, ModelConfig* c) {
       }
     }
     if (type != "default") {
-      return absl::UnimplementedError(absl::StrCat(
-          "config field '", name, ".rope_type': '", type, "' is not supported (only 'default')"));
+      return absl::UnimplementedError(absl::StrCat("config field '", name, ".rope_type': '", type,
+                                                   "' is not supported (only 'default')"));
     }
     if (!ReadFloat(*it, "rope_theta", &c->rope_theta).ok())
       return FieldError(absl::StrCat(name, ".rope_theta"), "expected a number");
@@ -166,7 +166,8 @@ absl::StatusOr<ModelConfig> LoadConfigFile(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   absl::StatusOr<ModelConfig> c = ParseConfigJson(buffer.str());
-  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  if (!c.ok())
+    return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
 
@@ -218,9 +219,9 @@ absl::Status ValidateConfig(const ModelConfig& c) {
                                    c.n_routed_experts));
   }
   if (c.n_routed_experts % c.n_group != 0) {
-    return FieldError("n_group", absl::StrCat(c.n_routed_experts,
-                                              " experts are not divisible into ", c.n_group,
-                                              " groups"));
+    return FieldError(
+        "n_group",
+        absl::StrCat(c.n_routed_experts, " experts are not divisible into ", c.n_group, " groups"));
   }
   if (c.topk_group > c.n_group) {
     return FieldError("topk_group",
@@ -356,8 +357,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
     if (parts[0] == p.name) preset = &p;
   }
   if (preset == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown preset '", parts[0], "'; known: ",
-                                            absl::StrJoin(PresetNames(), ", ")));
+    return absl::NotFoundError(absl::StrCat("unknown preset '", parts[0],
+                                            "'; known: ", absl::StrJoin(PresetNames(), ", ")));
   }
   ModelConfig c = preset->make();
   for (size_t i = 1; i < parts.size(); ++i) {
@@ -365,9 +366,8 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
     int64_t value = 0;
     if (kv.first == "layers" && absl::SimpleAtoi(kv.second, &value)) {
       if (value <= 0 || value > c.num_hidden_layers) {
-        return absl::InvalidArgumentError(absl::StrCat("preset option layers=", kv.second,
-                                                       " must be in [1, ", c.num_hidden_layers,
-                                                       "]"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "preset option layers=", kv.second, " must be in [1, ", c.num_hidden_layers, "]"));
       }
       c.num_hidden_layers = value;
     } else {
@@ -380,13 +380,12 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
 }
 
 std::string DescribeConfig(const ModelConfig& c) {
-  return absl::StrCat("hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (",
-                      c.first_k_dense_replace, " dense), ", c.num_attention_heads, " heads / ",
-                      c.num_key_value_heads, " kv heads x ", c.head_dim, " (rotary ",
-                      c.rotary_dim(), "), ", c.n_routed_experts, " experts top-",
-                      c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ",
-                      c.vocab_size, c.use_qk_norm ? ", qk-norm" : "",
-                      c.attention_bias ? ", qkv bias" : "");
+  return absl::StrCat(
+      "hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (", c.first_k_dense_replace,
+      " dense), ", c.num_attention_heads, " heads / ", c.num_key_value_heads, " kv heads x ",
+      c.head_dim, " (rotary ", c.rotary_dim(), "), ", c.n_routed_experts, " experts top-",
+      c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ", c.vocab_size,
+      c.use_qk_norm ? ", qk-norm" : "", c.attention_bias ? ", qkv bias" : "");
 }
 
 }  // namespace glm

@@ -111,15 +111,14 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
                               const EngineOptions& o, int64_t total_blocks) {
   const ModelConfig& c = model.config();
   if (!model.has_embedding() || !model.has_head()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Generate needs the whole model; this server serves layers [", model.layer_begin(),
-        ", ", model.layer_end(), ") of ", c.num_hidden_layers));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Generate needs the whole model; this server serves layers [",
+                     model.layer_begin(), ", ", model.layer_end(), ") of ", c.num_hidden_layers));
   }
   if (g.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (static_cast<int64_t>(g.prompt.size()) > o.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("prompt has ", g.prompt.size(),
-                                                   " tokens; the limit is ",
-                                                   o.max_prompt_tokens));
+                                                   " tokens; the limit is ", o.max_prompt_tokens));
   }
   for (size_t i = 0; i < g.prompt.size(); ++i) {
     if (g.prompt[i] < 0 || g.prompt[i] >= c.vocab_size) {
@@ -135,8 +134,8 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
   }
   for (int32_t id : g.stop.stop_token_ids) {
     if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop token id ", id,
-                                                     " is outside the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop token id ", id, " is outside the vocabulary"));
     }
   }
   if (absl::Status s = ValidateSamplingParams(g.sampling); !s.ok()) return s;
@@ -152,34 +151,33 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
   }
   const int64_t capped = std::min<int64_t>(total, c.max_position_embeddings);
   if (BlocksFor(capped, o.block_size) > total_blocks) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "prompt plus max_new_tokens (", capped, " tokens) exceeds the KV cache capacity of ",
-        total_blocks * o.block_size, " tokens"));
+    return absl::ResourceExhaustedError(absl::StrCat("prompt plus max_new_tokens (", capped,
+                                                     " tokens) exceeds the KV cache capacity of ",
+                                                     total_blocks * o.block_size, " tokens"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model,
-                             int64_t run_begin, int64_t run_end) {
+absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model, int64_t run_begin,
+                             int64_t run_end) {
   const ModelConfig& c = model.config();
   if (run_begin < model.layer_begin() || run_end > model.layer_end() || run_begin >= run_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
-                                                   ") are not served; this server serves [",
-                                                   model.layer_begin(), ", ", model.layer_end(),
-                                                   ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers [", run_begin, ", ", run_end, ") are not served; this server serves [",
+                     model.layer_begin(), ", ", model.layer_end(), ")"));
   }
   if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("logits need the last layer (",
-                                                   c.num_hidden_layers, "); this call ends at ",
-                                                   run_end));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logits need the last layer (", c.num_hidden_layers, "); this call ends at ", run_end));
   }
   if (!f.return_hidden && f.logits == LogitsRows::kNone) {
     return absl::InvalidArgumentError("the request asks for neither hidden states nor logits");
   }
   if (run_begin == 0) {
     if (!f.hidden.empty()) {
-      return absl::InvalidArgumentError("a call starting at layer 0 takes token ids, not hidden "
-                                        "states");
+      return absl::InvalidArgumentError(
+          "a call starting at layer 0 takes token ids, not hidden "
+          "states");
     }
     if (f.token_ids.empty()) return absl::InvalidArgumentError("token_ids is empty");
     for (size_t i = 0; i < f.token_ids.size(); ++i) {
@@ -191,20 +189,20 @@ absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model,
     }
   } else {
     if (!f.token_ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a call starting at layer ", run_begin, " takes hidden states, not token ids"));
+      return absl::InvalidArgumentError(absl::StrCat("a call starting at layer ", run_begin,
+                                                     " takes hidden states, not token ids"));
     }
     if (f.num_tokens <= 0) return absl::InvalidArgumentError("hidden states have no rows");
     if (static_cast<int64_t>(f.hidden.size()) != f.num_tokens * c.hidden_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden states have ", f.hidden.size(), " values; expected [", f.num_tokens, ", ",
-          c.hidden_size, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden states have ", f.hidden.size(),
+                                                     " values; expected [", f.num_tokens, ", ",
+                                                     c.hidden_size, "]"));
     }
     for (size_t i = 0; i < f.hidden.size(); ++i) {
       if (!std::isfinite(f.hidden[i])) {
         return absl::InvalidArgumentError(
-            absl::StrCat("hidden states hold a non-finite value at row ",
-                         i / c.hidden_size, ", column ", i % c.hidden_size));
+            absl::StrCat("hidden states hold a non-finite value at row ", i / c.hidden_size,
+                         ", column ", i % c.hidden_size));
       }
     }
   }
@@ -219,8 +217,8 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
   }
   if (!callback) return absl::InvalidArgumentError("no event callback");
   if (impl_->QueuedCount() >= options_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full (",
-                                                     options_.max_waiting, " requests)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full (", options_.max_waiting, " requests)"));
   }
   const int64_t total_blocks = impl_->cache().shape().num_blocks;
   auto seq = std::make_unique<Sequence>();
@@ -243,25 +241,24 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     seq->is_generate = false;
     seq->run_begin = run_begin;
     seq->run_end = run_end;
-    seq->num_inputs =
-        run_begin == 0 ? static_cast<int64_t>(f.token_ids.size()) : f.num_tokens;
+    seq->num_inputs = run_begin == 0 ? static_cast<int64_t>(f.token_ids.size()) : f.num_tokens;
     if (f.session_id.empty()) {
       if (BlocksFor(seq->num_inputs, options_.block_size) > total_blocks) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            seq->num_inputs, " positions exceed the KV cache capacity of ",
-            total_blocks * options_.block_size, " tokens"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat(seq->num_inputs, " positions exceed the KV cache capacity of ",
+                         total_blocks * options_.block_size, " tokens"));
       }
     } else {
       std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
       auto it = impl_->sessions_.find(f.session_id);
       if (f.create_session) {
         if (it != impl_->sessions_.end()) {
-          return absl::AlreadyExistsError(absl::StrCat("session '", f.session_id,
-                                                       "' already exists"));
+          return absl::AlreadyExistsError(
+              absl::StrCat("session '", f.session_id, "' already exists"));
         }
         if (static_cast<int64_t>(impl_->sessions_.size()) >= options_.max_sessions) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "the server holds its maximum of ", options_.max_sessions, " sessions"));
+          return absl::ResourceExhaustedError(
+              absl::StrCat("the server holds its maximum of ", options_.max_sessions, " sessions"));
         }
         auto session = std::make_unique<Session>();
         session->id = f.session_id;
@@ -269,8 +266,8 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
         session->layer_end = run_end;
         it = impl_->sessions_.emplace(f.session_id, std::move(session)).first;
       } else if (it == impl_->sessions_.end()) {
-        return absl::NotFoundError(absl::StrCat("no session '", f.session_id,
-                                                "' (never created, closed or expired)"));
+        return absl::NotFoundError(
+            absl::StrCat("no session '", f.session_id, "' (never created, closed or expired)"));
       }
       Session& session = *it->second;
       if (session.layer_begin != run_begin || session.layer_end != run_end) {
@@ -279,9 +276,9 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
             session.layer_end, "); this call asks for [", run_begin, ", ", run_end, ")"));
       }
       if (session.position + seq->num_inputs > model_->config().max_position_embeddings) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "session '", f.session_id, "' would pass the model's context of ",
-            model_->config().max_position_embeddings, " positions"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("session '", f.session_id, "' would pass the model's context of ",
+                         model_->config().max_position_embeddings, " positions"));
       }
       ++session.in_flight;
       session.last_used = seq->times.arrived;

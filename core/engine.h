@@ -65,9 +65,9 @@ struct ForwardRequest {
   // Calls on one session run in submission order, and all use the first call's layers.
   std::string session_id;
   bool create_session = false;
-  bool return_hidden = true;            // residual stream after layer_end - 1
+  bool return_hidden = true;              // residual stream after layer_end - 1
   LogitsRows logits = LogitsRows::kNone;  // needs layer_end == the model's last layer
-  bool last_position_only = false;      // hidden/logits of the last position only
+  bool last_position_only = false;        // hidden/logits of the last position only
 };
 
 struct Request {
@@ -83,17 +83,17 @@ struct Request {
 
 struct TokenEvent {
   int32_t token = 0;
-  int64_t index = 0;  // 0 for the first generated token
+  int64_t index = 0;     // 0 for the first generated token
   float logprob = 0.0f;  // when logprobs were requested
   std::vector<TokenLogprob> top;
   SteadyTime time;
 };
 
 struct ForwardOutput {
-  int64_t rows = 0;          // positions returned (all new tokens, or 1)
+  int64_t rows = 0;            // positions returned (all new tokens, or 1)
   int64_t start_position = 0;  // absolute position of the first new token
-  std::vector<float> hidden;  // [rows, hidden] if requested
-  std::vector<float> logits;  // [rows, vocab] if requested
+  std::vector<float> hidden;   // [rows, hidden] if requested
+  std::vector<float> logits;   // [rows, vocab] if requested
 };
 
 enum class FinishReason { kStop, kLength, kForwardDone, kCancelled, kDeadline, kError };
@@ -137,7 +137,7 @@ struct EngineOptions {
   int64_t max_sessions = 64;
   absl::Duration session_idle_timeout = absl::Minutes(10);
   // Limits enforced at submission.
-  int64_t max_prompt_tokens = 0;  // 0: max_position_embeddings
+  int64_t max_prompt_tokens = 0;     // 0: max_position_embeddings
   int64_t max_new_tokens_limit = 0;  // 0: max_position_embeddings
   // Tests: after every step, verify the block accounting and request bookkeeping (every
   // block's reference count equals its holders; every live request is in exactly one
@@ -151,18 +151,17 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t sessions = 0;
   int64_t kv_blocks_total = 0;
-  int64_t kv_blocks_free = 0;  // free plus evictable prefix-cache blocks
+  int64_t kv_blocks_free = 0;    // free plus evictable prefix-cache blocks
   int64_t kv_blocks_cached = 0;  // held only by the prefix cache
   int64_t steps = 0;
   int64_t preemptions = 0;
-  int64_t prefix_queries = 0;  // full prompt blocks looked up
-  int64_t prefix_hits = 0;     // of which found in the cache
+  int64_t prefix_queries = 0;          // full prompt blocks looked up
+  int64_t prefix_hits = 0;             // of which found in the cache
   int64_t prompt_tokens_computed = 0;  // prompt tokens that went through the model
   int64_t tokens_generated = 0;
   std::string invariant_error;  // empty unless check_invariants found a violation
   double kv_usage() const {
-    return kv_blocks_total == 0 ? 0.0
-                                : 1.0 - static_cast<double>(kv_blocks_free) / kv_blocks_total;
+    return kv_blocks_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_blocks_free) / kv_blocks_total;
   }
 };
 

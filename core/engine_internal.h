@@ -14,11 +14,11 @@ namespace glm::engine_internal {
 // A session's sequence, kept between Forward calls. Guarded by Engine::Impl::sessions_mu_.
 struct Session {
   std::string id;
-  BlockTable blocks;           // owned by the engine thread while a request is in flight
-  int64_t position = 0;        // tokens processed so far (next call starts here)
-  int64_t layer_begin = 0;     // fixed by the first call
+  BlockTable blocks;        // owned by the engine thread while a request is in flight
+  int64_t position = 0;     // tokens processed so far (next call starts here)
+  int64_t layer_begin = 0;  // fixed by the first call
   int64_t layer_end = 0;
-  int64_t in_flight = 0;       // accepted requests not yet finished
+  int64_t in_flight = 0;  // accepted requests not yet finished
   SteadyTime last_used;
 };
 
@@ -44,9 +44,9 @@ struct Sequence {
 
   int64_t run_begin = 0;  // layers this request runs
   int64_t run_end = 0;
-  int64_t base_position = 0;  // absolute position of input 0 (a session's offset)
-  int64_t computed = 0;       // inputs whose keys and values are in the cache
-  BlockTable own_blocks;      // the request's blocks when it has no session
+  int64_t base_position = 0;    // absolute position of input 0 (a session's offset)
+  int64_t computed = 0;         // inputs whose keys and values are in the cache
+  BlockTable own_blocks;        // the request's blocks when it has no session
   int64_t admitted_order = -1;  // admission counter; -1 while waiting
   int64_t cached_prompt_tokens = 0;
   int64_t preemptions = 0;

@@ -17,8 +17,7 @@ bool Contains(const std::vector<int32_t>& ids, int32_t id) {
 
 }  // namespace
 
-Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options,
-                   std::unique_ptr<KvCache> cache)
+Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
     : model_(model),
       options_(options),
       cache_(std::move(cache)),
@@ -191,9 +190,8 @@ void Engine::Impl::Admit() {
       const bool earlier_running = std::any_of(running_.begin(), running_.end(), [&](Sequence* r) {
         return r->session == seq->session;
       });
-      const bool earlier_waiting = std::any_of(waiting_.begin(), it, [&](Sequence* w) {
-        return w->session == seq->session;
-      });
+      const bool earlier_waiting = std::any_of(
+          waiting_.begin(), it, [&](Sequence* w) { return w->session == seq->session; });
       if (earlier_running || earlier_waiting) {
         ++it;
         continue;
@@ -219,8 +217,8 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
     seq->computed = matched * options_.block_size;
     if (seq->preemptions == 0) seq->cached_prompt_tokens = seq->computed;
   }
-  const int64_t needed = BlocksFor(positions, options_.block_size) -
-                         static_cast<int64_t>(table.size());
+  const int64_t needed =
+      BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
   // Keep one spare block per running sequence for its decode growth, so that admitting a
   // newcomer does not just get it preempted a few steps later (admit/preempt thrash). An
   // empty engine admits anything that fits at all.
@@ -276,8 +274,8 @@ void Engine::Impl::Preempt(Sequence* seq, std::vector<Sequence*>* selected) {
 bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
                                 std::vector<Sequence*>* selected) {
   BlockTable& table = seq->blocks();
-  const int64_t needed = BlocksFor(positions, options_.block_size) -
-                         static_cast<int64_t>(table.size());
+  const int64_t needed =
+      BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
   if (needed <= 0) return true;
   while (!prefix_.EnsureFree(needed)) {
     // The most recently admitted sequence gives way, even when that is `seq` itself: an
@@ -323,8 +321,9 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
       }
       LogitsRows want = LogitsRows::kNone;
       if (f.logits == LogitsRows::kAll && !f.last_position_only) want = LogitsRows::kAll;
-      if ((f.logits == LogitsRows::kLast || (f.logits == LogitsRows::kAll &&
-                                             f.last_position_only)) && completes) {
+      if ((f.logits == LogitsRows::kLast ||
+           (f.logits == LogitsRows::kAll && f.last_position_only)) &&
+          completes) {
         want = LogitsRows::kLast;
       }
       options.sequence_logits.push_back(want);
@@ -355,8 +354,8 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     logits_row += want == LogitsRows::kAll ? n : (want == LogitsRows::kLast ? 1 : 0);
     seq->computed += n;
     if (seq->is_generate) {
-      prompt_computed_ += std::max<int64_t>(
-          0, std::min(seq->computed, seq->prompt_tokens) - (seq->computed - n));
+      prompt_computed_ +=
+          std::max<int64_t>(0, std::min(seq->computed, seq->prompt_tokens) - (seq->computed - n));
       if (want == LogitsRows::kLast) AfterGenerateStep(seq, logits);
     } else {
       const ForwardRequest& f = seq->forward;
@@ -364,8 +363,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
       if (f.return_hidden) {
         const int64_t first = f.last_position_only ? n - 1 : 0;
         if (!f.last_position_only || seq->computed == seq->num_inputs) {
-          out.hidden.insert(out.hidden.end(),
-                            result.hidden.begin() + (row + first) * hidden_size,
+          out.hidden.insert(out.hidden.end(), result.hidden.begin() + (row + first) * hidden_size,
                             result.hidden.begin() + (row + n) * hidden_size);
         }
       }
@@ -385,8 +383,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     seq->callback(Event{seq->id, std::move(out)});
     Finish(seq, FinishReason::kForwardDone, absl::OkStatus());
   }
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   UpdateStats(1);
   std::function<void(const StepReport&)> observer;
   {
@@ -403,9 +400,9 @@ void Engine::Impl::AfterGenerateStep(Sequence* seq, const float* logits) {
     prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
   }
   const GenerateRequest& g = seq->generate;
-  SampledToken sampled = SampleToken(absl::MakeConstSpan(logits, c.vocab_size), g.sampling,
-                                     seq->tokens, static_cast<uint64_t>(seq->generated),
-                                     g.top_logprobs);
+  SampledToken sampled =
+      SampleToken(absl::MakeConstSpan(logits, c.vocab_size), g.sampling, seq->tokens,
+                  static_cast<uint64_t>(seq->generated), g.top_logprobs);
   seq->tokens.push_back(sampled.token);
   ++seq->generated;
   ++generated_total_;
@@ -498,8 +495,8 @@ absl::Status Engine::Impl::CheckInvariants() {
     ++in_queues;
   }
   if (in_queues != static_cast<int64_t>(live_.size())) {
-    return absl::InternalError(absl::StrCat(live_.size(), " live requests but ", in_queues,
-                                            " in the queues"));
+    return absl::InternalError(
+        absl::StrCat(live_.size(), " live requests but ", in_queues, " in the queues"));
   }
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
@@ -511,8 +508,7 @@ absl::Status Engine::Impl::CheckInvariants() {
   for (int32_t b = 0; b < alloc.num_blocks(); ++b) {
     if (holders[b] != alloc.ref_count(b)) {
       return absl::InternalError(absl::StrCat("block ", b, " has reference count ",
-                                              alloc.ref_count(b), " but ", holders[b],
-                                              " holders"));
+                                              alloc.ref_count(b), " but ", holders[b], " holders"));
     }
     free_blocks += alloc.ref_count(b) == 0;
   }

@@ -63,12 +63,10 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
     }
     const int64_t end = s.start_position + s.num_tokens;
     if (end > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("position ", end - 1,
-                                                     " is past max_position_embeddings ",
-                                                     c.max_position_embeddings));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "position ", end - 1, " is past max_position_embeddings ", c.max_position_embeddings));
     }
-    if (s.blocks == nullptr ||
-        static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
+    if (s.blocks == nullptr || static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
       return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
     }
     for (int32_t b : *s.blocks) {
@@ -102,9 +100,8 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
   return absl::OkStatus();
 }
 
-void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
-                           const ForwardBatch& batch, const std::vector<int32_t>& positions,
-                           KvCache* cache) {
+void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                           const std::vector<int32_t>& positions, KvCache* cache) {
   const ModelConfig& c = config();
   const AttentionWeights& a = layer.attn;
   const int64_t t = static_cast<int64_t>(positions.size());

@@ -15,9 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/forward_types.h"
 #include "core/kv_cache.h"
 #include "core/model_runner.h"
-#include "core/forward_types.h"
 #include "core/ops/attention.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"

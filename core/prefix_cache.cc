@@ -35,8 +35,8 @@ void PrefixCache::Touch(Entry& entry, uint64_t hash) {
 
 int64_t PrefixCache::Match(absl::Span<const int32_t> tokens, int64_t max_blocks,
                            BlockTable* table) {
-  const int64_t full = std::min<int64_t>(static_cast<int64_t>(tokens.size()) / block_size_,
-                                         max_blocks);
+  const int64_t full =
+      std::min<int64_t>(static_cast<int64_t>(tokens.size()) / block_size_, max_blocks);
   uint64_t parent = 0;
   int64_t matched = 0;
   for (int64_t b = 0; b < full; ++b) {
@@ -62,8 +62,8 @@ int64_t PrefixCache::Match(absl::Span<const int32_t> tokens, int64_t max_blocks,
 
 void PrefixCache::Insert(absl::Span<const int32_t> tokens, int64_t computed_tokens,
                          const BlockTable& table) {
-  const int64_t full = std::min<int64_t>(computed_tokens / block_size_,
-                                         static_cast<int64_t>(table.size()));
+  const int64_t full =
+      std::min<int64_t>(computed_tokens / block_size_, static_cast<int64_t>(table.size()));
   uint64_t parent = 0;
   for (int64_t b = 0; b < full; ++b) {
     const auto block_tokens = tokens.subspan(b * block_size_, block_size_);
@@ -73,8 +73,7 @@ void PrefixCache::Insert(absl::Span<const int32_t> tokens, int64_t computed_toke
       if (by_block_.count(table[b]) == 0) {  // a block is cached under one chain only
         lru_.push_front(hash);
         entries_.emplace(hash, Entry{table[b], parent,
-                                     std::vector<int32_t>(block_tokens.begin(),
-                                                          block_tokens.end()),
+                                     std::vector<int32_t>(block_tokens.begin(), block_tokens.end()),
                                      lru_.begin()});
         by_block_[table[b]] = hash;
         allocator_->AddRef(table[b]);

@@ -54,8 +54,8 @@ class PrefixCache {
  private:
   struct Entry {
     int32_t block;
-    uint64_t parent;                 // parent chain hash, checked on lookup
-    std::vector<int32_t> tokens;     // the block's tokens, checked on lookup (no false hits)
+    uint64_t parent;                    // parent chain hash, checked on lookup
+    std::vector<int32_t> tokens;        // the block's tokens, checked on lookup (no false hits)
     std::list<uint64_t>::iterator lru;  // position in lru_ (front = most recent)
   };
 
@@ -63,9 +63,9 @@ class PrefixCache {
 
   BlockAllocator* allocator_;
   int64_t block_size_;
-  std::unordered_map<uint64_t, Entry> entries_;  // by chain hash
+  std::unordered_map<uint64_t, Entry> entries_;     // by chain hash
   std::unordered_map<int32_t, uint64_t> by_block_;  // block id -> chain hash
-  std::list<uint64_t> lru_;                       // chain hashes, most recent first
+  std::list<uint64_t> lru_;                         // chain hashes, most recent first
   int64_t queries_ = 0;
   int64_t hits_ = 0;
 };

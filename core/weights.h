@@ -39,28 +39,28 @@ struct FfnWeights {
 };
 
 struct AttentionWeights {
-  Matrix q_proj;               // [heads * head_dim, hidden]
-  Matrix k_proj;               // [kv_heads * head_dim, hidden]
-  Matrix v_proj;               // [kv_heads * head_dim, hidden]
-  Matrix o_proj;               // [hidden, heads * head_dim]
-  std::vector<float> q_bias;   // [heads * head_dim], empty without attention_bias
-  std::vector<float> k_bias;   // [kv_heads * head_dim], empty without attention_bias
-  std::vector<float> v_bias;   // [kv_heads * head_dim], empty without attention_bias
-  std::vector<float> q_norm;   // [head_dim], empty without use_qk_norm
-  std::vector<float> k_norm;   // [head_dim], empty without use_qk_norm
+  Matrix q_proj;              // [heads * head_dim, hidden]
+  Matrix k_proj;              // [kv_heads * head_dim, hidden]
+  Matrix v_proj;              // [kv_heads * head_dim, hidden]
+  Matrix o_proj;              // [hidden, heads * head_dim]
+  std::vector<float> q_bias;  // [heads * head_dim], empty without attention_bias
+  std::vector<float> k_bias;  // [kv_heads * head_dim], empty without attention_bias
+  std::vector<float> v_bias;  // [kv_heads * head_dim], empty without attention_bias
+  std::vector<float> q_norm;  // [head_dim], empty without use_qk_norm
+  std::vector<float> k_norm;  // [head_dim], empty without use_qk_norm
 };
 
 struct MoeWeights {
-  Matrix router;                          // [n_routed_experts, hidden] (math in fp32)
-  std::vector<float> router_bias;         // [n_routed_experts] e_score_correction_bias
-  std::vector<FfnWeights> experts;        // [n_routed_experts], width moe_intermediate_size
-  FfnWeights shared;                      // width moe_intermediate_size * n_shared_experts
+  Matrix router;                    // [n_routed_experts, hidden] (math in fp32)
+  std::vector<float> router_bias;   // [n_routed_experts] e_score_correction_bias
+  std::vector<FfnWeights> experts;  // [n_routed_experts], width moe_intermediate_size
+  FfnWeights shared;                // width moe_intermediate_size * n_shared_experts
   bool has_shared() const { return !shared.gate.empty(); }
 };
 
 struct LayerWeights {
-  int64_t layer_index = 0;              // index in the full model
-  std::vector<float> input_norm;        // [hidden]
+  int64_t layer_index = 0;                 // index in the full model
+  std::vector<float> input_norm;           // [hidden]
   std::vector<float> post_attention_norm;  // [hidden]
   AttentionWeights attn;
   bool is_moe = false;
@@ -74,11 +74,11 @@ struct ModelWeights {
   ModelConfig config;
   int64_t layer_begin = 0;
   int64_t layer_end = 0;
-  Matrix embed_tokens;                // [vocab, hidden] or empty
-  std::vector<LayerWeights> layers;   // layers[i] is model layer layer_begin + i
-  std::vector<float> final_norm;      // [hidden] or empty
-  Matrix lm_head;                     // [vocab, hidden] or empty (a view of embed when tied)
-  DType weight_dtype = DType::kF32;   // dtype of the large matrices as stored
+  Matrix embed_tokens;               // [vocab, hidden] or empty
+  std::vector<LayerWeights> layers;  // layers[i] is model layer layer_begin + i
+  std::vector<float> final_norm;     // [hidden] or empty
+  Matrix lm_head;                    // [vocab, hidden] or empty (a view of embed when tied)
+  DType weight_dtype = DType::kF32;  // dtype of the large matrices as stored
 
   // Owners of the memory the matrices point into (file mappings, random-weight buffers).
   std::vector<std::shared_ptr<const void>> storage;

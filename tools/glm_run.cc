@@ -25,8 +25,7 @@
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset, e.g. glm-4.5-air:layers=2");
-ABSL_FLAG(std::string, prompt, "151331,151333,9703,1435,11",
-          "comma-separated prompt token ids");
+ABSL_FLAG(std::string, prompt, "151331,151333,9703,1435,11", "comma-separated prompt token ids");
 ABSL_FLAG(int, max_new_tokens, 16, "greedy tokens to generate after the prompt");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights (presets only)");
 ABSL_FLAG(std::string, dtype, "bf16", "dtype of random weights (presets only): bf16, f16, f32");
@@ -117,17 +116,18 @@ absl::Status Run() {
               prefill_s, n / prefill_s);
 
   if (want_prompt_logits) {
-    if (absl::Status s = glm::WriteNpy(absl::GetFlag(FLAGS_logits_out), {n, c.vocab_size},
-                                       result.logits.data());
+    if (absl::Status s =
+            glm::WriteNpy(absl::GetFlag(FLAGS_logits_out), {n, c.vocab_size}, result.logits.data());
         !s.ok())
       return s;
   }
   if (options.return_layer_hidden) {
     std::vector<float> stacked;
-    for (const auto& layer : result.layer_hidden) stacked.insert(stacked.end(), layer.begin(), layer.end());
+    for (const auto& layer : result.layer_hidden)
+      stacked.insert(stacked.end(), layer.begin(), layer.end());
     const int64_t layers = static_cast<int64_t>(result.layer_hidden.size());
-    if (absl::Status s = glm::WriteNpy(absl::GetFlag(FLAGS_hidden_out),
-                                       {layers, n, c.hidden_size}, stacked.data());
+    if (absl::Status s = glm::WriteNpy(absl::GetFlag(FLAGS_hidden_out), {layers, n, c.hidden_size},
+                                       stacked.data());
         !s.ok())
       return s;
   }

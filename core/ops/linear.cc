@@ -108,8 +108,8 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
 }  // namespace internal
 
 void LinearMany(absl::Span<const LinearJob> jobs) {
-  internal::RunJobs(jobs, internal::CpuHasAvx512() ? internal::LinearBlockAvx512
-                                                   : internal::LinearBlockGeneric);
+  internal::RunJobs(
+      jobs, internal::CpuHasAvx512() ? internal::LinearBlockAvx512 : internal::LinearBlockGeneric);
 }
 
 void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/types/span.h"
-
 #include "core/weights.h"
 
 namespace glm {
@@ -45,11 +44,11 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
 bool CpuHasAvx512();
 // Widens rows [row_begin, row_begin + rows) x columns [k_begin, k_begin + k_len) of w to
 // fp32 into out [rows, k_len].
-void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin,
-                int64_t k_len, float* out);
+void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
+                float* out);
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
-inline constexpr int64_t kBlockK = 512;   // K block: partial sums are added per block
-inline constexpr int64_t kBlockN = 32;    // weight rows per parallel task
+inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
+inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task
 }  // namespace internal
 
 }  // namespace glm

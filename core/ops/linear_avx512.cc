@@ -151,8 +151,7 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
       const int64_t kk = std::min(kBlockK, k_total - k0);
       if (w.dtype == DType::kBF16) {
-        WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk,
-                  panel);
+        WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk, panel);
       } else {
         WidenPanel(w, n0, nn, k0, kk, panel);
       }

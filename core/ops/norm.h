@@ -6,7 +6,6 @@
 namespace glm {
 
 // x, y: [rows, width] (y may alias x); gain: [width].
-void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps,
-             float* y);
+void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps, float* y);
 
 }  // namespace glm

@@ -337,8 +337,8 @@ TEST(EngineTest, RandomizedStressKeepsInvariants) {
   for (int k = 0; k < 80; ++k) {
     GenerateRequest g = MakeGenerate(k % 10, 1 + rng() % 40, 1 + rng() % 30, rng() % 2);
     Request r{g};
-    if (rng() % 7 == 0) r.deadline = std::chrono::steady_clock::now() +
-                                     std::chrono::microseconds(rng() % 20000);
+    if (rng() % 7 == 0)
+      r.deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(rng() % 20000);
     absl::StatusOr<RequestId> id = engine->Submit(std::move(r), c.For(k));
     if (id.ok()) {
       ids.push_back(*id);
@@ -445,8 +445,7 @@ TEST(EngineTest, StopTokensAndEos) {
   EXPECT_EQ(stopped.finish.reason, FinishReason::kStop);
   // It stops at the first occurrence of that token, which it still reports.
   const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]);
-  EXPECT_EQ(stopped.tokens,
-            std::vector<int32_t>(free_run.tokens.begin(), first + 1));
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), first + 1));
 }
 
 }  // namespace

@@ -98,8 +98,8 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
     absl::StatusOr<NpyArray> native = ReadNpy(dir + "/logits_bf16.npy");
     ASSERT_TRUE(native.ok()) << native.status();
     const double native_err = testing::RelativeError(result.logits, native->data);
-    std::printf("[ %s ] logits relative error vs native bf16 reference: %.3g\n",
-                GetParam().c_str(), native_err);
+    std::printf("[ %s ] logits relative error vs native bf16 reference: %.3g\n", GetParam().c_str(),
+                native_err);
     EXPECT_LT(native_err, 3e-2) << "logits vs the reference's native bf16 forward";
   }
 

@@ -604,6 +604,5 @@ TEST(SamplerTest, EmptyLogitsDoNotCrash) {
   EXPECT_TRUE(t.top.empty());
 }
 
-
 }  // namespace
 }  // namespace glm

@@ -41,8 +41,8 @@ TEST(GlmRunTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
   const std::string tmp = testing::MakeTempDir("glm_run_test");
   const RunResult r =
       RunGlmRun(absl::StrCat("--model=", dir, " --prompt=", absl::StrJoin(prompt, ","),
-                       " --max_new_tokens=", greedy.size(), " --logits_out=", tmp,
-                       "/logits.npy --hidden_out=", tmp, "/hidden.npy"));
+                             " --max_new_tokens=", greedy.size(), " --logits_out=", tmp,
+                             "/logits.npy --hidden_out=", tmp, "/hidden.npy"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
       << r.output;

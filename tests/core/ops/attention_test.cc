@@ -17,8 +17,8 @@ struct Case {
 TEST(PagedAttentionTest, MatchesFloat64ReferenceOverRaggedBatch) {
   const Case cases[] = {
       {4, 2, 8, {3}, {{0, 5}, {6, 1}, {2, 7}}},  // prefill, decode, chunk after a prefix
-      {3, 1, 16, {4}, {{0, 1}}},                  // one token, a single KV head
-      {6, 6, 4, {1}, {{5, 3}, {0, 9}}},           // block size 1, MHA
+      {3, 1, 16, {4}, {{0, 1}}},                 // one token, a single KV head
+      {6, 6, 4, {1}, {{5, 3}, {0, 9}}},          // block size 1, MHA
   };
   uint32_t seed = 100;
   for (const Case& c : cases) {

@@ -45,7 +45,8 @@ std::vector<float> Reference(const std::vector<float>& x, int64_t m, const Store
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double acc = bias ? (*bias)[j] : 0.0;
-      for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(x[i * k + c]) * w.values[j * k + c];
+      for (int64_t c = 0; c < k; ++c)
+        acc += static_cast<double>(x[i * k + c]) * w.values[j * k + c];
       y[i * n + j] = static_cast<float>(acc);
     }
   }
@@ -62,7 +63,7 @@ TEST_P(LinearTest, MatchesFloat64ReferenceOnAwkwardShapes) {
   const DType dtype = GetParam();
   // One token, odd sizes, K tails below 16, K spanning several 512 blocks, N not a multiple
   // of the 4-row tile or of the 32-row task block.
-  const Shape shapes[] = {{1, 1, 1},   {1, 7, 5},    {3, 33, 17},  {4, 64, 64},
+  const Shape shapes[] = {{1, 1, 1},     {1, 7, 5},      {3, 33, 17},   {4, 64, 64},
                           {5, 37, 1030}, {17, 130, 513}, {1, 96, 2048}, {9, 4, 16}};
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
@@ -76,8 +77,7 @@ TEST_P(LinearTest, MatchesFloat64ReferenceOnAwkwardShapes) {
       EXPECT_LT(RelativeError(y, ref), 1e-6)
           << "m=" << s.m << " n=" << s.n << " k=" << s.k << " bias=" << with_bias;
       std::vector<float> g(s.m * s.n, NAN);
-      internal::LinearGeneric(x.data(), s.m, w.view, with_bias ? bias.data() : nullptr,
-                              g.data());
+      internal::LinearGeneric(x.data(), s.m, w.view, with_bias ? bias.data() : nullptr, g.data());
       EXPECT_LT(RelativeError(g, ref), 1e-6) << "generic kernel, m=" << s.m;
     }
   }

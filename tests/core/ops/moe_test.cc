@@ -31,8 +31,7 @@ TEST(RouterTest, BiasSelectsButDoesNotWeigh) {
   const float bias[] = {0.f, 0.f, 0.f, 1.f};
   int32_t experts[2];
   float weights[2];
-  RouteTokens(logits, 1, bias, Params(4, 2, 1, 1, /*norm=*/true, /*scale=*/2.5f), experts,
-              weights);
+  RouteTokens(logits, 1, bias, Params(4, 2, 1, 1, /*norm=*/true, /*scale=*/2.5f), experts, weights);
   EXPECT_EQ(experts[0], 3);
   EXPECT_EQ(experts[1], 0);
   EXPECT_NEAR(weights[0], 2.5 * 0.2 / 1.1, 1e-6);
@@ -99,8 +98,8 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
   w.router = make(n, hidden, 1);
   w.router_bias = testing::RandomVector(n, 2, 0.1f);
   for (int64_t e = 0; e < n; ++e) {
-    w.experts.push_back({make(inter, hidden, 10 + e), make(inter, hidden, 20 + e),
-                         make(hidden, inter, 30 + e)});
+    w.experts.push_back(
+        {make(inter, hidden, 10 + e), make(inter, hidden, 20 + e), make(hidden, inter, 30 + e)});
   }
   w.shared = {make(inter, hidden, 40), make(inter, hidden, 41), make(hidden, inter, 42)};
   std::vector<float> x = testing::RandomVector(tokens * hidden, 3);
@@ -114,7 +113,8 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
     std::vector<double> act(inter);
     for (int64_t i = 0; i < inter; ++i) {
       double g = 0, u = 0;
-      for (int64_t c = 0; c < hidden; ++c) g += at(f.gate, i, c) * xr[c], u += at(f.up, i, c) * xr[c];
+      for (int64_t c = 0; c < hidden; ++c)
+        g += at(f.gate, i, c) * xr[c], u += at(f.up, i, c) * xr[c];
       act[i] = g / (1 + std::exp(-g)) * u;
     }
     out.assign(hidden, 0);
