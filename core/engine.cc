@@ -31,10 +31,10 @@ const char* FinishReasonName(FinishReason reason) {
 
 EventCallback EventQueue::Callback() {
   return [this](Event&& event) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_.push_back(std::move(event));
-    }
+    // Notify under the lock: a waiter that pops the final event may destroy the queue as soon
+    // as it can take the mutex, so nothing here may touch the queue after unlocking.
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
     cv_.notify_one();
   };
 }

@@ -58,7 +58,12 @@ class Engine::Impl {
   std::unordered_map<std::string, std::unique_ptr<Session>> sessions_;  // guarded
   std::vector<std::unique_ptr<Session>> closed_sessions_;               // guarded; to free
 
-  void WakeLoop() { cv_.notify_all(); }
+  // Makes the loop run its housekeeping (e.g. free a closed session's blocks) now.
+  void WakeLoop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+    cv_.notify_all();
+  }
 
   EngineStats Stats() {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -106,6 +111,7 @@ class Engine::Impl {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool wake_ = false;  // housekeeping requested
   RequestId next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> inbox_;
   std::vector<RequestId> cancels_;

@@ -38,12 +38,13 @@ Engine::Impl::~Impl() {
 bool Engine::Impl::TakeInbox() {
   std::unique_lock<std::mutex> lock(mu_);
   const bool busy = !waiting_.empty() || !running_.empty();
-  if (!busy && inbox_.empty() && cancels_.empty() && !stop_) {
-    // Idle: sleep until a submission, a cancel or the next housekeeping tick (deadlines of
-    // nothing, session expiry).
+  if (!busy && inbox_.empty() && cancels_.empty() && !stop_ && !wake_) {
+    // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
+    // (session expiry).
     cv_.wait_for(lock, std::chrono::milliseconds(50),
-                 [this] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+                 [this] { return stop_ || wake_ || !inbox_.empty() || !cancels_.empty(); });
   }
+  wake_ = false;
   while (!inbox_.empty()) {
     Sequence* seq = inbox_.front().get();
     live_.emplace(seq->id, std::move(inbox_.front()));

@@ -6,11 +6,14 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git ca-certificates
-  # core: BLAS for fp32 GEMMs (OpenMP flavour, so it shares one thread pool with our
-  # own kernels), Abseil for Status/flags, nlohmann-json for config.json and safetensors headers.
-  libopenblas-openmp-dev libabsl-dev nlohmann-json3-dev libomp-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # core: Abseil for Status/flags, nlohmann-json for config.json and safetensors headers;
+  # OpenBLAS only for the benchmark's GEMM-peak reference (the engine has its own kernels).
+  libabsl-dev nlohmann-json3-dev libopenblas-openmp-dev
+  # server and client: gRPC (callback API, health, reflection) with protobuf and the code
+  # generators, prometheus-cpp (core + pull exposer) for /metrics
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
+  # tests and benchmarks (openssl: throwaway CA and certificates for the TLS tests)
+  libgtest-dev libgmock-dev libbenchmark-dev openssl
 )
 
 missing=()

@@ -1,11 +1,38 @@
 #!/usr/bin/env bash
-# Builds glmserve and runs the embedded default model (glm-4.5-mini: GLM-4.5's architecture
-# and vocabulary with seeded random weights) on a prompt, printing the greedy continuation.
-#   tools/quickstart.sh [extra glm-run flags]
+# Builds glm-server and glm-client, starts the server with the embedded default model
+# (glm-4.5-mini: GLM-4.5's architecture and vocabulary with seeded random weights) on a free
+# loopback port, waits until it reports ready, streams one generation through glm-client,
+# then stops the server (SIGTERM: a graceful drain).
+#   tools/quickstart.sh [extra glm-client flags, e.g. --prompt=1,2,3 --max_new_tokens=32]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 bash tools/install_deps.sh
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target glm-run
-"$BUILD_DIR"/tools/glm-run "$@"
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target glm-server glm-client
+
+log=$(mktemp)
+# --port=0: the kernel picks a free port (printed by the server), so that runs never collide.
+"$BUILD_DIR"/server/glm-server --address=127.0.0.1 --port=0 --metrics_port=-1 >"$log" 2>&1 &
+server_pid=$!
+stop_server() {
+  kill -TERM "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  rm -f "$log"
+}
+trap stop_server EXIT
+
+target=""
+for _ in $(seq 1 300); do
+  target=$(sed -n 's/^glm-server: listening on \([^,]*\).*/\1/p' "$log" | head -n 1)
+  [ -n "$target" ] && break
+  if ! kill -0 "$server_pid" 2>/dev/null; then cat "$log"; exit 1; fi
+  sleep 0.1
+done
+[ -n "$target" ] || { echo "quickstart: glm-server did not start" >&2; cat "$log"; exit 1; }
+echo "quickstart: glm-server on $target, loading the model..."
+
+# Readiness (grpc.health.v1, service "readiness"): weights loaded and a warm-up step run.
+"$BUILD_DIR"/client/glm-client --target="$target" --service=readiness --wait=600s health
+echo "quickstart: streaming tokens:"
+"$BUILD_DIR"/client/glm-client --target="$target" "$@" generate

@@ -1,0 +1,249 @@
+#include "client/bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/scrape.h"
+
+namespace glmserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+const char* CodeName(absl::StatusCode code) {
+  // absl's names match gRPC's apart from the spelling ("INVALID_ARGUMENT" for both here).
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+// What one worker measured; merged at the end so workers never contend on a lock.
+struct WorkerResult {
+  std::vector<double> e2e, ttft, inter_token;
+  double server_total = 0, server_engine = 0, server_queue = 0;
+  int64_t ok = 0, tokens = 0;
+  std::map<std::string, int64_t> errors;
+};
+
+struct StepCounters {
+  double steps = 0, seconds = 0, batch_tokens = 0;
+};
+
+absl::StatusOr<StepCounters> ScrapeSteps(const std::string& address) {
+  absl::StatusOr<std::string> page = HttpGet(address, "/metrics");
+  if (!page.ok()) return page.status();
+  StepCounters c;
+  c.steps = SumSamples(*page, "glmserve_step_duration_seconds_count");
+  c.seconds = SumSamples(*page, "glmserve_step_duration_seconds_sum");
+  c.batch_tokens = SumSamples(*page, "glmserve_batch_tokens_sum");
+  return c;
+}
+
+}  // namespace
+
+Percentiles Summarize(std::vector<double>* values) {
+  Percentiles p;
+  p.count = static_cast<int64_t>(values->size());
+  if (values->empty()) return p;
+  std::sort(values->begin(), values->end());
+  p.mean = std::accumulate(values->begin(), values->end(), 0.0) / values->size();
+  const auto at = [&](double q) {
+    const double rank = q / 100.0 * (values->size() - 1);
+    const size_t lo = static_cast<size_t>(rank);
+    const size_t hi = std::min(lo + 1, values->size() - 1);
+    return (*values)[lo] + (rank - lo) * ((*values)[hi] - (*values)[lo]);
+  };
+  p.p50 = at(50);
+  p.p90 = at(90);
+  p.p99 = at(99);
+  return p;
+}
+
+absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options) {
+  if (options.concurrency < 1) return absl::InvalidArgumentError("concurrency must be >= 1");
+  absl::StatusOr<v1::ModelInfo> info = client.Info();
+  if (!info.ok()) return info.status();
+  const int64_t vocab = info->config().vocab_size();
+
+  // Every request gets its own prompt (a different first token), so the prefix cache does
+  // not turn the benchmark into a cache benchmark.
+  const auto make_prompt = [&](int64_t index, auto* ids) {
+    for (int i = 0; i < options.prompt_tokens; ++i) {
+      ids->Add(static_cast<int32_t>((index * 7919 + i * 31 + 1) % vocab));
+    }
+  };
+
+  StepCounters before;
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<StepCounters> c = ScrapeSteps(options.metrics_address);
+    if (!c.ok()) return c.status();
+    before = *c;
+  }
+
+  std::atomic<int64_t> issued{0};
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point stop_at = start + absl::ToChronoNanoseconds(options.duration);
+  std::vector<WorkerResult> results(options.concurrency);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < options.concurrency; ++w) {
+    workers.emplace_back([&, w] {
+      WorkerResult& r = results[w];
+      for (;;) {
+        const int64_t index = issued.fetch_add(1);
+        if (options.requests > 0 ? index >= options.requests : Clock::now() >= stop_at) break;
+        const Clock::time_point t0 = Clock::now();
+        absl::Status status;
+        const v1::Timings* timings = nullptr;
+        v1::Finished finished;
+        v1::ForwardResponse forward;
+        if (options.rpc == BenchOptions::Rpc::kGenerate) {
+          v1::GenerateRequest request;
+          make_prompt(index, request.mutable_prompt_token_ids());
+          request.mutable_stop()->set_max_new_tokens(options.max_new_tokens);
+          request.mutable_stop()->set_ignore_eos(options.ignore_eos);
+          std::optional<Clock::time_point> last;
+          absl::StatusOr<v1::Finished> done =
+              client.Generate(request, [&](const v1::GeneratedToken&) {
+                const Clock::time_point now = Clock::now();
+                if (last) {
+                  r.inter_token.push_back(Seconds(*last, now));
+                } else {
+                  r.ttft.push_back(Seconds(t0, now));
+                }
+                last = now;
+                ++r.tokens;
+              });
+          status = done.status();
+          if (done.ok()) {
+            finished = *std::move(done);
+            timings = &finished.timings();
+          }
+        } else {
+          v1::ForwardRequest request;
+          make_prompt(index, request.mutable_token_ids()->mutable_ids());
+          request.set_last_position_only(true);
+          if (options.forward_logits) {
+            request.set_return_logits(true);
+          } else {
+            request.set_return_hidden_states(true);
+          }
+          absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
+          status = response.status();
+          if (response.ok()) {
+            forward = *std::move(response);
+            timings = &forward.timings();
+          }
+        }
+        if (!status.ok()) {
+          ++r.errors[CodeName(status.code())];
+          continue;
+        }
+        r.e2e.push_back(Seconds(t0, Clock::now()));
+        ++r.ok;
+        r.server_total += timings->total_seconds();
+        r.server_engine += timings->engine_seconds();
+        r.server_queue += timings->queue_seconds();
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+
+  BenchReport report;
+  report.wall_seconds = Seconds(start, Clock::now());
+  std::vector<double> e2e, ttft, itl;
+  for (WorkerResult& r : results) {
+    report.ok += r.ok;
+    report.tokens += r.tokens;
+    for (const auto& [code, n] : r.errors) report.errors[code] += n;
+    e2e.insert(e2e.end(), r.e2e.begin(), r.e2e.end());
+    ttft.insert(ttft.end(), r.ttft.begin(), r.ttft.end());
+    itl.insert(itl.end(), r.inter_token.begin(), r.inter_token.end());
+    report.server_total_mean += r.server_total;
+    report.server_engine_mean += r.server_engine;
+    report.server_queue_mean += r.server_queue;
+  }
+  if (report.ok > 0) {
+    report.server_total_mean /= report.ok;
+    report.server_engine_mean /= report.ok;
+    report.server_queue_mean /= report.ok;
+  }
+  report.e2e = Summarize(&e2e);
+  report.ttft = Summarize(&ttft);
+  report.inter_token = Summarize(&itl);
+  report.requests_per_second = report.ok / report.wall_seconds;
+  report.tokens_per_second = report.tokens / report.wall_seconds;
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<StepCounters> after = ScrapeSteps(options.metrics_address);
+    if (!after.ok()) return after.status();
+    report.steps = static_cast<int64_t>(after->steps - before.steps);
+    if (report.steps > 0) {
+      report.step_mean = (after->seconds - before.seconds) / report.steps;
+      report.batch_tokens_mean = (after->batch_tokens - before.batch_tokens) / report.steps;
+    }
+  }
+  return report;
+}
+
+std::string FormatBenchReport(const BenchOptions& o, const BenchReport& r) {
+  const bool generate = o.rpc == BenchOptions::Rpc::kGenerate;
+  std::string out = absl::StrFormat(
+      "%s  concurrency %d  prompt %d tokens%s\n", generate ? "Generate" : "Forward", o.concurrency,
+      o.prompt_tokens,
+      generate ? absl::StrCat("  max_new_tokens ", o.max_new_tokens) : std::string());
+  absl::StrAppendFormat(&out, "  calls ok %lld in %.2f s: %.1f calls/s", r.ok, r.wall_seconds,
+                        r.requests_per_second);
+  if (generate) absl::StrAppendFormat(&out, ", %.1f tokens/s", r.tokens_per_second);
+  out += "\n";
+  if (!r.errors.empty()) {
+    out += "  errors:";
+    for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, " %s=%lld", code, n);
+    out += "\n";
+  }
+  const auto row = [&](const char* name, const Percentiles& p) {
+    if (p.count == 0) return;
+    absl::StrAppendFormat(&out, "  %-12s mean %8.3f ms  p50 %8.3f  p90 %8.3f  p99 %8.3f ms\n", name,
+                          p.mean * 1e3, p.p50 * 1e3, p.p90 * 1e3, p.p99 * 1e3);
+  };
+  row("end-to-end", r.e2e);
+  row("TTFT", r.ttft);
+  row("inter-token", r.inter_token);
+  absl::StrAppendFormat(&out,
+                        "  server (means)  queue %.3f ms  engine %.3f ms  total %.3f ms  "
+                        "client overhead (e2e - server total) %.3f ms\n",
+                        r.server_queue_mean * 1e3, r.server_engine_mean * 1e3,
+                        r.server_total_mean * 1e3, (r.e2e.mean - r.server_total_mean) * 1e3);
+  if (r.steps > 0) {
+    absl::StrAppendFormat(&out, "  engine steps %lld: mean %.3f ms/step, %.1f tokens/step\n",
+                          r.steps, r.step_mean * 1e3, r.batch_tokens_mean);
+  }
+  return out;
+}
+
+}  // namespace glmserve

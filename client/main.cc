@@ -1,0 +1,301 @@
+// glm-client: talks to glm-server from a shell.
+//
+//   glm-client info
+//   glm-client generate --prompt=151331,151333,9703 --max_new_tokens=16   # streams tokens
+//   glm-client forward --prompt=1,2,3 --logits --last_only --logits_out=/tmp/logits.npy
+//   glm-client forward --hidden_in=/tmp/h.npy --layer_begin=2 --hidden --hidden_out=/tmp/o.npy
+//   glm-client health --service=readiness --wait=60s
+//   glm-client bench --rpc=generate --concurrency=16 --duration=20s --metrics=127.0.0.1:9090
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/bench.h"
+#include "client/client.h"
+#include "core/npy.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "server: host:port, dns:///name:port (every address, round robin), ipv4:a:p,b:p");
+ABSL_FLAG(bool, tls, false, "use TLS");
+ABSL_FLAG(std::string, ca_cert, "", "PEM CA that signed the server certificate (TLS)");
+ABSL_FLAG(std::string, client_cert, "", "PEM client certificate (mutual TLS)");
+ABSL_FLAG(std::string, client_key, "", "PEM client private key (mutual TLS)");
+ABSL_FLAG(std::string, tls_server_name, "", "name to verify in the server certificate");
+ABSL_FLAG(std::string, token_file, "", "file whose first line is the bearer token");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "deadline of each call");
+ABSL_FLAG(int, max_attempts, 4, "attempts per call when the server is UNAVAILABLE");
+// generate / forward
+ABSL_FLAG(std::string, prompt, "151331,151333,9703,1435,11", "comma-separated token ids");
+ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to generate at most");
+ABSL_FLAG(double, temperature, 0.0, "generate: 0 is greedy");
+ABSL_FLAG(int, top_k, 0, "generate: 0 is off");
+ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling");
+ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
+ABSL_FLAG(bool, ignore_eos, false, "generate: do not stop at end-of-sequence tokens");
+ABSL_FLAG(int, top_logprobs, -1, "generate: print logprobs with this many alternatives");
+ABSL_FLAG(int64_t, layer_begin, -1, "forward: first layer (-1: the served span's)");
+ABSL_FLAG(int64_t, layer_end, -1, "forward: end layer (-1: the served span's)");
+ABSL_FLAG(std::string, session, "", "forward: session id");
+ABSL_FLAG(bool, create_session, false, "forward: this call creates --session");
+ABSL_FLAG(bool, hidden, false, "forward: return hidden states");
+ABSL_FLAG(bool, logits, true, "forward: return logits");
+ABSL_FLAG(bool, last_only, false, "forward: last position only");
+ABSL_FLAG(std::string, output_dtype, "fp32", "forward: fp32, bf16 or fp16 on the wire");
+ABSL_FLAG(std::string, hidden_in, "", "forward: input hidden states [tokens, hidden] (.npy)");
+ABSL_FLAG(std::string, hidden_out, "", "forward: write hidden states here (.npy)");
+ABSL_FLAG(std::string, logits_out, "", "forward: write logits here (.npy)");
+// health
+ABSL_FLAG(std::string, service, "readiness", "health: liveness, readiness or ''");
+ABSL_FLAG(absl::Duration, wait, absl::ZeroDuration(),
+          "health: poll until SERVING or this long has passed");
+// bench
+ABSL_FLAG(std::string, rpc, "generate", "bench: generate or forward");
+ABSL_FLAG(int, concurrency, 8, "bench: concurrent streams");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10), "bench: how long (without --requests)");
+ABSL_FLAG(int64_t, requests, 0, "bench: stop after this many calls (0: use --duration)");
+ABSL_FLAG(int, prompt_len, 16, "bench: prompt tokens per call");
+ABSL_FLAG(bool, forward_logits, false, "bench: Forward returns last-position logits, not hidden");
+ABSL_FLAG(std::string, metrics, "", "bench: host:port of the server's /metrics (step time)");
+
+namespace {
+
+using glmserve::v1::DataType;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "glm-client: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt: '", piece, "' is not a token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::StatusOr<glmserve::ClientOptions> OptionsFromFlags() {
+  glmserve::ClientOptions o;
+  o.target = absl::GetFlag(FLAGS_target);
+  o.tls = absl::GetFlag(FLAGS_tls);
+  o.ca_cert_file = absl::GetFlag(FLAGS_ca_cert);
+  o.client_cert_file = absl::GetFlag(FLAGS_client_cert);
+  o.client_key_file = absl::GetFlag(FLAGS_client_key);
+  o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.timeout = absl::GetFlag(FLAGS_timeout);
+  o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+    char line[4096] = {0};
+    const bool read = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    if (!read) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is empty"));
+    o.token = std::string(absl::StripAsciiWhitespace(line));
+  }
+  return o;
+}
+
+int Info(glmserve::Client& client) {
+  absl::StatusOr<glmserve::v1::ModelInfo> info = client.Info();
+  if (!info.ok()) return Fail(info.status());
+  std::printf("%s", info->DebugString().c_str());
+  return 0;
+}
+
+int Generate(glmserve::Client& client) {
+  absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
+  if (!prompt.ok()) return Fail(prompt.status());
+  glmserve::v1::GenerateRequest request;
+  request.mutable_prompt_token_ids()->Add(prompt->begin(), prompt->end());
+  request.mutable_stop()->set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  request.mutable_stop()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  request.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  request.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
+  request.mutable_sampling()->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  request.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
+  const int top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
+  if (top_logprobs >= 0) {
+    request.mutable_logprobs()->set_enabled(true);
+    request.mutable_logprobs()->set_top_logprobs(top_logprobs);
+  }
+  absl::StatusOr<glmserve::v1::Finished> finished =
+      client.Generate(request, [&](const glmserve::v1::GeneratedToken& t) {
+        if (top_logprobs >= 0) {
+          std::printf("%d (%.4f)", t.token_id(), t.logprob());
+          for (const auto& alt : t.top_logprobs()) {
+            std::printf(" [%d %.4f]", alt.token_id(), alt.logprob());
+          }
+          std::printf("\n");
+        } else {
+          std::printf("%d ", t.token_id());
+        }
+        std::fflush(stdout);  // tokens appear as they stream
+      });
+  std::printf("\n");
+  std::fflush(stdout);
+  if (!finished.ok()) return Fail(finished.status());
+  const auto& t = finished->timings();
+  std::fprintf(stderr,
+               "finished: %s, %lld prompt + %lld generated tokens; server: queue %.2f ms, "
+               "first token %.2f ms, total %.2f ms\n",
+               glmserve::v1::FinishReason_Name(finished->reason()).c_str(),
+               static_cast<long long>(finished->prompt_tokens()),
+               static_cast<long long>(finished->generated_tokens()), t.queue_seconds() * 1e3,
+               t.time_to_first_token_seconds() * 1e3, t.total_seconds() * 1e3);
+  return 0;
+}
+
+absl::Status WriteTensor(const glmserve::v1::Tensor& tensor, const std::string& path) {
+  absl::StatusOr<std::vector<float>> values =
+      glmserve::DecodeTensor(tensor, "response", /*require_finite=*/false);
+  if (!values.ok()) return values.status();
+  return glm::WriteNpy(path, {tensor.shape().begin(), tensor.shape().end()}, values->data());
+}
+
+int Forward(glmserve::Client& client) {
+  glmserve::v1::ForwardRequest request;
+  if (const std::string path = absl::GetFlag(FLAGS_hidden_in); !path.empty()) {
+    absl::StatusOr<glm::NpyArray> in = glm::ReadNpy(path);
+    if (!in.ok()) return Fail(in.status());
+    glmserve::EncodeTensor(in->data, in->shape, glmserve::v1::DATA_TYPE_FP32,
+                           request.mutable_hidden_states());
+  } else {
+    absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
+    if (!prompt.ok()) return Fail(prompt.status());
+    request.mutable_token_ids()->mutable_ids()->Add(prompt->begin(), prompt->end());
+  }
+  if (absl::GetFlag(FLAGS_layer_begin) >= 0)
+    request.set_layer_begin(absl::GetFlag(FLAGS_layer_begin));
+  if (absl::GetFlag(FLAGS_layer_end) >= 0) request.set_layer_end(absl::GetFlag(FLAGS_layer_end));
+  request.set_session_id(absl::GetFlag(FLAGS_session));
+  request.set_create_session(absl::GetFlag(FLAGS_create_session));
+  request.set_return_hidden_states(absl::GetFlag(FLAGS_hidden));
+  request.set_return_logits(absl::GetFlag(FLAGS_logits));
+  request.set_last_position_only(absl::GetFlag(FLAGS_last_only));
+  const std::string dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_output_dtype));
+  DataType wire;
+  if (!glmserve::v1::DataType_Parse(absl::StrCat("DATA_TYPE_", dtype), &wire)) {
+    return Fail(absl::InvalidArgumentError("--output_dtype must be fp32, bf16 or fp16"));
+  }
+  request.set_output_dtype(wire);
+  absl::StatusOr<glmserve::v1::ForwardResponse> response = client.Forward(request);
+  if (!response.ok()) return Fail(response.status());
+  std::printf(
+      "rows %lld from position %lld; server total %.2f ms (engine %.2f ms)\n",
+      static_cast<long long>(response->rows()), static_cast<long long>(response->start_position()),
+      response->timings().total_seconds() * 1e3, response->timings().engine_seconds() * 1e3);
+  const struct {
+    const char* name;
+    bool present;
+    const glmserve::v1::Tensor& tensor;
+    std::string path;
+  } outputs[] = {
+      {"hidden", response->has_hidden_states(), response->hidden_states(),
+       absl::GetFlag(FLAGS_hidden_out)},
+      {"logits", response->has_logits(), response->logits(), absl::GetFlag(FLAGS_logits_out)},
+  };
+  for (const auto& out : outputs) {
+    if (!out.present) continue;
+    absl::StatusOr<std::vector<float>> values =
+        glmserve::DecodeTensor(out.tensor, out.name, /*require_finite=*/false);
+    if (!values.ok()) return Fail(values.status());
+    std::printf("%s [%s] %s", out.name, absl::StrJoin(out.tensor.shape(), ", ").c_str(),
+                glmserve::WireDTypeName(out.tensor.dtype()));
+    if (std::string(out.name) == "logits" && out.tensor.shape_size() == 2 &&
+        out.tensor.shape(1) > 0) {
+      // The greedy next token of the last row: a quick sanity check from the shell.
+      const int64_t cols = out.tensor.shape(1);
+      const float* last = values->data() + values->size() - cols;
+      std::printf(", argmax of last row %lld",
+                  static_cast<long long>(std::max_element(last, last + cols) - last));
+    }
+    std::printf("\n");
+    if (!out.path.empty()) {
+      if (absl::Status s = WriteTensor(out.tensor, out.path); !s.ok()) return Fail(s);
+    }
+  }
+  return 0;
+}
+
+int Health(glmserve::Client& client) {
+  const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait);
+  for (;;) {
+    absl::StatusOr<glmserve::HealthStatus> status = client.Health(absl::GetFlag(FLAGS_service));
+    if (status.ok() && *status == grpc::health::v1::HealthCheckResponse::SERVING) {
+      std::printf("SERVING\n");
+      return 0;
+    }
+    if (absl::Now() >= deadline) {
+      if (!status.ok()) return Fail(status.status());
+      std::printf("%s\n",
+                  grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
+      return 2;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+int Bench(glmserve::Client& client) {
+  glmserve::BenchOptions o;
+  const std::string rpc = absl::GetFlag(FLAGS_rpc);
+  if (rpc == "generate") {
+    o.rpc = glmserve::BenchOptions::Rpc::kGenerate;
+  } else if (rpc == "forward") {
+    o.rpc = glmserve::BenchOptions::Rpc::kForward;
+  } else {
+    return Fail(absl::InvalidArgumentError("--rpc must be generate or forward"));
+  }
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.requests = absl::GetFlag(FLAGS_requests);
+  o.prompt_tokens = absl::GetFlag(FLAGS_prompt_len);
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  o.ignore_eos = true;
+  o.forward_logits = absl::GetFlag(FLAGS_forward_logits);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics);
+  absl::StatusOr<glmserve::BenchReport> report = glmserve::RunBench(client, o);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("%s", glmserve::FormatBenchReport(o, *report).c_str());
+  return report->errors.empty() ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Client of glm-server.\n"
+      "  glm-client [flags] info | generate | forward | health | bench");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "usage: glm-client [flags] info|generate|forward|health|bench\n");
+    return 1;
+  }
+  const std::string command = args[1];
+  absl::StatusOr<glmserve::ClientOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  if (command == "bench") options->max_attempts = 1;  // errors are what bench reports
+  if (command == "health") options->timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<glmserve::Client>> client = glmserve::Client::Create(*options);
+  if (!client.ok()) return Fail(client.status());
+  if (command == "info") return Info(**client);
+  if (command == "generate") return Generate(**client);
+  if (command == "forward") return Forward(**client);
+  if (command == "health") return Health(**client);
+  if (command == "bench") return Bench(**client);
+  std::fprintf(stderr, "glm-client: unknown command '%s'\n", command.c_str());
+  return 1;
+}

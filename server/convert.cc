@@ -1,0 +1,288 @@
+#include "server/convert.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "proto/tensor_codec.h"
+
+namespace glmserve {
+namespace {
+
+constexpr int32_t kMaxTopLogprobs = 20;
+
+absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, int64_t vocab,
+                           const char* field) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "] = ", ids[i], " is not a token id (vocab_size ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+double Seconds(glm::SteadyTime from, glm::SteadyTime to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                      const glm::ModelRunner& model,
+                                                      const ServingLimits& limits) {
+  const glm::ModelConfig& config = model.config();
+  if (!model.has_embedding() || !model.has_head()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Generate needs the whole model; this server serves layers [", model.layer_begin(), ", ",
+        model.layer_end(), ") of ", config.num_hidden_layers, " (use Forward)"));
+  }
+  glm::GenerateRequest out;
+  const int64_t prompt_len = request.prompt_token_ids_size();
+  if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  if (prompt_len > limits.max_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_token_ids has ", prompt_len, " tokens; the limit is ", limits.max_prompt_tokens));
+  }
+  if (absl::Status s =
+          CheckTokenIds(request.prompt_token_ids(), config.vocab_size, "prompt_token_ids");
+      !s.ok()) {
+    return s;
+  }
+  out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+
+  const v1::StopCriteria& stop = request.stop();
+  int64_t max_new = limits.default_max_new_tokens;
+  if (stop.has_max_new_tokens()) {
+    max_new = stop.max_new_tokens();
+    if (max_new < 1 || max_new > limits.max_new_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stop.max_new_tokens = ", max_new, " must be in [1, ", limits.max_new_tokens, "]"));
+    }
+  }
+  if (prompt_len + max_new > config.max_position_embeddings) {
+    if (stop.has_max_new_tokens()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt (", prompt_len, " tokens) + stop.max_new_tokens (", max_new,
+                       ") exceeds the model's ", config.max_position_embeddings, " positions"));
+    }
+    // The default shrinks to fit rather than failing a request that asked for nothing.
+    max_new = config.max_position_embeddings - prompt_len;
+    if (max_new < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len,
+                                                     " tokens) leaves no room in the model's ",
+                                                     config.max_position_embeddings, " positions"));
+    }
+  }
+  out.stop.max_new_tokens = static_cast<int32_t>(max_new);
+  if (absl::Status s =
+          CheckTokenIds(stop.stop_token_ids(), config.vocab_size, "stop.stop_token_ids");
+      !s.ok()) {
+    return s;
+  }
+  out.stop.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
+  out.stop.ignore_eos = stop.ignore_eos();
+
+  const v1::SamplingParams& sampling = request.sampling();
+  out.sampling.temperature = sampling.temperature();
+  out.sampling.top_k = sampling.top_k();
+  out.sampling.top_p = sampling.has_top_p() ? sampling.top_p() : 1.0f;
+  out.sampling.min_p = sampling.min_p();
+  out.sampling.repetition_penalty =
+      sampling.has_repetition_penalty() ? sampling.repetition_penalty() : 1.0f;
+  out.sampling.seed = sampling.seed();
+  if (absl::Status s = glm::ValidateSamplingParams(out.sampling); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
+  }
+
+  const v1::LogprobsOptions& logprobs = request.logprobs();
+  if (logprobs.top_logprobs() < 0 || logprobs.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs.top_logprobs = ", logprobs.top_logprobs(), " must be in [0, ",
+                     kMaxTopLogprobs, "]"));
+  }
+  // Asking for alternatives implies asking for the chosen token's logprob.
+  out.logprobs = logprobs.enabled() || logprobs.top_logprobs() > 0;
+  out.top_logprobs = logprobs.top_logprobs();
+  return out;
+}
+
+absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
+                                                    const glm::ModelRunner& model,
+                                                    const ServingLimits& limits) {
+  const glm::ModelConfig& config = model.config();
+  glm::ForwardRequest out;
+
+  const int64_t begin = request.has_layer_begin() ? request.layer_begin() : model.layer_begin();
+  const int64_t end = request.has_layer_end() ? request.layer_end() : model.layer_end();
+  if (begin < model.layer_begin() || end > model.layer_end() || begin >= end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer span [", begin, ", ", end, ") is not served: this server serves layers [",
+        model.layer_begin(), ", ", model.layer_end(), ") and the span must be non-empty"));
+  }
+  out.layer_begin = begin;
+  out.layer_end = end;
+
+  switch (request.input_case()) {
+    case v1::ForwardRequest::kTokenIds: {
+      if (begin != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token_ids input needs a span starting at layer 0 (got layer_begin ",
+                         begin, "); send hidden_states"));
+      }
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids is empty");
+      if (ids.size() > limits.max_prompt_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token_ids has ", ids.size(), " tokens; the limit is ", limits.max_prompt_tokens));
+      }
+      if (absl::Status s = CheckTokenIds(ids, config.vocab_size, "token_ids.ids"); !s.ok()) {
+        return s;
+      }
+      out.token_ids.assign(ids.begin(), ids.end());
+      break;
+    }
+    case v1::ForwardRequest::kHiddenStates: {
+      if (begin == 0) {
+        return absl::InvalidArgumentError(
+            "hidden_states input needs a span starting after layer 0; send token_ids");
+      }
+      const v1::Tensor& t = request.hidden_states();
+      if (t.shape_size() != 2 || t.shape(1) != config.hidden_size || t.shape(0) < 1) {
+        std::string shape;
+        for (int i = 0; i < t.shape_size(); ++i) {
+          absl::StrAppend(&shape, i ? ", " : "", t.shape(i));
+        }
+        return absl::InvalidArgumentError(absl::StrCat("hidden_states: shape [", shape,
+                                                       "] must be [num_tokens >= 1, ",
+                                                       config.hidden_size, "]"));
+      }
+      if (t.shape(0) > limits.max_prompt_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "hidden_states has ", t.shape(0), " rows; the limit is ", limits.max_prompt_tokens));
+      }
+      absl::StatusOr<std::vector<float>> values = DecodeTensor(t, "hidden_states");
+      if (!values.ok()) return values.status();
+      out.hidden = *std::move(values);
+      out.num_tokens = t.shape(0);
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("input: set token_ids or hidden_states");
+  }
+
+  if (request.session_id().size() > static_cast<size_t>(limits.max_session_id_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id is longer than ", limits.max_session_id_bytes, " bytes"));
+  }
+  out.session_id = request.session_id();
+  if (request.create_session() && out.session_id.empty()) {
+    return absl::InvalidArgumentError("create_session needs a session_id");
+  }
+  out.create_session = request.create_session();
+
+  if (!request.return_hidden_states() && !request.return_logits()) {
+    return absl::InvalidArgumentError("set return_hidden_states and/or return_logits");
+  }
+  if (request.return_logits() && end != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("return_logits needs layer_end == ", config.num_hidden_layers,
+                     " (the model's last layer); the span ends at ", end));
+  }
+  switch (request.output_dtype()) {
+    case v1::DATA_TYPE_UNSPECIFIED:
+    case v1::DATA_TYPE_FP32:
+    case v1::DATA_TYPE_BF16:
+    case v1::DATA_TYPE_FP16:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output_dtype ", static_cast<int>(request.output_dtype()), " is not a known DataType"));
+  }
+  out.return_hidden = request.return_hidden_states();
+  out.last_position_only = request.last_position_only();
+  out.logits = !request.return_logits()       ? glm::LogitsRows::kNone
+               : request.last_position_only() ? glm::LogitsRows::kLast
+                                              : glm::LogitsRows::kAll;
+  return out;
+}
+
+void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timings* out) {
+  if (times.first_scheduled) out->set_queue_seconds(Seconds(arrival, *times.first_scheduled));
+  if (times.first_token) {
+    out->set_time_to_first_token_seconds(Seconds(arrival, *times.first_token));
+  }
+  if (times.finished) {
+    out->set_total_seconds(Seconds(arrival, *times.finished));
+    if (times.first_scheduled) {
+      out->set_engine_seconds(Seconds(*times.first_scheduled, *times.finished));
+    }
+  }
+}
+
+void FillFinished(const glm::FinishEvent& finish, glm::SteadyTime arrival,
+                  const std::string& request_id, v1::Finished* out) {
+  out->set_reason(finish.reason == glm::FinishReason::kLength ? v1::FINISH_REASON_LENGTH
+                                                              : v1::FINISH_REASON_STOP);
+  out->set_prompt_tokens(finish.prompt_tokens);
+  out->set_cached_prompt_tokens(finish.cached_prompt_tokens);
+  out->set_generated_tokens(finish.generated_tokens);
+  out->set_preemptions(finish.preemptions);
+  FillTimings(finish.times, arrival, out->mutable_timings());
+  out->set_request_id(request_id);
+}
+
+void FillToken(const glm::TokenEvent& token, v1::GeneratedToken* out) {
+  out->set_token_id(token.token);
+  out->set_index(token.index);
+  out->set_logprob(token.logprob);
+  for (const glm::TokenLogprob& t : token.top) {
+    v1::TokenLogprob* p = out->add_top_logprobs();
+    p->set_token_id(t.token);
+    p->set_logprob(t.logprob);
+  }
+}
+
+void FillForwardResponse(const glm::ForwardOutput& output, const glm::ModelConfig& config,
+                         const v1::ForwardRequest& request, v1::ForwardResponse* out) {
+  out->set_rows(output.rows);
+  out->set_start_position(output.start_position);
+  out->set_request_id(request.request_id());
+  if (request.return_hidden_states()) {
+    const int64_t shape[] = {output.rows, config.hidden_size};
+    EncodeTensor(output.hidden, shape, request.output_dtype(), out->mutable_hidden_states());
+  }
+  if (request.return_logits()) {
+    const int64_t shape[] = {output.rows, config.vocab_size};
+    EncodeTensor(output.logits, shape, request.output_dtype(), out->mutable_logits());
+  }
+}
+
+void FillModelConfig(const glm::ModelConfig& c, v1::ModelConfig* out) {
+  out->set_vocab_size(c.vocab_size);
+  out->set_hidden_size(c.hidden_size);
+  out->set_intermediate_size(c.intermediate_size);
+  out->set_moe_intermediate_size(c.moe_intermediate_size);
+  out->set_num_hidden_layers(c.num_hidden_layers);
+  out->set_num_attention_heads(c.num_attention_heads);
+  out->set_num_key_value_heads(c.num_key_value_heads);
+  out->set_head_dim(c.head_dim);
+  out->set_partial_rotary_factor(c.partial_rotary_factor);
+  out->set_rope_theta(c.rope_theta);
+  out->set_rms_norm_eps(c.rms_norm_eps);
+  out->set_use_qk_norm(c.use_qk_norm);
+  out->set_attention_bias(c.attention_bias);
+  out->set_n_routed_experts(c.n_routed_experts);
+  out->set_n_shared_experts(c.n_shared_experts);
+  out->set_num_experts_per_tok(c.num_experts_per_tok);
+  out->set_n_group(c.n_group);
+  out->set_topk_group(c.topk_group);
+  out->set_norm_topk_prob(c.norm_topk_prob);
+  out->set_routed_scaling_factor(c.routed_scaling_factor);
+  out->set_first_k_dense_replace(c.first_k_dense_replace);
+  out->set_tie_word_embeddings(c.tie_word_embeddings);
+  out->set_max_position_embeddings(c.max_position_embeddings);
+  for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
+  out->set_pad_token_id(c.pad_token_id);
+}
+
+}  // namespace glmserve

@@ -1,0 +1,57 @@
+// Wire messages to engine requests (with every check the API promises) and engine events
+// back to wire messages. Nothing else crosses between proto/ and core/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/engine.h"
+#include "glmserve/v1/glmserve.pb.h"
+
+namespace glmserve {
+
+// The request limits the server enforces before anything reaches the engine.
+struct ServingLimits {
+  int64_t max_prompt_tokens = 0;       // also bounds Forward's new positions
+  int64_t max_new_tokens = 0;          // the largest max_new_tokens accepted
+  int64_t default_max_new_tokens = 0;  // when a request leaves it unset
+  int64_t max_session_id_bytes = 256;
+};
+
+// GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
+// token ids (prompt or stop) outside [0, vocab), a prompt longer than max_prompt_tokens,
+// max_new_tokens outside [1, max_new_tokens], prompt + max_new_tokens beyond the model's
+// positions, bad sampling values, top_logprobs outside [0, 20]. FAILED_PRECONDITION when
+// this server does not serve the whole model (Generate needs the embedding and the head).
+absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                      const glm::ModelRunner& model,
+                                                      const ServingLimits& limits);
+
+// ForwardRequest -> engine request. INVALID_ARGUMENT for: no input, a layer span outside the
+// served one or empty, token input to a span not starting at layer 0 (or hidden input to
+// one that does), token ids out of range, a hidden-states tensor with the wrong dtype, shape
+// ([num_tokens, hidden_size]), byte count or non-finite values, too many positions, logits
+// requested from a span that does not end at the model's last layer, an unknown output
+// dtype, an over-long session id, no output requested.
+absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
+                                                    const glm::ModelRunner& model,
+                                                    const ServingLimits& limits);
+
+// Server-side timings relative to `arrival` (the handler's entry).
+void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timings* out);
+
+// The final message of a successful Generate stream.
+void FillFinished(const glm::FinishEvent& finish, glm::SteadyTime arrival,
+                  const std::string& request_id, v1::Finished* out);
+
+void FillToken(const glm::TokenEvent& token, v1::GeneratedToken* out);
+
+// Encodes a Forward result: hidden [rows, hidden_size] and logits [rows, vocab_size] as the
+// request asked, in its output dtype.
+void FillForwardResponse(const glm::ForwardOutput& output, const glm::ModelConfig& config,
+                         const v1::ForwardRequest& request, v1::ForwardResponse* out);
+
+void FillModelConfig(const glm::ModelConfig& config, v1::ModelConfig* out);
+
+}  // namespace glmserve

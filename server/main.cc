@@ -1,0 +1,186 @@
+// glm-server: serves a GLM-4.5-family model over gRPC (glmserve.v1.GlmService), with
+// grpc.health.v1 liveness/readiness, reflection and Prometheus metrics.
+//
+//   glm-server                                   # embedded glm-4.5-mini preset, CPU or GPU
+//   glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0 --port=50051 --metrics_port=9090
+//   glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage
+//
+// SIGTERM / SIGINT drain: readiness goes NOT_SERVING, new calls get UNAVAILABLE, calls in
+// flight get --drain_grace to finish, then the process exits 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/checkpoint.h"
+#include "core/model_runner.h"
+#include "core/parallel.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, model, "glm-4.5-mini",
+          "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
+          "tiny, ...); presets get seeded random weights");
+ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
+ABSL_FLAG(std::string, layers, "", "serve only layers BEGIN:END of the model (default: all)");
+ABSL_FLAG(std::string, address, "127.0.0.1",
+          "address to listen on (0.0.0.0 or :: for every interface, e.g. in a container)");
+ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; the chosen port is printed)");
+ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --address)");
+ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
+ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
+ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
+ABSL_FLAG(int64_t, kv_capacity_tokens, 0, "KV cache slots in tokens (0: the engine's default)");
+ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
+ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
+ABSL_FLAG(bool, prefix_caching, true, "share the KV blocks of identical prompt prefixes");
+ABSL_FLAG(int64_t, max_prompt_tokens, 0, "longest prompt accepted (0: the model's positions)");
+ABSL_FLAG(int64_t, max_new_tokens, 0, "largest max_new_tokens accepted (0: model's positions)");
+ABSL_FLAG(int64_t, default_max_new_tokens, 256, "max_new_tokens of requests that leave it unset");
+ABSL_FLAG(int64_t, max_concurrent_streams, 256, "Generate streams in flight at most (0: no limit)");
+ABSL_FLAG(absl::Duration, default_deadline, absl::ZeroDuration(),
+          "deadline of calls that carry none (0: none)");
+ABSL_FLAG(absl::Duration, max_deadline, absl::ZeroDuration(),
+          "longer deadlines are shortened to this (0: no cap)");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "largest gRPC message received or sent");
+ABSL_FLAG(int, threads, 0, "compute threads (0: GLM_NUM_THREADS or every core)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file of accepted bearer tokens, one per line; every call except health then needs "
+          "'authorization: Bearer <token>'");
+ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
+          "on SIGTERM/SIGINT, how long calls in flight may take to finish");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights (presets only)");
+
+namespace {
+
+absl::StatusOr<glm::LayerSpan> ParseLayers(const std::string& text) {
+  glm::LayerSpan span;
+  if (text.empty()) return span;
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &span.begin) ||
+      !absl::SimpleAtoi(parts[1], &span.end)) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers='", text, "' is not BEGIN:END"));
+  }
+  return span;
+}
+
+glmserve::ServerOptions OptionsFromFlags() {
+  glmserve::ServerOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  o.service.default_deadline = absl::GetFlag(FLAGS_default_deadline);
+  o.service.max_deadline = absl::GetFlag(FLAGS_max_deadline);
+  o.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
+  o.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.engine.max_running = absl::GetFlag(FLAGS_max_running);
+  o.engine.kv_capacity_tokens = absl::GetFlag(FLAGS_kv_capacity_tokens);
+  o.engine.block_size = absl::GetFlag(FLAGS_block_size);
+  o.engine.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.model_name = absl::GetFlag(FLAGS_model);
+  return o;
+}
+
+// Signals are blocked in every thread (the mask is inherited by the threads gRPC and the
+// engine start later) and taken synchronously by one thread, so that the drain runs as
+// ordinary code rather than inside a signal handler.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "glm-server: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves a GLM-4.5-family model over gRPC.\n"
+      "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
+  absl::ParseCommandLine(argc, argv);
+  const sigset_t signals = BlockShutdownSignals();
+  absl::Notification stop;
+  std::thread signal_thread([&signals, &stop] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "glm-server: signal %d, draining\n", sig);
+    stop.Notify();
+  });
+  signal_thread.detach();
+
+  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return Fail(device.status());
+  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
+  if (!span.ok()) return Fail(span.status());
+
+  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server =
+      glmserve::GlmServer::Start(OptionsFromFlags());
+  if (!server.ok()) return Fail(server.status());
+  std::printf("glm-server: listening on %s", (*server)->target().c_str());
+  if ((*server)->metrics_port() >= 0) {
+    std::printf(", metrics on port %d", (*server)->metrics_port());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+
+  const absl::Time t_load = absl::Now();
+  glm::RandomWeightOptions random;
+  random.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<glm::ModelWeights> weights =
+      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random);
+  if (!weights.ok()) return Fail(weights.status());
+  const glm::DType weight_dtype = weights->weight_dtype;
+  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =
+      glm::CreateModelRunner(*std::move(weights), *device);
+  if (!runner.ok()) return Fail(runner.status());
+  const std::string device_name = (*runner)->device_name();
+  if (!stop.HasBeenNotified()) {
+    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype); !s.ok()) {
+      return Fail(s);
+    }
+    std::printf("glm-server: ready: %s on %s (loaded and warmed up in %.2f s)\n",
+                absl::GetFlag(FLAGS_model).c_str(), device_name.c_str(),
+                absl::ToDoubleSeconds(absl::Now() - t_load));
+    std::fflush(stdout);
+    stop.WaitForNotification();
+  }
+  const absl::Time t_drain = absl::Now();
+  (*server)->Drain(absl::GetFlag(FLAGS_drain_grace));
+  server->reset();
+  std::printf("glm-server: stopped (drained in %.2f s)\n",
+              absl::ToDoubleSeconds(absl::Now() - t_drain));
+  std::fflush(stdout);
+  return 0;
+}

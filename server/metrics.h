@@ -1,0 +1,97 @@
+// Metrics: every Prometheus family of the server, built once here and injected into the
+// service, so that names, units, labels and buckets live in one place (documented in
+// docs/metrics.md, which says exactly when each clock starts and stops).
+//
+// Hot paths only touch pre-built metric objects (an atomic add or a short-mutex histogram
+// observe). The engine's gauges and cumulative counters (running, waiting, KV usage, sessions,
+// preemptions, prefix cache) are read from Engine::Stats() when /metrics is scraped, never
+// from inside the engine loop.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/engine.h"
+#include "grpcpp/support/status.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace glmserve {
+
+// The service's RPCs, as the `rpc` label spells them.
+enum class Rpc { kGenerate, kForward, kCloseSession, kGetModelInfo };
+constexpr int kNumRpcs = 4;
+const char* RpcName(Rpc rpc);
+
+class Metrics {
+ public:
+  Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // What /metrics exposes: refreshes the engine-derived values, then collects the registry.
+  // Hand it to a prometheus::Exposer.
+  std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
+  // The text exposition format of the same (for tests and debugging).
+  std::string Scrape() const;
+
+  // glmserve_build_info{version, model, device} = 1; set once the model is loaded.
+  void SetBuildInfo(const std::string& version, const std::string& model,
+                    const std::string& device);
+  // The engine whose Stats() feed the gauges at scrape time; nullptr detaches it (before the
+  // engine is destroyed).
+  void SetEngine(const glm::Engine* engine);
+
+  // One finished RPC: its final status and its duration from arrival to last byte.
+  void RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds);
+  // Per-request engine facts, from its events (called from the reactors).
+  void RecordQueue(Rpc rpc, double seconds);
+  void RecordTimeToFirstToken(double seconds);
+  void RecordInterToken(double seconds);
+  void RecordTokens(int64_t prompt_tokens, int64_t generated_tokens);
+  // The engine's step observer (engine thread; a few histogram observes).
+  void ObserveStep(const glm::StepReport& report);
+
+  // Pulls Engine::Stats() into the gauges and counters (done on every scrape).
+  void Refresh() const;
+
+ private:
+  class RefreshingCollectable;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> collectable_;
+
+  prometheus::Family<prometheus::Counter>* requests_total_;
+  std::array<prometheus::Histogram*, kNumRpcs> request_duration_;
+  std::array<prometheus::Histogram*, kNumRpcs> queue_duration_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* inter_token_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_usage_;
+  prometheus::Gauge* sessions_;
+  prometheus::Histogram* step_prefill_;
+  prometheus::Histogram* step_decode_;
+  prometheus::Histogram* step_mixed_;
+  prometheus::Histogram* batch_tokens_;
+  prometheus::Counter* preemptions_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
+  prometheus::Family<prometheus::Gauge>* build_info_;
+
+  // Guards the engine pointer and the last cumulative values already added to the counters.
+  mutable std::mutex mu_;
+  const glm::Engine* engine_ = nullptr;
+  mutable glm::EngineStats last_;
+};
+
+}  // namespace glmserve

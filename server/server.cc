@@ -1,0 +1,338 @@
+#include "server/server.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/dtype.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "prometheus/exposer.h"
+
+#ifndef GLMSERVE_VERSION
+#define GLMSERVE_VERSION "dev"
+#endif
+
+namespace glmserve {
+namespace {
+
+constexpr char kServiceName[] = "glmserve.v1.GlmService";
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read '", path, "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// "host:port", bracketing a bare IPv6 address.
+std::string HostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+// Opens and closes a TCP connection to host:port (the wildcard addresses mean this machine).
+void WakeListener(const std::string& host, int port) {
+  std::string h = host == "0.0.0.0" || host.empty() ? "127.0.0.1" : host == "::" ? "::1" : host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
+  for (addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(addresses);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const TlsOptions& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError("a client CA (mutual TLS) needs a certificate and key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate and a private key");
+  }
+  absl::StatusOr<std::string> cert = ReadFile(tls.cert_file, "TLS certificate");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile(tls.key_file, "TLS private key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile(tls.client_ca_file, "TLS client CA");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+v1::DataType WireDType(glm::DType dtype) {
+  switch (dtype) {
+    case glm::DType::kF32:
+      return v1::DATA_TYPE_FP32;
+    case glm::DType::kBF16:
+      return v1::DATA_TYPE_BF16;
+    case glm::DType::kF16:
+      return v1::DATA_TYPE_FP16;
+  }
+  return v1::DATA_TYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+const char* ServerVersion() { return GLMSERVE_VERSION; }
+
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path, "token file");
+  if (!text.ok()) return text.status();
+  std::vector<std::string> tokens;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    tokens.emplace_back(line);
+  }
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' holds no token"));
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions& options) {
+  std::unique_ptr<GlmServer> s(new GlmServer());
+  s->options_ = options;
+  ServiceOptions service_options = options.service;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(options.auth_token_file);
+    if (!tokens.ok()) return tokens.status();
+    service_options.auth_tokens = *std::move(tokens);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+
+  s->metrics_ = std::make_unique<Metrics>();
+  s->service_ = std::make_unique<GlmServiceImpl>(std::move(service_options), s->metrics_.get());
+
+  // Both are process-wide switches read by the next ServerBuilder.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = HostPort(options.address, options.port);
+  builder.AddListeningPort(address, *credentials, &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
+  health->SetServingStatus(kLivenessService, true);
+  s->SetReady(false);
+
+  if (options.metrics_port >= 0) {
+    const std::string metrics_address =
+        HostPort(options.metrics_address.empty() ? options.address : options.metrics_address,
+                 options.metrics_port);
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(metrics_address, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", metrics_address, ": ", e.what()));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->collectable());
+    const std::vector<int> ports = s->exposer_->GetListeningPorts();
+    s->metrics_port_ = ports.empty() ? -1 : ports.front();
+  }
+  return s;
+}
+
+GlmServer::~GlmServer() { Shutdown(); }
+
+std::string GlmServer::target() const {
+  const std::string& a = options_.address;
+  if (a == "0.0.0.0" || a.empty()) return HostPort("127.0.0.1", port_);
+  if (a == "::" || a == "[::]") return HostPort("::1", port_);
+  return HostPort(a, port_);
+}
+
+void GlmServer::SetReady(bool ready) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(kReadinessService, ready);
+  health->SetServingStatus("", ready);
+  health->SetServingStatus(kServiceName, ready);
+  ready_ = ready;
+}
+
+absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DType weight_dtype) {
+  const glm::ModelConfig config = model->config();
+  const int64_t positions = config.max_position_embeddings;
+  ServingLimits limits;
+  limits.max_prompt_tokens =
+      options_.max_prompt_tokens > 0 ? std::min(options_.max_prompt_tokens, positions) : positions;
+  limits.max_new_tokens =
+      options_.max_new_tokens > 0 ? std::min(options_.max_new_tokens, positions) : positions;
+  limits.default_max_new_tokens =
+      std::clamp<int64_t>(options_.default_max_new_tokens, 1, limits.max_new_tokens);
+
+  glm::EngineOptions engine_options = options_.engine;
+  engine_options.max_prompt_tokens = limits.max_prompt_tokens;
+  engine_options.max_new_tokens_limit = limits.max_new_tokens;
+  const std::string device = model->device_name();
+  const int64_t layer_begin = model->layer_begin();
+  const int64_t layer_end = model->layer_end();
+  const int64_t weight_bytes = model->weight_bytes();
+  absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
+      glm::Engine::Create(std::move(model), engine_options);
+  if (!engine.ok()) return engine.status();
+  engine_ = *std::move(engine);
+  Metrics* metrics = metrics_.get();
+  std::atomic<int64_t>* observed = &steps_observed_;
+  engine_->SetStepObserver([metrics, observed](const glm::StepReport& r) {
+    metrics->ObserveStep(r);
+    observed->fetch_add(1);
+  });
+  if (absl::Status s = Warmup(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("warm-up: ", s.message()));
+  }
+  metrics_->SetEngine(engine_.get());
+  metrics_->SetBuildInfo(ServerVersion(), options_.model_name, device);
+
+  auto backend = std::make_unique<Backend>();
+  backend->engine = engine_.get();
+  backend->limits = limits;
+  v1::ModelInfo& info = backend->info;
+  info.set_model(options_.model_name);
+  info.set_architecture("Glm4MoeForCausalLM");
+  FillModelConfig(config, info.mutable_config());
+  info.set_layer_begin(layer_begin);
+  info.set_layer_end(layer_end);
+  info.set_weight_dtype(WireDType(weight_dtype));
+  info.set_device(device);
+  info.set_weight_bytes(weight_bytes);
+  info.set_kv_capacity_tokens(engine_->kv_capacity_tokens());
+  info.set_kv_block_size(engine_->options().block_size);
+  v1::Limits* l = info.mutable_limits();
+  l->set_max_prompt_tokens(limits.max_prompt_tokens);
+  l->set_max_new_tokens(limits.max_new_tokens);
+  l->set_default_max_new_tokens(limits.default_max_new_tokens);
+  l->set_max_message_bytes(options_.max_message_bytes);
+  l->set_max_concurrent_streams(options_.service.max_concurrent_streams);
+  l->set_max_waiting(engine_->options().max_waiting);
+  l->set_max_running(engine_->options().max_running);
+  l->set_max_batch_tokens(engine_->options().max_batch_tokens);
+  l->set_default_deadline_ms(absl::ToInt64Milliseconds(options_.service.default_deadline));
+  l->set_max_deadline_ms(absl::ToInt64Milliseconds(options_.service.max_deadline));
+  l->set_max_sessions(engine_->options().max_sessions);
+  info.set_server_version(ServerVersion());
+  service_->Attach(std::move(backend));
+  SetReady(true);
+  return absl::OkStatus();
+}
+
+void GlmServer::StopExposer() {
+  if (exposer_ == nullptr) return;
+  // civetweb's accept loop only checks its stop flag between polls of the listening socket,
+  // which time out every 2 s: stopping would take that long. Connecting to the port wakes
+  // the poll, so the stop completes in milliseconds.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped.store(true);
+  });
+  const std::string host =
+      options_.metrics_address.empty() ? options_.address : options_.metrics_address;
+  while (!stopped.load()) {
+    WakeListener(host, metrics_port_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stopper.join();
+}
+
+absl::Status GlmServer::Warmup() {
+  const glm::ModelRunner& model = engine_->model();
+  std::optional<glm::Request> request;
+  if (model.has_embedding() && model.has_head()) {
+    glm::GenerateRequest body;
+    body.prompt = {0};
+    body.stop.max_new_tokens = 1;
+    body.stop.ignore_eos = true;
+    request.emplace(std::move(body));
+  } else {
+    glm::ForwardRequest body;
+    if (model.has_embedding()) {
+      body.token_ids = {0};
+    } else {
+      body.hidden.assign(static_cast<size_t>(model.config().hidden_size), 0.0f);
+      body.num_tokens = 1;
+    }
+    body.return_hidden = true;  // a call must ask for some output
+    request.emplace(std::move(body));
+  }
+  // Shared with the callback: the engine may still be inside it when Pop returns.
+  auto queue = std::make_shared<glm::EventQueue>();
+  absl::StatusOr<glm::RequestId> id = engine_->Submit(
+      *std::move(request), [queue](glm::Event&& e) { queue->Callback()(std::move(e)); });
+  if (!id.ok()) return id.status();
+  for (;;) {
+    std::optional<glm::Event> event = queue->Pop(absl::Minutes(30));
+    if (!event) return absl::DeadlineExceededError("no answer within 30 minutes");
+    auto* finish = std::get_if<glm::FinishEvent>(&event->body);
+    if (finish == nullptr) continue;
+    if (!finish->status.ok()) return finish->status;
+    break;
+  }
+  // The FinishEvent comes from inside the step; the step's stats and observer call follow.
+  // Wait for them, so that the server is quiescent (and its metrics final) once ready.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (steps_observed_.load() < std::max<int64_t>(1, engine_->Stats().steps) ||
+         !engine_->Idle()) {
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("engine did not settle");
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return absl::OkStatus();
+}
+
+void GlmServer::Drain(absl::Duration grace) {
+  std::lock_guard<std::mutex> lock(drain_mu_);
+  if (stopped_ || server_ == nullptr) return;
+  stopped_ = true;
+  SetReady(false);
+  service_->StartDraining();
+  if (engine_ != nullptr) engine_->StartDraining();
+  service_->WaitIdle(absl::Now() + grace);
+  // Cancels what is still in flight (OnCancel -> engine Cancel -> the reactor finishes) and
+  // waits for every call to end, health watches included.
+  server_->Shutdown(std::chrono::system_clock::now());
+  service_->WaitIdle(absl::InfiniteFuture());
+  // No call can reach the engine any more: detach it from the metrics, then stop it.
+  metrics_->SetEngine(nullptr);
+  engine_.reset();
+  StopExposer();
+}
+
+}  // namespace glmserve

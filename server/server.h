@@ -1,0 +1,116 @@
+// GlmServer: the gRPC server around one engine, with health, reflection, TLS, bearer-token
+// auth, metrics on their own port, and a graceful drain.
+//
+// Lifecycle, in the order glm-server's main runs it:
+//   Start()  listens at once (so that liveness probes pass while a large model loads);
+//            readiness is NOT_SERVING and every GlmService call is UNAVAILABLE.
+//   Serve()  takes the loaded model, creates the engine, runs one warm-up request through
+//            it, then marks readiness SERVING.
+//   Drain()  readiness NOT_SERVING, new calls UNAVAILABLE, waits up to a grace period for the
+//            calls in flight, then shuts down (cancelling what is left).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine.h"
+#include "core/model_runner.h"
+#include "grpcpp/server.h"
+#include "server/metrics.h"
+#include "server/service.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace glmserve {
+
+// Health service names (grpc.health.v1): liveness is SERVING while the process serves RPCs at
+// all; readiness (and the overall "" service and glmserve.v1.GlmService) only while it can
+// take requests.
+inline constexpr char kLivenessService[] = "liveness";
+inline constexpr char kReadinessService[] = "readiness";
+
+// The server's version, as glmserve_build_info and ModelInfo report it.
+const char* ServerVersion();
+
+struct TlsOptions {
+  std::string cert_file;       // PEM server certificate chain; empty: plaintext
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // PEM CA bundle: when set, clients must present a certificate
+                               // it signed (mutual TLS)
+};
+
+struct ServerOptions {
+  std::string address = "127.0.0.1";  // host or IP to listen on ("[::1]" or "::1" for IPv6)
+  int port = 50051;                   // 0: an ephemeral port (see GlmServer::port())
+  std::string metrics_address;        // empty: same as `address`
+  int metrics_port = 9090;            // 0: ephemeral; < 0: no metrics endpoint
+  TlsOptions tls;
+  std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
+  int64_t max_message_bytes = 64 << 20;
+  ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
+  int64_t max_prompt_tokens = 0;  // 0: the model's max_position_embeddings
+  int64_t max_new_tokens = 0;     // 0: the model's max_position_embeddings
+  int64_t default_max_new_tokens = 256;
+  glm::EngineOptions engine;
+  std::string model_name;  // what ModelInfo and build_info call the model
+};
+
+class GlmServer {
+ public:
+  // Binds and starts serving health, reflection and (UNAVAILABLE) GlmService calls.
+  static absl::StatusOr<std::unique_ptr<GlmServer>> Start(const ServerOptions& options);
+  ~GlmServer();  // Shutdown()
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  // "127.0.0.1:PORT" (or "[::1]:PORT"): what a client on this machine dials.
+  std::string target() const;
+
+  // Creates the engine over `model`, warms it up with one request, attaches it to the
+  // service and marks readiness SERVING. `weight_dtype` (ModelWeights::weight_dtype) is
+  // what GetModelInfo reports.
+  absl::Status Serve(std::unique_ptr<glm::ModelRunner> model, glm::DType weight_dtype);
+
+  // Graceful shutdown: readiness NOT_SERVING, new calls UNAVAILABLE, calls in flight get up
+  // to `grace` to finish, then what is left is cancelled and the server stops. Idempotent.
+  void Drain(absl::Duration grace);
+  // Stops at once (calls in flight are cancelled). Idempotent.
+  void Shutdown() { Drain(absl::ZeroDuration()); }
+
+  bool ready() const { return ready_; }
+  glm::Engine* engine() { return engine_.get(); }
+  Metrics& metrics() { return *metrics_; }
+  GlmServiceImpl& service() { return *service_; }
+
+ private:
+  GlmServer() = default;
+  absl::Status Warmup();
+  void StopExposer();
+  void SetReady(bool ready);
+
+  ServerOptions options_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<GlmServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<glm::Engine> engine_;
+  std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
+  int port_ = 0;
+  int metrics_port_ = -1;
+  bool ready_ = false;
+  std::mutex drain_mu_;   // serialises Drain
+  bool stopped_ = false;  // guarded by drain_mu_
+};
+
+// Reads a token file: one token per line, surrounding whitespace trimmed, blank lines and
+// lines starting with '#' skipped. An error when unreadable or without any token.
+absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path);
+
+}  // namespace glmserve

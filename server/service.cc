@@ -1,0 +1,477 @@
+#include "server/service.h"
+
+#include <chrono>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/status.h"
+
+namespace glmserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(glm::SteadyTime from, glm::SteadyTime to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Token comparison whose time does not depend on where the strings differ.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The status a call reports in glmserve_requests_total: a call that was cancelled because its
+// own deadline passed is counted as DEADLINE_EXCEEDED (which is what its client saw).
+grpc::StatusCode ReportedCode(const grpc::Status& status, grpc::CallbackServerContext* context) {
+  if (status.error_code() == grpc::StatusCode::CANCELLED &&
+      context->deadline() <= std::chrono::system_clock::now()) {
+    return grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  return status.error_code();
+}
+
+}  // namespace
+
+// ---- Unary calls answered on the spot (errors, CloseSession, GetModelInfo) -------------------
+
+class SimpleReactor final : public grpc::ServerUnaryReactor {
+ public:
+  SimpleReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context, Rpc rpc)
+      : service_(service), context_(context), rpc_(rpc), arrival_(Clock::now()) {}
+
+  void Reply(grpc::Status status) {
+    status_ = status;
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    service_->metrics_->RecordRequest(rpc_, ReportedCode(status_, context_),
+                                      Seconds(arrival_, Clock::now()));
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  GlmServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const Rpc rpc_;
+  const glm::SteadyTime arrival_;
+  grpc::Status status_;
+};
+
+// ---- Generate ------------------------------------------------------------------------------
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), arrival_(Clock::now()) {}
+
+  // Runs inside the handler: OnDone cannot run before the handler returns, so `this` is
+  // safe here even if the engine finishes the request before Submit returns.
+  void Start(const v1::GenerateRequest& request) {
+    grpc::Status status;
+    const Backend* backend = service_->Admit(context_, &status);
+    if (backend == nullptr) return FinishEarly(status);
+    absl::StatusOr<glm::GenerateRequest> body =
+        ToEngineGenerate(request, backend->engine->model(), backend->limits);
+    if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
+    if (!service_->AcquireStream()) {
+      return FinishEarly(
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("too many concurrent Generate streams (limit ",
+                                    service_->options_.max_concurrent_streams, ")")));
+    }
+    holds_stream_ = true;
+    engine_ = backend->engine;
+    request_id_ = request.request_id();
+    glm::Request engine_request(*std::move(body));
+    engine_request.deadline = service_->EngineDeadline(context_);
+    engine_request.client_request_id = request_id_;
+    absl::StatusOr<glm::RequestId> id = engine_->Submit(
+        std::move(engine_request), [this](glm::Event&& event) { OnEvent(std::move(event)); });
+    if (!id.ok()) return FinishEarly(ToGrpcStatus(id.status()));
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = *id;
+      cancelled = cancelled_;
+    }
+    if (cancelled) engine_->Cancel(*id);
+  }
+
+  void OnWriteDone(bool ok) override {
+    glm::RequestId cancel = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_in_flight_ = false;
+      if (!ok && !broken_) {
+        // The stream is gone (client disconnected): stop computing for it now.
+        broken_ = true;
+        cancel = id_;
+      }
+    }
+    if (cancel != 0) engine_->Cancel(cancel);
+    Pump();
+  }
+
+  void OnCancel() override {
+    glm::RequestId id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    if (id != 0) engine_->Cancel(id);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RecordRequest(Rpc::kGenerate, ReportedCode(status_, context_),
+                                      Seconds(arrival_, Clock::now()));
+    if (holds_stream_) service_->ReleaseStream();
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  void FinishEarly(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_called_ = true;
+    status_ = status;
+    Finish(std::move(status));
+  }
+
+  // Engine thread: record, queue, and start a write if none is in flight.
+  void OnEvent(glm::Event&& event) {
+    Metrics* metrics = service_->metrics_;
+    if (auto* token = std::get_if<glm::TokenEvent>(&event.body)) {
+      if (!last_token_time_) {
+        metrics->RecordTimeToFirstToken(Seconds(arrival_, token->time));
+      } else {
+        metrics->RecordInterToken(Seconds(*last_token_time_, token->time));
+      }
+      last_token_time_ = token->time;
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(std::move(*token));
+    } else if (auto* finish = std::get_if<glm::FinishEvent>(&event.body)) {
+      if (finish->times.first_scheduled) {
+        metrics->RecordQueue(Rpc::kGenerate, Seconds(arrival_, *finish->times.first_scheduled));
+      }
+      metrics->RecordTokens(finish->prompt_tokens, finish->generated_tokens);
+      std::lock_guard<std::mutex> lock(mu_);
+      finish_ = std::move(*finish);
+    } else {
+      return;  // Generate has no ForwardOutput
+    }
+    Pump();
+  }
+
+  // Sends what is pending, from whichever thread finds the stream idle. The message buffer
+  // is only touched by the thread that claimed the write under the lock, and the gRPC call
+  // is the last thing done: once Finish is called, OnDone may delete `this` on another thread.
+  void Pump() {
+    enum class Action { kNone, kWrite, kWriteAndFinish, kFinish } action = Action::kNone;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (write_in_flight_ || finish_called_) return;
+      if (finish_.has_value()) {
+        finish_called_ = true;
+        if (!finish_->status.ok() || broken_) {
+          // Tokens still pending are dropped: the call ends with an error status anyway.
+          status = broken_ && finish_->status.ok()
+                       ? grpc::Status(grpc::StatusCode::CANCELLED, "stream broken")
+                       : ToGrpcStatus(finish_->status);
+          action = Action::kFinish;
+        } else {
+          response_.Clear();
+          for (const glm::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
+          pending_.clear();
+          FillFinished(*finish_, arrival_, request_id_, response_.mutable_finished());
+          action = Action::kWriteAndFinish;
+        }
+        status_ = status;
+      } else if (!pending_.empty() && !broken_) {
+        // Every token produced while the previous write was in flight goes in this one.
+        response_.Clear();
+        for (const glm::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
+        pending_.clear();
+        write_in_flight_ = true;
+        action = Action::kWrite;
+      }
+    }
+    switch (action) {
+      case Action::kNone:
+        break;
+      case Action::kWrite:
+        StartWrite(&response_);
+        break;
+      case Action::kWriteAndFinish:
+        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+        break;
+      case Action::kFinish:
+        Finish(status);
+        break;
+    }
+  }
+
+  GlmServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const glm::SteadyTime arrival_;
+  glm::Engine* engine_ = nullptr;
+  std::string request_id_;
+  bool holds_stream_ = false;
+  std::optional<glm::SteadyTime> last_token_time_;  // engine thread only
+
+  std::mutex mu_;
+  glm::RequestId id_ = 0;                   // guarded by mu_
+  bool cancelled_ = false;                  // guarded by mu_
+  bool broken_ = false;                     // guarded by mu_: a write failed
+  bool write_in_flight_ = false;            // guarded by mu_
+  bool finish_called_ = false;              // guarded by mu_
+  std::vector<glm::TokenEvent> pending_;    // guarded by mu_
+  std::optional<glm::FinishEvent> finish_;  // guarded by mu_
+  grpc::Status status_;                     // the final status; read in OnDone
+  v1::GenerateResponse response_;           // owned by the thread that claimed the write
+};
+
+// ---- Forward -------------------------------------------------------------------------------
+
+class ForwardReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ForwardReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context,
+                 v1::ForwardResponse* response)
+      : service_(service), context_(context), response_(response), arrival_(Clock::now()) {}
+
+  void Start(const v1::ForwardRequest& request) {
+    grpc::Status status;
+    const Backend* backend = service_->Admit(context_, &status);
+    if (backend == nullptr) return Reply(status);
+    absl::StatusOr<glm::ForwardRequest> body =
+        ToEngineForward(request, backend->engine->model(), backend->limits);
+    if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
+    engine_ = backend->engine;
+    request_ = &request;  // valid until Finish
+    glm::Request engine_request(*std::move(body));
+    engine_request.deadline = service_->EngineDeadline(context_);
+    engine_request.client_request_id = request.request_id();
+    absl::StatusOr<glm::RequestId> id = engine_->Submit(
+        std::move(engine_request), [this](glm::Event&& event) { OnEvent(std::move(event)); });
+    if (!id.ok()) return Reply(ToGrpcStatus(id.status()));
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = *id;
+      cancelled = cancelled_;
+    }
+    if (cancelled) engine_->Cancel(*id);
+  }
+
+  void OnCancel() override {
+    glm::RequestId id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    if (id != 0) engine_->Cancel(id);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RecordRequest(Rpc::kForward, ReportedCode(status_, context_),
+                                      Seconds(arrival_, Clock::now()));
+    service_->CallDone();
+    delete this;
+  }
+
+ private:
+  void Reply(grpc::Status status) {
+    status_ = status;
+    Finish(std::move(status));
+  }
+
+  // Engine thread: keep the output (a move), and on the finish hand the encoding to the
+  // encoder pool so the engine thread goes straight back to its loop.
+  void OnEvent(glm::Event&& event) {
+    if (auto* output = std::get_if<glm::ForwardOutput>(&event.body)) {
+      output_ = std::move(*output);
+      return;
+    }
+    auto* finish = std::get_if<glm::FinishEvent>(&event.body);
+    if (finish == nullptr) return;
+    Metrics* metrics = service_->metrics_;
+    if (finish->times.first_scheduled) {
+      metrics->RecordQueue(Rpc::kForward, Seconds(arrival_, *finish->times.first_scheduled));
+    }
+    metrics->RecordTokens(finish->prompt_tokens, 0);
+    finish_ = std::move(*finish);
+    service_->encoder_.Run([this] { Complete(); });
+  }
+
+  void Complete() {
+    grpc::Status status = ToGrpcStatus(finish_.status);
+    if (status.ok()) {
+      FillForwardResponse(output_, engine_->model().config(), *request_, response_);
+      FillTimings(finish_.times, arrival_, response_->mutable_timings());
+    }
+    Reply(std::move(status));  // last: OnDone may delete `this`
+  }
+
+  GlmServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  v1::ForwardResponse* const response_;
+  const glm::SteadyTime arrival_;
+  glm::Engine* engine_ = nullptr;
+  const v1::ForwardRequest* request_ = nullptr;
+  // Written on the engine thread before the encoder task is queued (which orders them).
+  glm::ForwardOutput output_;
+  glm::FinishEvent finish_;
+  grpc::Status status_;
+
+  std::mutex mu_;
+  glm::RequestId id_ = 0;   // guarded by mu_
+  bool cancelled_ = false;  // guarded by mu_
+};
+
+// ---- The service -----------------------------------------------------------------------------
+
+GlmServiceImpl::GlmServiceImpl(ServiceOptions options, Metrics* metrics)
+    : options_(std::move(options)), metrics_(metrics), encoder_(options_.encoder_threads) {}
+
+GlmServiceImpl::~GlmServiceImpl() = default;
+
+void GlmServiceImpl::Attach(std::unique_ptr<Backend> backend) {
+  backend_owner_ = std::move(backend);
+  backend_.store(backend_owner_.get());
+}
+
+bool GlmServiceImpl::WaitIdle(absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  return idle_cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                             [this] { return in_flight_.load() == 0; });
+}
+
+void GlmServiceImpl::CallStarted() { in_flight_.fetch_add(1); }
+
+void GlmServiceImpl::CallDone() {
+  if (in_flight_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    idle_cv_.notify_all();
+  }
+}
+
+bool GlmServiceImpl::AcquireStream() {
+  const int64_t limit = options_.max_concurrent_streams;
+  if (streams_.fetch_add(1) >= limit && limit > 0) {
+    streams_.fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+void GlmServiceImpl::ReleaseStream() { streams_.fetch_sub(1); }
+
+bool GlmServiceImpl::Authorized(grpc::CallbackServerContext* context) const {
+  if (options_.auth_tokens.empty()) return true;
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) return false;
+  const absl::string_view value(it->second.data(), it->second.size());
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(value, kBearer)) return false;
+  const absl::string_view token = value.substr(kBearer.size());
+  bool ok = false;
+  for (const std::string& accepted : options_.auth_tokens) {
+    ok |= ConstantTimeEquals(token, accepted);
+  }
+  return ok;
+}
+
+const Backend* GlmServiceImpl::Admit(grpc::CallbackServerContext* context,
+                                     grpc::Status* status) const {
+  if (!Authorized(context)) {
+    *status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                           "missing or invalid bearer token (metadata 'authorization: Bearer "
+                           "<token>')");
+    return nullptr;
+  }
+  if (draining_.load()) {
+    *status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining for shutdown");
+    return nullptr;
+  }
+  const Backend* backend = backend_.load();
+  if (backend == nullptr) {
+    *status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading the model");
+  }
+  return backend;
+}
+
+std::optional<glm::SteadyTime> GlmServiceImpl::EngineDeadline(
+    grpc::CallbackServerContext* context) const {
+  // The engine wants its monotonic clock; gRPC gives the wall clock. The remaining time
+  // carries over (clock adjustments during the call are ignored, as they should be).
+  const auto wall_deadline = context->deadline();
+  std::optional<absl::Duration> remaining;
+  if (wall_deadline != std::chrono::system_clock::time_point::max()) {
+    remaining = absl::FromChrono(wall_deadline - std::chrono::system_clock::now());
+  } else if (options_.default_deadline > absl::ZeroDuration()) {
+    remaining = options_.default_deadline;
+  }
+  if (options_.max_deadline > absl::ZeroDuration() &&
+      (!remaining || *remaining > options_.max_deadline)) {
+    remaining = options_.max_deadline;
+  }
+  if (!remaining) return std::nullopt;
+  return Clock::now() + absl::ToChronoNanoseconds(std::max(*remaining, absl::ZeroDuration()));
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GlmServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  CallStarted();
+  auto* reactor = new GenerateReactor(this, context);
+  reactor->Start(*request);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GlmServiceImpl::Forward(grpc::CallbackServerContext* context,
+                                                  const v1::ForwardRequest* request,
+                                                  v1::ForwardResponse* response) {
+  CallStarted();
+  auto* reactor = new ForwardReactor(this, context, response);
+  reactor->Start(*request);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GlmServiceImpl::CloseSession(grpc::CallbackServerContext* context,
+                                                       const v1::CloseSessionRequest* request,
+                                                       v1::CloseSessionResponse* response) {
+  CallStarted();
+  auto* reactor = new SimpleReactor(this, context, Rpc::kCloseSession);
+  grpc::Status status;
+  const Backend* backend = Admit(context, &status);
+  if (backend != nullptr) {
+    // A mutex and a map lookup on the engine's session registry: no waiting on compute.
+    status = request->session_id().empty()
+                 ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty")
+                 : ToGrpcStatus(backend->engine->CloseSession(request->session_id()));
+  }
+  reactor->Reply(std::move(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GlmServiceImpl::GetModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::GetModelInfoRequest* request,
+                                                       v1::ModelInfo* response) {
+  CallStarted();
+  auto* reactor = new SimpleReactor(this, context, Rpc::kGetModelInfo);
+  grpc::Status status;
+  const Backend* backend = Admit(context, &status);
+  if (backend != nullptr) *response = backend->info;
+  reactor->Reply(std::move(status));
+  return reactor;
+}
+
+}  // namespace glmserve

@@ -1,0 +1,101 @@
+// GlmService over the engine, with the gRPC callback API.
+//
+// No reaction blocks: handlers validate and Submit (the engine only queues), the engine
+// thread does the compute and hands each event to its reactor through a mutex-protected
+// queue, and whichever thread finds no write in flight starts the next one. OnCancel
+// cancels the engine request, which frees its KV blocks before the engine's next step.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/engine.h"
+#include "glmserve/v1/glmserve.grpc.pb.h"
+#include "server/convert.h"
+#include "server/executor.h"
+#include "server/metrics.h"
+
+namespace glmserve {
+
+struct ServiceOptions {
+  int64_t max_concurrent_streams = 256;  // Generate streams in flight; 0: no limit
+  // Applied to calls without a deadline; zero: none.
+  absl::Duration default_deadline = absl::ZeroDuration();
+  // Longer (or absent, when no default applies) deadlines are shortened to this; zero: none.
+  absl::Duration max_deadline = absl::ZeroDuration();
+  // Accepted bearer tokens; empty: no authentication.
+  std::vector<std::string> auth_tokens;
+  int encoder_threads = 2;  // Forward response encoding (see Executor)
+};
+
+// What the service serves once the model is loaded and warmed up.
+struct Backend {
+  glm::Engine* engine = nullptr;
+  ServingLimits limits;
+  v1::ModelInfo info;
+};
+
+class GlmServiceImpl final : public v1::GlmService::CallbackService {
+ public:
+  GlmServiceImpl(ServiceOptions options, Metrics* metrics);
+  ~GlmServiceImpl() override;
+
+  // Starts serving `backend` (until then every call is UNAVAILABLE). Called once; the engine
+  // must outlive every call (GlmServer shuts the gRPC server down before destroying it).
+  void Attach(std::unique_ptr<Backend> backend);
+  // New calls are refused with UNAVAILABLE from now on; calls in flight continue.
+  void StartDraining() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  // Calls of this service in flight (accepted or not, until their reactor is done).
+  int64_t calls_in_flight() const { return in_flight_.load(); }
+  // Waits until no call is in flight or `deadline` passes; true when idle.
+  bool WaitIdle(absl::Time deadline);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    const v1::ForwardRequest* request,
+                                    v1::ForwardResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+ private:
+  friend class GenerateReactor;
+  friend class ForwardReactor;
+  friend class SimpleReactor;
+
+  // The checks every call passes before any engine work, in order: bearer token
+  // (UNAUTHENTICATED), draining (UNAVAILABLE), loaded and warmed up (UNAVAILABLE). Returns
+  // the backend, or the status to finish with.
+  const Backend* Admit(grpc::CallbackServerContext* context, grpc::Status* status) const;
+  bool Authorized(grpc::CallbackServerContext* context) const;
+  // The engine deadline of a call: its own, bounded by max_deadline, or the default.
+  std::optional<glm::SteadyTime> EngineDeadline(grpc::CallbackServerContext* context) const;
+  bool AcquireStream();
+  void ReleaseStream();
+  void CallStarted();
+  void CallDone();
+
+  const ServiceOptions options_;
+  Metrics* const metrics_;
+  Executor encoder_;
+  std::unique_ptr<Backend> backend_owner_;
+  std::atomic<const Backend*> backend_{nullptr};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> streams_{0};
+  std::atomic<int64_t> in_flight_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+};
+
+}  // namespace glmserve
