@@ -1,6 +1,7 @@
 #include "core/kv_cache.h"
 
 #include <cassert>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,14 +37,22 @@ KvCache::KvCache(const KvCacheShape& shape)
             shape.head_dim),
       allocator_(static_cast<int32_t>(shape.num_blocks)) {}
 
+KvCache::KvCache(const KvCacheShape& shape, void* storage, DType dtype,
+                 std::function<void(void*)> deleter)
+    : shape_(shape),
+      dtype_(dtype),
+      external_storage_(true),
+      external_(storage, std::move(deleter)),
+      allocator_(static_cast<int32_t>(shape.num_blocks)) {}
+
 absl::Status KvCache::Reserve(BlockTable* table, int64_t tokens) {
   const int64_t needed = (tokens + shape_.block_size - 1) / shape_.block_size;
   const int64_t missing = needed - static_cast<int64_t>(table->size());
   if (missing <= 0) return absl::OkStatus();
   if (missing > allocator_.num_free()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: ", tokens, " tokens need ", missing, " more blocks, ",
-                     allocator_.num_free(), " free of ", allocator_.num_blocks()));
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", tokens, " tokens need ", missing,
+                                                     " more blocks, ", allocator_.num_free(),
+                                                     " free of ", allocator_.num_blocks()));
   }
   for (int64_t i = 0; i < missing; ++i) table->push_back(allocator_.Allocate());
   return absl::OkStatus();

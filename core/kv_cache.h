@@ -3,13 +3,17 @@
 //
 // A block id names the same slot range in every layer (as in vLLM), so one block table
 // serves the whole layer span. Keys and values are stored in fp32 on the CPU backend, so the
-// cache adds no rounding to the exact path.
+// cache adds no rounding to the exact path. Another backend (CUDA) can hand the cache storage
+// it owns (device memory, bf16): the layout and the block bookkeeping stay the same.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/dtype.h"
 
 namespace glm {
 
@@ -48,13 +52,36 @@ struct KvCacheShape {
 
 class KvCache {
  public:
+  // Host fp32 storage, owned by the cache.
   explicit KvCache(const KvCacheShape& shape);
+  // Storage owned elsewhere (e.g. GPU memory): `storage` holds num_elements() values of
+  // `dtype` in the same layout as the host cache and is released with `deleter` when the
+  // last copy of this cache goes (copies share it). keys() / values() address host fp32
+  // storage only, so they must not be used on such a cache: its backend uses storage() and
+  // ElementOffset().
+  KvCache(const KvCacheShape& shape, void* storage, DType dtype,
+          std::function<void(void*)> deleter);
 
   const KvCacheShape& shape() const { return shape_; }
   int64_t kv_dim() const { return shape_.kv_heads * shape_.head_dim; }
   int64_t capacity_tokens() const { return shape_.num_blocks * shape_.block_size; }
   // Bytes of K and V storage per token across the span's layers.
-  int64_t bytes_per_token() const { return 2 * shape_.num_layers * kv_dim() * sizeof(float); }
+  int64_t bytes_per_token() const { return 2 * shape_.num_layers * kv_dim() * DTypeSize(dtype_); }
+
+  // True for the plain constructor's host fp32 storage (the CPU backend's cache).
+  bool host_fp32() const { return !external_storage_; }
+  DType dtype() const { return dtype_; }
+  // Elements of K and V storage: [num_layers, num_blocks, 2 (k, v), block_size, kv_dim].
+  int64_t num_elements() const {
+    return shape_.num_layers * shape_.num_blocks * 2 * shape_.block_size * kv_dim();
+  }
+  // The start of the storage (host or device memory, of dtype()).
+  void* storage() { return external_storage_ ? external_.get() : data_.data(); }
+  const void* storage() const { return external_storage_ ? external_.get() : data_.data(); }
+  // Element offset of the key (kind 0) or value (kind 1) rows of `block` in `layer`.
+  int64_t ElementOffset(int64_t layer, int32_t block, int kind) const {
+    return Offset(layer, block, kind);
+  }
 
   // Key / value rows of one block in one layer: [block_size, kv_heads * head_dim].
   float* keys(int64_t layer, int32_t block) { return data_.data() + Offset(layer, block, 0); }
@@ -81,7 +108,10 @@ class KvCache {
   }
 
   KvCacheShape shape_;
+  DType dtype_ = DType::kF32;
   std::vector<float> data_;  // [num_layers, num_blocks, 2 (k, v), block_size, kv_dim]
+  bool external_storage_ = false;
+  std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;
 };
 

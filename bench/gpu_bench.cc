@@ -1,0 +1,306 @@
+// gpu_bench: the CUDA backend's throughput against the machine's own limits, measured in the
+// same run. First the device copy bandwidth (cudaMemcpy device to device, read + write bytes)
+// and the cuBLAS bf16 GEMM rate (the same cublasGemmEx call the model makes). Then, on a
+// GLM-4.5-Air-shaped stack of a few real-width layers with seeded random weights:
+//   decode at several batch sizes: tokens/s and the fraction of the copy bandwidth achieved,
+//     counting the bytes a step must read (every non-routed weight, the routed experts the
+//     step actually used, the KV cache of every sequence);
+//   prefill: tokens/s and the fraction of the GEMM rate achieved by the step's GEMM FLOPs.
+// Prints one table at the end. Built only with the CUDA backend.
+//
+//   gpu_bench --model=glm-4.5-air:layers=2 --batches=1,8,64 --context=512
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "core/checkpoint.h"
+#include "core/cuda/cublas_api.h"
+#include "core/cuda/cuda_model.h"
+#include "core/cuda/cuda_runner.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/gemm.h"
+
+ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2", "preset with seeded random bf16 weights");
+ABSL_FLAG(std::string, batches, "1,8,64", "decode batch sizes");
+ABSL_FLAG(int, context, 512, "prompt tokens per sequence before the timed decode steps");
+ABSL_FLAG(int, decode_steps, 32, "timed decode steps per batch size");
+ABSL_FLAG(int, prefill_tokens, 2048, "tokens of the timed single-sequence prefill step");
+ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decode contexts");
+ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
+ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
+ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
+
+namespace glm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Row {
+  std::string name, value, detail, fraction;
+};
+
+#define BENCH_CHECK(expr)                                                               \
+  do {                                                                                  \
+    if (absl::Status s_ = (expr); !s_.ok()) {                                           \
+      std::fprintf(stderr, "gpu_bench: %s failed: %s\n", #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (false)
+
+// Every CUDA / cuBLAS call is checked; the benchmark stops at the first failure.
+void CudaOk(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "gpu_bench: %s failed: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void CublasOk(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "gpu_bench: %s failed: %s\n", what, glm::cuda::Cublas().status_string(s));
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "gpu_bench: %s failed: %s\n", what, v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(v);
+}
+
+double ElapsedMs(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0.f;
+  CudaOk(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  return ms;
+}
+
+// Device-to-device copy rate, read + write bytes per second.
+double CopyBandwidth() {
+  const size_t bytes = static_cast<size_t>(absl::GetFlag(FLAGS_copy_mib)) << 20;
+  cuda::DeviceBuffer src = Check(cuda::DeviceBuffer::Create(bytes), "alloc");
+  cuda::DeviceBuffer dst = Check(cuda::DeviceBuffer::Create(bytes), "alloc");
+  cuda::Event start = Check(cuda::CreateEvent(true), "event");
+  cuda::Event stop = Check(cuda::CreateEvent(true), "event");
+  BENCH_CHECK(cuda::FillDevice(src.get(), 1, bytes));
+  CudaOk(cudaMemcpy(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "warm-up copy");
+  const int reps = 20;
+  CudaOk(cudaEventRecord(start.get()), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) {
+    CudaOk(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "copy");
+  }
+  CudaOk(cudaEventRecord(stop.get()), "cudaEventRecord");
+  BENCH_CHECK(cuda::SynchronizeDevice());
+  return 2.0 * bytes * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
+}
+
+// cuBLAS bf16 x bf16 -> fp32 GEMM rate (FLOP/s) at m = n = k = size.
+double GemmRate(int64_t size) {
+  cuda::CublasHandle handle = Check(cuda::CreateCublas(), "cublas");
+  cuda::DeviceBuffer a = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
+  cuda::DeviceBuffer b = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
+  cuda::DeviceBuffer c = Check(cuda::DeviceBuffer::Create(size * size * 4), "alloc");
+  cuda::DeviceBuffer workspace = Check(cuda::DeviceBuffer::Create(32 << 20), "alloc");
+  CublasOk(glm::cuda::Cublas().set_workspace(handle.get(), workspace.get(), 32 << 20),
+           "cublasSetWorkspace");
+  BENCH_CHECK(cuda::FillDevice(a.get(), 0x3c, size * size * 2));  // bf16 0x3c3c ~ 0.0115
+  BENCH_CHECK(cuda::FillDevice(b.get(), 0x3c, size * size * 2));
+  const auto run = [&] {
+    BENCH_CHECK(cuda::Gemm(handle.get(), {a.get(), CUDA_R_16BF, size}, size, size,
+                           {b.get(), CUDA_R_16BF, size}, size, c.get(), CUDA_R_32F, size));
+  };
+  run();
+  cuda::Event start = Check(cuda::CreateEvent(true), "event");
+  cuda::Event stop = Check(cuda::CreateEvent(true), "event");
+  const int reps = 10;
+  CudaOk(cudaEventRecord(start.get()), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) run();
+  CudaOk(cudaEventRecord(stop.get()), "cudaEventRecord");
+  BENCH_CHECK(cuda::SynchronizeDevice());
+  return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
+}
+
+// GEMM FLOPs per token of the span's projections (routed: top_k experts; lm_head excluded).
+double GemmFlopsPerToken(const ModelConfig& c, int64_t layers) {
+  double f = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    f += 2.0 * c.hidden_size * (c.q_dim() + 2 * c.kv_dim()) + 2.0 * c.hidden_size * c.q_dim();
+    if (c.is_moe_layer(l)) {
+      f += 2.0 * c.hidden_size * c.n_routed_experts;
+      f += 2.0 * 3 * c.hidden_size * c.moe_intermediate_size *
+           (c.num_experts_per_tok + c.n_shared_experts);
+    } else {
+      f += 2.0 * 3 * c.hidden_size * c.intermediate_size;
+    }
+  }
+  return f;
+}
+
+// Runs `ids` of each sequence through the model in steps of at most `chunk` tokens.
+void Prefill(cuda::CudaModel& model, KvCache* cache, std::vector<BlockTable>& tables,
+             int64_t tokens_each, int64_t chunk) {
+  std::vector<int32_t> ids;
+  ForwardOptions options;
+  options.logits = LogitsRows::kNone;
+  ForwardResult result;
+  for (size_t first = 0; first < tables.size();) {
+    ForwardBatch batch;
+    ids.clear();
+    int64_t used = 0;
+    size_t s = first;
+    for (; s < tables.size() && (used == 0 || used + tokens_each <= chunk); ++s) {
+      batch.sequences.push_back({tokens_each, 0, &tables[s]});
+      for (int64_t i = 0; i < tokens_each; ++i) {
+        ids.push_back(static_cast<int32_t>((i * 7919 + s * 104729) % model.config().vocab_size));
+      }
+      used += tokens_each;
+    }
+    batch.token_ids = ids;
+    BENCH_CHECK(model.Forward(batch, cache, options, &result));
+    first = s;
+  }
+}
+
+int Main() {
+  if (!CudaDeviceAvailable()) {
+    std::fprintf(stderr, "gpu_bench: %s\n", CudaDeviceDescription().c_str());
+    return 1;
+  }
+  std::vector<Row> rows;
+  std::printf("gpu_bench: %s\n", CudaDeviceDescription().c_str());
+  const double bandwidth = CopyBandwidth();
+  rows.push_back({"D2D copy bandwidth (read+write)", absl::StrFormat("%.0f GB/s", bandwidth / 1e9),
+                  absl::StrFormat("%d MiB cudaMemcpyAsync x20", absl::GetFlag(FLAGS_copy_mib)),
+                  "-"});
+  const int64_t gemm_size = absl::GetFlag(FLAGS_gemm_size);
+  const double gemm_rate = GemmRate(gemm_size);
+  rows.push_back({absl::StrFormat("cuBLAS bf16 GEMM %d^3", gemm_size),
+                  absl::StrFormat("%.0f TFLOP/s", gemm_rate / 1e12),
+                  "cublasGemmEx bf16 in, fp32 out", "-"});
+  std::printf("gpu_bench: copy %.0f GB/s, GEMM %.0f TFLOP/s\n", bandwidth / 1e9, gemm_rate / 1e12);
+
+  const std::string spec = absl::GetFlag(FLAGS_model);
+  ModelConfig config = Check(PresetConfig(spec), "preset");
+  auto t0 = Clock::now();
+  RandomWeightOptions random;
+  random.dtype = DType::kBF16;
+  ModelWeights weights = Check(RandomWeights(config, random), "random weights");
+  const double gen_s = Since(t0);
+  t0 = Clock::now();
+  std::unique_ptr<cuda::CudaModel> model =
+      Check(cuda::CudaModel::Create(std::move(weights)), "upload");
+  model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  std::printf("gpu_bench: %s weights %.2f GB (generated %.1f s, uploaded %.1f s)\n", spec.c_str(),
+              model->weight_bytes() / 1e9, gen_s, Since(t0));
+  const int64_t layers = model->num_span_layers();
+  const cuda::DeviceWeights& dw = model->device_weights();
+  const int64_t block = 16;
+
+  // Prefill: one sequence, the whole prompt in one step.
+  {
+    const int64_t n = absl::GetFlag(FLAGS_prefill_tokens);
+    std::unique_ptr<KvCache> cache = Check(model->CreateCache(n / block + 2, block), "cache");
+    std::vector<BlockTable> tables(1);
+    BENCH_CHECK(cache->Reserve(&tables[0], n));
+    Prefill(*model, cache.get(), tables, n, n);  // warm-up (arena growth, cuBLAS heuristics)
+    const int reps = 3;
+    t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) Prefill(*model, cache.get(), tables, n, n);
+    const double step = Since(t0) / reps;
+    const double flops = GemmFlopsPerToken(model->config(), layers) * n;
+    const double attn_flops =
+        4.0 * model->config().q_dim() * (static_cast<double>(n) * (n + 1) / 2) * layers;
+    rows.push_back({absl::StrFormat("prefill %d tokens", n),
+                    absl::StrFormat("%.0f tok/s", n / step),
+                    absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP",
+                                    step * 1e3, flops / 1e12, attn_flops / 1e12),
+                    absl::StrFormat("%.1f%% of GEMM rate", 100.0 * flops / step / gemm_rate)});
+  }
+
+  // Decode at each batch size.
+  const int64_t context = absl::GetFlag(FLAGS_context);
+  const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int64_t batch_size = 0;
+    if (!absl::SimpleAtoi(b, &batch_size) || batch_size <= 0) continue;
+    const int64_t per_seq = (context + steps + 8 + block - 1) / block;
+    std::unique_ptr<KvCache> cache =
+        Check(model->CreateCache(batch_size * per_seq, block), "cache");
+    std::vector<BlockTable> tables(batch_size);
+    for (BlockTable& t : tables) BENCH_CHECK(cache->Reserve(&t, context + steps + 8));
+    Prefill(*model, cache.get(), tables, context, absl::GetFlag(FLAGS_prefill_chunk));
+    ForwardBatch batch;
+    std::vector<int32_t> ids(batch_size);
+    ForwardOptions options;  // logits of every sequence's new token, as serving does
+    ForwardResult result;
+    int64_t pos = context;
+    const auto step = [&] {
+      batch.sequences.clear();
+      for (int64_t s = 0; s < batch_size; ++s) {
+        batch.sequences.push_back({1, pos, &tables[s]});
+        ids[s] = static_cast<int32_t>((pos * 31 + s) % model->config().vocab_size);
+      }
+      batch.token_ids = ids;
+      BENCH_CHECK(model->Forward(batch, cache.get(), options, &result));
+      ++pos;
+    };
+    for (int i = 0; i < 3; ++i) step();  // warm-up: graph capture
+    t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) step();
+    const double step_s = Since(t0) / steps;
+    // Bytes the steps had to read: the experts the last steps used (sampled over 4 more).
+    double experts = 0;
+    for (int i = 0; i < 4; ++i) {
+      step();
+      experts += static_cast<double>(Check(model->LastStepActiveExperts(), "experts")) / 4;
+    }
+    const double kv_bytes =
+        static_cast<double>(model->kv_bytes_per_token()) * batch_size * (context + steps / 2.0);
+    const double bytes = dw.dense_step_bytes + experts * dw.routed_expert_bytes + kv_bytes;
+    rows.push_back({absl::StrFormat("decode batch %d", batch_size),
+                    absl::StrFormat("%.0f tok/s", batch_size / step_s),
+                    absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",
+                                    step_s * 1e3, bytes / 1e9, experts, kv_bytes / 1e9),
+                    absl::StrFormat("%.1f%% of copy bw", 100.0 * bytes / step_s / bandwidth)});
+  }
+
+  std::printf("\n%s, %s (%lld layers, graphs %s: %lld captured, %lld launches)\n",
+              model->device_name().c_str(), spec.c_str(), static_cast<long long>(layers),
+              absl::GetFlag(FLAGS_cuda_graphs) ? "on" : "off",
+              static_cast<long long>(model->graphs_captured()),
+              static_cast<long long>(model->graph_launches()));
+  size_t w0 = 0, w1 = 0, w3 = 0;
+  for (const Row& r : rows) {
+    w0 = std::max(w0, r.name.size());
+    w1 = std::max(w1, r.value.size());
+    w3 = std::max(w3, r.fraction.size());
+  }
+  for (const Row& r : rows) {
+    std::printf("| %-*s | %*s | %-*s | %s\n", static_cast<int>(w0), r.name.c_str(),
+                static_cast<int>(w1), r.value.c_str(), static_cast<int>(w3), r.fraction.c_str(),
+                r.detail.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace glm
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return glm::Main();
+}

@@ -1,0 +1,173 @@
+// CudaModel's per-step work: the embedding, each decoder layer (attention and FFN / MoE
+// blocks) and the logits head, enqueued on the model's stream. Nothing here waits for the
+// device except the large-batch MoE path, which reads the per-expert row counts back to
+// size its cuBLAS GEMMs (steps captured as CUDA graphs never take it).
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_model.h"
+#include "core/cuda/gemm.h"
+#include "core/cuda/kernels.h"
+
+namespace glm::cuda {
+namespace {
+
+GemmOperand Bf16(const uint16_t* data, int64_t ld) { return {data, CUDA_R_16BF, ld}; }
+GemmOperand F32(const float* data, int64_t ld) { return {data, CUDA_R_32F, ld}; }
+
+}  // namespace
+
+absl::Status CudaModel::EnqueueEmbedding() {
+  GLM_CUDA_RETURN_IF_ERROR(LaunchEmbedding(weights_.embed, meta(meta_layout_.ids()), plan_.tokens,
+                                           config_.hidden_size, a_.h, stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pending) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& l = weights_.layers[layer];
+  const int64_t t = plan_.tokens;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // h += previous FFN output (if any); x = RMSNorm_in(h).
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, *pending ? a_.delta : nullptr, l.input_norm, t,
+                                            c.hidden_size, eps, nullptr, a_.x, nullptr,
+                                            stream_.get()));
+  *pending = false;
+  GLM_RETURN_IF_ERROR(EnqueueAttention(layer, cache));
+  // h += attention output; x = RMSNorm_post(h), in fp32 too for the router.
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, a_.delta, l.post_norm, t, c.hidden_size, eps,
+                                            nullptr, a_.x, l.is_moe ? a_.x32 : nullptr,
+                                            stream_.get()));
+  if (l.is_moe) {
+    GLM_RETURN_IF_ERROR(
+        EnqueueMoe(layer, t, t * c.num_experts_per_tok <= options_.device_moe_max_pairs));
+  } else {
+    GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, t));
+  }
+  *pending = true;  // delta holds the FFN output, added to h by the next norm or Resolve
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& l = weights_.layers[layer];
+  const int64_t t = plan_.tokens;
+  const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
+                           Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
+  uint16_t* cache_layer =
+      static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+  QkvShape qkv_shape;
+  qkv_shape.heads = c.num_attention_heads;
+  qkv_shape.kv_heads = c.num_key_value_heads;
+  qkv_shape.head_dim = c.head_dim;
+  qkv_shape.rotary_dim = c.rotary_dim();
+  GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKv(
+      a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, static_cast<float>(c.rms_norm_eps),
+      weights_.inv_freq, meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer,
+      cache->shape().block_size, stream_.get()));
+  AttentionShape shape;
+  shape.heads = c.num_attention_heads;
+  shape.kv_heads = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.block_size = cache->shape().block_size;
+  shape.q_stride = qkv_width;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+                           meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
+                           attn_scratch_, a_.attn, stream_.get()));
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
+                           Bf16(a_.attn, c.q_dim()), t, a_.delta, CUDA_R_32F, c.hidden_size));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
+  const int64_t hidden = config_.hidden_size, width = ffn.width;
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
+                           Bf16(a_.x, hidden), rows, a_.gate_up, CUDA_R_32F, 2 * width));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream_.get()));
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.down, width), hidden, width, Bf16(a_.act, width),
+                           rows, a_.delta, CUDA_R_32F, hidden));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_path) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& l = weights_.layers[layer];
+  const int64_t hidden = c.hidden_size, n_experts = c.n_routed_experts;
+  const int64_t top_k = c.num_experts_per_tok, width = c.moe_intermediate_size;
+  const int64_t pairs = tokens * top_k;
+  cudaStream_t stream = stream_.get();
+  // Router in fp32 on the fp32 normed input, as the reference.
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), F32(l.router, hidden), n_experts, hidden,
+                           F32(a_.x32, hidden), tokens, a_.router_logits, CUDA_R_32F, n_experts));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchRouter(a_.router_logits, tokens, l.router_bias, router_,
+                                        a_.topk_ids, a_.topk_w, stream));
+  int32_t* offsets = expert_offsets_ + layer * (n_experts + 1);
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
+  if (device_path) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemv(l.experts_gate_up, 2 * width, hidden, n_experts,
+                                              offsets, a_.xp, a_.gate_up, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchExpertGemv(l.experts_down, hidden, width, n_experts, offsets, a_.act, a_.yp, stream));
+  } else {
+    // Per-expert row counts to the host, then one GEMM per active expert and projection.
+    int32_t* host = offsets_host_.as<int32_t>() + layer * (n_experts + 1);
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, offsets, sizeof(int32_t) * (n_experts + 1),
+                                             cudaMemcpyDeviceToHost, stream));
+    GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    if (host[n_experts] != pairs) {
+      return absl::InternalError(absl::StrCat("MoE grouping placed ", host[n_experts], " of ",
+                                              pairs, " (token, expert) pairs"));
+    }
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t first = host[e], rows = host[e + 1] - host[e];
+      if (rows == 0) continue;
+      GLM_RETURN_IF_ERROR(Gemm(cublas_.get(),
+                               Bf16(l.experts_gate_up + e * 2 * width * hidden, hidden), 2 * width,
+                               hidden, Bf16(a_.xp + first * hidden, hidden), rows,
+                               a_.gate_up + first * 2 * width, CUDA_R_32F, 2 * width));
+    }
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t first = host[e], rows = host[e + 1] - host[e];
+      if (rows == 0) continue;
+      GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_down + e * hidden * width, width),
+                               hidden, width, Bf16(a_.act + first * width, width), rows,
+                               a_.yp + first * hidden, CUDA_R_32F, hidden));
+    }
+  }
+  // The shared expert writes delta (reusing gate_up / act after the routed experts are done
+  // with them: same stream), then the routed sum is added to it.
+  if (l.shared.present()) GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.shared, tokens));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchMoeCombine(a_.yp, a_.pair_pos, a_.topk_ids, a_.topk_w, tokens,
+                                            top_k, hidden, l.shared.present(), a_.delta, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueResolve(bool* pending) {
+  if (*pending) {
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchAdd(a_.h, a_.delta, plan_.tokens * config_.hidden_size, stream_.get()));
+    *pending = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
+  const ModelConfig& c = config_;
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(
+      a_.h, nullptr, weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+      meta(meta_layout_.logit_index() + row_begin), head_x_, nullptr, stream_.get()));
+  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(weights_.lm_head, c.hidden_size), c.vocab_size,
+                           c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
+                           c.vocab_size));
+  return absl::OkStatus();
+}
+
+}  // namespace glm::cuda

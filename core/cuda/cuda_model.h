@@ -1,0 +1,185 @@
+// CudaModel: the GLM-4.5 stack on one NVIDIA GPU, behind the same ModelRunner interface as
+// the CPU Model (core/model.h) and computing the same forward (see there and
+// shared/reference/glm-4.5.md), in bf16 weights and activations with fp32 accumulation:
+//
+//   h (fp32 residual) = embed(tokens)
+//   per layer:  x = RMSNorm_in(h [+= previous FFN output])          (norm.cu, fused add)
+//               qkv = x Wqkv^T (cuBLAS), + bias, QK-norm, RoPE, KV write  (rope.cu)
+//               attn = paged causal attention (attention.cu); delta = attn Wo^T
+//               x = RMSNorm_post(h += delta)  (+ an fp32 copy for the router)
+//               delta = dense SwiGLU FFN, or MoE: router (fp32) -> group by expert ->
+//                       expert GEMMs -> weighted fp32 combine + shared expert   (moe.cu)
+//   logits = RMSNorm_final(h[rows]) lm_head^T -> host fp32
+//
+// Memory: weights uploaded once (core/cuda/device_weights.h); an activation arena sized for
+// the largest step seen (it grows, never shrinks); the paged KV cache in device memory (bf16,
+// the host cache's layout; block ids index it directly); one int32 metadata transfer per
+// step through pinned memory; logits back through pinned memory.
+//
+// Decode steps (every sequence one new token, no hidden states requested, at most 128
+// sequences) run as CUDA graphs captured per batch-size bucket (1, 2, 4, ..., 128 rows,
+// padded); set CudaModelOptions::cuda_graphs = false or GLMSERVE_CUDA_GRAPHS=0 to disable.
+//
+// Not thread-safe: one engine thread owns a CudaModel and its caches.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/device_weights.h"
+#include "core/cuda/row_math.h"
+#include "core/cuda/step_plan.h"
+#include "core/model_runner.h"
+
+namespace glm::cuda {
+
+struct CudaModelOptions {
+  int device = 0;
+  // Capture decode steps as CUDA graphs (see above). GLMSERVE_CUDA_GRAPHS=0 overrides.
+  bool cuda_graphs = true;
+  // MoE layers of steps with at most this many (token, expert) pairs run the device-driven
+  // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
+  // row counts back to the host and run one cuBLAS GEMM per active expert.
+  int64_t device_moe_max_pairs = 1024;
+};
+
+class CudaModel final : public ModelRunner {
+ public:
+  // Uploads `weights` to GPU `options.device` (host copies are released afterwards).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(ModelWeights weights,
+                                                           const CudaModelOptions& options = {});
+  ~CudaModel() override;
+
+  const ModelConfig& config() const override { return config_; }
+  int64_t layer_begin() const override { return layer_begin_; }
+  int64_t layer_end() const override { return layer_end_; }
+  std::string device_name() const override { return device_name_; }
+  int64_t weight_bytes() const override { return weights_.bytes; }
+  int64_t kv_bytes_per_token() const override;
+  // A cache in device memory (bf16, zero-filled).
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
+                                                       int64_t block_size) override;
+  // As Model::Forward; `cache` must come from a CudaModel's CreateCache.
+  absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                       ForwardResult* result) override;
+
+  // For tests and the benchmark.
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  void set_device_moe_max_pairs(int64_t pairs) { options_.device_moe_max_pairs = pairs; }
+  int64_t graphs_captured() const { return graphs_captured_; }
+  int64_t graph_launches() const { return graph_launches_; }
+  // Why graphs were switched off after a failed capture (empty if they were not).
+  const std::string& graph_error() const { return graph_error_; }
+  const DeviceWeights& device_weights() const { return weights_; }
+  // Distinct (MoE layer, routed expert) pairs the last Forward ran. Synchronises.
+  absl::StatusOr<int64_t> LastStepActiveExperts();
+  // Runs only the FFN block of span layer `layer` on x ([tokens, hidden], the block's normed
+  // input: rounded to bf16 for the GEMMs, fp32 for the router), with the MoE expert path
+  // chosen by `device_moe`; y: [tokens, hidden].
+  absl::Status RunFfnForTest(int64_t layer, absl::Span<const float> x, int64_t tokens,
+                             bool device_moe, std::vector<float>* y);
+
+ private:
+  // Device pointers into the activation arena, sized for token_cap_ rows.
+  struct Arena {
+    float* h = nullptr;              // [T, hidden] residual stream
+    float* delta = nullptr;          // [T, hidden] sub-block output, added at the next norm
+    uint16_t* x = nullptr;           // [T, hidden] normed input (bf16)
+    float* x32 = nullptr;            // [T, hidden] normed input (fp32, router)
+    float* qkv = nullptr;            // [T, q_dim + 2 kv_dim]; q rotated in place
+    uint16_t* attn = nullptr;        // [T, q_dim]
+    float* gate_up = nullptr;        // [rows, 2 width] (dense, shared or routed rows)
+    uint16_t* act = nullptr;         // [rows, width]
+    float* router_logits = nullptr;  // [T, E]
+    int32_t* topk_ids = nullptr;     // [T * K]
+    float* topk_w = nullptr;         // [T * K]
+    int32_t* sorted = nullptr;       // [T * K]
+    int32_t* pair_pos = nullptr;     // [T * K]
+    uint16_t* xp = nullptr;          // [T * K, hidden] expert inputs, grouped by expert
+    float* yp = nullptr;             // [T * K, hidden] expert outputs
+  };
+  using GraphKey = std::pair<int64_t, bool>;  // (padded rows, with logits)
+  struct GraphEntry {
+    GraphExec exec;
+    const void* cache_storage = nullptr;
+    int64_t block_size = 0;
+    int64_t num_blocks = 0;
+  };
+
+  CudaModel() = default;
+  absl::Status Init(ModelWeights weights, const CudaModelOptions& options);
+  absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
+  absl::Status EnsureCapacity(int64_t tokens, int64_t block_table_entries);
+  absl::Status UploadPlan();
+  bool GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const;
+  int ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const;
+  absl::Status CopyHidden(int64_t rows, std::vector<float>* out);
+
+  // Enqueue only; nothing here waits for the device except the host-grouped MoE path.
+  absl::Status EnqueueStepBody(KvCache* cache, bool logits);
+  absl::Status EnqueueEmbedding();
+  absl::Status EnqueueLayer(int64_t layer, KvCache* cache, bool* pending);
+  absl::Status EnqueueAttention(int64_t layer, KvCache* cache);
+  absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
+  absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
+  absl::Status EnqueueResolve(bool* pending);
+  absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
+  absl::Status RunGraph(KvCache* cache, bool logits);
+  absl::Status Capture(KvCache* cache, bool logits, GraphExec* exec);
+
+  const int32_t* meta(int64_t offset) const { return meta_device_.as<int32_t>() + offset; }
+
+  // Model facts.
+  ModelConfig config_;
+  int64_t layer_begin_ = 0;
+  int64_t layer_end_ = 0;
+  bool has_embedding_ = false;
+  bool has_head_ = false;
+  bool has_moe_ = false;
+  rowmath::RouterRowParams router_;
+  int tile_tokens_ = 1;
+
+  // Device and resources.
+  CudaModelOptions options_;
+  std::string device_name_;
+  int sm_count_ = 1;
+  Stream stream_;
+  DeviceBuffer cublas_workspace_;
+  CublasHandle cublas_;  // declared after its workspace and stream: destroyed before them
+  DeviceWeights weights_;
+
+  // Step state.
+  StepPlan plan_;
+  int num_splits_ = 1;
+  int64_t token_cap_ = 0;
+  DeviceBuffer arena_memory_;
+  Arena a_;
+  MetaLayout meta_layout_;
+  DeviceBuffer meta_device_;
+  PinnedBuffer meta_host_;
+  DeviceBuffer fixed_memory_;  // attention split scratch, expert offsets, logits chunk
+  float* attn_scratch_ = nullptr;
+  int32_t* expert_offsets_ = nullptr;  // [span layers, E + 1], kept for LastStepActiveExperts
+  uint16_t* head_x_ = nullptr;         // [kLogitChunk, hidden]
+  float* logits_ = nullptr;            // [kLogitChunk, vocab]
+  PinnedBuffer logits_host_;           // [kLogitChunk, vocab]
+  PinnedBuffer offsets_host_;          // [span layers, E + 1]
+  PinnedBuffer io_host_;               // hidden states in and out (grows)
+  bool last_step_valid_ = false;
+
+  // CUDA graphs.
+  std::map<GraphKey, GraphEntry> graphs_;
+  int64_t graphs_captured_ = 0;
+  int64_t graph_launches_ = 0;
+  std::string graph_error_;
+};
+
+}  // namespace glm::cuda

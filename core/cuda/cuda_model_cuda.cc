@@ -1,0 +1,543 @@
+// CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
+// work it enqueues is in cuda_layers_cuda.cc.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_model.h"
+
+#include "core/cuda/cublas_api.h"
+#include "core/cuda/kernels.h"
+
+namespace glm::cuda {
+namespace {
+
+constexpr int64_t kLogitChunk = 128;      // logits rows per lm_head GEMM (and graph bucket cap)
+constexpr int64_t kMaxGraphTokens = 128;  // largest decode batch captured as a graph
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+constexpr int64_t kMaxSplits = 16;
+constexpr int64_t kMinSplitKeys = 256;
+
+static_assert(kAttentionTileInts == kTileInts, "step_plan.h and kernels.h tile layouts differ");
+
+int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Graph buckets: powers of two.
+int64_t Bucket(int64_t tokens) {
+  int64_t b = 1;
+  while (b < tokens) b *= 2;
+  return b;
+}
+
+// Carves aligned pieces out of one allocation: a first pass with base 0 sizes it.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <typename T>
+  T* Take(int64_t count) {
+    offset_ = RoundUp(offset_, 256);
+    T* p = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset_);
+    offset_ += std::max<int64_t>(count, 0) * static_cast<int64_t>(sizeof(T));
+    return p;
+  }
+  int64_t size() const { return RoundUp(offset_, 256); }
+
+ private:
+  char* base_;
+  int64_t offset_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(ModelWeights weights,
+                                                             const CudaModelOptions& options) {
+  std::unique_ptr<CudaModel> model = absl::WrapUnique(new CudaModel());
+  GLM_RETURN_IF_ERROR(model->Init(std::move(weights), options));
+  return model;
+}
+
+CudaModel::~CudaModel() {
+  // Finish queued work before the buffers it uses go away (errors cannot be reported here).
+  if (stream_) cudaStreamSynchronize(stream_.get());
+}
+
+absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& options) {
+  config_ = weights.config;
+  layer_begin_ = weights.layer_begin;
+  layer_end_ = weights.layer_end;
+  has_embedding_ = weights.has_embedding();
+  has_head_ = weights.has_head();
+  options_ = options;
+  if (const char* env = std::getenv("GLMSERVE_CUDA_GRAPHS"); env != nullptr && env[0] == '0') {
+    options_.cuda_graphs = false;
+  }
+  const ModelConfig& c = config_;
+  for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
+  const int64_t group = c.num_attention_heads / c.num_key_value_heads;
+  if (c.head_dim > kMaxHeadDim || group > kMaxGqaGroup) {
+    return absl::UnimplementedError(
+        absl::StrCat("CUDA backend: head_dim ", c.head_dim, " (max ", kMaxHeadDim, ") or ", group,
+                     " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
+  }
+  if (has_moe_ && (c.n_routed_experts > rowmath::kMaxExperts ||
+                   c.num_experts_per_tok > rowmath::kMaxTopK || c.n_group > rowmath::kMaxGroups)) {
+    return absl::UnimplementedError(absl::StrCat("CUDA backend: at most ", rowmath::kMaxExperts,
+                                                 " experts, top-", rowmath::kMaxTopK, ", ",
+                                                 rowmath::kMaxGroups, " groups"));
+  }
+  router_.n_experts = static_cast<int>(c.n_routed_experts);
+  router_.top_k = static_cast<int>(c.num_experts_per_tok);
+  router_.n_group = static_cast<int>(c.n_group);
+  router_.topk_group = static_cast<int>(c.topk_group);
+  router_.norm_topk_prob = c.norm_topk_prob;
+  router_.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  tile_tokens_ = AttentionTileTokens(group);
+
+  GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  cudaDeviceProp prop;
+  GLM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+  device_name_ = absl::StrCat("cuda:", options_.device, " ", prop.name);
+  sm_count_ = std::max(1, prop.multiProcessorCount);
+  GLM_CUDA_RETURN_IF_ERROR(PrepareKernels());
+
+  absl::StatusOr<Stream> stream = CreateStream();
+  if (!stream.ok()) return stream.status();
+  stream_ = *std::move(stream);
+  absl::StatusOr<CublasHandle> cublas = CreateCublas();
+  if (!cublas.ok()) return cublas.status();
+  cublas_ = *std::move(cublas);
+  absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Create(kCublasWorkspaceBytes);
+  if (!workspace.ok()) return workspace.status();
+  cublas_workspace_ = *std::move(workspace);
+  // Stream first: cublasSetStream resets the workspace to cuBLAS's own pool. A workspace of
+  // our own keeps cuBLAS from allocating during graph capture.
+  GLM_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_.get(), stream_.get()));
+  GLM_CUBLAS_RETURN_IF_ERROR(
+      Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
+
+  absl::StatusOr<DeviceWeights> uploaded = UploadWeights(weights, stream_.get());
+  if (!uploaded.ok()) return uploaded.status();
+  weights_ = *std::move(uploaded);
+  weights = ModelWeights{};  // release the host copies (file mappings, random buffers)
+
+  // Buffers whose size does not depend on the step. The split scratch covers any split
+  // choice of ChooseSplits: tiles * kv_heads * splits < 4 * SMs whenever splits > 1.
+  const int64_t span_layers = layer_end_ - layer_begin_;
+  const int64_t offsets_count = has_moe_ ? span_layers * (c.n_routed_experts + 1) : 0;
+  const int64_t scratch_floats =
+      AttentionScratchFloats(2 * sm_count_, 1, group, c.head_dim, /*num_splits=*/2);
+  const auto carve = [&](Carver& cv) {
+    attn_scratch_ = cv.Take<float>(scratch_floats);
+    expert_offsets_ = cv.Take<int32_t>(offsets_count);
+    head_x_ = cv.Take<uint16_t>(has_head_ ? kLogitChunk * c.hidden_size : 0);
+    logits_ = cv.Take<float>(has_head_ ? kLogitChunk * c.vocab_size : 0);
+  };
+  Carver sizer(nullptr);
+  carve(sizer);
+  absl::StatusOr<DeviceBuffer> fixed = DeviceBuffer::Create(static_cast<size_t>(sizer.size()));
+  if (!fixed.ok()) return fixed.status();
+  fixed_memory_ = *std::move(fixed);
+  Carver carver(static_cast<char*>(fixed_memory_.get()));
+  carve(carver);
+  if (has_head_) {
+    absl::StatusOr<PinnedBuffer> host =
+        PinnedBuffer::Create(sizeof(float) * kLogitChunk * c.vocab_size);
+    if (!host.ok()) return host.status();
+    logits_host_ = *std::move(host);
+  }
+  if (offsets_count > 0) {
+    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * offsets_count);
+    if (!host.ok()) return host.status();
+    offsets_host_ = *std::move(host);
+  }
+  return EnsureCapacity(256, 1024);
+}
+
+int64_t CudaModel::kv_bytes_per_token() const {
+  return 2 * (layer_end_ - layer_begin_) * config_.kv_dim() * 2;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_blocks,
+                                                                int64_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError("KV cache needs a positive block count and block size");
+  }
+  if (num_blocks * block_size > int64_t{1} << 30) {
+    return absl::InvalidArgumentError("CUDA KV cache: at most 2^30 token slots (int32 slot ids)");
+  }
+  KvCacheShape shape;
+  shape.num_layers = layer_end_ - layer_begin_;
+  shape.kv_heads = config_.num_key_value_heads;
+  shape.head_dim = config_.head_dim;
+  shape.block_size = block_size;
+  shape.num_blocks = num_blocks;
+  const int64_t elements = shape.num_layers * num_blocks * 2 * block_size * config_.kv_dim();
+  GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  void* storage = nullptr;
+  const size_t bytes = static_cast<size_t>(elements) * 2;
+  if (cudaMalloc(&storage, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a ", bytes, "-byte KV cache on ", device_name_));
+  }
+  // Zeros, so that never-written slots hold finite values. On the model's stream: a plain
+  // cudaMemset runs on the legacy stream, which a non-blocking stream does not wait for.
+  cudaError_t e = cudaMemsetAsync(storage, 0, bytes, stream_.get());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_.get());
+  if (e != cudaSuccess) {
+    cudaFree(storage);
+    return CudaError(e, "cudaMemsetAsync(kv cache)", __FILE__, __LINE__);
+  }
+  return std::make_unique<KvCache>(shape, storage, DType::kBF16, [](void* p) { cudaFree(p); });
+}
+
+absl::Status CudaModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
+  const ModelConfig& c = config_;
+  const KvCacheShape& cs = cache.shape();
+  if (cache.host_fp32() || cache.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError("KV cache was not created by the CUDA backend");
+  }
+  if (cs.num_layers != layer_end_ - layer_begin_ || cs.kv_heads != c.num_key_value_heads ||
+      cs.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("KV cache shape does not match the model");
+  }
+  const int64_t total = batch.total_tokens();
+  if (total == 0) return absl::InvalidArgumentError("empty batch");
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.num_tokens <= 0 || s.start_position < 0) {
+      return absl::InvalidArgumentError("each sequence needs at least one new token");
+    }
+    const int64_t end = s.start_position + s.num_tokens;
+    if (end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "position ", end - 1, " is past max_position_embeddings ", c.max_position_embeddings));
+    }
+    if (s.blocks == nullptr || static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
+      return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
+    }
+    for (int32_t b : *s.blocks) {
+      if (b < 0 || b >= cs.num_blocks) return absl::InvalidArgumentError("bad block id");
+    }
+  }
+  if (has_embedding_) {
+    if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("this span starts at layer 0: expected ", total, " token ids"));
+    }
+    for (int32_t id : batch.token_ids) {
+      if (id < 0 || id >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  } else if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
+             !batch.token_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("this span starts at layer ", layer_begin_,
+                                                   ": expected hidden states [", total, ", ",
+                                                   c.hidden_size, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entries) {
+  const ModelConfig& c = config_;
+  const bool grow_tokens = tokens > token_cap_;
+  const bool grow_meta = grow_tokens || block_table_entries > meta_layout_.block_table_cap;
+  if (!grow_tokens && !grow_meta) return absl::OkStatus();
+  // Reallocation moves buffers that queued work and captured graphs point to.
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  graphs_.clear();
+  last_step_valid_ = false;
+  if (grow_tokens) {
+    const int64_t t = RoundUp(std::max<int64_t>(tokens, 1), 256);
+    const int64_t p = t * c.num_experts_per_tok;
+    const int64_t hidden = c.hidden_size;
+    int64_t gu_rows_width = 0;  // max over FFN kinds of rows * width
+    for (const DeviceLayer& l : weights_.layers) {
+      if (!l.is_moe) gu_rows_width = std::max(gu_rows_width, t * l.dense.width);
+      if (l.is_moe) gu_rows_width = std::max(gu_rows_width, p * c.moe_intermediate_size);
+      if (l.shared.present()) gu_rows_width = std::max(gu_rows_width, t * l.shared.width);
+    }
+    const auto carve = [&](Carver& cv) {
+      a_.h = cv.Take<float>(t * hidden);
+      a_.delta = cv.Take<float>(t * hidden);
+      a_.x = cv.Take<uint16_t>(t * hidden);
+      a_.x32 = cv.Take<float>(has_moe_ ? t * hidden : 0);
+      a_.qkv = cv.Take<float>(t * (c.q_dim() + 2 * c.kv_dim()));
+      a_.attn = cv.Take<uint16_t>(t * c.q_dim());
+      a_.gate_up = cv.Take<float>(2 * gu_rows_width);
+      a_.act = cv.Take<uint16_t>(gu_rows_width);
+      const int64_t moe_p = has_moe_ ? p : 0;
+      a_.router_logits = cv.Take<float>(has_moe_ ? t * c.n_routed_experts : 0);
+      a_.topk_ids = cv.Take<int32_t>(moe_p);
+      a_.topk_w = cv.Take<float>(moe_p);
+      a_.sorted = cv.Take<int32_t>(moe_p);
+      a_.pair_pos = cv.Take<int32_t>(moe_p);
+      a_.xp = cv.Take<uint16_t>(moe_p * hidden);
+      a_.yp = cv.Take<float>(moe_p * hidden);
+    };
+    arena_memory_.Reset();  // free first: old and new need not fit together
+    Carver sizer(nullptr);
+    carve(sizer);
+    absl::StatusOr<DeviceBuffer> memory = DeviceBuffer::Create(static_cast<size_t>(sizer.size()));
+    if (!memory.ok()) {
+      token_cap_ = 0;
+      return memory.status();
+    }
+    arena_memory_ = *std::move(memory);
+    Carver carver(static_cast<char*>(arena_memory_.get()));
+    carve(carver);
+    token_cap_ = t;
+  }
+  MetaLayout layout;
+  layout.token_cap = token_cap_;
+  layout.block_table_cap = std::max(meta_layout_.block_table_cap,
+                                    RoundUp(std::max<int64_t>(block_table_entries, 1), 1024));
+  meta_device_.Reset();
+  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(sizeof(int32_t) * layout.total());
+  if (!device.ok()) return device.status();
+  absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * layout.total());
+  if (!host.ok()) return host.status();
+  meta_device_ = *std::move(device);
+  meta_host_ = *std::move(host);
+  meta_layout_ = layout;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::UploadPlan() {
+  // The pinned buffer may still feed the previous step's copy if that step failed half-way;
+  // after a completed step this returns at once.
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  const int64_t used = WriteMeta(plan_, meta_layout_, meta_host_.as<int32_t>());
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_device_.get(), meta_host_.get(),
+                                           sizeof(int32_t) * used, cudaMemcpyHostToDevice,
+                                           stream_.get()));
+  return absl::OkStatus();
+}
+
+bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
+  if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden) return false;
+  const int64_t tokens = batch.total_tokens();
+  if (tokens > kMaxGraphTokens) return false;
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.num_tokens != 1) return false;
+  }
+  // The graph body must not wait for the host: MoE layers need the device-driven path.
+  return !has_moe_ || Bucket(tokens) * config_.num_experts_per_tok <= options_.device_moe_max_pairs;
+}
+
+int CudaModel::ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const {
+  // Split the KV range only when the tiles alone leave SMs idle. Graphs keep their split
+  // count while contexts grow, so for them it ignores the current length (the kernel cuts
+  // each tile's range by its own length; surplus splits are empty).
+  const int64_t blocks = num_tiles * config_.num_key_value_heads;
+  if (blocks <= 0 || blocks >= 2 * sm_count_) return 1;
+  int64_t splits = std::min<int64_t>((2 * sm_count_ + blocks - 1) / blocks, kMaxSplits);
+  if (!for_graph) {
+    splits =
+        std::min(splits, std::max<int64_t>(1, (max_kv_len + kMinSplitKeys - 1) / kMinSplitKeys));
+  }
+  return static_cast<int>(std::max<int64_t>(splits, 1));
+}
+
+absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
+  const size_t bytes = sizeof(float) * rows * config_.hidden_size;
+  if (io_host_.bytes() < bytes) {
+    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
+    if (!host.ok()) return host.status();
+    io_host_ = *std::move(host);
+  }
+  GLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(io_host_.get(), a_.h, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  out->assign(io_host_.as<float>(), io_host_.as<float>() + rows * config_.hidden_size);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
+                                const ForwardOptions& options, ForwardResult* result) {
+  if (cache == nullptr) return absl::InvalidArgumentError("no KV cache");
+  GLM_RETURN_IF_ERROR(CheckBatch(batch, *cache));
+  if (options.logits != LogitsRows::kNone && !has_head_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits need the last layer; this span ends at layer ", layer_end_));
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  const ModelConfig& c = config_;
+  const bool graph = GraphEligible(batch, options);
+  const int64_t real = batch.total_tokens();
+  BuildStepPlan(batch, options.logits, cache->shape().block_size, tile_tokens_,
+                graph ? Bucket(real) : 0, has_embedding_, &plan_);
+  GLM_RETURN_IF_ERROR(
+      EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
+  num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
+  GLM_RETURN_IF_ERROR(UploadPlan());
+  last_step_valid_ = false;
+  if (!has_embedding_) {
+    const size_t bytes = sizeof(float) * real * c.hidden_size;
+    if (io_host_.bytes() < bytes) {
+      absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
+      if (!host.ok()) return host.status();
+      io_host_ = *std::move(host);
+    }
+    std::memcpy(io_host_.get(), batch.hidden_in.data(), bytes);
+    GLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(a_.h, io_host_.get(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+    if (plan_.tokens > real) {  // padding rows: finite inputs
+      GLM_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(a_.h + real * c.hidden_size, 0,
+                          sizeof(float) * (plan_.tokens - real) * c.hidden_size, stream_.get()));
+    }
+  }
+  result->logits.clear();
+  result->hidden.clear();
+  result->layer_hidden.clear();
+  const bool want_logits = options.logits != LogitsRows::kNone;
+
+  if (graph) {
+    GLM_RETURN_IF_ERROR(RunGraph(cache, want_logits));
+  } else {
+    if (has_embedding_) GLM_RETURN_IF_ERROR(EnqueueEmbedding());
+    if (options.return_layer_hidden) {
+      GLM_RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
+    }
+    bool pending = false;
+    for (int64_t i = 0; i < layer_end_ - layer_begin_; ++i) {
+      GLM_RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
+      if (options.return_layer_hidden) {
+        GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
+        GLM_RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
+      }
+    }
+    GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
+    if (options.return_hidden) GLM_RETURN_IF_ERROR(CopyHidden(real, &result->hidden));
+  }
+
+  if (want_logits) {
+    const int64_t vocab = c.vocab_size;
+    result->logits.resize(plan_.real_logit_rows * vocab);
+    for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
+      const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
+      // A graph step computed all its (<= kLogitChunk) rows already.
+      if (!graph) GLM_RETURN_IF_ERROR(EnqueueLogits(begin, rows));
+      GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
+                                               sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
+                                               stream_.get()));
+      GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+      std::memcpy(result->logits.data() + begin * vocab, logits_host_.get(),
+                  sizeof(float) * rows * vocab);
+    }
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  last_step_valid_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {
+  if (has_embedding_) GLM_RETURN_IF_ERROR(EnqueueEmbedding());
+  bool pending = false;
+  for (int64_t i = 0; i < layer_end_ - layer_begin_; ++i) {
+    GLM_RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
+  }
+  GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
+  if (logits) GLM_RETURN_IF_ERROR(EnqueueLogits(0, plan_.logit_rows));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Capture(KvCache* cache, bool logits, GraphExec* exec) {
+  // Capture from an idle stream: nothing queued before can be mistaken for part of the step.
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  const absl::Status body = EnqueueStepBody(cache, logits);
+  cudaGraph_t raw = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);  // always leave capture
+  const Graph graph(raw);
+  GLM_RETURN_IF_ERROR(body);
+  GLM_CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t instance = nullptr;
+  GLM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&instance, graph.get(), 0));
+  *exec = GraphExec(instance);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunGraph(KvCache* cache, bool logits) {
+  const GraphKey key{plan_.tokens, logits};
+  auto it = graphs_.find(key);
+  // A graph bakes in the cache's address and block geometry.
+  if (it != graphs_.end() && (it->second.cache_storage != cache->storage() ||
+                              it->second.block_size != cache->shape().block_size ||
+                              it->second.num_blocks != cache->shape().num_blocks)) {
+    graphs_.erase(it);
+    it = graphs_.end();
+  }
+  if (it == graphs_.end()) {
+    GraphEntry entry;
+    if (absl::Status s = Capture(cache, logits, &entry.exec); !s.ok()) {
+      // Run this step (padded plan and all) eagerly and stay eager from now on.
+      cudaGetLastError();
+      graph_error_ = s.ToString();
+      options_.cuda_graphs = false;
+      graphs_.clear();
+      return EnqueueStepBody(cache, logits);
+    }
+    entry.cache_storage = cache->storage();
+    entry.block_size = cache->shape().block_size;
+    entry.num_blocks = cache->shape().num_blocks;
+    it = graphs_.emplace(key, std::move(entry)).first;
+    ++graphs_captured_;
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec.get(), stream_.get()));
+  ++graph_launches_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaModel::LastStepActiveExperts() {
+  if (!has_moe_) return 0;
+  if (!last_step_valid_) return absl::FailedPreconditionError("no completed Forward step");
+  const int64_t e_plus = config_.n_routed_experts + 1;
+  const int64_t layers = layer_end_ - layer_begin_;
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offsets_host_.get(), expert_offsets_,
+                                           sizeof(int32_t) * layers * e_plus,
+                                           cudaMemcpyDeviceToHost, stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  int64_t active = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    if (!weights_.layers[l].is_moe) continue;
+    const int32_t* off = offsets_host_.as<int32_t>() + l * e_plus;
+    for (int64_t e = 0; e + 1 < e_plus; ++e) active += off[e + 1] > off[e] ? 1 : 0;
+  }
+  return active;
+}
+
+absl::Status CudaModel::RunFfnForTest(int64_t layer, absl::Span<const float> x, int64_t tokens,
+                                      bool device_moe, std::vector<float>* y) {
+  const int64_t hidden = config_.hidden_size;
+  if (layer < 0 || layer >= layer_end_ - layer_begin_ ||
+      static_cast<int64_t>(x.size()) != tokens * hidden || tokens <= 0) {
+    return absl::InvalidArgumentError("RunFfnForTest: bad layer or input size");
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  GLM_RETURN_IF_ERROR(EnsureCapacity(tokens, 0));
+  last_step_valid_ = false;
+  float* x32 = has_moe_ ? a_.x32 : a_.delta;  // delta is only written after x is consumed
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x32, x.data(), sizeof(float) * x.size(),
+                                           cudaMemcpyHostToDevice, stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchFloatToBf16(x32, tokens * hidden, a_.x, stream_.get()));
+  const DeviceLayer& l = weights_.layers[layer];
+  if (l.is_moe) {
+    GLM_RETURN_IF_ERROR(EnqueueMoe(layer, tokens, device_moe));
+  } else {
+    GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, tokens));
+  }
+  y->resize(tokens * hidden);
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y->data(), a_.delta, sizeof(float) * y->size(),
+                                           cudaMemcpyDeviceToHost, stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
+}  // namespace glm::cuda

@@ -1,0 +1,72 @@
+// The CUDA backend's entry points (core/cuda/cuda_runner.h) in builds with GLMSERVE_CUDA on.
+// Device presence is a run-time question: a driver-less machine or one without a GPU gets
+// false here (never an abort), so one binary serves both.
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_model.h"
+#include "core/cuda/cuda_runner.h"
+
+namespace glm {
+namespace {
+
+struct Probe {
+  bool available = false;
+  std::string description;
+};
+
+// Looked up once per process: initialising the driver is not free.
+const Probe& GetProbe() {
+  static const Probe probe = [] {
+    Probe p;
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      p.description = absl::StrCat("no CUDA device: cudaGetDeviceCount failed with ",
+                                   cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+      return p;
+    }
+    if (count == 0) {
+      p.description = "no CUDA device: cudaGetDeviceCount found none";
+      return p;
+    }
+    cudaDeviceProp prop;
+    if (const cudaError_t pe = cudaGetDeviceProperties(&prop, 0); pe != cudaSuccess) {
+      cudaGetLastError();
+      p.description = absl::StrCat("no CUDA device: cudaGetDeviceProperties(0) failed with ",
+                                   cudaGetErrorName(pe));
+      return p;
+    }
+    // bf16 tensor-core GEMMs and the kernels' sm_80 / sm_90 builds need compute capability 8.0.
+    if (prop.major < 8) {
+      p.description =
+          absl::StrCat("no CUDA device: GPU 0 (", prop.name, ") has compute capability ",
+                       prop.major, ".", prop.minor, "; the CUDA backend needs 8.0 or newer");
+      return p;
+    }
+    p.available = true;
+    p.description = absl::StrCat("cuda:0 ", prop.name, " (compute capability ", prop.major, ".",
+                                 prop.minor, ", ", prop.totalGlobalMem >> 20, " MiB)");
+    return p;
+  }();
+  return probe;
+}
+
+}  // namespace
+
+bool CudaDeviceAvailable() { return GetProbe().available; }
+
+std::string CudaDeviceDescription() { return GetProbe().description; }
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
+  if (!CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
+  }
+  absl::StatusOr<std::unique_ptr<cuda::CudaModel>> model =
+      cuda::CudaModel::Create(std::move(weights));
+  if (!model.ok()) return model.status();
+  return std::unique_ptr<ModelRunner>(*std::move(model));
+}
+
+}  // namespace glm

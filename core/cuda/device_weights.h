@@ -1,0 +1,61 @@
+// The model's parameters in GPU memory, uploaded once: matrices as bf16 (whatever their
+// stored dtype), norms, biases, the router and its correction bias as fp32 (the router runs
+// in fp32, as the reference). Projections that read the same input are fused at upload:
+// q|k|v into one [q_dim + 2 kv_dim, hidden] matrix, gate|up into one [2 width, hidden], and
+// the routed experts of a layer into contiguous [E, 2I, hidden] and [E, hidden, I] arrays.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/cuda/device_memory.h"
+#include "core/weights.h"
+
+namespace glm::cuda {
+
+struct DeviceFfn {
+  const uint16_t* gate_up = nullptr;  // [2 width, hidden]: gate rows, then up rows
+  const uint16_t* down = nullptr;     // [hidden, width]
+  int64_t width = 0;
+  bool present() const { return gate_up != nullptr; }
+};
+
+struct DeviceLayer {
+  const float* input_norm = nullptr;  // [hidden]
+  const float* post_norm = nullptr;   // [hidden]
+  const uint16_t* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]
+  const float* qkv_bias = nullptr;    // [q_dim + 2 kv_dim] or null
+  const uint16_t* o = nullptr;        // [hidden, q_dim]
+  const float* q_norm = nullptr;      // [head_dim] or null
+  const float* k_norm = nullptr;      // [head_dim] or null
+  bool is_moe = false;
+  DeviceFfn dense;                            // !is_moe
+  const float* router = nullptr;              // [E, hidden] fp32
+  const float* router_bias = nullptr;         // [E] fp32
+  const uint16_t* experts_gate_up = nullptr;  // [E, 2 I, hidden]
+  const uint16_t* experts_down = nullptr;     // [E, hidden, I]
+  DeviceFfn shared;                           // width 0 without a shared expert
+};
+
+struct DeviceWeights {
+  DeviceBuffer memory;                // one allocation holding everything below
+  const uint16_t* embed = nullptr;    // [vocab, hidden] or null
+  const float* final_norm = nullptr;  // [hidden] or null
+  const uint16_t* lm_head = nullptr;  // [vocab, hidden] or null (aliases embed when tied)
+  const float* inv_freq = nullptr;    // [rotary_dim / 2], RotaryEmbedding's values
+  std::vector<DeviceLayer> layers;
+
+  int64_t bytes = 0;
+  // What one decode step reads besides embedding rows and routed experts: every other matrix
+  // and vector of the span. And the bytes of one routed expert (gate, up, down).
+  int64_t dense_step_bytes = 0;
+  int64_t routed_expert_bytes = 0;
+};
+
+// Uploads `w` through pinned staging buffers on `stream` and waits for the copies.
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream);
+
+}  // namespace glm::cuda

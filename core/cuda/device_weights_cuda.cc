@@ -1,0 +1,292 @@
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/device_weights.h"
+#include "core/dtype.h"
+#include "core/ops/rope.h"
+#include "core/parallel.h"
+
+namespace glm::cuda {
+namespace {
+
+constexpr int64_t kAlign = 256;
+constexpr size_t kStagingBytes = size_t{32} << 20;
+
+enum class Target { kBf16, kF32 };
+
+int64_t TargetSize(Target t) { return t == Target::kBf16 ? 2 : 4; }
+
+// One contiguous piece of the device image: `count` elements from `src` (of `src_type`;
+// null: zeros) converted to `target` at byte `offset`.
+struct Piece {
+  const void* src = nullptr;
+  DType src_type = DType::kF32;
+  int64_t count = 0;
+  int64_t offset = 0;
+  Target target = Target::kBf16;
+};
+
+// Plans the device image: byte offsets of every tensor, in upload order.
+class ImagePlan {
+ public:
+  // Starts a new tensor at an aligned offset; pieces added until the next Begin() follow it
+  // contiguously (fused matrices).
+  int64_t Begin() {
+    size_ = (size_ + kAlign - 1) / kAlign * kAlign;
+    return size_;
+  }
+  void Add(const void* src, DType type, int64_t count, Target target, bool per_step) {
+    pieces_.push_back({src, type, count, size_, target});
+    size_ += count * TargetSize(target);
+    if (per_step) step_bytes_ += count * TargetSize(target);
+  }
+  void AddMatrix(const Matrix& m, Target target, bool per_step = true) {
+    Add(m.data, m.dtype, m.rows * m.cols, target, per_step);
+  }
+  // An empty vector reads as zeros; any other size must be `count`.
+  void AddVector(const std::vector<float>& v, int64_t count) {
+    if (!v.empty() && static_cast<int64_t>(v.size()) != count) bad_shapes_ = true;
+    Add(v.empty() ? nullptr : v.data(), DType::kF32, count, Target::kF32, true);
+  }
+  // A matrix must be present with the expected shape.
+  void AddMatrix(const Matrix& m, int64_t rows, int64_t cols, Target target, bool per_step = true) {
+    if (m.empty() || m.rows != rows || m.cols != cols) bad_shapes_ = true;
+    AddMatrix(m, target, per_step);
+  }
+  bool bad_shapes() const { return bad_shapes_; }
+  void CountStepBytes(int64_t bytes) { step_bytes_ += bytes; }
+  int64_t size() const { return size_; }
+  int64_t step_bytes() const { return step_bytes_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
+ private:
+  std::vector<Piece> pieces_;
+  int64_t size_ = 0;
+  int64_t step_bytes_ = 0;
+  bool bad_shapes_ = false;
+};
+
+// Converts elements [first, first + n) of `p` into `out` (pinned staging).
+void ConvertChunk(const Piece& p, int64_t first, int64_t n, void* out) {
+  ParallelFor(n, int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    if (p.src == nullptr) {
+      std::memset(static_cast<char*>(out) + begin * TargetSize(p.target), 0,
+                  (end - begin) * TargetSize(p.target));
+      return;
+    }
+    if (p.target == Target::kBf16) {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      if (p.src_type == DType::kBF16) {
+        std::memcpy(o + begin, static_cast<const uint16_t*>(p.src) + first + begin,
+                    (end - begin) * sizeof(uint16_t));
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          o[i] = FloatToBf16(LoadAsFloat(p.src, p.src_type, first + i));
+        }
+      }
+    } else {
+      float* o = static_cast<float*>(out);
+      for (int64_t i = begin; i < end; ++i) o[i] = LoadAsFloat(p.src, p.src_type, first + i);
+    }
+  });
+}
+
+// Streams the pieces through two pinned buffers: the host fills one while the other's copy
+// is in flight.
+absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stream) {
+  absl::StatusOr<PinnedBuffer> staging[2] = {PinnedBuffer::Create(kStagingBytes),
+                                             PinnedBuffer::Create(kStagingBytes)};
+  absl::StatusOr<Event> done[2] = {CreateEvent(false), CreateEvent(false)};
+  for (int i = 0; i < 2; ++i) {
+    if (!staging[i].ok()) return staging[i].status();
+    if (!done[i].ok()) return done[i].status();
+  }
+  int which = 0;
+  for (const Piece& p : plan.pieces()) {
+    const int64_t per_chunk = static_cast<int64_t>(kStagingBytes) / TargetSize(p.target);
+    for (int64_t first = 0; first < p.count; first += per_chunk) {
+      const int64_t n = std::min(per_chunk, p.count - first);
+      GLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done[which]->get()));
+      ConvertChunk(p, first, n, staging[which]->get());
+      GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          device_base + p.offset + first * TargetSize(p.target), staging[which]->get(),
+          n * TargetSize(p.target), cudaMemcpyHostToDevice, stream));
+      GLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(done[which]->get(), stream));
+      which ^= 1;
+    }
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+// Byte offsets of one layer's tensors (-1: absent).
+struct LayerOffsets {
+  int64_t input_norm = -1, post_norm = -1, qkv = -1, qkv_bias = -1, o = -1, q_norm = -1,
+          k_norm = -1, dense_gate_up = -1, dense_down = -1, router = -1, router_bias = -1,
+          experts_gate_up = -1, experts_down = -1, shared_gate_up = -1, shared_down = -1;
+};
+
+absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
+  if (f.gate.empty() || f.up.empty() || f.down.empty() || f.gate.cols != hidden ||
+      f.up.rows != f.gate.rows || f.up.cols != hidden || f.down.rows != hidden ||
+      f.down.cols != f.gate.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("inconsistent ", what, " weights"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream) {
+  const ModelConfig& c = w.config;
+  const int64_t hidden = c.hidden_size;
+  ImagePlan plan;
+  int64_t embed = -1, final_norm = -1, lm_head = -1, inv_freq = -1;
+  int64_t routed_bytes = 0;
+
+  if (w.has_embedding()) {
+    embed = plan.Begin();
+    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
+                   /*per_step=*/false);  // only the batch's rows are read
+  }
+  std::vector<LayerOffsets> offsets(w.layers.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const AttentionWeights& a = l.attn;
+    LayerOffsets& o = offsets[i];
+    o.input_norm = plan.Begin();
+    plan.AddVector(l.input_norm, hidden);
+    o.post_norm = plan.Begin();
+    plan.AddVector(l.post_attention_norm, hidden);
+    o.qkv = plan.Begin();
+    plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
+    plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
+    plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
+    if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
+      o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
+      plan.AddVector(a.q_bias, c.q_dim());
+      plan.AddVector(a.k_bias, c.kv_dim());
+      plan.AddVector(a.v_bias, c.kv_dim());
+    }
+    o.o = plan.Begin();
+    plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
+    if (!a.q_norm.empty()) {
+      o.q_norm = plan.Begin();
+      plan.AddVector(a.q_norm, c.head_dim);
+      o.k_norm = plan.Begin();
+      plan.AddVector(a.k_norm, c.head_dim);
+    }
+    if (!l.is_moe) {
+      if (absl::Status s = CheckFfn(l.dense, hidden, "dense FFN"); !s.ok()) return s;
+      o.dense_gate_up = plan.Begin();
+      plan.AddMatrix(l.dense.gate, Target::kBf16);
+      plan.AddMatrix(l.dense.up, Target::kBf16);
+      o.dense_down = plan.Begin();
+      plan.AddMatrix(l.dense.down, Target::kBf16);
+      continue;
+    }
+    const MoeWeights& m = l.moe;
+    if (static_cast<int64_t>(m.experts.size()) != c.n_routed_experts ||
+        m.router.rows != c.n_routed_experts || m.router.cols != hidden ||
+        static_cast<int64_t>(m.router_bias.size()) != c.n_routed_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l.layer_index, ": router or expert count does not match"));
+    }
+    o.router = plan.Begin();
+    plan.AddMatrix(m.router, Target::kF32);
+    o.router_bias = plan.Begin();
+    plan.AddVector(m.router_bias, c.n_routed_experts);
+    o.experts_gate_up = plan.Begin();
+    for (const FfnWeights& e : m.experts) {
+      if (absl::Status s = CheckFfn(e, hidden, "expert"); !s.ok()) return s;
+      if (e.gate.rows != c.moe_intermediate_size) {
+        return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
+      }
+      plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
+      plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
+    }
+    o.experts_down = plan.Begin();
+    for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
+    routed_bytes = 3 * c.moe_intermediate_size * hidden * 2;
+    if (m.has_shared()) {
+      if (absl::Status s = CheckFfn(m.shared, hidden, "shared expert"); !s.ok()) return s;
+      o.shared_gate_up = plan.Begin();
+      plan.AddMatrix(m.shared.gate, Target::kBf16);
+      plan.AddMatrix(m.shared.up, Target::kBf16);
+      o.shared_down = plan.Begin();
+      plan.AddMatrix(m.shared.down, Target::kBf16);
+    }
+  }
+  if (w.has_head()) {
+    final_norm = plan.Begin();
+    plan.AddVector(w.final_norm, hidden);
+    const bool tied = w.has_embedding() && w.lm_head.data == w.embed_tokens.data &&
+                      w.lm_head.dtype == w.embed_tokens.dtype &&
+                      w.lm_head.rows == w.embed_tokens.rows;
+    if (tied) {
+      lm_head = embed;
+      plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
+    } else {
+      lm_head = plan.Begin();
+      plan.AddMatrix(w.lm_head, c.vocab_size, hidden, Target::kBf16);
+    }
+  }
+  const RotaryEmbedding rope(c.head_dim, c.rotary_dim(), c.rope_theta);
+  inv_freq = plan.Begin();
+  plan.AddVector(rope.inv_freq(), c.rotary_dim() / 2);
+  plan.Begin();
+
+  if (plan.bad_shapes()) {
+    return absl::InvalidArgumentError("weights do not match the config's shapes");
+  }
+  DeviceWeights out;
+  absl::StatusOr<DeviceBuffer> memory = DeviceBuffer::Create(static_cast<size_t>(plan.size()));
+  if (!memory.ok()) return memory.status();
+  out.memory = *std::move(memory);
+  char* base = static_cast<char*>(out.memory.get());
+  if (absl::Status s = Execute(plan, base, stream); !s.ok()) return s;
+
+  const auto bf16 = [base](int64_t off) -> const uint16_t* {
+    return off < 0 ? nullptr : reinterpret_cast<const uint16_t*>(base + off);
+  };
+  const auto f32 = [base](int64_t off) -> const float* {
+    return off < 0 ? nullptr : reinterpret_cast<const float*>(base + off);
+  };
+  out.embed = bf16(embed);
+  out.final_norm = f32(final_norm);
+  out.lm_head = bf16(lm_head);
+  out.inv_freq = f32(inv_freq);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const LayerOffsets& o = offsets[i];
+    DeviceLayer d;
+    d.input_norm = f32(o.input_norm);
+    d.post_norm = f32(o.post_norm);
+    d.qkv = bf16(o.qkv);
+    d.qkv_bias = f32(o.qkv_bias);
+    d.o = bf16(o.o);
+    d.q_norm = f32(o.q_norm);
+    d.k_norm = f32(o.k_norm);
+    d.is_moe = l.is_moe;
+    if (!l.is_moe) {
+      d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows};
+    } else {
+      d.router = f32(o.router);
+      d.router_bias = f32(o.router_bias);
+      d.experts_gate_up = bf16(o.experts_gate_up);
+      d.experts_down = bf16(o.experts_down);
+      if (l.moe.has_shared()) {
+        d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows};
+      }
+    }
+    out.layers.push_back(d);
+  }
+  out.bytes = plan.size();
+  out.dense_step_bytes = plan.step_bytes();
+  out.routed_expert_bytes = routed_bytes;
+  return out;
+}
+
+}  // namespace glm::cuda

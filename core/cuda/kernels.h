@@ -1,0 +1,126 @@
+// Host-side launchers of the CUDA kernels, one .cu file per op family. Plain C++ types only
+// (bf16 device data travels as uint16_t*), so that the .cu files need neither absl nor the
+// rest of the engine, and so that the runner and the tests call them the same way.
+//
+// Every launcher enqueues work on `stream` and returns the launch status (cudaGetLastError
+// after the launch); it never synchronises. Shapes are validated by the caller
+// (core/cuda/cuda_model_cuda.cc); the limits kernels rely on are listed here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/cuda/row_math.h"
+
+namespace glm::cuda {
+
+// Limits of the kernels (checked once when a model is created).
+inline constexpr int64_t kMaxHeadDim = 256;
+inline constexpr int64_t kMaxGqaGroup = 32;  // query heads per kv head
+
+// Per-device kernel attributes (the attention kernel's shared-memory opt-in). Call once per
+// process and device before the first launch (and outside any graph capture).
+cudaError_t PrepareKernels();
+
+// ---- norm.cu --------------------------------------------------------------------------
+// For each output row r (source row i = row_index ? row_index[r] : r):
+//   if delta: h[i] += delta[i] (written back, fp32)
+//   out_bf16[r] = bf16(gain * (h[i] * rsqrt(mean(h[i]^2) + eps)))   (fp32 math)
+//   out_f32[r]  = the same value unrounded, when out_f32 is not null.
+// row_index and delta must not both be set (a gathered add would update only some rows).
+cudaError_t LaunchAddRmsNorm(float* h, const float* delta, const float* gain, int64_t rows,
+                             int64_t width, float eps, const int32_t* row_index, uint16_t* out_bf16,
+                             float* out_f32, cudaStream_t stream);
+// h[i] += delta[i] for i < n.
+cudaError_t LaunchAdd(float* h, const float* delta, int64_t n, cudaStream_t stream);
+
+// ---- rope.cu --------------------------------------------------------------------------
+struct QkvShape {
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t rotary_dim = 0;
+  GLM_HD int64_t row_stride() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+// qkv: [tokens, (heads + 2 kv_heads) * head_dim] fp32, the fused q|k|v projection output.
+// For each token: adds bias (if set: [row_stride]); RMSNorms every q head with q_norm and every
+// k head with k_norm (if set, [head_dim], eps); applies partial NeoX RoPE at positions[t] with
+// inv_freq [rotary_dim / 2]; writes q back in place (fp32) and k, v as bf16 into the cache slot
+// slots[t] (block * block_size + offset; < 0: not stored) of `cache_layer`, the layer's part
+// of a KvCache storage ([num_blocks, 2, block_size, kv_heads * head_dim] bf16).
+cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape, const float* bias,
+                               const float* q_norm, const float* k_norm, float eps,
+                               const float* inv_freq, const int32_t* positions,
+                               const int32_t* slots, uint16_t* cache_layer, int64_t block_size,
+                               cudaStream_t stream);
+
+// ---- attention.cu ---------------------------------------------------------------------
+// A tile of consecutive query tokens of one sequence, as 5 int32 in device memory:
+// row0 (first batch row), num_q, pos0 (position of row0), bt_offset (start of the sequence's
+// block table in the block-table array), kv_len (keys visible: pos0 + num_q; 0 makes the tile
+// write zeros, for padding rows).
+inline constexpr int kTileInts = 5;
+// Query tokens per tile for a GQA group size: tiles hold num_q * group <= 32 query rows.
+int AttentionTileTokens(int64_t group);
+// Floats of split scratch LaunchPagedAttention needs for `num_tiles` tiles with `num_splits`.
+int64_t AttentionScratchFloats(int64_t num_tiles, int64_t kv_heads, int64_t group, int64_t head_dim,
+                               int num_splits);
+struct AttentionShape {
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  int64_t q_stride = 0;  // floats between consecutive tokens' q rows
+  float scale = 1.0f;    // softmax scale (head_dim^-0.5)
+};
+// Causal paged attention: out[t, h, :] (bf16, [tokens, heads * head_dim]) from q (fp32,
+// q + t * q_stride + h * head_dim) and the layer's K/V in the cache. Each tile's KV range is
+// cut into num_splits parts (flash-decoding); with num_splits > 1 the parts go through
+// `scratch` (AttentionScratchFloats) and a combine kernel. Softmax in fp32, online.
+cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_tiles,
+                                 const int32_t* block_tables, const uint16_t* cache_layer,
+                                 const AttentionShape& shape, int num_splits, float* scratch,
+                                 uint16_t* out, cudaStream_t stream);
+
+// ---- moe.cu ---------------------------------------------------------------------------
+// Router rows (rowmath::RouteRow): logits [tokens, n_experts] fp32 -> experts, weights
+// [tokens, top_k].
+cudaError_t LaunchRouter(const float* logits, int64_t tokens, const float* bias,
+                         const rowmath::RouterRowParams& params, int32_t* experts, float* weights,
+                         cudaStream_t stream);
+// Groups the pairs p = token * top_k + k by expert, stably (ascending p within an expert):
+// offsets [n_experts + 1], sorted [pairs] (pair ids by expert), pair_pos [pairs] (inverse).
+cudaError_t LaunchMoeSort(const int32_t* experts, int64_t pairs, int64_t n_experts,
+                          int32_t* offsets, int32_t* sorted, int32_t* pair_pos,
+                          cudaStream_t stream);
+// out[i] = x[sorted[i] / top_k] for i < pairs (bf16 rows of `width`).
+cudaError_t LaunchGatherRows(const uint16_t* x, int64_t width, const int32_t* sorted, int64_t pairs,
+                             int64_t top_k, uint16_t* out, cudaStream_t stream);
+// For every expert e and row i in [offsets[e], offsets[e + 1]):
+//   out[i, :n] = in[i, :k] . w[e]^T, w: [n_experts, n, k] bf16, in bf16, out fp32.
+// A GEMV-style kernel for small per-expert row counts, driven entirely by device-side
+// offsets: no host synchronisation, so it can be captured in a CUDA graph.
+cudaError_t LaunchExpertGemv(const uint16_t* w, int64_t n, int64_t k, int64_t n_experts,
+                             const int32_t* offsets, const uint16_t* in, float* out,
+                             cudaStream_t stream);
+// out[t] = sum_k weights[t, k] * expert_out[pair_pos[t * top_k + k]] (fp32)
+//          (+ out[t] when accumulate: the shared expert's output already there).
+// The k terms are added in ascending expert id (experts [tokens, top_k]), as the CPU backend.
+cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
+                             const int32_t* experts, const float* weights, int64_t tokens,
+                             int64_t top_k, int64_t width, bool accumulate, float* out,
+                             cudaStream_t stream);
+
+// ---- elementwise.cu -------------------------------------------------------------------
+// h[t] = float(table[ids[t]]) (bf16 table [vocab, width]).
+cudaError_t LaunchEmbedding(const uint16_t* table, const int32_t* ids, int64_t tokens,
+                            int64_t width, float* h, cudaStream_t stream);
+// out[r, c] = bf16(silu(gu[r, c]) * gu[r, width + c]): gu [rows, 2 width] fp32 (gate | up).
+cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint16_t* out,
+                         cudaStream_t stream);
+// Conversions (tests, uploads).
+cudaError_t LaunchFloatToBf16(const float* in, int64_t n, uint16_t* out, cudaStream_t stream);
+cudaError_t LaunchBf16ToFloat(const uint16_t* in, int64_t n, float* out, cudaStream_t stream);
+
+}  // namespace glm::cuda

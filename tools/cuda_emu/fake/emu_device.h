@@ -1,0 +1,33 @@
+// Included first by the emulated kernel translation units.
+#pragma once
+#include "cuda_runtime.h"
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+struct EmuDim {
+  unsigned x, y, z;
+};
+extern EmuDim threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p += v;
+  return old;
+}
+using std::max;
+using std::min;
