@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency of glmserve from Debian's packages.
-# Idempotent: packages already present are left as they are. Used by .ci/run, the README
-# quick start and the Dockerfile, so that all three build against the same libraries.
+# Idempotent: packages already present are left as they are. Used by .ci/run (through
+# tools/test.sh and tools/build.sh), the README quick start and the Dockerfile's build stage,
+# so that all three build against the same libraries. The names are Debian 12's; Ubuntu 24.04
+# (the CUDA image's distribution) has every one of them under the same name.
 set -euo pipefail
 
 packages=(
@@ -14,6 +16,9 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
   # tests and benchmarks (openssl: throwaway CA and certificates for the TLS tests)
   libgtest-dev libgmock-dev libbenchmark-dev openssl
+  # deployment tests (tests/deploy): promtool and a real Prometheus server, curl and jq to
+  # query it, python3 with PyYAML to parse the manifests, dashboards and rules
+  prometheus curl jq python3 python3-yaml
 )
 
 missing=()
@@ -30,3 +35,12 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The prometheus package is here for its binaries only (the tests start their own server on a
+# free loopback port). On a machine with systemd, the package enables and starts a system
+# service on :9090, glm-server's default metrics port: stop what this script just installed.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ] &&
+    systemctl is-active --quiet prometheus 2>/dev/null; then
+  echo "install_deps: stopping and disabling the prometheus system service (tests run their own)"
+  $SUDO systemctl disable --now prometheus || true
+fi

@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-bash tools/install_deps.sh
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target glm-server glm-client
+TARGETS="glm-server glm-client" BUILD_DIR="$BUILD_DIR" bash tools/build.sh
 
 log=$(mktemp)
 # --port=0: the kernel picks a free port (printed by the server), so that runs never collide.

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""tools/model_sizing.py, the source of docs/operations.md's sizing figures:
+
+- its parameter count is exact: for every checkpoint under tests/golden, the elements of the
+  tensors in the safetensors headers (the MTP layer apart) equal the count from config.json,
+  and so do the MTP layer's where the checkpoint has one. The golden models cover QK-norm,
+  attention biases, tied embeddings, 0 and 2 dense layers, grouped routing, fused experts;
+- every line it prints for GLM-4.5 and GLM-4.5-Air appears verbatim in docs/operations.md.
+"""
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deploylib as dl  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", required=True)
+    root = ap.parse_args().root
+    f = dl.Failures()
+    tool = os.path.join(root, "tools/model_sizing.py")
+    spec = importlib.util.spec_from_file_location("model_sizing", tool)
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+
+    dirs = sorted(d for d in glob.glob(os.path.join(root, "tests/golden/*/"))
+                  if os.path.exists(os.path.join(d, "config.json")))
+    f.check(len(dirs) >= 5, f"expected the golden checkpoints, found {len(dirs)}")
+    for d in dirs:
+        with open(os.path.join(d, "config.json")) as fh:
+            c = dict(ms.DEFAULTS, **json.load(fh))
+        if c.get("head_dim") is None:
+            c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
+        served = mtp = 0
+        for path in glob.glob(os.path.join(d, "*.safetensors")):
+            with open(path, "rb") as fh:
+                header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+            for name, t in header.items():
+                if name == "__metadata__":
+                    continue
+                n = 1
+                for x in t["shape"]:
+                    n *= x
+                m = re.match(r"model\.layers\.(\d+)\.", name)
+                if m and int(m.group(1)) >= c["num_hidden_layers"]:
+                    mtp += n
+                else:
+                    served += n
+        bf16, fp32, _, mtp_bf16, mtp_fp32 = ms.count(c)
+        name = os.path.basename(d.rstrip("/"))
+        f.check(served == bf16 + fp32, f"{name}: checkpoint has {served} parameters, model_sizing counts {bf16 + fp32}")
+        if mtp:
+            f.check(mtp == mtp_bf16 + mtp_fp32, f"{name}: MTP layer has {mtp} parameters, model_sizing counts {mtp_bf16 + mtp_fp32}")
+        print(f"{name}: {served} parameters{f' + {mtp} MTP' if mtp else ''}: exact")
+
+    out = subprocess.run([sys.executable, tool], capture_output=True, text=True, check=True).stdout
+    doc = open(os.path.join(root, "docs/operations.md")).read()
+    lines = [line for line in out.splitlines() if line.strip()]
+    for line in lines:
+        f.check(line in doc, f"docs/operations.md lacks tools/model_sizing.py's line: {line}")
+    return f.finish("check_sizing")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

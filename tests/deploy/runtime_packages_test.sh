@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# tools/runtime_packages.sh, which the Dockerfile's runtime stage relies on, resolves every
+# shared library of the built glm-server and glm-client to an installed package, and the list
+# has the libraries the server needs (gRPC, protobuf, Abseil, prometheus-cpp).
+# Usage: runtime_packages_test.sh REPO_ROOT BINARY...
+set -euo pipefail
+root=$1
+shift
+command -v dpkg-query >/dev/null || { echo "SKIP: not a dpkg-based system"; exit 77; }
+packages=$(bash "$root/tools/runtime_packages.sh" "$@")
+echo "$packages"
+for want in '^libgrpc\+\+' '^libprotobuf[0-9]' '^libabsl' '^libprometheus-cpp-pull' '^libc6$'; do
+  grep -Eq "$want" <<<"$packages" || { echo "FAIL: no package matching $want"; exit 1; }
+done
+if grep -Eq -- '-dev$|^cmake$|^g\+\+' <<<"$packages"; then
+  echo "FAIL: a build-only package in the runtime list"
+  exit 1
+fi
+echo "runtime_packages: $(wc -l <<<"$packages") packages"

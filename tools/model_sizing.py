@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Memory sizing for GLM-4.5-family checkpoints: parameters, bf16 weight bytes, KV cache bytes
+per token, and how many GPUs of a kind hold them. Standard library only.
+
+    tools/model_sizing.py                        # GLM-4.5 and GLM-4.5-Air (released configs)
+    tools/model_sizing.py /models/model/config.json --kv_tokens=65536
+
+Counts every tensor of the Hugging Face checkpoint (docs/operations.md explains the formulas):
+per layer q/k/v/o (+ biases, + QK-norm gains), two RMSNorm gains, and either the dense SwiGLU
+MLP or the MoE block (router, fp32 correction bias, routed experts, shared experts); plus
+embeddings, final norm and lm_head (unless tied), and the MTP layer(s) counted separately
+(glm-server does not load them).
+"""
+import argparse
+import json
+import math
+
+# The released config.json values (docs: /work/shared/reference/glm-4.5.md table).
+PRESETS = {
+    "GLM-4.5": dict(hidden_size=5120, num_hidden_layers=92, num_attention_heads=96,
+                    num_key_value_heads=8, head_dim=128, use_qk_norm=True, attention_bias=True,
+                    intermediate_size=12288, moe_intermediate_size=1536, n_routed_experts=160,
+                    n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
+                    vocab_size=151552, tie_word_embeddings=False, num_nextn_predict_layers=1),
+    "GLM-4.5-Air": dict(hidden_size=4096, num_hidden_layers=46, num_attention_heads=96,
+                        num_key_value_heads=8, head_dim=128, use_qk_norm=False,
+                        attention_bias=True, intermediate_size=10944,
+                        moe_intermediate_size=1408, n_routed_experts=128, n_shared_experts=1,
+                        num_experts_per_tok=8, first_k_dense_replace=1, vocab_size=151552,
+                        tie_word_embeddings=False, num_nextn_predict_layers=1),
+}
+
+# Glm4MoeConfig's defaults, for fields a config.json leaves out.
+DEFAULTS = dict(hidden_size=4096, num_hidden_layers=46, num_attention_heads=96,
+                num_key_value_heads=8, use_qk_norm=False, attention_bias=False,
+                intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=128,
+                n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=1,
+                vocab_size=151552, tie_word_embeddings=False, num_nextn_predict_layers=0)
+
+# GPU memory as nvidia-smi reports it (memory.total, MiB).
+GPUS = {"H100 80GB": 81559, "H200 141GB": 143771}
+
+GIB = 1024**3
+
+
+def count(c):
+    """Returns (bf16 parameters, fp32 parameters, active bf16 parameters per token) of the
+    served model, and the same three for the MTP layers."""
+    h, nh, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    e, im, ns, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"],
+                    c["num_experts_per_tok"])
+    bias = c.get("attention_bias", False)
+    attn = h * nh * hd + 2 * h * kv * hd + nh * hd * h  # q, k, v, o
+    if bias:
+        attn += nh * hd + 2 * kv * hd
+    if c.get("use_qk_norm", False):
+        attn += 2 * hd
+    norms = 2 * h
+    dense = 3 * h * c["intermediate_size"]
+    expert = 3 * h * im
+    moe_bf16 = e * h + e * expert + ns * expert  # router, routed experts, shared experts
+    moe_fp32 = e  # e_score_correction_bias
+    moe_active = e * h + k * expert + ns * expert
+
+    layers = c["num_hidden_layers"]
+    n_dense = min(c["first_k_dense_replace"], layers)
+    n_moe = layers - n_dense
+    embed = c["vocab_size"] * h
+    head = 0 if c.get("tie_word_embeddings", False) else c["vocab_size"] * h
+    bf16 = embed + head + h + n_dense * (attn + norms + dense) + n_moe * (attn + norms + moe_bf16)
+    fp32 = n_moe * moe_fp32
+    active = head + n_dense * (attn + dense) + n_moe * (attn + moe_active)
+    # MTP layer: an MoE block plus enorm, hnorm, eh_proj [h, 2h], shared_head norm and head.
+    mtp = c.get("num_nextn_predict_layers", 0)
+    mtp_bf16 = mtp * (attn + norms + moe_bf16 + 2 * h + 2 * h * h + h + c["vocab_size"] * h)
+    mtp_fp32 = mtp * moe_fp32
+    return bf16, fp32, active, mtp_bf16, mtp_fp32
+
+
+def kv_bytes_per_token(c, dtype_bytes):
+    # K and V, every layer, every KV head, head_dim values each.
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * dtype_bytes
+
+
+def report(name, c, kv_tokens):
+    bf16, fp32, active, mtp_bf16, mtp_fp32 = count(c)
+    weights = 2 * bf16 + 4 * fp32
+    ckpt = weights + 2 * mtp_bf16 + 4 * mtp_fp32
+    kv_gpu = kv_bytes_per_token(c, 2)  # bf16 KV on the GPU
+    kv_cpu = kv_bytes_per_token(c, 4)  # fp32 KV on the CPU backend
+    print(f"## {name}")
+    print(f"parameters (served, without MTP): {bf16 + fp32:,} ({(bf16 + fp32) / 1e9:.2f} B); "
+          f"active per token: {active / 1e9:.2f} B")
+    print(f"MTP layer parameters (not loaded): {mtp_bf16 + mtp_fp32:,}")
+    print(f"weights in bf16 (fp32 router bias): {weights:,} bytes = {weights / 1e9:.1f} GB = "
+          f"{weights / GIB:.1f} GiB")
+    print(f"checkpoint on disk with MTP: {ckpt / 1e9:.1f} GB = {ckpt / GIB:.1f} GiB")
+    print(f"KV per token: GPU bf16 {kv_gpu:,} bytes ({kv_gpu / 1024:.0f} KiB); "
+          f"CPU fp32 {kv_cpu:,} bytes ({kv_cpu / 1024:.0f} KiB)")
+    print(f"KV for {kv_tokens} tokens: GPU {kv_gpu * kv_tokens / GIB:.1f} GiB, "
+          f"CPU {kv_cpu * kv_tokens / GIB:.1f} GiB")
+    print(f"CPU backend host memory (weights + KV): "
+          f"{(weights + kv_cpu * kv_tokens) / GIB:.1f} GiB")
+    need = weights + kv_gpu * kv_tokens
+    layer = 2 * layer_params(c) + 4 * c["n_routed_experts"]  # the largest (MoE) layer, bytes
+    kv_layer = kv_gpu // c["num_hidden_layers"] * kv_tokens
+    edge = 2 * c["vocab_size"] * c["hidden_size"]  # embedding (first stage) or lm_head (last)
+    print(f"one MoE layer: {layer / 1e9:.2f} GB of weights + {kv_layer / GIB:.2f} GiB of KV "
+          f"({kv_tokens} tokens); embedding and lm_head: {edge / 1e9:.2f} GB each")
+    for gpu, mib in GPUS.items():
+        total = mib * 1024**2
+        usable = 0.9 * total  # CUDA context, cuBLAS workspace, activation arena, fragmentation
+        n = math.ceil(need / usable)
+        pow2 = 1 << (n - 1).bit_length()
+        print(f"{gpu} ({total / GIB:.1f} GiB): weights + KV need {need / GIB:.1f} GiB -> "
+              f"{need / total:.2f} GPUs of memory; at 90% usable: {n} "
+              f"(tensor/expert parallel groups are powers of two: {pow2})")
+        print(f"{gpu}: the largest model served whole by one process on one GPU, with this "
+              f"KV cache: {(usable - kv_gpu * kv_tokens) / 2 / 1e9:.1f} B parameters in bf16")
+        per_stage = int((usable - edge) // (layer + kv_layer))
+        stages = math.ceil(c["num_hidden_layers"] / per_stage)
+        print(f"{gpu}, one process per GPU today: a --layers span of at most {per_stage} layers "
+              f"per GPU -> {stages} pipeline stages (Forward only; Generate needs the whole "
+              f"model in one process)")
+    print()
+
+
+def layer_params(c):
+    """bf16 parameters of one MoE decoder layer (attention, norms, router, experts)."""
+    h, nh, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    attn = h * nh * hd + 2 * h * kv * hd + nh * hd * h
+    if c.get("attention_bias", False):
+        attn += nh * hd + 2 * kv * hd
+    if c.get("use_qk_norm", False):
+        attn += 2 * hd
+    expert = 3 * h * c["moe_intermediate_size"]
+    return (attn + 2 * h + c["n_routed_experts"] * h + c["n_routed_experts"] * expert
+            + c["n_shared_experts"] * expert)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("config", nargs="?", help="a config.json (default: the released presets)")
+    p.add_argument("--kv_tokens", type=int, default=32768,
+                   help="KV cache capacity in tokens (glm-server --kv_capacity_tokens; default "
+                        "32768, the engine's default)")
+    a = p.parse_args()
+    if a.config:
+        with open(a.config) as f:
+            c = dict(DEFAULTS, **json.load(f))
+        if c.get("head_dim") is None:
+            c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
+        report(a.config, c, a.kv_tokens)
+    else:
+        for name, c in PRESETS.items():
+            report(name, c, a.kv_tokens)
+
+
+if __name__ == "__main__":
+    main()
