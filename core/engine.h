@@ -132,7 +132,7 @@ struct EngineOptions {
   int64_t max_running = 64;         // sequences in the running set
   int64_t max_waiting = 1024;       // queued requests; beyond: RESOURCE_EXHAUSTED
   int64_t block_size = 16;          // tokens per KV block
-  int64_t kv_capacity_tokens = 0;   // KV slots; 0: kv_memory_fraction / a default
+  int64_t kv_capacity_tokens = 0;   // KV slots; 0: 32768
   bool prefix_caching = true;
   int64_t max_sessions = 64;
   absl::Duration session_idle_timeout = absl::Minutes(10);
