@@ -166,6 +166,13 @@ absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model, 
         absl::StrCat("layers [", run_begin, ", ", run_end, ") are not served; this server serves [",
                      model.layer_begin(), ", ", model.layer_end(), ")"));
   }
+  if ((run_begin != model.layer_begin() || run_end != model.layer_end()) &&
+      !model.supports_sub_spans()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "this server's ", model.device_name(), " backend runs only its whole span [",
+        model.layer_begin(), ", ", model.layer_end(), "); start a server with --layers for [",
+        run_begin, ", ", run_end, ")"));
+  }
   if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "logits need the last layer (", c.num_hidden_layers, "); this call ends at ", run_end));

@@ -26,6 +26,9 @@ class ModelRunner {
   bool has_embedding() const { return layer_begin() == 0; }
   bool has_head() const { return layer_end() == config().num_hidden_layers; }
 
+  // Whether Forward honours ForwardOptions::layer_begin / layer_end inside the loaded span.
+  virtual bool supports_sub_spans() const { return true; }
+
   // "cpu" or e.g. "cuda:0 NVIDIA H200".
   virtual std::string device_name() const = 0;
   // Bytes of weights this runner holds (for info and sizing).

@@ -59,6 +59,7 @@ class CudaModel final : public ModelRunner {
   ~CudaModel() override;
 
   const ModelConfig& config() const override { return config_; }
+  bool supports_sub_spans() const override { return false; }
   int64_t layer_begin() const override { return layer_begin_; }
   int64_t layer_end() const override { return layer_end_; }
   std::string device_name() const override { return device_name_; }
@@ -116,6 +117,8 @@ class CudaModel final : public ModelRunner {
 
   CudaModel() = default;
   absl::Status Init(ModelWeights weights, const CudaModelOptions& options);
+  absl::Status ForwardSelectingLogits(const ForwardBatch& batch, KvCache* cache,
+                                      const ForwardOptions& options, ForwardResult* result);
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
   absl::Status EnsureCapacity(int64_t tokens, int64_t block_table_entries);
   absl::Status UploadPlan();

@@ -194,6 +194,43 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
   return std::make_unique<KvCache>(shape, storage, DType::kBF16, [](void* p) { cudaFree(p); });
 }
 
+// The engine asks for logits per sequence (a decode wants its last row, a prefill chunk
+// mid-prompt none). The step plan computes one policy for the whole batch, so compute the
+// union (all rows if any sequence wants all, else each sequence's last row) and keep the
+// requested rows, in batch order. The head rows a chunk did not need cost little next to
+// the step.
+absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCache* cache,
+                                               const ForwardOptions& options,
+                                               ForwardResult* result) {
+  if (options.sequence_logits.size() != batch.sequences.size()) {
+    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
+  }
+  bool any = false, any_all = false;
+  for (LogitsRows r : options.sequence_logits) {
+    any |= r != LogitsRows::kNone;
+    any_all |= r == LogitsRows::kAll;
+  }
+  ForwardOptions whole = options;
+  whole.sequence_logits.clear();
+  whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
+  GLM_RETURN_IF_ERROR(Forward(batch, cache, whole, result));
+  if (!any) return absl::OkStatus();
+  const int64_t vocab = config_.vocab_size;
+  std::vector<float> kept;
+  int64_t row = 0;  // first computed row of the current sequence
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const int64_t computed = any_all ? batch.sequences[i].num_tokens : 1;
+    const LogitsRows want = options.sequence_logits[i];
+    const int64_t first = want == LogitsRows::kAll ? row : row + computed - 1;
+    const int64_t count = want == LogitsRows::kAll ? computed : (want == LogitsRows::kLast);
+    kept.insert(kept.end(), result->logits.begin() + first * vocab,
+                result->logits.begin() + (first + count) * vocab);
+    row += computed;
+  }
+  result->logits = std::move(kept);
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
   const ModelConfig& c = config_;
   const KvCacheShape& cs = cache.shape();
@@ -360,6 +397,13 @@ absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
 absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
                                 const ForwardOptions& options, ForwardResult* result) {
   if (cache == nullptr) return absl::InvalidArgumentError("no KV cache");
+  if ((options.layer_begin >= 0 && options.layer_begin != layer_begin_) ||
+      (options.layer_end >= 0 && options.layer_end != layer_end_)) {
+    return absl::UnimplementedError(
+        "the CUDA backend runs only its whole span of layers; a sub-span call needs a server "
+        "started with that span (--layers) or the CPU backend");
+  }
+  if (!options.sequence_logits.empty()) return ForwardSelectingLogits(batch, cache, options, result);
   GLM_RETURN_IF_ERROR(CheckBatch(batch, *cache));
   if (options.logits != LogitsRows::kNone && !has_head_) {
     return absl::InvalidArgumentError(

@@ -284,6 +284,48 @@ TEST_P(CudaModelTest, SequenceInRaggedBatchEqualsAlone) {
   EXPECT_LT(RelativeError(rows(result.logits, 11, 1), rows(fc, 4, 1)), kGpuTolerance);
 }
 
+// The engine asks for logits per sequence; the rows that come back are exactly the requested
+// ones of a whole-batch run, in batch order. A sub-span run is refused clearly.
+TEST_P(CudaModelTest, PerSequenceLogitsSelectTheRequestedRows) {
+  std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
+  ASSERT_NE(gpu, nullptr);
+  const int64_t vocab = gpu->config().vocab_size;
+  const std::vector<int32_t> a = Tokens(5, 2), b = Tokens(3, 3), c = Tokens(4, 4);
+  std::vector<int32_t> ids(a);
+  ids.insert(ids.end(), b.begin(), b.end());
+  ids.insert(ids.end(), c.begin(), c.end());
+  const auto run = [&](const ForwardOptions& options, ForwardResult* result) {
+    std::unique_ptr<KvCache> cache = *gpu->CreateCache(16, 4);
+    BlockTable ta, tb, tc;
+    EXPECT_TRUE(cache->Reserve(&ta, 5).ok() && cache->Reserve(&tb, 3).ok() &&
+                cache->Reserve(&tc, 4).ok());
+    ForwardBatch batch;
+    batch.sequences = {{5, 0, &ta}, {3, 0, &tb}, {4, 0, &tc}};
+    batch.token_ids = ids;
+    return gpu->Forward(batch, cache.get(), options, result);
+  };
+  ForwardOptions all;
+  all.logits = LogitsRows::kAll;
+  ForwardResult whole;
+  ASSERT_TRUE(run(all, &whole).ok());
+  ForwardOptions mixed;
+  mixed.sequence_logits = {LogitsRows::kLast, LogitsRows::kNone, LogitsRows::kAll};
+  ForwardResult picked;
+  ASSERT_TRUE(run(mixed, &picked).ok());
+  ASSERT_EQ(picked.logits.size(), static_cast<size_t>(5 * vocab));
+  const auto rows = [&](const std::vector<float>& v, int64_t from, int64_t count) {
+    return std::vector<float>(v.begin() + from * vocab, v.begin() + (from + count) * vocab);
+  };
+  EXPECT_LT(RelativeError(rows(picked.logits, 0, 1), rows(whole.logits, 4, 1)), kGpuTolerance);
+  EXPECT_LT(RelativeError(rows(picked.logits, 1, 4), rows(whole.logits, 8, 4)), kGpuTolerance);
+  ForwardOptions sub;
+  sub.layer_end = 1;
+  sub.logits = LogitsRows::kNone;
+  sub.return_hidden = true;
+  ForwardResult ignored;
+  EXPECT_EQ(run(sub, &ignored).code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST_P(CudaModelTest, BatchedGraphDecodeEqualsEagerAndAlone) {
   // Five sequences decoding together for 20 steps (graph bucket 8: three padding rows), then
   // the same with graphs off on a second cache, then each sequence alone.
