@@ -22,7 +22,9 @@ cxx=(g++ -std=c++20 -O2 -g -fno-strict-aliasing -Wno-unknown-pragmas -ffp-contra
      -I"$emu/fake" -I"$root")
 objs=()
 compile() {  # source object [extra flags]
-  if [ ! -f "$2" ] || [ "$1" -nt "$2" ] || [ -n "$(find "$emu" -newer "$2" -name '*.h')" ]; then
+  # Rebuilt when the source, or any header of the emulator or of core/, is newer.
+  if [ ! -f "$2" ] || [ "$1" -nt "$2" ] ||
+     [ -n "$(find "$emu" "$root/core" -newer "$2" -name '*.h' -print -quit)" ]; then
     echo "compile $(basename "$1")"
     "${cxx[@]}" ${3:-} -c "$1" -o "$2"
   fi
