@@ -13,6 +13,10 @@ namespace {
 
 constexpr int kTileM = 4;
 constexpr int kTileN = 4;
+// Up to this many activation rows, bf16 weights are widened in registers straight from
+// memory; beyond, once into a panel that the row tiles then share (measured on Zen 4: the
+// direct path is 1.5-2.5x faster at 5-16 rows, equal at 64-256, 10% slower at 512).
+constexpr int64_t kDirectMaxRows = 128;
 
 // Lane tree: (j, j+8), (j, j+4), (j, j+2), (j, j+1): the same for every tile shape.
 inline float ReduceLanes(__m512 v) {
@@ -131,16 +135,21 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
   const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
   for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
-  if (w.dtype == DType::kBF16 && m <= kTileM) {
-    // Few rows (decode): stream each 4-row weight tile through all K blocks in place, so the
-    // hardware prefetcher sees long sequential rows. Same per-element order as below.
+  if (w.dtype == DType::kBF16 && m <= kDirectMaxRows) {
+    // Few rows (decode, and experts' thin slices of a prefill): stream each 4-row weight tile
+    // through all K blocks in place, so the hardware prefetcher sees long sequential rows;
+    // each K block of the tile (4 KiB) serves every 4-row group of activations from L1.
+    // Same per-element order as the panel path below.
     const uint16_t* wb = static_cast<const uint16_t*>(w.data) + n0 * k_total;
-    const int mr = static_cast<int>(m);
     for (int64_t n = 0; n < nn; n += kTileN) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
       for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
-        kBf16Tiles[mr - 1][nr - 1](x + k0, k_total, wb + n * k_total + k0, k_total,
-                                   std::min(kBlockK, k_total - k0), y + n0 + n, n_rows);
+        const int64_t kk = std::min(kBlockK, k_total - k0);
+        for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
+          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
+          kBf16Tiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, wb + n * k_total + k0,
+                                     k_total, kk, y + i0 * n_rows + n0 + n, n_rows);
+        }
       }
     }
   } else {

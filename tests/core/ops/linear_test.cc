@@ -103,6 +103,25 @@ TEST_P(LinearTest, RowResultIndependentOfBatch) {
   }
 }
 
+// The same across the switch between the kernel's in-register path (few rows) and its panel
+// path (many rows): a row's bits do not depend on which one the batch size picked.
+TEST_P(LinearTest, RowResultIndependentOfBatchAcrossKernelPaths) {
+  const DType dtype = GetParam();
+  const int64_t n = 37, k = 700, m = 140;
+  std::vector<float> x = RandomVector(m * k, 17);
+  StoredMatrix w = Store(RandomVector(n * k, 18, 0.05f), n, k, dtype);
+  std::vector<float> all(m * n);
+  Linear(x.data(), m, w.view, nullptr, all.data());
+  for (const auto& [start, count] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 1}, {3, 4}, {5, 9}, {11, 16}, {0, 127}, {2, 129}, {7, 133}}) {
+    std::vector<float> part(count * n);
+    Linear(x.data() + start * k, count, w.view, nullptr, part.data());
+    for (int64_t i = 0; i < count * n; ++i) {
+      ASSERT_EQ(part[i], all[start * n + i]) << "start " << start << " count " << count;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, LinearTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
