@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/config.h"
 #include "core/kv_cache.h"
 
 namespace glm {
@@ -53,5 +55,12 @@ struct ForwardResult {
   // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
   std::vector<std::vector<float>> layer_hidden;
 };
+
+// The checks every backend makes before a step: the cache matches the model's KV shape, every
+// sequence has new tokens within the model's context and a block table covering them with
+// valid block ids, and the input is token ids in the vocabulary (a run from layer 0) or
+// hidden states [total_tokens, hidden]. INVALID_ARGUMENT naming what is wrong.
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& config,
+                                  const KvCacheShape& cache, bool token_input);
 
 }  // namespace glm

@@ -11,12 +11,6 @@
 
 namespace glm {
 
-int64_t ForwardBatch::total_tokens() const {
-  int64_t total = 0;
-  for (const SequenceSlice& s : sequences) total += s.num_tokens;
-  return total;
-}
-
 Model::Model(ModelWeights weights)
     : weights_(std::move(weights)),
       rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
@@ -46,58 +40,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
 
 absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
                                int64_t run_end) const {
-  const ModelConfig& c = config();
-  const KvCacheShape& cs = cache.shape();
   if (!cache.host_fp32()) {
     return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
   }
-  if (cs.num_layers != num_span_layers() || cs.kv_heads != c.num_key_value_heads ||
-      cs.head_dim != c.head_dim) {
+  if (cache.shape().num_layers != num_span_layers()) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
-  }
-  const int64_t total = batch.total_tokens();
-  if (total == 0) return absl::InvalidArgumentError("empty batch");
-  for (const SequenceSlice& s : batch.sequences) {
-    if (s.num_tokens <= 0 || s.start_position < 0) {
-      return absl::InvalidArgumentError("each sequence needs at least one new token");
-    }
-    const int64_t end = s.start_position + s.num_tokens;
-    if (end > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "position ", end - 1, " is past max_position_embeddings ", c.max_position_embeddings));
-    }
-    if (s.blocks == nullptr || static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
-      return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
-    }
-    for (int32_t b : *s.blocks) {
-      if (b < 0 || b >= cs.num_blocks) return absl::InvalidArgumentError("bad block id");
-    }
   }
   if (run_begin < layer_begin() || run_end > layer_end() || run_begin >= run_end) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
                                                    ") are not within the served span [",
                                                    layer_begin(), ", ", layer_end(), ")"));
   }
-  if (run_begin == 0) {
-    if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a run from layer 0 takes token ids: expected ", total));
-    }
-    for (int32_t id : batch.token_ids) {
-      if (id < 0 || id >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-  } else {
-    if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
-        !batch.token_ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("a run from layer ", run_begin,
-                                                     " takes hidden states [", total, ", ",
-                                                     c.hidden_size, "]"));
-    }
-  }
-  return absl::OkStatus();
+  return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
 }
 
 void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,

@@ -6,10 +6,9 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_model.h"
-
-#include "core/cuda/cublas_api.h"
 #include "core/cuda/kernels.h"
 
 namespace glm::cuda {
@@ -232,51 +231,13 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
 }
 
 absl::Status CudaModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
-  const ModelConfig& c = config_;
-  const KvCacheShape& cs = cache.shape();
   if (cache.host_fp32() || cache.dtype() != DType::kBF16) {
     return absl::InvalidArgumentError("KV cache was not created by the CUDA backend");
   }
-  if (cs.num_layers != layer_end_ - layer_begin_ || cs.kv_heads != c.num_key_value_heads ||
-      cs.head_dim != c.head_dim) {
+  if (cache.shape().num_layers != layer_end_ - layer_begin_) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
-  const int64_t total = batch.total_tokens();
-  if (total == 0) return absl::InvalidArgumentError("empty batch");
-  for (const SequenceSlice& s : batch.sequences) {
-    if (s.num_tokens <= 0 || s.start_position < 0) {
-      return absl::InvalidArgumentError("each sequence needs at least one new token");
-    }
-    const int64_t end = s.start_position + s.num_tokens;
-    if (end > c.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "position ", end - 1, " is past max_position_embeddings ", c.max_position_embeddings));
-    }
-    if (s.blocks == nullptr || static_cast<int64_t>(s.blocks->size()) * cs.block_size < end) {
-      return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
-    }
-    for (int32_t b : *s.blocks) {
-      if (b < 0 || b >= cs.num_blocks) return absl::InvalidArgumentError("bad block id");
-    }
-  }
-  if (has_embedding_) {
-    if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("this span starts at layer 0: expected ", total, " token ids"));
-    }
-    for (int32_t id : batch.token_ids) {
-      if (id < 0 || id >= c.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-  } else if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
-             !batch.token_ids.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("this span starts at layer ", layer_begin_,
-                                                   ": expected hidden states [", total, ", ",
-                                                   c.hidden_size, "]"));
-  }
-  return absl::OkStatus();
+  return ValidateForwardBatch(batch, config_, cache.shape(), /*token_input=*/has_embedding_);
 }
 
 absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entries) {
@@ -403,7 +364,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
         "the CUDA backend runs only its whole span of layers; a sub-span call needs a server "
         "started with that span (--layers) or the CPU backend");
   }
-  if (!options.sequence_logits.empty()) return ForwardSelectingLogits(batch, cache, options, result);
+  if (!options.sequence_logits.empty())
+    return ForwardSelectingLogits(batch, cache, options, result);
   GLM_RETURN_IF_ERROR(CheckBatch(batch, *cache));
   if (options.logits != LogitsRows::kNone && !has_head_) {
     return absl::InvalidArgumentError(

@@ -1,0 +1,55 @@
+#include "core/forward_types.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace glm {
+
+int64_t ForwardBatch::total_tokens() const {
+  int64_t total = 0;
+  for (const SequenceSlice& s : sequences) total += s.num_tokens;
+  return total;
+}
+
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& c,
+                                  const KvCacheShape& cache, bool token_input) {
+  if (cache.kv_heads != c.num_key_value_heads || cache.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("KV cache shape does not match the model");
+  }
+  const int64_t total = batch.total_tokens();
+  if (total == 0) return absl::InvalidArgumentError("empty batch");
+  for (const SequenceSlice& s : batch.sequences) {
+    if (s.num_tokens <= 0 || s.start_position < 0) {
+      return absl::InvalidArgumentError("each sequence needs at least one new token");
+    }
+    const int64_t end = s.start_position + s.num_tokens;
+    if (end > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "position ", end - 1, " is past max_position_embeddings ", c.max_position_embeddings));
+    }
+    if (s.blocks == nullptr || static_cast<int64_t>(s.blocks->size()) * cache.block_size < end) {
+      return absl::InvalidArgumentError("a block table does not cover its sequence's positions");
+    }
+    for (int32_t b : *s.blocks) {
+      if (b < 0 || b >= cache.num_blocks) return absl::InvalidArgumentError("bad block id");
+    }
+  }
+  if (token_input) {
+    if (static_cast<int64_t>(batch.token_ids.size()) != total || !batch.hidden_in.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a run from layer 0 takes token ids: expected ", total));
+    }
+    for (int32_t id : batch.token_ids) {
+      if (id < 0 || id >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+  } else if (static_cast<int64_t>(batch.hidden_in.size()) != total * c.hidden_size ||
+             !batch.token_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("a run from a later layer takes hidden states [",
+                                                   total, ", ", c.hidden_size, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace glm
