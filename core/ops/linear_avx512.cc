@@ -28,56 +28,29 @@ inline float ReduceLanes(__m512 v) {
   return _mm_cvtss_f32(d);
 }
 
-// y[i][n] += dot(x_i[0:kk], panel_n[0:kk]) for an MR x NR tile.
-template <int MR, int NR>
-void Tile(const float* x, int64_t ldx, const float* panel, int64_t kk, float* y, int64_t ldy) {
-  __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= kk; k += 16) {
-    __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(panel + n * kk + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
-      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
-    }
-  }
-  if (k < kk) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (kk - k)) - 1);
-    __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mask, panel + n * kk + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
-      for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
-}
-
-// The same tile reading bf16 weights in place (row stride ldw), widening in registers: for
-// few activation rows, where staging a widened panel would cost more than it saves. The
-// arithmetic is identical to Tile's on the widened panel.
-inline __m512 LoadBf16(const uint16_t* p) {
+// 16 weights as fp32: fp32 as is, bf16 widened exactly in registers (bf16 is the top half of
+// an fp32), so one tile serves a widened panel and bf16 weights read in place alike.
+inline __m512 LoadWeights(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 LoadWeights(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+inline __m512 LoadWeights(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline __m512 LoadBf16Masked(const uint16_t* p, __mmask16 mask) {
+inline __m512 LoadWeights(const uint16_t* p, __mmask16 mask) {
   const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-template <int MR, int NR>
-void TileBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t kk, float* y,
-              int64_t ldy) {
+// y[i][n] += dot(x_i[0:kk], w_n[0:kk]) for an MR x NR tile; weight rows have stride ldw.
+template <int MR, int NR, typename W>
+void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, float* y, int64_t ldy) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= kk; k += 16) {
     __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = LoadBf16(w + n * ldw + k);
+    for (int n = 0; n < NR; ++n) wv[n] = LoadWeights(w + n * ldw + k);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
       for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
@@ -86,7 +59,7 @@ void TileBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64
   if (k < kk) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (kk - k)) - 1);
     __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = LoadBf16Masked(w + n * ldw + k, mask);
+    for (int n = 0; n < NR; ++n) wv[n] = LoadWeights(w + n * ldw + k, mask);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
       for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
@@ -96,20 +69,15 @@ void TileBf16(const float* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64
     for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
 }
 
-using TileBf16Fn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*,
-                            int64_t);
-template <int MR>
-constexpr TileBf16Fn kBf16TilesForM[kTileN] = {TileBf16<MR, 1>, TileBf16<MR, 2>, TileBf16<MR, 3>,
-                                               TileBf16<MR, 4>};
-constexpr const TileBf16Fn* kBf16Tiles[kTileM] = {kBf16TilesForM<1>, kBf16TilesForM<2>,
-                                                  kBf16TilesForM<3>, kBf16TilesForM<4>};
-
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
-
-template <int MR>
-constexpr TileFn kTilesForM[kTileN] = {Tile<MR, 1>, Tile<MR, 2>, Tile<MR, 3>, Tile<MR, 4>};
-constexpr const TileFn* kTiles[kTileM] = {kTilesForM<1>, kTilesForM<2>, kTilesForM<3>,
-                                          kTilesForM<4>};
+// Tiles by shape: kTiles<W>[MR - 1][NR - 1].
+template <typename W>
+using TileFn = void (*)(const float*, int64_t, const W*, int64_t, int64_t, float*, int64_t);
+template <typename W, int MR>
+constexpr TileFn<W> kTilesForM[kTileN] = {Tile<MR, 1, W>, Tile<MR, 2, W>, Tile<MR, 3, W>,
+                                          Tile<MR, 4, W>};
+template <typename W>
+constexpr const TileFn<W>* kTiles[kTileM] = {kTilesForM<W, 1>, kTilesForM<W, 2>, kTilesForM<W, 3>,
+                                             kTilesForM<W, 4>};
 
 // Widens nn rows x kk columns of bf16 to fp32 (exact: bf16 is the top half of an fp32).
 void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* dst) {
@@ -147,8 +115,8 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
         const int64_t kk = std::min(kBlockK, k_total - k0);
         for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
           const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
-          kBf16Tiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, wb + n * k_total + k0,
-                                     k_total, kk, y + i0 * n_rows + n0 + n, n_rows);
+          kTiles<uint16_t>[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, wb + n * k_total + k0,
+                                           k_total, kk, y + i0 * n_rows + n0 + n, n_rows);
         }
       }
     }
@@ -168,8 +136,8 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
         const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
         for (int64_t n = 0; n < nn; n += kTileN) {
           const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-          kTiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel + n * kk, kk,
-                                 y + i0 * n_rows + n0 + n, n_rows);
+          kTiles<float>[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel + n * kk, kk, kk,
+                                        y + i0 * n_rows + n0 + n, n_rows);
         }
       }
     }
