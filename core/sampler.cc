@@ -6,11 +6,13 @@
 #include <cstddef>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/sampler_scan.h"
 
-// Processing order for temperature > 0 (all arithmetic in float64):
+// Processing order for temperature > 0 (the distribution's arithmetic in float64):
 //   1. NaN logits are treated as -inf (a NaN would break every ordering below).
 //   2. Repetition penalty on each distinct in-range history id.
 //   3. Divide by the temperature.
@@ -27,9 +29,34 @@
 // does not depend on the standard library's nth_element or heap either. No expression here
 // has the a * b + c shape that GCC fuses into an FMA by default where the ISA has one, so
 // results do not depend on -ffp-contract or the target; keep it that way.
+//
+// Cost: only what the request needs is computed, and every shortcut below gives exactly the
+// token (and logprobs) of the plain full-row computation (tests/core/sampler_legacy.cc, kept
+// as the reference that core_sampler_equivalence_test compares against):
+//   - Greedy is an argmax over the float row (float compares are exact, and the penalised
+//     ids are compared in float64 as before); no exp at all.
+//   - Top-k selects on the raw floats: x -> x / T is strictly increasing in float64 for
+//     finite T (distinct floats differ by 2^-24 relative, far above float64's rounding, and
+//     the quotient neither overflows nor goes subnormal), so the k largest floats are the k
+//     largest scaled logits. Penalised ids join the k unpenalised winners and the exact top-k
+//     is taken over that union; only those k get an exp.
+//   - Min-p without top-p skips every 64-id block whose maximum is already below min_p (a
+//     float64 bound with margin), so only plausible tokens get an exp.
+//   - The chosen token's logprob and the top logprobs, a full log-sum-exp and a top-n scan,
+//     are computed only when requested.
+// Plain temperature and top-p without top-k still need every token's weight: Z (step 5) is
+// a float64 sum in id order over the whole row, and it decides where the nucleus ends.
+// Why float64 is kept for the weights and sums: a request's seeded stream is a contract
+// (same seed, same tokens, across versions and machines), and float weights would move a
+// draw whenever u lands within ~1e-7 of a cumulative boundary, and put top_p's nucleus
+// boundary within float rounding of kTopPSlack. The float work is the scanning (argmax,
+// top-k, block skipping), where float is exact.
 
 namespace glm {
 namespace {
+
+using sampler_internal::ArgMaxRange;
+using sampler_internal::TopKFloat;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -39,9 +66,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // third token or not depending on the last bit of exp.
 constexpr double kTopPSlack = 1e-6;
 
-// Up to this k, top-k keeps a heap of the best k in one pass over the vocabulary; above it,
-// nth_element is cheaper than the heap's log k work per replacement.
-constexpr size_t kTopKHeapLimit = 1024;
+// Min-p skips a block when its best log-weight is below log(min_p) by more than this: far
+// above the error of exp and log (~1e-16), so no token with weight >= min_p is skipped.
+constexpr double kMinPLogMargin = 1e-6;
+
+constexpr int32_t kBlock = 64;
 
 // The standard splitmix64 output function (Steele, Lea and Flood, "Fast splittable
 // pseudorandom number generators", 2014): a bijection with full avalanche, so consecutive
@@ -92,15 +121,6 @@ double Penalise(double x, double penalty) {
   return NanToNegInf(x > 0.0 ? x / penalty : x * penalty);
 }
 
-// Index of the largest value, ties to the lowest index. `values` holds no NaN.
-int32_t ArgMax(const std::vector<double>& values) {
-  size_t best = 0;
-  for (size_t i = 1; i < values.size(); ++i) {
-    if (values[i] > values[best]) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
-
 struct Candidate {
   double weight;  // unnormalised probability, in [0, 1]
   int32_t id;
@@ -112,44 +132,98 @@ bool CanonicallyBefore(const Candidate& a, const Candidate& b) {
   return a.weight > b.weight || (a.weight == b.weight && a.id < b.id);
 }
 
-// The ids of the k largest of value(0..n-1) (k < n), ties by lower id, in id order. The set
-// is unique, and returning it in id order makes everything downstream independent of how the
-// selection algorithm arranged it.
-template <typename Value>
-std::vector<int32_t> TopIds(size_t n, size_t k, Value value) {
-  auto before = [&value](int32_t a, int32_t b) {
-    const double va = value(a), vb = value(b);
-    return va > vb || (va == vb && a < b);
-  };
-  const int32_t end = static_cast<int32_t>(n);
-  std::vector<int32_t> kept;
-  if (k <= kTopKHeapLimit) {
-    // One pass with a heap whose top is the worst kept id: most ids lose a single comparison
-    // against it.
-    kept.reserve(k);
-    for (int32_t id = 0; id < end; ++id) {
-      if (kept.size() < k) {
-        kept.push_back(id);
-        std::push_heap(kept.begin(), kept.end(), before);
-      } else if (before(id, kept.front())) {
-        std::pop_heap(kept.begin(), kept.end(), before);
-        kept.back() = id;
-        std::push_heap(kept.begin(), kept.end(), before);
-      }
+// Per-thread buffers, so that a call allocates nothing once warm (a 151552-wide row would
+// otherwise cost megabytes of fresh, page-faulting memory per token).
+struct Scratch {
+  std::vector<uint64_t> history_bits;  // one bit per id; all clear between calls
+  std::vector<int32_t> penalised_ids;  // distinct in-range history ids, ascending
+  std::vector<double> penalised;       // their penalised logits
+  std::vector<std::pair<float, int32_t>> heap;
+  std::vector<std::pair<double, int32_t>> pool;  // (scaled logit, id)
+  std::vector<double> z;                         // scaled logits by id (whole-row path)
+  std::vector<Candidate> candidates;
+  std::vector<uint16_t> bins;  // CanonicalWalk: each candidate's bin
+  std::vector<size_t> bin_count;
+  std::vector<double> bin_sum;
+  std::vector<Candidate> members;
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// The logits row with the repetition penalty: raw floats (NaN read as -inf) everywhere but
+// at the penalised ids, whose float64 values are kept aside.
+class PenalisedRow {
+ public:
+  PenalisedRow(absl::Span<const float> logits, double penalty, absl::Span<const int32_t> history,
+               Scratch& s)
+      : raw_(logits.data()), size_(static_cast<int32_t>(logits.size())), s_(s) {
+    s.penalised_ids.clear();
+    s.penalised.clear();
+    if (penalty == 1.0) return;
+    // Distinct ids in ascending order through a bitmap: linear in the history and the row,
+    // where sorting a long prompt's history would not be.
+    const size_t words = (logits.size() + 63) / 64;
+    if (s.history_bits.size() != words) s.history_bits.assign(words, 0);
+    for (int32_t id : history) {
+      if (id >= 0 && id < size_) s.history_bits[id >> 6] |= uint64_t{1} << (id & 63);
     }
-    std::sort(kept.begin(), kept.end());
-  } else {
-    std::vector<int32_t> ids(n);
-    std::iota(ids.begin(), ids.end(), 0);
-    const auto nth = ids.begin() + static_cast<ptrdiff_t>(k - 1);
-    std::nth_element(ids.begin(), nth, ids.end(), before);
-    const int32_t last_kept = *nth;
-    kept.reserve(k);
-    for (int32_t id = 0; id < end; ++id) {
-      if (!before(last_kept, id)) kept.push_back(id);
+    for (size_t w = 0; w < words; ++w) {
+      for (uint64_t bits = s.history_bits[w]; bits != 0; bits &= bits - 1) {
+        const int32_t id = static_cast<int32_t>(w * 64) + std::countr_zero(bits);
+        s.penalised_ids.push_back(id);
+        // Recomputed from the raw logit, so repeats apply the penalty once.
+        s.penalised.push_back(Penalise(raw(id), penalty));
+      }
+      s.history_bits[w] = 0;
     }
   }
-  return kept;
+
+  int32_t size() const { return size_; }
+  const float* data() const { return raw_; }
+  double raw(int32_t id) const { return NanToNegInf(raw_[id]); }
+  const std::vector<int32_t>& penalised_ids() const { return s_.penalised_ids; }
+  const std::vector<double>& penalised() const { return s_.penalised; }
+
+  // In ascending id order: range(begin, end) for each maximal run of unpenalised ids and
+  // point(j) for the j-th penalised id.
+  template <typename Range, typename Point>
+  void ForEach(Range range, Point point) const {
+    int32_t next = 0;
+    for (size_t j = 0; j < s_.penalised_ids.size(); ++j) {
+      const int32_t id = s_.penalised_ids[j];
+      if (next < id) range(next, id);
+      point(j);
+      next = id + 1;
+    }
+    if (next < size_) range(next, size_);
+  }
+
+ private:
+  const float* raw_;
+  int32_t size_;
+  Scratch& s_;
+};
+
+// Index of the largest penalised value, ties to the lowest index.
+int32_t ArgMax(const PenalisedRow& row) {
+  double best = 0.0;
+  int32_t best_id = -1;
+  auto consider = [&](double value, int32_t id) {
+    if (best_id < 0 || value > best) {
+      best = value;
+      best_id = id;
+    }
+  };
+  row.ForEach(
+      [&](int32_t begin, int32_t end) {
+        const sampler_internal::FloatBest b = ArgMaxRange(row.data(), begin, end);
+        consider(b.value, b.id);
+      },
+      [&](size_t j) { consider(row.penalised()[j], row.penalised_ids()[j]); });
+  return best_id;
 }
 
 // A position in the canonical order: the token's weight bin and its rank within the bin.
@@ -166,22 +240,28 @@ struct Position {
 // Running sums add whole bins' totals (each summed in id order) and then, inside the bin where
 // the walk ends, single weights in canonical order. Which token a target picks therefore
 // depends on the inputs only, and differs from an exact canonical walk only by rounding.
+// Only the occupied bin range [lo, hi] is stored: empty bins add +0.0, which changes no sum.
 class CanonicalWalk {
  public:
-  // `candidates` (weights in [0, 1]) must outlive this.
-  explicit CanonicalWalk(const std::vector<Candidate>& candidates)
-      : candidates_(candidates), count_(kBins, 0), sum_(kBins, 0.0) {
-    for (const Candidate& c : candidates) {
-      const int bin = Bin(c.weight);
-      ++count_[bin];
-      sum_[bin] += c.weight;
+  // `candidates` (weights in [0, 1], ascending ids, not empty) must outlive this.
+  CanonicalWalk(const std::vector<Candidate>& candidates, Scratch& s)
+      : candidates_(candidates), s_(s) {
+    s.bins.resize(candidates.size());
+    lo_ = kBins;
+    hi_ = -1;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const int bin = Bin(candidates[i].weight);
+      s.bins[i] = static_cast<uint16_t>(bin);
+      lo_ = std::min(lo_, bin);
+      hi_ = std::max(hi_, bin);
     }
-    for (int bin = 0; bin < kBins; ++bin) {
-      if (count_[bin] > 0) {
-        last_ = {bin, count_[bin] - 1};
-        break;
-      }
+    s.bin_count.assign(hi_ - lo_ + 1, 0);
+    s.bin_sum.assign(hi_ - lo_ + 1, 0.0);
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      ++s.bin_count[s.bins[i] - lo_];
+      s.bin_sum[s.bins[i] - lo_] += candidates[i].weight;
     }
+    last_ = {lo_, s.bin_count[0] - 1};
   }
 
   // The last candidate in canonical order.
@@ -190,7 +270,7 @@ class CanonicalWalk {
   // The sum of all weights, bin totals added from the heaviest bin down as Walk adds them.
   double total() const {
     double sum = 0.0;
-    for (int bin = kBins - 1; bin >= 0; --bin) sum += sum_[bin];
+    for (int bin = hi_; bin >= lo_; --bin) sum += sum_(bin);
     return sum;
   }
 
@@ -208,12 +288,12 @@ class CanonicalWalk {
       return inclusive ? cumulative >= target : cumulative > target;
     };
     double cumulative = 0.0;
-    for (int bin = kBins - 1; bin >= end.bin; --bin) {
-      if (count_[bin] == 0) continue;
+    for (int bin = hi_; bin >= end.bin; --bin) {
+      if (count(bin) == 0) continue;
       // A bin the walk may leave whole: below its total, the target is not in it.
-      const bool whole = bin > end.bin || end.rank + 1 == count_[bin];
-      if (whole && !reached(cumulative + sum_[bin])) {
-        cumulative += sum_[bin];
+      const bool whole = bin > end.bin || end.rank + 1 == count(bin);
+      if (whole && !reached(cumulative + sum_(bin))) {
+        cumulative += sum_(bin);
         continue;
       }
       const std::vector<Candidate>& members = Members(bin);
@@ -235,66 +315,172 @@ class CanonicalWalk {
 
   static int Bin(double weight) { return static_cast<int>(std::bit_cast<uint64_t>(weight) >> 49); }
 
+  size_t count(int bin) const { return s_.bin_count[bin - lo_]; }
+  double sum_(int bin) const { return s_.bin_sum[bin - lo_]; }
+
   // The bin's candidates in canonical order, collected on demand (a walk touches at most a
   // couple of bins).
   const std::vector<Candidate>& Members(int bin) {
     if (bin != members_bin_) {
-      members_.clear();
-      for (const Candidate& c : candidates_) {
-        if (Bin(c.weight) == bin) members_.push_back(c);
+      s_.members.clear();
+      for (size_t i = 0; i < candidates_.size(); ++i) {
+        if (s_.bins[i] == bin) s_.members.push_back(candidates_[i]);
       }
-      std::sort(members_.begin(), members_.end(), CanonicallyBefore);
+      std::sort(s_.members.begin(), s_.members.end(), CanonicallyBefore);
       members_bin_ = bin;
     }
-    return members_;
+    return s_.members;
   }
 
   const std::vector<Candidate>& candidates_;
-  std::vector<size_t> count_;
-  std::vector<double> sum_;
+  Scratch& s_;
+  int lo_ = 0, hi_ = 0;
   Position last_;
   int members_bin_ = -1;
-  std::vector<Candidate> members_;
 };
 
-// Steps 3-7 of the file comment on the penalised logits `z` (overwritten).
-int32_t SampleFromLogits(std::vector<double>& z, const SamplingParams& params, double u) {
-  const size_t vocab = z.size();
-  const double temperature = params.temperature;
-  // Dividing in float64 cannot overflow: |float| / smallest positive float < 1e84.
-  double max_logit = -kInf;  // the top-k below always keeps it
-  for (double& x : z) {
-    x = NanToNegInf(x / temperature);
-    max_logit = std::max(max_logit, x);
-  }
+// The ids of the k largest of the pool's scaled logits (k < pool size), ties by lower id,
+// in id order. The set is unique, so how nth_element arranges it does not matter.
+void KeepTopK(size_t k, std::vector<std::pair<double, int32_t>>* pool) {
+  auto before = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::nth_element(pool->begin(), pool->begin() + static_cast<ptrdiff_t>(k - 1), pool->end(),
+                   before);
+  pool->resize(k);
+  std::sort(pool->begin(), pool->end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+}
 
-  std::vector<Candidate> candidates;
+// Step 4 and 5 with top-k on and a finite temperature: the candidates (in id order) and Z.
+double TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
+  TopKFloat top(k, &s.heap);
+  row.ForEach([&](int32_t begin, int32_t end) { top.Scan(row.data(), begin, end); }, [](size_t) {});
+  const std::vector<int32_t> winners = top.TakeIds();
+  // The union of the unpenalised winners and the penalised ids, in id order.
+  std::vector<std::pair<double, int32_t>>& pool = s.pool;
+  pool.clear();
+  size_t j = 0;
+  auto add_penalised = [&] {
+    pool.push_back({NanToNegInf(row.penalised()[j] / temperature), row.penalised_ids()[j]});
+    ++j;
+  };
+  for (int32_t id : winners) {
+    while (j < row.penalised_ids().size() && row.penalised_ids()[j] < id) add_penalised();
+    pool.push_back({NanToNegInf(row.raw(id) / temperature), id});
+  }
+  while (j < row.penalised_ids().size()) add_penalised();
+  if (pool.size() > k) KeepTopK(k, &pool);
+  double max_logit = -kInf;
+  for (const auto& [z, id] : pool) max_logit = std::max(max_logit, z);
+  double total = 0.0;
+  for (const auto& [z, id] : pool) {
+    const double w = Weight(z, max_logit);
+    s.candidates.push_back({w, id});
+    total += w;
+  }
+  return total;
+}
+
+// Min-p alone (no top-k or top-p): the candidates with weight >= min_p, in id order, skipping
+// blocks whose best weight is below it. Returns false (nothing done) when the maximum is
+// infinite, where the block bound does not apply.
+bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, Scratch& s) {
+  auto scaled = [temperature](double v) { return NanToNegInf(v / temperature); };
+  double max_logit = -kInf;
+  row.ForEach(
+      [&](int32_t begin, int32_t end) {
+        max_logit = std::max(max_logit, scaled(ArgMaxRange(row.data(), begin, end).value));
+      },
+      [&](size_t j) { max_logit = std::max(max_logit, scaled(row.penalised()[j])); });
+  if (!std::isfinite(max_logit)) return false;
+  // z -> z - max_logit and x -> x / T are non-decreasing, so a block's largest float bounds
+  // every member's log-weight.
+  const double skip_below = std::log(min_p) - kMinPLogMargin;
+  auto keep = [&](double z, int32_t id) {
+    const double w = Weight(z, max_logit);
+    if (w >= min_p) s.candidates.push_back({w, id});
+  };
+  row.ForEach(
+      [&](int32_t begin, int32_t end) {
+        for (int32_t b = begin; b < end; b += kBlock) {
+          const int32_t e = std::min(end, b + kBlock);
+          const double best = scaled(ArgMaxRange(row.data(), b, e).value);
+          if (best - max_logit < skip_below) continue;
+          for (int32_t id = b; id < e; ++id) keep(scaled(row.raw(id)), id);
+        }
+      },
+      [&](size_t j) { keep(scaled(row.penalised()[j]), row.penalised_ids()[j]); });
+  return true;
+}
+
+// Steps 3-5 over the whole row (top-k too when the temperature is infinite, where scaling
+// collapses distinct logits and top-k must compare the scaled values).
+double WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
+  const size_t vocab = static_cast<size_t>(row.size());
+  std::vector<double>& z = s.z;
+  z.resize(vocab);
+  // Dividing in float64 cannot overflow: |float| / smallest positive float < 1e84.
+  for (size_t i = 0; i < vocab; ++i)
+    z[i] = NanToNegInf(row.raw(static_cast<int32_t>(i)) / temperature);
+  for (size_t j = 0; j < row.penalised_ids().size(); ++j) {
+    z[row.penalised_ids()[j]] = NanToNegInf(row.penalised()[j] / temperature);
+  }
+  double max_logit = -kInf;  // the top-k below always keeps it
+  for (double x : z) max_logit = std::max(max_logit, x);
   double total = 0.0;  // >= 1: the most likely token has weight 1
   auto add = [&](int32_t id) {
     const double w = Weight(z[id], max_logit);
-    candidates.push_back({w, id});
+    s.candidates.push_back({w, id});
     total += w;
   };
-  const size_t k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : vocab;
   if (k < vocab) {
-    candidates.reserve(k);
-    for (int32_t id : TopIds(vocab, k, [&z](int32_t i) { return z[i]; })) add(id);
+    std::vector<std::pair<double, int32_t>>& pool = s.pool;
+    pool.clear();
+    for (size_t i = 0; i < vocab; ++i) pool.push_back({z[i], static_cast<int32_t>(i)});
+    KeepTopK(k, &pool);
+    for (const auto& [value, id] : pool) add(id);
   } else {
-    candidates.reserve(vocab);
     for (size_t i = 0; i < vocab; ++i) add(static_cast<int32_t>(i));
+  }
+  return total;
+}
+
+// Steps 3-7 of the file comment on the penalised row. When the distribution was built over
+// the whole row from unchanged logits (temperature 1, no penalised id, no top-k), its Z is
+// exactly the log-softmax's sum (same weights, same id order) and is stored in *raw_sum.
+int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, double u,
+                         Scratch& s, double* raw_sum) {
+  const size_t vocab = static_cast<size_t>(row.size());
+  const double temperature = params.temperature;
+  const size_t k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : vocab;
+  const bool top_p = params.top_p < 1.0f;
+  // min_p >= 1 (unvalidated) would drop every token: ignored rather than left undefined.
+  const bool min_p = params.min_p > 0.0f && params.min_p < 1.0f;
+
+  std::vector<Candidate>& candidates = s.candidates;
+  candidates.clear();
+  double total;  // Z of step 5, before min-p; needed by top-p only
+  if (k < vocab && std::isfinite(temperature)) {
+    total = TopKCandidates(row, k, temperature, s);
+  } else if (k >= vocab && min_p && !top_p && MinPCandidates(row, temperature, params.min_p, s)) {
+    total = 0.0;  // unused without top-p; the candidates are min-p's survivors already
+  } else {
+    total = WholeRowCandidates(row, k, temperature, s);
+    if (temperature == 1.0 && k >= vocab && row.penalised_ids().empty()) *raw_sum = total;
   }
 
   // Weights are relative to the most likely token's weight of 1, so min-p's
   // "prob < min_p * max prob" is "weight < min_p"; the most likely token always survives.
-  if (params.min_p > 0.0f) {
+  if (min_p) {
     const double min_weight = params.min_p;
     std::erase_if(candidates, [&](const Candidate& c) { return c.weight < min_weight; });
   }
 
-  CanonicalWalk walk(candidates);
+  CanonicalWalk walk(candidates, s);
   Position end = walk.last();
   double kept_mass = walk.total();
-  if (params.top_p < 1.0f) {
+  if (top_p) {
     // Against `total`, the mass before min-p: both filters judge the same distribution.
     const double nucleus = (static_cast<double>(params.top_p) - kTopPSlack) * total;
     const CanonicalWalk::Stop stop = walk.Walk(nucleus, /*inclusive=*/true, end);
@@ -302,6 +488,39 @@ int32_t SampleFromLogits(std::vector<double>& z, const SamplingParams& params, d
     kept_mass = stop.cumulative;
   }
   return walk.id(walk.Walk(u * kept_mass, /*inclusive=*/false, end).position);
+}
+
+// The chosen token's logprob and the `top` most likely tokens' (log-softmax of the raw
+// logits: (x - max) - log(sum exp(x - max)), summed in id order; `known_sum` when the
+// sampler already has that sum, else NaN).
+void AddLogprobs(absl::Span<const float> logits, int32_t top, double known_sum, Scratch& s,
+                 SampledToken* result) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  const float* x = logits.data();
+  auto raw = [x](int32_t i) { return NanToNegInf(x[i]); };
+  const double raw_max = ArgMaxRange(x, 0, vocab).value;
+  double sum = known_sum;
+  if (std::isnan(sum)) {
+    sum = 0.0;
+    for (int32_t i = 0; i < vocab; ++i) sum += Weight(raw(i), raw_max);
+  }
+  const double log_sum = std::log(sum);
+  auto logprob = [&](int32_t i) { return ToFloat(LogWeight(raw(i), raw_max) - log_sum); };
+  result->logprob = logprob(result->token);
+  if (top <= 0) return;
+  std::vector<int32_t> ids;
+  if (top < vocab) {
+    TopKFloat best(static_cast<size_t>(top), &s.heap);
+    best.Scan(x, 0, vocab);
+    ids = best.TakeIds();
+  } else {
+    ids.resize(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  std::sort(ids.begin(), ids.end(),
+            [&](int32_t a, int32_t b) { return raw(a) > raw(b) || (raw(a) == raw(b) && a < b); });
+  result->top.reserve(ids.size());
+  for (int32_t id : ids) result->top.push_back({id, logprob(id)});
 }
 
 }  // namespace
@@ -330,52 +549,20 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
 
 SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, uint64_t token_index,
-                         int32_t top_logprobs) {
+                         LogprobRequest want) {
   SampledToken result;
-  const size_t vocab = logits.size();
-  if (vocab == 0) return result;  // nothing to choose from; callers never pass this
-
-  auto raw = [&logits](size_t i) { return NanToNegInf(logits[i]); };
-
-  std::vector<double> z(vocab);
-  double raw_max = -kInf;
-  for (size_t i = 0; i < vocab; ++i) {
-    z[i] = raw(i);
-    raw_max = std::max(raw_max, z[i]);
+  // Nothing to choose from (callers never pass this), or more ids than int32 can name.
+  if (logits.empty() || logits.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return result;
   }
-  const double penalty = params.repetition_penalty;
-  if (penalty != 1.0) {
-    // Recomputed from the raw logit on every occurrence, so repeats apply the penalty once.
-    for (int32_t id : history) {
-      if (id >= 0 && static_cast<size_t>(id) < vocab) z[id] = Penalise(raw(id), penalty);
-    }
-  }
-
+  Scratch& s = ThreadScratch();
+  const PenalisedRow row(logits, params.repetition_penalty, history, s);
+  double raw_sum = std::numeric_limits<double>::quiet_NaN();
   // Written so that a NaN temperature (unvalidated params) falls back to greedy.
   result.token = params.temperature > 0.0f
-                     ? SampleFromLogits(z, params, Uniform(params.seed, token_index))
-                     : ArgMax(z);
-
-  // Log-softmax of the raw logits: (x - max) - log(sum exp(x - max)), summed in id order.
-  double sum = 0.0;
-  for (size_t i = 0; i < vocab; ++i) sum += Weight(raw(i), raw_max);
-  const double log_sum = std::log(sum);
-  auto logprob = [&](size_t i) { return ToFloat(LogWeight(raw(i), raw_max) - log_sum); };
-  result.logprob = logprob(static_cast<size_t>(result.token));
-
-  if (top_logprobs > 0) {
-    const size_t n = std::min(static_cast<size_t>(top_logprobs), vocab);
-    std::vector<int32_t> top(n);
-    if (n < vocab) {
-      top = TopIds(vocab, n, raw);
-    } else {
-      std::iota(top.begin(), top.end(), 0);
-    }
-    std::sort(top.begin(), top.end(),
-              [&](int32_t a, int32_t b) { return raw(a) > raw(b) || (raw(a) == raw(b) && a < b); });
-    result.top.reserve(top.size());
-    for (int32_t id : top) result.top.push_back({id, logprob(id)});
-  }
+                     ? SampleFromLogits(row, params, Uniform(params.seed, token_index), s, &raw_sum)
+                     : ArgMax(row);
+  if (want.chosen || want.top > 0) AddLogprobs(logits, want.top, raw_sum, s, &result);
   return result;
 }
 

@@ -32,16 +32,32 @@ struct TokenLogprob {
 struct SampledToken {
   int32_t token = 0;
   // log-softmax of the model's raw logits at the chosen token (before penalty, temperature
-  // and truncation: the model's own belief, comparable across sampling settings).
+  // and truncation: the model's own belief, comparable across sampling settings); 0 when
+  // not requested.
   float logprob = 0.0f;
-  std::vector<TokenLogprob> top;  // the top_logprobs most likely tokens, best first
+  std::vector<TokenLogprob> top;  // the requested most likely tokens, best first
+};
+
+// What a request asked to see besides the token. Each costs a pass over the whole row
+// (a log-sum-exp, a top-n selection), so SampleToken computes them only when asked.
+struct LogprobRequest {
+  bool chosen = false;  // the chosen token's logprob
+  int32_t top = 0;      // this many most likely tokens with their logprobs (> 0 implies chosen)
 };
 
 // Chooses the token at output index `token_index` of a request. `history` is the prompt plus
 // the tokens generated so far (for the repetition penalty). Deterministic: the same inputs
-// give the same token on every machine.
+// give the same token on every machine, and the token does not depend on `want`.
+// Thread-safe: scratch space is per thread.
 SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                          absl::Span<const int32_t> history, uint64_t token_index,
-                         int32_t top_logprobs);
+                         LogprobRequest want);
+
+// The same, always with the chosen token's logprob and `top_logprobs` alternatives.
+inline SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
+                                absl::Span<const int32_t> history, uint64_t token_index,
+                                int32_t top_logprobs) {
+  return SampleToken(logits, params, history, token_index, LogprobRequest{true, top_logprobs});
+}
 
 }  // namespace glm
