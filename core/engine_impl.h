@@ -94,7 +94,10 @@ class Engine::Impl {
   Sequence* PickVictim();  // the most recently admitted preemptible sequence
   void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
-  void AfterGenerateStep(Sequence* seq, const float* logits);
+  // Samples every sequence's next token from its logits row (in parallel: each draw is a
+  // pure function of its own inputs), into sampled_.
+  void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows);
+  void AfterGenerateStep(Sequence* seq, SampledToken sampled);
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void ReleaseBlocks(Sequence* seq);
   void UpdateStats(int64_t step_delta);
@@ -124,6 +127,10 @@ class Engine::Impl {
   std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
   std::vector<Sequence*> running_;  // in admission order
   int64_t admissions_ = 0;
+  // Reused every step, so that the logits rows (megabytes a step) land in memory that is
+  // already allocated and mapped rather than in a fresh, page-faulting buffer.
+  ForwardResult step_result_;
+  std::vector<SampledToken> sampled_;
 
   // Published counters.
   std::mutex stats_mu_;

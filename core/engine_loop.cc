@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/engine_impl.h"
+#include "core/parallel.h"
 
 namespace glm {
 namespace {
@@ -334,7 +335,10 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   }
   batch.token_ids = ids;
   batch.hidden_in = hidden_in;
-  ForwardResult result;
+  ForwardResult& result = step_result_;
+  result.logits.clear();
+  result.hidden.clear();
+  result.layer_hidden.clear();
   const absl::Status status = model_->Forward(batch, cache_.get(), options, &result);
   if (!status.ok()) {
     for (Sequence* seq : selected) {
@@ -347,6 +351,8 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   const int64_t vocab = model_->config().vocab_size;
   int64_t row = 0, logits_row = 0;
   std::vector<Sequence*> finished_forwards;
+  std::vector<Sequence*> to_sample;
+  std::vector<const float*> sample_rows;
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
     const int64_t n = counts[i];
@@ -357,7 +363,10 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     if (seq->is_generate) {
       prompt_computed_ +=
           std::max<int64_t>(0, std::min(seq->computed, seq->prompt_tokens) - (seq->computed - n));
-      if (want == LogitsRows::kLast) AfterGenerateStep(seq, logits);
+      if (want == LogitsRows::kLast) {
+        to_sample.push_back(seq);
+        sample_rows.push_back(logits);
+      }
     } else {
       const ForwardRequest& f = seq->forward;
       ForwardOutput& out = seq->output;
@@ -375,6 +384,12 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
       if (seq->computed == seq->num_inputs) finished_forwards.push_back(seq);
     }
     row += n;
+  }
+  // Generated tokens are delivered in batch order, before the finished forwards, as when
+  // each was sampled inside the loop above.
+  SampleTokens(to_sample, sample_rows);
+  for (size_t i = 0; i < to_sample.size(); ++i) {
+    AfterGenerateStep(to_sample[i], std::move(sampled_[i]));
   }
   for (Sequence* seq : finished_forwards) {
     ForwardOutput out = std::move(seq->output);
@@ -394,16 +409,35 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   if (observer) observer(report);
 }
 
-void Engine::Impl::AfterGenerateStep(Sequence* seq, const float* logits) {
+void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
+                                const std::vector<const float*>& rows) {
+  const int64_t vocab = model_->config().vocab_size;
+  sampled_.resize(seqs.size());
+  auto sample = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Sequence* seq = seqs[i];
+      const GenerateRequest& g = seq->generate;
+      // The logprobs are a full pass over the row each: only when the request asked.
+      const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
+      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], vocab), g.sampling, seq->tokens,
+                                static_cast<uint64_t>(seq->generated), want);
+    }
+  };
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  if (n > 1) {
+    ParallelFor(n, 1, sample);
+  } else {
+    sample(0, n);
+  }
+}
+
+void Engine::Impl::AfterGenerateStep(Sequence* seq, SampledToken sampled) {
   const ModelConfig& c = model_->config();
   if (seq->generated == 0 && options_.prefix_caching) {
     // The prompt's full blocks are now valid: let concurrent requests share them.
     prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
   }
   const GenerateRequest& g = seq->generate;
-  SampledToken sampled =
-      SampleToken(absl::MakeConstSpan(logits, c.vocab_size), g.sampling, seq->tokens,
-                  static_cast<uint64_t>(seq->generated), g.top_logprobs);
   seq->tokens.push_back(sampled.token);
   ++seq->generated;
   ++generated_total_;

@@ -214,19 +214,25 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
   GLM_RETURN_IF_ERROR(Forward(batch, cache, whole, result));
   if (!any) return absl::OkStatus();
+  // Compact in place: kept rows only move towards the front (a kept row's destination never
+  // passes its source), so no second buffer and, when every computed row is wanted (a
+  // decode-only step), no copy at all.
   const int64_t vocab = config_.vocab_size;
-  std::vector<float> kept;
-  int64_t row = 0;  // first computed row of the current sequence
+  float* logits = result->logits.data();
+  int64_t row = 0;   // first computed row of the current sequence
+  int64_t kept = 0;  // rows kept so far
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const int64_t computed = any_all ? batch.sequences[i].num_tokens : 1;
     const LogitsRows want = options.sequence_logits[i];
     const int64_t first = want == LogitsRows::kAll ? row : row + computed - 1;
     const int64_t count = want == LogitsRows::kAll ? computed : (want == LogitsRows::kLast);
-    kept.insert(kept.end(), result->logits.begin() + first * vocab,
-                result->logits.begin() + (first + count) * vocab);
+    if (count > 0 && first != kept) {
+      std::memmove(logits + kept * vocab, logits + first * vocab, sizeof(float) * count * vocab);
+    }
+    kept += count;
     row += computed;
   }
-  result->logits = std::move(kept);
+  result->logits.resize(kept * vocab);  // shrinks: no fill, capacity kept
   return absl::OkStatus();
 }
 
@@ -424,7 +430,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
 
   if (want_logits) {
     const int64_t vocab = c.vocab_size;
-    result->logits.resize(plan_.real_logit_rows * vocab);
+    // Appended chunk by chunk from the pinned staging buffer: no zero-filled resize first.
+    result->logits.reserve(plan_.real_logit_rows * vocab);
     for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
       const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
       // A graph step computed all its (<= kLogitChunk) rows already.
@@ -433,8 +440,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
                                                sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
                                                stream_.get()));
       GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-      std::memcpy(result->logits.data() + begin * vocab, logits_host_.get(),
-                  sizeof(float) * rows * vocab);
+      const float* staged = logits_host_.as<float>();
+      result->logits.insert(result->logits.end(), staged, staged + rows * vocab);
     }
   }
   GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));

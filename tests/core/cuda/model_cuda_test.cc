@@ -318,6 +318,20 @@ TEST_P(CudaModelTest, PerSequenceLogitsSelectTheRequestedRows) {
   };
   EXPECT_LT(RelativeError(rows(picked.logits, 0, 1), rows(whole.logits, 4, 1)), kGpuTolerance);
   EXPECT_LT(RelativeError(rows(picked.logits, 1, 4), rows(whole.logits, 8, 4)), kGpuTolerance);
+  // Rows are compacted in place and appended to a result that the engine reuses from step
+  // to step: a second run into the same result gives the same rows again, and a step where every
+  // sequence wants its last row (nothing to move) gives those rows.
+  const std::vector<float> first = picked.logits;
+  ASSERT_TRUE(run(mixed, &picked).ok());
+  ASSERT_EQ(picked.logits.size(), first.size());
+  EXPECT_LT(RelativeError(picked.logits, first), kGpuTolerance);
+  ForwardOptions lasts;
+  lasts.sequence_logits = {LogitsRows::kLast, LogitsRows::kLast, LogitsRows::kLast};
+  ASSERT_TRUE(run(lasts, &picked).ok());
+  ASSERT_EQ(picked.logits.size(), static_cast<size_t>(3 * vocab));
+  EXPECT_LT(RelativeError(rows(picked.logits, 0, 1), rows(whole.logits, 4, 1)), kGpuTolerance);
+  EXPECT_LT(RelativeError(rows(picked.logits, 1, 1), rows(whole.logits, 7, 1)), kGpuTolerance);
+  EXPECT_LT(RelativeError(rows(picked.logits, 2, 1), rows(whole.logits, 11, 1)), kGpuTolerance);
   ForwardOptions sub;
   sub.layer_end = 1;
   sub.logits = LogitsRows::kNone;
