@@ -8,7 +8,8 @@
 
 namespace glm::testing {
 
-// Absolute path of tests/golden/<name>.
+// <dir>/<name>, where dir is $GLMSERVE_GOLDEN_DIR when set and non-empty, else the source
+// tree's tests/golden (an absolute path compiled in).
 std::string GoldenDir(const std::string& name);
 
 // ||a - b|| / ||b|| over n elements (0 when both are zero).

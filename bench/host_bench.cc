@@ -1,0 +1,265 @@
+// Host-overhead benchmark: what the engine, the sampler and (second table) the gRPC server
+// with its client cost per token and per step when the model itself costs nothing. The
+// model is core/instant_runner.h: logits at once (its Forward only copies the rows into the
+// result, as the CUDA runner's host side does), so every figure here is host time that a
+// GPU step would have to hide. Compared with the issue-9 target: at most 5% of a 3 ms GPU
+// step at 64 streams.
+//
+//   build/bench/host_bench                               # both tables, 1/16/64/256 streams
+//   build/bench/host_bench --streams=64 --server=false   # one engine row set
+//   GLM_NUM_THREADS=16 build/bench/host_bench            # the sampling pool's width
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/bench.h"
+#include "client/client.h"
+#include "core/config.h"
+#include "core/engine.h"
+#include "core/instant_runner.h"
+#include "core/parallel.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, preset, "glm-4.5-mini", "model config (only its shapes and vocabulary)");
+ABSL_FLAG(std::string, streams, "1,16,64,256", "concurrent streams, comma-separated");
+ABSL_FLAG(std::string, modes, "greedy,top_k,whole_row",
+          "engine table sampling: greedy; top_k (T 0.7, top_k 50, top_p 0.9, penalty 1.1); "
+          "whole_row (T 1, top_p 0.95: every token's weight)");
+ABSL_FLAG(int, prompt_tokens, 128, "prompt length");
+ABSL_FLAG(int, max_new_tokens, 64, "tokens generated per request");
+ABSL_FLAG(bool, server, true, "also measure through the gRPC server and client (greedy)");
+ABSL_FLAG(int, rounds, 2, "server table: requests per stream");
+ABSL_FLAG(double, gpu_step_ms, 3.0, "the GPU step time the host overhead is compared with");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+glm::SamplingParams ModeParams(const std::string& mode, uint64_t seed) {
+  glm::SamplingParams p;
+  p.seed = seed;
+  if (mode == "top_k") {
+    p.temperature = 0.7f;
+    p.top_k = 50;
+    p.top_p = 0.9f;
+    p.repetition_penalty = 1.1f;
+  } else if (mode == "whole_row") {
+    p.temperature = 1.0f;
+    p.top_p = 0.95f;
+  }
+  return p;
+}
+
+glm::EngineOptions EngineOptionsFor(int streams, int prompt, int new_tokens) {
+  glm::EngineOptions o;
+  o.max_running = std::max(1, streams);
+  o.max_waiting = std::max<int64_t>(1024, 4 * streams);
+  // Room for every stream's prompt and output, so that nothing is preempted.
+  o.kv_capacity_tokens = static_cast<int64_t>(streams + 1) * (prompt + new_tokens + 16);
+  return o;
+}
+
+std::vector<int32_t> Prompt(int key, int length, int64_t vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < length; ++i) {
+    p.push_back(static_cast<int32_t>((key * 7919 + i * 104729 + 11) % vocab));
+  }
+  return p;
+}
+
+struct StepSample {
+  glm::StepReport report;
+  double forward_seconds;  // the runner's share of the step
+};
+
+struct EngineRow {
+  int64_t decode_steps = 0;
+  double step_ms = 0;     // mean host time of a decode step with every stream in it
+  double forward_ms = 0;  // of which the runner's row copies
+  double token_us = 0;    // step_ms per sequence
+  double tokens_per_second = 0;
+};
+
+// Runs `streams` requests together through an engine over the instant runner.
+absl::StatusOr<EngineRow> RunEngine(const glm::ModelConfig& config, int streams,
+                                    const std::string& mode) {
+  const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
+  const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  auto owned = std::make_unique<glm::InstantRunner>(config);
+  glm::InstantRunner* runner = owned.get();
+  absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
+      glm::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens));
+  if (!engine.ok()) return engine.status();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<StepSample> steps;
+  double last_forward = 0;
+  (*engine)->SetStepObserver([&](const glm::StepReport& r) {
+    const double f = runner->forward_seconds();
+    std::lock_guard<std::mutex> lock(mu);
+    steps.push_back({r, f - last_forward});
+    last_forward = f;
+  });
+  int finished = 0;
+  int64_t tokens = 0;
+  absl::Status failure;
+  const auto start = Clock::now();
+  for (int k = 0; k < streams; ++k) {
+    glm::GenerateRequest g;
+    g.prompt = Prompt(k, prompt, config.vocab_size);
+    g.sampling = ModeParams(mode, 1000 + k);
+    g.stop.max_new_tokens = new_tokens;
+    g.stop.ignore_eos = true;
+    absl::StatusOr<glm::RequestId> id = (*engine)->Submit(g, [&](glm::Event&& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (std::holds_alternative<glm::TokenEvent>(e.body)) {
+        ++tokens;
+      } else if (auto* f = std::get_if<glm::FinishEvent>(&e.body)) {
+        if (!f->status.ok() && failure.ok()) failure = f->status;
+        ++finished;
+        cv.notify_all();
+      }
+    });
+    if (!id.ok()) return id.status();
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return finished == streams; });
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!failure.ok()) return failure;
+  EngineRow row;
+  double seconds = 0, forward = 0;
+  for (const StepSample& s : steps) {
+    const glm::StepReport& r = s.report;
+    if (r.prefill_tokens != 0 || r.forward_tokens != 0 || r.sequences != streams) continue;
+    ++row.decode_steps;
+    seconds += r.seconds;
+    forward += s.forward_seconds;
+  }
+  if (row.decode_steps > 0) {
+    row.step_ms = 1e3 * seconds / row.decode_steps;
+    row.forward_ms = 1e3 * forward / row.decode_steps;
+    row.token_us = 1e3 * row.step_ms / streams;
+  }
+  row.tokens_per_second = tokens / wall;
+  return row;
+}
+
+absl::StatusOr<glmserve::BenchReport> RunServer(const glm::ModelConfig& config, int streams) {
+  const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
+  const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  glmserve::ServerOptions options;
+  options.address = "127.0.0.1";
+  options.port = 0;
+  options.metrics_port = 0;  // ephemeral: the bench reads the engine's step time from it
+  options.model_name = "instant";
+  options.engine = EngineOptionsFor(streams, prompt, new_tokens);
+  options.service.max_concurrent_streams = std::max(256, streams);
+  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
+  if (!server.ok()) return server.status();
+  if (absl::Status s =
+          (*server)->Serve(std::make_unique<glm::InstantRunner>(config), glm::DType::kBF16);
+      !s.ok()) {
+    return s;
+  }
+  glmserve::ClientOptions client_options;
+  client_options.target = (*server)->target();
+  absl::StatusOr<std::unique_ptr<glmserve::Client>> client =
+      glmserve::Client::Create(client_options);
+  if (!client.ok()) return client.status();
+  glmserve::BenchOptions bench;
+  bench.concurrency = streams;
+  bench.requests = static_cast<int64_t>(streams) * std::max(1, absl::GetFlag(FLAGS_rounds));
+  bench.prompt_tokens = prompt;
+  bench.max_new_tokens = new_tokens;
+  bench.metrics_address = absl::StrCat("127.0.0.1:", (*server)->metrics_port());
+  absl::StatusOr<glmserve::BenchReport> report = glmserve::RunBench(**client, bench);
+  (*server)->Shutdown();
+  return report;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<glm::ModelConfig> config = glm::PresetConfig(absl::GetFlag(FLAGS_preset));
+  if (!config.ok()) {
+    std::fprintf(stderr, "--preset: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  std::vector<int> streams;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_streams), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 4096) {
+      std::fprintf(stderr, "--streams: '%s' is not a count in [1, 4096]\n", std::string(s).c_str());
+      return 2;
+    }
+    streams.push_back(n);
+  }
+  std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  for (const std::string& m : modes) {
+    if (m != "greedy" && m != "top_k" && m != "whole_row") {
+      std::fprintf(stderr, "--modes: unknown mode '%s'\n", m.c_str());
+      return 2;
+    }
+  }
+  const double gpu_ms = absl::GetFlag(FLAGS_gpu_step_ms);
+  std::printf("host overhead: preset %s (vocab %lld), prompt %d, %d new tokens, %d threads\n",
+              absl::GetFlag(FLAGS_preset).c_str(), static_cast<long long>(config->vocab_size),
+              absl::GetFlag(FLAGS_prompt_tokens), absl::GetFlag(FLAGS_max_new_tokens),
+              glm::NumThreads());
+  std::printf("\nengine + sampler (decode steps with every stream in the batch)\n");
+  std::printf(
+      "| sampling | streams | host ms/step | of which logits copy | us/token | tokens/s |"
+      " %% of %.1f ms step |\n",
+      gpu_ms);
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const std::string& mode : modes) {
+    for (int n : streams) {
+      absl::StatusOr<EngineRow> row = RunEngine(*config, n, mode);
+      if (!row.ok()) {
+        std::fprintf(stderr, "engine, %d streams: %s\n", n, row.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("| %s | %d | %.3f | %.3f | %.1f | %.0f | %.1f%% |\n", mode.c_str(), n,
+                  row->step_ms, row->forward_ms, row->token_us, row->tokens_per_second,
+                  100.0 * row->step_ms / gpu_ms);
+      std::fflush(stdout);
+    }
+  }
+  if (!absl::GetFlag(FLAGS_server)) return 0;
+  std::printf("\ngRPC server + client, greedy (glm-client bench's Generate load, in-process)\n");
+  std::printf(
+      "| streams | tokens/s | engine ms/step | tokens/step | inter-token p50 ms |"
+      " p50 / step | %% of %.1f ms step |\n",
+      gpu_ms);
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int n : streams) {
+    absl::StatusOr<glmserve::BenchReport> r = RunServer(*config, n);
+    if (!r.ok()) {
+      std::fprintf(stderr, "server, %d streams: %s\n", n, r.status().ToString().c_str());
+      return 1;
+    }
+    if (!r->errors.empty()) {
+      std::fprintf(stderr, "server, %d streams: %zu kinds of errors\n", n, r->errors.size());
+      return 1;
+    }
+    const double step_ms = 1e3 * r->step_mean;
+    const double itl_ms = 1e3 * r->inter_token.p50;
+    std::printf("| %d | %.0f | %.3f | %.1f | %.3f | %.2f | %.1f%% |\n", n, r->tokens_per_second,
+                step_ms, r->batch_tokens_mean, itl_ms, step_ms > 0 ? itl_ms / step_ms : 0.0,
+                100.0 * step_ms / gpu_ms);
+    std::fflush(stdout);
+  }
+  return 0;
+}

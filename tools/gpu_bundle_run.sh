@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The GPU check, run from a bundle that tools/gpu_bundle.sh made (this file is its run.sh),
+# on a GPU host that has the NVIDIA driver and CUDA (for cuBLAS) but nothing of glmserve's
+# build dependencies. Every GPU test binary with GLMSERVE_REQUIRE_CUDA=1 (a skip is a
+# failure), gpu_bench, glm-server on the GPU under glm-client bench at concurrency 1, 16 and
+# 64, and the CPU host benchmarks (sampler_bench, host_bench), each with a timeout; a few
+# minutes in all.
+#
+#   bash run.sh [out-dir]            logs into out-dir (default: $OUT if set, else ./gpu-check-logs)
+#   bash run.sh --no-gpu [out-dir]   self-test on a machine without a GPU: the GPU tests must
+#                                    skip (none may fail), the GPU benchmark and server are
+#                                    left out, the CPU benchmarks run in a quick form
+#
+# Environment: CUDA_HOME (default /usr/local/cuda; its lib64 holds libcublas), STEP_TIMEOUT
+# (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
+# GLMSERVE_GOLDEN_DIR.
+# Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
+# and .xml, gpu_bench.log, server.log, client_bench_c<N>.log, sampler_bench.log,
+# host_bench.log. Exit status: 0 when every step passed.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+gpu=1
+if [ "${1:-}" = "--no-gpu" ]; then
+  gpu=0
+  shift
+fi
+out="${1:-${OUT:-$PWD/gpu-check-logs}}"
+mkdir -p "$out/tests"
+out="$(cd "$out" && pwd)"
+timeout_s="${STEP_TIMEOUT:-300}"
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+start=$(date +%s)
+failed=0
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$summary"; }
+fail() { failed=1; note "FAIL $*"; }
+
+export LD_LIBRARY_PATH="$here/lib:$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GLMSERVE_GOLDEN_DIR="$here/golden"
+if [ "$gpu" = 1 ]; then
+  export GLMSERVE_REQUIRE_CUDA=1
+else
+  unset GLMSERVE_REQUIRE_CUDA
+fi
+{
+  echo "bundle: $here"
+  head -n 4 "$here/MANIFEST" 2>/dev/null
+  echo "host: $(uname -n) $(uname -r), $(nproc) cores"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "GLMSERVE_GOLDEN_DIR=$GLMSERVE_GOLDEN_DIR"
+  echo "GLMSERVE_REQUIRE_CUDA=${GLMSERVE_REQUIRE_CUDA:-}"
+} >"$out/environment.txt"
+note "start: $([ "$gpu" = 1 ] && echo "GPU check" || echo "self-test without a GPU"), logs in $out"
+
+# Every binary must find its libraries before anything runs.
+missing="$(ldd "$here"/bin/* 2>/dev/null | grep 'not found' | sort -u)"
+if [ -n "$missing" ]; then
+  fail "libraries not found (install the CUDA toolkit or set CUDA_HOME):"
+  echo "$missing" | tee -a "$summary"
+  exit 1
+fi
+
+if nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
+  >"$out/device.txt" 2>&1; then
+  note "device: $(head -n 1 "$out/device.txt")"
+elif [ "$gpu" = 1 ]; then
+  fail "nvidia-smi: no usable GPU or driver ($(head -n 1 "$out/device.txt"))"
+else
+  note "device: none (as expected with --no-gpu)"
+fi
+
+# A gtest binary's outcome: "passed N, skipped N, failed N".
+counts() {
+  local log="$1"
+  local passed skipped failed_n
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -n 1)
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\?,.*/\1/p' "$log" | tail -n 1)
+  failed_n=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\?,.*/\1/p' "$log" | tail -n 1)
+  echo "passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed_n:-0}"
+}
+
+for bin in "$here"/bin/core_cuda_*_test; do
+  name="$(basename "$bin")"
+  log="$out/tests/$name.log"
+  timeout "$timeout_s" "$bin" --gtest_output="xml:$out/tests/$name.xml" >"$log" 2>&1
+  status=$?
+  result="$(counts "$log")"
+  # Under GLMSERVE_REQUIRE_CUDA=1 a test that finds no GPU fails rather than skips, so the
+  # exit status says it all; without it (--no-gpu) they skip and the binary passes.
+  if [ "$status" != 0 ]; then
+    fail "$name: exit $status ($result; see tests/$name.log)"
+  else
+    note "ok   $name: $result"
+  fi
+done
+
+run_step() {  # name log command...
+  local name="$1" log="$2"
+  shift 2
+  timeout "$timeout_s" "$@" >"$log" 2>&1
+  local status=$?
+  if [ "$status" = 0 ]; then note "ok   $name"; else fail "$name: exit $status (see $(basename "$log"))"; fi
+}
+
+if [ "$gpu" = 1 ]; then
+  run_step gpu_bench "$out/gpu_bench.log" "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 \
+    --batches=1,8,64 --context=512 --decode_steps=32 --prefill_tokens=2048
+
+  # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures).
+  port=$((20000 + ($$ % 20000)))
+  metrics=$((port + 1))
+  "$here/bin/glm-server" --device=cuda --model=glm-4.5-air:layers=2 --port="$port" \
+    --metrics_port="$metrics" --max_running=64 >"$out/server.log" 2>&1 &
+  server=$!
+  if timeout "$timeout_s" "$here/bin/glm-client" --target="127.0.0.1:$port" health \
+    --service=readiness --wait=240s >>"$out/server.log" 2>&1; then
+    note "ok   glm-server ready on port $port"
+    for c in 1 16 64; do
+      run_step "glm-client bench, concurrency $c" "$out/client_bench_c$c.log" \
+        "$here/bin/glm-client" --target="127.0.0.1:$port" bench --rpc=generate --concurrency="$c" \
+        --duration=10s --prompt_len=128 --max_new_tokens=64 --metrics="127.0.0.1:$metrics"
+    done
+  else
+    fail "glm-server did not become ready (see server.log)"
+  fi
+  kill -TERM "$server" 2>/dev/null
+  wait "$server" 2>/dev/null
+
+  run_step sampler_bench "$out/sampler_bench.log" "$here/bin/sampler_bench"
+  run_step host_bench "$out/host_bench.log" "$here/bin/host_bench"
+else
+  # The CPU benchmarks in a quick form: they run, and their tables come out.
+  run_step "sampler_bench (quick)" "$out/sampler_bench.log" "$here/bin/sampler_bench" --draws=3 \
+    --rows=2
+  run_step "host_bench (quick)" "$out/host_bench.log" "$here/bin/host_bench" --streams=1,4 \
+    --max_new_tokens=4 --prompt_tokens=8 --modes=greedy --rounds=1
+fi
+
+note "done: $([ "$failed" = 0 ] && echo "every step passed" || echo "FAILED steps above")"
+exit "$failed"
