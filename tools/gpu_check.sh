@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# GPU check for glmserve's CUDA backend, for a fresh machine with an NVIDIA GPU, its driver and
-# the CUDA toolkit (nvcc): installs the Debian build dependencies (tools/install_deps.sh),
-# builds the CUDA targets, runs every GPU test (ctest, suites named Cuda*, with skipping turned
-# into failure), then runs the GPU benchmark, which ends with one table. Sized to finish in
-# under 8 minutes on an H200 with 16 cores.
+# GPU check for glmserve's CUDA backend on a machine with an NVIDIA GPU, its driver and the
+# CUDA toolkit (nvcc) that can also build glmserve (Debian 12): installs the Debian build
+# dependencies (tools/install_deps.sh), builds and packs the check (tools/gpu_bundle.sh), then
+# runs the pack's run.sh: every GPU test with skipping turned into failure, gpu_bench,
+# glm-server on the GPU under glm-client bench, and the CPU host benchmarks. A few minutes on
+# an H200 with 16 cores.
 #
-#   tools/gpu_check.sh [build-dir]      (default: build-gpu in the repository)
+# A bare GPU host (driver and CUDA, no package registry, no -dev packages) cannot build: pack
+# on a build machine with tools/gpu_bundle.sh, carry .gpubundle/ there and run
+# `bash .gpubundle/run.sh [log-dir]` (docs/cuda.md).
 #
-# Exit status: that of the tests (the benchmark runs either way and reports its own errors).
+#   tools/gpu_check.sh [build-dir] [log-dir]   (defaults: build-gpu, <build-dir>/gpu-check-logs)
+#
+# Exit status: that of run.sh (0 when every test and benchmark step passed).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-gpu}"
+logs="${2:-$build/gpu-check-logs}"
 jobs="$(nproc)"
 start=$(date +%s)
 step() { echo "== [$(($(date +%s) - start)) s] $*"; }
@@ -38,24 +44,11 @@ cmake -S "$root" -B "$build" -DGLMSERVE_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$bu
 grep -q "glmserve: CUDA backend ON" "$build/configure.log" ||
   { echo "gpu_check: the CUDA backend was not enabled" >&2; cat "$build/configure.log"; exit 1; }
 
-step "build (-j$jobs)"
-targets=(gpu_bench)
-for t in "$root"/tests/core/cuda/*_test.cc; do
-  targets+=("core_cuda_$(basename "$t" .cc)")
-done
-cmake --build "$build" -j "$jobs" --target "${targets[@]}" || exit 1
+step "build and pack (-j$jobs)"
+JOBS="$jobs" "$root/tools/gpu_bundle.sh" --build-dir "$build" --out "$build/gpubundle" || exit 1
 
-step "GPU tests"
-# Every gtest suite of the CUDA backend is named Cuda*; parameterised ones carry a prefix
-# ("Fixtures/CudaModelGolden.X/bf16"), hence no ^ anchor.
-GLMSERVE_REQUIRE_CUDA=1 ctest --test-dir "$build" -R 'Cuda[A-Za-z0-9]*\.' \
-  --output-on-failure --timeout 300 -j 8
-tests_status=$?
-
-step "benchmark"
-timeout 300 "$build/bench/gpu_bench" --model=glm-4.5-air:layers=2 --batches=1,8,64 \
-  --context=512 --decode_steps=32 --prefill_tokens=2048
-bench_status=$?
-
-step "done: tests exit $tests_status, benchmark exit $bench_status"
-exit "$tests_status"
+step "run"
+bash "$build/gpubundle/run.sh" "$logs"
+status=$?
+step "done: run.sh exit $status (logs in $logs)"
+exit "$status"
