@@ -352,24 +352,27 @@ void KeepTopK(size_t k, std::vector<std::pair<double, int32_t>>* pool) {
             [](const auto& a, const auto& b) { return a.second < b.second; });
 }
 
-// Step 4 and 5 with top-k on and a finite temperature: the candidates (in id order) and Z.
-double TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
-  TopKFloat top(k, &s.heap);
-  row.ForEach([&](int32_t begin, int32_t end) { top.Scan(row.data(), begin, end); }, [](size_t) {});
-  const std::vector<int32_t> winners = top.TakeIds();
+// Steps 4 and 5 with top-k on and a finite temperature, given `winners`: the k largest
+// unpenalised raw logits, ascending ids, raw_of(id) their values. The exact top-k of the
+// scaled logits lies among them and the penalised ids (pen_ids ascending, pen_values their
+// penalised logits). Fills the candidates (in id order) and returns Z.
+template <typename RawOf>
+double PoolCandidates(const std::vector<int32_t>& winners, RawOf raw_of,
+                      const std::vector<int32_t>& pen_ids, const std::vector<double>& pen_values,
+                      size_t k, double temperature, Scratch& s) {
   // The union of the unpenalised winners and the penalised ids, in id order.
   std::vector<std::pair<double, int32_t>>& pool = s.pool;
   pool.clear();
   size_t j = 0;
   auto add_penalised = [&] {
-    pool.push_back({NanToNegInf(row.penalised()[j] / temperature), row.penalised_ids()[j]});
+    pool.push_back({NanToNegInf(pen_values[j] / temperature), pen_ids[j]});
     ++j;
   };
   for (int32_t id : winners) {
-    while (j < row.penalised_ids().size() && row.penalised_ids()[j] < id) add_penalised();
-    pool.push_back({NanToNegInf(row.raw(id) / temperature), id});
+    while (j < pen_ids.size() && pen_ids[j] < id) add_penalised();
+    pool.push_back({NanToNegInf(raw_of(id) / temperature), id});
   }
-  while (j < row.penalised_ids().size()) add_penalised();
+  while (j < pen_ids.size()) add_penalised();
   if (pool.size() > k) KeepTopK(k, &pool);
   double max_logit = -kInf;
   for (const auto& [z, id] : pool) max_logit = std::max(max_logit, z);
@@ -380,6 +383,14 @@ double TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scr
     total += w;
   }
   return total;
+}
+
+double TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
+  TopKFloat top(k, &s.heap);
+  row.ForEach([&](int32_t begin, int32_t end) { top.Scan(row.data(), begin, end); }, [](size_t) {});
+  return PoolCandidates(
+      top.TakeIds(), [&row](int32_t id) { return row.raw(id); }, row.penalised_ids(),
+      row.penalised(), k, temperature, s);
 }
 
 // Min-p alone (no top-k or top-p): the candidates with weight >= min_p, in id order, skipping
@@ -446,30 +457,12 @@ double WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature,
   return total;
 }
 
-// Steps 3-7 of the file comment on the penalised row. When the distribution was built over
-// the whole row from unchanged logits (temperature 1, no penalised id, no top-k), its Z is
-// exactly the log-softmax's sum (same weights, same id order) and is stored in *raw_sum.
-int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, double u,
-                         Scratch& s, double* raw_sum) {
-  const size_t vocab = static_cast<size_t>(row.size());
-  const double temperature = params.temperature;
-  const size_t k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : vocab;
+// Steps 6 and 7 over s.candidates (weights of step 5, ascending ids) with Z = `total`.
+int32_t Draw(const SamplingParams& params, double u, double total, Scratch& s) {
+  std::vector<Candidate>& candidates = s.candidates;
   const bool top_p = params.top_p < 1.0f;
   // min_p >= 1 (unvalidated) would drop every token: ignored rather than left undefined.
   const bool min_p = params.min_p > 0.0f && params.min_p < 1.0f;
-
-  std::vector<Candidate>& candidates = s.candidates;
-  candidates.clear();
-  double total;  // Z of step 5, before min-p; needed by top-p only
-  if (k < vocab && std::isfinite(temperature)) {
-    total = TopKCandidates(row, k, temperature, s);
-  } else if (k >= vocab && min_p && !top_p && MinPCandidates(row, temperature, params.min_p, s)) {
-    total = 0.0;  // unused without top-p; the candidates are min-p's survivors already
-  } else {
-    total = WholeRowCandidates(row, k, temperature, s);
-    if (temperature == 1.0 && k >= vocab && row.penalised_ids().empty()) *raw_sum = total;
-  }
-
   // Weights are relative to the most likely token's weight of 1, so min-p's
   // "prob < min_p * max prob" is "weight < min_p"; the most likely token always survives.
   if (min_p) {
@@ -488,6 +481,30 @@ int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, 
     kept_mass = stop.cumulative;
   }
   return walk.id(walk.Walk(u * kept_mass, /*inclusive=*/false, end).position);
+}
+
+// Steps 3-7 of the file comment on the penalised row. When the distribution was built over
+// the whole row from unchanged logits (temperature 1, no penalised id, no top-k), its Z is
+// exactly the log-softmax's sum (same weights, same id order) and is stored in *raw_sum.
+int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, double u,
+                         Scratch& s, double* raw_sum) {
+  const size_t vocab = static_cast<size_t>(row.size());
+  const double temperature = params.temperature;
+  const size_t k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : vocab;
+  const bool top_p = params.top_p < 1.0f;
+  const bool min_p = params.min_p > 0.0f && params.min_p < 1.0f;
+
+  s.candidates.clear();
+  double total;  // Z of step 5, before min-p; needed by top-p only
+  if (k < vocab && std::isfinite(temperature)) {
+    total = TopKCandidates(row, k, temperature, s);
+  } else if (k >= vocab && min_p && !top_p && MinPCandidates(row, temperature, params.min_p, s)) {
+    total = 0.0;  // unused without top-p; the candidates are min-p's survivors already
+  } else {
+    total = WholeRowCandidates(row, k, temperature, s);
+    if (temperature == 1.0 && k >= vocab && row.penalised_ids().empty()) *raw_sum = total;
+  }
+  return Draw(params, u, total, s);
 }
 
 // The chosen token's logprob and the `top` most likely tokens' (log-softmax of the raw
@@ -564,6 +581,115 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
                      : ArgMax(row);
   if (want.chosen || want.top > 0) AddLogprobs(logits, want.top, raw_sum, s, &result);
   return result;
+}
+
+std::vector<int32_t> PenalisedIds(const SamplingParams& params, absl::Span<const int32_t> history,
+                                  int64_t vocab) {
+  std::vector<int32_t> ids;
+  if (static_cast<double>(params.repetition_penalty) == 1.0) return ids;
+  for (int32_t id : history) {
+    if (id >= 0 && id < vocab) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+int64_t SummaryCandidates(const SamplingParams& params, LogprobRequest want, int64_t penalised,
+                          int64_t vocab, int64_t max_candidates) {
+  if (want.chosen || want.top > 0 || vocab <= 0) return 0;
+  int64_t needed;
+  // The same tests, in the same order, as SampleToken and SampleFromLogits.
+  if (!(params.temperature > 0.0f)) {
+    needed = penalised + 1;
+  } else if (std::isfinite(params.temperature) && params.top_k > 0 && params.top_k < vocab) {
+    needed = params.top_k + penalised;
+  } else {
+    return 0;
+  }
+  needed = std::min(needed, vocab);
+  return needed <= max_candidates ? needed : 0;
+}
+
+absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingParams& params,
+                                          uint64_t token_index) {
+  const size_t n = row.top_ids.size();
+  if (row.vocab <= 0 || row.vocab > std::numeric_limits<int32_t>::max() ||
+      row.top_values.size() != n || row.penalised_raw.size() != row.penalised_ids.size()) {
+    return absl::InvalidArgumentError("row summary: vocab out of range or mismatched sizes");
+  }
+  for (absl::Span<const int32_t> ids : {row.top_ids, row.penalised_ids}) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= row.vocab || (i > 0 && ids[i] <= ids[i - 1])) {
+        return absl::InvalidArgumentError(
+            "row summary: ids must be ascending, distinct and within the vocabulary");
+      }
+    }
+  }
+  const int64_t penalised = static_cast<int64_t>(row.penalised_ids.size());
+  const int64_t needed =
+      SummaryCandidates(params, LogprobRequest{}, penalised, row.vocab, row.vocab);
+  if (needed == 0 || static_cast<int64_t>(n) < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row summary: this request needs ", needed == 0 ? "the whole row" : absl::StrCat(needed),
+        " candidates, the summary has ", n));
+  }
+  const double penalty = params.repetition_penalty;
+  std::vector<double> pen_values;
+  for (float x : row.penalised_raw) pen_values.push_back(Penalise(NanToNegInf(x), penalty));
+  const std::vector<int32_t> pen_ids(row.penalised_ids.begin(), row.penalised_ids.end());
+  auto is_penalised = [&](int32_t id) {
+    return std::binary_search(pen_ids.begin(), pen_ids.end(), id);
+  };
+  // The summary's candidates in canonical order (value descending, id ascending): the
+  // unpenalised ones come in the order a scan of the unpenalised row would rank them.
+  auto raw = [&](size_t i) { return NanToNegInf(row.top_values[i]); };
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return raw(a) > raw(b) || (raw(a) == raw(b) && row.top_ids[a] < row.top_ids[b]);
+  });
+
+  if (!(params.temperature > 0.0f)) {
+    // ArgMax's answer: the largest value, the lowest id among equals.
+    double best = 0.0;
+    int32_t best_id = -1;
+    for (size_t i : order) {
+      if (!is_penalised(row.top_ids[i])) {
+        best = raw(i);
+        best_id = row.top_ids[i];
+        break;
+      }
+    }
+    for (size_t j = 0; j < pen_ids.size(); ++j) {
+      if (best_id < 0 || pen_values[j] > best || (pen_values[j] == best && pen_ids[j] < best_id)) {
+        best = pen_values[j];
+        best_id = pen_ids[j];
+      }
+    }
+    return best_id;
+  }
+  const size_t k = static_cast<size_t>(params.top_k);
+  std::vector<int32_t> winners;
+  for (size_t i : order) {
+    if (winners.size() == k) break;
+    if (!is_penalised(row.top_ids[i])) winners.push_back(static_cast<int32_t>(i));
+  }
+  // Indices into the summary, sorted by id (the summary's ids ascend, so by index).
+  std::sort(winners.begin(), winners.end());
+  std::vector<int32_t> winner_ids;
+  for (int32_t i : winners) winner_ids.push_back(row.top_ids[i]);
+  Scratch& s = ThreadScratch();
+  s.candidates.clear();
+  const double total = PoolCandidates(
+      winner_ids,
+      [&](int32_t id) {
+        const size_t i = static_cast<size_t>(
+            std::lower_bound(row.top_ids.begin(), row.top_ids.end(), id) - row.top_ids.begin());
+        return raw(i);
+      },
+      pen_ids, pen_values, k, static_cast<double>(params.temperature), s);
+  return Draw(params, Uniform(params.seed, token_index), total, s);
 }
 
 }  // namespace glm

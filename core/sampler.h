@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace glm {
@@ -59,5 +60,40 @@ inline SampledToken SampleToken(absl::Span<const float> logits, const SamplingPa
                                 int32_t top_logprobs) {
   return SampleToken(logits, params, history, token_index, LogprobRequest{true, top_logprobs});
 }
+
+// ---- Sampling from a row summary --------------------------------------------------------
+// A device that holds the logits can send back, instead of the whole row, its few largest
+// raw logits and the raw logits at the penalised ids; for greedy and top-k requests without
+// logprobs that is all SampleToken looks at, and SampleFromSummary then gives exactly
+// SampleToken's token. (core/cuda/kernels.h LaunchRowTopK computes the summary's top list
+// with the same ordering and NaN rules.)
+
+// The ids the repetition penalty applies to: the distinct in-range ids of `history`,
+// ascending; none when the penalty is 1.
+std::vector<int32_t> PenalisedIds(const SamplingParams& params, absl::Span<const int32_t> history,
+                                  int64_t vocab);
+
+// How many of the row's largest raw logits SampleFromSummary needs for this request: for
+// greedy, penalised + 1; for top-k with a finite temperature, top_k + penalised; capped at
+// vocab. 0 when the request needs the whole row (temperature sampling without top-k, any
+// logprobs) or more than `max_candidates`.
+int64_t SummaryCandidates(const SamplingParams& params, LogprobRequest want, int64_t penalised,
+                          int64_t vocab, int64_t max_candidates);
+
+struct RowSummary {
+  int64_t vocab = 0;
+  // The row's largest raw logits by (value descending, id ascending), NaN read as -inf:
+  // their ids ascending, and their values.
+  absl::Span<const int32_t> top_ids;
+  absl::Span<const float> top_values;
+  absl::Span<const int32_t> penalised_ids;  // PenalisedIds(...)
+  absl::Span<const float> penalised_raw;    // the raw logits at those ids
+};
+
+// SampleToken's token (logprobs are not available from a summary). INVALID_ARGUMENT when the
+// summary is malformed (sizes, order, ids out of range) or holds fewer candidates than
+// SummaryCandidates asks for this request.
+absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingParams& params,
+                                          uint64_t token_index);
 
 }  // namespace glm

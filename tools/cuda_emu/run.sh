@@ -60,7 +60,7 @@ libdir=/usr/lib/x86_64-linux-gnu
 libs=("$work/core-build/core/libglm_core.a" "$libdir"/libabsl_*.so "$libdir/libopenblas.so"
       "$libdir/libgtest_main.a" "$libdir/libgtest.a" -lpthread -latomic)
 status=0
-for t in cuda_runner_test kernels_cuda_test model_cuda_test; do
+for t in cuda_runner_test kernels_cuda_test model_cuda_test sampling_cuda_test; do
   objs=()
   compile "$root/tests/core/cuda/$t.cc" "$work/obj/test_$t.o" "-DGTEST_HAS_PTHREAD=1"
   g++ -o "$work/$t" "${objs[@]}" "${backend[@]}" "${libs[@]}"
