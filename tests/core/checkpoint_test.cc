@@ -332,8 +332,9 @@ TEST_F(CheckpointTest, MisalignedTensorsAreCopied) {
   const ModelWeights saved = SaveTiny(TinyConfig(), {}, DType::kF32);
   absl::StatusOr<TensorStore> store = TensorStore::OpenFile(dir_ + "/model.safetensors");
   ASSERT_TRUE(store.ok());
-  // Rebuild the file by hand with a 2-byte hole before the data.
-  std::string header = "{", data(2, '\0');
+  // Rebuild the file by hand with a header 2 bytes past a multiple of 8, so that the data
+  // section (and every tensor) starts misaligned.
+  std::string header = "{", data;
   for (const std::string& name : store->Names()) {
     const TensorInfo* t = store->Find(name);
     if (header.size() > 1) header += ",";
@@ -343,7 +344,7 @@ TEST_F(CheckpointTest, MisalignedTensorsAreCopied) {
     data.append(static_cast<const char*>(t->data), static_cast<size_t>(t->bytes));
   }
   header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
+  header.append((8 - header.size() % 8) % 8 + 2, ' ');
   std::string len(8, '\0');
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   std::ofstream(dir_ + "/model.safetensors", std::ios::binary | std::ios::trunc)
