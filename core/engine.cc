@@ -379,6 +379,8 @@ absl::Status Engine::CloseSession(const std::string& session_id, const std::stri
 
 void Engine::StartDraining() { draining_.store(true); }
 
+void Engine::AbortAll(absl::Status status) { impl_->AbortAll(std::move(status)); }
+
 bool Engine::Idle() const { return impl_->Idle(); }
 
 EngineStats Engine::Stats() const { return impl_->Stats(); }

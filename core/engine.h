@@ -222,6 +222,9 @@ class Engine {
 
   // New submissions are refused with UNAVAILABLE; queued and running ones continue.
   void StartDraining();
+  // Ends every queued and running request with `status` (kCancelled) before the next step:
+  // the end of a drain, so that clients see a retryable status rather than a broken stream.
+  void AbortAll(absl::Status status);
   bool draining() const { return draining_.load(); }
   // True when nothing is queued or running.
   bool Idle() const;

@@ -53,6 +53,14 @@ class Engine::Impl {
     return queued_count_;
   }
 
+  void AbortAll(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_status_ = std::move(status);
+    }
+    cv_.notify_all();
+  }
+
   void Cancel(RequestId id) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -134,6 +142,7 @@ class Engine::Impl {
   RequestId next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> inbox_;
   std::vector<RequestId> cancels_;
+  absl::Status abort_status_;  // non-OK: end every live request with it (AbortAll)
   int64_t queued_count_ = 0;   // accepted, not running, not finished
   int64_t running_count_ = 0;  // mirrors running_.size()
   std::function<void(const StepReport&)> observer_;

@@ -54,11 +54,14 @@ Engine::Impl::~Impl() {
 bool Engine::Impl::TakeInbox() {
   std::unique_lock<std::mutex> lock(mu_);
   const bool busy = !waiting_.empty() || !running_.empty();
-  if (!busy && inbox_.empty() && cancels_.empty() && !stop_ && !wake_) {
+  if (!busy && inbox_.empty() && cancels_.empty() && abort_status_.ok() && !stop_ && !wake_) {
     // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
     // (session expiry).
     cv_.wait_for(lock, std::chrono::milliseconds(50),
-                 [this] { return stop_ || wake_ || !inbox_.empty() || !cancels_.empty(); });
+                 [this] {
+                   return stop_ || wake_ || !inbox_.empty() || !cancels_.empty() ||
+                          !abort_status_.ok();
+                 });
   }
   wake_ = false;
   while (!inbox_.empty()) {
@@ -73,9 +76,17 @@ bool Engine::Impl::TakeInbox() {
 void Engine::Impl::Loop() {
   while (TakeInbox()) {
     std::vector<RequestId> cancels;
+    absl::Status abort;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancels.swap(cancels_);
+      abort.Update(abort_status_);
+      abort_status_ = absl::OkStatus();
+    }
+    if (!abort.ok()) {
+      std::vector<Sequence*> all;
+      for (auto& [id, seq] : live_) all.push_back(seq.get());
+      for (Sequence* seq : all) Finish(seq, FinishReason::kCancelled, abort);
     }
     const SteadyTime now = std::chrono::steady_clock::now();
     ExpireAndCancel(now, cancels);

@@ -264,6 +264,33 @@ absl::StatusOr<TensorStore> TensorStore::OpenFile(const std::string& path) {
   return store;
 }
 
+absl::StatusOr<ShardIndex> ParseShardIndex(absl::string_view text, absl::string_view source) {
+  const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return FormatError(source, "not a JSON object");
+  }
+  auto map_it = j.find("weight_map");
+  if (map_it == j.end() || !map_it->is_object()) {
+    return FormatError(source, "missing object 'weight_map'");
+  }
+  ShardIndex by_shard;
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!shard.is_string()) {
+      return FormatError(
+          source, absl::StrCat("weight_map entry for '", name, "' is not a file name string"));
+    }
+    std::string file = shard.get<std::string>();
+    if (!IsPlainFileName(file)) {
+      return FormatError(source, absl::StrCat("weight_map entry for '", name, "' names shard '",
+                                              file,
+                                              "', which is not a plain file name in the "
+                                              "checkpoint directory"));
+    }
+    by_shard[file].push_back(name);
+  }
+  return by_shard;
+}
+
 absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
   const std::string index_path = dir + "/model.safetensors.index.json";
   struct stat st;
@@ -278,33 +305,12 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
 
   absl::StatusOr<std::string> text = ReadRegularFile(index_path, kMaxSafetensorsHeaderBytes);
   if (!text.ok()) return text.status();
-  const Json j = Json::parse(text->begin(), text->end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return FormatError(index_path, "not a JSON object");
-  }
-  auto map_it = j.find("weight_map");
-  if (map_it == j.end() || !map_it->is_object()) {
-    return FormatError(index_path, "missing object 'weight_map'");
-  }
-  // shard file -> tensors the index places there; std::map keeps the opening order stable.
-  std::map<std::string, std::vector<std::string>> by_shard;
-  for (const auto& [name, shard] : map_it->items()) {
-    if (!shard.is_string()) {
-      return FormatError(
-          index_path, absl::StrCat("weight_map entry for '", name, "' is not a file name string"));
-    }
-    std::string file = shard.get<std::string>();
-    if (!IsPlainFileName(file)) {
-      return FormatError(index_path,
-                         absl::StrCat("weight_map entry for '", name, "' names shard '", file,
-                                      "', which is not a plain file name in the checkpoint "
-                                      "directory"));
-    }
-    by_shard[file].push_back(name);
-  }
+  absl::StatusOr<ShardIndex> index = ParseShardIndex(*text, index_path);
+  if (!index.ok()) return index.status();
+  const ShardIndex& by_shard = *index;
 
   TensorStore store;
-  for (auto& [file, names] : by_shard) {
+  for (const auto& [file, names] : by_shard) {
     const std::string path = dir + "/" + file;
     absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
     if (!mapped.ok()) {

@@ -367,6 +367,13 @@ void GlmServer::Drain(absl::Duration grace) {
   service_->StartDraining();
   if (engine_ != nullptr) engine_->StartDraining();
   service_->WaitIdle(absl::Now() + grace);
+  if (engine_ != nullptr) {
+    // What is still running ends with UNAVAILABLE, a code clients retry elsewhere, and gets a
+    // moment to reach them before the transport goes down.
+    engine_->AbortAll(absl::UnavailableError(
+        "the server shut down before this call finished (drain grace passed); retry"));
+    service_->WaitIdle(absl::Now() + absl::Seconds(2));
+  }
   // Cancels what is still in flight (OnCancel -> engine Cancel -> the reactor finishes) and
   // waits for every call to end, health watches included.
   server_->Shutdown(std::chrono::system_clock::now());
