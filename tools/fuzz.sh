@@ -17,10 +17,19 @@ TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
   TARGETS=(safetensors_header config_json shard_index tensor_codec request_convert)
 fi
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz.sh: clang++ not found (tools/install_deps.sh installs clang and libclang-rt-dev)" >&2
-  exit 1
-fi
+# clang with its libFuzzer runtime (Debian's and Ubuntu's versionless package names).
+for p in clang libclang-rt-dev; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    echo "fuzz.sh: installing clang libclang-rt-dev"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+      clang libclang-rt-dev
+    break
+  fi
+done
+ROOT=$(pwd)
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGLMSERVE_FUZZ=ON -DGLMSERVE_CUDA=OFF -DGLMSERVE_BUILD_BENCH=OFF >/dev/null
@@ -32,9 +41,10 @@ for t in "${TARGETS[@]}"; do
   work="$FUZZ_DIR/$t"
   rm -rf "$work" && mkdir -p "$work/corpus"
   echo "== fuzz_$t for ${SECONDS_PER_TARGET}s"
-  if ! (cd "$work" && "$OLDPWD/$BUILD_DIR/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" \
+  binary=$(cd "$BUILD_DIR" && pwd)/tests/fuzz/fuzz_$t
+  if ! (cd "$work" && "$binary" -max_total_time="$SECONDS_PER_TARGET" \
         -max_len=65536 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-        corpus "$OLDPWD/tests/fuzz/corpus/$t" > log.txt 2>&1); then
+        corpus "$ROOT/tests/fuzz/corpus/$t" > log.txt 2>&1); then
     echo "fuzz_$t FAILED; reproducer and log in $work:" >&2
     tail -n 40 "$work/log.txt" >&2
     status=1
