@@ -1,6 +1,5 @@
 #include "core/config.h"
 
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -98,7 +98,7 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
     const char* name;
     int64_t value, min, max;
   } ranges[] = {
-      {"max_batch_tokens", o.max_batch_tokens, 1, int64_t{1} << 20},
+      {"max_batch_tokens", o.max_batch_tokens, 1, int64_t{1} << 16},
       {"max_running", o.max_running, 1, int64_t{1} << 16},
       {"max_waiting", o.max_waiting, 0, int64_t{1} << 20},
       {"block_size", o.block_size, 1, 1024},
@@ -110,8 +110,8 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
-      return absl::InvalidArgumentError(absl::StrCat(r.name, " must be in [", r.min, ", ", r.max,
-                                                     "], got ", r.value));
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.name, " must be in [", r.min, ", ", r.max, "], got ", r.value));
     }
   }
   if (!(o.session_kv_fraction >= 0.0 && o.session_kv_fraction <= 1.0)) {
@@ -214,10 +214,10 @@ absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model, 
   }
   if ((run_begin != model.layer_begin() || run_end != model.layer_end()) &&
       !model.supports_sub_spans()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "this server's ", model.device_name(), " backend runs only its whole span [",
-        model.layer_begin(), ", ", model.layer_end(), "); start a server with --layers for [",
-        run_begin, ", ", run_end, ")"));
+    return absl::UnimplementedError(
+        absl::StrCat("this server's ", model.device_name(), " backend runs only its whole span [",
+                     model.layer_begin(), ", ", model.layer_end(),
+                     "); start a server with --layers for [", run_begin, ", ", run_end, ")"));
   }
   if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -328,10 +328,10 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
                          model_->config().max_position_embeddings, " positions"));
       }
       if (position + seq->num_inputs > session_limit) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "session ", Quoted(f.session_id), " would hold ", position + seq->num_inputs,
-            " positions; a session may hold at most ", session_limit,
-            " (see --max_session_tokens and --session_kv_fraction)"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("session ", Quoted(f.session_id), " would hold ",
+                         position + seq->num_inputs, " positions; a session may hold at most ",
+                         session_limit, " (see --max_session_tokens and --session_kv_fraction)"));
       }
       if (it == impl_->sessions_.end()) {
         auto session = std::make_unique<Session>();

@@ -168,9 +168,9 @@ struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t sessions = 0;
-  int64_t sessions_evicted = 0;     // evicted to free KV blocks (cumulative)
-  int64_t kv_blocks_sessions = 0;   // pinned by sessions
-  int64_t nonfinite_outputs = 0;    // requests failed for NaN/Inf logits or hidden states
+  int64_t sessions_evicted = 0;    // evicted to free KV blocks (cumulative)
+  int64_t kv_blocks_sessions = 0;  // pinned by sessions
+  int64_t nonfinite_outputs = 0;   // requests failed for NaN/Inf logits or hidden states
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;    // free plus evictable prefix-cache blocks
   int64_t kv_blocks_cached = 0;  // held only by the prefix cache

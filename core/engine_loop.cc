@@ -36,8 +36,8 @@ Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique
       options_(options),
       cache_(std::move(cache)),
       prefix_(&cache_->allocator(), options.block_size),
-      session_share_blocks_(static_cast<int64_t>(options.session_kv_fraction *
-                                                  cache_->allocator().num_blocks())) {
+      session_share_blocks_(
+          static_cast<int64_t>(options.session_kv_fraction * cache_->allocator().num_blocks())) {
   UpdateStats(0);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -57,11 +57,9 @@ bool Engine::Impl::TakeInbox() {
   if (!busy && inbox_.empty() && cancels_.empty() && abort_status_.ok() && !stop_ && !wake_) {
     // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
     // (session expiry).
-    cv_.wait_for(lock, std::chrono::milliseconds(50),
-                 [this] {
-                   return stop_ || wake_ || !inbox_.empty() || !cancels_.empty() ||
-                          !abort_status_.ok();
-                 });
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+      return stop_ || wake_ || !inbox_.empty() || !cancels_.empty() || !abort_status_.ok();
+    });
   }
   wake_ = false;
   while (!inbox_.empty()) {
@@ -244,8 +242,10 @@ void Engine::Impl::Admit() {
 int64_t Engine::Impl::SessionBlocks() {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   int64_t blocks = 0;
-  for (const auto& [key, session] : sessions_) blocks += static_cast<int64_t>(session->blocks.size());
-  for (const auto& session : closed_sessions_) blocks += static_cast<int64_t>(session->blocks.size());
+  for (const auto& [key, session] : sessions_)
+    blocks += static_cast<int64_t>(session->blocks.size());
+  for (const auto& session : closed_sessions_)
+    blocks += static_cast<int64_t>(session->blocks.size());
   return blocks;
 }
 
@@ -371,8 +371,8 @@ bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
       BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
   if (needed <= 0) return true;
   while (!prefix_.EnsureFree(needed) && !EvictIdleSessions(needed, seq->session)) {
-    // Idle sessions went first; then the most recently admitted sequence gives way, even when that is `seq` itself: an
-    // older request never loses its place to a newer one.
+    // Idle sessions went first; then the most recently admitted sequence gives way, even when that
+    // is `seq` itself: an older request never loses its place to a newer one.
     Sequence* victim = PickVictim();
     if (victim == nullptr) return false;  // only pinned sessions hold blocks
     Preempt(victim, selected);

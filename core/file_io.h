@@ -16,9 +16,7 @@ class RegularFile {
   // NOT_FOUND when missing, PERMISSION_DENIED when unreadable, INVALID_ARGUMENT when not a
   // regular file. Opening never blocks (O_NONBLOCK, cleared once the file is known regular).
   static absl::StatusOr<RegularFile> Open(const std::string& path);
-  RegularFile(RegularFile&& other) noexcept : fd_(other.fd_), size_(other.size_) {
-    other.fd_ = -1;
-  }
+  RegularFile(RegularFile&& other) noexcept : fd_(other.fd_), size_(other.size_) { other.fd_ = -1; }
   RegularFile& operator=(RegularFile&&) = delete;
   RegularFile(const RegularFile&) = delete;
   ~RegularFile();

@@ -239,9 +239,9 @@ absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_
     previous = &r;
   }
   if (covered != section_size) {
-    return FormatError(source,
-                       absl::StrCat("the tensors cover ", covered, " bytes but the data section has ",
-                                    section_size, " (header length wrong or trailing bytes)"));
+    return FormatError(
+        source, absl::StrCat("the tensors cover ", covered, " bytes but the data section has ",
+                             section_size, " (header length wrong or trailing bytes)"));
   }
   std::vector<TensorInfo> ordered;
   ordered.reserve(tensors.size());
@@ -281,10 +281,10 @@ absl::StatusOr<ShardIndex> ParseShardIndex(absl::string_view text, absl::string_
     }
     std::string file = shard.get<std::string>();
     if (!IsPlainFileName(file)) {
-      return FormatError(source, absl::StrCat("weight_map entry for '", name, "' names shard '",
-                                              file,
-                                              "', which is not a plain file name in the "
-                                              "checkpoint directory"));
+      return FormatError(source,
+                         absl::StrCat("weight_map entry for '", name, "' names shard '", file,
+                                      "', which is not a plain file name in the "
+                                      "checkpoint directory"));
     }
     by_shard[file].push_back(name);
   }

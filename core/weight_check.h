@@ -21,7 +21,7 @@ enum class VerifyWeights {
 };
 
 inline constexpr int64_t kFullVerifyLimitBytes = int64_t{8} << 30;
-inline constexpr int64_t kVerifySamples = 16;      // runs per matrix in sampled mode
+inline constexpr int64_t kVerifySamples = 16;        // runs per matrix in sampled mode
 inline constexpr int64_t kVerifyRunElements = 1024;  // elements per run (a few pages)
 
 // "auto", "full", "sampled", "off"; INVALID_ARGUMENT otherwise.

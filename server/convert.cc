@@ -206,10 +206,11 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
   // refuse from the shape, before the engine computes anything.
   const ForwardOutputSize size = ForwardOutputBytes(out, config, request.output_dtype());
   if (size.reply_bytes > limits.max_reply_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the reply would be ", size.reply_bytes, " bytes, over the server's message limit of ",
-        limits.max_reply_bytes, " bytes; ask for last_position_only, fewer positions per call, "
-        "a 16-bit output_dtype, or hidden states without logits"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the reply would be ", size.reply_bytes,
+                     " bytes, over the server's message limit of ", limits.max_reply_bytes,
+                     " bytes; ask for last_position_only, fewer positions per call, "
+                     "a 16-bit output_dtype, or hidden states without logits"));
   }
   return out;
 }

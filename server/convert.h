@@ -25,8 +25,8 @@ struct ForwardOutputSize {
   int64_t engine_bytes = 0;
   int64_t reply_bytes = 0;
 };
-ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body, const glm::ModelConfig& config,
-                                     v1::DataType output_dtype);
+ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
+                                     const glm::ModelConfig& config, v1::DataType output_dtype);
 
 // GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
 // token ids (prompt or stop) outside [0, vocab), a prompt longer than max_prompt_tokens,

@@ -192,8 +192,7 @@ int main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
 
-  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server =
-      glmserve::GlmServer::Start(options);
+  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
   std::printf("glm-server: listening on %s", (*server)->target().c_str());
   if ((*server)->metrics_port() >= 0) {

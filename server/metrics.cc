@@ -143,11 +143,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                       .Help("Sequences preempted (KV dropped, recomputed later)")
                       .Register(r)
                       .Add({});
-  sessions_evicted_ = &prometheus::BuildCounter()
-                           .Name("glmserve_sessions_evicted_total")
-                           .Help("Idle Forward sessions evicted to free KV blocks for other requests")
-                           .Register(r)
-                           .Add({});
+  sessions_evicted_ =
+      &prometheus::BuildCounter()
+           .Name("glmserve_sessions_evicted_total")
+           .Help("Idle Forward sessions evicted to free KV blocks for other requests")
+           .Register(r)
+           .Add({});
   session_kv_usage_ = &prometheus::BuildGauge()
                            .Name("glmserve_kv_cache_session_usage_ratio")
                            .Help("Fraction of KV cache blocks pinned by Forward sessions (0..1)")
@@ -155,8 +156,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                            .Add({});
   nonfinite_outputs_ = &prometheus::BuildCounter()
                             .Name("glmserve_nonfinite_outputs_total")
-                            .Help("Requests failed with INTERNAL because the model produced NaN or "
-                                  "Inf logits or hidden states")
+                            .Help(
+                                "Requests failed with INTERNAL because the model produced NaN or "
+                                "Inf logits or hidden states")
                             .Register(r)
                             .Add({});
   prefix_queries_ = &prometheus::BuildCounter()

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -140,8 +140,8 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
-      return absl::InvalidArgumentError(absl::StrCat(r.flag, "=", r.value, " is outside [", r.min,
-                                                     ", ", r.max, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.flag, "=", r.value, " is outside [", r.min, ", ", r.max, "]"));
     }
   }
   if (o.max_new_tokens > 0 && o.default_max_new_tokens > o.max_new_tokens) {

@@ -256,10 +256,10 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     const ForwardOutputSize size =
         ForwardOutputBytes(*body, backend->engine->model().config(), request.output_dtype());
     if (!service_->ReserveOutput(size.engine_bytes + size.reply_bytes)) {
-      return Reply(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-          "the outputs of Forward calls in flight would pass the server's limit of ",
-          service_->options_.max_output_bytes_in_flight, " bytes (this call needs ",
-          size.engine_bytes + size.reply_bytes, "); retry later"))));
+      return Reply(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("the outputs of Forward calls in flight would pass the server's limit of ",
+                       service_->options_.max_output_bytes_in_flight, " bytes (this call needs ",
+                       size.engine_bytes + size.reply_bytes, "); retry later"))));
     }
     reserved_bytes_ = size.engine_bytes + size.reply_bytes;
     body->session_owner = service_->CallerIdentity(context_);
@@ -413,7 +413,8 @@ std::string GlmServiceImpl::CallerIdentity(grpc::CallbackServerContext* context)
       const absl::string_view token =
           absl::StartsWith(value, kBearer) ? value.substr(kBearer.size()) : absl::string_view();
       for (size_t i = 0; i < options_.auth_tokens.size(); ++i) {
-        if (ConstantTimeEquals(token, options_.auth_tokens[i])) identity = absl::StrCat("token#", i);
+        if (ConstantTimeEquals(token, options_.auth_tokens[i]))
+          identity = absl::StrCat("token#", i);
       }
     }
   }
@@ -498,8 +499,8 @@ grpc::ServerUnaryReactor* GlmServiceImpl::CloseSession(grpc::CallbackServerConte
   const Backend* backend = Admit(context, &status);
   if (backend != nullptr) {
     // A mutex and a map lookup on the engine's session registry: no waiting on compute.
-    status = ToGrpcStatus(
-        backend->engine->CloseSession(request->session_id(), CallerIdentity(context)));
+    status =
+        ToGrpcStatus(backend->engine->CloseSession(request->session_id(), CallerIdentity(context)));
   }
   reactor->Reply(std::move(status));
   return reactor;

@@ -58,6 +58,8 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   bool draining() const { return draining_.load(); }
   // Calls of this service in flight (accepted or not, until their reactor is done).
   int64_t calls_in_flight() const { return in_flight_.load(); }
+  // Output bytes reserved by Forward calls in flight (see max_output_bytes_in_flight).
+  int64_t output_bytes_in_flight() const { return output_bytes_.load(); }
   // Waits until no call is in flight or `deadline` passes; true when idle.
   bool WaitIdle(absl::Time deadline);
 

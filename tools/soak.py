@@ -81,7 +81,7 @@ def main():
             [client_bin, target, "--max_attempts=1", f"--duration={args.duration}s"] + extra +
             ["bench"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    prompt = ",".join(str(151331 + i % 7) for i in range(8))
+    prompt = ",".join(str(1 + i * 13) for i in range(8))  # in every model's vocabulary
     benches = [
         bench("generate short", ["--rpc=generate", "--concurrency=12", "--prompt_len=16",
                                  "--max_new_tokens=32"]),
@@ -144,7 +144,7 @@ def main():
         print(f"| {name} | {calls.group(1) if calls else '?'} | "
               f"{', '.join(f'{k}={v}' for k, v in errors.items()) or 'none'} |")
         bad = set(errors) - allowed
-        if bad or proc.returncode not in (0, 1):
+        if bad or "calls ok" not in out:
             failures.append(f"{name}: unexpected codes {sorted(bad)} (exit {proc.returncode})\n{out}")
     print(f"| forward sessions (4 pipelines) | {sum(session_codes.values())} | "
           f"{', '.join(f'{k}={v}' for k, v in sorted(session_codes.items()) if k != 'OK') or 'none'} |")

@@ -1,14 +1,13 @@
 #include "core/config.h"
 
-#include "tests/test_util.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <fstream>
 #include <string>
+
+#include "tests/test_util.h"
 
 namespace glm {
 namespace {

@@ -113,11 +113,10 @@ TEST(EngineLimitsTest, SessionsBelongToTheirOwner) {
   ASSERT_TRUE(run.Run(1, SessionCall("s", 4, true, "token#0")).ok());
   // Another owner sees no session "s": continuing, closing and probing are all NOT_FOUND /
   // a fresh session of its own, never the first owner's.
-  EXPECT_EQ(run.Run(2, SessionCall("s", 2, false, "token#1")).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(run.Run(2, SessionCall("s", 2, false, "token#1")).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine->CloseSession("s", "token#1").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine->CloseSession("s").code(), absl::StatusCode::kNotFound);  // anonymous
-  ASSERT_TRUE(run.Run(3, SessionCall("s", 3, true, "token#1")).ok());  // its own "s"
+  ASSERT_TRUE(run.Run(3, SessionCall("s", 3, true, "token#1")).ok());        // its own "s"
   EXPECT_TRUE(Eventually(*engine, [](const EngineStats& s) { return s.sessions == 2; }));
   EXPECT_TRUE(engine->CloseSession("s", "token#1").ok());
   // The first owner's session is intact and continues where it stopped.
@@ -294,8 +293,8 @@ TEST(EngineLimitsTest, OptionsAreRangeChecked) {
 }
 
 TEST(KvCacheBytesTest, OverflowAndBadDimensionsAreErrors) {
-  KvCacheShape shape{.num_layers = 92, .kv_heads = 8, .head_dim = 128, .block_size = 16,
-                     .num_blocks = 1024};
+  KvCacheShape shape{
+      .num_layers = 92, .kv_heads = 8, .head_dim = 128, .block_size = 16, .num_blocks = 1024};
   absl::StatusOr<int64_t> bytes = KvCacheBytes(shape, 2);
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(*bytes, int64_t{2} * 2 * 92 * 8 * 128 * 16 * 1024);

@@ -283,14 +283,15 @@ TEST_F(SafetensorsTest, DataSectionExactlyCovered) {
   // A real file whose header length is one byte short: the JSON still parses (the last
   // padding space is cut) but the data section starts a byte early.
   std::vector<float> v = {1.0f, 2.0f, 3.0f};
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"w", DType::kF32, {3}, {{v.data(), 12}}}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(Path("m.safetensors"), {{"w", DType::kF32, {3}, {{v.data(), 12}}}}).ok());
   std::string bytes = ReadBytes(Path("m.safetensors"));
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), 8);
   ASSERT_EQ(bytes[8 + header_len - 1], ' ') << "the writer pads the header";
   const std::string shifted = LengthPrefix(header_len - 1) + bytes.substr(8);
-  EXPECT_THAT(OpenError(shifted), HasSubstr("the tensors cover 12 bytes but the data section has 13"));
+  EXPECT_THAT(OpenError(shifted),
+              HasSubstr("the tensors cover 12 bytes but the data section has 13"));
 }
 
 // A FIFO (or any non-regular file) in place of a weights file is refused at once instead of

@@ -17,7 +17,8 @@ namespace {
 using ::testing::HasSubstr;
 
 ModelWeights Tiny(DType dtype) {
-  absl::StatusOr<ModelWeights> w = RandomWeights(*PresetConfig("tiny"), {.seed = 3, .dtype = dtype});
+  absl::StatusOr<ModelWeights> w =
+      RandomWeights(*PresetConfig("tiny"), {.seed = 3, .dtype = dtype});
   EXPECT_TRUE(w.ok());
   return *std::move(w);
 }
@@ -47,7 +48,9 @@ TEST(WeightCheckTest, FullFindsAnyElementAndNamesIt) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     ModelWeights w = Tiny(dtype);
     const Matrix& m = w.layers[1].moe.experts[5].up;  // [32, 64]
-    const uint32_t inf = dtype == DType::kF32 ? 0x7f800000u : dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;
+    const uint32_t inf = dtype == DType::kF32    ? 0x7f800000u
+                         : dtype == DType::kBF16 ? 0x7f80u
+                                                 : 0x7c00u;
     Poke(m, 3 * 64 + 9, inf);
     const absl::Status s = VerifyWeightsFinite(&w, VerifyWeights::kFull, "checkpoint /m");
     ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << DTypeName(dtype);

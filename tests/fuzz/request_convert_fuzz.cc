@@ -47,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    static_cast<int64_t>(out->prompt.size()) <= limits.max_prompt_tokens);
     for (int32_t id : out->prompt) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
     for (int32_t id : out->stop.stop_token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
-    GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 && out->stop.max_new_tokens <= limits.max_new_tokens);
+    GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
+                   out->stop.max_new_tokens <= limits.max_new_tokens);
     GLM_FUZZ_CHECK(glm::ValidateSamplingParams(out->sampling).ok());
     return 0;
   }
@@ -61,7 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t id : out->token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
   GLM_FUZZ_CHECK(out->token_ids.empty() != out->hidden.empty());
   if (!out->hidden.empty()) {
-    GLM_FUZZ_CHECK(static_cast<int64_t>(out->hidden.size()) == out->num_tokens * config.hidden_size);
+    GLM_FUZZ_CHECK(static_cast<int64_t>(out->hidden.size()) ==
+                   out->num_tokens * config.hidden_size);
   }
   const glmserve::ForwardOutputSize bytes =
       glmserve::ForwardOutputBytes(*out, config, request.output_dtype());

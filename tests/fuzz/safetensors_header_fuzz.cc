@@ -6,8 +6,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* image = reinterpret_cast<const char*>(data);
-  absl::StatusOr<std::vector<glm::TensorInfo>> tensors =
-      glm::ParseSafetensors(image, size, "fuzz");
+  absl::StatusOr<std::vector<glm::TensorInfo>> tensors = glm::ParseSafetensors(image, size, "fuzz");
   if (!tensors.ok()) return 0;
   int64_t covered = 0;
   unsigned checksum = 0;

@@ -66,7 +66,12 @@ TEST(HardeningTest, OutputsInFlightStayWithinTheBudget) {
   EXPECT_NE(fp32.status().message().find("in flight"), std::string::npos) << fp32.status();
   // In bf16 the reply halves and the call fits; the budget comes back after each call.
   for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<v1::ForwardResponse> bf16 = client->Forward(LogitsRequest(30, v1::DATA_TYPE_BF16));
+    // A call's reservation returns when its reactor is done, just after the client has the
+    // reply: wait for it, which also shows nothing leaks.
+    ASSERT_TRUE(
+        testing::WaitUntil([&] { return server->service().output_bytes_in_flight() == 0; }));
+    absl::StatusOr<v1::ForwardResponse> bf16 =
+        client->Forward(LogitsRequest(30, v1::DATA_TYPE_BF16));
     EXPECT_TRUE(bf16.ok()) << bf16.status();
   }
 }
@@ -147,9 +152,9 @@ TEST(HardeningTest, TokenFileWithoutTlsWarns) {
   const std::string dir = glm::testing::MakeTempDir("glmserve_warn");
   std::ofstream(dir + "/tokens") << "t\n";
   // A model path that does not exist stops the server right after the warning.
-  const testing::CommandResult r = RunCommand(absl::StrCat(
-      GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --auth_token_file=", dir,
-      "/tokens --model=", dir, "/no-such-model"));
+  const testing::CommandResult r = RunCommand(
+      absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --auth_token_file=", dir,
+                   "/tokens --model=", dir, "/no-such-model"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("warning: --auth_token_file without --tls_cert"), std::string::npos)
       << r.output;
@@ -167,11 +172,10 @@ std::string NanCheckpoint() {
 
 TEST(HardeningTest, NonFiniteWeightsAreRefusedAtLoad) {
   const std::string dir = NanCheckpoint();
-  const testing::CommandResult r = RunCommand(
-      absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --model=", dir));
+  const testing::CommandResult r =
+      RunCommand(absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --model=", dir));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("tensor 'model.norm.weight' holds a non-finite value"),
-            std::string::npos)
+  EXPECT_NE(r.output.find("tensor 'model.norm.weight' holds a non-finite value"), std::string::npos)
       << r.output;
 }
 
