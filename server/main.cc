@@ -42,6 +42,21 @@ ABSL_FLAG(int64_t, kv_capacity_tokens, 0, "KV cache slots in tokens (0: the engi
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
+ABSL_FLAG(double, session_kv_fraction, 0.5,
+          "share of the KV cache all Forward sessions together may pin (0..1)");
+ABSL_FLAG(int64_t, max_session_tokens, 0,
+          "positions one Forward session may hold (0: the whole sessions' share)");
+ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
+          "a session unused this long is closed");
+ABSL_FLAG(absl::Duration, session_eviction_grace, absl::Seconds(1),
+          "idle sessions unused this long are evicted (LRU) when other requests need their KV "
+          "blocks");
+ABSL_FLAG(int64_t, max_output_bytes_in_flight, int64_t{1} << 30,
+          "bytes all Forward calls in flight may hold for their outputs; beyond: "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, verify_weights, "auto",
+          "check checkpoint weights for NaN/Inf at load: full, sampled, off, or auto (full up to "
+          "8 GiB of weights, sampled above)");
 ABSL_FLAG(bool, prefix_caching, true, "share the KV blocks of identical prompt prefixes");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0, "longest prompt accepted (0: the model's positions)");
 ABSL_FLAG(int64_t, max_new_tokens, 0, "largest max_new_tokens accepted (0: model's positions)");
@@ -101,6 +116,11 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.engine.session_kv_fraction = absl::GetFlag(FLAGS_session_kv_fraction);
+  o.engine.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
+  o.engine.session_eviction_grace = absl::GetFlag(FLAGS_session_eviction_grace);
+  o.service.max_output_bytes_in_flight = absl::GetFlag(FLAGS_max_output_bytes_in_flight);
   o.model_name = absl::GetFlag(FLAGS_model);
   return o;
 }
@@ -122,6 +142,25 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// A flag outside its range: the message and exit code 2 (a usage error, as for an unknown
+// flag), before anything starts.
+int BadFlag(const absl::Status& status) {
+  std::fprintf(stderr, "glm-server: invalid flag: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+// Flags main reads itself (the rest are checked by ValidateServerOptions).
+absl::Status ValidateMainFlags() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads=", threads, " is outside [0, 4096]"));
+  }
+  if (absl::GetFlag(FLAGS_drain_grace) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_grace must be >= 0");
+  }
+  return glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,6 +168,18 @@ int main(int argc, char** argv) {
       "Serves a GLM-4.5-family model over gRPC.\n"
       "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
   absl::ParseCommandLine(argc, argv);
+  const glmserve::ServerOptions options = OptionsFromFlags();
+  if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
+  if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return BadFlag(device.status());
+  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
+  if (!span.ok()) return BadFlag(span.status());
+  if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
+    std::fprintf(stderr,
+                 "glm-server: warning: --auth_token_file without --tls_cert: bearer tokens "
+                 "travel in plaintext; use TLS unless the network is trusted\n");
+  }
   const sigset_t signals = BlockShutdownSignals();
   absl::Notification stop;
   std::thread signal_thread([&signals, &stop] {
@@ -140,13 +191,8 @@ int main(int argc, char** argv) {
   signal_thread.detach();
 
   if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return Fail(device.status());
-  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
-  if (!span.ok()) return Fail(span.status());
 
-  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server =
-      glmserve::GlmServer::Start(OptionsFromFlags());
+  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
   std::printf("glm-server: listening on %s", (*server)->target().c_str());
   if ((*server)->metrics_port() >= 0) {
@@ -158,8 +204,10 @@ int main(int argc, char** argv) {
   const absl::Time t_load = absl::Now();
   glm::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
+  glm::LoadOptions load;
+  load.verify = *glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
   absl::StatusOr<glm::ModelWeights> weights =
-      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random);
+      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
   const glm::DType weight_dtype = weights->weight_dtype;
   absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =

@@ -84,6 +84,9 @@ class Metrics {
   prometheus::Histogram* step_mixed_;
   prometheus::Histogram* batch_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* sessions_evicted_;
+  prometheus::Gauge* session_kv_usage_;
+  prometheus::Counter* nonfinite_outputs_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
   prometheus::Family<prometheus::Gauge>* build_info_;

@@ -62,6 +62,10 @@ struct ServerOptions {
   std::string model_name;  // what ModelInfo and build_info call the model
 };
 
+// The one check of every option (each flag of glm-server lands here): INVALID_ARGUMENT
+// naming the flag and its allowed range. Start() runs it; glm-server exits 2 on it.
+absl::Status ValidateServerOptions(const ServerOptions& options);
+
 class GlmServer {
  public:
   // Binds and starts serving health, reflection and (UNAVAILABLE) GlmService calls.
