@@ -2,7 +2,7 @@
 # Builds the GPU check on this (build) machine and packs what a bare GPU host needs to run it
 # into one folder: a GPU node typically has the NVIDIA driver, CUDA and cuBLAS but no package
 # registry and none of the Debian -dev packages, so it cannot build glmserve itself
-# (docs/cuda.md, "The GPU check on a bare GPU host").
+# (docs/cuda.md, "Running the GPU check").
 #
 #   tools/gpu_bundle.sh [--build-dir DIR] [--out DIR] [--no-build]
 #
