@@ -115,14 +115,16 @@ cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
 // ---- sampling.cu ---------------------------------------------------------------------
 // Row scans with the CPU sampler's semantics (core/sampler_scan.h): values compared as floats,
 // NaN read as -inf, ties to the lower id. logits: [rows, vocab] fp32.
+// finite[r] (when not null): 1 when every value of row r is finite, else 0 (the engine fails
+// a request whose logits hold NaN or Inf rather than sample from them).
 // ids[r], values[r]: row r's maximum and its lowest id.
 cudaError_t LaunchRowArgMax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
-                            float* values, cudaStream_t stream);
+                            float* values, int32_t* finite, cudaStream_t stream);
 // ids[r * k ..], values[r * k ..]: row r's k largest (1 <= k <= min(vocab, kMaxDeviceTopK)),
 // in ascending id order; cudaErrorInvalidValue for another k.
 inline constexpr int kMaxDeviceTopK = 1024;
 cudaError_t LaunchRowTopK(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
-                          float* values, cudaStream_t stream);
+                          float* values, int32_t* finite, cudaStream_t stream);
 
 // ---- elementwise.cu -------------------------------------------------------------------
 // h[t] = float(table[ids[t]]) (bf16 table [vocab, width]).

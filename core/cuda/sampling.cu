@@ -20,6 +20,20 @@ __device__ __forceinline__ float NanToNegInf(float x) {
   return x != x ? __uint_as_float(0xff800000u) : x;
 }
 
+__device__ __forceinline__ bool IsFinite(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// finite[blockIdx.x] = whether every thread saw only finite values (`mine`). Reached by every
+// thread of the block.
+__device__ void WriteRowFinite(bool mine, int* flag, int32_t* finite) {
+  if (threadIdx.x == 0) *flag = 1;
+  __syncthreads();
+  if (!mine) *flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 0 && finite != nullptr) finite[blockIdx.x] = *flag;
+}
+
 // Order-preserving key: a < b as floats (NaN as -inf) iff Key(a) < Key(b); -0 and +0, equal
 // as floats, get the same key.
 __device__ __forceinline__ uint32_t Key(float x) {
@@ -31,14 +45,17 @@ __device__ __forceinline__ uint32_t Key(float x) {
 
 __global__ void __launch_bounds__(kThreads)
     RowArgMaxKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ ids,
-                    float* __restrict__ values) {
+                    float* __restrict__ values, int32_t* __restrict__ finite) {
   __shared__ float best_value[kThreads];
   __shared__ int32_t best_id[kThreads];
+  __shared__ int all_finite;
+  bool my_finite = true;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float v = NanToNegInf(row[0]);
   int32_t id = 0;
   // Each thread's ids ascend, so a strictly larger value is the only way to move.
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    my_finite &= IsFinite(row[i]);
     const float x = NanToNegInf(row[i]);
     if (x > v) {
       v = x;
@@ -64,6 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     ids[blockIdx.x] = best_id[0];
     values[blockIdx.x] = best_value[0];
   }
+  WriteRowFinite(my_finite, &all_finite, finite);
 }
 
 // Exclusive prefix sum of `flag` over the block in thread order (Hillis-Steele in `scan`,
@@ -85,8 +103,11 @@ __device__ int BlockExclusiveScan(int flag, int* scan, int* total) {
 
 __global__ void __launch_bounds__(kThreads)
     RowTopKKernel(const float* __restrict__ logits, int64_t vocab, int k,
-                  int32_t* __restrict__ out_ids, float* __restrict__ out_values) {
+                  int32_t* __restrict__ out_ids, float* __restrict__ out_values,
+                  int32_t* __restrict__ finite) {
   __shared__ int histogram[256];
+  __shared__ int all_finite;
+  bool my_finite = true;
   __shared__ int scan[kThreads];
   __shared__ uint32_t prefix;
   __shared__ int want;  // of the keys matching `prefix` so far, how many to take
@@ -104,6 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const uint32_t high_mask = shift == 24 ? 0u : ~((1u << (shift + 8)) - 1u);
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      if (shift == 24) my_finite &= IsFinite(row[i]);
       const uint32_t key = Key(row[i]);
       if ((key & high_mask) == prefix) atomicAdd(&histogram[(key >> shift) & 0xffu], 1);
     }
@@ -144,23 +166,25 @@ __global__ void __launch_bounds__(kThreads)
     written += selected_total;
     equal_seen += equal_total;
   }
+  WriteRowFinite(my_finite, &all_finite, finite);
 }
 
 }  // namespace
 
 cudaError_t LaunchRowArgMax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
-                            float* values, cudaStream_t stream) {
+                            float* values, int32_t* finite, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
-  RowArgMaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, ids, values);
+  RowArgMaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, ids, values,
+                                                                        finite);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRowTopK(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
-                          float* values, cudaStream_t stream) {
+                          float* values, int32_t* finite, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
   if (k < 1 || k > kMaxDeviceTopK || k > vocab) return cudaErrorInvalidValue;
-  RowTopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, k, ids,
-                                                                      values);
+  RowTopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, k, ids, values,
+                                                                      finite);
   return cudaGetLastError();
 }
 

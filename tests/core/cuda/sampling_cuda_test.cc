@@ -1,7 +1,8 @@
 // The device row scans for sampling (core/cuda/sampling.cu) against the CPU sampler's own
 // scans (core/sampler_scan.h), which they are to replace: the same ids and values, exactly,
 // on rows built for the edges (ties everywhere, NaN, +-inf, -0 next to +0, all -inf, rows
-// shorter than a block, k = 1, k = vocab, k = the maximum). Outputs are poisoned first.
+// shorter than a block, k = 1, k = vocab, k = the maximum), and the per-row finite flags.
+// Outputs are poisoned first.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,6 +77,17 @@ Rows MakeRows(int64_t vocab, uint32_t seed) {
   return r;
 }
 
+// Each row's flag says whether all its values are finite (the model-like and quantised rows
+// are; the NaN/inf and all -inf rows are not).
+void ExpectFiniteFlags(const Rows& rows, const std::vector<int32_t>& flags) {
+  for (int64_t r = 0; r < rows.count(); ++r) {
+    bool finite = true;
+    for (int64_t i = 0; i < rows.vocab; ++i)
+      finite &= std::isfinite(rows.logits[r * rows.vocab + i]);
+    EXPECT_EQ(flags[r], finite ? 1 : 0) << "row " << r;
+  }
+}
+
 class CudaSampling : public ::testing::Test {
  protected:
   void SetUp() override { GLM_REQUIRE_CUDA_DEVICE(); }
@@ -88,11 +100,13 @@ TEST_F(CudaSampling, RowArgMaxEqualsTheCpuScanAndGreedy) {
     const int64_t n = rows.count();
     DeviceBuffer logits = Upload(rows.logits);
     DeviceBuffer ids = Poisoned<int32_t>(n), values = Poisoned<float>(n);
+    DeviceBuffer finite = Poisoned<int32_t>(n);
     ASSERT_EQ(LaunchRowArgMax(logits.as<float>(), n, vocab, ids.as<int32_t>(), values.as<float>(),
-                              nullptr),
+                              finite.as<int32_t>(), nullptr),
               cudaSuccess);
     const std::vector<int32_t> got_ids = Download<int32_t>(ids, n);
     const std::vector<float> got_values = Download<float>(values, n);
+    ExpectFiniteFlags(rows, Download<int32_t>(finite, n));
     for (int64_t r = 0; r < n; ++r) {
       const float* row = rows.logits.data() + r * vocab;
       const sampler_internal::FloatBest want =
@@ -120,9 +134,11 @@ TEST_F(CudaSampling, RowTopKEqualsTheCpuSelection) {
     const int64_t n = rows.count();
     DeviceBuffer logits = Upload(rows.logits);
     DeviceBuffer ids = Poisoned<int32_t>(n * c.k), values = Poisoned<float>(n * c.k);
+    DeviceBuffer finite = Poisoned<int32_t>(n);
     ASSERT_EQ(LaunchRowTopK(logits.as<float>(), n, c.vocab, c.k, ids.as<int32_t>(),
-                            values.as<float>(), nullptr),
+                            values.as<float>(), finite.as<int32_t>(), nullptr),
               cudaSuccess);
+    ExpectFiniteFlags(rows, Download<int32_t>(finite, n));
     const std::vector<int32_t> got_ids = Download<int32_t>(ids, n * c.k);
     const std::vector<float> got_values = Download<float>(values, n * c.k);
     for (int64_t r = 0; r < n; ++r) {
@@ -145,9 +161,9 @@ TEST_F(CudaSampling, RowTopKRefusesAnImpossibleK) {
   DeviceBuffer logits = Upload(std::vector<float>(10, 1.0f));
   DeviceBuffer ids = Poisoned<int32_t>(2048), values = Poisoned<float>(2048);
   for (int k : {0, -1, 11, kMaxDeviceTopK + 1}) {
-    EXPECT_EQ(
-        LaunchRowTopK(logits.as<float>(), 1, 10, k, ids.as<int32_t>(), values.as<float>(), nullptr),
-        cudaErrorInvalidValue)
+    EXPECT_EQ(LaunchRowTopK(logits.as<float>(), 1, 10, k, ids.as<int32_t>(), values.as<float>(),
+                            nullptr, nullptr),
+              cudaErrorInvalidValue)
         << k;
   }
 }
