@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "core/model_runner.h"
 #include "core/parallel.h"
 #include "server/server.h"
+#include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
@@ -38,10 +40,13 @@ ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --add
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
-ABSL_FLAG(int64_t, kv_capacity_tokens, 0, "KV cache slots in tokens (0: the engine's default)");
+ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
+          "KV cache slots in tokens, shared by every running sequence");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
+ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
+          "a Forward session unused this long is closed and its KV cache freed");
 ABSL_FLAG(bool, prefix_caching, true, "share the KV blocks of identical prompt prefixes");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0, "longest prompt accepted (0: the model's positions)");
 ABSL_FLAG(int64_t, max_new_tokens, 0, "largest max_new_tokens accepted (0: model's positions)");
@@ -100,6 +105,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.block_size = absl::GetFlag(FLAGS_block_size);
   o.engine.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   o.model_name = absl::GetFlag(FLAGS_model);
   return o;
@@ -117,6 +123,29 @@ sigset_t BlockShutdownSignals() {
   return set;
 }
 
+const glmcli::ProgramHelp& Help() {
+  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+      "glm-server",
+      "serves a GLM-4.5-family model over gRPC, with health, reflection and /metrics",
+      {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
+       "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
+       "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
+      {{"Model and device", {"model", "device", "layers", "threads", "seed"}},
+       {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
+       {"Engine and KV cache",
+        {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
+         "prefix_caching", "max_sessions", "session_idle_timeout"}},
+       {"Request limits",
+        {"max_prompt_tokens", "max_new_tokens", "default_max_new_tokens", "max_concurrent_streams",
+         "default_deadline", "max_deadline"}},
+       {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
+       {"Logging", {"access_log", "log_format"}},
+       {"Shutdown", {"drain_grace"}}},
+      "server/main.cc",
+      "SIGTERM/SIGINT drain: readiness goes NOT_SERVING, calls in flight get --drain_grace."};
+  return *help;
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "glm-server: %s\n", status.ToString().c_str());
   return 1;
@@ -125,6 +154,7 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
   absl::SetProgramUsageMessage(
       "Serves a GLM-4.5-family model over gRPC.\n"
       "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
@@ -144,6 +174,9 @@ int main(int argc, char** argv) {
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return Fail(span.status());
+  if (absl::GetFlag(FLAGS_session_idle_timeout) <= absl::ZeroDuration()) {
+    return Fail(absl::InvalidArgumentError("--session_idle_timeout must be > 0"));
+  }
 
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server =
       glmserve::GlmServer::Start(OptionsFromFlags());
