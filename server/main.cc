@@ -68,6 +68,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights (presets only)");
+ABSL_FLAG(std::string, access_log, "",
+          "one line per finished call (request id, rpc, code, tokens, queue/TTFT/total ms) "
+          "appended to this file, or '-' for stdout (default: off)");
+ABSL_FLAG(std::string, log_format, "text", "access log lines: text (key=value) or json");
 
 namespace {
 
@@ -108,6 +112,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   o.model_name = absl::GetFlag(FLAGS_model);
+  o.access_log = absl::GetFlag(FLAGS_access_log);
   return o;
 }
 
@@ -174,12 +179,16 @@ int main(int argc, char** argv) {
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return Fail(span.status());
+  absl::StatusOr<glmserve::LogFormat> log_format =
+      glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) return Fail(log_format.status());
   if (absl::GetFlag(FLAGS_session_idle_timeout) <= absl::ZeroDuration()) {
     return Fail(absl::InvalidArgumentError("--session_idle_timeout must be > 0"));
   }
 
-  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server =
-      glmserve::GlmServer::Start(OptionsFromFlags());
+  glmserve::ServerOptions options = OptionsFromFlags();
+  options.log_format = *log_format;
+  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
   std::printf("glm-server: listening on %s", (*server)->target().c_str());
   if ((*server)->metrics_port() >= 0) {
@@ -203,6 +212,7 @@ int main(int argc, char** argv) {
     if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype); !s.ok()) {
       return Fail(s);
     }
+    std::printf("%s", (*server)->StartupSummary().c_str());
     std::printf("glm-server: ready: %s on %s (loaded and warmed up in %.2f s)\n",
                 absl::GetFlag(FLAGS_model).c_str(), device_name.c_str(),
                 absl::ToDoubleSeconds(absl::Now() - t_load));
