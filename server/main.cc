@@ -200,8 +200,21 @@ int main(int argc, char** argv) {
   const absl::Time t_load = absl::Now();
   glm::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
+  // A progress line at the start, every 2 s and at the end of reading the checkpoint.
+  absl::Time last_progress = absl::InfinitePast();
+  const glm::LoadProgressCallback progress = [&](const glm::LoadProgress& p) {
+    const absl::Time now = absl::Now();
+    if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
+        now - last_progress < absl::Seconds(2)) {
+      return;
+    }
+    last_progress = now;
+    std::printf("glm-server: loading %s: %s\n", absl::GetFlag(FLAGS_model).c_str(),
+                glm::DescribeLoadProgress(p).c_str());
+    std::fflush(stdout);
+  };
   absl::StatusOr<glm::ModelWeights> weights =
-      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random);
+      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, progress);
   if (!weights.ok()) return Fail(weights.status());
   const glm::DType weight_dtype = weights->weight_dtype;
   absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =

@@ -12,6 +12,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/server/test_server.h"
+#include "tests/test_util.h"
 
 namespace glmserve {
 namespace {
@@ -168,6 +169,33 @@ TEST(AccessLogTest, GlmServerPrintsTheSummaryAndTextLines) {
       << lines[0];
   server.reset();
   std::remove(path.c_str());
+}
+
+// The glm-server binary on the 5-shard golden checkpoint: progress lines while it reads the
+// shards, the start-up summary, then access log lines on stdout.
+TEST(AccessLogTest, GlmServerBinaryLogsProgressSummaryAndCalls) {
+  std::string target;
+  std::unique_ptr<testing::ChildProcess> child = testing::StartServerProcess(
+      {absl::StrCat("--model=", glm::testing::GoldenDir("sharded_fp32")), "--access_log=-",
+       "--log_format=json"},
+      &target);
+  const std::string& out = child->output();
+  EXPECT_NE(out.find("sharded_fp32: 0.0 of 0.6 MB (0.0%)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("sharded_fp32: 0.6 of 0.6 MB (100.0%)"), std::string::npos) << out;
+  EXPECT_LT(out.find("(100.0%)"), out.find("\nmodel       ")) << out;
+  EXPECT_NE(out.find("\nkv cache    32768 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nlogging     access log stdout (json)\n"), std::string::npos) << out;
+  std::unique_ptr<Client> client = Connect(target);
+  v1::GenerateRequest request = GreedyRequest({1, 2}, 3);
+  request.set_request_id("from-the-binary");
+  ASSERT_TRUE(client->Generate(request, [](const v1::GeneratedToken&) {}).ok());
+  const std::string line = child->ReadUntil("from-the-binary");
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << line;
+  EXPECT_EQ(j["rpc"], "Generate");
+  EXPECT_EQ(j["generated_tokens"], 3);
+  child->Signal(SIGTERM);
+  EXPECT_EQ(child->Wait(absl::Seconds(30)), 0);
 }
 
 }  // namespace
