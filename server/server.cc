@@ -17,11 +17,13 @@
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
 #include "core/parallel.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "server/reflection.h"
 
 #ifndef GLMSERVE_VERSION
 #define GLMSERVE_VERSION "dev"
@@ -149,12 +151,21 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
   // Both are process-wide switches read by the next ServerBuilder.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's health service encodes its messages without the generated classes, so nothing
+  // would pull health.pb.cc out of the static glm_proto library, and reflection (which reads
+  // the generated pool) listed grpc.health.v1.Health without being able to describe it.
+  // Naming a descriptor links the file and registers it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  s->reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+      "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.address, options.port);
   builder.AddListeningPort(address, *credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

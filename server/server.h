@@ -31,6 +31,8 @@ class Exposer;
 
 namespace glmserve {
 
+class ReflectionV1Service;
+
 // Health service names (grpc.health.v1): liveness is SERVING while the process serves RPCs at
 // all; readiness (and the overall "" service and glmserve.v1.GlmService) only while it can
 // take requests.
@@ -108,6 +110,7 @@ class GlmServer {
   std::unique_ptr<AccessLog> access_log_;  // outlives the service that writes to it
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GlmServiceImpl> service_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<glm::Engine> engine_;
