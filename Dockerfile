@@ -81,8 +81,10 @@ USER 10001:10001
 # gRPC (--port) and Prometheus /metrics (--metrics_port): glm-server's defaults.
 EXPOSE 50051 9090
 # Ready = weights loaded and a warm-up request run (grpc.health.v1, service "readiness").
+# The start period is the startupProbe's 30 minutes (docs/operations.md: reading 213.7 GB at
+# 200 MB/s takes 18), so a slow load is not reported unhealthy.
 # Docker only; Kubernetes uses its own gRPC probes (deploy/).
-HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
+HEALTHCHECK --interval=15s --timeout=10s --start-period=1800s --retries=3 \
     CMD ["/usr/local/bin/glm-client", "--target=127.0.0.1:50051", "--service=readiness", "--max_attempts=1", "health"]
 # A container listens on every interface (glm-server's own default is loopback only). SIGTERM
 # drains (readiness NOT_SERVING, calls in flight get --drain_grace, default 30 s).
