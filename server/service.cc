@@ -369,6 +369,7 @@ void GlmServiceImpl::CallDone(Rpc rpc, const grpc::Status& status,
   const double total = Seconds(arrival, Clock::now());
   const grpc::StatusCode code = ReportedCode(status, context);
   metrics_->RecordRequest(rpc, code, total);
+  if (code == grpc::StatusCode::OK && finish != nullptr) metrics_->RecordSuccess(rpc, *finish);
   if (options_.access_log != nullptr) {
     AccessRecord r;
     r.time = absl::Now();
