@@ -1,11 +1,11 @@
 # syntax=docker/dockerfile:1
 # glm-server container image, multi-stage.
 #
-#   docker build -t glmserve:cuda .                           # CUDA image (default)
-#   docker build --build-arg VARIANT=cpu -t glmserve:cpu .    # CPU-only image, Debian 12
-#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:cpu  # serves the embedded glm-4.5-mini
+#   docker build -t glmserve:0.1.0-cuda .                           # CUDA image (default)
+#   docker build --build-arg VARIANT=cpu -t glmserve:0.1.0-cpu .    # CPU-only image, Debian 12
+#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:0.1.0-cpu  # the embedded glm-4.5-mini
 #   docker run --rm --gpus all -v /models:/models:ro -p 50051:50051 -p 9090:9090 \
-#       glmserve:cuda --model=/models/GLM-4.5-Air --device=cuda
+#       glmserve:0.1.0-cuda --model=/models/GLM-4.5-Air --device=cuda
 #
 # The build stage runs the same scripts as CI (.ci/run -> tools/test.sh -> tools/build.sh ->
 # tools/install_deps.sh), so every CI run exercises this file's build steps; the runtime stage
