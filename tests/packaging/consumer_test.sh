@@ -18,6 +18,9 @@ for f in bin/glm-server bin/glm-client bin/glm-run lib/cmake/glmserve/glmserveCo
   found=$(cd "$prefix" && compgen -G "${f/#lib\//lib*/}" || true)
   [ -n "$found" ] || { echo "FAIL: the install lacks $f"; exit 1; }
 done
+# protoc-gen-go refuses a .proto without an import path.
+grep -q '^option go_package = ' "$prefix/share/glmserve/proto/glmserve/v1/glmserve.proto" ||
+  { echo "FAIL: glmserve.proto has no go_package option"; exit 1; }
 libdir=$(dirname "$(dirname "$(cd "$prefix" && compgen -G 'lib*/cmake/glmserve' | head -1)")")
 targets=$(cat "$prefix/$libdir"/cmake/glmserve/glmserveTargets*.cmake)
 if grep -Eq 'glm_core|CUDA::|cudart|nlohmann' <<<"$targets"; then
