@@ -69,9 +69,10 @@ def main():
                 for w in words[1:]:
                     if w.startswith("--"):
                         name = w[2:].split("=")[0]
-                        if name.startswith("no"):
-                            name = name if name in flags[program] else name[2:]
-                        f.check(name in flags[program], f"{doc}: `{part}`: {program} has no --{name}")
+                        # Abseil's --noflag form of a boolean --flag.
+                        known = name in flags[program] or (
+                            name.startswith("no") and name[2:] in flags[program])
+                        f.check(known, f"{doc}: `{part}`: {program} has no --{name}")
                     elif not w.startswith("-") and not w.startswith("&"):
                         positional.append(w)
                 if program == "glm-client":
