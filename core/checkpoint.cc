@@ -182,8 +182,7 @@ class CheckpointLoader {
     }
     if (name == "model.embed_tokens.weight") return true;  // consumed whenever needed
     if (name == "model.norm.weight") return !has_head;
-    // A tied head is the embedding; HF ignores a stored copy the same way.
-    if (name == "lm_head.weight") return !has_head || c.tie_word_embeddings;
+    if (name == "lm_head.weight") return !has_head;
     return false;
   }
 
@@ -347,6 +346,11 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
 
   ModelWeights w;
   PrepareWeights(*config, resolved->begin, resolved->end, &w);
+  // A tied config with a stored head: Transformers 5.x uses the stored head (warning when it
+  // differs from the embedding); 4.x tied them. We follow 5.x, as everywhere.
+  w.head_stored_despite_tie = config->tie_word_embeddings &&
+                              resolved->end == config->num_hidden_layers &&
+                              store->Find("lm_head.weight") != nullptr;
   CheckpointLoader loader(dir, *store, &w);
   if (absl::Status s = loader.Load(); !s.ok()) return s;
   if (progress) {
@@ -421,10 +425,18 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
 
 absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSpan span,
                                        const RandomWeightOptions& random_options,
-                                       const LoadProgressCallback& progress) {
+                                       const LoadOptions& load_options) {
   const bool is_dir = IsDirectory(dir_or_preset);
   if (is_dir && Exists(dir_or_preset + "/config.json")) {
-    return LoadCheckpoint(dir_or_preset, span, progress);
+    absl::StatusOr<ModelWeights> weights =
+        LoadCheckpoint(dir_or_preset, span, load_options.progress);
+    if (!weights.ok()) return weights.status();
+    if (absl::Status s = VerifyWeightsFinite(&*weights, load_options.verify,
+                                             absl::StrCat("checkpoint ", dir_or_preset));
+        !s.ok()) {
+      return s;
+    }
+    return weights;
   }
   absl::StatusOr<ModelConfig> preset = PresetConfig(dir_or_preset);
   if (preset.ok()) return RandomWeights(*preset, random_options, span);

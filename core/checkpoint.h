@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/config.h"
 #include "core/dtype.h"
+#include "core/weight_check.h"
 #include "core/weights.h"
 
 namespace glm {
@@ -62,11 +63,19 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
                                            const RandomWeightOptions& options = {},
                                            LayerSpan span = {});
 
+struct LoadOptions {
+  // NaN/Inf check of a checkpoint's weights (core/weight_check.h); presets are finite by
+  // construction and not checked.
+  VerifyWeights verify = VerifyWeights::kAuto;
+  // Set: the checkpoint's bytes are read up front with progress reports (see LoadCheckpoint).
+  LoadProgressCallback progress;
+};
+
 // A model directory (contains config.json) or a preset spec ("glm-4.5-air:layers=2").
-// `progress` applies to checkpoint directories (see LoadCheckpoint); presets ignore it.
+// `load_options.progress` applies to checkpoint directories; presets ignore it.
 absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSpan span = {},
                                        const RandomWeightOptions& random_options = {},
-                                       const LoadProgressCallback& progress = nullptr);
+                                       const LoadOptions& load_options = {});
 
 // config.json text for a config (model_type glm4_moe, legacy top-level rope fields); `dtype`
 // becomes torch_dtype. ParseConfigJson of the result gives back the same config.

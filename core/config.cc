@@ -1,15 +1,17 @@
 #include "core/config.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/file_io.h"
 #include "nlohmann/json.hpp"
 
 namespace glm {
+namespace {
+// config.json of a released model is ~2 KiB; anything near this bound is not a config.
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+}  // namespace
 namespace {
 
 using Json = nlohmann::json;
@@ -161,11 +163,10 @@ absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text) {
 }
 
 absl::StatusOr<ModelConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  absl::StatusOr<ModelConfig> c = ParseConfigJson(buffer.str());
+  // Real configs are a few KiB; the bound keeps a hostile file from being read whole.
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<ModelConfig> c = ParseConfigJson(*text);
   if (!c.ok())
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;

@@ -67,24 +67,70 @@ int64_t BlocksFor(int64_t tokens, int64_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
-absl::Status CheckOptions(const EngineOptions& o) {
-  if (o.max_batch_tokens <= 0) return absl::InvalidArgumentError("max_batch_tokens must be > 0");
-  if (o.max_running <= 0) return absl::InvalidArgumentError("max_running must be > 0");
-  if (o.max_waiting < 0) return absl::InvalidArgumentError("max_waiting must be >= 0");
-  if (o.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
-  if (o.kv_capacity_tokens < 0) {
-    return absl::InvalidArgumentError("kv_capacity_tokens must be >= 0");
-  }
-  if (o.max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
-  return absl::OkStatus();
+// A session's key in the registry. Ids are arbitrary bytes, so no separator is safe: the
+// owner is length-prefixed, which makes (owner, id) -> key one-to-one.
+std::string SessionKey(const std::string& owner, const std::string& id) {
+  return absl::StrCat(owner.size(), ":", owner, id);
+}
+
+// At most this much of a client-chosen id is quoted back in an error.
+std::string Quoted(const std::string& id) {
+  constexpr size_t kShown = 64;
+  if (id.size() <= kShown) return absl::StrCat("'", id, "'");
+  return absl::StrCat("'", id.substr(0, kShown), "...' (", id.size(), " bytes)");
 }
 
 }  // namespace
 
+absl::Status ValidateSessionId(const std::string& session_id) {
+  if (session_id.empty()) return absl::InvalidArgumentError("session_id is empty");
+  if (session_id.size() > kMaxSessionIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("session_id is ", session_id.size(),
+                                                   " bytes; the limit is ", kMaxSessionIdBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEngineOptions(const EngineOptions& o) {
+  // Upper bounds keep products such as blocks x block size x layers far from overflow and
+  // catch typos (a block of 2^40 tokens) with a message instead of a crash.
+  const struct {
+    const char* name;
+    int64_t value, min, max;
+  } ranges[] = {
+      {"max_batch_tokens", o.max_batch_tokens, 1, int64_t{1} << 16},
+      {"max_running", o.max_running, 1, int64_t{1} << 16},
+      {"max_waiting", o.max_waiting, 0, int64_t{1} << 20},
+      {"block_size", o.block_size, 1, 1024},
+      {"kv_capacity_tokens", o.kv_capacity_tokens, 0, int64_t{1} << 36},
+      {"max_sessions", o.max_sessions, 0, int64_t{1} << 16},
+      {"max_session_tokens", o.max_session_tokens, 0, int64_t{1} << 36},
+      {"max_prompt_tokens", o.max_prompt_tokens, 0, int64_t{1} << 31},
+      {"max_new_tokens_limit", o.max_new_tokens_limit, 0, int64_t{1} << 31},
+  };
+  for (const auto& r : ranges) {
+    if (r.value < r.min || r.value > r.max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.name, " must be in [", r.min, ", ", r.max, "], got ", r.value));
+    }
+  }
+  if (!(o.session_kv_fraction >= 0.0 && o.session_kv_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_kv_fraction must be in [0, 1], got ", o.session_kv_fraction));
+  }
+  if (o.session_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("session_idle_timeout must be > 0");
+  }
+  if (o.session_eviction_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("session_eviction_grace must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> model,
                                                        const EngineOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("no model");
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (absl::Status s = ValidateEngineOptions(options); !s.ok()) return s;
   EngineOptions o = options;
   const int64_t max_positions = model->config().max_position_embeddings;
   if (o.kv_capacity_tokens == 0) o.kv_capacity_tokens = kDefaultKvCapacityTokens;
@@ -168,10 +214,10 @@ absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model, 
   }
   if ((run_begin != model.layer_begin() || run_end != model.layer_end()) &&
       !model.supports_sub_spans()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "this server's ", model.device_name(), " backend runs only its whole span [",
-        model.layer_begin(), ", ", model.layer_end(), "); start a server with --layers for [",
-        run_begin, ", ", run_end, ")"));
+    return absl::UnimplementedError(
+        absl::StrCat("this server's ", model.device_name(), " backend runs only its whole span [",
+                     model.layer_begin(), ", ", model.layer_end(),
+                     "); start a server with --layers for [", run_begin, ", ", run_end, ")"));
   }
   if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -256,36 +302,50 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
                          total_blocks * options_.block_size, " tokens"));
       }
     } else {
+      if (absl::Status s = ValidateSessionId(f.session_id); !s.ok()) return s;
+      const int64_t session_limit = impl_->session_token_limit();
+      const std::string key = SessionKey(f.session_owner, f.session_id);
       std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
-      auto it = impl_->sessions_.find(f.session_id);
+      auto it = impl_->sessions_.find(key);
       if (f.create_session) {
         if (it != impl_->sessions_.end()) {
           return absl::AlreadyExistsError(
-              absl::StrCat("session '", f.session_id, "' already exists"));
+              absl::StrCat("session ", Quoted(f.session_id), " already exists"));
         }
         if (static_cast<int64_t>(impl_->sessions_.size()) >= options_.max_sessions) {
           return absl::ResourceExhaustedError(
               absl::StrCat("the server holds its maximum of ", options_.max_sessions, " sessions"));
         }
+      } else if (it == impl_->sessions_.end()) {
+        return absl::NotFoundError(absl::StrCat("no session ", Quoted(f.session_id),
+                                                " (never created, closed, expired, or evicted to "
+                                                "free KV cache)"));
+      }
+      const int64_t position = it == impl_->sessions_.end() ? 0 : it->second->position;
+      if (position + seq->num_inputs > model_->config().max_position_embeddings) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("session ", Quoted(f.session_id), " would pass the model's context of ",
+                         model_->config().max_position_embeddings, " positions"));
+      }
+      if (position + seq->num_inputs > session_limit) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("session ", Quoted(f.session_id), " would hold ",
+                         position + seq->num_inputs, " positions; a session may hold at most ",
+                         session_limit, " (see --max_session_tokens and --session_kv_fraction)"));
+      }
+      if (it == impl_->sessions_.end()) {
         auto session = std::make_unique<Session>();
         session->id = f.session_id;
+        session->key = key;
         session->layer_begin = run_begin;
         session->layer_end = run_end;
-        it = impl_->sessions_.emplace(f.session_id, std::move(session)).first;
-      } else if (it == impl_->sessions_.end()) {
-        return absl::NotFoundError(
-            absl::StrCat("no session '", f.session_id, "' (never created, closed or expired)"));
+        it = impl_->sessions_.emplace(key, std::move(session)).first;
       }
       Session& session = *it->second;
       if (session.layer_begin != run_begin || session.layer_end != run_end) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "session '", f.session_id, "' runs layers [", session.layer_begin, ", ",
+            "session ", Quoted(f.session_id), " runs layers [", session.layer_begin, ", ",
             session.layer_end, "); this call asks for [", run_begin, ", ", run_end, ")"));
-      }
-      if (session.position + seq->num_inputs > model_->config().max_position_embeddings) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("session '", f.session_id, "' would pass the model's context of ",
-                         model_->config().max_position_embeddings, " positions"));
       }
       ++session.in_flight;
       session.last_used = seq->times.arrived;
@@ -298,16 +358,17 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
 
 void Engine::Cancel(RequestId id) { impl_->Cancel(id); }
 
-absl::Status Engine::CloseSession(const std::string& session_id) {
+absl::Status Engine::CloseSession(const std::string& session_id, const std::string& owner) {
+  if (absl::Status s = ValidateSessionId(session_id); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
-    auto it = impl_->sessions_.find(session_id);
+    auto it = impl_->sessions_.find(SessionKey(owner, session_id));
     if (it == impl_->sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("no session '", session_id, "'"));
+      return absl::NotFoundError(absl::StrCat("no session ", Quoted(session_id)));
     }
     if (it->second->in_flight > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "session '", session_id, "' has ", it->second->in_flight, " requests in flight"));
+          "session ", Quoted(session_id), " has ", it->second->in_flight, " requests in flight"));
     }
     impl_->closed_sessions_.push_back(std::move(it->second));
     impl_->sessions_.erase(it);
@@ -317,6 +378,8 @@ absl::Status Engine::CloseSession(const std::string& session_id) {
 }
 
 void Engine::StartDraining() { draining_.store(true); }
+
+void Engine::AbortAll(absl::Status status) { impl_->AbortAll(std::move(status)); }
 
 bool Engine::Idle() const { return impl_->Idle(); }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,6 +66,9 @@ struct ForwardRequest {
   // Calls on one session run in submission order, and all use the first call's layers.
   std::string session_id;
   bool create_session = false;
+  // Who calls (the server's authenticated identity; empty without authentication). Sessions
+  // are keyed by (owner, id): another caller's session is invisible, NOT_FOUND as if unknown.
+  std::string session_owner;
   bool return_hidden = true;              // residual stream after layer_end - 1
   LogitsRows logits = LogitsRows::kNone;  // needs layer_end == the model's last layer
   bool last_position_only = false;        // hidden/logits of the last position only
@@ -127,6 +131,10 @@ using EventCallback = std::function<void(Event&&)>;
 
 // ---- Engine ------------------------------------------------------------------------------
 
+// Session ids are 1..kMaxSessionIdBytes bytes; errors never echo more than a prefix of one.
+inline constexpr size_t kMaxSessionIdBytes = 256;
+absl::Status ValidateSessionId(const std::string& session_id);
+
 struct EngineOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step (decodes + prefill chunks)
   int64_t max_running = 64;         // sequences in the running set
@@ -136,6 +144,16 @@ struct EngineOptions {
   bool prefix_caching = true;
   int64_t max_sessions = 64;
   absl::Duration session_idle_timeout = absl::Minutes(10);
+  // Sessions pin their KV blocks between calls and cannot be preempted, so they are bounded:
+  // all sessions together hold at most this share of the cache, and one session at most
+  // max_session_tokens (0: the whole share). A session call beyond either fails with
+  // RESOURCE_EXHAUSTED instead of waiting.
+  double session_kv_fraction = 0.5;
+  int64_t max_session_tokens = 0;
+  // Sessions with no call in flight and idle for at least this long are evicted, least
+  // recently used first, when a request cannot get KV blocks otherwise (before any running
+  // request is preempted); a later call on an evicted session gets NOT_FOUND.
+  absl::Duration session_eviction_grace = absl::Seconds(1);
   // Limits enforced at submission.
   int64_t max_prompt_tokens = 0;     // 0: max_position_embeddings
   int64_t max_new_tokens_limit = 0;  // 0: max_position_embeddings
@@ -150,6 +168,9 @@ struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t sessions = 0;
+  int64_t sessions_evicted = 0;    // evicted to free KV blocks (cumulative)
+  int64_t kv_blocks_sessions = 0;  // pinned by sessions
+  int64_t nonfinite_outputs = 0;   // requests failed for NaN/Inf logits or hidden states
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;    // free plus evictable prefix-cache blocks
   int64_t kv_blocks_cached = 0;  // held only by the prefix cache
@@ -174,6 +195,10 @@ struct StepReport {
   double seconds = 0;
 };
 
+// The one check of EngineOptions (ranges that keep every derived size in range):
+// INVALID_ARGUMENT naming the option.
+absl::Status ValidateEngineOptions(const EngineOptions& options);
+
 class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ModelRunner> model,
@@ -190,12 +215,16 @@ class Engine {
   // kCancelled / CANCELLED. Unknown or finished ids are ignored.
   void Cancel(RequestId id);
 
-  // Frees a session's KV cache. NOT_FOUND when there is no such session; FAILED_PRECONDITION
-  // while one of its requests is in flight.
-  absl::Status CloseSession(const std::string& session_id);
+  // Frees a session's KV cache. NOT_FOUND when `owner` has no such session (another owner's
+  // session is invisible); INVALID_ARGUMENT for a malformed id; FAILED_PRECONDITION while one
+  // of its requests is in flight.
+  absl::Status CloseSession(const std::string& session_id, const std::string& owner = "");
 
   // New submissions are refused with UNAVAILABLE; queued and running ones continue.
   void StartDraining();
+  // Ends every queued and running request with `status` (kCancelled) before the next step:
+  // the end of a drain, so that clients see a retryable status rather than a broken stream.
+  void AbortAll(absl::Status status);
   bool draining() const { return draining_.load(); }
   // True when nothing is queued or running.
   bool Idle() const;

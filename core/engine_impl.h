@@ -2,6 +2,7 @@
 // inbox and registries other threads touch under their mutexes.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -28,6 +29,13 @@ class Engine::Impl {
 
   KvCache& cache() { return *cache_; }
 
+  // Blocks all sessions together may pin, and the positions one session may hold.
+  int64_t session_share_blocks() const { return session_share_blocks_; }
+  int64_t session_token_limit() const {
+    const int64_t share = session_share_blocks_ * options_.block_size;
+    return options_.max_session_tokens > 0 ? std::min(options_.max_session_tokens, share) : share;
+  }
+
   // Called with a validated sequence (Engine::Submit).
   RequestId Enqueue(std::unique_ptr<Sequence> seq) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -43,6 +51,14 @@ class Engine::Impl {
   int64_t QueuedCount() {
     std::lock_guard<std::mutex> lock(mu_);
     return queued_count_;
+  }
+
+  void AbortAll(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_status_ = std::move(status);
+    }
+    cv_.notify_all();
   }
 
   void Cancel(RequestId id) {
@@ -88,6 +104,17 @@ class Engine::Impl {
   void ExpireSessions(SteadyTime now);
   void Admit();
   bool AdmitOne(Sequence* seq);
+  // A session call that would take the sessions past their share of the cache: evicts idle
+  // sessions (other than its own) to make room, else returns the RESOURCE_EXHAUSTED to
+  // fail it with.
+  absl::Status CheckSessionShare(Sequence* seq);
+  // Evicts idle sessions (no call in flight, unused for session_eviction_grace), least
+  // recently used first, other than `keep`, until `blocks` blocks are free or none is left.
+  // True when `blocks` are free.
+  bool EvictIdleSessions(int64_t blocks, const Session* keep);
+  bool EvictOneIdleSession(const Session* keep);  // false when none is evictable
+  // Blocks pinned by sessions (open and closed-but-not-yet-freed).
+  int64_t SessionBlocks();
   // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
   // preempting later-admitted sequences as needed. False if it cannot.
   bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
@@ -115,6 +142,7 @@ class Engine::Impl {
   RequestId next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> inbox_;
   std::vector<RequestId> cancels_;
+  absl::Status abort_status_;  // non-OK: end every live request with it (AbortAll)
   int64_t queued_count_ = 0;   // accepted, not running, not finished
   int64_t running_count_ = 0;  // mirrors running_.size()
   std::function<void(const StepReport&)> observer_;
@@ -124,11 +152,13 @@ class Engine::Impl {
   std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
   std::vector<Sequence*> running_;  // in admission order
   int64_t admissions_ = 0;
+  const int64_t session_share_blocks_;
 
   // Published counters.
   std::mutex stats_mu_;
   EngineStats stats_;
   int64_t steps_ = 0, preemptions_ = 0, prompt_computed_ = 0, generated_total_ = 0;
+  int64_t sessions_evicted_ = 0, nonfinite_outputs_ = 0;
 };
 
 }  // namespace glm

@@ -1,4 +1,4 @@
-// Engine internals shared by engine.cc (loop, scheduling) and engine_submit.cc (validation):
+// Engine internals shared by engine.cc (submission, validation) and engine_loop.cc (the loop):
 // the per-request Sequence and the per-session state.
 #pragma once
 
@@ -14,6 +14,7 @@ namespace glm::engine_internal {
 // A session's sequence, kept between Forward calls. Guarded by Engine::Impl::sessions_mu_.
 struct Session {
   std::string id;
+  std::string key;          // (owner, id) in the registry
   BlockTable blocks;        // owned by the engine thread while a request is in flight
   int64_t position = 0;     // tokens processed so far (next call starts here)
   int64_t layer_begin = 0;  // fixed by the first call

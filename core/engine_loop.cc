@@ -1,5 +1,6 @@
 // The engine thread: admission, scheduling, preemption, the forward step and its events.
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "core/engine_impl.h"
@@ -15,13 +16,28 @@ bool Contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// NaN or Inf in a model output means broken weights or an overflow: no token may be made up
+// from it. (A branch-free scan; ~0.1 ms for a 151552-wide row.)
+bool AllFinite(const float* values, int64_t n) {
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(values[i]);
+  return finite;
+}
+
+absl::Status NonFiniteError(const char* what) {
+  return absl::InternalError(absl::StrCat(
+      "non-finite ", what, " (NaN or Inf): the model's weights or activations are broken"));
+}
+
 }  // namespace
 
 Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
     : model_(model),
       options_(options),
       cache_(std::move(cache)),
-      prefix_(&cache_->allocator(), options.block_size) {
+      prefix_(&cache_->allocator(), options.block_size),
+      session_share_blocks_(
+          static_cast<int64_t>(options.session_kv_fraction * cache_->allocator().num_blocks())) {
   UpdateStats(0);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -38,11 +54,12 @@ Engine::Impl::~Impl() {
 bool Engine::Impl::TakeInbox() {
   std::unique_lock<std::mutex> lock(mu_);
   const bool busy = !waiting_.empty() || !running_.empty();
-  if (!busy && inbox_.empty() && cancels_.empty() && !stop_ && !wake_) {
+  if (!busy && inbox_.empty() && cancels_.empty() && abort_status_.ok() && !stop_ && !wake_) {
     // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
     // (session expiry).
-    cv_.wait_for(lock, std::chrono::milliseconds(50),
-                 [this] { return stop_ || wake_ || !inbox_.empty() || !cancels_.empty(); });
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+      return stop_ || wake_ || !inbox_.empty() || !cancels_.empty() || !abort_status_.ok();
+    });
   }
   wake_ = false;
   while (!inbox_.empty()) {
@@ -57,9 +74,17 @@ bool Engine::Impl::TakeInbox() {
 void Engine::Impl::Loop() {
   while (TakeInbox()) {
     std::vector<RequestId> cancels;
+    absl::Status abort;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancels.swap(cancels_);
+      abort.Update(abort_status_);
+      abort_status_ = absl::OkStatus();
+    }
+    if (!abort.ok()) {
+      std::vector<Sequence*> all;
+      for (auto& [id, seq] : live_) all.push_back(seq.get());
+      for (Sequence* seq : all) Finish(seq, FinishReason::kCancelled, abort);
     }
     const SteadyTime now = std::chrono::steady_clock::now();
     ExpireAndCancel(now, cancels);
@@ -178,6 +203,7 @@ void Engine::Impl::ExpireSessions(SteadyTime now) {
 }
 
 void Engine::Impl::Admit() {
+  std::vector<std::pair<Sequence*, absl::Status>> refused;
   int64_t pending = 0;  // prefill tokens already admitted but not computed
   for (Sequence* seq : running_) pending += seq->total_inputs() - seq->computed;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -198,10 +224,75 @@ void Engine::Impl::Admit() {
         continue;
       }
     }
+    if (seq->session != nullptr) {
+      if (absl::Status s = CheckSessionShare(seq); !s.ok()) {
+        refused.emplace_back(seq, std::move(s));
+        ++it;
+        continue;
+      }
+    }
     if (!AdmitOne(seq)) break;  // FCFS: nothing behind it jumps the queue for KV space
     pending += seq->total_inputs() - seq->computed;
     it = waiting_.erase(it);
   }
+  // Finished after the scan: Finish edits waiting_.
+  for (auto& [seq, status] : refused) Finish(seq, FinishReason::kError, std::move(status));
+}
+
+int64_t Engine::Impl::SessionBlocks() {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  int64_t blocks = 0;
+  for (const auto& [key, session] : sessions_)
+    blocks += static_cast<int64_t>(session->blocks.size());
+  for (const auto& session : closed_sessions_)
+    blocks += static_cast<int64_t>(session->blocks.size());
+  return blocks;
+}
+
+absl::Status Engine::Impl::CheckSessionShare(Sequence* seq) {
+  const int64_t positions = seq->session->position + seq->total_inputs();
+  const int64_t needed =
+      BlocksFor(positions, options_.block_size) - static_cast<int64_t>(seq->session->blocks.size());
+  if (needed <= 0) return absl::OkStatus();
+  while (SessionBlocks() + needed > session_share_blocks_) {
+    // Make room inside the share by evicting an idle session other than this one.
+    if (!EvictOneIdleSession(seq->session)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sessions hold ", SessionBlocks() * options_.block_size, " of the ",
+          session_share_blocks_ * options_.block_size,
+          " KV positions they may share; this call needs ", needed * options_.block_size,
+          " more (close idle sessions, or raise --session_kv_fraction)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::Impl::EvictOneIdleSession(const Session* keep) {
+  const auto grace = absl::ToChronoNanoseconds(options_.session_eviction_grace);
+  std::unique_ptr<Session> victim;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    const SteadyTime now = std::chrono::steady_clock::now();
+    auto lru = sessions_.end();
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      const Session& s = *it->second;
+      if (&s == keep || s.in_flight > 0 || s.blocks.empty() || now - s.last_used < grace) continue;
+      if (lru == sessions_.end() || s.last_used < lru->second->last_used) lru = it;
+    }
+    if (lru == sessions_.end()) return false;
+    victim = std::move(lru->second);
+    sessions_.erase(lru);
+  }
+  cache_->Free(&victim->blocks);
+  ++sessions_evicted_;
+  return true;
+}
+
+bool Engine::Impl::EvictIdleSessions(int64_t blocks, const Session* keep) {
+  while (cache_->allocator().num_free() < blocks) {
+    if (!EvictOneIdleSession(keep)) return false;
+  }
+  return true;
 }
 
 bool Engine::Impl::AdmitOne(Sequence* seq) {
@@ -224,7 +315,8 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
   // newcomer does not just get it preempted a few steps later (admit/preempt thrash). An
   // empty engine admits anything that fits at all.
   const int64_t reserve = static_cast<int64_t>(running_.size());
-  if (needed > 0 && !prefix_.EnsureFree(needed + reserve)) {
+  if (needed > 0 && !prefix_.EnsureFree(needed + reserve) &&
+      !EvictIdleSessions(needed + reserve, seq->session)) {
     if (seq->session == nullptr) {
       cache_->Free(&table);  // give back matched prefix blocks
       seq->computed = 0;
@@ -278,9 +370,9 @@ bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
   const int64_t needed =
       BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
   if (needed <= 0) return true;
-  while (!prefix_.EnsureFree(needed)) {
-    // The most recently admitted sequence gives way, even when that is `seq` itself: an
-    // older request never loses its place to a newer one.
+  while (!prefix_.EnsureFree(needed) && !EvictIdleSessions(needed, seq->session)) {
+    // Idle sessions went first; then the most recently admitted sequence gives way, even when that
+    // is `seq` itself: an older request never loses its place to a newer one.
     Sequence* victim = PickVictim();
     if (victim == nullptr) return false;  // only pinned sessions hold blocks
     Preempt(victim, selected);
@@ -346,7 +438,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   }
   const int64_t vocab = model_->config().vocab_size;
   int64_t row = 0, logits_row = 0;
-  std::vector<Sequence*> finished_forwards;
+  std::vector<Sequence*> finished_forwards, failed;
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
     const int64_t n = counts[i];
@@ -361,20 +453,32 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     } else {
       const ForwardRequest& f = seq->forward;
       ForwardOutput& out = seq->output;
+      bool finite = true;
       if (f.return_hidden) {
         const int64_t first = f.last_position_only ? n - 1 : 0;
         if (!f.last_position_only || seq->computed == seq->num_inputs) {
-          out.hidden.insert(out.hidden.end(), result.hidden.begin() + (row + first) * hidden_size,
-                            result.hidden.begin() + (row + n) * hidden_size);
+          const float* rows_begin = result.hidden.data() + (row + first) * hidden_size;
+          const int64_t count = (n - first) * hidden_size;
+          finite &= AllFinite(rows_begin, count);
+          out.hidden.insert(out.hidden.end(), rows_begin, rows_begin + count);
         }
       }
       if (want != LogitsRows::kNone) {
         const int64_t rows = want == LogitsRows::kAll ? n : 1;
+        finite &= AllFinite(logits, rows * vocab);
         out.logits.insert(out.logits.end(), logits, logits + rows * vocab);
       }
-      if (seq->computed == seq->num_inputs) finished_forwards.push_back(seq);
+      if (!finite) {
+        ++nonfinite_outputs_;
+        failed.push_back(seq);
+      } else if (seq->computed == seq->num_inputs) {
+        finished_forwards.push_back(seq);
+      }
     }
     row += n;
+  }
+  for (Sequence* seq : failed) {
+    Finish(seq, FinishReason::kError, NonFiniteError("hidden states or logits"));
   }
   for (Sequence* seq : finished_forwards) {
     ForwardOutput out = std::move(seq->output);
@@ -399,6 +503,11 @@ void Engine::Impl::AfterGenerateStep(Sequence* seq, const float* logits) {
   if (seq->generated == 0 && options_.prefix_caching) {
     // The prompt's full blocks are now valid: let concurrent requests share them.
     prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
+  }
+  if (!AllFinite(logits, c.vocab_size)) {
+    ++nonfinite_outputs_;
+    Finish(seq, FinishReason::kError, NonFiniteError("logits"));
+    return;
   }
   const GenerateRequest& g = seq->generate;
   SampledToken sampled =
@@ -534,6 +643,9 @@ void Engine::Impl::UpdateStats(int64_t step_delta) {
     std::lock_guard<std::mutex> lock(sessions_mu_);
     s.sessions = static_cast<int64_t>(sessions_.size());
   }
+  s.sessions_evicted = sessions_evicted_;
+  s.kv_blocks_sessions = SessionBlocks();
+  s.nonfinite_outputs = nonfinite_outputs_;
   s.kv_blocks_total = cache_->allocator().num_blocks();
   s.kv_blocks_cached = prefix_.evictable_blocks();
   s.kv_blocks_free = cache_->allocator().num_free() + s.kv_blocks_cached;

@@ -1,6 +1,10 @@
 #include "core/kv_cache.h"
 
+#include <unistd.h>
+
 #include <cassert>
+#include <limits>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +33,54 @@ void BlockAllocator::AddRef(int32_t block) {
 void BlockAllocator::Release(int32_t block) {
   assert(ref_counts_[block] > 0);
   if (--ref_counts_[block] == 0) free_.push_back(block);
+}
+
+absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_bytes) {
+  const std::pair<const char*, int64_t> dims[] = {
+      {"layers", shape.num_layers}, {"KV heads", shape.kv_heads},
+      {"head dim", shape.head_dim}, {"block size", shape.block_size},
+      {"blocks", shape.num_blocks}, {"element bytes", element_bytes}};
+  for (const auto& [name, value] : dims) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV cache: ", name, " must be > 0, got ", value));
+    }
+  }
+  if (shape.num_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: ", shape.num_blocks, " blocks exceed the 2^31-1 block ids"));
+  }
+  int64_t bytes = 2 * element_bytes;  // keys and values
+  for (int64_t d :
+       {shape.num_layers, shape.kv_heads, shape.head_dim, shape.block_size, shape.num_blocks}) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV cache: ", shape.num_blocks, " blocks of ", shape.block_size,
+                       " tokens over ", shape.num_layers, " layers overflow a 64-bit byte count"));
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape& shape) {
+  absl::StatusOr<int64_t> bytes = KvCacheBytes(shape, sizeof(float));
+  if (!bytes.ok()) return bytes.status();
+  // Refuse what cannot fit in RAM at all: the zero-filled storage is touched at once, so an
+  // allocation the kernel overcommits would end in the OOM killer rather than an error.
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0 && *bytes / page_size >= pages) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache of ", shape.num_blocks * shape.block_size, " tokens needs ", *bytes,
+                     " bytes, more than this machine's ", static_cast<int64_t>(pages) * page_size,
+                     " bytes of memory; lower --kv_capacity_tokens"));
+  }
+  try {
+    return std::make_unique<KvCache>(shape);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a KV cache of ", *bytes, " bytes"));
+  }
 }
 
 KvCache::KvCache(const KvCacheShape& shape)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 
 namespace glm {
@@ -50,9 +51,18 @@ struct KvCacheShape {
   int64_t num_blocks = 0;
 };
 
+// Bytes of K and V storage of `shape` at `element_bytes` per value, checked: INVALID_ARGUMENT
+// when a dimension is not positive, there are more blocks than block ids (int32), or the
+// product overflows (so a hostile --block_size or --kv_capacity_tokens is an error, never
+// a wrapped size).
+absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_bytes);
+
 class KvCache {
  public:
-  // Host fp32 storage, owned by the cache.
+  // Host fp32 storage, owned by the cache. RESOURCE_EXHAUSTED when it cannot be allocated
+  // (larger than the machine's memory, or the allocation fails); INVALID_ARGUMENT for a
+  // shape KvCacheBytes refuses.
+  static absl::StatusOr<std::unique_ptr<KvCache>> CreateHost(const KvCacheShape& shape);
   explicit KvCache(const KvCacheShape& shape);
   // Storage owned elsewhere (e.g. GPU memory): `storage` holds num_elements() values of
   // `dtype` in the same layout as the host cache and is released with `deleter` when the

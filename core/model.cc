@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
   if (num_blocks <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError("KV cache needs a positive block count and block size");
   }
-  return std::make_unique<KvCache>(CacheShape(num_blocks, block_size));
+  return KvCache::CreateHost(CacheShape(num_blocks, block_size));
 }
 
 absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/file_io.h"
 #include "nlohmann/json.hpp"
 
 namespace glm {
@@ -112,18 +113,6 @@ absl::Status ParseEntry(const std::string& name, const Json& entry, uint64_t dat
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string text = buffer.str();
-  if (text.size() > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", limit, " bytes"));
-  }
-  return text;
-}
-
 // A shard named by an index must be a file next to the index: refusing separators and ".."
 // keeps a hostile index from pointing the loader at arbitrary files.
 bool IsPlainFileName(const std::string& name) {
@@ -139,35 +128,18 @@ std::string ShapeToString(const std::vector<int64_t>& shape) {
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string why = ErrnoText();
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", why));
-    return absl::PermissionDeniedError(absl::StrCat("cannot open ", path, ": ", why));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = ErrnoText();
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", why));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
+  if (!file.ok()) return file.status();
+  const size_t size = static_cast<size_t>(file->size());
   const char* data = nullptr;
   if (size > 0) {  // mmap refuses empty mappings; an empty file parses as "too small"
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file->fd(), 0);
     if (p == MAP_FAILED) {
-      const std::string why = ErrnoText();
-      ::close(fd);
-      return absl::ResourceExhaustedError(absl::StrCat("cannot mmap ", path, ": ", why));
+      return absl::ResourceExhaustedError(absl::StrCat("cannot mmap ", path, ": ", ErrnoText()));
     }
     data = static_cast<const char*>(p);
   }
-  ::close(fd);  // the mapping keeps the file alive
+  // The mapping keeps the file alive once the descriptor closes.
   return std::shared_ptr<const MappedFile>(new MappedFile(path, data, size));
 }
 
@@ -195,6 +167,11 @@ absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_
                              " bytes; truncated?)"));
   }
   const char* header = data + 8;
+  // The reference implementation requires the header to start with '{' (it may end with
+  // space padding).
+  if (header_len == 0 || header[0] != '{') {
+    return FormatError(source, "header does not start with '{'");
+  }
   const char* section = header + header_len;
   const uint64_t section_size = size - 8 - header_len;
 
@@ -239,17 +216,32 @@ absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  const Range* previous = nullptr;  // the non-empty range reaching furthest so far
+  // As the reference implementation requires, the tensors tile the data section exactly:
+  // each starts where the previous one ends, from offset 0 to the last byte. A gap, an
+  // overlap or trailing bytes mean the header and the data disagree (a header length off by
+  // a byte shifts every tensor), so the file is refused rather than read shifted.
+  uint64_t covered = 0;
+  const Range* previous = nullptr;
   for (const Range& r : ranges) {
-    if (r.begin == r.end) continue;  // empty tensors occupy no bytes
-    if (previous != nullptr && r.begin < previous->end) {
+    if (static_cast<uint64_t>(r.begin) < covered) {
       return FormatError(
           source,
           absl::StrCat("tensors '", tensors[previous->index].name, "' and '", tensors[r.index].name,
                        "' have overlapping data ranges [", previous->begin, ", ", previous->end,
                        ") and [", r.begin, ", ", r.end, ")"));
     }
+    if (static_cast<uint64_t>(r.begin) > covered) {
+      return FormatError(source, absl::StrCat("bytes [", covered, ", ", r.begin,
+                                              ") of the data section belong to no tensor (before '",
+                                              tensors[r.index].name, "')"));
+    }
+    covered = static_cast<uint64_t>(r.end);
     previous = &r;
+  }
+  if (covered != section_size) {
+    return FormatError(
+        source, absl::StrCat("the tensors cover ", covered, " bytes but the data section has ",
+                             section_size, " (header length wrong or trailing bytes)"));
   }
   std::vector<TensorInfo> ordered;
   ordered.reserve(tensors.size());
@@ -272,6 +264,33 @@ absl::StatusOr<TensorStore> TensorStore::OpenFile(const std::string& path) {
   return store;
 }
 
+absl::StatusOr<ShardIndex> ParseShardIndex(absl::string_view text, absl::string_view source) {
+  const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return FormatError(source, "not a JSON object");
+  }
+  auto map_it = j.find("weight_map");
+  if (map_it == j.end() || !map_it->is_object()) {
+    return FormatError(source, "missing object 'weight_map'");
+  }
+  ShardIndex by_shard;
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!shard.is_string()) {
+      return FormatError(
+          source, absl::StrCat("weight_map entry for '", name, "' is not a file name string"));
+    }
+    std::string file = shard.get<std::string>();
+    if (!IsPlainFileName(file)) {
+      return FormatError(source,
+                         absl::StrCat("weight_map entry for '", name, "' names shard '", file,
+                                      "', which is not a plain file name in the "
+                                      "checkpoint directory"));
+    }
+    by_shard[file].push_back(name);
+  }
+  return by_shard;
+}
+
 absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
   const std::string index_path = dir + "/model.safetensors.index.json";
   struct stat st;
@@ -284,35 +303,14 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
     return OpenFile(single);
   }
 
-  absl::StatusOr<std::string> text = ReadSmallFile(index_path, kMaxSafetensorsHeaderBytes);
+  absl::StatusOr<std::string> text = ReadRegularFile(index_path, kMaxSafetensorsHeaderBytes);
   if (!text.ok()) return text.status();
-  const Json j = Json::parse(text->begin(), text->end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return FormatError(index_path, "not a JSON object");
-  }
-  auto map_it = j.find("weight_map");
-  if (map_it == j.end() || !map_it->is_object()) {
-    return FormatError(index_path, "missing object 'weight_map'");
-  }
-  // shard file -> tensors the index places there; std::map keeps the opening order stable.
-  std::map<std::string, std::vector<std::string>> by_shard;
-  for (const auto& [name, shard] : map_it->items()) {
-    if (!shard.is_string()) {
-      return FormatError(
-          index_path, absl::StrCat("weight_map entry for '", name, "' is not a file name string"));
-    }
-    std::string file = shard.get<std::string>();
-    if (!IsPlainFileName(file)) {
-      return FormatError(index_path,
-                         absl::StrCat("weight_map entry for '", name, "' names shard '", file,
-                                      "', which is not a plain file name in the checkpoint "
-                                      "directory"));
-    }
-    by_shard[file].push_back(name);
-  }
+  absl::StatusOr<ShardIndex> index = ParseShardIndex(*text, index_path);
+  if (!index.ok()) return index.status();
+  const ShardIndex& by_shard = *index;
 
   TensorStore store;
-  for (auto& [file, names] : by_shard) {
+  for (const auto& [file, names] : by_shard) {
     const std::string path = dir + "/" + file;
     absl::StatusOr<std::shared_ptr<const MappedFile>> mapped = MappedFile::Open(path);
     if (!mapped.ok()) {

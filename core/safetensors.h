@@ -67,6 +67,13 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_t size,
                                                          absl::string_view source);
 
+// model.safetensors.index.json: shard file -> the tensors its weight_map places there, in a
+// std::map so that shards open in a stable order. INVALID_ARGUMENT (prefixed by `source`) for
+// text that is not an object with a 'weight_map' object of string values, or a shard that is
+// not a plain file name in the checkpoint directory (no separators, no "..").
+using ShardIndex = std::map<std::string, std::vector<std::string>>;
+absl::StatusOr<ShardIndex> ParseShardIndex(absl::string_view text, absl::string_view source);
+
 // A set of named tensors from one safetensors file or a sharded checkpoint. Movable; the
 // TensorInfo pointers stay valid as long as any copy of Owners() is alive.
 class TensorStore {

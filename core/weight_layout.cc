@@ -48,7 +48,7 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
 
   if (w->layer_begin == 0) {
     matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->embed_tokens, -1);
-  } else if (has_head && c.tie_word_embeddings) {
+  } else if (has_head && c.tie_word_embeddings && !w->head_stored_despite_tie) {
     // The tied head needs the embedding matrix even though this span does not embed.
     matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1);
   }
@@ -119,7 +119,7 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
 
   if (has_head) {
     vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
-    if (!c.tie_word_embeddings) {
+    if (!c.tie_word_embeddings || w->head_stored_despite_tie) {
       matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1);
     }
   }
@@ -128,7 +128,8 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
 
 void FinishWeights(ModelWeights* w) {
   const ModelConfig& c = w->config;
-  if (c.tie_word_embeddings && w->layer_end == c.num_hidden_layers && w->layer_begin == 0) {
+  if (c.tie_word_embeddings && w->layer_end == c.num_hidden_layers && w->layer_begin == 0 &&
+      !w->head_stored_despite_tie) {
     w->lm_head = w->embed_tokens;
   }
   if (!w->layers.empty()) {

@@ -39,7 +39,8 @@ void PrepareWeights(const ModelConfig& config, int64_t begin, int64_t end, Model
 // Every tensor the prepared span `w` holds, pointing into `w` (which must not move while the
 // slots are used). When the head is tied to the embedding it is not a slot of its own: the
 // model.embed_tokens.weight slot fills embed_tokens (begin == 0) or lm_head (begin > 0), and
-// FinishWeights makes lm_head the view of the embedding.
+// FinishWeights makes lm_head the view of the embedding; unless head_stored_despite_tie,
+// when lm_head.weight is a slot as for an untied head.
 std::vector<WeightSlot> ListWeightSlots(ModelWeights* w);
 
 // After every slot is filled: ties the head, records weight_dtype.

@@ -79,6 +79,9 @@ struct ModelWeights {
   std::vector<float> final_norm;     // [hidden] or empty
   Matrix lm_head;                    // [vocab, hidden] or empty (a view of embed when tied)
   DType weight_dtype = DType::kF32;  // dtype of the large matrices as stored
+  // tie_word_embeddings is set but the checkpoint stores its own lm_head.weight, which is
+  // used (Transformers 5.x): lm_head is then not a view of the embedding.
+  bool head_stored_despite_tie = false;
 
   // Owners of the memory the matrices point into (file mappings, random-weight buffers).
   std::vector<std::shared_ptr<const void>> storage;

@@ -86,7 +86,9 @@ absl::StatusOr<std::vector<float>> DecodeTensor(const v1::Tensor& tensor, const 
   }
   std::vector<float> values(static_cast<size_t>(count));
   if (tensor.dtype() == v1::DATA_TYPE_FP32) {
-    std::memcpy(values.data(), raw.data(), raw.size());
+    // An empty tensor's vector has no storage: memcpy must not see its null pointer
+    // (found by tests/fuzz/tensor_codec_fuzz.cc).
+    if (!raw.empty()) std::memcpy(values.data(), raw.data(), raw.size());
   } else {
     // memcpy per element: raw_data carries no alignment guarantee.
     const bool bf16 = tensor.dtype() == v1::DATA_TYPE_BF16;

@@ -170,9 +170,8 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
       return absl::InvalidArgumentError("input: set token_ids or hidden_states");
   }
 
-  if (request.session_id().size() > static_cast<size_t>(limits.max_session_id_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_id is longer than ", limits.max_session_id_bytes, " bytes"));
+  if (!request.session_id().empty()) {
+    if (absl::Status s = glm::ValidateSessionId(request.session_id()); !s.ok()) return s;
   }
   out.session_id = request.session_id();
   if (request.create_session() && out.session_id.empty()) {
@@ -203,7 +202,34 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
   out.logits = !request.return_logits()       ? glm::LogitsRows::kNone
                : request.last_position_only() ? glm::LogitsRows::kLast
                                               : glm::LogitsRows::kAll;
+  // A few tokens can ask for gigabytes of logits (2000 positions x 151552 fp32 = 1.2 GB):
+  // refuse from the shape, before the engine computes anything.
+  const ForwardOutputSize size = ForwardOutputBytes(out, config, request.output_dtype());
+  if (size.reply_bytes > limits.max_reply_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the reply would be ", size.reply_bytes,
+                     " bytes, over the server's message limit of ", limits.max_reply_bytes,
+                     " bytes; ask for last_position_only, fewer positions per call, "
+                     "a 16-bit output_dtype, or hidden states without logits"));
+  }
   return out;
+}
+
+ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
+                                     const glm::ModelConfig& config, v1::DataType output_dtype) {
+  const int64_t positions =
+      body.token_ids.empty() ? body.num_tokens : static_cast<int64_t>(body.token_ids.size());
+  const int64_t rows = body.last_position_only ? 1 : positions;
+  const int64_t per_row = (body.return_hidden ? config.hidden_size : 0) +
+                          (body.logits != glm::LogitsRows::kNone ? config.vocab_size : 0);
+  const int64_t wire_element =
+      output_dtype == v1::DATA_TYPE_BF16 || output_dtype == v1::DATA_TYPE_FP16 ? 2 : 4;
+  // Rows are bounded by max_prompt_tokens and per_row by the config: no overflow.
+  constexpr int64_t kEnvelopeBytes = 1024;  // shapes, timings, field tags
+  ForwardOutputSize size;
+  size.engine_bytes = rows * per_row * static_cast<int64_t>(sizeof(float));
+  size.reply_bytes = rows * per_row * wire_element + kEnvelopeBytes;
+  return size;
 }
 
 void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timings* out) {

@@ -16,8 +16,17 @@ struct ServingLimits {
   int64_t max_prompt_tokens = 0;       // also bounds Forward's new positions
   int64_t max_new_tokens = 0;          // the largest max_new_tokens accepted
   int64_t default_max_new_tokens = 0;  // when a request leaves it unset
-  int64_t max_session_id_bytes = 256;
+  int64_t max_reply_bytes = 64 << 20;  // largest message the server sends
 };
+
+// Bytes the engine holds (fp32) and the reply carries (in the output dtype) for a Forward
+// call, known from its shape before any work.
+struct ForwardOutputSize {
+  int64_t engine_bytes = 0;
+  int64_t reply_bytes = 0;
+};
+ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
+                                     const glm::ModelConfig& config, v1::DataType output_dtype);
 
 // GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
 // token ids (prompt or stop) outside [0, vocab), a prompt longer than max_prompt_tokens,
@@ -33,7 +42,8 @@ absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest&
 // one that does), token ids out of range, a hidden-states tensor with the wrong dtype, shape
 // ([num_tokens, hidden_size]), byte count or non-finite values, too many positions, logits
 // requested from a span that does not end at the model's last layer, an unknown output
-// dtype, an over-long session id, no output requested.
+// dtype, a malformed session id, no output requested. RESOURCE_EXHAUSTED when the reply would
+// exceed max_reply_bytes, from the shape alone (before any compute).
 absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
                                                     const glm::ModelRunner& model,
                                                     const ServingLimits& limits);

@@ -45,8 +45,21 @@ ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
+ABSL_FLAG(double, session_kv_fraction, 0.5,
+          "share of the KV cache all Forward sessions together may pin (0..1)");
+ABSL_FLAG(int64_t, max_session_tokens, 0,
+          "positions one Forward session may hold (0: the whole sessions' share)");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
-          "a Forward session unused this long is closed and its KV cache freed");
+          "a session unused this long is closed");
+ABSL_FLAG(absl::Duration, session_eviction_grace, absl::Seconds(1),
+          "idle sessions unused this long are evicted (LRU) when other requests need their KV "
+          "blocks");
+ABSL_FLAG(int64_t, max_output_bytes_in_flight, int64_t{1} << 30,
+          "bytes all Forward calls in flight may hold for their outputs; beyond: "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, verify_weights, "auto",
+          "check checkpoint weights for NaN/Inf at load: full, sampled, off, or auto (full up to "
+          "8 GiB of weights, sampled above)");
 ABSL_FLAG(bool, prefix_caching, true, "share the KV blocks of identical prompt prefixes");
 ABSL_FLAG(int64_t, max_prompt_tokens, 0, "longest prompt accepted (0: the model's positions)");
 ABSL_FLAG(int64_t, max_new_tokens, 0, "largest max_new_tokens accepted (0: model's positions)");
@@ -109,10 +122,17 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.block_size = absl::GetFlag(FLAGS_block_size);
   o.engine.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.engine.session_kv_fraction = absl::GetFlag(FLAGS_session_kv_fraction);
+  o.engine.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
+  o.engine.session_eviction_grace = absl::GetFlag(FLAGS_session_eviction_grace);
+  o.service.max_output_bytes_in_flight = absl::GetFlag(FLAGS_max_output_bytes_in_flight);
   o.model_name = absl::GetFlag(FLAGS_model);
   o.access_log = absl::GetFlag(FLAGS_access_log);
+  // Checked by ValidateMainFlags.
+  o.log_format =
+      glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format)).value_or(glmserve::LogFormat::kText);
   return o;
 }
 
@@ -135,14 +155,17 @@ const glmcli::ProgramHelp& Help() {
       {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
-      {{"Model and device", {"model", "device", "layers", "threads", "seed"}},
+      {{"Model and device", {"model", "device", "layers", "threads", "seed", "verify_weights"}},
        {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
-         "prefix_caching", "max_sessions", "session_idle_timeout"}},
+         "prefix_caching"}},
+       {"Forward sessions",
+        {"max_sessions", "session_kv_fraction", "max_session_tokens", "session_idle_timeout",
+         "session_eviction_grace"}},
        {"Request limits",
         {"max_prompt_tokens", "max_new_tokens", "default_max_new_tokens", "max_concurrent_streams",
-         "default_deadline", "max_deadline"}},
+         "default_deadline", "max_deadline", "max_output_bytes_in_flight"}},
        {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
        {"Logging", {"access_log", "log_format"}},
        {"Shutdown", {"drain_grace"}}},
@@ -156,6 +179,29 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// A flag outside its range: the message and exit code 2 (a usage error, as for an unknown
+// flag), before anything starts.
+int BadFlag(const absl::Status& status) {
+  std::fprintf(stderr, "glm-server: invalid flag: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+// Flags main reads itself (the rest are checked by ValidateServerOptions).
+absl::Status ValidateMainFlags() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads=", threads, " is outside [0, 4096]"));
+  }
+  if (absl::GetFlag(FLAGS_drain_grace) < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--drain_grace must be >= 0");
+  }
+  if (absl::Status s = glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format)).status();
+      !s.ok()) {
+    return s;
+  }
+  return glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +210,18 @@ int main(int argc, char** argv) {
       "Serves a GLM-4.5-family model over gRPC.\n"
       "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
   absl::ParseCommandLine(argc, argv);
+  const glmserve::ServerOptions options = OptionsFromFlags();
+  if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
+  if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return BadFlag(device.status());
+  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
+  if (!span.ok()) return BadFlag(span.status());
+  if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
+    std::fprintf(stderr,
+                 "glm-server: warning: --auth_token_file without --tls_cert: bearer tokens "
+                 "travel in plaintext; use TLS unless the network is trusted\n");
+  }
   const sigset_t signals = BlockShutdownSignals();
   absl::Notification stop;
   std::thread signal_thread([&signals, &stop] {
@@ -175,19 +233,7 @@ int main(int argc, char** argv) {
   signal_thread.detach();
 
   if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return Fail(device.status());
-  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
-  if (!span.ok()) return Fail(span.status());
-  absl::StatusOr<glmserve::LogFormat> log_format =
-      glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
-  if (!log_format.ok()) return Fail(log_format.status());
-  if (absl::GetFlag(FLAGS_session_idle_timeout) <= absl::ZeroDuration()) {
-    return Fail(absl::InvalidArgumentError("--session_idle_timeout must be > 0"));
-  }
 
-  glmserve::ServerOptions options = OptionsFromFlags();
-  options.log_format = *log_format;
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
   std::printf("glm-server: listening on %s", (*server)->target().c_str());
@@ -200,9 +246,11 @@ int main(int argc, char** argv) {
   const absl::Time t_load = absl::Now();
   glm::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
+  glm::LoadOptions load;
+  load.verify = *glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
   // A progress line at the start, every 2 s and at the end of reading the checkpoint.
   absl::Time last_progress = absl::InfinitePast();
-  const glm::LoadProgressCallback progress = [&](const glm::LoadProgress& p) {
+  load.progress = [&](const glm::LoadProgress& p) {
     const absl::Time now = absl::Now();
     if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
         now - last_progress < absl::Seconds(2)) {
@@ -214,7 +262,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
   absl::StatusOr<glm::ModelWeights> weights =
-      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, progress);
+      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
   const glm::DType weight_dtype = weights->weight_dtype;
   absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =

@@ -235,6 +235,24 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                       .Help("Sequences preempted (KV dropped, recomputed later)")
                       .Register(r)
                       .Add({});
+  sessions_evicted_ =
+      &prometheus::BuildCounter()
+           .Name("glmserve_sessions_evicted_total")
+           .Help("Idle Forward sessions evicted to free KV blocks for other requests")
+           .Register(r)
+           .Add({});
+  session_kv_usage_ = &prometheus::BuildGauge()
+                           .Name("glmserve_kv_cache_session_usage_ratio")
+                           .Help("Fraction of KV cache blocks pinned by Forward sessions (0..1)")
+                           .Register(r)
+                           .Add({});
+  nonfinite_outputs_ = &prometheus::BuildCounter()
+                            .Name("glmserve_nonfinite_outputs_total")
+                            .Help(
+                                "Requests failed with INTERNAL because the model produced NaN or "
+                                "Inf logits or hidden states")
+                            .Register(r)
+                            .Add({});
   // Blocks, as the engine counts them, and the tokens they hold (vLLM counts tokens).
   prefix_query_blocks_ = &prometheus::BuildCounter()
                               .Name("glmserve_prefix_cache_query_blocks_total")
@@ -376,6 +394,9 @@ void Metrics::Refresh() const {
   waiting_->Set(static_cast<double>(s.waiting));
   kv_usage_->Set(s.kv_usage());
   sessions_->Set(static_cast<double>(s.sessions));
+  session_kv_usage_->Set(s.kv_blocks_total == 0 ? 0.0
+                                                : static_cast<double>(s.kv_blocks_sessions) /
+                                                      static_cast<double>(s.kv_blocks_total));
   // Cumulative engine counters become Prometheus counters by adding what is new since the
   // last scrape (never negative: the engine's counters only grow).
   const auto add = [](prometheus::Counter* c, int64_t now, int64_t* last) {
@@ -383,6 +404,8 @@ void Metrics::Refresh() const {
     *last = now;
   };
   add(preemptions_, s.preemptions, &last_.preemptions);
+  add(sessions_evicted_, s.sessions_evicted, &last_.sessions_evicted);
+  add(nonfinite_outputs_, s.nonfinite_outputs, &last_.nonfinite_outputs);
   const int64_t block = engine_->options().block_size;
   if (s.prefix_queries > last_.prefix_queries) {
     prefix_query_tokens_->Increment(

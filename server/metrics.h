@@ -94,6 +94,9 @@ class Metrics {
   prometheus::Histogram* step_mixed_;
   prometheus::Histogram* batch_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* sessions_evicted_;
+  prometheus::Gauge* session_kv_usage_;
+  prometheus::Counter* nonfinite_outputs_;
   prometheus::Counter* prefix_query_blocks_;
   prometheus::Counter* prefix_hit_blocks_;
   prometheus::Counter* prefix_query_tokens_;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -125,7 +126,47 @@ absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path) 
   return tokens;
 }
 
+absl::Status ValidateServerOptions(const ServerOptions& o) {
+  const struct {
+    const char* flag;
+    int64_t value, min, max;
+  } ranges[] = {
+      {"--port", o.port, 0, 65535},
+      {"--metrics_port", o.metrics_port, -1, 65535},
+      // gRPC takes an int; below a few KiB not even GetModelInfo's reply fits.
+      {"--max_message_bytes", o.max_message_bytes, 4096, std::numeric_limits<int32_t>::max()},
+      {"--max_prompt_tokens", o.max_prompt_tokens, 0, int64_t{1} << 31},
+      {"--max_new_tokens", o.max_new_tokens, 0, int64_t{1} << 31},
+      {"--default_max_new_tokens", o.default_max_new_tokens, 1, int64_t{1} << 31},
+      {"--max_concurrent_streams", o.service.max_concurrent_streams, 0, int64_t{1} << 20},
+      {"--max_output_bytes_in_flight", o.service.max_output_bytes_in_flight, o.max_message_bytes,
+       int64_t{1} << 48},
+  };
+  for (const auto& r : ranges) {
+    if (r.value < r.min || r.value > r.max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.flag, "=", r.value, " is outside [", r.min, ", ", r.max, "]"));
+    }
+  }
+  if (o.max_new_tokens > 0 && o.default_max_new_tokens > o.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--default_max_new_tokens=", o.default_max_new_tokens,
+                     " is above --max_new_tokens=", o.max_new_tokens));
+  }
+  if (o.service.default_deadline < absl::ZeroDuration() ||
+      o.service.max_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--default_deadline and --max_deadline must be >= 0");
+  }
+  if (o.address.empty()) return absl::InvalidArgumentError("--address is empty");
+  if (absl::Status s = glm::ValidateEngineOptions(o.engine); !s.ok()) {
+    // The engine names its options as EngineOptions fields, which are the flags' names.
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions& options) {
+  if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
   std::unique_ptr<GlmServer> s(new GlmServer());
   s->options_ = options;
   ServiceOptions service_options = options.service;
@@ -216,8 +257,9 @@ absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DTyp
       options_.max_prompt_tokens > 0 ? std::min(options_.max_prompt_tokens, positions) : positions;
   limits.max_new_tokens =
       options_.max_new_tokens > 0 ? std::min(options_.max_new_tokens, positions) : positions;
-  limits.default_max_new_tokens =
-      std::clamp<int64_t>(options_.default_max_new_tokens, 1, limits.max_new_tokens);
+  // Already checked against --max_new_tokens; the model's context may still be shorter.
+  limits.default_max_new_tokens = std::min(options_.default_max_new_tokens, limits.max_new_tokens);
+  limits.max_reply_bytes = options_.max_message_bytes;
 
   glm::EngineOptions engine_options = options_.engine;
   engine_options.max_prompt_tokens = limits.max_prompt_tokens;
@@ -394,6 +436,13 @@ void GlmServer::Drain(absl::Duration grace) {
   service_->StartDraining();
   if (engine_ != nullptr) engine_->StartDraining();
   service_->WaitIdle(absl::Now() + grace);
+  if (engine_ != nullptr) {
+    // What is still running ends with UNAVAILABLE, a code clients retry elsewhere, and gets a
+    // moment to reach them before the transport goes down.
+    engine_->AbortAll(absl::UnavailableError(
+        "the server shut down before this call finished (drain grace passed); retry"));
+    service_->WaitIdle(absl::Now() + absl::Seconds(2));
+  }
   // Cancels what is still in flight (OnCancel -> engine Cancel -> the reactor finishes) and
   // waits for every call to end, health watches included.
   server_->Shutdown(std::chrono::system_clock::now());

@@ -67,6 +67,10 @@ struct ServerOptions {
   LogFormat log_format = LogFormat::kText;
 };
 
+// The one check of every option (each flag of glm-server lands here): INVALID_ARGUMENT
+// naming the flag and its allowed range. Start() runs it; glm-server exits 2 on it.
+absl::Status ValidateServerOptions(const ServerOptions& options);
+
 class GlmServer {
  public:
   // Binds and starts serving health, reflection and (UNAVAILABLE) GlmService calls.

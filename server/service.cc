@@ -257,6 +257,16 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     absl::StatusOr<glm::ForwardRequest> body =
         ToEngineForward(request, backend->engine->model(), backend->limits);
     if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
+    const ForwardOutputSize size =
+        ForwardOutputBytes(*body, backend->engine->model().config(), request.output_dtype());
+    if (!service_->ReserveOutput(size.engine_bytes + size.reply_bytes)) {
+      return Reply(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("the outputs of Forward calls in flight would pass the server's limit of ",
+                       service_->options_.max_output_bytes_in_flight, " bytes (this call needs ",
+                       size.engine_bytes + size.reply_bytes, "); retry later"))));
+    }
+    reserved_bytes_ = size.engine_bytes + size.reply_bytes;
+    body->session_owner = service_->CallerIdentity(context_);
     engine_ = backend->engine;
     request_ = &request;  // valid until Finish
     glm::Request engine_request(*std::move(body));
@@ -285,6 +295,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnDone() override {
+    service_->ReleaseOutput(reserved_bytes_);
     service_->CallDone(Rpc::kForward, status_, context_, arrival_, request_id_,
                        finished_ ? &finish_ : nullptr);
     delete this;
@@ -331,6 +342,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   glm::Engine* engine_ = nullptr;
   const v1::ForwardRequest* request_ = nullptr;
   std::string request_id_;
+  int64_t reserved_bytes_ = 0;  // of the service's output budget, released in OnDone
   // Written on the engine thread before the encoder task is queued (which orders them, and
   // the encoder's Finish orders them before OnDone).
   glm::ForwardOutput output_;
@@ -427,6 +439,39 @@ bool GlmServiceImpl::Authorized(grpc::CallbackServerContext* context) const {
   return ok;
 }
 
+std::string GlmServiceImpl::CallerIdentity(grpc::CallbackServerContext* context) const {
+  std::string identity;
+  if (!options_.auth_tokens.empty()) {
+    const auto& metadata = context->client_metadata();
+    const auto it = metadata.find("authorization");
+    constexpr absl::string_view kBearer = "Bearer ";
+    if (it != metadata.end()) {
+      const absl::string_view value(it->second.data(), it->second.size());
+      const absl::string_view token =
+          absl::StartsWith(value, kBearer) ? value.substr(kBearer.size()) : absl::string_view();
+      for (size_t i = 0; i < options_.auth_tokens.size(); ++i) {
+        if (ConstantTimeEquals(token, options_.auth_tokens[i]))
+          identity = absl::StrCat("token#", i);
+      }
+    }
+  }
+  const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      absl::StrAppend(&identity, "|cert:", absl::string_view(name.data(), name.size()));
+    }
+  }
+  return identity;
+}
+
+bool GlmServiceImpl::ReserveOutput(int64_t bytes) {
+  int64_t current = output_bytes_.load();
+  do {
+    if (current + bytes > options_.max_output_bytes_in_flight) return false;
+  } while (!output_bytes_.compare_exchange_weak(current, current + bytes));
+  return true;
+}
+
 const Backend* GlmServiceImpl::Admit(grpc::CallbackServerContext* context,
                                      grpc::Status* status) const {
   if (!Authorized(context)) {
@@ -491,9 +536,8 @@ grpc::ServerUnaryReactor* GlmServiceImpl::CloseSession(grpc::CallbackServerConte
   const Backend* backend = Admit(context, &status);
   if (backend != nullptr) {
     // A mutex and a map lookup on the engine's session registry: no waiting on compute.
-    status = request->session_id().empty()
-                 ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "session_id is empty")
-                 : ToGrpcStatus(backend->engine->CloseSession(request->session_id()));
+    status =
+        ToGrpcStatus(backend->engine->CloseSession(request->session_id(), CallerIdentity(context)));
   }
   reactor->Reply(std::move(status));
   return reactor;

@@ -35,6 +35,10 @@ struct ServiceOptions {
   int encoder_threads = 2;  // Forward response encoding (see Executor)
   // Where each finished call is logged; nullptr: no access log. Must outlive the service.
   AccessLog* access_log = nullptr;
+  // Bytes that Forward calls in flight may hold for their outputs (the engine's fp32 rows
+  // plus the encoded reply, reserved from the request's shape at admission); beyond it a
+  // call gets RESOURCE_EXHAUSTED. Bounds the server's output memory whatever the traffic.
+  int64_t max_output_bytes_in_flight = int64_t{1} << 30;
 };
 
 // What the service serves once the model is loaded and warmed up.
@@ -57,6 +61,8 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   bool draining() const { return draining_.load(); }
   // Calls of this service in flight (accepted or not, until their reactor is done).
   int64_t calls_in_flight() const { return in_flight_.load(); }
+  // Output bytes reserved by Forward calls in flight (see max_output_bytes_in_flight).
+  int64_t output_bytes_in_flight() const { return output_bytes_.load(); }
   // Waits until no call is in flight or `deadline` passes; true when idle.
   bool WaitIdle(absl::Time deadline);
 
@@ -82,6 +88,13 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   // the backend, or the status to finish with.
   const Backend* Admit(grpc::CallbackServerContext* context, grpc::Status* status) const;
   bool Authorized(grpc::CallbackServerContext* context) const;
+  // Who is calling, for session ownership: the accepted bearer token (by its position in the
+  // token file, never the token itself) and the verified client certificate's identity;
+  // empty when the server authenticates nobody.
+  std::string CallerIdentity(grpc::CallbackServerContext* context) const;
+  // Reserves `bytes` of the output budget; false (nothing reserved) when it would overflow.
+  bool ReserveOutput(int64_t bytes);
+  void ReleaseOutput(int64_t bytes) { output_bytes_.fetch_sub(bytes); }
   // The engine deadline of a call: its own, bounded by max_deadline, or the default.
   std::optional<glm::SteadyTime> EngineDeadline(grpc::CallbackServerContext* context) const;
   bool AcquireStream();
@@ -102,6 +115,7 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> streams_{0};
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> output_bytes_{0};  // reserved by Forward calls in flight
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
 };

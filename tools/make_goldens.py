@@ -128,6 +128,19 @@ def case_list():
                         num_experts_per_tok=2, norm_topk_prob=True, routed_scaling_factor=1.0),
         ),
         dict(
+            name="tied_distinct_head_fp32",
+            description=("dense2_tied_fp32's architecture (other seed) with tie_word_embeddings "
+                         "true AND a stored lm_head.weight that differs from the embedding "
+                         "(added to the file after saving). Transformers 5.x warns and uses the "
+                         "stored head (4.x tied them); the engine follows 5.x, fp32."),
+            seed=4404, prompt_len=11, dtype="float32", add_distinct_head=True,
+            scale=dict(linear=0.14),
+            config=dict(num_hidden_layers=4, vocab_size=200, head_dim=32, tie_word_embeddings=True,
+                        use_qk_norm=True, attention_bias=False, partial_rotary_factor=0.5,
+                        rope_theta=50000.0, first_k_dense_replace=2, n_group=2, topk_group=1,
+                        num_experts_per_tok=2, norm_topk_prob=True, routed_scaling_factor=1.0),
+        ),
+        dict(
             name="bf16",
             description=("Same architecture as qknorm_bias_fp32 (other seed), saved in bfloat16 "
                          "the HF way (from_pretrained(dtype=bfloat16).save_pretrained): router "
@@ -333,6 +346,17 @@ def add_mtp_layer(out_dir, cfg, seed):
             json.dump(idx, f, indent=2)
             f.write("\n")
     return sorted(new)
+
+
+def add_distinct_head(out_dir, seed):
+    """Store an lm_head.weight beside the tied embedding, with other values."""
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    assert "lm_head.weight" not in tensors
+    embed = tensors["model.embed_tokens.weight"]
+    g = torch.Generator().manual_seed(seed + 77)
+    tensors["lm_head.weight"] = torch.randn(embed.shape, generator=g) * SCALE["head"]
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def fuse_experts(src_dir, dst_dir):
@@ -609,11 +633,9 @@ def np_forward(d, prompt):
                         y[t] += wi * mlp(x[t], m + f"experts.{e}.")
         h = h + y
         hs.append(h)
+    # Transformers 5.x: a stored lm_head.weight is used even when tie_word_embeddings is
+    # set (4.x tied them); without one the head is the embedding.
     head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
-    if c.get("tie_word_embeddings"):
-        assert "lm_head.weight" not in W or np.array_equal(W["lm_head.weight"],
-                                                           W["model.embed_tokens.weight"])
-        head = W["model.embed_tokens.weight"]
     logits = rms(h, W["model.norm.weight"]) @ head.T
     return logits, np.stack(hs)
 
@@ -733,9 +755,17 @@ def run_case(case, results):
                 make_legacy_rope_config(d)
             if case.get("add_mtp"):
                 add_mtp_layer(d, model.config, seed)
+            if case.get("add_distinct_head"):
+                add_distinct_head(d, seed)
             info = record(case, d, seed, prompt)
+            if case.get("add_distinct_head"):
+                # HF must have loaded the stored head, untied from the embedding.
+                m = load_fp32_compute(d)
+                stored = load_file(os.path.join(d, "model.safetensors"))["lm_head.weight"]
+                assert torch.equal(m.lm_head.weight, stored)
+                assert not torch.equal(m.lm_head.weight, m.model.embed_tokens.weight)
             # the reloaded checkpoint reproduces the in-memory model (fp32 cases)
-            if case["dtype"] == "float32":
+            elif case["dtype"] == "float32":
                 with torch.no_grad():
                     mem = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0]
                 assert float((mem - torch.from_numpy(info["logits"])).abs().max()) < 1e-4

@@ -173,10 +173,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
   shape.head_dim = config_.head_dim;
   shape.block_size = block_size;
   shape.num_blocks = num_blocks;
-  const int64_t elements = shape.num_layers * num_blocks * 2 * block_size * config_.kv_dim();
+  absl::StatusOr<int64_t> checked_bytes = KvCacheBytes(shape, 2);  // bf16
+  if (!checked_bytes.ok()) return checked_bytes.status();
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   void* storage = nullptr;
-  const size_t bytes = static_cast<size_t>(elements) * 2;
+  const size_t bytes = static_cast<size_t>(*checked_bytes);
   if (cudaMalloc(&storage, bytes) != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(

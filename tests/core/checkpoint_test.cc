@@ -372,14 +372,26 @@ TEST_F(CheckpointTest, TiedHead) {
   ExpectSameWeights(*tail, *random_tail);
   EXPECT_EQ(random_tail->ParameterBytes(), tail->ParameterBytes());
 
-  // A stored lm_head next to tied embeddings is ignored, as Hugging Face does.
+  // A stored lm_head next to tied embeddings is used, as Transformers 5.x does (4.x tied
+  // them; tests/golden/tied_distinct_head_fp32 is the reference's own output).
   static const uint16_t kZero[256 * 64] = {};
   Rewrite([](std::vector<TensorToWrite>* t) {
     t->push_back({"lm_head.weight", DType::kBF16, {256, 64}, {{kZero, sizeof kZero}}});
   });
   absl::StatusOr<ModelWeights> again = LoadCheckpoint(dir_);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->lm_head.data, again->embed_tokens.data);
+  EXPECT_TRUE(again->head_stored_despite_tie);
+  EXPECT_NE(again->lm_head.data, again->embed_tokens.data);
+  EXPECT_EQ(std::memcmp(again->lm_head.data, kZero, sizeof kZero), 0);
+  absl::StatusOr<ModelWeights> again_tail = LoadCheckpoint(dir_, {2, -1});
+  ASSERT_TRUE(again_tail.ok()) << again_tail.status();
+  EXPECT_EQ(std::memcmp(again_tail->lm_head.data, kZero, sizeof kZero), 0);
+  // Saving keeps the stored head.
+  const std::string copy = dir_ + "/copy";
+  ASSERT_TRUE(SaveCheckpoint(*again, copy).ok());
+  absl::StatusOr<ModelWeights> reloaded = LoadCheckpoint(copy);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ(std::memcmp(reloaded->lm_head.data, kZero, sizeof kZero), 0);
 }
 
 TEST_F(CheckpointTest, NoSharedExperts) {
@@ -398,8 +410,9 @@ TEST_F(CheckpointTest, MisalignedTensorsAreCopied) {
   const ModelWeights saved = SaveTiny(TinyConfig(), {}, DType::kF32);
   absl::StatusOr<TensorStore> store = TensorStore::OpenFile(dir_ + "/model.safetensors");
   ASSERT_TRUE(store.ok());
-  // Rebuild the file by hand with a 2-byte hole before the data.
-  std::string header = "{", data(2, '\0');
+  // Rebuild the file by hand with a header 2 bytes past a multiple of 8, so that the data
+  // section (and every tensor) starts misaligned.
+  std::string header = "{", data;
   for (const std::string& name : store->Names()) {
     const TensorInfo* t = store->Find(name);
     if (header.size() > 1) header += ",";
@@ -409,7 +422,7 @@ TEST_F(CheckpointTest, MisalignedTensorsAreCopied) {
     data.append(static_cast<const char*>(t->data), static_cast<size_t>(t->bytes));
   }
   header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
+  header.append((8 - header.size() % 8) % 8 + 2, ' ');
   std::string len(8, '\0');
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   std::ofstream(dir_ + "/model.safetensors", std::ios::binary | std::ios::trunc)

@@ -2,8 +2,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <fstream>
 #include <string>
+
+#include "tests/test_util.h"
 
 namespace glm {
 namespace {
@@ -190,6 +194,26 @@ TEST(ConfigTest, LoadConfigFileNamesThePath) {
   absl::StatusOr<ModelConfig> c = LoadConfigFile("/nonexistent/config.json");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/config.json"));
+}
+
+}  // namespace
+}  // namespace glm
+
+namespace glm {
+namespace {
+
+// A FIFO or an oversized file as config.json is refused at once (never a blocked read or a
+// gigabyte parsed).
+TEST(ConfigTest, ConfigMustBeASmallRegularFile) {
+  const std::string dir = testing::MakeTempDir("config_test_");
+  ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
+  absl::StatusOr<ModelConfig> c = LoadConfigFile(dir + "/config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("not a regular file"));
+  const std::string big = dir + "/big.json";
+  std::ofstream(big) << std::string((1 << 20) + 1, ' ');
+  c = LoadConfigFile(big);
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("the limit is 1048576"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -176,7 +177,9 @@ TEST_F(SafetensorsTest, TruncatedFile) {
 
 TEST_F(SafetensorsTest, NotJsonOrNotObject) {
   EXPECT_THAT(OpenError(Image("{not json", 0)), HasSubstr("not valid JSON"));
-  EXPECT_THAT(OpenError(Image("[1, 2, 3]", 0)), HasSubstr("not a JSON object"));
+  EXPECT_THAT(OpenError(Image("[1, 2, 3]", 0)), HasSubstr("does not start with '{'"));
+  EXPECT_THAT(OpenError(Image(R"( {"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4)),
+              HasSubstr("does not start with '{'"));
   EXPECT_THAT(OpenError(Image(std::string("{\"a\xff\":1}"), 0)), HasSubstr("not valid JSON"));
   EXPECT_THAT(OpenError(Image(R"({"t": 5})", 0)), HasSubstr("'t': header entry is not"));
 }
@@ -254,12 +257,63 @@ TEST_F(SafetensorsTest, OverlappingRanges) {
                               R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}})",
                               8)),
               HasSubstr("overlapping"));
-  // Empty tensors overlap nothing.
+  // An empty tensor sits between others, never inside one (as the reference requires).
   WriteBytes(Path("ok.safetensors"),
              Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                   R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                   R"("b":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})",
                    8));
   EXPECT_TRUE(TensorStore::OpenFile(Path("ok.safetensors")).ok());
+  EXPECT_THAT(OpenError(Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                              R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                              8)),
+              HasSubstr("overlapping"));
+}
+
+// The tensors must tile the data section exactly: a gap, trailing bytes or a header length
+// that is off by a byte (every tensor read shifted) are refused.
+TEST_F(SafetensorsTest, DataSectionExactlyCovered) {
+  EXPECT_THAT(OpenError(Image(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
+              HasSubstr("bytes [0, 4) of the data section belong to no tensor"));
+  EXPECT_THAT(OpenError(Image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                              R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                              12)),
+              HasSubstr("bytes [4, 8) of the data section belong to no tensor (before 'b')"));
+  EXPECT_THAT(OpenError(Image(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 5)),
+              HasSubstr("the tensors cover 4 bytes but the data section has 5"));
+  // A real file whose header length is one byte short: the JSON still parses (the last
+  // padding space is cut) but the data section starts a byte early.
+  std::vector<float> v = {1.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(
+      WriteSafetensors(Path("m.safetensors"), {{"w", DType::kF32, {3}, {{v.data(), 12}}}}).ok());
+  std::string bytes = ReadBytes(Path("m.safetensors"));
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  ASSERT_EQ(bytes[8 + header_len - 1], ' ') << "the writer pads the header";
+  const std::string shifted = LengthPrefix(header_len - 1) + bytes.substr(8);
+  EXPECT_THAT(OpenError(shifted),
+              HasSubstr("the tensors cover 12 bytes but the data section has 13"));
+}
+
+// A FIFO (or any non-regular file) in place of a weights file is refused at once instead of
+// blocking the loader forever waiting for a writer.
+TEST_F(SafetensorsTest, OnlyRegularFiles) {
+  ASSERT_EQ(::mkfifo(Path("fifo.safetensors").c_str(), 0600), 0);
+  absl::StatusOr<TensorStore> store = TensorStore::OpenFile(Path("fifo.safetensors"));
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("not a regular file"));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  // A directory named like the weights file.
+  ASSERT_EQ(::mkdir(Path("d").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(Path("d/model.safetensors").c_str(), 0700), 0);
+  store = TensorStore::Open(Path("d"));
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("not a regular file"));
+  // A FIFO as the shard index.
+  ASSERT_EQ(::mkdir(Path("e").c_str(), 0700), 0);
+  ASSERT_EQ(::mkfifo(Path("e/model.safetensors.index.json").c_str(), 0600), 0);
+  store = TensorStore::Open(Path("e"));
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("not a regular file"));
 }
 
 TEST_F(SafetensorsTest, DuplicateNames) {

@@ -42,6 +42,7 @@ def main():
         if c.get("head_dim") is None:
             c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
         served = mtp = 0
+        stored_head = False
         for path in glob.glob(os.path.join(d, "*.safetensors")):
             with open(path, "rb") as fh:
                 header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
@@ -51,12 +52,17 @@ def main():
                 n = 1
                 for x in t["shape"]:
                     n *= x
+                stored_head |= name == "lm_head.weight"
                 m = re.match(r"model\.layers\.(\d+)\.", name)
                 if m and int(m.group(1)) >= c["num_hidden_layers"]:
                     mtp += n
                 else:
                     served += n
         bf16, fp32, _, mtp_bf16, mtp_fp32 = ms.count(c)
+        if c.get("tie_word_embeddings") and stored_head:
+            # A tied config whose checkpoint also stores a head: Transformers 5.x (and the
+            # engine) use that head, so it is served on top of what the config alone implies.
+            bf16 += c["vocab_size"] * c["hidden_size"]
         name = os.path.basename(d.rstrip("/"))
         f.check(served == bf16 + fp32, f"{name}: checkpoint has {served} parameters, model_sizing counts {bf16 + fp32}")
         if mtp:

@@ -1,0 +1,73 @@
+// Client requests to engine requests (server/convert.h): any GenerateRequest or
+// ForwardRequest bytes either convert into a request the engine's own rules accept as
+// well-formed (ids in the vocabulary, sizes within the limits, the reply within the message
+// limit) or are refused with a client-error status. The first byte picks the message type.
+#include "core/checkpoint.h"
+#include "core/model.h"
+#include "server/convert.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace {
+
+const glm::ModelRunner& TinyModel() {
+  static const glm::Model* model = [] {
+    absl::StatusOr<glm::ModelWeights> w = glm::LoadModel("tiny");
+    GLM_FUZZ_CHECK(w.ok());
+    return new glm::Model(*std::move(w));
+  }();
+  return *model;
+}
+
+bool ClientError(absl::StatusCode code) {
+  return code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kResourceExhausted ||
+         code == absl::StatusCode::kFailedPrecondition;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const glm::ModelRunner& model = TinyModel();
+  const glm::ModelConfig& config = model.config();
+  glmserve::ServingLimits limits;
+  limits.max_prompt_tokens = 64;
+  limits.max_new_tokens = 64;
+  limits.default_max_new_tokens = 16;
+  limits.max_reply_bytes = 1 << 16;
+  if (data[0] & 1) {
+    glmserve::v1::GenerateRequest request;
+    if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+    absl::StatusOr<glm::GenerateRequest> out = glmserve::ToEngineGenerate(request, model, limits);
+    if (!out.ok()) {
+      GLM_FUZZ_CHECK(ClientError(out.status().code()));
+      return 0;
+    }
+    GLM_FUZZ_CHECK(!out->prompt.empty() &&
+                   static_cast<int64_t>(out->prompt.size()) <= limits.max_prompt_tokens);
+    for (int32_t id : out->prompt) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
+    for (int32_t id : out->stop.stop_token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
+    GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
+                   out->stop.max_new_tokens <= limits.max_new_tokens);
+    GLM_FUZZ_CHECK(glm::ValidateSamplingParams(out->sampling).ok());
+    return 0;
+  }
+  glmserve::v1::ForwardRequest request;
+  if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+  absl::StatusOr<glm::ForwardRequest> out = glmserve::ToEngineForward(request, model, limits);
+  if (!out.ok()) {
+    GLM_FUZZ_CHECK(ClientError(out.status().code()));
+    return 0;
+  }
+  for (int32_t id : out->token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
+  GLM_FUZZ_CHECK(out->token_ids.empty() != out->hidden.empty());
+  if (!out->hidden.empty()) {
+    GLM_FUZZ_CHECK(static_cast<int64_t>(out->hidden.size()) ==
+                   out->num_tokens * config.hidden_size);
+  }
+  const glmserve::ForwardOutputSize bytes =
+      glmserve::ForwardOutputBytes(*out, config, request.output_dtype());
+  GLM_FUZZ_CHECK(bytes.reply_bytes <= limits.max_reply_bytes);
+  if (!out->session_id.empty()) GLM_FUZZ_CHECK(glm::ValidateSessionId(out->session_id).ok());
+  return 0;
+}
