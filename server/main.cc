@@ -131,8 +131,8 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.model_name = absl::GetFlag(FLAGS_model);
   o.access_log = absl::GetFlag(FLAGS_access_log);
   // Checked by ValidateMainFlags.
-  o.log_format =
-      glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format)).value_or(glmserve::LogFormat::kText);
+  o.log_format = glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format))
+                     .value_or(glmserve::LogFormat::kText);
   return o;
 }
 

@@ -138,6 +138,7 @@ TEST(HardeningTest, FlagsOutsideTheirRangeExitWithCode2) {
       {"--device=tpu", "tpu"},
       {"--layers=3", "--layers"},
       {"--drain_grace=-1s", "--drain_grace"},
+      {"--log_format=xml", "--log_format"},
   };
   for (const auto& [flags, named] : cases) {
     const testing::CommandResult r =
