@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -17,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
+#include "core/file_io.h"
 #include "core/parallel.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -35,12 +34,15 @@ namespace {
 
 constexpr char kServiceName[] = "glmserve.v1.GlmService";
 
+// Certificates, keys and token files: small regular files (a FIFO or a huge file given by
+// mistake is an error, not a hang).
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  constexpr uint64_t kMaxBytes = 4 << 20;
+  absl::StatusOr<std::string> text = glm::ReadRegularFile(path, kMaxBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
+  }
+  return text;
 }
 
 // "host:port", bracketing a bare IPv6 address.

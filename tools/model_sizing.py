@@ -15,7 +15,7 @@ import argparse
 import json
 import math
 
-# The released config.json values (docs: /work/shared/reference/glm-4.5.md table).
+# The released config.json values (docs/model.md, "Released shapes").
 PRESETS = {
     "GLM-4.5": dict(hidden_size=5120, num_hidden_layers=92, num_attention_heads=96,
                     num_key_value_heads=8, head_dim=128, use_qk_norm=True, attention_bias=True,
