@@ -163,9 +163,10 @@ TEST(BenchTest, BacksOffWhenTheServerGoesAway) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->ok, 0);
   ASSERT_GT(r->errors["UNAVAILABLE"], 0);
-  // ~2.5 s without a server: doubling from 50 ms to 2 s allows about 6 calls per worker;
-  // without the backoff it was tens of thousands.
-  EXPECT_LE(r->failed, 4 * 8) << FormatBenchReport(o, *r);
+  // ~2.5 s without a server: per worker one call cut off by the shutdown, then UNAVAILABLE
+  // calls at 0, 50, 150, 350, 750 and 1550 ms (the wait doubles from 50 ms): 7, bounded here
+  // at 10 for scheduling slack. Without the backoff it was tens of thousands.
+  EXPECT_LE(r->failed, 4 * 10) << FormatBenchReport(o, *r);
   EXPECT_FALSE(r->stopped_on_failures);
   EXPECT_DOUBLE_EQ(r->failure_rate, static_cast<double>(r->failed) / (r->ok + r->failed));
   EXPECT_NE(FormatBenchReport(o, *r).find("calls failed"), std::string::npos);
