@@ -1,11 +1,11 @@
 # syntax=docker/dockerfile:1
 # glm-server container image, multi-stage.
 #
-#   docker build -t glmserve:cuda .                           # CUDA image (default)
-#   docker build --build-arg VARIANT=cpu -t glmserve:cpu .    # CPU-only image, Debian 12
-#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:cpu  # serves the embedded glm-4.5-mini
+#   docker build -t glmserve:0.1.0-cuda .                           # CUDA image (default)
+#   docker build --build-arg VARIANT=cpu -t glmserve:0.1.0-cpu .    # CPU-only image, Debian 12
+#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:0.1.0-cpu  # the embedded glm-4.5-mini
 #   docker run --rm --gpus all -v /models:/models:ro -p 50051:50051 -p 9090:9090 \
-#       glmserve:cuda --model=/models/GLM-4.5-Air --device=cuda
+#       glmserve:0.1.0-cuda --model=/models/GLM-4.5-Air --device=cuda
 #
 # The build stage runs the same scripts as CI (.ci/run -> tools/test.sh -> tools/build.sh ->
 # tools/install_deps.sh), so every CI run exercises this file's build steps; the runtime stage
@@ -81,8 +81,10 @@ USER 10001:10001
 # gRPC (--port) and Prometheus /metrics (--metrics_port): glm-server's defaults.
 EXPOSE 50051 9090
 # Ready = weights loaded and a warm-up request run (grpc.health.v1, service "readiness").
+# The start period is the startupProbe's 30 minutes (docs/operations.md: reading 213.7 GB at
+# 200 MB/s takes 18), so a slow load is not reported unhealthy.
 # Docker only; Kubernetes uses its own gRPC probes (deploy/).
-HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=3 \
+HEALTHCHECK --interval=15s --timeout=10s --start-period=1800s --retries=3 \
     CMD ["/usr/local/bin/glm-client", "--target=127.0.0.1:50051", "--service=readiness", "--max_attempts=1", "health"]
 # A container listens on every interface (glm-server's own default is loopback only). SIGTERM
 # drains (readiness NOT_SERVING, calls in flight get --drain_grace, default 30 s).

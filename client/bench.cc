@@ -88,6 +88,13 @@ Percentiles Summarize(std::vector<double>* values) {
 
 absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options) {
   if (options.concurrency < 1) return absl::InvalidArgumentError("concurrency must be >= 1");
+  if (options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff) {
+    return absl::InvalidArgumentError("backoff: need 0 < initial_backoff <= max_backoff");
+  }
+  if (options.max_consecutive_failures < 0) {
+    return absl::InvalidArgumentError("max_consecutive_failures must be >= 0");
+  }
   absl::StatusOr<v1::ModelInfo> info = client.Info();
   if (!info.ok()) return info.status();
   const int64_t vocab = info->config().vocab_size();
@@ -108,6 +115,8 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   }
 
   std::atomic<int64_t> issued{0};
+  std::atomic<int64_t> consecutive_failures{0};
+  std::atomic<bool> give_up{false};
   const Clock::time_point start = Clock::now();
   const Clock::time_point stop_at = start + absl::ToChronoNanoseconds(options.duration);
   std::vector<WorkerResult> results(options.concurrency);
@@ -115,7 +124,9 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   for (int w = 0; w < options.concurrency; ++w) {
     workers.emplace_back([&, w] {
       WorkerResult& r = results[w];
+      absl::Duration backoff = absl::ZeroDuration();
       for (;;) {
+        if (give_up.load()) break;
         const int64_t index = issued.fetch_add(1);
         if (options.requests > 0 ? index >= options.requests : Clock::now() >= stop_at) break;
         const Clock::time_point t0 = Clock::now();
@@ -163,8 +174,24 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
         }
         if (!status.ok()) {
           ++r.errors[CodeName(status.code())];
+          if (options.max_consecutive_failures > 0 &&
+              consecutive_failures.fetch_add(1) + 1 >= options.max_consecutive_failures) {
+            give_up.store(true);
+            break;
+          }
+          if (status.code() == absl::StatusCode::kUnavailable) {
+            backoff = std::clamp(backoff * 2, options.initial_backoff, options.max_backoff);
+            // Sleep in slices, so that the run's end (or giving up) is not delayed by it.
+            const Clock::time_point wake = Clock::now() + absl::ToChronoNanoseconds(backoff);
+            while (Clock::now() < wake && !give_up.load() &&
+                   (options.requests > 0 || Clock::now() < stop_at)) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+          }
           continue;
         }
+        consecutive_failures.store(0);
+        backoff = absl::ZeroDuration();
         r.e2e.push_back(Seconds(t0, Clock::now()));
         ++r.ok;
         r.server_total += timings->total_seconds();
@@ -181,7 +208,10 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   for (WorkerResult& r : results) {
     report.ok += r.ok;
     report.tokens += r.tokens;
-    for (const auto& [code, n] : r.errors) report.errors[code] += n;
+    for (const auto& [code, n] : r.errors) {
+      report.errors[code] += n;
+      report.failed += n;
+    }
     e2e.insert(e2e.end(), r.e2e.begin(), r.e2e.end());
     ttft.insert(ttft.end(), r.ttft.begin(), r.ttft.end());
     itl.insert(itl.end(), r.inter_token.begin(), r.inter_token.end());
@@ -193,6 +223,10 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
     report.server_total_mean /= report.ok;
     report.server_engine_mean /= report.ok;
     report.server_queue_mean /= report.ok;
+  }
+  report.stopped_on_failures = give_up.load();
+  if (report.ok + report.failed > 0) {
+    report.failure_rate = static_cast<double>(report.failed) / (report.ok + report.failed);
   }
   report.e2e = Summarize(&e2e);
   report.ttft = Summarize(&ttft);
@@ -222,9 +256,14 @@ std::string FormatBenchReport(const BenchOptions& o, const BenchReport& r) {
   if (generate) absl::StrAppendFormat(&out, ", %.1f tokens/s", r.tokens_per_second);
   out += "\n";
   if (!r.errors.empty()) {
-    out += "  errors:";
+    absl::StrAppendFormat(&out, "  calls failed %lld of %lld (%.1f%%):", r.failed, r.ok + r.failed,
+                          r.failure_rate * 100);
     for (const auto& [code, n] : r.errors) absl::StrAppendFormat(&out, " %s=%lld", code, n);
     out += "\n";
+  }
+  if (r.stopped_on_failures) {
+    absl::StrAppendFormat(&out, "  stopped early: %lld calls failed in a row\n",
+                          o.max_consecutive_failures);
   }
   const auto row = [&](const char* name, const Percentiles& p) {
     if (p.count == 0) return;

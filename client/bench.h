@@ -25,6 +25,13 @@ struct BenchOptions {
   bool ignore_eos = true;       // Generate: every request produces max_new_tokens
   bool forward_logits = false;  // Forward: return last-position logits (else hidden)
   std::string metrics_address;  // "host:port" of /metrics; empty: no step-time figures
+  // A worker whose call ends UNAVAILABLE (server gone, draining, starting) waits before its
+  // next call, doubling from initial_backoff up to max_backoff and resetting on a success,
+  // so that a dead server is probed, not hammered.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // The whole run stops after this many failed calls in a row, across workers (0: never).
+  int64_t max_consecutive_failures = 100;
 };
 
 struct Percentiles {
@@ -36,6 +43,9 @@ struct BenchReport {
   double wall_seconds = 0;
   int64_t ok = 0;
   std::map<std::string, int64_t> errors;  // by gRPC code name
+  int64_t failed = 0;                     // calls that ended with an error
+  double failure_rate = 0;                // failed / (ok + failed)
+  bool stopped_on_failures = false;       // max_consecutive_failures ended the run
   int64_t tokens = 0;                     // generated tokens received
   double requests_per_second = 0;
   double tokens_per_second = 0;

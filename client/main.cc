@@ -4,10 +4,12 @@
 //   glm-client generate --prompt=151331,151333,9703 --max_new_tokens=16   # streams tokens
 //   glm-client forward --prompt=1,2,3 --logits --last_only --logits_out=/tmp/logits.npy
 //   glm-client forward --hidden_in=/tmp/h.npy --layer_begin=2 --hidden --hidden_out=/tmp/o.npy
+//   glm-client --session=s1 close-session
 //   glm-client health --service=readiness --wait=60s
 //   glm-client bench --rpc=generate --concurrency=16 --duration=20s --metrics=127.0.0.1:9090
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +22,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/bench.h"
+#include "client/cli_output.h"
 #include "client/client.h"
 #include "core/npy.h"
+#include "tools/cli.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "server: host:port, dns:///name:port (every address, round robin), ipv4:a:p,b:p");
@@ -33,18 +37,24 @@ ABSL_FLAG(std::string, tls_server_name, "", "name to verify in the server certif
 ABSL_FLAG(std::string, token_file, "", "file whose first line is the bearer token");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "deadline of each call");
 ABSL_FLAG(int, max_attempts, 4, "attempts per call when the server is UNAVAILABLE");
+ABSL_FLAG(bool, json, false, "print one JSON object (every field, zeros included) for scripts");
+ABSL_FLAG(std::string, request_id, "", "generate/forward: id echoed in the reply and access log");
 // generate / forward
 ABSL_FLAG(std::string, prompt, "151331,151333,9703,1435,11", "comma-separated token ids");
 ABSL_FLAG(int, max_new_tokens, 16, "generate: tokens to generate at most");
 ABSL_FLAG(double, temperature, 0.0, "generate: 0 is greedy");
 ABSL_FLAG(int, top_k, 0, "generate: 0 is off");
 ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling");
+ABSL_FLAG(double, min_p, 0.0, "generate: drop tokens below min_p x the top probability (0: off)");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "generate: divide logits of tokens already seen by this (1: off)");
+ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
 ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
 ABSL_FLAG(bool, ignore_eos, false, "generate: do not stop at end-of-sequence tokens");
 ABSL_FLAG(int, top_logprobs, -1, "generate: print logprobs with this many alternatives");
 ABSL_FLAG(int64_t, layer_begin, -1, "forward: first layer (-1: the served span's)");
 ABSL_FLAG(int64_t, layer_end, -1, "forward: end layer (-1: the served span's)");
-ABSL_FLAG(std::string, session, "", "forward: session id");
+ABSL_FLAG(std::string, session, "", "forward / close-session: session id");
 ABSL_FLAG(bool, create_session, false, "forward: this call creates --session");
 ABSL_FLAG(bool, hidden, false, "forward: return hidden states");
 ABSL_FLAG(bool, logits, true, "forward: return logits");
@@ -65,6 +75,8 @@ ABSL_FLAG(int64_t, requests, 0, "bench: stop after this many calls (0: use --dur
 ABSL_FLAG(int, prompt_len, 16, "bench: prompt tokens per call");
 ABSL_FLAG(bool, forward_logits, false, "bench: Forward returns last-position logits, not hidden");
 ABSL_FLAG(std::string, metrics, "", "bench: host:port of the server's /metrics (step time)");
+ABSL_FLAG(int64_t, max_consecutive_failures, 100,
+          "bench: stop after this many failed calls in a row (0: never)");
 
 namespace {
 
@@ -75,12 +87,15 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+void PrintJson(const nlohmann::json& value) { std::printf("%s\n", value.dump().c_str()); }
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text,
+                                              const char* flag = "--prompt") {
   std::vector<int32_t> ids;
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int32_t id;
     if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt: '", piece, "' is not a token id"));
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", piece, "' is not a token id"));
     }
     ids.push_back(id);
   }
@@ -112,7 +127,23 @@ absl::StatusOr<glmserve::ClientOptions> OptionsFromFlags() {
 int Info(glmserve::Client& client) {
   absl::StatusOr<glmserve::v1::ModelInfo> info = client.Info();
   if (!info.ok()) return Fail(info.status());
-  std::printf("%s", info->DebugString().c_str());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(glmserve::cli::MessageJson(*info));
+  } else {
+    std::printf("%s", glmserve::cli::MessageText(*info).c_str());
+  }
+  return 0;
+}
+
+int CloseSession(glmserve::Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  if (session.empty()) return Fail(absl::InvalidArgumentError("close-session needs --session"));
+  if (absl::Status s = client.CloseSession(session); !s.ok()) return Fail(s);
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson({{"session_id", session}, {"closed", true}});
+  } else {
+    std::printf("closed session %s\n", session.c_str());
+  }
   return 0;
 }
 
@@ -127,6 +158,17 @@ int Generate(glmserve::Client& client) {
   request.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
   request.mutable_sampling()->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   request.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
+  request.mutable_sampling()->set_min_p(static_cast<float>(absl::GetFlag(FLAGS_min_p)));
+  request.mutable_sampling()->set_repetition_penalty(
+      static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)));
+  absl::StatusOr<std::vector<int32_t>> stop_ids =
+      ParseIds(absl::GetFlag(FLAGS_stop_token_ids), "--stop_token_ids");
+  if (!stop_ids.ok()) return Fail(stop_ids.status());
+  request.mutable_stop()->mutable_stop_token_ids()->Add(stop_ids->begin(), stop_ids->end());
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  const bool json = absl::GetFlag(FLAGS_json);
+  // --json: the tokens and the final message as one GenerateResponse-shaped object.
+  glmserve::v1::GenerateResponse collected;
   const int top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
   if (top_logprobs >= 0) {
     request.mutable_logprobs()->set_enabled(true);
@@ -134,6 +176,10 @@ int Generate(glmserve::Client& client) {
   }
   absl::StatusOr<glmserve::v1::Finished> finished =
       client.Generate(request, [&](const glmserve::v1::GeneratedToken& t) {
+        if (json) {
+          *collected.add_tokens() = t;
+          return;
+        }
         if (top_logprobs >= 0) {
           std::printf("%d (%.4f)", t.token_id(), t.logprob());
           for (const auto& alt : t.top_logprobs()) {
@@ -145,14 +191,22 @@ int Generate(glmserve::Client& client) {
         }
         std::fflush(stdout);  // tokens appear as they stream
       });
-  std::printf("\n");
+  if (!json) std::printf("\n");
   std::fflush(stdout);
   if (!finished.ok()) return Fail(finished.status());
+  if (json) {
+    *collected.mutable_finished() = *finished;
+    PrintJson(glmserve::cli::MessageJson(collected));
+    return 0;
+  }
   const auto& t = finished->timings();
   std::fprintf(stderr,
-               "finished: %s, %lld prompt + %lld generated tokens; server: queue %.2f ms, "
+               "finished: %s%s, %lld prompt + %lld generated tokens; server: queue %.2f ms, "
                "first token %.2f ms, total %.2f ms\n",
                glmserve::v1::FinishReason_Name(finished->reason()).c_str(),
+               finished->request_id().empty()
+                   ? ""
+                   : absl::StrCat(" (request ", finished->request_id(), ")").c_str(),
                static_cast<long long>(finished->prompt_tokens()),
                static_cast<long long>(finished->generated_tokens()), t.queue_seconds() * 1e3,
                t.time_to_first_token_seconds() * 1e3, t.total_seconds() * 1e3);
@@ -192,42 +246,61 @@ int Forward(glmserve::Client& client) {
     return Fail(absl::InvalidArgumentError("--output_dtype must be fp32, bf16 or fp16"));
   }
   request.set_output_dtype(wire);
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
   absl::StatusOr<glmserve::v1::ForwardResponse> response = client.Forward(request);
   if (!response.ok()) return Fail(response.status());
-  std::printf(
-      "rows %lld from position %lld; server total %.2f ms (engine %.2f ms)\n",
-      static_cast<long long>(response->rows()), static_cast<long long>(response->start_position()),
-      response->timings().total_seconds() * 1e3, response->timings().engine_seconds() * 1e3);
+  const bool json = absl::GetFlag(FLAGS_json);
+  // --json: the response's fields with each tensor's shape and dtype (not its bytes).
+  nlohmann::json out = glmserve::cli::MessageJson(*response);
+  if (!json) {
+    std::printf("rows %lld from position %lld; server total %.2f ms (engine %.2f ms)\n",
+                static_cast<long long>(response->rows()),
+                static_cast<long long>(response->start_position()),
+                response->timings().total_seconds() * 1e3,
+                response->timings().engine_seconds() * 1e3);
+  }
   const struct {
     const char* name;
+    const char* field;
     bool present;
     const glmserve::v1::Tensor& tensor;
     std::string path;
   } outputs[] = {
-      {"hidden", response->has_hidden_states(), response->hidden_states(),
+      {"hidden", "hidden_states", response->has_hidden_states(), response->hidden_states(),
        absl::GetFlag(FLAGS_hidden_out)},
-      {"logits", response->has_logits(), response->logits(), absl::GetFlag(FLAGS_logits_out)},
+      {"logits", "logits", response->has_logits(), response->logits(),
+       absl::GetFlag(FLAGS_logits_out)},
   };
-  for (const auto& out : outputs) {
-    if (!out.present) continue;
-    absl::StatusOr<std::vector<float>> values =
-        glmserve::DecodeTensor(out.tensor, out.name, /*require_finite=*/false);
-    if (!values.ok()) return Fail(values.status());
-    std::printf("%s [%s] %s", out.name, absl::StrJoin(out.tensor.shape(), ", ").c_str(),
-                glmserve::WireDTypeName(out.tensor.dtype()));
-    if (std::string(out.name) == "logits" && out.tensor.shape_size() == 2 &&
-        out.tensor.shape(1) > 0) {
-      // The greedy next token of the last row: a quick sanity check from the shell.
-      const int64_t cols = out.tensor.shape(1);
-      const float* last = values->data() + values->size() - cols;
-      std::printf(", argmax of last row %lld",
-                  static_cast<long long>(std::max_element(last, last + cols) - last));
+  for (const auto& o : outputs) {
+    if (!o.present) {
+      out.erase(o.field);
+      continue;
     }
-    std::printf("\n");
-    if (!out.path.empty()) {
-      if (absl::Status s = WriteTensor(out.tensor, out.path); !s.ok()) return Fail(s);
+    absl::StatusOr<std::vector<float>> values =
+        glmserve::DecodeTensor(o.tensor, o.name, /*require_finite=*/false);
+    if (!values.ok()) return Fail(values.status());
+    if (!json) {
+      std::printf("%s [%s] %s", o.name, absl::StrJoin(o.tensor.shape(), ", ").c_str(),
+                  glmserve::WireDTypeName(o.tensor.dtype()));
+    }
+    if (std::string(o.name) == "logits" && o.tensor.shape_size() == 2 && o.tensor.shape(1) > 0) {
+      // The greedy next token of the last row: a quick sanity check from the shell.
+      const int64_t cols = o.tensor.shape(1);
+      const float* last = values->data() + values->size() - cols;
+      const int64_t argmax = std::max_element(last, last + cols) - last;
+      if (json) {
+        out[o.field]["argmax_last_row"] = argmax;
+      } else {
+        std::printf(", argmax of last row %lld", static_cast<long long>(argmax));
+      }
+    }
+    if (!json) std::printf("\n");
+    if (!o.path.empty()) {
+      if (absl::Status s = WriteTensor(o.tensor, o.path); !s.ok()) return Fail(s);
+      if (json) out[o.field]["written_to"] = o.path;
     }
   }
+  if (json) PrintJson(out);
   return 0;
 }
 
@@ -235,18 +308,48 @@ int Health(glmserve::Client& client) {
   const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_wait);
   for (;;) {
     absl::StatusOr<glmserve::HealthStatus> status = client.Health(absl::GetFlag(FLAGS_service));
-    if (status.ok() && *status == grpc::health::v1::HealthCheckResponse::SERVING) {
-      std::printf("SERVING\n");
-      return 0;
-    }
-    if (absl::Now() >= deadline) {
+    const bool serving = status.ok() && *status == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (serving || absl::Now() >= deadline) {
       if (!status.ok()) return Fail(status.status());
-      std::printf("%s\n",
-                  grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
-      return 2;
+      const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status);
+      if (absl::GetFlag(FLAGS_json)) {
+        PrintJson({{"service", absl::GetFlag(FLAGS_service)}, {"status", name}});
+      } else {
+        std::printf("%s\n", name.c_str());
+      }
+      return serving ? 0 : 2;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
+}
+
+nlohmann::json PercentilesJson(const glmserve::Percentiles& p) {
+  return {{"count", p.count},
+          {"mean_ms", p.mean * 1e3},
+          {"p50_ms", p.p50 * 1e3},
+          {"p90_ms", p.p90 * 1e3},
+          {"p99_ms", p.p99 * 1e3}};
+}
+
+nlohmann::json BenchJson(const glmserve::BenchReport& r) {
+  return {{"wall_seconds", r.wall_seconds},
+          {"ok", r.ok},
+          {"failed", r.failed},
+          {"failure_rate", r.failure_rate},
+          {"errors", r.errors},
+          {"stopped_on_failures", r.stopped_on_failures},
+          {"tokens", r.tokens},
+          {"requests_per_second", r.requests_per_second},
+          {"tokens_per_second", r.tokens_per_second},
+          {"e2e", PercentilesJson(r.e2e)},
+          {"ttft", PercentilesJson(r.ttft)},
+          {"inter_token", PercentilesJson(r.inter_token)},
+          {"server_queue_mean_ms", r.server_queue_mean * 1e3},
+          {"server_engine_mean_ms", r.server_engine_mean * 1e3},
+          {"server_total_mean_ms", r.server_total_mean * 1e3},
+          {"steps", r.steps},
+          {"step_mean_ms", r.step_mean * 1e3},
+          {"batch_tokens_mean", r.batch_tokens_mean}};
 }
 
 int Bench(glmserve::Client& client) {
@@ -267,21 +370,56 @@ int Bench(glmserve::Client& client) {
   o.ignore_eos = true;
   o.forward_logits = absl::GetFlag(FLAGS_forward_logits);
   o.metrics_address = absl::GetFlag(FLAGS_metrics);
+  o.max_consecutive_failures = absl::GetFlag(FLAGS_max_consecutive_failures);
   absl::StatusOr<glmserve::BenchReport> report = glmserve::RunBench(client, o);
   if (!report.ok()) return Fail(report.status());
-  std::printf("%s", glmserve::FormatBenchReport(o, *report).c_str());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(BenchJson(*report));
+  } else {
+    std::printf("%s", glmserve::FormatBenchReport(o, *report).c_str());
+  }
   return report->errors.empty() ? 0 : 3;
+}
+
+constexpr char kCommands[] = "info|generate|forward|close-session|health|bench";
+
+const glmcli::ProgramHelp& Help() {
+  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+      "glm-client",
+      "talks to glm-server from a shell",
+      {absl::StrCat("glm-client [flags] ", kCommands),
+       "glm-client generate --prompt=151331,151333,9703 --max_new_tokens=32",
+       "glm-client --json info | jq .kv_capacity_tokens",
+       "glm-client bench --rpc=generate --concurrency=16 --duration=20s"},
+      {{"Connection",
+        {"target", "tls", "ca_cert", "client_cert", "client_key", "tls_server_name", "token_file",
+         "timeout", "max_attempts"}},
+       {"Output", {"json"}},
+       {"generate",
+        {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+         "seed", "stop_token_ids", "ignore_eos", "top_logprobs", "request_id"}},
+       {"forward (also --prompt, --request_id)",
+        {"hidden_in", "layer_begin", "layer_end", "session", "create_session", "hidden", "logits",
+         "last_only", "output_dtype", "hidden_out", "logits_out"}},
+       {"health", {"service", "wait"}},
+       {"bench (also --max_new_tokens)",
+        {"rpc", "concurrency", "duration", "requests", "prompt_len", "forward_logits", "metrics",
+         "max_consecutive_failures"}}},
+      "client/main.cc",
+      "close-session frees the Forward session named by --session. Exit status: 0 ok, 1 error,\n"
+      "2 health not SERVING, 3 bench saw failed calls."};
+  return *help;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
   absl::SetProgramUsageMessage(
-      "Client of glm-server.\n"
-      "  glm-client [flags] info | generate | forward | health | bench");
+      absl::StrCat("Client of glm-server: glm-client [flags] ", kCommands));
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: glm-client [flags] info|generate|forward|health|bench\n");
+    std::fprintf(stderr, "usage: glm-client [flags] %s (--help: every flag)\n", kCommands);
     return 1;
   }
   const std::string command = args[1];
@@ -294,6 +432,7 @@ int main(int argc, char** argv) {
   if (command == "info") return Info(**client);
   if (command == "generate") return Generate(**client);
   if (command == "forward") return Forward(**client);
+  if (command == "close-session") return CloseSession(**client);
   if (command == "health") return Health(**client);
   if (command == "bench") return Bench(**client);
   std::fprintf(stderr, "glm-client: unknown command '%s'\n", command.c_str());

@@ -5,6 +5,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -14,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
 #include "core/weight_layout.h"
@@ -198,6 +201,11 @@ class CheckpointLoader {
   const std::string& dir_;
   const TensorStore& store_;
   ModelWeights* w_;
+
+ public:
+  const std::set<std::string>& consumed() const { return consumed_; }
+
+ private:
   std::set<std::string> consumed_;
   std::map<const TensorInfo*, const char*> copies_;
 };
@@ -264,7 +272,71 @@ absl::StatusOr<LayerSpan> ResolveLayerSpan(const ModelConfig& config, LayerSpan 
   return LayerSpan{span.begin, end};
 }
 
-absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan span) {
+namespace {
+
+// Reads (page by page) the mapped bytes of `tensors`, in address order so that each file is
+// read front to back, reporting progress as it goes.
+void ReadTensors(std::vector<const TensorInfo*> tensors, const LoadProgressCallback& progress) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->data < b->data; });
+  LoadProgress p;
+  p.tensors_total = static_cast<int64_t>(tensors.size());
+  for (const TensorInfo* t : tensors) p.bytes_total += t->bytes;
+  const auto start = std::chrono::steady_clock::now();
+  const auto report = [&] {
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress(p);
+  };
+  report();
+  constexpr int64_t kReportEvery = 64 << 20;
+  constexpr int64_t kPage = 4096;
+  int64_t next_report = kReportEvery;
+  unsigned char sink = 0;
+  for (const TensorInfo* t : tensors) {
+    const auto* bytes = static_cast<const volatile unsigned char*>(t->data);
+    for (int64_t offset = 0; offset < t->bytes;) {
+      const int64_t chunk = std::min(t->bytes - offset, next_report - p.bytes_done);
+      for (int64_t i = 0; i < chunk; i += kPage) sink ^= bytes[offset + i];
+      offset += chunk;
+      p.bytes_done += chunk;
+      if (p.bytes_done >= next_report) {
+        report();
+        next_report += kReportEvery;
+      }
+    }
+    ++p.tensors_done;
+  }
+  (void)sink;
+  report();
+}
+
+}  // namespace
+
+std::string DescribeLoadProgress(const LoadProgress& p) {
+  const double total = static_cast<double>(p.bytes_total);
+  const bool gb = total >= 1e9;
+  const double unit = gb ? 1e9 : 1e6;
+  std::string out =
+      absl::StrFormat("%.1f of %.1f %s (%.1f%%)", p.bytes_done / unit, total / unit,
+                      gb ? "GB" : "MB", total > 0 ? 100.0 * p.bytes_done / total : 100.0);
+  if (p.seconds > 0 && p.bytes_done > 0) {
+    const double rate = p.bytes_done / p.seconds;
+    absl::StrAppendFormat(&out, ", %.2f %s/s", rate / unit, gb ? "GB" : "MB");
+    if (p.bytes_done < p.bytes_total) {
+      const double eta = (p.bytes_total - p.bytes_done) / rate;
+      const int64_t secs = static_cast<int64_t>(std::ceil(eta));
+      if (secs >= 60) {
+        absl::StrAppendFormat(&out, ", ETA %dm%02ds", secs / 60, secs % 60);
+      } else {
+        absl::StrAppendFormat(&out, ", ETA %ds", secs);
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan span,
+                                            const LoadProgressCallback& progress) {
   absl::StatusOr<ModelConfig> config = LoadConfigFile(dir + "/config.json");
   if (!config.ok()) return config.status();
   absl::StatusOr<LayerSpan> resolved = ResolveLayerSpan(*config, span);
@@ -279,7 +351,13 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   w.head_stored_despite_tie = config->tie_word_embeddings &&
                               resolved->end == config->num_hidden_layers &&
                               store->Find("lm_head.weight") != nullptr;
-  if (absl::Status s = CheckpointLoader(dir, *store, &w).Load(); !s.ok()) return s;
+  CheckpointLoader loader(dir, *store, &w);
+  if (absl::Status s = loader.Load(); !s.ok()) return s;
+  if (progress) {
+    std::vector<const TensorInfo*> used;
+    for (const std::string& name : loader.consumed()) used.push_back(store->Find(name));
+    ReadTensors(std::move(used), progress);
+  }
   FinishWeights(&w);
   for (std::shared_ptr<const void>& owner : store->Owners()) w.storage.push_back(owner);
   return w;
@@ -350,7 +428,8 @@ absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSp
                                        const LoadOptions& load_options) {
   const bool is_dir = IsDirectory(dir_or_preset);
   if (is_dir && Exists(dir_or_preset + "/config.json")) {
-    absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir_or_preset, span);
+    absl::StatusOr<ModelWeights> weights =
+        LoadCheckpoint(dir_or_preset, span, load_options.progress);
     if (!weights.ok()) return weights.status();
     if (absl::Status s = VerifyWeightsFinite(&*weights, load_options.verify,
                                              absl::StrCat("checkpoint ", dir_or_preset));

@@ -584,8 +584,18 @@ void Engine::Impl::ReleaseBlocks(Sequence* seq) {
   // cancelled call leaves the position where it was (its partial keys are overwritten by
   // the next call).
   std::lock_guard<std::mutex> lock(sessions_mu_);
-  seq->session->last_used = std::chrono::steady_clock::now();
-  --seq->session->in_flight;
+  Session* session = seq->session;
+  session->last_used = std::chrono::steady_clock::now();
+  --session->in_flight;
+  if (session->in_flight == 0 && session->position == 0) {
+    // Its creating call failed and nothing else is queued on it: a session exists only once
+    // a call succeeded, so it goes (freeing its slot under --max_sessions and any blocks).
+    auto it = sessions_.find(session->key);
+    if (it != sessions_.end() && it->second.get() == session) {
+      closed_sessions_.push_back(std::move(it->second));
+      sessions_.erase(it);
+    }
+  }
 }
 
 void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status status) {

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "core/model_runner.h"
 #include "core/parallel.h"
 #include "server/server.h"
+#include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
@@ -38,7 +40,8 @@ ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --add
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
-ABSL_FLAG(int64_t, kv_capacity_tokens, 0, "KV cache slots in tokens (0: the engine's default)");
+ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
+          "KV cache slots in tokens, shared by every running sequence");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
@@ -78,6 +81,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long calls in flight may take to finish");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights (presets only)");
+ABSL_FLAG(std::string, access_log, "",
+          "one line per finished call (request id, rpc, code, tokens, queue/TTFT/total ms) "
+          "appended to this file, or '-' for stdout (default: off)");
+ABSL_FLAG(std::string, log_format, "text", "access log lines: text (key=value) or json");
 
 namespace {
 
@@ -122,6 +129,10 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.session_eviction_grace = absl::GetFlag(FLAGS_session_eviction_grace);
   o.service.max_output_bytes_in_flight = absl::GetFlag(FLAGS_max_output_bytes_in_flight);
   o.model_name = absl::GetFlag(FLAGS_model);
+  o.access_log = absl::GetFlag(FLAGS_access_log);
+  // Checked by ValidateMainFlags.
+  o.log_format = glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format))
+                     .value_or(glmserve::LogFormat::kText);
   return o;
 }
 
@@ -135,6 +146,32 @@ sigset_t BlockShutdownSignals() {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+const glmcli::ProgramHelp& Help() {
+  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+      "glm-server",
+      "serves a GLM-4.5-family model over gRPC, with health, reflection and /metrics",
+      {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
+       "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
+       "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
+      {{"Model and device", {"model", "device", "layers", "threads", "seed", "verify_weights"}},
+       {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
+       {"Engine and KV cache",
+        {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
+         "prefix_caching"}},
+       {"Forward sessions",
+        {"max_sessions", "session_kv_fraction", "max_session_tokens", "session_idle_timeout",
+         "session_eviction_grace"}},
+       {"Request limits",
+        {"max_prompt_tokens", "max_new_tokens", "default_max_new_tokens", "max_concurrent_streams",
+         "default_deadline", "max_deadline", "max_output_bytes_in_flight"}},
+       {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
+       {"Logging", {"access_log", "log_format"}},
+       {"Shutdown", {"drain_grace"}}},
+      "server/main.cc",
+      "SIGTERM/SIGINT drain: readiness goes NOT_SERVING, calls in flight get --drain_grace."};
+  return *help;
 }
 
 int Fail(const absl::Status& status) {
@@ -158,12 +195,17 @@ absl::Status ValidateMainFlags() {
   if (absl::GetFlag(FLAGS_drain_grace) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--drain_grace must be >= 0");
   }
+  if (absl::Status s = glmserve::ParseLogFormat(absl::GetFlag(FLAGS_log_format)).status();
+      !s.ok()) {
+    return s;
+  }
   return glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
   absl::SetProgramUsageMessage(
       "Serves a GLM-4.5-family model over gRPC.\n"
       "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
@@ -206,6 +248,19 @@ int main(int argc, char** argv) {
   random.seed = absl::GetFlag(FLAGS_seed);
   glm::LoadOptions load;
   load.verify = *glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
+  // A progress line at the start, every 2 s and at the end of reading the checkpoint.
+  absl::Time last_progress = absl::InfinitePast();
+  load.progress = [&](const glm::LoadProgress& p) {
+    const absl::Time now = absl::Now();
+    if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
+        now - last_progress < absl::Seconds(2)) {
+      return;
+    }
+    last_progress = now;
+    std::printf("glm-server: loading %s: %s\n", absl::GetFlag(FLAGS_model).c_str(),
+                glm::DescribeLoadProgress(p).c_str());
+    std::fflush(stdout);
+  };
   absl::StatusOr<glm::ModelWeights> weights =
       glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
@@ -218,6 +273,7 @@ int main(int argc, char** argv) {
     if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype); !s.ok()) {
       return Fail(s);
     }
+    std::printf("%s", (*server)->StartupSummary().c_str());
     std::printf("glm-server: ready: %s on %s (loaded and warmed up in %.2f s)\n",
                 absl::GetFlag(FLAGS_model).c_str(), device_name.c_str(),
                 absl::ToDoubleSeconds(absl::Now() - t_load));

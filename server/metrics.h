@@ -56,6 +56,9 @@ class Metrics {
   void RecordTimeToFirstToken(double seconds);
   void RecordInterToken(double seconds);
   void RecordTokens(int64_t prompt_tokens, int64_t generated_tokens);
+  // A call that reached the engine and ended OK (Generate: stop or length; Forward): the
+  // finished_reason counter and the per-request token and phase-time histograms.
+  void RecordSuccess(Rpc rpc, const glm::FinishEvent& finish);
   // The engine's step observer (engine thread; a few histogram observes).
   void ObserveStep(const glm::StepReport& report);
 
@@ -70,7 +73,14 @@ class Metrics {
 
   prometheus::Family<prometheus::Counter>* requests_total_;
   std::array<prometheus::Histogram*, kNumRpcs> request_duration_;
-  std::array<prometheus::Histogram*, kNumRpcs> queue_duration_;
+  std::array<prometheus::Histogram*, kNumRpcs> queue_duration_{};  // Generate, Forward only
+  prometheus::Counter* success_stop_;
+  prometheus::Counter* success_length_;
+  prometheus::Counter* success_forward_;
+  prometheus::Histogram* request_prompt_tokens_;
+  prometheus::Histogram* request_generation_tokens_;
+  prometheus::Histogram* request_prefill_time_;
+  prometheus::Histogram* request_decode_time_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* inter_token_;
   prometheus::Counter* prompt_tokens_;
@@ -87,14 +97,24 @@ class Metrics {
   prometheus::Counter* sessions_evicted_;
   prometheus::Gauge* session_kv_usage_;
   prometheus::Counter* nonfinite_outputs_;
-  prometheus::Counter* prefix_queries_;
-  prometheus::Counter* prefix_hits_;
+  prometheus::Counter* prefix_query_blocks_;
+  prometheus::Counter* prefix_hit_blocks_;
+  prometheus::Counter* prefix_query_tokens_;
+  prometheus::Counter* prefix_hit_tokens_;
+  // process_*: the standard Prometheus process metrics, read from /proc at scrape time.
+  prometheus::Gauge* process_rss_;
+  prometheus::Gauge* process_vsize_;
+  prometheus::Counter* process_cpu_;
+  prometheus::Gauge* process_open_fds_;
+  prometheus::Gauge* process_max_fds_;
+  prometheus::Gauge* process_start_time_;
   prometheus::Family<prometheus::Gauge>* build_info_;
 
   // Guards the engine pointer and the last cumulative values already added to the counters.
   mutable std::mutex mu_;
   const glm::Engine* engine_ = nullptr;
   mutable glm::EngineStats last_;
+  mutable double last_cpu_seconds_ = 0;
 };
 
 }  // namespace glmserve

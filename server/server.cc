@@ -7,20 +7,23 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
+#include "core/file_io.h"
+#include "core/parallel.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "server/reflection.h"
 
 #ifndef GLMSERVE_VERSION
 #define GLMSERVE_VERSION "dev"
@@ -31,12 +34,15 @@ namespace {
 
 constexpr char kServiceName[] = "glmserve.v1.GlmService";
 
+// Certificates, keys and token files: small regular files (a FIFO or a huge file given by
+// mistake is an error, not a hang).
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  constexpr uint64_t kMaxBytes = 4 << 20;
+  absl::StatusOr<std::string> text = glm::ReadRegularFile(path, kMaxBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
+  }
+  return text;
 }
 
 // "host:port", bracketing a bare IPv6 address.
@@ -175,18 +181,34 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
       MakeCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
 
+  if (!options.access_log.empty()) {
+    absl::StatusOr<std::unique_ptr<AccessLog>> log =
+        AccessLog::Open(options.access_log, options.log_format);
+    if (!log.ok()) return log.status();
+    s->access_log_ = *std::move(log);
+    service_options.access_log = s->access_log_.get();
+  }
   s->metrics_ = std::make_unique<Metrics>();
   s->service_ = std::make_unique<GlmServiceImpl>(std::move(service_options), s->metrics_.get());
 
   // Both are process-wide switches read by the next ServerBuilder.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's health service encodes its messages without the generated classes, so nothing
+  // would pull health.pb.cc out of the static glm_proto library, and reflection (which reads
+  // the generated pool) listed grpc.health.v1.Health without being able to describe it.
+  // Naming a descriptor links the file and registers it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  s->reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+      "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.address, options.port);
   builder.AddListeningPort(address, *credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
@@ -248,6 +270,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DTyp
   const int64_t layer_begin = model->layer_begin();
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
+  kv_bytes_per_token_ = model->kv_bytes_per_token();
   absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
       glm::Engine::Create(std::move(model), engine_options);
   if (!engine.ok()) return engine.status();
@@ -291,9 +314,57 @@ absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DTyp
   l->set_max_deadline_ms(absl::ToInt64Milliseconds(options_.service.max_deadline));
   l->set_max_sessions(engine_->options().max_sessions);
   info.set_server_version(ServerVersion());
+  info_ = info;
   service_->Attach(std::move(backend));
   SetReady(true);
   return absl::OkStatus();
+}
+
+std::string GlmServer::StartupSummary() const {
+  const v1::ModelInfo& i = info_;
+  const v1::Limits& l = i.limits();
+  // GB (1e9) as docs/operations.md sizes models; MB below one GB.
+  const auto size = [](double bytes) {
+    return bytes >= 1e9 ? absl::StrFormat("%.2f GB", bytes / 1e9)
+                        : absl::StrFormat("%.1f MB", bytes / 1e6);
+  };
+  const double kv_bytes = static_cast<double>(kv_bytes_per_token_) * i.kv_capacity_tokens();
+  const auto duration = [](int64_t ms) {
+    return ms > 0 ? absl::FormatDuration(absl::Milliseconds(ms)) : std::string("none");
+  };
+  std::string out;
+  absl::StrAppend(&out, "model       ", i.model(), " (", i.config().num_hidden_layers(),
+                  " layers, hidden ", i.config().hidden_size(), ", ", i.config().n_routed_experts(),
+                  " experts, vocab ", i.config().vocab_size(), ")\n");
+  absl::StrAppend(&out, "layers      ", i.layer_begin(), ":", i.layer_end(), "\n");
+  absl::StrAppend(&out, "device      ", i.device(), ", ", glm::NumThreads(), " CPU threads\n");
+  absl::StrAppend(&out, "memory      ", size(i.weight_bytes()), " weights (",
+                  v1::DataType_Name(i.weight_dtype()).substr(10), ") + ", size(kv_bytes),
+                  " KV cache = ", size(i.weight_bytes() + kv_bytes), "\n");
+  absl::StrAppend(&out, "kv cache    ", i.kv_capacity_tokens(), " tokens in blocks of ",
+                  i.kv_block_size(), " (", kv_bytes_per_token_,
+                  " bytes per token), prefix caching ",
+                  options_.engine.prefix_caching ? "on" : "off", "\n");
+  absl::StrAppend(&out, "engine      max_batch_tokens ", l.max_batch_tokens(), ", max_running ",
+                  l.max_running(), ", max_waiting ", l.max_waiting(), ", max_sessions ",
+                  l.max_sessions(), "\n");
+  absl::StrAppend(&out, "requests    max_prompt_tokens ", l.max_prompt_tokens(),
+                  ", max_new_tokens ", l.max_new_tokens(), " (default ", l.default_max_new_tokens(),
+                  "), max_concurrent_streams ", l.max_concurrent_streams(), ", max_message_bytes ",
+                  l.max_message_bytes(), ", default_deadline ", duration(l.default_deadline_ms()),
+                  ", max_deadline ", duration(l.max_deadline_ms()), "\n");
+  const bool tls = !options_.tls.cert_file.empty();
+  absl::StrAppend(&out, "security    TLS ",
+                  tls ? (options_.tls.client_ca_file.empty() ? "on" : "on, mutual") : "off",
+                  ", bearer tokens ", options_.auth_token_file.empty() ? "off" : "on", "\n");
+  absl::StrAppend(
+      &out, "logging     access log ",
+      options_.access_log.empty()
+          ? std::string("off")
+          : absl::StrCat(options_.access_log == "-" ? "stdout" : options_.access_log, " (",
+                         options_.log_format == LogFormat::kJson ? "json" : "text", ")"),
+      "\n");
+  return out;
 }
 
 void GlmServer::StopExposer() {

@@ -21,6 +21,7 @@
 #include "core/engine.h"
 #include "core/model_runner.h"
 #include "grpcpp/server.h"
+#include "server/access_log.h"
 #include "server/metrics.h"
 #include "server/service.h"
 
@@ -29,6 +30,8 @@ class Exposer;
 }
 
 namespace glmserve {
+
+class ReflectionV1Service;
 
 // Health service names (grpc.health.v1): liveness is SERVING while the process serves RPCs at
 // all; readiness (and the overall "" service and glmserve.v1.GlmService) only while it can
@@ -60,6 +63,8 @@ struct ServerOptions {
   int64_t default_max_new_tokens = 256;
   glm::EngineOptions engine;
   std::string model_name;  // what ModelInfo and build_info call the model
+  std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
+  LogFormat log_format = LogFormat::kText;
 };
 
 // The one check of every option (each flag of glm-server lands here): INVALID_ARGUMENT
@@ -89,9 +94,15 @@ class GlmServer {
   void Shutdown() { Drain(absl::ZeroDuration()); }
 
   bool ready() const { return ready_; }
+  // After Serve: what an operator checks first, one "key  value" line each: model, layers,
+  // device, weights, the memory plan (weights + KV cache), KV capacity, engine and request
+  // limits, security and logging. glm-server prints it once ready.
+  std::string StartupSummary() const;
   glm::Engine* engine() { return engine_.get(); }
   Metrics& metrics() { return *metrics_; }
   GlmServiceImpl& service() { return *service_; }
+  // Null without ServerOptions::access_log.
+  AccessLog* access_log() { return access_log_.get(); }
 
  private:
   GlmServer() = default;
@@ -100,12 +111,16 @@ class GlmServer {
   void SetReady(bool ready);
 
   ServerOptions options_;
+  std::unique_ptr<AccessLog> access_log_;  // outlives the service that writes to it
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GlmServiceImpl> service_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<glm::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
+  v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve
+  int64_t kv_bytes_per_token_ = 0;          // set by Serve
   int port_ = 0;
   int metrics_port_ = -1;
   bool ready_ = false;

@@ -49,9 +49,7 @@ class SimpleReactor final : public grpc::ServerUnaryReactor {
     Finish(std::move(status));
   }
   void OnDone() override {
-    service_->metrics_->RecordRequest(rpc_, ReportedCode(status_, context_),
-                                      Seconds(arrival_, Clock::now()));
-    service_->CallDone();
+    service_->CallDone(rpc_, status_, context_, arrival_, "", nullptr);
     delete this;
   }
 
@@ -73,6 +71,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // Runs inside the handler: OnDone cannot run before the handler returns, so `this` is
   // safe here even if the engine finishes the request before Submit returns.
   void Start(const v1::GenerateRequest& request) {
+    request_id_ = request.request_id();  // logged whatever happens next
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return FinishEarly(status);
@@ -87,7 +86,6 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
     holds_stream_ = true;
     engine_ = backend->engine;
-    request_id_ = request.request_id();
     glm::Request engine_request(*std::move(body));
     engine_request.deadline = service_->EngineDeadline(context_);
     engine_request.client_request_id = request_id_;
@@ -129,10 +127,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnDone() override {
-    service_->metrics_->RecordRequest(Rpc::kGenerate, ReportedCode(status_, context_),
-                                      Seconds(arrival_, Clock::now()));
     if (holds_stream_) service_->ReleaseStream();
-    service_->CallDone();
+    std::optional<glm::FinishEvent> finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // orders the engine thread's write of finish_
+      finish = finish_;
+    }
+    // Last use of the service: once CallDone reports idle, a drain may destroy it.
+    service_->CallDone(Rpc::kGenerate, status_, context_, arrival_, request_id_,
+                       finish.has_value() ? &*finish : nullptr);
     delete this;
   }
 
@@ -247,6 +250,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
       : service_(service), context_(context), response_(response), arrival_(Clock::now()) {}
 
   void Start(const v1::ForwardRequest& request) {
+    request_id_ = request.request_id();  // logged whatever happens next
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return Reply(status);
@@ -292,9 +296,8 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 
   void OnDone() override {
     service_->ReleaseOutput(reserved_bytes_);
-    service_->metrics_->RecordRequest(Rpc::kForward, ReportedCode(status_, context_),
-                                      Seconds(arrival_, Clock::now()));
-    service_->CallDone();
+    service_->CallDone(Rpc::kForward, status_, context_, arrival_, request_id_,
+                       finished_ ? &finish_ : nullptr);
     delete this;
   }
 
@@ -319,6 +322,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     }
     metrics->RecordTokens(finish->prompt_tokens, 0);
     finish_ = std::move(*finish);
+    finished_ = true;
     service_->encoder_.Run([this] { Complete(); });
   }
 
@@ -337,10 +341,13 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   const glm::SteadyTime arrival_;
   glm::Engine* engine_ = nullptr;
   const v1::ForwardRequest* request_ = nullptr;
+  std::string request_id_;
   int64_t reserved_bytes_ = 0;  // of the service's output budget, released in OnDone
-  // Written on the engine thread before the encoder task is queued (which orders them).
+  // Written on the engine thread before the encoder task is queued (which orders them, and
+  // the encoder's Finish orders them before OnDone).
   glm::ForwardOutput output_;
   glm::FinishEvent finish_;
+  bool finished_ = false;
   grpc::Status status_;
 
   std::mutex mu_;
@@ -367,6 +374,36 @@ bool GlmServiceImpl::WaitIdle(absl::Time deadline) {
 }
 
 void GlmServiceImpl::CallStarted() { in_flight_.fetch_add(1); }
+
+void GlmServiceImpl::CallDone(Rpc rpc, const grpc::Status& status,
+                              grpc::CallbackServerContext* context, glm::SteadyTime arrival,
+                              const std::string& request_id, const glm::FinishEvent* finish) {
+  const double total = Seconds(arrival, Clock::now());
+  const grpc::StatusCode code = ReportedCode(status, context);
+  metrics_->RecordRequest(rpc, code, total);
+  if (code == grpc::StatusCode::OK && finish != nullptr) metrics_->RecordSuccess(rpc, *finish);
+  if (options_.access_log != nullptr) {
+    AccessRecord r;
+    r.time = absl::Now();
+    r.rpc = RpcName(rpc);
+    r.code = GrpcCodeName(code);
+    r.request_id = request_id;
+    r.peer = context->peer();
+    r.total_ms = total * 1e3;
+    if (finish != nullptr) {
+      r.prompt_tokens = finish->prompt_tokens;
+      r.generated_tokens = finish->generated_tokens;
+      if (finish->times.first_scheduled) {
+        r.queue_ms = Seconds(arrival, *finish->times.first_scheduled) * 1e3;
+      }
+      if (rpc == Rpc::kGenerate && finish->times.first_token) {
+        r.ttft_ms = Seconds(arrival, *finish->times.first_token) * 1e3;
+      }
+    }
+    options_.access_log->Record(std::move(r));
+  }
+  CallDone();
+}
 
 void GlmServiceImpl::CallDone() {
   if (in_flight_.fetch_sub(1) == 1) {

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "core/engine.h"
 #include "glmserve/v1/glmserve.grpc.pb.h"
+#include "server/access_log.h"
 #include "server/convert.h"
 #include "server/executor.h"
 #include "server/metrics.h"
@@ -32,6 +33,8 @@ struct ServiceOptions {
   // Accepted bearer tokens; empty: no authentication.
   std::vector<std::string> auth_tokens;
   int encoder_threads = 2;  // Forward response encoding (see Executor)
+  // Where each finished call is logged; nullptr: no access log. Must outlive the service.
+  AccessLog* access_log = nullptr;
   // Bytes that Forward calls in flight may hold for their outputs (the engine's fp32 rows
   // plus the encoded reply, reserved from the request's shape at admission); beyond it a
   // call gets RESOURCE_EXHAUSTED. Bounds the server's output memory whatever the traffic.
@@ -97,6 +100,11 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   bool AcquireStream();
   void ReleaseStream();
   void CallStarted();
+  // Every reactor's OnDone: the request metrics and the access log line, then CallDone.
+  // `finish` is the engine's FinishEvent when the call reached the engine.
+  void CallDone(Rpc rpc, const grpc::Status& status, grpc::CallbackServerContext* context,
+                glm::SteadyTime arrival, const std::string& request_id,
+                const glm::FinishEvent* finish);
   void CallDone();
 
   const ServiceOptions options_;

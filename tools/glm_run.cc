@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset, e.g. glm-4.5-air:layers=2");
@@ -158,9 +160,24 @@ absl::Status Run() {
   return absl::OkStatus();
 }
 
+const glmcli::ProgramHelp& Help() {
+  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+      "glm-run",
+      "runs a GLM-4.5 model on prompt token ids and prints the greedy continuation",
+      {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
+       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy"},
+      {{"Model", {"model", "seed", "dtype", "threads"}},
+       {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
+       {"Outputs", {"logits_out", "hidden_out"}}},
+      "tools/glm_run.cc",
+      ""};
+  return *help;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
   absl::SetProgramUsageMessage(
       "Runs a GLM-4.5 model on prompt token ids and prints the greedy continuation.\n"
       "  glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16");

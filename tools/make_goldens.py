@@ -24,7 +24,7 @@ checkpoint from disk with HF and records from that reloaded model:
 
 Besides HF itself the script checks each case with an independent numpy
 re-implementation of the forward pass written from
-shared/reference/glm-4.5.md that reads the files on disk (both config forms,
+docs/model.md that reads the files on disk (both config forms,
 per-expert or fused experts, shards, MTP ignored), so the fixture files and
 the recorded outputs are known to agree.
 """

@@ -15,7 +15,7 @@ import argparse
 import json
 import math
 
-# The released config.json values (docs: /work/shared/reference/glm-4.5.md table).
+# The released config.json values (docs/model.md, "Released shapes").
 PRESETS = {
     "GLM-4.5": dict(hidden_size=5120, num_hidden_layers=92, num_attention_heads=96,
                     num_key_value_heads=8, head_dim=128, use_qk_norm=True, attention_bias=True,
@@ -147,7 +147,14 @@ def main():
     a = p.parse_args()
     if a.config:
         with open(a.config) as f:
-            c = dict(DEFAULTS, **json.load(f))
+            raw = json.load(f)
+        # The formulas are Glm4MoeForCausalLM's: any other architecture (a Llama config, say)
+        # would silently fill in GLM-4.5-Air's defaults and print nonsense.
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        if model_type != "glm4_moe":
+            p.error(f"{a.config}: model_type is {model_type!r}, not 'glm4_moe': this tool sizes "
+                    "GLM-4.5-family (Glm4MoeForCausalLM) checkpoints only")
+        c = dict(DEFAULTS, **raw)
         if c.get("head_dim") is None:
             c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
         report(a.config, c, a.kv_tokens)

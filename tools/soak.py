@@ -9,7 +9,7 @@ The load (32 concurrent streams in all, every one through glm-client):
   generate, long prompts (400 tokens, 16 new)                 concurrency  6
   generate with a 250 ms deadline (client cancels mid-stream) concurrency  4
   forward, 64 tokens, last-position logits                    concurrency  6
-  forward sessions: create, 6 continuations, close            4 pipelines
+  forward sessions: create, 6 continuations of 64 tokens, close 4 pipelines
 It samples the server's resident memory (VmRSS) and the KV cache usage from /metrics every
 few seconds, then fails (exit 1) on any status code the mix does not provoke (allowed:
 DEADLINE_EXCEEDED from the deadline stream, CANCELLED, NOT_FOUND for evicted sessions,
@@ -21,9 +21,11 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -54,18 +56,21 @@ def main():
     ap.add_argument("--duration", type=int, default=600, help="seconds of load")
     ap.add_argument("--model", default="glm-4.5-mini")
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--kv_capacity_tokens", type=int, default=16384)
+    # Small enough that sessions hit their share and Generate needs their blocks (eviction).
+    ap.add_argument("--kv_capacity_tokens", type=int, default=4096)
     ap.add_argument("--rss_growth_mb", type=float, default=64.0)
     ap.add_argument("--sample_every", type=float, default=10.0)
     args = ap.parse_args()
-    server_bin = os.path.join(args.build, "server/glm-server")
-    client_bin = os.path.join(args.build, "client/glm-client")
+    # Private copies: a rebuild during the run must not swap the binaries under it.
+    bindir = tempfile.mkdtemp(prefix="glmserve-soak-")
+    server_bin = shutil.copy(os.path.join(args.build, "server/glm-server"), bindir)
+    client_bin = shutil.copy(os.path.join(args.build, "client/glm-client"), bindir)
     port, metrics_port = 50871, 9871
 
     server = subprocess.Popen(
         [server_bin, f"--model={args.model}", "--address=127.0.0.1", f"--port={port}",
          f"--metrics_port={metrics_port}", f"--kv_capacity_tokens={args.kv_capacity_tokens}",
-         "--session_idle_timeout=30s"],
+         "--session_idle_timeout=60s", "--max_sessions=16"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in server.stdout:
         if "ready" in line:
@@ -81,7 +86,7 @@ def main():
             [client_bin, target, "--max_attempts=1", f"--duration={args.duration}s"] + extra +
             ["bench"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    prompt = ",".join(str(1 + i * 13) for i in range(8))  # in every model's vocabulary
+    prompt = ",".join(str(1 + i * 3) for i in range(64))  # in every model's vocabulary
     benches = [
         bench("generate short", ["--rpc=generate", "--concurrency=12", "--prompt_len=16",
                                  "--max_new_tokens=32"]),
@@ -162,6 +167,7 @@ def main():
         failures.append(f"RSS grew {last - warm:.1f} MiB after warm-up (bound {args.rss_growth_mb})")
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
+    shutil.rmtree(bindir, ignore_errors=True)
     if server.returncode != 0:
         failures.append(f"glm-server exited {server.returncode} on SIGTERM")
     if failures:

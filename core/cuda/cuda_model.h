@@ -1,6 +1,6 @@
 // CudaModel: the GLM-4.5 stack on one NVIDIA GPU, behind the same ModelRunner interface as
 // the CPU Model (core/model.h) and computing the same forward (see there and
-// shared/reference/glm-4.5.md), in bf16 weights and activations with fp32 accumulation:
+// docs/model.md), in bf16 weights and activations with fp32 accumulation:
 //
 //   h (fp32 residual) = embed(tokens)
 //   per layer:  x = RMSNorm_in(h [+= previous FFN output])          (norm.cu, fused add)

@@ -144,6 +144,43 @@ TEST(BenchTest, ReportsThroughputLatencyPercentilesAndStepTime) {
   EXPECT_EQ(r->errors["INVALID_ARGUMENT"], 20);
 }
 
+TEST(BenchTest, BacksOffWhenTheServerGoesAway) {
+  std::unique_ptr<GlmServer> server = StartServer();
+  ClientOptions client_options;
+  client_options.max_attempts = 1;  // as glm-client bench runs
+  std::unique_ptr<Client> client = Connect(*server, client_options);
+  BenchOptions o;
+  o.concurrency = 4;
+  o.duration = absl::Seconds(3);
+  o.prompt_tokens = 4;
+  o.max_new_tokens = 2;
+  o.max_consecutive_failures = 0;  // never give up: the backoff alone must bound the calls
+  absl::StatusOr<BenchReport> r;
+  std::thread bench([&] { r = RunBench(*client, o); });
+  absl::SleepFor(absl::Milliseconds(500));
+  server->Shutdown();  // the server goes away mid-run
+  bench.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->ok, 0);
+  ASSERT_GT(r->errors["UNAVAILABLE"], 0);
+  // ~2.5 s without a server: per worker one call cut off by the shutdown, then UNAVAILABLE
+  // calls at 0, 50, 150, 350, 750 and 1550 ms (the wait doubles from 50 ms): 7, bounded here
+  // at 10 for scheduling slack. Without the backoff it was tens of thousands.
+  EXPECT_LE(r->failed, 4 * 10) << FormatBenchReport(o, *r);
+  EXPECT_FALSE(r->stopped_on_failures);
+  EXPECT_DOUBLE_EQ(r->failure_rate, static_cast<double>(r->failed) / (r->ok + r->failed));
+  EXPECT_NE(FormatBenchReport(o, *r).find("calls failed"), std::string::npos);
+
+  // Options are checked.
+  o.initial_backoff = absl::ZeroDuration();
+  EXPECT_EQ(RunBench(*client, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.initial_backoff = absl::Seconds(3);
+  EXPECT_EQ(RunBench(*client, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.initial_backoff = absl::Milliseconds(50);
+  o.max_consecutive_failures = -1;
+  EXPECT_EQ(RunBench(*client, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BenchTest, PercentilesInterpolate) {
   std::vector<double> v = {4, 1, 3, 2, 5};
   const Percentiles p = Summarize(&v);

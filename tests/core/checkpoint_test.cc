@@ -12,6 +12,8 @@
 #include <fstream>
 #include <functional>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "core/safetensors.h"
 #include "core/safetensors_writer.h"
 #include "core/weight_layout.h"
@@ -221,6 +223,70 @@ TEST_F(CheckpointTest, WrongShapeIsNamed) {
   const std::string message = LoadError();
   EXPECT_THAT(message, HasSubstr("'model.layers.1.self_attn.k_proj.weight'"));
   EXPECT_THAT(message, HasSubstr("shape [63, 64], expected [32, 64]"));
+}
+
+// The 5-shard golden checkpoint (with an MTP layer, which is not read): progress starts at 0,
+// never goes back, and ends with every byte of the tensors the span uses read.
+TEST(LoadProgressTest, ReportsEveryUsedByteOfAMultiShardCheckpoint) {
+  const std::string dir = testing::GoldenDir("sharded_fp32");
+  absl::StatusOr<TensorStore> store = TensorStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ(store->Owners().size(), 5u);
+  absl::StatusOr<ModelConfig> config = LoadConfigFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  // What each span must read: its layers' tensors, the embedding for layer 0, the final norm
+  // and head for the last layer; never the MTP layer.
+  const auto expected_bytes = [&](int64_t begin, int64_t end) {
+    int64_t bytes = 0;
+    for (const std::string& name : store->Names()) {
+      int64_t layer = -1;
+      const bool in_layer = absl::StartsWith(name, "model.layers.") &&
+                            absl::SimpleAtoi(name.substr(13, name.find('.', 13) - 13), &layer);
+      const bool used =
+          in_layer ? layer >= begin && layer < end
+          : name == "model.embed_tokens.weight"
+              ? begin == 0 || (end == config->num_hidden_layers && config->tie_word_embeddings)
+              : end == config->num_hidden_layers;
+      if (used) bytes += store->Find(name)->bytes;
+    }
+    return bytes;
+  };
+  for (const LayerSpan span : {LayerSpan{}, LayerSpan{1, 2}}) {
+    std::vector<LoadProgress> calls;
+    absl::StatusOr<ModelWeights> w =
+        LoadCheckpoint(dir, span, [&](const LoadProgress& p) { calls.push_back(p); });
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_GE(calls.size(), 2u);
+    EXPECT_EQ(calls.front().bytes_done, 0);
+    EXPECT_EQ(calls.front().tensors_done, 0);
+    for (size_t i = 1; i < calls.size(); ++i) {
+      EXPECT_GE(calls[i].bytes_done, calls[i - 1].bytes_done);
+      EXPECT_GE(calls[i].seconds, calls[i - 1].seconds);
+      EXPECT_EQ(calls[i].bytes_total, calls[0].bytes_total);
+    }
+    const int64_t end = span.end < 0 ? config->num_hidden_layers : span.end;
+    EXPECT_EQ(calls.back().bytes_total, expected_bytes(span.begin, end)) << span.begin;
+    EXPECT_EQ(calls.back().bytes_done, calls.back().bytes_total);
+    EXPECT_EQ(calls.back().tensors_done, calls.back().tensors_total);
+    // Reading changes nothing: the same weights as a load without progress.
+    absl::StatusOr<ModelWeights> plain = LoadCheckpoint(dir, span);
+    ASSERT_TRUE(plain.ok());
+    ExpectSameWeights(*w, *plain);
+  }
+}
+
+TEST(LoadProgressTest, Describes) {
+  LoadProgress p;
+  p.bytes_total = 213'700'000'000;
+  EXPECT_EQ(DescribeLoadProgress(p), "0.0 of 213.7 GB (0.0%)");
+  p.bytes_done = 12'300'000'000;
+  p.seconds = 10;
+  EXPECT_EQ(DescribeLoadProgress(p), "12.3 of 213.7 GB (5.8%), 1.23 GB/s, ETA 2m44s");
+  p.bytes_done = p.bytes_total;
+  p.seconds = 100;
+  EXPECT_EQ(DescribeLoadProgress(p), "213.7 of 213.7 GB (100.0%), 2.14 GB/s");
+  LoadProgress small{.bytes_done = 250'000, .bytes_total = 500'000, .seconds = 0.5};
+  EXPECT_EQ(DescribeLoadProgress(small), "0.2 of 0.5 MB (50.0%), 0.50 MB/s, ETA 1s");
 }
 
 TEST_F(CheckpointTest, MtpAndRotaryTablesAreSkipped) {

@@ -160,6 +160,9 @@ TEST(EngineLimitsTest, SessionsHoldABoundedShareOfTheCache) {
   ASSERT_TRUE(run.Run(3, SessionCall("b", 64, true)).ok());  // 4 blocks: the share is full
   const absl::Status third = run.Run(4, SessionCall("c", 16, true));
   EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  // A session whose creating call failed does not exist (nor hold a --max_sessions slot).
+  EXPECT_TRUE(Eventually(*engine, [](const EngineStats& s) { return s.sessions == 2; }));
+  EXPECT_EQ(run.Run(40, SessionCall("c", 1, false)).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine->Stats().sessions_evicted, 0);
   // Growing a session past the share fails the same way and keeps its earlier positions.
   EXPECT_EQ(run.Run(5, SessionCall("a", 16, false)).code(), absl::StatusCode::kResourceExhausted);

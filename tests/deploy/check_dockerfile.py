@@ -142,6 +142,15 @@ def main():
         m = re.search(r"--service=(\w*)", hc)
         f.check(m is not None and m.group(1) in (live, ready), "HEALTHCHECK must ask a health service glm-server has")
         f.check(f"127.0.0.1:{dl.flag_default_int(flags, 'port')}" in hc, "HEALTHCHECK must probe the default gRPC port")
+        # Docker must wait as long as Kubernetes' startupProbe does for a large checkpoint.
+        sp = re.search(r"--start-period=(\S+)", hc)
+        import yaml
+        deployment = yaml.safe_load(open(os.path.join(root, "deploy/base/deployment.yaml")))
+        probe = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        allowed = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+        f.check(sp is not None and dl.parse_duration_seconds(sp.group(1)) >= allowed,
+                f"HEALTHCHECK --start-period must be at least the startupProbe's {allowed} s "
+                f"(the documented worst-case load), is {sp and sp.group(1)}")
 
     # ---- .dockerignore
     patterns = [line.strip() for line in open(os.path.join(root, ".dockerignore"))

@@ -23,6 +23,7 @@ output must equal ours; and the rendered objects agree with each other and with 
 import argparse
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,12 @@ import deploylib as dl  # noqa: E402
 import yaml  # noqa: E402
 
 KNOWN = {"Deployment", "Service", "PersistentVolumeClaim", "PodDisruptionBudget", "NetworkPolicy",
-         "ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler"}
+         "ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler", "Job", "ConfigMap"}
+
+
+def project_version(root):
+    m = re.search(r"project\(glmserve VERSION ([0-9.]+)", open(os.path.join(root, "CMakeLists.txt")).read())
+    return m.group(1) if m else None
 
 
 def selects(selector, labels):
@@ -117,6 +123,22 @@ def check_render(f, name, resources, root, variant):
     grace = pod.get("terminationGracePeriodSeconds", 30)
     f.check(grace > pre + drain, f"{name}: terminationGracePeriodSeconds {grace} must exceed preStop {pre} s + drain {drain} s")
 
+    # version label and placement
+    version = project_version(root)
+    for where, labels in (("Deployment", dep["metadata"].get("labels", {})), ("pod template", pod_labels)):
+        f.check(labels.get("app.kubernetes.io/version") == version,
+                f"{name}: {where} label app.kubernetes.io/version must be the project's {version}, is "
+                f"{labels.get('app.kubernetes.io/version')}")
+    f.check("app.kubernetes.io/version" not in spec["selector"]["matchLabels"],
+            f"{name}: the selector must not hold the version (it changes with every release)")
+    spread = {t.get("topologyKey"): t for t in pod.get("topologySpreadConstraints", [])}
+    host = spread.get("kubernetes.io/hostname")
+    if f.check(host is not None, f"{name}: replicas must be spread over nodes (topologySpreadConstraints)"):
+        f.check(host.get("whenUnsatisfiable") == "DoNotSchedule" and host.get("maxSkew") == 1,
+                f"{name}: the node spread must be maxSkew 1, DoNotSchedule")
+        f.check(selects(host.get("labelSelector", {}).get("matchLabels"), pod_labels),
+                f"{name}: the node spread's labelSelector must select the pods")
+
     # security
     psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
     uid = dl.dockerfile_user(root).split(":")[0]
@@ -167,6 +189,9 @@ def check_render(f, name, resources, root, variant):
         cpu = str(res.get("requests", {}).get("cpu", "0"))
         f.check(threads > 0 and cpu.isdigit() and threads == int(cpu),
                 f"{name}: --threads ({threads}) should equal the CPU request ({cpu})")
+
+    if "Job" in kinds:
+        check_model_fetch(f, name, kinds, dep, eff, root)
 
     # Services
     svcs = kinds.get("Service", [])
@@ -248,6 +273,107 @@ def check_render(f, name, resources, root, variant):
                         f"{name}: the HPA's metric {m['pods']['metric']['name']} is not in the adapter rules")
 
 
+def check_model_fetch(f, name, kinds, dep, eff, root):
+    """The model-fetch component: its Job writes the serving pods' claim at their --model, as
+    their user, with the script in deploy/components/model-fetch, and the pods wait for the
+    marker that script writes."""
+    jobs = [j for j in kinds["Job"] if j["metadata"]["name"] == "glmserve-model-fetch"]
+    if not f.check(len(jobs) == 1, f"{name}: expected Job glmserve-model-fetch"):
+        return
+    job = jobs[0]
+    jpod = job["spec"]["template"]["spec"]
+    pod = dep["spec"]["template"]["spec"]
+    f.check(jpod.get("restartPolicy") in ("Never", "OnFailure"), f"{name}: the Job's restartPolicy")
+    f.check(0 < job["spec"].get("backoffLimit", 6) <= 6, f"{name}: the Job needs a small backoffLimit")
+    f.check(job["spec"].get("activeDeadlineSeconds", 0) > 0, f"{name}: the Job needs activeDeadlineSeconds")
+    jc = jpod["containers"][0]
+    env = {e["name"]: e.get("value") for e in jc.get("env", [])}
+    f.check(env.get("MODEL_DIR") == eff.get("model"),
+            f"{name}: the Job fills {env.get('MODEL_DIR')}, the pods read --model={eff.get('model')}")
+    f.check(jc["image"].split(":")[0] == [c for c in pod["containers"] if c["name"] == "glm-server"][0]["image"].split(":")[0],
+            f"{name}: the Job runs the serving image")
+    jsc, psc = jpod.get("securityContext", {}), pod.get("securityContext", {})
+    f.check(jsc.get("runAsNonRoot") is True and jsc.get("runAsUser") == psc.get("runAsUser"),
+            f"{name}: the Job must run as the serving pods' non-root user")
+    f.check(jc.get("securityContext", {}).get("readOnlyRootFilesystem") is True,
+            f"{name}: the Job's root filesystem must be read-only")
+    vols = {v["name"]: v for v in jpod.get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in jc.get("volumeMounts", [])}
+    claim = [v for v in pod["volumes"] if "persistentVolumeClaim" in v][0]["persistentVolumeClaim"]["claimName"]
+    model_mount = [m for p, m in mounts.items() if (env.get("MODEL_DIR") or "").startswith(p.rstrip("/") + "/")]
+    if f.check(len(model_mount) == 1, f"{name}: the Job must mount the model volume above MODEL_DIR"):
+        v = vols.get(model_mount[0]["name"], {})
+        f.check(v.get("persistentVolumeClaim", {}).get("claimName") == claim,
+                f"{name}: the Job must write the pods' claim {claim}")
+        f.check(not model_mount[0].get("readOnly"), f"{name}: the Job's model mount must be writable")
+    f.check(mounts.get(env.get("SOURCE_DIR"), {}).get("readOnly") is True, f"{name}: the source must be mounted read-only")
+    pvc = [p for p in kinds["PersistentVolumeClaim"] if p["metadata"]["name"] == claim][0]
+    f.check({"ReadWriteMany", "ReadOnlyMany"} <= set(pvc["spec"]["accessModes"]),
+            f"{name}: with model-fetch the claim must be ReadWriteMany (the Job) and ReadOnlyMany (the pods)")
+    script = open(os.path.join(root, "deploy/components/model-fetch/fetch.sh")).read()
+    cms = [c for c in kinds.get("ConfigMap", []) if c["metadata"]["name"] == "glmserve-model-fetch"]
+    f.check(bool(cms) and cms[0]["data"].get("fetch.sh") == script,
+            f"{name}: the ConfigMap's fetch.sh must equal deploy/components/model-fetch/fetch.sh")
+    f.check('MARKER="$MODEL_DIR/.glmserve-verified"' in script, "fetch.sh must write $MODEL_DIR/.glmserve-verified")
+    inits = pod.get("initContainers", [])
+    marker = f"{eff.get('model')}/.glmserve-verified"
+    f.check(any(marker in " ".join(i.get("command", [])) for i in inits),
+            f"{name}: the pods need an init container that waits for {marker}")
+
+
+def run_fetch_script(f, root):
+    """Runs fetch.sh on a copy of the 5-shard golden checkpoint: it must copy and verify a good
+    mirror (and do nothing the second time) and refuse a corrupted or incomplete one."""
+    import hashlib
+    script = os.path.join(root, "deploy/components/model-fetch/fetch.sh")
+    golden = os.path.join(root, "tests/golden/sharded_fp32")
+    tmp = tempfile.mkdtemp(prefix="glm-fetch-")
+    try:
+        def mirror(name, files):
+            d = os.path.join(tmp, name)
+            os.makedirs(d)
+            with open(os.path.join(d, "SHA256SUMS"), "w") as sums:
+                for fn in files:
+                    shutil.copy(os.path.join(golden, fn), d)
+                    digest = hashlib.sha256(open(os.path.join(golden, fn), "rb").read()).hexdigest()
+                    sums.write(f"{digest}  {fn}\n")
+            return d
+
+        def run(source, model):
+            return subprocess.run(["sh", script], env={"PATH": os.environ["PATH"], "SOURCE_DIR": source,
+                                                       "MODEL_DIR": model}, capture_output=True, text=True)
+        files = sorted(fn for fn in os.listdir(golden) if fn.endswith((".json", ".safetensors")))
+        good = mirror("good", files)
+        model = os.path.join(tmp, "models", "model")
+        r = run(good, model)
+        f.check(r.returncode == 0 and os.path.exists(os.path.join(model, ".glmserve-verified")),
+                f"fetch.sh must copy and verify a good mirror: {r.stdout}{r.stderr}")
+        for fn in files:
+            f.check(os.path.exists(os.path.join(model, fn)) and
+                    open(os.path.join(model, fn), "rb").read() == open(os.path.join(golden, fn), "rb").read(),
+                    f"fetch.sh: {fn} not copied intact")
+        r = run(good, model)
+        f.check(r.returncode == 0 and "already verified" in r.stdout, f"fetch.sh must be idempotent: {r.stdout}")
+        bad = mirror("bad", files)
+        shard = [fn for fn in files if fn.endswith(".safetensors")][2]
+        with open(os.path.join(bad, shard), "r+b") as fh:
+            fh.seek(-1, 2)
+            last = fh.read(1)
+            fh.seek(-1, 2)
+            fh.write(bytes([last[0] ^ 1]))
+        model2 = os.path.join(tmp, "models2", "model")
+        r = run(bad, model2)
+        f.check(r.returncode != 0 and "checksum mismatch" in r.stdout and not os.path.exists(model2),
+                f"fetch.sh must refuse a corrupted shard: rc {r.returncode} {r.stdout}{r.stderr}")
+        short = mirror("short", [fn for fn in files if fn != shard])
+        r = run(short, os.path.join(tmp, "models3", "model"))
+        f.check(r.returncode != 0 and f"names {shard}, which is missing" in r.stdout,
+                f"fetch.sh must refuse a mirror without a shard the index names: {r.stdout}{r.stderr}")
+        print("fetch.sh: copies and verifies a good mirror; refuses a corrupted or incomplete one")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def kubectl_render(directory):
     kubectl = shutil.which("kubectl")
     if not kubectl:
@@ -293,6 +419,15 @@ def main():
                                 "components": [os.path.relpath(os.path.join(deploy, "components", "autoscaling"), d)]},
                                fh)
             cases.append((f"overlays/{variant}+autoscaling", d, variant))
+            # ... and plus the model-fetch component
+            d = os.path.join(tmp, f"{variant}-model-fetch")
+            os.makedirs(d)
+            with open(os.path.join(d, "kustomization.yaml"), "w") as fh:
+                yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                                "resources": [os.path.relpath(overlay, d)],
+                                "components": [os.path.relpath(os.path.join(deploy, "components", "model-fetch"), d)]},
+                               fh)
+            cases.append((f"overlays/{variant}+model-fetch", d, variant))
         for name, directory, variant in cases:
             try:
                 ours = dl.render(directory)
@@ -317,6 +452,7 @@ def main():
             check_render(f, name, theirs if theirs is not None else ours, root, variant)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    run_fetch_script(f, root)
     return f.finish("check_manifests")
 
 

@@ -38,7 +38,7 @@ REQUIRED_PANELS = [
     ("step time by phase", r"by \([^)]*\bphase\b[^)]*\) \(rate\(glmserve_step_duration_seconds_(sum|bucket)"),
     ("tokens/s", r"rate\(glmserve_generation_tokens_total"),
     ("preemptions", r"rate\(glmserve_preemptions_total"),
-    ("prefix cache hit rate", r"rate\(glmserve_prefix_cache_hits_total.*\) / .*rate\(glmserve_prefix_cache_queries_total"),
+    ("prefix cache hit rate", r"rate\(glmserve_prefix_cache_hit_tokens_total.*\) / .*rate\(glmserve_prefix_cache_query_tokens_total"),
 ]
 
 PROMETHEUS_SYNTHETIC = {"up"}

@@ -5,7 +5,8 @@
   tensors in the safetensors headers (the MTP layer apart) equal the count from config.json,
   and so do the MTP layer's where the checkpoint has one. The golden models cover QK-norm,
   attention biases, tied embeddings, 0 and 2 dense layers, grouped routing, fused experts;
-- every line it prints for GLM-4.5 and GLM-4.5-Air appears verbatim in docs/operations.md.
+- every line it prints for GLM-4.5 and GLM-4.5-Air appears verbatim in docs/operations.md;
+- it refuses a config of another architecture (model_type other than glm4_moe).
 """
 import argparse
 import glob
@@ -73,6 +74,18 @@ def main():
     lines = [line for line in out.splitlines() if line.strip()]
     for line in lines:
         f.check(line in doc, f"docs/operations.md lacks tools/model_sizing.py's line: {line}")
+    # A config of another architecture is refused with a message, not sized with GLM defaults.
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as llama:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                   "num_hidden_layers": 32, "num_attention_heads": 32}, llama)
+        llama.flush()
+        r = subprocess.run([sys.executable, tool, llama.name], capture_output=True, text=True)
+        f.check(r.returncode != 0 and "not 'glm4_moe'" in r.stderr and not r.stdout,
+                f"model_sizing.py must refuse a Llama config: rc {r.returncode}, {r.stdout!r} {r.stderr!r}")
+    golden = os.path.join(root, "tests/golden/bf16/config.json")
+    r = subprocess.run([sys.executable, tool, golden], capture_output=True, text=True)
+    f.check(r.returncode == 0 and r.stdout, f"model_sizing.py must size a glm4_moe config: {r.stderr}")
     return f.finish("check_sizing")
 
 

@@ -96,11 +96,15 @@ wait_for 'count(glmserve_build_info{job="glmserve", model="tiny", device="cpu"})
 
 # ---- the alert rules: loaded, evaluated without error, none firing
 rules_ok=""
+expected_rules=$(grep -c '^ *- alert:' "$root/deploy/prometheus/alerts.yaml")
 for _ in $(seq 1 40); do
   rules=$(curl -fsS --max-time 5 "$prom/api/v1/rules")
   n=$(jq '[.data.groups[].rules[] | select(.type == "alerting")] | length' <<<"$rules")
   evaluated=$(jq '[.data.groups[].rules[] | select(.type == "alerting" and .health == "ok")] | length' <<<"$rules")
-  if [ "$n" -eq 5 ] && [ "$evaluated" -eq 5 ]; then rules_ok=1; break; fi
+  if [ "$n" -eq "$expected_rules" ] && [ "$evaluated" -eq "$expected_rules" ]; then
+    rules_ok=1
+    break
+  fi
   sleep 0.5
 done
 [ -n "$rules_ok" ] || fail "alert rules not all evaluated: $(jq -c '[.data.groups[].rules[] | {name, health, lastError}]' <<<"$rules")"

@@ -3,6 +3,7 @@
 // limit, outputs beyond the in-flight budget, other callers' sessions, giant session ids,
 // out-of-range flags, NaN weights.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -138,6 +139,7 @@ TEST(HardeningTest, FlagsOutsideTheirRangeExitWithCode2) {
       {"--device=tpu", "tpu"},
       {"--layers=3", "--layers"},
       {"--drain_grace=-1s", "--drain_grace"},
+      {"--log_format=xml", "--log_format"},
   };
   for (const auto& [flags, named] : cases) {
     const testing::CommandResult r =
@@ -158,6 +160,19 @@ TEST(HardeningTest, TokenFileWithoutTlsWarns) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("warning: --auth_token_file without --tls_cert"), std::string::npos)
       << r.output;
+}
+
+// A FIFO given as the token file (or a certificate) fails start-up at once instead of
+// blocking it forever.
+TEST(HardeningTest, SecretFilesMustBeRegularFiles) {
+  const std::string dir = glm::testing::MakeTempDir("glmserve_fifo");
+  ASSERT_EQ(::mkfifo((dir + "/tokens").c_str(), 0600), 0);
+  ServerOptions options = TinyOptions();
+  options.auth_token_file = dir + "/tokens";
+  absl::StatusOr<std::unique_ptr<GlmServer>> server = GlmServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("not a regular file"), std::string::npos)
+      << server.status();
 }
 
 // A checkpoint whose final norm holds a NaN.

@@ -46,15 +46,36 @@ class MetricsTest : public ::testing::Test {
 TEST_F(MetricsTest, EveryDocumentedFamilyIsExposed) {
   Start();
   const std::string page = Scrape();
-  for (const char* name :
-       {"glmserve_requests_total", "glmserve_request_duration_seconds",
-        "glmserve_queue_duration_seconds", "glmserve_time_to_first_token_seconds",
-        "glmserve_inter_token_latency_seconds", "glmserve_prompt_tokens_total",
-        "glmserve_generation_tokens_total", "glmserve_requests_running",
-        "glmserve_requests_waiting", "glmserve_kv_cache_usage_ratio",
-        "glmserve_step_duration_seconds", "glmserve_batch_tokens", "glmserve_preemptions_total",
-        "glmserve_prefix_cache_queries_total", "glmserve_prefix_cache_hits_total",
-        "glmserve_sessions_active", "glmserve_build_info"}) {
+  for (const char* name : {"glmserve_requests_total",
+                           "glmserve_request_duration_seconds",
+                           "glmserve_queue_duration_seconds",
+                           "glmserve_time_to_first_token_seconds",
+                           "glmserve_inter_token_latency_seconds",
+                           "glmserve_prompt_tokens_total",
+                           "glmserve_generation_tokens_total",
+                           "glmserve_requests_running",
+                           "glmserve_requests_waiting",
+                           "glmserve_kv_cache_usage_ratio",
+                           "glmserve_step_duration_seconds",
+                           "glmserve_batch_tokens",
+                           "glmserve_preemptions_total",
+                           "glmserve_prefix_cache_query_tokens_total",
+                           "glmserve_prefix_cache_hit_tokens_total",
+                           "glmserve_prefix_cache_query_blocks_total",
+                           "glmserve_prefix_cache_hit_blocks_total",
+                           "glmserve_request_success_total",
+                           "glmserve_request_prompt_tokens",
+                           "glmserve_request_generation_tokens",
+                           "glmserve_request_prefill_time_seconds",
+                           "glmserve_request_decode_time_seconds",
+                           "glmserve_sessions_active",
+                           "glmserve_build_info",
+                           "process_resident_memory_bytes",
+                           "process_virtual_memory_bytes",
+                           "process_cpu_seconds_total",
+                           "process_open_fds",
+                           "process_max_fds",
+                           "process_start_time_seconds"}) {
     EXPECT_NE(page.find(absl::StrCat("# TYPE ", name, " ")), std::string::npos) << name;
   }
   EXPECT_EQ(
@@ -116,6 +137,64 @@ TEST_F(MetricsTest, CountersAndHistogramsMoveByTheRightAmounts) {
   EXPECT_EQ(Value(after, "glmserve_kv_cache_usage_ratio"), 0);
 }
 
+// The per-request families: one observation per successful engine call, with its own
+// numbers; failed calls and calls that never reach the engine observe nothing.
+TEST_F(MetricsTest, PerRequestHistogramsAndFinishedReasons) {
+  Start();
+  const std::string before = Scrape();
+  // Two calls that run to max_new_tokens, one that stops at a stop token after 2 tokens.
+  ASSERT_TRUE(client_->Generate(GreedyRequest({1, 2, 3}, 4), nullptr).ok());
+  ASSERT_TRUE(client_->Generate(GreedyRequest({4, 5, 6, 7, 8}, 6), nullptr).ok());
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(client_
+                  ->Generate(GreedyRequest({9, 10}, 8),
+                             [&](const v1::GeneratedToken& t) { tokens.push_back(t.token_id()); })
+                  .ok());
+  v1::GenerateRequest stopping = GreedyRequest({9, 10}, 8);
+  stopping.mutable_stop()->add_stop_token_ids(tokens[1]);
+  const size_t stop_after = std::find(tokens.begin(), tokens.end(), tokens[1]) - tokens.begin() + 1;
+  ASSERT_TRUE(client_->Generate(stopping, nullptr).ok());
+  v1::ForwardRequest forward;
+  testing::SetIds(forward.mutable_token_ids()->mutable_ids(), {1, 2, 3, 4, 5, 6, 7});
+  forward.set_return_logits(true);
+  ASSERT_TRUE(client_->Forward(forward).ok());
+  EXPECT_FALSE(client_->Generate(GreedyRequest({}, 5), nullptr).ok());  // never reaches it
+  ASSERT_TRUE(client_->Info().ok());
+  ASSERT_TRUE(WaitUntil([&] { return server_->service().calls_in_flight() == 0; }));
+  const std::string after = Scrape();
+  const auto delta = [&](const std::string& name, const std::string& labels = "") {
+    const absl::StatusOr<double> b = SampleValue(before, name, labels);
+    return Value(after, name, labels) - (b.ok() ? *b : 0.0);
+  };
+  EXPECT_EQ(delta("glmserve_request_success_total", "{finished_reason=\"length\"}"), 3);
+  EXPECT_EQ(delta("glmserve_request_success_total", "{finished_reason=\"stop\"}"), 1);
+  EXPECT_EQ(delta("glmserve_request_success_total", "{finished_reason=\"forward\"}"), 1);
+  EXPECT_EQ(delta("glmserve_request_prompt_tokens_count"), 5);
+  EXPECT_EQ(delta("glmserve_request_prompt_tokens_sum"), 3 + 5 + 2 + 2 + 7);
+  EXPECT_EQ(delta("glmserve_request_prompt_tokens_bucket", "{le=\"5\"}"), 4);  // all but 7
+  EXPECT_EQ(delta("glmserve_request_generation_tokens_count"), 4);
+  EXPECT_EQ(delta("glmserve_request_generation_tokens_sum"),
+            4 + 6 + 8 + static_cast<double>(stop_after));
+  EXPECT_EQ(delta("glmserve_request_prefill_time_seconds_count"), 4);
+  EXPECT_EQ(delta("glmserve_request_decode_time_seconds_count"), 4);
+  EXPECT_GT(delta("glmserve_request_decode_time_seconds_sum"), 0);
+  // Only engine calls have a queue-time series; no empty series for the others.
+  EXPECT_EQ(after.find("glmserve_queue_duration_seconds_count{rpc=\"GetModelInfo\"}"),
+            std::string::npos);
+  EXPECT_EQ(after.find("glmserve_queue_duration_seconds_count{rpc=\"CloseSession\"}"),
+            std::string::npos);
+  // The process: resident memory at least the model's weights' share, a start in the past.
+  EXPECT_GT(Value(after, "process_resident_memory_bytes"), 1e6);
+  EXPECT_GE(Value(after, "process_virtual_memory_bytes"),
+            Value(after, "process_resident_memory_bytes"));
+  EXPECT_GT(Value(after, "process_open_fds"), 3);
+  EXPECT_GE(Value(after, "process_max_fds"), Value(after, "process_open_fds"));
+  const double now = absl::ToUnixSeconds(absl::Now());
+  EXPECT_LE(Value(after, "process_start_time_seconds"), now + 1);
+  EXPECT_GT(Value(after, "process_start_time_seconds"), now - 3600);
+  EXPECT_GE(Value(after, "process_cpu_seconds_total"), 0);
+}
+
 TEST_F(MetricsTest, GaugesFollowTheEngine) {
   Start();
   std::unique_ptr<GenerateStream> stream = client_->StartGenerate(GreedyRequest({1, 2, 3}, 900));
@@ -162,15 +241,19 @@ TEST_F(MetricsTest, PrefixCacheAndPreemptionCounters) {
   ASSERT_TRUE(client_->Generate(GreedyRequest(prompt, 1), nullptr).ok());
   ASSERT_TRUE(client_->Generate(GreedyRequest(prompt, 1), nullptr).ok());
   // The engine publishes its counters after each step, which can trail the call's end.
-  const double hits_before = *SampleValue(before, "glmserve_prefix_cache_hits_total");
+  // Two full blocks looked up each time, found the second time; tokens are blocks x 16.
+  const auto delta = [&](const std::string& page, const std::string& name) {
+    return Value(page, name) - *SampleValue(before, name);
+  };
   std::string page;
   EXPECT_TRUE(WaitUntil([&] {
     page = Scrape();
-    return Value(page, "glmserve_prefix_cache_hits_total") - hits_before >= 2;
+    return delta(page, "glmserve_prefix_cache_hit_blocks_total") >= 2;
   }));
-  EXPECT_GE(Value(page, "glmserve_prefix_cache_queries_total") -
-                *SampleValue(before, "glmserve_prefix_cache_queries_total"),
-            Value(page, "glmserve_prefix_cache_hits_total") - hits_before);
+  EXPECT_EQ(delta(page, "glmserve_prefix_cache_query_blocks_total"), 4);
+  EXPECT_EQ(delta(page, "glmserve_prefix_cache_hit_blocks_total"), 2);
+  EXPECT_EQ(delta(page, "glmserve_prefix_cache_query_tokens_total"), 4 * 16);
+  EXPECT_EQ(delta(page, "glmserve_prefix_cache_hit_tokens_total"), 2 * 16);
 
   // Three streams that each grow to 4 blocks cannot all fit in 6: someone is preempted
   // (and recomputed: every stream still completes).
