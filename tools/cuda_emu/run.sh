@@ -59,7 +59,8 @@ backend=("${objs[@]}")
 libdir=/usr/lib/x86_64-linux-gnu
 # glm_core, then what it links (glm_dtype: the element types on their own, core/CMakeLists.txt).
 libs=("$work/core-build/core/libglm_core.a" "$work/core-build/core/libglm_dtype.a"
-      "$libdir"/libabsl_*.so "$libdir/libopenblas.so" "$libdir/libgtest_main.a" "$libdir/libgtest.a" -lpthread -latomic)
+      "$libdir"/libabsl_*.so "$libdir/libopenblas.so" "$libdir/libgtest_main.a" "$libdir/libgtest.a"
+      -lpthread -latomic)
 status=0
 for t in cuda_runner_test kernels_cuda_test model_cuda_test sampling_cuda_test; do
   objs=()
