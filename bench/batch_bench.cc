@@ -35,33 +35,34 @@ struct Result {
   double wall_seconds = 0;
 };
 
-Result Measure(glm::Engine& engine, int concurrency, int prompt, int new_tokens, int64_t vocab) {
+Result Measure(glmserve::Engine& engine, int concurrency, int prompt, int new_tokens,
+               int64_t vocab) {
   Result r;
   r.concurrency = concurrency;
   std::mutex mu;
-  engine.SetStepObserver([&](const glm::StepReport& s) {
+  engine.SetStepObserver([&](const glmserve::StepReport& s) {
     if (s.prefill_tokens != 0 || s.decode_tokens == 0) return;  // pure decode steps only
     std::lock_guard<std::mutex> lock(mu);
     ++r.decode_steps;
     r.decode_tokens += s.decode_tokens;
     r.decode_seconds += s.seconds;
   });
-  glm::EventQueue done;
+  glmserve::EventQueue done;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::unique_ptr<glm::EventQueue>> queues;
+  std::vector<std::unique_ptr<glmserve::EventQueue>> queues;
   for (int k = 0; k < concurrency; ++k) {
-    glm::GenerateRequest g;
+    glmserve::GenerateRequest g;
     for (int i = 0; i < prompt; ++i)
       g.prompt.push_back(static_cast<int32_t>((k * 7919 + i * 104729) % vocab));
     g.stop.max_new_tokens = new_tokens;
     g.stop.ignore_eos = true;
-    queues.push_back(std::make_unique<glm::EventQueue>());
+    queues.push_back(std::make_unique<glmserve::EventQueue>());
     if (!engine.Submit({g}, queues.back()->Callback()).ok()) std::abort();
   }
   for (auto& q : queues) {
     for (;;) {
-      std::optional<glm::Event> e = q->Pop();
-      if (std::holds_alternative<glm::FinishEvent>(e->body)) break;
+      std::optional<glmserve::Event> e = q->Pop();
+      if (std::holds_alternative<glmserve::FinishEvent>(e->body)) break;
     }
   }
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -73,7 +74,7 @@ Result Measure(glm::Engine& engine, int concurrency, int prompt, int new_tokens,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   std::vector<int> levels;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     int v;
@@ -85,28 +86,28 @@ int main(int argc, char** argv) {
   }
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
-  absl::StatusOr<glm::ModelWeights> weights = glm::LoadModel(absl::GetFlag(FLAGS_preset));
+  absl::StatusOr<glmserve::ModelWeights> weights = glmserve::LoadModel(absl::GetFlag(FLAGS_preset));
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
     return 1;
   }
-  const std::string description = glm::DescribeConfig(weights->config);
-  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> model =
-      glm::CreateModelRunner(*std::move(weights), glm::DeviceKind::kCpu);
+  const std::string description = glmserve::DescribeConfig(weights->config);
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> model =
+      glmserve::CreateModelRunner(*std::move(weights), glmserve::DeviceKind::kCpu);
   if (!model.ok()) return 1;
   const int64_t vocab = (*model)->config().vocab_size;
-  glm::EngineOptions options;
+  glmserve::EngineOptions options;
   int max_level = 1;
   for (int l : levels) max_level = std::max(max_level, l);
   options.max_running = max_level;
   options.max_batch_tokens = std::max(2048, max_level * prompt);
   options.kv_capacity_tokens = static_cast<int64_t>(max_level) * (prompt + new_tokens + 16);
   options.prefix_caching = false;
-  absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
-      glm::Engine::Create(*std::move(model), options);
+  absl::StatusOr<std::unique_ptr<glmserve::Engine>> engine =
+      glmserve::Engine::Create(*std::move(model), options);
   if (!engine.ok()) return 1;
   std::printf("model: %s (%s), %d threads\n", absl::GetFlag(FLAGS_preset).c_str(),
-              description.c_str(), glm::NumThreads());
+              description.c_str(), glmserve::NumThreads());
   std::printf("each sequence: %d prompt tokens, %d generated\n\n", prompt, new_tokens);
   Measure(**engine, 1, prompt, 2, vocab);  // warm-up
 

@@ -73,9 +73,9 @@ double MeasureReadBandwidth() {
   std::vector<uint64_t> buffer(n, 1);
   const bool avx512 = __builtin_cpu_supports("avx512f");
   std::atomic<uint64_t> total{0};
-  const int64_t grain = n / (8 * glm::NumThreads());
+  const int64_t grain = n / (8 * glmserve::NumThreads());
   const double s = BestOf(5, [&] {
-    glm::ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+    glmserve::ParallelFor(n, grain, [&](int64_t b, int64_t e) {
       total += avx512 ? SumAvx512(buffer.data(), b, e) : SumPortable(buffer.data(), b, e);
     });
   });
@@ -102,30 +102,31 @@ struct StepCost {
 
 // What one step reads and computes: every matrix is read once per step (the batch shares
 // it), each token multiplies the dense matrices and its top-k experts.
-StepCost Cost(const glm::Model& model, int64_t tokens, int64_t context_after,
+StepCost Cost(const glmserve::Model& model, int64_t tokens, int64_t context_after,
               int64_t distinct_experts) {
-  const glm::ModelWeights& w = model.weights();
-  const glm::ModelConfig& c = model.config();
+  const glmserve::ModelWeights& w = model.weights();
+  const glmserve::ModelConfig& c = model.config();
   StepCost cost;
-  auto mat = [&](const glm::Matrix& m, double rows_used_fraction = 1.0) {
+  auto mat = [&](const glmserve::Matrix& m, double rows_used_fraction = 1.0) {
     cost.weight_bytes += m.bytes() * rows_used_fraction;
   };
-  for (const glm::LayerWeights& l : w.layers) {
-    for (const glm::Matrix* m : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
+  for (const glmserve::LayerWeights& l : w.layers) {
+    for (const glmserve::Matrix* m :
+         {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
       mat(*m);
       cost.flops += 2.0 * tokens * m->rows * m->cols;
     }
-    const glm::FfnWeights* ffns[] = {&l.dense};
+    const glmserve::FfnWeights* ffns[] = {&l.dense};
     if (l.is_moe) {
       mat(l.moe.router);
       cost.flops += 2.0 * tokens * l.moe.router.rows * l.moe.router.cols;
-      const glm::FfnWeights& e = l.moe.experts[0];
+      const glmserve::FfnWeights& e = l.moe.experts[0];
       const double expert_bytes = e.gate.bytes() + e.up.bytes() + e.down.bytes();
       cost.weight_bytes += expert_bytes * distinct_experts;
       cost.flops += 2.0 * tokens * c.num_experts_per_tok * 3 * e.gate.rows * e.gate.cols;
       ffns[0] = &l.moe.shared;
     }
-    for (const glm::Matrix* m : {&ffns[0]->gate, &ffns[0]->up, &ffns[0]->down}) {
+    for (const glmserve::Matrix* m : {&ffns[0]->gate, &ffns[0]->up, &ffns[0]->down}) {
       mat(*m);
       cost.flops += 2.0 * tokens * m->rows * m->cols;
     }
@@ -142,40 +143,42 @@ StepCost Cost(const glm::Model& model, int64_t tokens, int64_t context_after,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   const int prefill = absl::GetFlag(FLAGS_prefill_tokens);
   const int steps = absl::GetFlag(FLAGS_decode_steps);
 
-  std::printf("threads %d, linear kernel %s\n", glm::NumThreads(), glm::LinearKernelName());
+  std::printf("threads %d, linear kernel %s\n", glmserve::NumThreads(),
+              glmserve::LinearKernelName());
   const double bandwidth = MeasureReadBandwidth();
   const double blas = MeasureBlasGflops();
   std::printf("machine: read bandwidth %.1f GB/s, OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n", bandwidth,
               blas);
 
   const auto t_load = Clock::now();
-  absl::StatusOr<glm::ModelConfig> config = glm::PresetConfig(absl::GetFlag(FLAGS_preset));
+  absl::StatusOr<glmserve::ModelConfig> config =
+      glmserve::PresetConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<glm::ModelWeights> weights = glm::RandomWeights(*config);
+  absl::StatusOr<glmserve::ModelWeights> weights = glmserve::RandomWeights(*config);
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
     return 1;
   }
-  glm::Model model(*std::move(weights));
+  glmserve::Model model(*std::move(weights));
   std::printf("model: %s (%s)\n       %.2f GB bf16 weights, generated in %.1f s\n",
-              absl::GetFlag(FLAGS_preset).c_str(), glm::DescribeConfig(*config).c_str(),
+              absl::GetFlag(FLAGS_preset).c_str(), glmserve::DescribeConfig(*config).c_str(),
               model.weight_bytes() / 1e9, Since(t_load));
 
-  glm::KvCache cache(model.CacheShape((prefill + steps + 2 + 15) / 16, 16));
-  glm::BlockTable table;
+  glmserve::KvCache cache(model.CacheShape((prefill + steps + 2 + 15) / 16, 16));
+  glmserve::BlockTable table;
   if (!cache.Reserve(&table, prefill + steps + 2).ok()) return 1;
   std::vector<int32_t> ids(prefill);
   for (int i = 0; i < prefill; ++i) ids[i] = (i * 7919 + 13) % static_cast<int>(config->vocab_size);
-  glm::ForwardBatch batch;
-  glm::ForwardOptions options;
-  glm::ForwardResult result;
+  glmserve::ForwardBatch batch;
+  glmserve::ForwardOptions options;
+  glmserve::ForwardResult result;
 
   batch.sequences = {{prefill, 0, &table}};
   batch.token_ids = ids;

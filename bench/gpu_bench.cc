@@ -39,7 +39,7 @@ ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
 ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
 ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -69,7 +69,8 @@ void CudaOk(cudaError_t e, const char* what) {
 }
 void CublasOk(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "gpu_bench: %s failed: %s\n", what, glm::cuda::Cublas().status_string(s));
+    std::fprintf(stderr, "gpu_bench: %s failed: %s\n", what,
+                 glmserve::cuda::Cublas().status_string(s));
     std::exit(1);
   }
 }
@@ -115,7 +116,7 @@ double GemmRate(int64_t size) {
   cuda::DeviceBuffer b = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
   cuda::DeviceBuffer c = Check(cuda::DeviceBuffer::Create(size * size * 4), "alloc");
   cuda::DeviceBuffer workspace = Check(cuda::DeviceBuffer::Create(32 << 20), "alloc");
-  CublasOk(glm::cuda::Cublas().set_workspace(handle.get(), workspace.get(), 32 << 20),
+  CublasOk(glmserve::cuda::Cublas().set_workspace(handle.get(), workspace.get(), 32 << 20),
            "cublasSetWorkspace");
   BENCH_CHECK(cuda::FillDevice(a.get(), 0x3c, size * size * 2));  // bf16 0x3c3c ~ 0.0115
   BENCH_CHECK(cuda::FillDevice(b.get(), 0x3c, size * size * 2));
@@ -298,9 +299,9 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return glm::Main();
+  return glmserve::Main();
 }

@@ -46,8 +46,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-glm::SamplingParams ModeParams(const std::string& mode, uint64_t seed) {
-  glm::SamplingParams p;
+glmserve::SamplingParams ModeParams(const std::string& mode, uint64_t seed) {
+  glmserve::SamplingParams p;
   p.seed = seed;
   if (mode == "top_k") {
     p.temperature = 0.7f;
@@ -61,8 +61,8 @@ glm::SamplingParams ModeParams(const std::string& mode, uint64_t seed) {
   return p;
 }
 
-glm::EngineOptions EngineOptionsFor(int streams, int prompt, int new_tokens) {
-  glm::EngineOptions o;
+glmserve::EngineOptions EngineOptionsFor(int streams, int prompt, int new_tokens) {
+  glmserve::EngineOptions o;
   o.max_running = std::max(1, streams);
   o.max_waiting = std::max<int64_t>(1024, 4 * streams);
   // Room for every stream's prompt and output, so that nothing is preempted.
@@ -79,7 +79,7 @@ std::vector<int32_t> Prompt(int key, int length, int64_t vocab) {
 }
 
 struct StepSample {
-  glm::StepReport report;
+  glmserve::StepReport report;
   double forward_seconds;  // the runner's share of the step
 };
 
@@ -92,21 +92,21 @@ struct EngineRow {
 };
 
 // Runs `streams` requests together through an engine over the instant runner.
-absl::StatusOr<EngineRow> RunEngine(const glm::ModelConfig& config, int streams,
+absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int streams,
                                     const std::string& mode) {
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  auto owned = std::make_unique<glm::InstantRunner>(config);
-  glm::InstantRunner* runner = owned.get();
-  absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
-      glm::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens));
+  auto owned = std::make_unique<glmserve::InstantRunner>(config);
+  glmserve::InstantRunner* runner = owned.get();
+  absl::StatusOr<std::unique_ptr<glmserve::Engine>> engine =
+      glmserve::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens));
   if (!engine.ok()) return engine.status();
 
   std::mutex mu;
   std::condition_variable cv;
   std::vector<StepSample> steps;
   double last_forward = 0;
-  (*engine)->SetStepObserver([&](const glm::StepReport& r) {
+  (*engine)->SetStepObserver([&](const glmserve::StepReport& r) {
     const double f = runner->forward_seconds();
     std::lock_guard<std::mutex> lock(mu);
     steps.push_back({r, f - last_forward});
@@ -117,16 +117,16 @@ absl::StatusOr<EngineRow> RunEngine(const glm::ModelConfig& config, int streams,
   absl::Status failure;
   const auto start = Clock::now();
   for (int k = 0; k < streams; ++k) {
-    glm::GenerateRequest g;
+    glmserve::GenerateRequest g;
     g.prompt = Prompt(k, prompt, config.vocab_size);
     g.sampling = ModeParams(mode, 1000 + k);
     g.stop.max_new_tokens = new_tokens;
     g.stop.ignore_eos = true;
-    absl::StatusOr<glm::RequestId> id = (*engine)->Submit(g, [&](glm::Event&& e) {
+    absl::StatusOr<glmserve::RequestId> id = (*engine)->Submit(g, [&](glmserve::Event&& e) {
       std::lock_guard<std::mutex> lock(mu);
-      if (std::holds_alternative<glm::TokenEvent>(e.body)) {
+      if (std::holds_alternative<glmserve::TokenEvent>(e.body)) {
         ++tokens;
-      } else if (auto* f = std::get_if<glm::FinishEvent>(&e.body)) {
+      } else if (auto* f = std::get_if<glmserve::FinishEvent>(&e.body)) {
         if (!f->status.ok() && failure.ok()) failure = f->status;
         ++finished;
         cv.notify_all();
@@ -141,7 +141,7 @@ absl::StatusOr<EngineRow> RunEngine(const glm::ModelConfig& config, int streams,
   EngineRow row;
   double seconds = 0, forward = 0;
   for (const StepSample& s : steps) {
-    const glm::StepReport& r = s.report;
+    const glmserve::StepReport& r = s.report;
     if (r.prefill_tokens != 0 || r.forward_tokens != 0 || r.sequences != streams) continue;
     ++row.decode_steps;
     seconds += r.seconds;
@@ -156,7 +156,7 @@ absl::StatusOr<EngineRow> RunEngine(const glm::ModelConfig& config, int streams,
   return row;
 }
 
-absl::StatusOr<glmserve::BenchReport> RunServer(const glm::ModelConfig& config, int streams) {
+absl::StatusOr<glmserve::BenchReport> RunServer(const glmserve::ModelConfig& config, int streams) {
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   glmserve::ServerOptions options;
@@ -170,8 +170,8 @@ absl::StatusOr<glmserve::BenchReport> RunServer(const glm::ModelConfig& config, 
   options.service.max_concurrent_streams = streams + 64;
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return server.status();
-  if (absl::Status s =
-          (*server)->Serve(std::make_unique<glm::InstantRunner>(config), glm::DType::kBF16);
+  if (absl::Status s = (*server)->Serve(std::make_unique<glmserve::InstantRunner>(config),
+                                        glmserve::DType::kBF16);
       !s.ok()) {
     return s;
   }
@@ -195,7 +195,8 @@ absl::StatusOr<glmserve::BenchReport> RunServer(const glm::ModelConfig& config, 
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<glm::ModelConfig> config = glm::PresetConfig(absl::GetFlag(FLAGS_preset));
+  absl::StatusOr<glmserve::ModelConfig> config =
+      glmserve::PresetConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) {
     std::fprintf(stderr, "--preset: %s\n", std::string(config.status().message()).c_str());
     return 2;
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
   std::printf("host overhead: preset %s (vocab %lld), prompt %d, %d new tokens, %d threads\n",
               absl::GetFlag(FLAGS_preset).c_str(), static_cast<long long>(config->vocab_size),
               absl::GetFlag(FLAGS_prompt_tokens), absl::GetFlag(FLAGS_max_new_tokens),
-              glm::NumThreads());
+              glmserve::NumThreads());
   if (absl::GetFlag(FLAGS_engine)) {
     std::printf("\nengine + sampler (decode steps with every stream in the batch)\n");
     std::printf(

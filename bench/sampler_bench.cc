@@ -44,45 +44,45 @@ std::vector<float> LogitsRow(int vocab, uint32_t seed) {
 
 struct Setting {
   const char* name;
-  glm::SamplingParams params;
+  glmserve::SamplingParams params;
   bool logprobs;
   int top_logprobs;
 };
 
 std::vector<Setting> Settings() {
   std::vector<Setting> out;
-  glm::SamplingParams p;
+  glmserve::SamplingParams p;
   out.push_back({"greedy", p, false, 0});
   out.push_back({"greedy + logprobs, top 5", p, true, 5});
   p.repetition_penalty = 1.1f;
   out.push_back({"greedy, penalty 1.1", p, false, 0});
-  p = glm::SamplingParams{};
+  p = glmserve::SamplingParams{};
   p.temperature = 0.8f;
   p.seed = 11;
   out.push_back({"T 0.8", p, false, 0});
-  glm::SamplingParams k = p;
+  glmserve::SamplingParams k = p;
   k.top_k = 50;
   out.push_back({"T 0.8, top_k 50", k, false, 0});
-  glm::SamplingParams tp = p;
+  glmserve::SamplingParams tp = p;
   tp.top_p = 0.95f;
   out.push_back({"T 0.8, top_p 0.95", tp, false, 0});
-  glm::SamplingParams mp = p;
+  glmserve::SamplingParams mp = p;
   mp.min_p = 0.05f;
   out.push_back({"T 0.8, min_p 0.05", mp, false, 0});
-  glm::SamplingParams all = p;
+  glmserve::SamplingParams all = p;
   all.temperature = 0.7f;
   all.top_k = 50;
   all.top_p = 0.9f;
   all.repetition_penalty = 1.1f;
   out.push_back({"T 0.7, top_k 50, top_p 0.9, pen 1.1", all, false, 0});
-  glm::SamplingParams lp = p;
+  glmserve::SamplingParams lp = p;
   lp.temperature = 1.0f;
   lp.top_p = 0.9f;
   out.push_back({"T 1, top_p 0.9 + logprobs, top 5", lp, true, 5});
   return out;
 }
 
-bool Same(const glm::SampledToken& a, const glm::SampledToken& b, bool logprobs) {
+bool Same(const glmserve::SampledToken& a, const glmserve::SampledToken& b, bool logprobs) {
   if (a.token != b.token) return false;
   if (!logprobs) return true;
   if (a.logprob != b.logprob || a.top.size() != b.top.size()) return false;
@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
   int total_differ = 0;
   for (const Setting& s : Settings()) {
     const int32_t want_top = s.top_logprobs;
-    std::vector<glm::SampledToken> before(draws), after(draws);
-    auto time = [&](auto&& sample, std::vector<glm::SampledToken>* out) {
+    std::vector<glmserve::SampledToken> before(draws), after(draws);
+    auto time = [&](auto&& sample, std::vector<glmserve::SampledToken>* out) {
       // One untimed warm-up call (first-touch of scratch buffers), then every draw.
       sample(0);
       const auto t0 = Clock::now();
@@ -127,15 +127,15 @@ int main(int argc, char** argv) {
     };
     const double us_before = time(
         [&](int i) {
-          return glm::legacy::LegacySampleToken(rows[i % num_rows], s.params, history,
-                                                static_cast<uint64_t>(i), want_top);
+          return glmserve::legacy::LegacySampleToken(rows[i % num_rows], s.params, history,
+                                                     static_cast<uint64_t>(i), want_top);
         },
         &before);
-    const glm::LogprobRequest want{s.logprobs, want_top};
+    const glmserve::LogprobRequest want{s.logprobs, want_top};
     const double us_after = time(
         [&](int i) {
-          return glm::SampleToken(rows[i % num_rows], s.params, history, static_cast<uint64_t>(i),
-                                  want);
+          return glmserve::SampleToken(rows[i % num_rows], s.params, history,
+                                       static_cast<uint64_t>(i), want);
         },
         &after);
     int differ = 0;

@@ -217,13 +217,13 @@ absl::Status WriteTensor(const glmserve::v1::Tensor& tensor, const std::string& 
   absl::StatusOr<std::vector<float>> values =
       glmserve::DecodeTensor(tensor, "response", /*require_finite=*/false);
   if (!values.ok()) return values.status();
-  return glm::WriteNpy(path, {tensor.shape().begin(), tensor.shape().end()}, values->data());
+  return glmserve::WriteNpy(path, {tensor.shape().begin(), tensor.shape().end()}, values->data());
 }
 
 int Forward(glmserve::Client& client) {
   glmserve::v1::ForwardRequest request;
   if (const std::string path = absl::GetFlag(FLAGS_hidden_in); !path.empty()) {
-    absl::StatusOr<glm::NpyArray> in = glm::ReadNpy(path);
+    absl::StatusOr<glmserve::NpyArray> in = glmserve::ReadNpy(path);
     if (!in.ok()) return Fail(in.status());
     glmserve::EncodeTensor(in->data, in->shape, glmserve::v1::DATA_TYPE_FP32,
                            request.mutable_hidden_states());
@@ -383,8 +383,8 @@ int Bench(glmserve::Client& client) {
 
 constexpr char kCommands[] = "info|generate|forward|close-session|health|bench";
 
-const glmcli::ProgramHelp& Help() {
-  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+const glmserve::cli::ProgramHelp& Help() {
+  static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
       "glm-client",
       "talks to glm-server from a shell",
       {absl::StrCat("glm-client [flags] ", kCommands),
@@ -414,7 +414,8 @@ const glmcli::ProgramHelp& Help() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
+  if (std::optional<int> code = glmserve::cli::HandleHelpAndVersion(argc, argv, Help()))
+    return *code;
   absl::SetProgramUsageMessage(
       absl::StrCat("Client of glm-server: glm-client [flags] ", kCommands));
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

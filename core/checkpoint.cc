@@ -21,7 +21,7 @@
 #include "core/safetensors.h"
 #include "core/weight_layout.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 bool IsDirectory(const std::string& path) {
@@ -449,4 +449,4 @@ absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSp
       ") nor a preset (", preset.status().message(), ")"));
 }
 
-}  // namespace glm
+}  // namespace glmserve

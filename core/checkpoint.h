@@ -13,7 +13,7 @@
 #include "core/weight_check.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 struct LayerSpan {
   int64_t begin = 0;
@@ -96,4 +96,4 @@ struct SaveCheckpointOptions {
 absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
                             const SaveCheckpointOptions& options = {});
 
-}  // namespace glm
+}  // namespace glmserve

@@ -15,7 +15,7 @@
 #include "core/weight_layout.h"
 #include "nlohmann/json.hpp"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using Json = nlohmann::json;
@@ -189,4 +189,4 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   return WriteTextFile(index_path, index.dump(2) + "\n");
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -7,7 +7,7 @@
 #include "core/file_io.h"
 #include "nlohmann/json.hpp"
 
-namespace glm {
+namespace glmserve {
 namespace {
 // config.json of a released model is ~2 KiB; anything near this bound is not a config.
 constexpr uint64_t kMaxConfigBytes = 1 << 20;
@@ -389,4 +389,4 @@ std::string DescribeConfig(const ModelConfig& c) {
       c.use_qk_norm ? ", qk-norm" : "", c.attention_bias ? ", qkv bias" : "");
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace glm {
+namespace glmserve {
 
 struct ModelConfig {
   // Defaults are Glm4MoeConfig's library defaults (used when config.json omits a field).
@@ -71,4 +71,4 @@ std::vector<std::string> PresetNames();
 // Short human-readable summary ("hidden 4096, 46 layers, 128 experts top-8, ...").
 std::string DescribeConfig(const ModelConfig& config);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-namespace glm {
+namespace glmserve {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
@@ -34,4 +34,4 @@ uint16_t FloatToF16(float f) {
   return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string_view>
 
-namespace glm {
+namespace glmserve {
 
 enum class DType : uint8_t { kF32, kBF16, kF16 };
 
@@ -75,4 +75,4 @@ inline float LoadAsFloat(const void* data, DType t, int64_t i) {
   return 0.f;
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/engine_impl.h"
 
-namespace glm {
+namespace glmserve {
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
@@ -389,4 +389,4 @@ void Engine::SetStepObserver(std::function<void(const StepReport&)> observer) {
   impl_->SetStepObserver(std::move(observer));
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -29,7 +29,7 @@
 #include "core/model_runner.h"
 #include "core/sampler.h"
 
-namespace glm {
+namespace glmserve {
 
 using RequestId = uint64_t;
 using SteadyTime = std::chrono::steady_clock::time_point;
@@ -261,4 +261,4 @@ class EventQueue {
   std::deque<Event> events_;
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -17,7 +17,7 @@
 #include "core/engine_internal.h"
 #include "core/prefix_cache.h"
 
-namespace glm {
+namespace glmserve {
 
 using engine_internal::Sequence;
 using engine_internal::Session;
@@ -170,4 +170,4 @@ class Engine::Impl {
   int64_t sessions_evicted_ = 0, nonfinite_outputs_ = 0;
 };
 
-}  // namespace glm
+}  // namespace glmserve

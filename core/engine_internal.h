@@ -9,7 +9,7 @@
 #include "core/engine.h"
 #include "core/kv_cache.h"
 
-namespace glm::engine_internal {
+namespace glmserve::engine_internal {
 
 // A session's sequence, kept between Forward calls. Guarded by Engine::Impl::sessions_mu_.
 struct Session {
@@ -61,4 +61,4 @@ struct Sequence {
   bool preemptible() const { return session == nullptr; }
 };
 
-}  // namespace glm::engine_internal
+}  // namespace glmserve::engine_internal

@@ -6,7 +6,7 @@
 #include "core/engine_impl.h"
 #include "core/parallel.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) {
@@ -708,4 +708,4 @@ void Engine::Impl::UpdateStats(int64_t step_delta) {
   stats_ = s;
 }
 
-}  // namespace glm
+}  // namespace glmserve

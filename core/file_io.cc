@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace glm {
+namespace glmserve {
 
 absl::StatusOr<RegularFile> RegularFile::Open(const std::string& path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
@@ -62,4 +62,4 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t li
   return text;
 }
 
-}  // namespace glm
+}  // namespace glmserve

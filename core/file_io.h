@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace glm {
+namespace glmserve {
 
 // An open descriptor of a regular file, closed on destruction.
 class RegularFile {
@@ -33,4 +33,4 @@ class RegularFile {
 // The whole content of a regular file of at most `limit` bytes (INVALID_ARGUMENT beyond).
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t limit);
 
-}  // namespace glm
+}  // namespace glmserve

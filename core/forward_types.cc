@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace glm {
+namespace glmserve {
 
 int64_t ForwardBatch::total_tokens() const {
   int64_t total = 0;
@@ -52,4 +52,4 @@ absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& 
   return absl::OkStatus();
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 #include "core/config.h"
 #include "core/kv_cache.h"
 
-namespace glm {
+namespace glmserve {
 
 // One sequence's slice of a ragged batch: its new tokens occupy positions
 // [start_position, start_position + num_tokens) and its block table covers them.
@@ -63,4 +63,4 @@ struct ForwardResult {
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& config,
                                   const KvCacheShape& cache, bool token_input);
 
-}  // namespace glm
+}  // namespace glmserve

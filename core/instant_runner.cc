@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 // splitmix64's output function: consecutive positions map to unrelated pool rows.
@@ -100,4 +100,4 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
   return absl::OkStatus();
 }
 
-}  // namespace glm
+}  // namespace glmserve

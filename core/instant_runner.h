@@ -21,7 +21,7 @@
 #include "core/config.h"
 #include "core/model_runner.h"
 
-namespace glm {
+namespace glmserve {
 
 class InstantRunner final : public ModelRunner {
  public:
@@ -57,4 +57,4 @@ class InstantRunner final : public ModelRunner {
   std::atomic<int64_t> forward_nanos_{0};
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace glm {
+namespace glmserve {
 
 BlockAllocator::BlockAllocator(int32_t num_blocks) : ref_counts_(num_blocks, 0) {
   free_.reserve(num_blocks);
@@ -115,4 +115,4 @@ void KvCache::Free(BlockTable* table) {
   table->clear();
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 
-namespace glm {
+namespace glmserve {
 
 // Free list plus reference counts. Blocks shared by several sequences (a common prompt
 // prefix) carry one reference per holder and return to the free list at zero.
@@ -125,4 +125,4 @@ class KvCache {
   BlockAllocator allocator_;
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 #include "core/ops/linear.h"
 #include "core/ops/norm.h"
 
-namespace glm {
+namespace glmserve {
 
 Model::Model(ModelWeights weights)
     : weights_(std::move(weights)),
@@ -172,4 +172,4 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   return absl::OkStatus();
 }
 
-}  // namespace glm
+}  // namespace glmserve

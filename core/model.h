@@ -23,7 +23,7 @@
 #include "core/ops/rope.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 class Model final : public ModelRunner {
  public:
@@ -70,4 +70,4 @@ class Model final : public ModelRunner {
   std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
 };
 
-}  // namespace glm
+}  // namespace glmserve

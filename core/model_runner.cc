@@ -4,7 +4,7 @@
 #include "core/cuda/cuda_runner.h"
 #include "core/model.h"
 
-namespace glm {
+namespace glmserve {
 
 absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
   if (name == "auto") return DeviceKind::kAuto;
@@ -22,4 +22,4 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
   return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));
 }
 
-}  // namespace glm
+}  // namespace glmserve

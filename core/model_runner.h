@@ -13,7 +13,7 @@
 #include "core/kv_cache.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 class ModelRunner {
  public:
@@ -53,4 +53,4 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
                                                                DeviceKind device);
 
-}  // namespace glm
+}  // namespace glmserve

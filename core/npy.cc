@@ -9,7 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-namespace glm {
+namespace glmserve {
 
 absl::Status WriteNpy(const std::string& path, const std::vector<int64_t>& shape,
                       const float* data) {
@@ -74,4 +74,4 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   return array;
 }
 
-}  // namespace glm
+}  // namespace glmserve

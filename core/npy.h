@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace glm {
+namespace glmserve {
 
 struct NpyArray {
   std::vector<int64_t> shape;
@@ -21,4 +21,4 @@ absl::Status WriteNpy(const std::string& path, const std::vector<int64_t>& shape
 // Reads a C-order '<f4' array; anything else is an error.
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -16,7 +16,7 @@
 #define GLM_CPU_RELAX() ((void)0)
 #endif
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 thread_local bool tls_inside_pool = false;
@@ -142,4 +142,4 @@ void SetNumThreads(int threads) {
   Pool() = std::make_unique<ThreadPool>(std::max(1, threads));
 }
 
-}  // namespace glm
+}  // namespace glmserve

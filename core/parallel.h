@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace glm {
+namespace glmserve {
 
 // Runs body(begin, end) over [0, n) in chunks of `grain` items, on the pool's threads and
 // the caller. Returns when every chunk is done. Called from inside a running body, it runs
@@ -24,4 +24,4 @@ int NumThreads();
 // Resizes the pool; call before any concurrent use (e.g. from main after parsing flags).
 void SetNumThreads(int threads);
 
-}  // namespace glm
+}  // namespace glmserve

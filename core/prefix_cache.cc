@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
@@ -108,4 +108,4 @@ bool PrefixCache::EnsureFree(int64_t needed) {
   return allocator_->num_free() >= needed;
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -17,7 +17,7 @@
 #include "absl/types/span.h"
 #include "core/kv_cache.h"
 
-namespace glm {
+namespace glmserve {
 
 class PrefixCache {
  public:
@@ -70,4 +70,4 @@ class PrefixCache {
   int64_t hits_ = 0;
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -18,7 +18,7 @@
 #include "core/file_io.h"
 #include "nlohmann/json.hpp"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using Json = nlohmann::json;
@@ -353,4 +353,4 @@ std::vector<std::shared_ptr<const void>> TensorStore::Owners() const {
   return std::vector<std::shared_ptr<const void>>(files_.begin(), files_.end());
 }
 
-}  // namespace glm
+}  // namespace glmserve

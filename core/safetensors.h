@@ -21,7 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "core/dtype.h"
 
-namespace glm {
+namespace glmserve {
 
 // A read-only memory mapping of a whole file, unmapped on destruction. Shared ownership
 // (shared_ptr) lets weight views outlive the reader that created them.
@@ -96,4 +96,4 @@ class TensorStore {
   std::vector<std::shared_ptr<const MappedFile>> files_;
 };
 
-}  // namespace glm
+}  // namespace glmserve

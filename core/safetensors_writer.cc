@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
-namespace glm {
+namespace glmserve {
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata) {
@@ -84,4 +84,4 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   return absl::OkStatus();
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "core/dtype.h"
 
-namespace glm {
+namespace glmserve {
 
 // A run of bytes owned by the caller.
 struct ByteRange {
@@ -34,4 +34,4 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                               const std::map<std::string, std::string>& metadata = {
                                   {"format", "pt"}});
 
-}  // namespace glm
+}  // namespace glmserve

@@ -52,7 +52,7 @@
 // boundary within float rounding of kTopPSlack. The float work is the scanning (argmax,
 // top-k, block skipping), where float is exact.
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using sampler_internal::ArgMaxRange;
@@ -692,4 +692,4 @@ absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingP
   return Draw(params, Uniform(params.seed, token_index), total, s);
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace glm {
+namespace glmserve {
 
 struct SamplingParams {
   float temperature = 0.0f;         // 0: greedy (argmax; ties: lowest id)
@@ -96,4 +96,4 @@ struct RowSummary {
 absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingParams& params,
                                           uint64_t token_index);
 
-}  // namespace glm
+}  // namespace glmserve

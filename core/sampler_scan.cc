@@ -7,7 +7,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace glm::sampler_internal {
+namespace glmserve::sampler_internal {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -99,4 +99,4 @@ std::vector<int32_t> TopKFloat::TakeIds() {
   return ids;
 }
 
-}  // namespace glm::sampler_internal
+}  // namespace glmserve::sampler_internal

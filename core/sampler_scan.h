@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace glm::sampler_internal {
+namespace glmserve::sampler_internal {
 
 struct FloatBest {
   float value;  // the maximum, NaN read as -inf
@@ -39,4 +39,4 @@ class TopKFloat {
   std::vector<std::pair<float, int32_t>>& heap_;  // top: the worst kept (value, id)
 };
 
-}  // namespace glm::sampler_internal
+}  // namespace glmserve::sampler_internal

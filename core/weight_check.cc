@@ -11,7 +11,7 @@
 #include "core/parallel.h"
 #include "core/weight_layout.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 // Index of the first non-finite element of [begin, end), or -1. Checked on the bit
@@ -108,4 +108,4 @@ absl::Status VerifyWeightsFinite(ModelWeights* w, VerifyWeights mode, absl::stri
       "; the checkpoint is corrupt (re-download it, or --verify_weights=off to serve it anyway)"));
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 enum class VerifyWeights {
   kAuto,     // kFull up to kFullVerifyLimitBytes of weights, kSampled above
@@ -32,4 +32,4 @@ absl::StatusOr<VerifyWeights> ParseVerifyWeights(absl::string_view text);
 // (the slot walk needs a mutable pointer).
 absl::Status VerifyWeightsFinite(ModelWeights* w, VerifyWeights mode, absl::string_view source);
 
-}  // namespace glm
+}  // namespace glmserve

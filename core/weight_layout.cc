@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace glm {
+namespace glmserve {
 
 std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
 
@@ -139,4 +139,4 @@ void FinishWeights(ModelWeights* w) {
   }
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -10,7 +10,7 @@
 #include "core/config.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 // How RandomWeights initialises a tensor (HF-like: matrices normal, gains one, biases zero).
 enum class ParamInit : uint8_t { kNormal, kOnes, kZeros };
@@ -46,4 +46,4 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w);
 // After every slot is filled: ties the head, records weight_dtype.
 void FinishWeights(ModelWeights* w);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -1,6 +1,6 @@
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 int64_t VectorBytes(const std::vector<float>& v) {
@@ -33,4 +33,4 @@ int64_t ModelWeights::ParameterBytes() const {
   return total;
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -13,7 +13,7 @@
 #include "core/config.h"
 #include "core/dtype.h"
 
-namespace glm {
+namespace glmserve {
 
 // A row-major weight matrix [rows = out_features, cols = in_features]; y = x W^T.
 struct Matrix {
@@ -92,4 +92,4 @@ struct ModelWeights {
   int64_t ParameterBytes() const;
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -54,9 +54,9 @@ void EncodeTensor(absl::Span<const float> values, absl::Span<const int64_t> shap
   raw->resize(n * 2);
   auto* dst = reinterpret_cast<uint16_t*>(raw->data());
   if (dtype == v1::DATA_TYPE_BF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = glm::FloatToBf16(values[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = glmserve::FloatToBf16(values[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = glm::FloatToF16(values[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = glmserve::FloatToF16(values[i]);
   }
 }
 
@@ -95,7 +95,7 @@ absl::StatusOr<std::vector<float>> DecodeTensor(const v1::Tensor& tensor, const 
     for (int64_t i = 0; i < count; ++i) {
       uint16_t bits;
       std::memcpy(&bits, raw.data() + 2 * i, 2);
-      values[i] = bf16 ? glm::Bf16ToFloat(bits) : glm::F16ToFloat(bits);
+      values[i] = bf16 ? glmserve::Bf16ToFloat(bits) : glmserve::F16ToFloat(bits);
     }
   }
   if (require_finite) {

@@ -21,22 +21,22 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
   return absl::OkStatus();
 }
 
-double Seconds(glm::SteadyTime from, glm::SteadyTime to) {
+double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
 }  // namespace
 
-absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
-                                                      const glm::ModelRunner& model,
-                                                      const ServingLimits& limits) {
-  const glm::ModelConfig& config = model.config();
+absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                           const glmserve::ModelRunner& model,
+                                                           const ServingLimits& limits) {
+  const glmserve::ModelConfig& config = model.config();
   if (!model.has_embedding() || !model.has_head()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Generate needs the whole model; this server serves layers [", model.layer_begin(), ", ",
         model.layer_end(), ") of ", config.num_hidden_layers, " (use Forward)"));
   }
-  glm::GenerateRequest out;
+  glmserve::GenerateRequest out;
   const int64_t prompt_len = request.prompt_token_ids_size();
   if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (prompt_len > limits.max_prompt_tokens) {
@@ -90,7 +90,7 @@ absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest&
   out.sampling.repetition_penalty =
       sampling.has_repetition_penalty() ? sampling.repetition_penalty() : 1.0f;
   out.sampling.seed = sampling.seed();
-  if (absl::Status s = glm::ValidateSamplingParams(out.sampling); !s.ok()) {
+  if (absl::Status s = glmserve::ValidateSamplingParams(out.sampling); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
 
@@ -106,11 +106,11 @@ absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest&
   return out;
 }
 
-absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
-                                                    const glm::ModelRunner& model,
-                                                    const ServingLimits& limits) {
-  const glm::ModelConfig& config = model.config();
-  glm::ForwardRequest out;
+absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
+                                                         const glmserve::ModelRunner& model,
+                                                         const ServingLimits& limits) {
+  const glmserve::ModelConfig& config = model.config();
+  glmserve::ForwardRequest out;
 
   const int64_t begin = request.has_layer_begin() ? request.layer_begin() : model.layer_begin();
   const int64_t end = request.has_layer_end() ? request.layer_end() : model.layer_end();
@@ -171,7 +171,7 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
   }
 
   if (!request.session_id().empty()) {
-    if (absl::Status s = glm::ValidateSessionId(request.session_id()); !s.ok()) return s;
+    if (absl::Status s = glmserve::ValidateSessionId(request.session_id()); !s.ok()) return s;
   }
   out.session_id = request.session_id();
   if (request.create_session() && out.session_id.empty()) {
@@ -199,9 +199,9 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
   }
   out.return_hidden = request.return_hidden_states();
   out.last_position_only = request.last_position_only();
-  out.logits = !request.return_logits()       ? glm::LogitsRows::kNone
-               : request.last_position_only() ? glm::LogitsRows::kLast
-                                              : glm::LogitsRows::kAll;
+  out.logits = !request.return_logits()       ? glmserve::LogitsRows::kNone
+               : request.last_position_only() ? glmserve::LogitsRows::kLast
+                                              : glmserve::LogitsRows::kAll;
   // A few tokens can ask for gigabytes of logits (2000 positions x 151552 fp32 = 1.2 GB):
   // refuse from the shape, before the engine computes anything.
   const ForwardOutputSize size = ForwardOutputBytes(out, config, request.output_dtype());
@@ -215,13 +215,14 @@ absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& re
   return out;
 }
 
-ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
-                                     const glm::ModelConfig& config, v1::DataType output_dtype) {
+ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
+                                     const glmserve::ModelConfig& config,
+                                     v1::DataType output_dtype) {
   const int64_t positions =
       body.token_ids.empty() ? body.num_tokens : static_cast<int64_t>(body.token_ids.size());
   const int64_t rows = body.last_position_only ? 1 : positions;
   const int64_t per_row = (body.return_hidden ? config.hidden_size : 0) +
-                          (body.logits != glm::LogitsRows::kNone ? config.vocab_size : 0);
+                          (body.logits != glmserve::LogitsRows::kNone ? config.vocab_size : 0);
   const int64_t wire_element =
       output_dtype == v1::DATA_TYPE_BF16 || output_dtype == v1::DATA_TYPE_FP16 ? 2 : 4;
   // Rows are bounded by max_prompt_tokens and per_row by the config: no overflow.
@@ -232,7 +233,8 @@ ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
   return size;
 }
 
-void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timings* out) {
+void FillTimings(const glmserve::Timestamps& times, glmserve::SteadyTime arrival,
+                 v1::Timings* out) {
   if (times.first_scheduled) out->set_queue_seconds(Seconds(arrival, *times.first_scheduled));
   if (times.first_token) {
     out->set_time_to_first_token_seconds(Seconds(arrival, *times.first_token));
@@ -245,10 +247,10 @@ void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timi
   }
 }
 
-void FillFinished(const glm::FinishEvent& finish, glm::SteadyTime arrival,
+void FillFinished(const glmserve::FinishEvent& finish, glmserve::SteadyTime arrival,
                   const std::string& request_id, v1::Finished* out) {
-  out->set_reason(finish.reason == glm::FinishReason::kLength ? v1::FINISH_REASON_LENGTH
-                                                              : v1::FINISH_REASON_STOP);
+  out->set_reason(finish.reason == glmserve::FinishReason::kLength ? v1::FINISH_REASON_LENGTH
+                                                                   : v1::FINISH_REASON_STOP);
   out->set_prompt_tokens(finish.prompt_tokens);
   out->set_cached_prompt_tokens(finish.cached_prompt_tokens);
   out->set_generated_tokens(finish.generated_tokens);
@@ -257,18 +259,18 @@ void FillFinished(const glm::FinishEvent& finish, glm::SteadyTime arrival,
   out->set_request_id(request_id);
 }
 
-void FillToken(const glm::TokenEvent& token, v1::GeneratedToken* out) {
+void FillToken(const glmserve::TokenEvent& token, v1::GeneratedToken* out) {
   out->set_token_id(token.token);
   out->set_index(token.index);
   out->set_logprob(token.logprob);
-  for (const glm::TokenLogprob& t : token.top) {
+  for (const glmserve::TokenLogprob& t : token.top) {
     v1::TokenLogprob* p = out->add_top_logprobs();
     p->set_token_id(t.token);
     p->set_logprob(t.logprob);
   }
 }
 
-void FillForwardResponse(const glm::ForwardOutput& output, const glm::ModelConfig& config,
+void FillForwardResponse(const glmserve::ForwardOutput& output, const glmserve::ModelConfig& config,
                          const v1::ForwardRequest& request, v1::ForwardResponse* out) {
   out->set_rows(output.rows);
   out->set_start_position(output.start_position);
@@ -283,7 +285,7 @@ void FillForwardResponse(const glm::ForwardOutput& output, const glm::ModelConfi
   }
 }
 
-void FillModelConfig(const glm::ModelConfig& c, v1::ModelConfig* out) {
+void FillModelConfig(const glmserve::ModelConfig& c, v1::ModelConfig* out) {
   out->set_vocab_size(c.vocab_size);
   out->set_hidden_size(c.hidden_size);
   out->set_intermediate_size(c.intermediate_size);

@@ -25,17 +25,18 @@ struct ForwardOutputSize {
   int64_t engine_bytes = 0;
   int64_t reply_bytes = 0;
 };
-ForwardOutputSize ForwardOutputBytes(const glm::ForwardRequest& body,
-                                     const glm::ModelConfig& config, v1::DataType output_dtype);
+ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
+                                     const glmserve::ModelConfig& config,
+                                     v1::DataType output_dtype);
 
 // GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
 // token ids (prompt or stop) outside [0, vocab), a prompt longer than max_prompt_tokens,
 // max_new_tokens outside [1, max_new_tokens], prompt + max_new_tokens beyond the model's
 // positions, bad sampling values, top_logprobs outside [0, 20]. FAILED_PRECONDITION when
 // this server does not serve the whole model (Generate needs the embedding and the head).
-absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
-                                                      const glm::ModelRunner& model,
-                                                      const ServingLimits& limits);
+absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                           const glmserve::ModelRunner& model,
+                                                           const ServingLimits& limits);
 
 // ForwardRequest -> engine request. INVALID_ARGUMENT for: no input, a layer span outside the
 // served one or empty, token input to a span not starting at layer 0 (or hidden input to
@@ -44,24 +45,24 @@ absl::StatusOr<glm::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest&
 // requested from a span that does not end at the model's last layer, an unknown output
 // dtype, a malformed session id, no output requested. RESOURCE_EXHAUSTED when the reply would
 // exceed max_reply_bytes, from the shape alone (before any compute).
-absl::StatusOr<glm::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
-                                                    const glm::ModelRunner& model,
-                                                    const ServingLimits& limits);
+absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
+                                                         const glmserve::ModelRunner& model,
+                                                         const ServingLimits& limits);
 
 // Server-side timings relative to `arrival` (the handler's entry).
-void FillTimings(const glm::Timestamps& times, glm::SteadyTime arrival, v1::Timings* out);
+void FillTimings(const glmserve::Timestamps& times, glmserve::SteadyTime arrival, v1::Timings* out);
 
 // The final message of a successful Generate stream.
-void FillFinished(const glm::FinishEvent& finish, glm::SteadyTime arrival,
+void FillFinished(const glmserve::FinishEvent& finish, glmserve::SteadyTime arrival,
                   const std::string& request_id, v1::Finished* out);
 
-void FillToken(const glm::TokenEvent& token, v1::GeneratedToken* out);
+void FillToken(const glmserve::TokenEvent& token, v1::GeneratedToken* out);
 
 // Encodes a Forward result: hidden [rows, hidden_size] and logits [rows, vocab_size] as the
 // request asked, in its output dtype.
-void FillForwardResponse(const glm::ForwardOutput& output, const glm::ModelConfig& config,
+void FillForwardResponse(const glmserve::ForwardOutput& output, const glmserve::ModelConfig& config,
                          const v1::ForwardRequest& request, v1::ForwardResponse* out);
 
-void FillModelConfig(const glm::ModelConfig& config, v1::ModelConfig* out);
+void FillModelConfig(const glmserve::ModelConfig& config, v1::ModelConfig* out);
 
 }  // namespace glmserve

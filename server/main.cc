@@ -88,8 +88,8 @@ ABSL_FLAG(std::string, log_format, "text", "access log lines: text (key=value) o
 
 namespace {
 
-absl::StatusOr<glm::LayerSpan> ParseLayers(const std::string& text) {
-  glm::LayerSpan span;
+absl::StatusOr<glmserve::LayerSpan> ParseLayers(const std::string& text) {
+  glmserve::LayerSpan span;
   if (text.empty()) return span;
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &span.begin) ||
@@ -148,8 +148,8 @@ sigset_t BlockShutdownSignals() {
   return set;
 }
 
-const glmcli::ProgramHelp& Help() {
-  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+const glmserve::cli::ProgramHelp& Help() {
+  static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
       "glm-server",
       "serves a GLM-4.5-family model over gRPC, with health, reflection and /metrics",
       {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
@@ -199,13 +199,14 @@ absl::Status ValidateMainFlags() {
       !s.ok()) {
     return s;
   }
-  return glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
+  return glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
+  if (std::optional<int> code = glmserve::cli::HandleHelpAndVersion(argc, argv, Help()))
+    return *code;
   absl::SetProgramUsageMessage(
       "Serves a GLM-4.5-family model over gRPC.\n"
       "  glm-server --model=glm-4.5-mini --port=50051 --metrics_port=9090");
@@ -213,9 +214,10 @@ int main(int argc, char** argv) {
   const glmserve::ServerOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
-  absl::StatusOr<glm::DeviceKind> device = glm::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<glmserve::DeviceKind> device =
+      glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return BadFlag(device.status());
-  absl::StatusOr<glm::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
+  absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return BadFlag(span.status());
   if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
     std::fprintf(stderr,
@@ -232,7 +234,7 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();
 
-  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
 
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
@@ -244,13 +246,13 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   const absl::Time t_load = absl::Now();
-  glm::RandomWeightOptions random;
+  glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
-  glm::LoadOptions load;
-  load.verify = *glm::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
+  glmserve::LoadOptions load;
+  load.verify = *glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
   // A progress line at the start, every 2 s and at the end of reading the checkpoint.
   absl::Time last_progress = absl::InfinitePast();
-  load.progress = [&](const glm::LoadProgress& p) {
+  load.progress = [&](const glmserve::LoadProgress& p) {
     const absl::Time now = absl::Now();
     if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
         now - last_progress < absl::Seconds(2)) {
@@ -258,15 +260,15 @@ int main(int argc, char** argv) {
     }
     last_progress = now;
     std::printf("glm-server: loading %s: %s\n", absl::GetFlag(FLAGS_model).c_str(),
-                glm::DescribeLoadProgress(p).c_str());
+                glmserve::DescribeLoadProgress(p).c_str());
     std::fflush(stdout);
   };
-  absl::StatusOr<glm::ModelWeights> weights =
-      glm::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
+  absl::StatusOr<glmserve::ModelWeights> weights =
+      glmserve::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
-  const glm::DType weight_dtype = weights->weight_dtype;
-  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =
-      glm::CreateModelRunner(*std::move(weights), *device);
+  const glmserve::DType weight_dtype = weights->weight_dtype;
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
+      glmserve::CreateModelRunner(*std::move(weights), *device);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (!stop.HasBeenNotified()) {

@@ -323,11 +323,11 @@ void Metrics::SetBuildInfo(const std::string& version, const std::string& model,
   build_info_->Add({{"version", version}, {"model", model}, {"device", device}}).Set(1);
 }
 
-void Metrics::SetEngine(const glm::Engine* engine) {
+void Metrics::SetEngine(const glmserve::Engine* engine) {
   std::lock_guard<std::mutex> lock(mu_);
   engine_ = engine;
   // Counters count from the moment of attachment (not the warm-up before it).
-  last_ = engine != nullptr ? engine->Stats() : glm::EngineStats{};
+  last_ = engine != nullptr ? engine->Stats() : glmserve::EngineStats{};
 }
 
 void Metrics::RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds) {
@@ -339,8 +339,8 @@ void Metrics::RecordQueue(Rpc rpc, double seconds) {
   if (prometheus::Histogram* h = queue_duration_[static_cast<int>(rpc)]) h->Observe(seconds);
 }
 
-void Metrics::RecordSuccess(Rpc rpc, const glm::FinishEvent& finish) {
-  const auto seconds = [](glm::SteadyTime a, glm::SteadyTime b) {
+void Metrics::RecordSuccess(Rpc rpc, const glmserve::FinishEvent& finish) {
+  const auto seconds = [](glmserve::SteadyTime a, glmserve::SteadyTime b) {
     return std::chrono::duration<double>(b - a).count();
   };
   request_prompt_tokens_->Observe(static_cast<double>(finish.prompt_tokens));
@@ -348,9 +348,9 @@ void Metrics::RecordSuccess(Rpc rpc, const glm::FinishEvent& finish) {
     success_forward_->Increment();
     return;
   }
-  (finish.reason == glm::FinishReason::kLength ? success_length_ : success_stop_)->Increment();
+  (finish.reason == glmserve::FinishReason::kLength ? success_length_ : success_stop_)->Increment();
   request_generation_tokens_->Observe(static_cast<double>(finish.generated_tokens));
-  const glm::Timestamps& t = finish.times;
+  const glmserve::Timestamps& t = finish.times;
   if (t.first_scheduled && t.first_token) {
     request_prefill_time_->Observe(seconds(*t.first_scheduled, *t.first_token));
   }
@@ -368,7 +368,7 @@ void Metrics::RecordTokens(int64_t prompt_tokens, int64_t generated_tokens) {
   generation_tokens_->Increment(static_cast<double>(generated_tokens));
 }
 
-void Metrics::ObserveStep(const glm::StepReport& report) {
+void Metrics::ObserveStep(const glmserve::StepReport& report) {
   const int64_t prefill = report.prefill_tokens + report.forward_tokens;
   const int64_t decode = report.decode_tokens;
   prometheus::Histogram* step = decode == 0    ? step_prefill_
@@ -389,7 +389,7 @@ void Metrics::Refresh() const {
   process_max_fds_->Set(p.max_fds);
   process_start_time_->Set(p.start_time);
   if (engine_ == nullptr) return;
-  const glm::EngineStats s = engine_->Stats();
+  const glmserve::EngineStats s = engine_->Stats();
   running_->Set(static_cast<double>(s.running));
   waiting_->Set(static_cast<double>(s.waiting));
   kv_usage_->Set(s.kv_usage());

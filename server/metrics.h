@@ -47,7 +47,7 @@ class Metrics {
                     const std::string& device);
   // The engine whose Stats() feed the gauges at scrape time; nullptr detaches it (before the
   // engine is destroyed).
-  void SetEngine(const glm::Engine* engine);
+  void SetEngine(const glmserve::Engine* engine);
 
   // One finished RPC: its final status and its duration from arrival to last byte.
   void RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds);
@@ -58,9 +58,9 @@ class Metrics {
   void RecordTokens(int64_t prompt_tokens, int64_t generated_tokens);
   // A call that reached the engine and ended OK (Generate: stop or length; Forward): the
   // finished_reason counter and the per-request token and phase-time histograms.
-  void RecordSuccess(Rpc rpc, const glm::FinishEvent& finish);
+  void RecordSuccess(Rpc rpc, const glmserve::FinishEvent& finish);
   // The engine's step observer (engine thread; a few histogram observes).
-  void ObserveStep(const glm::StepReport& report);
+  void ObserveStep(const glmserve::StepReport& report);
 
   // Pulls Engine::Stats() into the gauges and counters (done on every scrape).
   void Refresh() const;
@@ -112,8 +112,8 @@ class Metrics {
 
   // Guards the engine pointer and the last cumulative values already added to the counters.
   mutable std::mutex mu_;
-  const glm::Engine* engine_ = nullptr;
-  mutable glm::EngineStats last_;
+  const glmserve::Engine* engine_ = nullptr;
+  mutable glmserve::EngineStats last_;
   mutable double last_cpu_seconds_ = 0;
 };
 

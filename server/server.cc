@@ -38,7 +38,7 @@ constexpr char kServiceName[] = "glmserve.v1.GlmService";
 // mistake is an error, not a hang).
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   constexpr uint64_t kMaxBytes = 4 << 20;
-  absl::StatusOr<std::string> text = glm::ReadRegularFile(path, kMaxBytes);
+  absl::StatusOr<std::string> text = glmserve::ReadRegularFile(path, kMaxBytes);
   if (!text.ok()) {
     return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
   }
@@ -97,13 +97,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const T
   return grpc::SslServerCredentials(ssl);
 }
 
-v1::DataType WireDType(glm::DType dtype) {
+v1::DataType WireDType(glmserve::DType dtype) {
   switch (dtype) {
-    case glm::DType::kF32:
+    case glmserve::DType::kF32:
       return v1::DATA_TYPE_FP32;
-    case glm::DType::kBF16:
+    case glmserve::DType::kBF16:
       return v1::DATA_TYPE_BF16;
-    case glm::DType::kF16:
+    case glmserve::DType::kF16:
       return v1::DATA_TYPE_FP16;
   }
   return v1::DATA_TYPE_UNSPECIFIED;
@@ -160,7 +160,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError("--default_deadline and --max_deadline must be >= 0");
   }
   if (o.address.empty()) return absl::InvalidArgumentError("--address is empty");
-  if (absl::Status s = glm::ValidateEngineOptions(o.engine); !s.ok()) {
+  if (absl::Status s = glmserve::ValidateEngineOptions(o.engine); !s.ok()) {
     // The engine names its options as EngineOptions fields, which are the flags' names.
     return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
   }
@@ -251,8 +251,9 @@ void GlmServer::SetReady(bool ready) {
   ready_ = ready;
 }
 
-absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DType weight_dtype) {
-  const glm::ModelConfig config = model->config();
+absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
+                              glmserve::DType weight_dtype) {
+  const glmserve::ModelConfig config = model->config();
   const int64_t positions = config.max_position_embeddings;
   ServingLimits limits;
   limits.max_prompt_tokens =
@@ -263,7 +264,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DTyp
   limits.default_max_new_tokens = std::min(options_.default_max_new_tokens, limits.max_new_tokens);
   limits.max_reply_bytes = options_.max_message_bytes;
 
-  glm::EngineOptions engine_options = options_.engine;
+  glmserve::EngineOptions engine_options = options_.engine;
   engine_options.max_prompt_tokens = limits.max_prompt_tokens;
   engine_options.max_new_tokens_limit = limits.max_new_tokens;
   const std::string device = model->device_name();
@@ -271,13 +272,13 @@ absl::Status GlmServer::Serve(std::unique_ptr<glm::ModelRunner> model, glm::DTyp
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
   kv_bytes_per_token_ = model->kv_bytes_per_token();
-  absl::StatusOr<std::unique_ptr<glm::Engine>> engine =
-      glm::Engine::Create(std::move(model), engine_options);
+  absl::StatusOr<std::unique_ptr<glmserve::Engine>> engine =
+      glmserve::Engine::Create(std::move(model), engine_options);
   if (!engine.ok()) return engine.status();
   engine_ = *std::move(engine);
   Metrics* metrics = metrics_.get();
   std::atomic<int64_t>* observed = &steps_observed_;
-  engine_->SetStepObserver([metrics, observed](const glm::StepReport& r) {
+  engine_->SetStepObserver([metrics, observed](const glmserve::StepReport& r) {
     metrics->ObserveStep(r);
     observed->fetch_add(1);
   });
@@ -337,7 +338,7 @@ std::string GlmServer::StartupSummary() const {
                   " layers, hidden ", i.config().hidden_size(), ", ", i.config().n_routed_experts(),
                   " experts, vocab ", i.config().vocab_size(), ")\n");
   absl::StrAppend(&out, "layers      ", i.layer_begin(), ":", i.layer_end(), "\n");
-  absl::StrAppend(&out, "device      ", i.device(), ", ", glm::NumThreads(), " CPU threads\n");
+  absl::StrAppend(&out, "device      ", i.device(), ", ", glmserve::NumThreads(), " CPU threads\n");
   absl::StrAppend(&out, "memory      ", size(i.weight_bytes()), " weights (",
                   v1::DataType_Name(i.weight_dtype()).substr(10), ") + ", size(kv_bytes),
                   " KV cache = ", size(i.weight_bytes() + kv_bytes), "\n");
@@ -387,16 +388,16 @@ void GlmServer::StopExposer() {
 }
 
 absl::Status GlmServer::Warmup() {
-  const glm::ModelRunner& model = engine_->model();
-  std::optional<glm::Request> request;
+  const glmserve::ModelRunner& model = engine_->model();
+  std::optional<glmserve::Request> request;
   if (model.has_embedding() && model.has_head()) {
-    glm::GenerateRequest body;
+    glmserve::GenerateRequest body;
     body.prompt = {0};
     body.stop.max_new_tokens = 1;
     body.stop.ignore_eos = true;
     request.emplace(std::move(body));
   } else {
-    glm::ForwardRequest body;
+    glmserve::ForwardRequest body;
     if (model.has_embedding()) {
       body.token_ids = {0};
     } else {
@@ -407,14 +408,14 @@ absl::Status GlmServer::Warmup() {
     request.emplace(std::move(body));
   }
   // Shared with the callback: the engine may still be inside it when Pop returns.
-  auto queue = std::make_shared<glm::EventQueue>();
-  absl::StatusOr<glm::RequestId> id = engine_->Submit(
-      *std::move(request), [queue](glm::Event&& e) { queue->Callback()(std::move(e)); });
+  auto queue = std::make_shared<glmserve::EventQueue>();
+  absl::StatusOr<glmserve::RequestId> id = engine_->Submit(
+      *std::move(request), [queue](glmserve::Event&& e) { queue->Callback()(std::move(e)); });
   if (!id.ok()) return id.status();
   for (;;) {
-    std::optional<glm::Event> event = queue->Pop(absl::Minutes(30));
+    std::optional<glmserve::Event> event = queue->Pop(absl::Minutes(30));
     if (!event) return absl::DeadlineExceededError("no answer within 30 minutes");
-    auto* finish = std::get_if<glm::FinishEvent>(&event->body);
+    auto* finish = std::get_if<glmserve::FinishEvent>(&event->body);
     if (finish == nullptr) continue;
     if (!finish->status.ok()) return finish->status;
     break;

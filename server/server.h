@@ -61,7 +61,7 @@ struct ServerOptions {
   int64_t max_prompt_tokens = 0;  // 0: the model's max_position_embeddings
   int64_t max_new_tokens = 0;     // 0: the model's max_position_embeddings
   int64_t default_max_new_tokens = 256;
-  glm::EngineOptions engine;
+  glmserve::EngineOptions engine;
   std::string model_name;  // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;
@@ -85,7 +85,7 @@ class GlmServer {
   // Creates the engine over `model`, warms it up with one request, attaches it to the
   // service and marks readiness SERVING. `weight_dtype` (ModelWeights::weight_dtype) is
   // what GetModelInfo reports.
-  absl::Status Serve(std::unique_ptr<glm::ModelRunner> model, glm::DType weight_dtype);
+  absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype);
 
   // Graceful shutdown: readiness NOT_SERVING, new calls UNAVAILABLE, calls in flight get up
   // to `grace` to finish, then what is left is cancelled and the server stops. Idempotent.
@@ -98,7 +98,7 @@ class GlmServer {
   // device, weights, the memory plan (weights + KV cache), KV capacity, engine and request
   // limits, security and logging. glm-server prints it once ready.
   std::string StartupSummary() const;
-  glm::Engine* engine() { return engine_.get(); }
+  glmserve::Engine* engine() { return engine_.get(); }
   Metrics& metrics() { return *metrics_; }
   GlmServiceImpl& service() { return *service_; }
   // Null without ServerOptions::access_log.
@@ -117,7 +117,7 @@ class GlmServer {
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::unique_ptr<glm::Engine> engine_;
+  std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve
   int64_t kv_bytes_per_token_ = 0;          // set by Serve

@@ -13,7 +13,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(glm::SteadyTime from, glm::SteadyTime to) {
+double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
@@ -57,7 +57,7 @@ class SimpleReactor final : public grpc::ServerUnaryReactor {
   GlmServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   const Rpc rpc_;
-  const glm::SteadyTime arrival_;
+  const glmserve::SteadyTime arrival_;
   grpc::Status status_;
 };
 
@@ -75,7 +75,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return FinishEarly(status);
-    absl::StatusOr<glm::GenerateRequest> body =
+    absl::StatusOr<glmserve::GenerateRequest> body =
         ToEngineGenerate(request, backend->engine->model(), backend->limits);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
     if (!service_->AcquireStream()) {
@@ -86,11 +86,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
     holds_stream_ = true;
     engine_ = backend->engine;
-    glm::Request engine_request(*std::move(body));
+    glmserve::Request engine_request(*std::move(body));
     engine_request.deadline = service_->EngineDeadline(context_);
     engine_request.client_request_id = request_id_;
-    absl::StatusOr<glm::RequestId> id = engine_->Submit(
-        std::move(engine_request), [this](glm::Event&& event) { OnEvent(std::move(event)); });
+    absl::StatusOr<glmserve::RequestId> id = engine_->Submit(
+        std::move(engine_request), [this](glmserve::Event&& event) { OnEvent(std::move(event)); });
     if (!id.ok()) return FinishEarly(ToGrpcStatus(id.status()));
     bool cancelled;
     {
@@ -102,7 +102,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnWriteDone(bool ok) override {
-    glm::RequestId cancel = 0;
+    glmserve::RequestId cancel = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       write_in_flight_ = false;
@@ -117,7 +117,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnCancel() override {
-    glm::RequestId id;
+    glmserve::RequestId id;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
@@ -128,7 +128,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   void OnDone() override {
     if (holds_stream_) service_->ReleaseStream();
-    std::optional<glm::FinishEvent> finish;
+    std::optional<glmserve::FinishEvent> finish;
     {
       std::lock_guard<std::mutex> lock(mu_);  // orders the engine thread's write of finish_
       finish = finish_;
@@ -148,9 +148,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   // Engine thread: record, queue, and start a write if none is in flight.
-  void OnEvent(glm::Event&& event) {
+  void OnEvent(glmserve::Event&& event) {
     Metrics* metrics = service_->metrics_;
-    if (auto* token = std::get_if<glm::TokenEvent>(&event.body)) {
+    if (auto* token = std::get_if<glmserve::TokenEvent>(&event.body)) {
       if (!last_token_time_) {
         metrics->RecordTimeToFirstToken(Seconds(arrival_, token->time));
       } else {
@@ -159,7 +159,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       last_token_time_ = token->time;
       std::lock_guard<std::mutex> lock(mu_);
       pending_.push_back(std::move(*token));
-    } else if (auto* finish = std::get_if<glm::FinishEvent>(&event.body)) {
+    } else if (auto* finish = std::get_if<glmserve::FinishEvent>(&event.body)) {
       if (finish->times.first_scheduled) {
         metrics->RecordQueue(Rpc::kGenerate, Seconds(arrival_, *finish->times.first_scheduled));
       }
@@ -191,7 +191,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
           action = Action::kFinish;
         } else {
           response_.Clear();
-          for (const glm::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
+          for (const glmserve::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
           pending_.clear();
           FillFinished(*finish_, arrival_, request_id_, response_.mutable_finished());
           action = Action::kWriteAndFinish;
@@ -200,7 +200,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       } else if (!pending_.empty() && !broken_) {
         // Every token produced while the previous write was in flight goes in this one.
         response_.Clear();
-        for (const glm::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
+        for (const glmserve::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
         pending_.clear();
         write_in_flight_ = true;
         action = Action::kWrite;
@@ -223,22 +223,22 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   GlmServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
-  const glm::SteadyTime arrival_;
-  glm::Engine* engine_ = nullptr;
+  const glmserve::SteadyTime arrival_;
+  glmserve::Engine* engine_ = nullptr;
   std::string request_id_;
   bool holds_stream_ = false;
-  std::optional<glm::SteadyTime> last_token_time_;  // engine thread only
+  std::optional<glmserve::SteadyTime> last_token_time_;  // engine thread only
 
   std::mutex mu_;
-  glm::RequestId id_ = 0;                   // guarded by mu_
-  bool cancelled_ = false;                  // guarded by mu_
-  bool broken_ = false;                     // guarded by mu_: a write failed
-  bool write_in_flight_ = false;            // guarded by mu_
-  bool finish_called_ = false;              // guarded by mu_
-  std::vector<glm::TokenEvent> pending_;    // guarded by mu_
-  std::optional<glm::FinishEvent> finish_;  // guarded by mu_
-  grpc::Status status_;                     // the final status; read in OnDone
-  v1::GenerateResponse response_;           // owned by the thread that claimed the write
+  glmserve::RequestId id_ = 0;                   // guarded by mu_
+  bool cancelled_ = false;                       // guarded by mu_
+  bool broken_ = false;                          // guarded by mu_: a write failed
+  bool write_in_flight_ = false;                 // guarded by mu_
+  bool finish_called_ = false;                   // guarded by mu_
+  std::vector<glmserve::TokenEvent> pending_;    // guarded by mu_
+  std::optional<glmserve::FinishEvent> finish_;  // guarded by mu_
+  grpc::Status status_;                          // the final status; read in OnDone
+  v1::GenerateResponse response_;                // owned by the thread that claimed the write
 };
 
 // ---- Forward -------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return Reply(status);
-    absl::StatusOr<glm::ForwardRequest> body =
+    absl::StatusOr<glmserve::ForwardRequest> body =
         ToEngineForward(request, backend->engine->model(), backend->limits);
     if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
     const ForwardOutputSize size =
@@ -269,11 +269,11 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
     body->session_owner = service_->CallerIdentity(context_);
     engine_ = backend->engine;
     request_ = &request;  // valid until Finish
-    glm::Request engine_request(*std::move(body));
+    glmserve::Request engine_request(*std::move(body));
     engine_request.deadline = service_->EngineDeadline(context_);
     engine_request.client_request_id = request.request_id();
-    absl::StatusOr<glm::RequestId> id = engine_->Submit(
-        std::move(engine_request), [this](glm::Event&& event) { OnEvent(std::move(event)); });
+    absl::StatusOr<glmserve::RequestId> id = engine_->Submit(
+        std::move(engine_request), [this](glmserve::Event&& event) { OnEvent(std::move(event)); });
     if (!id.ok()) return Reply(ToGrpcStatus(id.status()));
     bool cancelled;
     {
@@ -285,7 +285,7 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnCancel() override {
-    glm::RequestId id;
+    glmserve::RequestId id;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
@@ -309,12 +309,12 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
 
   // Engine thread: keep the output (a move), and on the finish hand the encoding to the
   // encoder pool so the engine thread goes straight back to its loop.
-  void OnEvent(glm::Event&& event) {
-    if (auto* output = std::get_if<glm::ForwardOutput>(&event.body)) {
+  void OnEvent(glmserve::Event&& event) {
+    if (auto* output = std::get_if<glmserve::ForwardOutput>(&event.body)) {
       output_ = std::move(*output);
       return;
     }
-    auto* finish = std::get_if<glm::FinishEvent>(&event.body);
+    auto* finish = std::get_if<glmserve::FinishEvent>(&event.body);
     if (finish == nullptr) return;
     Metrics* metrics = service_->metrics_;
     if (finish->times.first_scheduled) {
@@ -338,21 +338,21 @@ class ForwardReactor final : public grpc::ServerUnaryReactor {
   GlmServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   v1::ForwardResponse* const response_;
-  const glm::SteadyTime arrival_;
-  glm::Engine* engine_ = nullptr;
+  const glmserve::SteadyTime arrival_;
+  glmserve::Engine* engine_ = nullptr;
   const v1::ForwardRequest* request_ = nullptr;
   std::string request_id_;
   int64_t reserved_bytes_ = 0;  // of the service's output budget, released in OnDone
   // Written on the engine thread before the encoder task is queued (which orders them, and
   // the encoder's Finish orders them before OnDone).
-  glm::ForwardOutput output_;
-  glm::FinishEvent finish_;
+  glmserve::ForwardOutput output_;
+  glmserve::FinishEvent finish_;
   bool finished_ = false;
   grpc::Status status_;
 
   std::mutex mu_;
-  glm::RequestId id_ = 0;   // guarded by mu_
-  bool cancelled_ = false;  // guarded by mu_
+  glmserve::RequestId id_ = 0;  // guarded by mu_
+  bool cancelled_ = false;      // guarded by mu_
 };
 
 // ---- The service -----------------------------------------------------------------------------
@@ -376,8 +376,8 @@ bool GlmServiceImpl::WaitIdle(absl::Time deadline) {
 void GlmServiceImpl::CallStarted() { in_flight_.fetch_add(1); }
 
 void GlmServiceImpl::CallDone(Rpc rpc, const grpc::Status& status,
-                              grpc::CallbackServerContext* context, glm::SteadyTime arrival,
-                              const std::string& request_id, const glm::FinishEvent* finish) {
+                              grpc::CallbackServerContext* context, glmserve::SteadyTime arrival,
+                              const std::string& request_id, const glmserve::FinishEvent* finish) {
   const double total = Seconds(arrival, Clock::now());
   const grpc::StatusCode code = ReportedCode(status, context);
   metrics_->RecordRequest(rpc, code, total);
@@ -491,7 +491,7 @@ const Backend* GlmServiceImpl::Admit(grpc::CallbackServerContext* context,
   return backend;
 }
 
-std::optional<glm::SteadyTime> GlmServiceImpl::EngineDeadline(
+std::optional<glmserve::SteadyTime> GlmServiceImpl::EngineDeadline(
     grpc::CallbackServerContext* context) const {
   // The engine wants its monotonic clock; gRPC gives the wall clock. The remaining time
   // carries over (clock adjustments during the call are ignored, as they should be).

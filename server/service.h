@@ -43,7 +43,7 @@ struct ServiceOptions {
 
 // What the service serves once the model is loaded and warmed up.
 struct Backend {
-  glm::Engine* engine = nullptr;
+  glmserve::Engine* engine = nullptr;
   ServingLimits limits;
   v1::ModelInfo info;
 };
@@ -96,15 +96,15 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   bool ReserveOutput(int64_t bytes);
   void ReleaseOutput(int64_t bytes) { output_bytes_.fetch_sub(bytes); }
   // The engine deadline of a call: its own, bounded by max_deadline, or the default.
-  std::optional<glm::SteadyTime> EngineDeadline(grpc::CallbackServerContext* context) const;
+  std::optional<glmserve::SteadyTime> EngineDeadline(grpc::CallbackServerContext* context) const;
   bool AcquireStream();
   void ReleaseStream();
   void CallStarted();
   // Every reactor's OnDone: the request metrics and the access log line, then CallDone.
   // `finish` is the engine's FinishEvent when the call reached the engine.
   void CallDone(Rpc rpc, const grpc::Status& status, grpc::CallbackServerContext* context,
-                glm::SteadyTime arrival, const std::string& request_id,
-                const glm::FinishEvent* finish);
+                glmserve::SteadyTime arrival, const std::string& request_id,
+                const glmserve::FinishEvent* finish);
   void CallDone();
 
   const ServiceOptions options_;

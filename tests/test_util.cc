@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-namespace glm::testing {
+namespace glmserve::testing {
 
 std::string GoldenDir(const std::string& name) {
   // A bundle run on another machine (tools/gpu_bundle.sh) carries the fixtures to a path of
@@ -45,4 +45,4 @@ std::string MakeTempDir(const std::string& prefix) {
   return tmpl;
 }
 
-}  // namespace glm::testing
+}  // namespace glmserve::testing

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace glm::testing {
+namespace glmserve::testing {
 
 // <dir>/<name>, where dir is $GLMSERVE_GOLDEN_DIR when set and non-empty, else the source
 // tree's tests/golden (an absolute path compiled in).
@@ -22,4 +22,4 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float stddev = 1.0f);
 // A fresh temporary directory, removed by the caller if wanted.
 std::string MakeTempDir(const std::string& prefix);
 
-}  // namespace glm::testing
+}  // namespace glmserve::testing

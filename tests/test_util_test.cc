@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-namespace glm::testing {
+namespace glmserve::testing {
 namespace {
 
 namespace fs = std::filesystem;
@@ -69,4 +69,4 @@ TEST(GoldenDirTest, EnvironmentNamesAnotherCopy) {
 }
 
 }  // namespace
-}  // namespace glm::testing
+}  // namespace glmserve::testing

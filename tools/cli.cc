@@ -27,7 +27,7 @@
 #define GLMSERVE_CUDA_BUILD 0
 #endif
 
-namespace glmcli {
+namespace glmserve::cli {
 namespace {
 
 constexpr size_t kWidth = 100;      // wrap column
@@ -158,4 +158,4 @@ std::optional<int> HandleHelpAndVersion(int argc, char** argv, const ProgramHelp
   return std::nullopt;
 }
 
-}  // namespace glmcli
+}  // namespace glmserve::cli

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace glmcli {
+namespace glmserve::cli {
 
 struct FlagGroup {
   std::string title;               // "Model and device"
@@ -48,4 +48,4 @@ std::string HelpText(const ProgramHelp& help);
 // prints the help (stdout) or version and returns the exit status (0). nullopt otherwise.
 std::optional<int> HandleHelpAndVersion(int argc, char** argv, const ProgramHelp& help);
 
-}  // namespace glmcli
+}  // namespace glmserve::cli

@@ -59,10 +59,10 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-absl::StatusOr<glm::DType> ParseDType(const std::string& s) {
-  if (s == "bf16") return glm::DType::kBF16;
-  if (s == "f16") return glm::DType::kF16;
-  if (s == "f32") return glm::DType::kF32;
+absl::StatusOr<glmserve::DType> ParseDType(const std::string& s) {
+  if (s == "bf16") return glmserve::DType::kBF16;
+  if (s == "f16") return glmserve::DType::kF16;
+  if (s == "f32") return glmserve::DType::kF32;
   return absl::InvalidArgumentError(absl::StrCat("--dtype: '", s, "' is not bf16, f16 or f32"));
 }
 
@@ -71,45 +71,46 @@ int32_t ArgMax(const float* v, int64_t n) {
 }
 
 absl::Status Run() {
-  if (absl::GetFlag(FLAGS_threads) > 0) glm::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
   if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<glm::DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  absl::StatusOr<glmserve::DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
 
   const auto t_load = Clock::now();
-  glm::RandomWeightOptions random;
+  glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
   random.dtype = *dtype;
-  absl::StatusOr<glm::ModelWeights> weights =
-      glm::LoadModel(absl::GetFlag(FLAGS_model), glm::LayerSpan{}, random);
+  absl::StatusOr<glmserve::ModelWeights> weights =
+      glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
-  glm::Model model(*std::move(weights));
-  const glm::ModelConfig& c = model.config();
+  glmserve::Model model(*std::move(weights));
+  const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
-              absl::GetFlag(FLAGS_model).c_str(), glm::DescribeConfig(c).c_str(),
+              absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),
               model.weights().ParameterBytes() / 1e9,
-              std::string(glm::DTypeName(model.weights().weight_dtype)).c_str(),
+              std::string(glmserve::DTypeName(model.weights().weight_dtype)).c_str(),
               Seconds(t_load, Clock::now()));
-  std::printf("threads   %d, linear kernel %s\n", glm::NumThreads(), glm::LinearKernelName());
+  std::printf("threads   %d, linear kernel %s\n", glmserve::NumThreads(),
+              glmserve::LinearKernelName());
 
   const int64_t total = static_cast<int64_t>(prompt->size()) + max_new;
   const int64_t block_size = 16;
-  glm::KvCache cache(model.CacheShape((total + block_size - 1) / block_size, block_size));
-  glm::BlockTable table;
+  glmserve::KvCache cache(model.CacheShape((total + block_size - 1) / block_size, block_size));
+  glmserve::BlockTable table;
   if (absl::Status s = cache.Reserve(&table, total); !s.ok()) return s;
 
   // Prefill: the whole prompt in one step.
-  glm::ForwardOptions options;
+  glmserve::ForwardOptions options;
   const bool want_prompt_logits = !absl::GetFlag(FLAGS_logits_out).empty();
-  options.logits = want_prompt_logits ? glm::LogitsRows::kAll : glm::LogitsRows::kLast;
+  options.logits = want_prompt_logits ? glmserve::LogitsRows::kAll : glmserve::LogitsRows::kLast;
   options.return_layer_hidden = !absl::GetFlag(FLAGS_hidden_out).empty();
-  glm::ForwardBatch batch;
+  glmserve::ForwardBatch batch;
   batch.sequences = {{static_cast<int64_t>(prompt->size()), 0, &table}};
   batch.token_ids = *prompt;
-  glm::ForwardResult result;
+  glmserve::ForwardResult result;
   const auto t_prefill = Clock::now();
   if (absl::Status s = model.Forward(batch, &cache, options, &result); !s.ok()) return s;
   const double prefill_s = Seconds(t_prefill, Clock::now());
@@ -118,8 +119,8 @@ absl::Status Run() {
               prefill_s, n / prefill_s);
 
   if (want_prompt_logits) {
-    if (absl::Status s =
-            glm::WriteNpy(absl::GetFlag(FLAGS_logits_out), {n, c.vocab_size}, result.logits.data());
+    if (absl::Status s = glmserve::WriteNpy(absl::GetFlag(FLAGS_logits_out), {n, c.vocab_size},
+                                            result.logits.data());
         !s.ok())
       return s;
   }
@@ -128,8 +129,8 @@ absl::Status Run() {
     for (const auto& layer : result.layer_hidden)
       stacked.insert(stacked.end(), layer.begin(), layer.end());
     const int64_t layers = static_cast<int64_t>(result.layer_hidden.size());
-    if (absl::Status s = glm::WriteNpy(absl::GetFlag(FLAGS_hidden_out), {layers, n, c.hidden_size},
-                                       stacked.data());
+    if (absl::Status s = glmserve::WriteNpy(absl::GetFlag(FLAGS_hidden_out),
+                                            {layers, n, c.hidden_size}, stacked.data());
         !s.ok())
       return s;
   }
@@ -137,7 +138,7 @@ absl::Status Run() {
   // Greedy decode, one token per step through the KV cache.
   std::vector<int32_t> generated;
   int32_t next = ArgMax(result.logits.data() + result.logits.size() - c.vocab_size, c.vocab_size);
-  options = glm::ForwardOptions{};
+  options = glmserve::ForwardOptions{};
   const auto t_decode = Clock::now();
   for (int step = 0; step < max_new; ++step) {
     generated.push_back(next);
@@ -160,8 +161,8 @@ absl::Status Run() {
   return absl::OkStatus();
 }
 
-const glmcli::ProgramHelp& Help() {
-  static const glmcli::ProgramHelp* help = new glmcli::ProgramHelp{
+const glmserve::cli::ProgramHelp& Help() {
+  static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
       "glm-run",
       "runs a GLM-4.5 model on prompt token ids and prints the greedy continuation",
       {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
@@ -177,7 +178,8 @@ const glmcli::ProgramHelp& Help() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::optional<int> code = glmcli::HandleHelpAndVersion(argc, argv, Help())) return *code;
+  if (std::optional<int> code = glmserve::cli::HandleHelpAndVersion(argc, argv, Help()))
+    return *code;
   absl::SetProgramUsageMessage(
       "Runs a GLM-4.5 model on prompt token ids and prints the greedy continuation.\n"
       "  glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16");

@@ -10,7 +10,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
@@ -254,4 +254,4 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 struct CublasApi {
   decltype(&cublasCreate_v2) create;
@@ -21,9 +21,9 @@ struct CublasApi {
   decltype(&cublasSetWorkspace_v2) set_workspace;
   // cublasGemmEx is overloaded in C++ (a compatibility inline): spell out the C entry point.
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t);
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t);
   decltype(&cublasGetStatusName) status_name;
   decltype(&cublasGetStatusString) status_string;
 };
@@ -33,4 +33,4 @@ absl::Status LoadCublas();
 // The loaded functions; only valid after LoadCublas() succeeded.
 const CublasApi& Cublas();
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -1,13 +1,12 @@
-#include "core/cuda/cublas_api.h"
-
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/cublas_api.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 CublasApi api;
@@ -26,8 +25,8 @@ void Load() {
   // binary was built against.
   void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
-    library = dlopen(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/", soname).c_str(),
-                     RTLD_NOW | RTLD_LOCAL);
+    library =
+        dlopen(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/", soname).c_str(), RTLD_NOW | RTLD_LOCAL);
   }
   if (library == nullptr) {
     load_status = absl::FailedPreconditionError(
@@ -55,4 +54,4 @@ absl::Status LoadCublas() {
 
 const CublasApi& Cublas() { return api; }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -7,31 +7,27 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "core/status_macros.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 absl::Status CudaError(cudaError_t error, const char* call, const char* file, int line);
 absl::Status CublasError(cublasStatus_t status, const char* call, const char* file, int line);
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda
 
-#define GLM_CUDA_RETURN_IF_ERROR(call)                                           \
-  do {                                                                           \
-    const cudaError_t glm_cuda_error_ = (call);                                  \
-    if (glm_cuda_error_ != cudaSuccess) {                                        \
-      return ::glm::cuda::CudaError(glm_cuda_error_, #call, __FILE__, __LINE__); \
-    }                                                                            \
-  } while (false)
-
-#define GLM_CUBLAS_RETURN_IF_ERROR(call)                                              \
+#define GLM_CUDA_RETURN_IF_ERROR(call)                                                \
   do {                                                                                \
-    const cublasStatus_t glm_cublas_status_ = (call);                                 \
-    if (glm_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                \
-      return ::glm::cuda::CublasError(glm_cublas_status_, #call, __FILE__, __LINE__); \
+    const cudaError_t glm_cuda_error_ = (call);                                       \
+    if (glm_cuda_error_ != cudaSuccess) {                                             \
+      return ::glmserve::cuda::CudaError(glm_cuda_error_, #call, __FILE__, __LINE__); \
     }                                                                                 \
   } while (false)
 
-#define GLM_RETURN_IF_ERROR(expr)                                                 \
-  do {                                                                            \
-    if (absl::Status glm_status_ = (expr); !glm_status_.ok()) return glm_status_; \
+#define GLM_CUBLAS_RETURN_IF_ERROR(call)                                                   \
+  do {                                                                                     \
+    const cublasStatus_t glm_cublas_status_ = (call);                                      \
+    if (glm_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
+      return ::glmserve::cuda::CublasError(glm_cublas_status_, #call, __FILE__, __LINE__); \
+    }                                                                                      \
   } while (false)

@@ -10,7 +10,7 @@
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 GemmOperand Bf16(const uint16_t* data, int64_t ld) { return {data, CUDA_R_16BF, ld}; }
@@ -34,16 +34,16 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
                                             c.hidden_size, eps, nullptr, a_.x, nullptr,
                                             stream_.get()));
   *pending = false;
-  GLM_RETURN_IF_ERROR(EnqueueAttention(layer, cache));
+  RETURN_IF_ERROR(EnqueueAttention(layer, cache));
   // h += attention output; x = RMSNorm_post(h), in fp32 too for the router.
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, a_.delta, l.post_norm, t, c.hidden_size, eps,
                                             nullptr, a_.x, l.is_moe ? a_.x32 : nullptr,
                                             stream_.get()));
   if (l.is_moe) {
-    GLM_RETURN_IF_ERROR(
+    RETURN_IF_ERROR(
         EnqueueMoe(layer, t, t * c.num_experts_per_tok <= options_.device_moe_max_pairs));
   } else {
-    GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, t));
+    RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, t));
   }
   *pending = true;  // delta holds the FFN output, added to h by the next norm or Resolve
   return absl::OkStatus();
@@ -54,8 +54,8 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   const DeviceLayer& l = weights_.layers[layer];
   const int64_t t = plan_.tokens;
   const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
-                           Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
+                       Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
   uint16_t* cache_layer =
       static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
   QkvShape qkv_shape;
@@ -78,18 +78,18 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
       LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
                            meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
                            attn_scratch_, a_.attn, stream_.get()));
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
-                           Bf16(a_.attn, c.q_dim()), t, a_.delta, CUDA_R_32F, c.hidden_size));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
+                       Bf16(a_.attn, c.q_dim()), t, a_.delta, CUDA_R_32F, c.hidden_size));
   return absl::OkStatus();
 }
 
 absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
-                           Bf16(a_.x, hidden), rows, a_.gate_up, CUDA_R_32F, 2 * width));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
+                       Bf16(a_.x, hidden), rows, a_.gate_up, CUDA_R_32F, 2 * width));
   GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream_.get()));
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.down, width), hidden, width, Bf16(a_.act, width),
-                           rows, a_.delta, CUDA_R_32F, hidden));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.down, width), hidden, width, Bf16(a_.act, width),
+                       rows, a_.delta, CUDA_R_32F, hidden));
   return absl::OkStatus();
 }
 
@@ -101,8 +101,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   const int64_t pairs = tokens * top_k;
   cudaStream_t stream = stream_.get();
   // Router in fp32 on the fp32 normed input, as the reference.
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), F32(l.router, hidden), n_experts, hidden,
-                           F32(a_.x32, hidden), tokens, a_.router_logits, CUDA_R_32F, n_experts));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(l.router, hidden), n_experts, hidden, F32(a_.x32, hidden),
+                       tokens, a_.router_logits, CUDA_R_32F, n_experts));
   GLM_CUDA_RETURN_IF_ERROR(LaunchRouter(a_.router_logits, tokens, l.router_bias, router_,
                                         a_.topk_ids, a_.topk_w, stream));
   int32_t* offsets = expert_offsets_ + layer * (n_experts + 1);
@@ -128,23 +128,22 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
-      GLM_RETURN_IF_ERROR(Gemm(cublas_.get(),
-                               Bf16(l.experts_gate_up + e * 2 * width * hidden, hidden), 2 * width,
-                               hidden, Bf16(a_.xp + first * hidden, hidden), rows,
-                               a_.gate_up + first * 2 * width, CUDA_R_32F, 2 * width));
+      RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_gate_up + e * 2 * width * hidden, hidden),
+                           2 * width, hidden, Bf16(a_.xp + first * hidden, hidden), rows,
+                           a_.gate_up + first * 2 * width, CUDA_R_32F, 2 * width));
     }
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
-      GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_down + e * hidden * width, width),
-                               hidden, width, Bf16(a_.act + first * width, width), rows,
-                               a_.yp + first * hidden, CUDA_R_32F, hidden));
+      RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_down + e * hidden * width, width), hidden,
+                           width, Bf16(a_.act + first * width, width), rows, a_.yp + first * hidden,
+                           CUDA_R_32F, hidden));
     }
   }
   // The shared expert writes delta (reusing gate_up / act after the routed experts are done
   // with them: same stream), then the routed sum is added to it.
-  if (l.shared.present()) GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.shared, tokens));
+  if (l.shared.present()) RETURN_IF_ERROR(EnqueueDenseFfn(l.shared, tokens));
   GLM_CUDA_RETURN_IF_ERROR(LaunchMoeCombine(a_.yp, a_.pair_pos, a_.topk_ids, a_.topk_w, tokens,
                                             top_k, hidden, l.shared.present(), a_.delta, stream));
   return absl::OkStatus();
@@ -164,10 +163,10 @@ absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(
       a_.h, nullptr, weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
       meta(meta_layout_.logit_index() + row_begin), head_x_, nullptr, stream_.get()));
-  GLM_RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(weights_.lm_head, c.hidden_size), c.vocab_size,
-                           c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
-                           c.vocab_size));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(weights_.lm_head, c.hidden_size), c.vocab_size,
+                       c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
+                       c.vocab_size));
   return absl::OkStatus();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -39,7 +39,7 @@
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 struct CudaModelOptions {
   int device = 0;
@@ -185,4 +185,4 @@ class CudaModel final : public ModelRunner {
   std::string graph_error_;
 };
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

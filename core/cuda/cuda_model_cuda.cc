@@ -11,7 +11,7 @@
 #include "core/cuda/cuda_model.h"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int64_t kLogitChunk = 128;      // logits rows per lm_head GEMM (and graph bucket cap)
@@ -54,7 +54,7 @@ class Carver {
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(ModelWeights weights,
                                                              const CudaModelOptions& options) {
   std::unique_ptr<CudaModel> model = absl::WrapUnique(new CudaModel());
-  GLM_RETURN_IF_ERROR(model->Init(std::move(weights), options));
+  RETURN_IF_ERROR(model->Init(std::move(weights), options));
   return model;
 }
 
@@ -213,7 +213,7 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
   ForwardOptions whole = options;
   whole.sequence_logits.clear();
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
-  GLM_RETURN_IF_ERROR(Forward(batch, cache, whole, result));
+  RETURN_IF_ERROR(Forward(batch, cache, whole, result));
   if (!any) return absl::OkStatus();
   // Compact in place: kept rows only move towards the front (a kept row's destination never
   // passes its source), so no second buffer and, when every computed row is wanted (a
@@ -373,7 +373,7 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
-  GLM_RETURN_IF_ERROR(CheckBatch(batch, *cache));
+  RETURN_IF_ERROR(CheckBatch(batch, *cache));
   if (options.logits != LogitsRows::kNone && !has_head_) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits need the last layer; this span ends at layer ", layer_end_));
@@ -384,10 +384,9 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   const int64_t real = batch.total_tokens();
   BuildStepPlan(batch, options.logits, cache->shape().block_size, tile_tokens_,
                 graph ? Bucket(real) : 0, has_embedding_, &plan_);
-  GLM_RETURN_IF_ERROR(
-      EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
+  RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
-  GLM_RETURN_IF_ERROR(UploadPlan());
+  RETURN_IF_ERROR(UploadPlan());
   last_step_valid_ = false;
   if (!has_embedding_) {
     const size_t bytes = sizeof(float) * real * c.hidden_size;
@@ -411,22 +410,22 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   const bool want_logits = options.logits != LogitsRows::kNone;
 
   if (graph) {
-    GLM_RETURN_IF_ERROR(RunGraph(cache, want_logits));
+    RETURN_IF_ERROR(RunGraph(cache, want_logits));
   } else {
-    if (has_embedding_) GLM_RETURN_IF_ERROR(EnqueueEmbedding());
+    if (has_embedding_) RETURN_IF_ERROR(EnqueueEmbedding());
     if (options.return_layer_hidden) {
-      GLM_RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
+      RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
     }
     bool pending = false;
     for (int64_t i = 0; i < layer_end_ - layer_begin_; ++i) {
-      GLM_RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
+      RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
       if (options.return_layer_hidden) {
-        GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
-        GLM_RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
+        RETURN_IF_ERROR(EnqueueResolve(&pending));
+        RETURN_IF_ERROR(CopyHidden(real, &result->layer_hidden.emplace_back()));
       }
     }
-    GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
-    if (options.return_hidden) GLM_RETURN_IF_ERROR(CopyHidden(real, &result->hidden));
+    RETURN_IF_ERROR(EnqueueResolve(&pending));
+    if (options.return_hidden) RETURN_IF_ERROR(CopyHidden(real, &result->hidden));
   }
 
   if (want_logits) {
@@ -436,7 +435,7 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
     for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
       const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
       // A graph step computed all its (<= kLogitChunk) rows already.
-      if (!graph) GLM_RETURN_IF_ERROR(EnqueueLogits(begin, rows));
+      if (!graph) RETURN_IF_ERROR(EnqueueLogits(begin, rows));
       GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
                                                sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
                                                stream_.get()));
@@ -452,13 +451,13 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
 }
 
 absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {
-  if (has_embedding_) GLM_RETURN_IF_ERROR(EnqueueEmbedding());
+  if (has_embedding_) RETURN_IF_ERROR(EnqueueEmbedding());
   bool pending = false;
   for (int64_t i = 0; i < layer_end_ - layer_begin_; ++i) {
-    GLM_RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
+    RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
   }
-  GLM_RETURN_IF_ERROR(EnqueueResolve(&pending));
-  if (logits) GLM_RETURN_IF_ERROR(EnqueueLogits(0, plan_.logit_rows));
+  RETURN_IF_ERROR(EnqueueResolve(&pending));
+  if (logits) RETURN_IF_ERROR(EnqueueLogits(0, plan_.logit_rows));
   return absl::OkStatus();
 }
 
@@ -470,7 +469,7 @@ absl::Status CudaModel::Capture(KvCache* cache, bool logits, GraphExec* exec) {
   cudaGraph_t raw = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);  // always leave capture
   const Graph graph(raw);
-  GLM_RETURN_IF_ERROR(body);
+  RETURN_IF_ERROR(body);
   GLM_CUDA_RETURN_IF_ERROR(end);
   cudaGraphExec_t instance = nullptr;
   GLM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&instance, graph.get(), 0));
@@ -535,7 +534,7 @@ absl::Status CudaModel::RunFfnForTest(int64_t layer, absl::Span<const float> x, 
     return absl::InvalidArgumentError("RunFfnForTest: bad layer or input size");
   }
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  GLM_RETURN_IF_ERROR(EnsureCapacity(tokens, 0));
+  RETURN_IF_ERROR(EnsureCapacity(tokens, 0));
   last_step_valid_ = false;
   float* x32 = has_moe_ ? a_.x32 : a_.delta;  // delta is only written after x is consumed
   GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x32, x.data(), sizeof(float) * x.size(),
@@ -543,9 +542,9 @@ absl::Status CudaModel::RunFfnForTest(int64_t layer, absl::Span<const float> x, 
   GLM_CUDA_RETURN_IF_ERROR(LaunchFloatToBf16(x32, tokens * hidden, a_.x, stream_.get()));
   const DeviceLayer& l = weights_.layers[layer];
   if (l.is_moe) {
-    GLM_RETURN_IF_ERROR(EnqueueMoe(layer, tokens, device_moe));
+    RETURN_IF_ERROR(EnqueueMoe(layer, tokens, device_moe));
   } else {
-    GLM_RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, tokens));
+    RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, tokens));
   }
   y->resize(tokens * hidden);
   GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y->data(), a_.delta, sizeof(float) * y->size(),
@@ -554,4 +553,4 @@ absl::Status CudaModel::RunFfnForTest(int64_t layer, absl::Span<const float> x, 
   return absl::OkStatus();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

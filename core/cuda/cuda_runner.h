@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "core/model_runner.h"
 
-namespace glm {
+namespace glmserve {
 
 // True when this build has the CUDA backend and a usable GPU is present at run time.
 bool CudaDeviceAvailable();
@@ -19,4 +19,4 @@ std::string CudaDeviceDescription();
 // A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -7,7 +7,7 @@
 #include "core/cuda/cuda_model.h"
 #include "core/cuda/cuda_runner.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 struct Probe {
@@ -69,4 +69,4 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weigh
   return std::unique_ptr<ModelRunner>(*std::move(model));
 }
 
-}  // namespace glm
+}  // namespace glmserve

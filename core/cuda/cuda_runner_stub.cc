@@ -2,7 +2,7 @@
 #include "absl/status/status.h"
 #include "core/cuda/cuda_runner.h"
 
-namespace glm {
+namespace glmserve {
 
 bool CudaDeviceAvailable() { return false; }
 
@@ -14,4 +14,4 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights) {
       "-DGLMSERVE_CUDA=ON)");
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 // A unique owner of a handle `T` released by `Release`.
 template <typename T, void (*Release)(T)>
@@ -113,4 +113,4 @@ absl::Status FillDevice(void* dst, int value, size_t bytes);
 // Waits for all work on the device and reports any asynchronous error.
 absl::Status SynchronizeDevice();
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -3,7 +3,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_memory.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 absl::Status CudaError(cudaError_t error, const char* call, const char* file, int line) {
   // Clears the (non-sticky) error so that it does not resurface at the next check.
@@ -107,4 +107,4 @@ absl::Status SynchronizeDevice() {
   return absl::OkStatus();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

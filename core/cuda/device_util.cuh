@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace glm::cuda::dev {
+namespace glmserve::cuda::dev {
 
 __device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
@@ -60,9 +60,9 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
-}  // namespace glm::cuda::dev
+}  // namespace glmserve::cuda::dev
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 // Blocks for a grid-stride loop over n items, capped so that huge n does not need huge grids.
 inline unsigned GridStrideBlocks(int64_t n, int threads) {
@@ -70,4 +70,4 @@ inline unsigned GridStrideBlocks(int64_t n, int threads) {
   return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

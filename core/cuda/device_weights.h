@@ -14,7 +14,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/weights.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 struct DeviceFfn {
   const uint16_t* gate_up = nullptr;  // [2 width, hidden]: gate rows, then up rows
@@ -58,4 +58,4 @@ struct DeviceWeights {
 // Uploads `w` through pinned staging buffers on `stream` and waits for the copies.
 absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream);
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

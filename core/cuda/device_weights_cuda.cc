@@ -8,7 +8,7 @@
 #include "core/ops/rope.h"
 #include "core/parallel.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int64_t kAlign = 256;
@@ -289,4 +289,4 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
   return out;
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -2,7 +2,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 __global__ void EmbeddingKernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ ids,
@@ -68,4 +68,4 @@ cudaError_t LaunchBf16ToFloat(const uint16_t* in, int64_t n, float* out, cudaStr
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 struct GemmOperand {
   const void* data = nullptr;
@@ -23,4 +23,4 @@ absl::Status Gemm(cublasHandle_t handle, const GemmOperand& w, int64_t n, int64_
                   const GemmOperand& x, int64_t m, void* y, cudaDataType y_type, int64_t y_ld,
                   bool accumulate = false);
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -13,7 +13,7 @@
 
 #include "core/cuda/row_math.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 // Limits of the kernels (checked once when a model is created).
 inline constexpr int64_t kMaxHeadDim = 256;
@@ -137,4 +137,4 @@ cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint
 cudaError_t LaunchFloatToBf16(const float* in, int64_t n, uint16_t* out, cudaStream_t stream);
 cudaError_t LaunchBf16ToFloat(const uint16_t* in, int64_t n, float* out, cudaStream_t stream);
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

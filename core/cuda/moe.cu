@@ -4,7 +4,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 // ---- router ---------------------------------------------------------------------------
@@ -271,4 +271,4 @@ cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -2,7 +2,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int kNormThreads = 256;
@@ -64,4 +64,4 @@ cudaError_t LaunchAdd(float* h, const float* delta, int64_t n, cudaStream_t stre
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

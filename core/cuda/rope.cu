@@ -3,7 +3,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int kRopeThreads = 256;
@@ -123,4 +123,4 @@ cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -16,7 +16,7 @@
 #define GLM_HD
 #endif
 
-namespace glm::rowmath {
+namespace glmserve::rowmath {
 
 // Bounds of the fixed-size per-thread arrays the router uses on the GPU.
 inline constexpr int kMaxExperts = 512;
@@ -117,4 +117,4 @@ GLM_HD inline float RmsInvScale(float sum_squares, int64_t width, float eps) {
   return 1.0f / sqrtf(sum_squares / static_cast<float>(width) + eps);
 }
 
-}  // namespace glm::rowmath
+}  // namespace glmserve::rowmath

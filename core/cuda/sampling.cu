@@ -11,7 +11,7 @@
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -188,4 +188,4 @@ cudaError_t LaunchRowTopK(const float* logits, int64_t rows, int64_t vocab, int 
   return cudaGetLastError();
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

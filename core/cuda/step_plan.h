@@ -10,7 +10,7 @@
 
 #include "core/forward_types.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 // Attention tile fields (see core/cuda/kernels.h): row0, num_q, pos0, bt_offset, kv_len.
 inline constexpr int kAttentionTileInts = 5;
@@ -63,4 +63,4 @@ struct MetaLayout {
 // `meta` must be copied to the device.
 int64_t WriteMeta(const StepPlan& plan, const MetaLayout& layout, int32_t* meta);
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -3,7 +3,7 @@
 
 #include "core/cuda/step_plan.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 
 void BuildStepPlan(const ForwardBatch& batch, LogitsRows logits, int64_t block_size,
                    int tile_tokens, int64_t pad_to, bool with_ids, StepPlan* plan) {
@@ -70,4 +70,4 @@ int64_t WriteMeta(const StepPlan& plan, const MetaLayout& layout, int32_t* meta)
   return layout.block_tables() + static_cast<int64_t>(plan.block_tables.size());
 }
 
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

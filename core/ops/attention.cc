@@ -6,7 +6,7 @@
 
 #include "core/parallel.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 // q . k with 8 independent partial sums (lane j takes d = j, j + 8, ...) combined by a fixed
@@ -93,4 +93,4 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   });
 }
 
-}  // namespace glm
+}  // namespace glmserve

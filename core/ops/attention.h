@@ -7,7 +7,7 @@
 #include "core/forward_types.h"
 #include "core/kv_cache.h"
 
-namespace glm {
+namespace glmserve {
 
 // Stores the new tokens' keys and values ([total_tokens, kv_heads * head_dim] each, rows in
 // batch order) into their slots of `layer`.
@@ -20,4 +20,4 @@ void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> bat
 void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
                     int64_t layer, int64_t heads, float scale, float* out);
 
-}  // namespace glm
+}  // namespace glmserve

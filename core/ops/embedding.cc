@@ -2,7 +2,7 @@
 
 #include "core/ops/linear.h"
 
-namespace glm {
+namespace glmserve {
 
 void EmbedTokens(const Matrix& table, const int32_t* ids, int64_t tokens, float* out) {
   for (int64_t t = 0; t < tokens; ++t) {
@@ -10,4 +10,4 @@ void EmbedTokens(const Matrix& table, const int32_t* ids, int64_t tokens, float*
   }
 }
 
-}  // namespace glm
+}  // namespace glmserve

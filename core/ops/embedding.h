@@ -5,9 +5,9 @@
 
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 // out: [tokens, table.cols]. Token ids must be in [0, table.rows) (checked by the caller).
 void EmbedTokens(const Matrix& table, const int32_t* ids, int64_t tokens, float* out);
 
-}  // namespace glm
+}  // namespace glmserve

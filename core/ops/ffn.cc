@@ -5,7 +5,7 @@
 
 #include "core/ops/linear.h"
 
-namespace glm {
+namespace glmserve {
 
 void SiluMul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
@@ -21,4 +21,4 @@ void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y) {
   Linear(gate.data(), m, w.down, nullptr, y);
 }
 
-}  // namespace glm
+}  // namespace glmserve

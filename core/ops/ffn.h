@@ -6,7 +6,7 @@
 
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 // silu(g) * u elementwise, silu(g) = g / (1 + exp(-g)); writes into g.
 void SiluMul(float* g, const float* u, int64_t n);
@@ -14,4 +14,4 @@ void SiluMul(float* g, const float* u, int64_t n);
 // x: [m, hidden]; y: [m, hidden] (overwritten).
 void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y);
 
-}  // namespace glm
+}  // namespace glmserve

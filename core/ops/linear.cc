@@ -5,7 +5,7 @@
 
 #include "core/parallel.h"
 
-namespace glm {
+namespace glmserve {
 namespace internal {
 
 bool CpuHasAvx512() {
@@ -120,4 +120,4 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
 
 const char* LinearKernelName() { return internal::CpuHasAvx512() ? "avx512" : "generic"; }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -14,7 +14,7 @@
 #include "absl/types/span.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 // x: [m, w.cols] row-major; y: [m, w.rows]; bias: [w.rows] or nullptr. Uses the thread
 // pool (core/parallel.h).
@@ -51,4 +51,4 @@ inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per 
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task
 }  // namespace internal
 
-}  // namespace glm
+}  // namespace glmserve

@@ -8,7 +8,7 @@
 
 #include "core/ops/linear.h"
 
-namespace glm::internal {
+namespace glmserve::internal {
 namespace {
 
 constexpr int kTileM = 4;
@@ -148,4 +148,4 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
   }
 }
 
-}  // namespace glm::internal
+}  // namespace glmserve::internal

@@ -8,7 +8,7 @@
 #include "core/ops/ffn.h"
 #include "core/ops/linear.h"
 
-namespace glm {
+namespace glmserve {
 
 RouterParams RouterParams::FromConfig(const ModelConfig& c) {
   RouterParams p;
@@ -153,4 +153,4 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   }
 }
 
-}  // namespace glm
+}  // namespace glmserve

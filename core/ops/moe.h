@@ -7,7 +7,7 @@
 #include "core/config.h"
 #include "core/weights.h"
 
-namespace glm {
+namespace glmserve {
 
 struct RouterParams {
   int64_t n_experts = 0;
@@ -33,4 +33,4 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
 // order (independent of the other tokens in the batch). x, y: [tokens, hidden].
 void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -5,7 +5,7 @@
 
 #include "core/parallel.h"
 
-namespace glm {
+namespace glmserve {
 
 void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps, float* y) {
   // Rows in chunks of ~32K elements: small calls stay on the calling thread.
@@ -28,4 +28,4 @@ void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, flo
   });
 }
 
-}  // namespace glm
+}  // namespace glmserve

@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-namespace glm {
+namespace glmserve {
 
 // x, y: [rows, width] (y may alias x); gain: [width].
 void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, float eps, float* y);
 
-}  // namespace glm
+}  // namespace glmserve

@@ -5,7 +5,7 @@
 
 #include "core/parallel.h"
 
-namespace glm {
+namespace glmserve {
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, int64_t rotary_dim, double theta)
     : head_dim_(head_dim), rotary_dim_(rotary_dim), inv_freq_(rotary_dim / 2) {
@@ -50,4 +50,4 @@ void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
   });
 }
 
-}  // namespace glm
+}  // namespace glmserve

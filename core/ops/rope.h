@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace glm {
+namespace glmserve {
 
 class RotaryEmbedding {
  public:
@@ -27,4 +27,4 @@ class RotaryEmbedding {
   std::vector<float> inv_freq_;  // [rotary_dim / 2]
 };
 
-}  // namespace glm
+}  // namespace glmserve

@@ -35,8 +35,8 @@ TEST(ClientTest, RetriesUnavailableUntilTheServerIsReady) {
   std::unique_ptr<Client> client = Connect(*server, FastRetries(100));
   std::thread loader([&] {
     absl::SleepFor(absl::Milliseconds(300));
-    glm::DType dtype;
-    std::unique_ptr<glm::ModelRunner> runner = testing::TinyRunner(&dtype);
+    glmserve::DType dtype;
+    std::unique_ptr<glmserve::ModelRunner> runner = testing::TinyRunner(&dtype);
     ASSERT_TRUE(server->Serve(std::move(runner), dtype).ok());
   });
   const absl::Time start = absl::Now();
@@ -54,8 +54,8 @@ TEST(ClientTest, GivesUpAfterMaxAttemptsAndNeverRetriesOtherCodes) {
   ASSERT_TRUE(testing::WaitUntil([&] { return server->service().calls_in_flight() == 0; }));
   EXPECT_EQ(Count(*server, "GetModelInfo", "UNAVAILABLE"), 3);
 
-  glm::DType dtype;
-  std::unique_ptr<glm::ModelRunner> runner = testing::TinyRunner(&dtype);
+  glmserve::DType dtype;
+  std::unique_ptr<glmserve::ModelRunner> runner = testing::TinyRunner(&dtype);
   ASSERT_TRUE(server->Serve(std::move(runner), dtype).ok());
   EXPECT_EQ(client->Generate(GreedyRequest({}, 3), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -19,7 +19,7 @@
 #include "core/weight_layout.h"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using ::testing::HasSubstr;
@@ -64,7 +64,7 @@ void ExpectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = glm::testing::MakeTempDir("checkpoint_test_"); }
+  void SetUp() override { dir_ = glmserve::testing::MakeTempDir("checkpoint_test_"); }
   void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
 
   // Random tiny weights saved to dir_; returns them.
@@ -586,7 +586,7 @@ TEST(RandomWeightsTest, DefaultModelIsQuick) {
 
 // Golden fixtures produced from Hugging Face (tests/golden/<case>/) load without complaint.
 TEST(GoldenCheckpointTest, EveryFixtureLoads) {
-  const std::string root = glm::testing::GoldenDir("");
+  const std::string root = glmserve::testing::GoldenDir("");
   DIR* d = ::opendir(root.c_str());
   if (d == nullptr) GTEST_SKIP() << "no golden fixtures in " << root;
   std::vector<std::string> cases;
@@ -599,7 +599,7 @@ TEST(GoldenCheckpointTest, EveryFixtureLoads) {
   }
   ::closedir(d);
   if (cases.empty()) GTEST_SKIP() << "no golden checkpoints in " << root;
-  const std::string tmp = glm::testing::MakeTempDir("golden_resave_");
+  const std::string tmp = glmserve::testing::MakeTempDir("golden_resave_");
   for (const std::string& name : cases) {
     absl::StatusOr<ModelWeights> w = LoadCheckpoint(root + name);
     ASSERT_TRUE(w.ok()) << name << ": " << w.status();
@@ -620,7 +620,7 @@ TEST(GoldenCheckpointTest, EveryFixtureLoads) {
 
 // Facts about particular fixtures (see tests/golden/README.md).
 TEST(GoldenCheckpointTest, FixtureDetails) {
-  const std::string root = glm::testing::GoldenDir("");
+  const std::string root = glmserve::testing::GoldenDir("");
   struct stat st;
   if (::stat((root + "fused_experts_fp32/config.json").c_str(), &st) != 0) {
     GTEST_SKIP() << "no golden fixtures in " << root;
@@ -663,4 +663,4 @@ TEST(GoldenCheckpointTest, FixtureDetails) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using ::testing::HasSubstr;
@@ -197,9 +197,9 @@ TEST(ConfigTest, LoadConfigFileNamesThePath) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 // A FIFO or an oversized file as config.json is refused at once (never a blocked read or a
@@ -217,4 +217,4 @@ TEST(ConfigTest, ConfigMustBeASmallRegularFile) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -17,7 +17,7 @@
 #include "core/kv_cache.h"
 #include "core/model.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 ModelWeights TinyWeights() {
@@ -312,4 +312,4 @@ TEST(KvCacheBytesTest, OverflowAndBadDimensionsAreErrors) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -11,7 +11,7 @@
 #include "core/checkpoint.h"
 #include "core/model.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
@@ -449,4 +449,4 @@ TEST(EngineTest, StopTokensAndEos) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

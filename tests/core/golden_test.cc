@@ -20,7 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 namespace fs = std::filesystem;
@@ -130,4 +130,4 @@ TEST(GoldenFixtures, ArePresent) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

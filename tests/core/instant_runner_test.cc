@@ -11,7 +11,7 @@
 
 #include "core/engine.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 ModelConfig SmallConfig() {
@@ -129,4 +129,4 @@ TEST(InstantRunnerTest, EngineGeneratesWhatTheRowsSay) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -9,7 +9,7 @@
 #include "core/checkpoint.h"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 ModelWeights TinyWeights(DType dtype, LayerSpan span = {}) {
@@ -244,4 +244,4 @@ INSTANTIATE_TEST_SUITE_P(WeightDTypes, ModelTest, ::testing::Values(DType::kF32,
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

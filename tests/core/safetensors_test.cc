@@ -14,14 +14,14 @@
 #include "core/safetensors_writer.h"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using ::testing::HasSubstr;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = glm::testing::MakeTempDir("safetensors_test_"); }
+  void SetUp() override { dir_ = glmserve::testing::MakeTempDir("safetensors_test_"); }
   void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
@@ -464,4 +464,4 @@ TEST_F(SafetensorsTest, SingleFileInDirectory) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -17,7 +17,7 @@
 #include "core/sampler.h"
 #include "tests/core/sampler_legacy.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -186,4 +186,4 @@ TEST(SamplerEquivalenceTest, LogprobRequestOnlyAddsWhatWasAsked) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

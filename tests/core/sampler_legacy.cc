@@ -30,7 +30,7 @@
 // has the a * b + c shape that GCC fuses into an FMA by default where the ISA has one, so
 // results do not depend on -ffp-contract or the target; keep it that way.
 
-namespace glm::legacy {
+namespace glmserve::legacy {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -359,4 +359,4 @@ SampledToken LegacySampleToken(absl::Span<const float> logits, const SamplingPar
   return result;
 }
 
-}  // namespace glm::legacy
+}  // namespace glmserve::legacy

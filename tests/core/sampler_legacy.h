@@ -1,5 +1,5 @@
 // The pre-fast-path sampler (see sampler_legacy.cc): same semantics and arithmetic as
-// glm::SampleToken had at commit 9d47240, always computing the chosen token's logprob.
+// glmserve::SampleToken had at commit 9d47240, always computing the chosen token's logprob.
 #pragma once
 
 #include <cstdint>
@@ -7,10 +7,10 @@
 #include "absl/types/span.h"
 #include "core/sampler.h"
 
-namespace glm::legacy {
+namespace glmserve::legacy {
 
 SampledToken LegacySampleToken(absl::Span<const float> logits, const SamplingParams& params,
                                absl::Span<const int32_t> history, uint64_t token_index,
                                int32_t top_logprobs);
 
-}  // namespace glm::legacy
+}  // namespace glmserve::legacy

@@ -13,7 +13,7 @@
 #include "core/sampler.h"
 #include "core/sampler_scan.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -161,4 +161,4 @@ TEST(SamplerSummaryTest, RefusesMalformedOrShortSummaries) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

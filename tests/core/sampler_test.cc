@@ -16,7 +16,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using ::testing::HasSubstr;
@@ -605,4 +605,4 @@ TEST(SamplerTest, EmptyLogitsDoNotCrash) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -11,7 +11,7 @@
 #include "core/checkpoint.h"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using ::testing::HasSubstr;
@@ -98,4 +98,4 @@ TEST(WeightCheckTest, LoadModelVerifiesCheckpointsByDefault) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

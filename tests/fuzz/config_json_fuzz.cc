@@ -6,13 +6,14 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<glm::ModelConfig> config = glm::ParseConfigJson(text);
+  absl::StatusOr<glmserve::ModelConfig> config = glmserve::ParseConfigJson(text);
   if (!config.ok()) {
     GLM_FUZZ_CHECK(!config.status().message().empty());
     return 0;
   }
-  GLM_FUZZ_CHECK(glm::ValidateConfig(*config).ok());
-  absl::StatusOr<glm::ModelConfig> again = glm::ParseConfigJson(glm::ConfigToJson(*config));
+  GLM_FUZZ_CHECK(glmserve::ValidateConfig(*config).ok());
+  absl::StatusOr<glmserve::ModelConfig> again =
+      glmserve::ParseConfigJson(glmserve::ConfigToJson(*config));
   GLM_FUZZ_CHECK(again.ok());
   GLM_FUZZ_CHECK(again->hidden_size == config->hidden_size &&
                  again->num_hidden_layers == config->num_hidden_layers &&

@@ -9,11 +9,11 @@
 
 namespace {
 
-const glm::ModelRunner& TinyModel() {
-  static const glm::Model* model = [] {
-    absl::StatusOr<glm::ModelWeights> w = glm::LoadModel("tiny");
+const glmserve::ModelRunner& TinyModel() {
+  static const glmserve::Model* model = [] {
+    absl::StatusOr<glmserve::ModelWeights> w = glmserve::LoadModel("tiny");
     GLM_FUZZ_CHECK(w.ok());
-    return new glm::Model(*std::move(w));
+    return new glmserve::Model(*std::move(w));
   }();
   return *model;
 }
@@ -28,8 +28,8 @@ bool ClientError(absl::StatusCode code) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const glm::ModelRunner& model = TinyModel();
-  const glm::ModelConfig& config = model.config();
+  const glmserve::ModelRunner& model = TinyModel();
+  const glmserve::ModelConfig& config = model.config();
   glmserve::ServingLimits limits;
   limits.max_prompt_tokens = 64;
   limits.max_new_tokens = 64;
@@ -38,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 1) {
     glmserve::v1::GenerateRequest request;
     if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
-    absl::StatusOr<glm::GenerateRequest> out = glmserve::ToEngineGenerate(request, model, limits);
+    absl::StatusOr<glmserve::GenerateRequest> out =
+        glmserve::ToEngineGenerate(request, model, limits);
     if (!out.ok()) {
       GLM_FUZZ_CHECK(ClientError(out.status().code()));
       return 0;
@@ -49,12 +50,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int32_t id : out->stop.stop_token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
     GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
                    out->stop.max_new_tokens <= limits.max_new_tokens);
-    GLM_FUZZ_CHECK(glm::ValidateSamplingParams(out->sampling).ok());
+    GLM_FUZZ_CHECK(glmserve::ValidateSamplingParams(out->sampling).ok());
     return 0;
   }
   glmserve::v1::ForwardRequest request;
   if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
-  absl::StatusOr<glm::ForwardRequest> out = glmserve::ToEngineForward(request, model, limits);
+  absl::StatusOr<glmserve::ForwardRequest> out = glmserve::ToEngineForward(request, model, limits);
   if (!out.ok()) {
     GLM_FUZZ_CHECK(ClientError(out.status().code()));
     return 0;
@@ -68,6 +69,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const glmserve::ForwardOutputSize bytes =
       glmserve::ForwardOutputBytes(*out, config, request.output_dtype());
   GLM_FUZZ_CHECK(bytes.reply_bytes <= limits.max_reply_bytes);
-  if (!out->session_id.empty()) GLM_FUZZ_CHECK(glm::ValidateSessionId(out->session_id).ok());
+  if (!out->session_id.empty()) GLM_FUZZ_CHECK(glmserve::ValidateSessionId(out->session_id).ok());
   return 0;
 }

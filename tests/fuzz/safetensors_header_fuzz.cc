@@ -6,11 +6,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* image = reinterpret_cast<const char*>(data);
-  absl::StatusOr<std::vector<glm::TensorInfo>> tensors = glm::ParseSafetensors(image, size, "fuzz");
+  absl::StatusOr<std::vector<glmserve::TensorInfo>> tensors =
+      glmserve::ParseSafetensors(image, size, "fuzz");
   if (!tensors.ok()) return 0;
   int64_t covered = 0;
   unsigned checksum = 0;
-  for (const glm::TensorInfo& t : *tensors) {
+  for (const glmserve::TensorInfo& t : *tensors) {
     const char* begin = static_cast<const char*>(t.data);
     GLM_FUZZ_CHECK(begin >= image && begin + t.bytes <= image + size);
     for (int64_t i = 0; i < t.bytes; ++i) checksum += static_cast<unsigned char>(begin[i]);

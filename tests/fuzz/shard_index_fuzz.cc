@@ -5,7 +5,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view text(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<glm::ShardIndex> index = glm::ParseShardIndex(text, "fuzz");
+  absl::StatusOr<glmserve::ShardIndex> index = glmserve::ParseShardIndex(text, "fuzz");
   if (!index.ok()) return 0;
   for (const auto& [file, names] : *index) {
     GLM_FUZZ_CHECK(!file.empty() && file.find('/') == std::string::npos &&

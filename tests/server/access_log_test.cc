@@ -176,7 +176,7 @@ TEST(AccessLogTest, GlmServerPrintsTheSummaryAndTextLines) {
 TEST(AccessLogTest, GlmServerBinaryLogsProgressSummaryAndCalls) {
   std::string target;
   std::unique_ptr<testing::ChildProcess> child = testing::StartServerProcess(
-      {absl::StrCat("--model=", glm::testing::GoldenDir("sharded_fp32")), "--access_log=-",
+      {absl::StrCat("--model=", glmserve::testing::GoldenDir("sharded_fp32")), "--access_log=-",
        "--log_format=json"},
       &target);
   const std::string& out = child->output();

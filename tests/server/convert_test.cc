@@ -27,8 +27,8 @@ TEST(TensorCodecTest, Fp32RoundTripsExactlyAndHalfTypesRoundToNearestEven) {
     for (size_t i = 0; i < values.size(); ++i) {
       const float expected = dtype == v1::DATA_TYPE_FP32 ? values[i]
                              : dtype == v1::DATA_TYPE_BF16
-                                 ? glm::Bf16ToFloat(glm::FloatToBf16(values[i]))
-                                 : glm::F16ToFloat(glm::FloatToF16(values[i]));
+                                 ? glmserve::Bf16ToFloat(glmserve::FloatToBf16(values[i]))
+                                 : glmserve::F16ToFloat(glmserve::FloatToF16(values[i]));
       EXPECT_EQ((*back)[i], expected) << i;
     }
   }

@@ -78,7 +78,7 @@ TEST(HardeningTest, OutputsInFlightStayWithinTheBudget) {
 }
 
 TEST(HardeningTest, SessionsAreInvisibleToOtherTokens) {
-  const std::string dir = glm::testing::MakeTempDir("glmserve_sessions");
+  const std::string dir = glmserve::testing::MakeTempDir("glmserve_sessions");
   const std::string token_file = dir + "/tokens";
   std::ofstream(token_file) << "token-a\ntoken-b\n";
   ServerOptions options = TinyOptions();
@@ -151,7 +151,7 @@ TEST(HardeningTest, FlagsOutsideTheirRangeExitWithCode2) {
 }
 
 TEST(HardeningTest, TokenFileWithoutTlsWarns) {
-  const std::string dir = glm::testing::MakeTempDir("glmserve_warn");
+  const std::string dir = glmserve::testing::MakeTempDir("glmserve_warn");
   std::ofstream(dir + "/tokens") << "t\n";
   // A model path that does not exist stops the server right after the warning.
   const testing::CommandResult r = RunCommand(
@@ -165,7 +165,7 @@ TEST(HardeningTest, TokenFileWithoutTlsWarns) {
 // A FIFO given as the token file (or a certificate) fails start-up at once instead of
 // blocking it forever.
 TEST(HardeningTest, SecretFilesMustBeRegularFiles) {
-  const std::string dir = glm::testing::MakeTempDir("glmserve_fifo");
+  const std::string dir = glmserve::testing::MakeTempDir("glmserve_fifo");
   ASSERT_EQ(::mkfifo((dir + "/tokens").c_str(), 0600), 0);
   ServerOptions options = TinyOptions();
   options.auth_token_file = dir + "/tokens";
@@ -177,11 +177,11 @@ TEST(HardeningTest, SecretFilesMustBeRegularFiles) {
 
 // A checkpoint whose final norm holds a NaN.
 std::string NanCheckpoint() {
-  const std::string dir = glm::testing::MakeTempDir("glmserve_nan");
-  absl::StatusOr<glm::ModelWeights> w = glm::LoadModel("tiny");
+  const std::string dir = glmserve::testing::MakeTempDir("glmserve_nan");
+  absl::StatusOr<glmserve::ModelWeights> w = glmserve::LoadModel("tiny");
   EXPECT_TRUE(w.ok());
   w->final_norm[5] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(glm::SaveCheckpoint(*w, dir).ok());
+  EXPECT_TRUE(glmserve::SaveCheckpoint(*w, dir).ok());
   return dir;
 }
 
@@ -196,16 +196,16 @@ TEST(HardeningTest, NonFiniteWeightsAreRefusedAtLoad) {
 
 TEST(HardeningTest, NonFiniteLogitsFailAsInternalNotInventedTokens) {
   const std::string dir = NanCheckpoint();
-  absl::StatusOr<glm::ModelWeights> w =
-      glm::LoadModel(dir, {}, {}, {.verify = glm::VerifyWeights::kOff});
+  absl::StatusOr<glmserve::ModelWeights> w =
+      glmserve::LoadModel(dir, {}, {}, {.verify = glmserve::VerifyWeights::kOff});
   ASSERT_TRUE(w.ok()) << w.status();
   absl::StatusOr<std::unique_ptr<GlmServer>> server = GlmServer::Start(TinyOptions());
   ASSERT_TRUE(server.ok());
-  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =
-      glm::CreateModelRunner(*std::move(w), glm::DeviceKind::kCpu);
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
+      glmserve::CreateModelRunner(*std::move(w), glmserve::DeviceKind::kCpu);
   ASSERT_TRUE(runner.ok());
   // The warm-up request itself meets the NaN: serving must refuse to turn ready.
-  const absl::Status serve = (*server)->Serve(*std::move(runner), glm::DType::kBF16);
+  const absl::Status serve = (*server)->Serve(*std::move(runner), glmserve::DType::kBF16);
   EXPECT_FALSE(serve.ok());
   EXPECT_NE(serve.message().find("non-finite"), std::string::npos) << serve;
   EXPECT_FALSE((*server)->ready());

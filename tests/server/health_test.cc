@@ -37,8 +37,8 @@ TEST(HealthTest, NotServingBeforeTheModelIsReadyThenServing) {
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(client->Info().status().code(), absl::StatusCode::kUnavailable);
 
-  glm::DType dtype;
-  std::unique_ptr<glm::ModelRunner> runner = testing::TinyRunner(&dtype);
+  glmserve::DType dtype;
+  std::unique_ptr<glmserve::ModelRunner> runner = testing::TinyRunner(&dtype);
   ASSERT_TRUE(server->Serve(std::move(runner), dtype).ok());
   EXPECT_EQ(*client->Health(kReadinessService), HealthCheckResponse::SERVING);
   EXPECT_EQ(*client->Health(""), HealthCheckResponse::SERVING);

@@ -22,7 +22,7 @@ using testing::TinyOptions;
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(glm::testing::MakeTempDir("glmserve_tls"));
+    dir_ = new std::string(glmserve::testing::MakeTempDir("glmserve_tls"));
     const std::string d = *dir_;
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::vector<std::string> commands = {

@@ -35,19 +35,19 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The core library's forward of `tokens` from position 0: logits of every row and the
 // residual stream after the last layer.
-glm::ForwardResult CoreForward(const std::vector<int32_t>& tokens) {
-  std::unique_ptr<glm::ModelRunner> runner = testing::TinyRunner();
-  absl::StatusOr<std::unique_ptr<glm::KvCache>> cache = runner->CreateCache(8, 16);
+glmserve::ForwardResult CoreForward(const std::vector<int32_t>& tokens) {
+  std::unique_ptr<glmserve::ModelRunner> runner = testing::TinyRunner();
+  absl::StatusOr<std::unique_ptr<glmserve::KvCache>> cache = runner->CreateCache(8, 16);
   EXPECT_TRUE(cache.ok());
-  glm::BlockTable table;
+  glmserve::BlockTable table;
   EXPECT_TRUE((*cache)->Reserve(&table, static_cast<int64_t>(tokens.size())).ok());
-  glm::ForwardBatch batch;
+  glmserve::ForwardBatch batch;
   batch.sequences = {{static_cast<int64_t>(tokens.size()), 0, &table}};
   batch.token_ids = tokens;
-  glm::ForwardOptions options;
-  options.logits = glm::LogitsRows::kAll;
+  glmserve::ForwardOptions options;
+  options.logits = glmserve::LogitsRows::kAll;
   options.return_hidden = true;
-  glm::ForwardResult result;
+  glmserve::ForwardResult result;
   EXPECT_TRUE(runner->Forward(batch, cache->get(), options, &result).ok());
   return result;
 }
@@ -79,7 +79,7 @@ class ServiceTest : public ::testing::Test {
 
 TEST_F(ServiceTest, ForwardIsBitwiseEqualToTheCoreLibrary) {
   const std::vector<int32_t> tokens = {5, 17, 200, 3, 99, 42, 7};
-  const glm::ForwardResult ref = CoreForward(tokens);
+  const glmserve::ForwardResult ref = CoreForward(tokens);
   v1::ForwardRequest request;
   request.mutable_token_ids()->mutable_ids()->Add(tokens.begin(), tokens.end());
   request.set_return_logits(true);
@@ -104,14 +104,14 @@ TEST_F(ServiceTest, ForwardIsBitwiseEqualToTheCoreLibrary) {
   ASSERT_EQ(r->logits().raw_data().size(), 256u * 2);
   const auto* bf16 = reinterpret_cast<const uint16_t*>(r->logits().raw_data().data());
   for (int i = 0; i < 256; ++i) {
-    ASSERT_EQ(bf16[i], glm::FloatToBf16(ref.logits[6 * 256 + i])) << i;
+    ASSERT_EQ(bf16[i], glmserve::FloatToBf16(ref.logits[6 * 256 + i])) << i;
   }
 }
 
 TEST_F(ServiceTest, ForwardChainedThroughTwoSpansEqualsTheWholeModel) {
   // A pipeline: layers [0, 2) return hidden states that go into [2, 3) as a tensor.
   const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
-  const glm::ForwardResult ref = CoreForward(tokens);
+  const glmserve::ForwardResult ref = CoreForward(tokens);
   v1::ForwardRequest first;
   first.mutable_token_ids()->mutable_ids()->Add(tokens.begin(), tokens.end());
   first.set_layer_end(2);
@@ -129,7 +129,7 @@ TEST_F(ServiceTest, ForwardChainedThroughTwoSpansEqualsTheWholeModel) {
 
 TEST_F(ServiceTest, SessionsContinueTheSequenceAndClose) {
   const std::vector<int32_t> tokens = {9, 8, 7, 6, 5};
-  const glm::ForwardResult ref = CoreForward(tokens);
+  const glmserve::ForwardResult ref = CoreForward(tokens);
   v1::ForwardRequest request;
   request.set_session_id("s1");
   request.set_create_session(true);
@@ -268,7 +268,7 @@ TEST_F(ServiceTest, EveryBadGenerateGetsInvalidArgumentAndChangesNothing) {
       {"repetition_penalty 0", [](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); }},
       {"top_logprobs 21", [](auto* r) { r->mutable_logprobs()->set_top_logprobs(21); }},
   };
-  const glm::EngineStats before = server_->engine()->Stats();
+  const glmserve::EngineStats before = server_->engine()->Stats();
   for (const BadGenerate& c : cases) {
     v1::GenerateRequest request = GreedyRequest({1, 2, 3}, 4);
     c.mutate(&request);
@@ -348,7 +348,7 @@ TEST_F(ServiceTest, EveryBadForwardGetsItsStatusAndChangesNothing) {
       {"no output requested", [](auto* r) { r->set_return_logits(false); }},
       {"unknown session", [](auto* r) { r->set_session_id("nope"); }, absl::StatusCode::kNotFound},
   };
-  const glm::EngineStats before = server_->engine()->Stats();
+  const glmserve::EngineStats before = server_->engine()->Stats();
   for (const BadForward& c : cases) {
     v1::ForwardRequest request;
     testing::SetIds(request.mutable_token_ids()->mutable_ids(), {1, 2, 3});
@@ -483,11 +483,12 @@ TEST(SpanServerTest, AServerOfLaterLayersTakesHiddenStatesFromAnother) {
   std::unique_ptr<GlmServer> first = StartServer(options);
   absl::StatusOr<std::unique_ptr<GlmServer>> second = GlmServer::Start(options);
   ASSERT_TRUE(second.ok()) << second.status();
-  absl::StatusOr<glm::ModelWeights> weights = glm::LoadModel("tiny", glm::LayerSpan{1, 3});
+  absl::StatusOr<glmserve::ModelWeights> weights =
+      glmserve::LoadModel("tiny", glmserve::LayerSpan{1, 3});
   ASSERT_TRUE(weights.ok()) << weights.status();
-  const glm::DType dtype = weights->weight_dtype;
-  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =
-      glm::CreateModelRunner(*std::move(weights), glm::DeviceKind::kCpu);
+  const glmserve::DType dtype = weights->weight_dtype;
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
+      glmserve::CreateModelRunner(*std::move(weights), glmserve::DeviceKind::kCpu);
   ASSERT_TRUE(runner.ok()) << runner.status();
   // Its warm-up sends hidden states (it has no embedding).
   const absl::Status served = (*second)->Serve(*std::move(runner), dtype);
@@ -503,7 +504,7 @@ TEST(SpanServerTest, AServerOfLaterLayersTakesHiddenStatesFromAnother) {
             absl::StatusCode::kFailedPrecondition);
 
   const std::vector<int32_t> tokens = {4, 8, 15, 16, 23, 42};
-  const glm::ForwardResult ref = CoreForward(tokens);
+  const glmserve::ForwardResult ref = CoreForward(tokens);
   v1::ForwardRequest stage1;
   testing::SetIds(stage1.mutable_token_ids()->mutable_ids(), {4, 8, 15, 16, 23, 42});
   stage1.set_layer_end(1);

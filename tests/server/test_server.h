@@ -39,12 +39,12 @@ inline ServerOptions TinyOptions() {
   return o;
 }
 
-inline std::unique_ptr<glm::ModelRunner> TinyRunner(glm::DType* dtype = nullptr) {
-  absl::StatusOr<glm::ModelWeights> weights = glm::LoadModel("tiny");
+inline std::unique_ptr<glmserve::ModelRunner> TinyRunner(glmserve::DType* dtype = nullptr) {
+  absl::StatusOr<glmserve::ModelWeights> weights = glmserve::LoadModel("tiny");
   EXPECT_TRUE(weights.ok()) << weights.status();
   if (dtype != nullptr) *dtype = weights->weight_dtype;
-  absl::StatusOr<std::unique_ptr<glm::ModelRunner>> runner =
-      glm::CreateModelRunner(*std::move(weights), glm::DeviceKind::kCpu);
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
+      glmserve::CreateModelRunner(*std::move(weights), glmserve::DeviceKind::kCpu);
   EXPECT_TRUE(runner.ok()) << runner.status();
   return *std::move(runner);
 }
@@ -56,8 +56,8 @@ inline std::unique_ptr<GlmServer> StartServer(const ServerOptions& options = Tin
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
   if (serve) {
-    glm::DType dtype;
-    std::unique_ptr<glm::ModelRunner> runner = TinyRunner(&dtype);
+    glmserve::DType dtype;
+    std::unique_ptr<glmserve::ModelRunner> runner = TinyRunner(&dtype);
     absl::Status s = (*server)->Serve(std::move(runner), dtype);
     EXPECT_TRUE(s.ok()) << s;
   }
@@ -87,8 +87,8 @@ inline bool WaitUntil(const std::function<bool()>& predicate,
 }
 
 // True once the engine holds no request and no KV block (prefix-cache blocks count as free).
-inline bool EngineDrained(glm::Engine* engine) {
-  const glm::EngineStats s = engine->Stats();
+inline bool EngineDrained(glmserve::Engine* engine) {
+  const glmserve::EngineStats s = engine->Stats();
   return s.running == 0 && s.waiting == 0 && s.kv_usage() == 0.0;
 }
 

@@ -20,7 +20,7 @@ ABSL_FLAG(absl::Duration, cli_test_wrapped, absl::Seconds(3),
           "a flag whose description is long enough that the help text has to wrap it onto a "
           "second line at the hundredth column, indented under the first line's description");
 
-namespace glmcli {
+namespace glmserve::cli {
 namespace {
 
 using glmserve::testing::CommandResult;
@@ -171,4 +171,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace glmcli
+}  // namespace glmserve::cli

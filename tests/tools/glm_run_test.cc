@@ -12,7 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 struct RunResult {
@@ -71,4 +71,4 @@ TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

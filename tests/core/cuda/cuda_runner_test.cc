@@ -11,7 +11,7 @@
 #include "core/checkpoint.h"
 #include "core/model_runner.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 ModelWeights Tiny() {
@@ -69,4 +69,4 @@ TEST(CudaRunner, ParsesDeviceNames) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -15,18 +15,18 @@
 #include "core/cuda/cuda_runner.h"
 #include "core/dtype.h"
 
-#define GLM_REQUIRE_CUDA_DEVICE()                                                   \
-  do {                                                                              \
-    if (!::glm::CudaDeviceAvailable()) {                                            \
-      const char* glm_require_ = std::getenv("GLMSERVE_REQUIRE_CUDA");              \
-      if (glm_require_ != nullptr && glm_require_[0] == '1') {                      \
-        FAIL() << "GLMSERVE_REQUIRE_CUDA=1 but " << ::glm::CudaDeviceDescription(); \
-      }                                                                             \
-      GTEST_SKIP() << ::glm::CudaDeviceDescription();                               \
-    }                                                                               \
+#define GLM_REQUIRE_CUDA_DEVICE()                                                        \
+  do {                                                                                   \
+    if (!::glmserve::CudaDeviceAvailable()) {                                            \
+      const char* glm_require_ = std::getenv("GLMSERVE_REQUIRE_CUDA");                   \
+      if (glm_require_ != nullptr && glm_require_[0] == '1') {                           \
+        FAIL() << "GLMSERVE_REQUIRE_CUDA=1 but " << ::glmserve::CudaDeviceDescription(); \
+      }                                                                                  \
+      GTEST_SKIP() << ::glmserve::CudaDeviceDescription();                               \
+    }                                                                                    \
   } while (false)
 
-namespace glm::testing {
+namespace glmserve::testing {
 
 inline std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
@@ -43,4 +43,4 @@ inline std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
 // v rounded to bf16 and back.
 inline std::vector<float> RoundBf16(const std::vector<float>& v) { return FromBf16(ToBf16(v)); }
 
-}  // namespace glm::testing
+}  // namespace glmserve::testing

@@ -28,14 +28,14 @@
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
-using ::glm::testing::FromBf16;
-using ::glm::testing::RandomVector;
-using ::glm::testing::RelativeError;
-using ::glm::testing::RoundBf16;
-using ::glm::testing::ToBf16;
+using ::glmserve::testing::FromBf16;
+using ::glmserve::testing::RandomVector;
+using ::glmserve::testing::RelativeError;
+using ::glmserve::testing::RoundBf16;
+using ::glmserve::testing::ToBf16;
 
 // A device copy of a host vector, or a poisoned device vector of n elements.
 template <typename T>
@@ -479,4 +479,4 @@ TEST_F(CudaKernels, GemmMatchesLinear) {
 }
 
 }  // namespace
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

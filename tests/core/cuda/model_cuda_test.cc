@@ -30,11 +30,11 @@
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 namespace fs = std::filesystem;
-using ::glm::testing::RelativeError;
+using ::glmserve::testing::RelativeError;
 
 constexpr double kModelTolerance = 3e-2;
 constexpr double kGpuTolerance = 1e-2;
@@ -105,7 +105,7 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
 
 std::vector<std::string> GoldenCases() {
   std::vector<std::string> cases;
-  for (const auto& entry : fs::directory_iterator(glm::testing::GoldenDir(""))) {
+  for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
     if (fs::exists(entry.path() / "expected.json")) cases.push_back(entry.path().filename());
   }
   std::sort(cases.begin(), cases.end());
@@ -116,7 +116,7 @@ class CudaModelGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaModelGolden, GpuMatchesCpuAndReference) {
   GLM_REQUIRE_CUDA_DEVICE();
-  const std::string dir = glm::testing::GoldenDir(GetParam());
+  const std::string dir = glmserve::testing::GoldenDir(GetParam());
   std::ifstream in(dir + "/expected.json");
   std::stringstream text;
   text << in.rdbuf();
@@ -401,8 +401,8 @@ TEST_P(CudaModelTest, MoeExpertPathsMatchCpu) {
   const RouterParams router = RouterParams::FromConfig(c);
   for (const int64_t tokens : {1, 5, 40, 300}) {
     // The block's input as the GPU sees it (bf16), so both route the same tokens the same way.
-    const std::vector<float> x =
-        glm::testing::RoundBf16(glm::testing::RandomVector(tokens * c.hidden_size, 31, 1.0f));
+    const std::vector<float> x = glmserve::testing::RoundBf16(
+        glmserve::testing::RandomVector(tokens * c.hidden_size, 31, 1.0f));
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
       const LayerWeights& l = cpu_weights.layers[layer];
       std::vector<float> want(tokens * c.hidden_size);
@@ -500,4 +500,4 @@ TEST(CudaModelMini, RealVocabularyAndWidthsMatchCpu) {
 }
 
 }  // namespace
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

@@ -13,7 +13,7 @@
 #include "core/ops/rope.h"
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 struct RouterCase {
@@ -124,4 +124,4 @@ TEST(CudaRowMath, RmsInvScaleMatchesRmsNorm) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

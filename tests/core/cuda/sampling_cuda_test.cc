@@ -17,7 +17,7 @@
 #include "core/sampler_scan.h"
 #include "tests/core/cuda/cuda_test_util.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -169,4 +169,4 @@ TEST_F(CudaSampling, RowTopKRefusesAnImpossibleK) {
 }
 
 }  // namespace
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

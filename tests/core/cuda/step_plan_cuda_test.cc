@@ -4,7 +4,7 @@
 
 #include "core/cuda/step_plan.h"
 
-namespace glm::cuda {
+namespace glmserve::cuda {
 namespace {
 
 TEST(CudaStepPlan, RaggedBatchTilesSlotsAndLogitRows) {
@@ -86,4 +86,4 @@ TEST(CudaStepPlan, MetaLayoutPlacesEverySection) {
 }
 
 }  // namespace
-}  // namespace glm::cuda
+}  // namespace glmserve::cuda

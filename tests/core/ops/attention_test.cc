@@ -6,7 +6,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 struct Case {
@@ -109,4 +109,4 @@ TEST(KvCacheTest, ReserveIsAllOrNothingAndFreeReturnsBlocks) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

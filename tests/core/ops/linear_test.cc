@@ -6,7 +6,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 using testing::RandomVector;
@@ -132,4 +132,4 @@ TEST(LinearKernel, ReportsItsName) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

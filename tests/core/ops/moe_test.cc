@@ -7,7 +7,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 float Logit(float p) { return std::log(p / (1 - p)); }  // inverse sigmoid
@@ -146,4 +146,4 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -6,7 +6,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 TEST(RmsNormTest, MatchesFloat64Reference) {
@@ -38,4 +38,4 @@ TEST(RmsNormTest, InPlaceAndZeroRow) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve

@@ -6,7 +6,7 @@
 
 #include "tests/test_util.h"
 
-namespace glm {
+namespace glmserve {
 namespace {
 
 // float64 NeoX partial rotation of one head vector.
@@ -56,4 +56,4 @@ TEST(RopeTest, PositionZeroIsIdentity) {
 }
 
 }  // namespace
-}  // namespace glm
+}  // namespace glmserve
