@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_model.h"
 #include "core/cuda/cuda_runner.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -63,10 +64,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weigh
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
   }
-  absl::StatusOr<std::unique_ptr<cuda::CudaModel>> model =
-      cuda::CudaModel::Create(std::move(weights));
-  if (!model.ok()) return model.status();
-  return std::unique_ptr<ModelRunner>(*std::move(model));
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
+                   cuda::CudaModel::Create(std::move(weights)));
+  return std::unique_ptr<ModelRunner>(std::move(model));
 }
 
 }  // namespace glmserve
