@@ -1,5 +1,5 @@
 // CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
-// work it enqueues is in cuda_layers_cuda.cc.
+// work it enqueues is in layers.cc.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_model.h"
+#include "core/cuda/model.h"
 #include "core/cuda/kernels.h"
 #include "core/status_macros.h"
 
