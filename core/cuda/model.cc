@@ -1,5 +1,7 @@
 // CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
 // work it enqueues is in layers.cc.
+#include "core/cuda/model.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/model.h"
 #include "core/cuda/kernels.h"
 #include "core/status_macros.h"
 
@@ -196,14 +197,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
 absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCache* cache,
                                                const ForwardOptions& options,
                                                ForwardResult* result) {
-  if (options.sequence_logits.size() != batch.sequences.size()) {
-    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
-  }
-  bool any = false, any_all = false;
-  for (LogitsRows r : options.sequence_logits) {
-    any |= r != LogitsRows::kNone;
-    any_all |= r == LogitsRows::kAll;
-  }
+  ASSIGN_OR_RETURN(const bool any, StepWantsLogits(batch, options));
+  bool any_all = false;
+  for (LogitsRows r : options.sequence_logits) any_all |= r == LogitsRows::kAll;
   ForwardOptions whole = options;
   whole.sequence_logits.clear();
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
@@ -365,10 +361,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
   RETURN_IF_ERROR(CheckBatch(batch, *cache));
-  if (options.logits != LogitsRows::kNone && !has_head_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits need the last layer; this span ends at layer ", layer_end_));
-  }
+  RETURN_IF_ERROR(ValidateRunSpan(layer_begin_, layer_end_, layer_begin_, layer_end_,
+                                  config_.num_hidden_layers, options.logits != LogitsRows::kNone));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   const ModelConfig& c = config_;
   const bool graph = GraphEligible(batch, options);
