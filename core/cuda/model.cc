@@ -83,12 +83,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
         absl::StrCat("CUDA backend: head_dim ", c.head_dim, " (max ", kMaxHeadDim, ") or ", group,
                      " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
   }
-  if (has_moe_ && (c.n_routed_experts > rowmath::kMaxExperts ||
-                   c.num_experts_per_tok > rowmath::kMaxTopK || c.n_group > rowmath::kMaxGroups)) {
-    return absl::UnimplementedError(absl::StrCat("CUDA backend: at most ", rowmath::kMaxExperts,
-                                                 " experts, top-", rowmath::kMaxTopK, ", ",
-                                                 rowmath::kMaxGroups, " groups"));
-  }
+  // The router row limits (rowmath::kMax*) are ValidateConfig's, for both backends.
   router_.n_experts = static_cast<int>(c.n_routed_experts);
   router_.top_k = static_cast<int>(c.num_experts_per_tok);
   router_.n_group = static_cast<int>(c.n_group);
