@@ -255,10 +255,10 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
   seq->times.arrived = std::chrono::steady_clock::now();
   if (auto* g = std::get_if<GenerateRequest>(&request.body)) {
     RETURN_IF_ERROR(ValidateGenerate(*g, *model_, options_, total_blocks));
-    seq->is_generate = true;
-    seq->generate = std::move(*g);
-    seq->tokens = seq->generate.prompt;
-    seq->prompt_tokens = static_cast<int64_t>(seq->tokens.size());
+    Generation& gen = seq->work.emplace<Generation>();
+    gen.request = std::move(*g);
+    gen.tokens = gen.request.prompt;
+    gen.prompt_tokens = static_cast<int64_t>(gen.tokens.size());
     seq->run_begin = 0;
     seq->run_end = model_->config().num_hidden_layers;
   } else {
@@ -266,23 +266,23 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     const int64_t run_begin = f.layer_begin < 0 ? model_->layer_begin() : f.layer_begin;
     const int64_t run_end = f.layer_end < 0 ? model_->layer_end() : f.layer_end;
     RETURN_IF_ERROR(ValidateForward(f, *model_, run_begin, run_end));
-    seq->is_generate = false;
+    ForwardCall& call = seq->work.emplace<ForwardCall>();
     seq->run_begin = run_begin;
     seq->run_end = run_end;
-    seq->num_inputs = run_begin == 0 ? static_cast<int64_t>(f.token_ids.size()) : f.num_tokens;
+    call.num_inputs = run_begin == 0 ? static_cast<int64_t>(f.token_ids.size()) : f.num_tokens;
     if (f.session_id.empty()) {
-      if (BlocksFor(seq->num_inputs, options_.block_size) > total_blocks) {
+      if (BlocksFor(call.num_inputs, options_.block_size) > total_blocks) {
         return absl::ResourceExhaustedError(
-            absl::StrCat(seq->num_inputs, " positions exceed the KV cache capacity of ",
+            absl::StrCat(call.num_inputs, " positions exceed the KV cache capacity of ",
                          total_blocks * options_.block_size, " tokens"));
       }
     } else {
       RETURN_IF_ERROR(ValidateSessionId(f.session_id));
       ASSIGN_OR_RETURN(seq->session, impl_->sessions().Acquire(
                                          f.session_owner, f.session_id, f.create_session,
-                                         seq->num_inputs, run_begin, run_end, seq->times.arrived));
+                                         call.num_inputs, run_begin, run_end, seq->times.arrived));
     }
-    seq->forward = std::move(f);
+    call.request = std::move(f);
   }
   return impl_->Enqueue(std::move(seq));
 }

@@ -154,7 +154,7 @@ void Engine::Impl::ReleaseBlocks(Sequence* seq, bool completed) {
     return;
   }
   // A session keeps its blocks; the registry moves a completed call's position on.
-  sessions_.Release(seq->session, completed, seq->base_position + seq->num_inputs,
+  sessions_.Release(seq->session, completed, seq->base_position + seq->forward_call()->num_inputs,
                     std::chrono::steady_clock::now());
 }
 
@@ -172,8 +172,9 @@ void Engine::Impl::Deliver() {
 }
 
 void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
-  if (seq->is_generate && options_.prefix_caching && seq->admitted_order >= 0) {
-    prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
+  const Generation* gen = seq->generation();
+  if (gen != nullptr && options_.prefix_caching && seq->admitted_order >= 0) {
+    prefix_.Insert(gen->tokens, seq->computed, seq->own_blocks);
   }
   const bool was_running = seq->admitted_order >= 0;
   ReleaseBlocks(seq, /*completed=*/reason == FinishReason::kForwardDone);
@@ -190,9 +191,9 @@ void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status statu
   FinishEvent finish;
   finish.reason = reason;
   finish.status = std::move(status);
-  finish.prompt_tokens = seq->is_generate ? seq->prompt_tokens : seq->num_inputs;
+  finish.prompt_tokens = gen != nullptr ? gen->prompt_tokens : seq->forward_call()->num_inputs;
   finish.cached_prompt_tokens = seq->cached_prompt_tokens;
-  finish.generated_tokens = seq->generated;
+  finish.generated_tokens = gen != nullptr ? gen->generated : 0;
   finish.preemptions = seq->preemptions;
   finish.times = seq->times;
   finish.times.finished = std::chrono::steady_clock::now();

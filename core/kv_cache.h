@@ -71,9 +71,8 @@ class KvCache {
   explicit KvCache(const KvCacheShape& shape);
   // Storage owned elsewhere (e.g. GPU memory): `storage` holds num_elements() values of
   // `dtype` in the same layout as the host cache and is released with `deleter` when the
-  // last copy of this cache goes (copies share it). keys() / values() address host fp32
-  // storage only, so they must not be used on such a cache: its backend uses storage() and
-  // ElementOffset().
+  // last copy of this cache goes (copies share it). Its backend addresses it through
+  // storage() and ElementOffset(); keys() / values() return nullptr on it.
   KvCache(const KvCacheShape& shape, void* storage, DType dtype,
           std::function<void(void*)> deleter);
 
@@ -98,14 +97,16 @@ class KvCache {
     return Offset(layer, block, kind);
   }
 
-  // Key / value rows of one block in one layer: [block_size, kv_heads * head_dim].
-  float* keys(int64_t layer, int32_t block) { return data_.data() + Offset(layer, block, 0); }
-  float* values(int64_t layer, int32_t block) { return data_.data() + Offset(layer, block, 1); }
+  // Key / value rows of one block in one layer: [block_size, kv_heads * head_dim]. Host fp32
+  // caches only: on storage owned elsewhere (a device cache) they return nullptr, never an
+  // address into memory this cache does not hold.
+  float* keys(int64_t layer, int32_t block) { return HostRows(layer, block, 0); }
+  float* values(int64_t layer, int32_t block) { return HostRows(layer, block, 1); }
   const float* keys(int64_t layer, int32_t block) const {
-    return data_.data() + Offset(layer, block, 0);
+    return const_cast<KvCache*>(this)->HostRows(layer, block, 0);
   }
   const float* values(int64_t layer, int32_t block) const {
-    return data_.data() + Offset(layer, block, 1);
+    return const_cast<KvCache*>(this)->HostRows(layer, block, 1);
   }
 
   BlockAllocator& allocator() { return allocator_; }
@@ -118,6 +119,9 @@ class KvCache {
   void Free(BlockTable* table);
 
  private:
+  float* HostRows(int64_t layer, int32_t block, int kind) {
+    return external_storage_ ? nullptr : data_.data() + Offset(layer, block, kind);
+  }
   int64_t Offset(int64_t layer, int32_t block, int kind) const {
     return ((layer * shape_.num_blocks + block) * 2 + kind) * shape_.block_size * kv_dim();
   }

@@ -83,10 +83,11 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
   BlockTable& table = seq->blocks();
   if (seq->session != nullptr) seq->base_position = sessions_.Position(seq->session);
   int64_t positions = seq->base_position + seq->total_inputs();
-  if (seq->is_generate && options_.prefix_caching && table.empty()) {
+  if (const Generation* gen = seq->generation();
+      gen != nullptr && options_.prefix_caching && table.empty()) {
     // At least the last token is always computed: its logits choose the next token.
     const int64_t max_blocks = (seq->total_inputs() - 1) / options_.block_size;
-    const int64_t matched = prefix_.Match(seq->tokens, max_blocks, &table);
+    const int64_t matched = prefix_.Match(gen->tokens, max_blocks, &table);
     seq->computed = matched * options_.block_size;
     if (seq->preemptions == 0) seq->cached_prompt_tokens = seq->computed;
   }
@@ -126,13 +127,13 @@ Sequence* Engine::Impl::PickVictim() {
 void Engine::Impl::Preempt(Sequence* seq, std::vector<Sequence*>* selected) {
   // Recompute later: keep the tokens (prompt and output so far), drop the cache. Its full
   // blocks go to the prefix cache first, so the recompute is mostly hits if they survive.
-  if (seq->is_generate && options_.prefix_caching) {
-    prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
+  if (const Generation* gen = seq->generation(); gen != nullptr && options_.prefix_caching) {
+    prefix_.Insert(gen->tokens, seq->computed, seq->own_blocks);
   }
   cache_->Free(&seq->own_blocks);
   seq->computed = 0;
-  if (!seq->is_generate) {
-    seq->output = ForwardOutput{};  // a forward request recomputes all its rows
+  if (ForwardCall* call = seq->forward_call()) {
+    call->output = ForwardOutput{};  // a forward request recomputes all its rows
   }
   ++seq->preemptions;
   ++preemptions_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/engine.h"
@@ -13,25 +14,30 @@
 
 namespace glmserve {
 
-// One accepted request as the scheduler sees it.
+// What a Generate request carries through the engine.
+struct Generation {
+  GenerateRequest request;
+  std::vector<int32_t> tokens;  // the prompt followed by the tokens generated so far
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;
+};
+
+// What a Forward request carries through the engine.
+struct ForwardCall {
+  ForwardRequest request;
+  int64_t num_inputs = 0;  // input positions of the request
+  ForwardOutput output;    // rows gathered so far
+};
+
+// One accepted request as the scheduler sees it: the kind-specific part (`work`) and what
+// scheduling needs of every request.
 struct Sequence {
   RequestId id = 0;
   EventCallback callback;
   std::optional<SteadyTime> deadline;
   Timestamps times;
-  bool is_generate = true;
-
-  // Generation: the prompt followed by the tokens generated so far.
-  GenerateRequest generate;
-  std::vector<int32_t> tokens;
-  int64_t prompt_tokens = 0;
-  int64_t generated = 0;
-
-  // Forward.
-  ForwardRequest forward;
-  int64_t num_inputs = 0;  // input positions of the request
-  ForwardOutput output;
-  Session* session = nullptr;  // not owned; valid while in_flight > 0
+  std::variant<Generation, ForwardCall> work;
+  Session* session = nullptr;  // Forward calls on a session; valid while in_flight > 0
 
   int64_t run_begin = 0;  // layers this request runs
   int64_t run_end = 0;
@@ -42,8 +48,15 @@ struct Sequence {
   int64_t cached_prompt_tokens = 0;
   int64_t preemptions = 0;
 
+  Generation* generation() { return std::get_if<Generation>(&work); }
+  const Generation* generation() const { return std::get_if<Generation>(&work); }
+  ForwardCall* forward_call() { return std::get_if<ForwardCall>(&work); }
+  const ForwardCall* forward_call() const { return std::get_if<ForwardCall>(&work); }
+
+  // Input positions: a generation's tokens so far, a forward call's inputs.
   int64_t total_inputs() const {
-    return is_generate ? static_cast<int64_t>(tokens.size()) : num_inputs;
+    const Generation* g = generation();
+    return g != nullptr ? static_cast<int64_t>(g->tokens.size()) : forward_call()->num_inputs;
   }
   BlockTable& blocks() { return session != nullptr ? session->blocks : own_blocks; }
   // Sequences whose inputs the engine keeps can be preempted and recomputed; a session's

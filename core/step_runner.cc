@@ -49,12 +49,12 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
     const int64_t n = counts[i], from = seq->computed;
     in->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
     const bool completes = from + n == seq->total_inputs();
-    if (seq->is_generate) {
-      in->ids.insert(in->ids.end(), seq->tokens.begin() + from, seq->tokens.begin() + from + n);
+    if (const Generation* gen = seq->generation()) {
+      in->ids.insert(in->ids.end(), gen->tokens.begin() + from, gen->tokens.begin() + from + n);
       in->options.sequence_logits.push_back(completes ? LogitsRows::kLast : LogitsRows::kNone);
-      (from >= seq->prompt_tokens ? in->report.decode_tokens : in->report.prefill_tokens) += n;
+      (from >= gen->prompt_tokens ? in->report.decode_tokens : in->report.prefill_tokens) += n;
     } else {
-      const ForwardRequest& f = seq->forward;
+      const ForwardRequest& f = seq->forward_call()->request;
       if (seq->run_begin == 0) {
         in->ids.insert(in->ids.end(), f.token_ids.begin() + from, f.token_ids.begin() + from + n);
       } else {
@@ -115,20 +115,21 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
     const float* logits = result.logits.data() + logits_row * vocab;
     logits_row += want == LogitsRows::kAll ? n : (want == LogitsRows::kLast ? 1 : 0);
     seq->computed += n;
-    if (seq->is_generate) {
+    if (const Generation* gen = seq->generation()) {
       prompt_computed_ +=
-          std::max<int64_t>(0, std::min(seq->computed, seq->prompt_tokens) - (seq->computed - n));
+          std::max<int64_t>(0, std::min(seq->computed, gen->prompt_tokens) - (seq->computed - n));
       if (want == LogitsRows::kLast) {
         to_sample.push_back(seq);
         sample_rows.push_back(logits);
       }
     } else {
-      const ForwardRequest& f = seq->forward;
-      ForwardOutput& out = seq->output;
+      ForwardCall& call = *seq->forward_call();
+      const ForwardRequest& f = call.request;
+      ForwardOutput& out = call.output;
       bool finite = true;
       if (f.return_hidden) {
         const int64_t first = f.last_position_only ? n - 1 : 0;
-        if (!f.last_position_only || seq->computed == seq->num_inputs) {
+        if (!f.last_position_only || seq->computed == call.num_inputs) {
           const float* rows_begin = result.hidden.data() + (row + first) * hidden_size;
           const int64_t count = (n - first) * hidden_size;
           finite &= AllFinite(rows_begin, count);
@@ -143,7 +144,7 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
       if (!finite) {
         ++nonfinite_outputs_;
         failed.push_back(seq);
-      } else if (seq->computed == seq->num_inputs) {
+      } else if (seq->computed == call.num_inputs) {
         finished_forwards.push_back(seq);
       }
     }
@@ -158,8 +159,9 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
     Finish(seq, FinishReason::kError, NonFiniteError("hidden states or logits"));
   }
   for (Sequence* seq : finished_forwards) {
-    ForwardOutput out = std::move(seq->output);
-    out.rows = seq->forward.last_position_only ? 1 : seq->num_inputs;
+    ForwardCall& call = *seq->forward_call();
+    ForwardOutput out = std::move(call.output);
+    out.rows = call.request.last_position_only ? 1 : call.num_inputs;
     out.start_position = seq->base_position;
     if (!seq->times.first_token) seq->times.first_token = std::chrono::steady_clock::now();
     Emit(seq, std::move(out));
@@ -178,11 +180,12 @@ void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
       // No token may be made up from NaN or Inf logits (checked here, in parallel too).
       sampled_finite_[i] = AllFinite(rows[i], vocab);
       if (!sampled_finite_[i]) continue;
-      const GenerateRequest& g = seq->generate;
+      const Generation& gen = *seq->generation();
+      const GenerateRequest& g = gen.request;
       // The logprobs are a full pass over the row each: only when the request asked.
       const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
-      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], vocab), g.sampling, seq->tokens,
-                                static_cast<uint64_t>(seq->generated), want);
+      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], vocab), g.sampling, gen.tokens,
+                                static_cast<uint64_t>(gen.generated), want);
     }
   };
   const int64_t n = static_cast<int64_t>(seqs.size());
@@ -195,22 +198,23 @@ void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
 
 void Engine::Impl::AfterGenerateStep(Sequence* seq, SampledToken sampled, bool finite) {
   const ModelConfig& c = model_->config();
-  if (seq->generated == 0 && options_.prefix_caching) {
+  Generation& gen = *seq->generation();
+  if (gen.generated == 0 && options_.prefix_caching) {
     // The prompt's full blocks are now valid: let concurrent requests share them.
-    prefix_.Insert(seq->tokens, seq->computed, seq->own_blocks);
+    prefix_.Insert(gen.tokens, seq->computed, seq->own_blocks);
   }
   if (!finite) {
     ++nonfinite_outputs_;
     Finish(seq, FinishReason::kError, NonFiniteError("logits"));
     return;
   }
-  const GenerateRequest& g = seq->generate;
-  seq->tokens.push_back(sampled.token);
-  ++seq->generated;
+  const GenerateRequest& g = gen.request;
+  gen.tokens.push_back(sampled.token);
+  ++gen.generated;
   ++generated_total_;
   TokenEvent event;
   event.token = sampled.token;
-  event.index = seq->generated - 1;
+  event.index = gen.generated - 1;
   event.time = std::chrono::steady_clock::now();
   if (g.logprobs || g.top_logprobs > 0) {
     event.logprob = sampled.logprob;
@@ -223,8 +227,8 @@ void Engine::Impl::AfterGenerateStep(Sequence* seq, SampledToken sampled, bool f
                     (!g.stop.ignore_eos && Contains(c.eos_token_ids, sampled.token));
   if (stop) {
     Finish(seq, FinishReason::kStop, absl::OkStatus());
-  } else if (seq->generated >= g.stop.max_new_tokens ||
-             static_cast<int64_t>(seq->tokens.size()) >= c.max_position_embeddings) {
+  } else if (gen.generated >= g.stop.max_new_tokens ||
+             static_cast<int64_t>(gen.tokens.size()) >= c.max_position_embeddings) {
     Finish(seq, FinishReason::kLength, absl::OkStatus());
   }
 }

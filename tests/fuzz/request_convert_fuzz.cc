@@ -46,11 +46,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     GLM_FUZZ_CHECK(!out->prompt.empty() &&
                    static_cast<int64_t>(out->prompt.size()) <= limits.max_prompt_tokens);
-    for (int32_t id : out->prompt) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
-    for (int32_t id : out->stop.stop_token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
+    // Token ids, sampling values and top_logprobs are the engine's rules (Engine::Submit,
+    // tests/core/engine_test.cc), not the wire conversion's: not checked here.
     GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
                    out->stop.max_new_tokens <= limits.max_new_tokens);
-    GLM_FUZZ_CHECK(glmserve::ValidateSamplingParams(out->sampling).ok());
     return 0;
   }
   glmserve::v1::ForwardRequest request;
@@ -60,7 +59,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     GLM_FUZZ_CHECK(ClientError(out.status().code()));
     return 0;
   }
-  for (int32_t id : out->token_ids) GLM_FUZZ_CHECK(id >= 0 && id < config.vocab_size);
   GLM_FUZZ_CHECK(out->token_ids.empty() != out->hidden.empty());
   if (!out->hidden.empty()) {
     GLM_FUZZ_CHECK(static_cast<int64_t>(out->hidden.size()) ==
