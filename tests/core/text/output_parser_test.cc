@@ -43,7 +43,7 @@ const std::string kReply =
 TEST(OutputParser, SplitsReasoningContentAndToolCalls) {
   const Whole w = Parse(kReply, {});
   EXPECT_EQ(w.reasoning, "The user wants weather.\nCheck 北京.");
-  EXPECT_EQ(w.content, "\nLet me look that up.");
+  EXPECT_EQ(w.content, "\n\nLet me look that up.");  // the "\n" before <think> too
   ASSERT_EQ(w.calls.size(), 2u);
   EXPECT_EQ(w.calls[0].name, "get_weather");
   ASSERT_EQ(w.calls[0].arguments.size(), 3u);

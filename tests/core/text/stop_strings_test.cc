@@ -9,7 +9,7 @@ namespace glmserve {
 namespace {
 
 // Feeds `text` in random pieces; returns the released text and whether it stopped.
-std::pair<std::string, bool> Run(const std::vector<std::string>& stops, const std::string& text,
+std::pair<std::string, bool> Feed(const std::vector<std::string>& stops, const std::string& text,
                                  uint32_t seed) {
   auto m = StopStringMatcher::Create(stops);
   EXPECT_TRUE(m.ok());
@@ -31,12 +31,12 @@ std::pair<std::string, bool> Run(const std::vector<std::string>& stops, const st
 
 TEST(StopStrings, MatchesAcrossAnyBoundary) {
   for (uint32_t seed = 0; seed < 200; ++seed) {
-    auto [text, stopped] = Run({"STOP", "字字", "\n\n"}, "abc ST STO 字x字 STOP tail", seed);
+    auto [text, stopped] = Feed({"STOP", "字字", "\n\n"}, "abc ST STO 字x字 STOP tail", seed);
     EXPECT_TRUE(stopped);
     EXPECT_EQ(text, "abc ST STO 字x字 ");
-    auto [t2, s2] = Run({"STOP", "字字"}, "a 字字 STOP", seed);
+    auto [t2, s2] = Feed({"STOP", "字字"}, "a 字字 STOP", seed);
     EXPECT_EQ(t2, "a ");
-    auto [t3, s3] = Run({"STOP"}, "no stop here, ST", seed);
+    auto [t3, s3] = Feed({"STOP"}, "no stop here, ST", seed);
     EXPECT_FALSE(s3);
     EXPECT_EQ(t3, "no stop here, ST");
   }
