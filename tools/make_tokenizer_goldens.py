@@ -226,7 +226,8 @@ def main():
     tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
     # GLM-4.5's chat template (tests/golden/chat, see tools/make_chat_goldens.py) rides along,
     # as in the real checkpoint's tokenizer_config.json.
-    with open(os.path.join(args.out, "..", "chat", "glm45_chat_template.jinja")) as f:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden",
+                           "chat", "glm45_chat_template.jinja")) as f:
         chat_template = f.read()
     with open(os.path.join(tdir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
