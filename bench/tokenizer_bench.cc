@@ -77,9 +77,9 @@ int main(int argc, char** argv) {
   }
   const double mb = static_cast<double>(text.size()) / 1e6;
   std::printf("corpus: %.1f MB, %zu lines, %zu chunks\n", mb, lines.size(), chunks.size());
-  for (const auto& [name, pieces] : {std::pair<const char*, const std::vector<std::string>*>{
-                                         "lines", &lines},
-                                     {"chunks", &chunks}}) {
+  for (const auto& [name, pieces] :
+       {std::pair<const char*, const std::vector<std::string>*>{"lines", &lines},
+        {"chunks", &chunks}}) {
     double best = 0;
     size_t tokens = 0;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repeats); ++rep) {

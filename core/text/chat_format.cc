@@ -2,10 +2,10 @@
 
 #include <cstdint>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "core/text/py_json.h"
 #include "core/text/unicode.h"
@@ -29,8 +29,8 @@ constexpr std::string_view kToolsTail =
 // Python's str.isspace() for one code point (what the template's strip() removes).
 bool PyIsSpace(uint32_t c) {
   return (c >= 0x9 && c <= 0xD) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // Python's s.strip() on valid UTF-8.
@@ -78,6 +78,11 @@ void SplitThink(std::string_view content, std::string* reasoning, std::string* r
 
 absl::Status AppendToolCall(const ChatToolCall& call, const ChatLimits& limits, size_t msg,
                             std::string* out) {
+  if (!JsonDepthWithin(call.arguments_json, limits.max_json_depth)) {
+    return absl::InvalidArgumentError(absl::StrCat("message ", msg,
+                                                   ": the arguments of tool call '", call.name,
+                                                   "' nest deeper than ", limits.max_json_depth));
+  }
   const OJson args = OJson::parse(call.arguments_json, nullptr, /*allow_exceptions=*/false);
   if (args.is_discarded() || !args.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,17 +119,17 @@ absl::StatusOr<ChatRole> ParseChatRole(std::string_view role) {
   if (role == "user") return ChatRole::kUser;
   if (role == "assistant") return ChatRole::kAssistant;
   if (role == "tool" || role == "observation") return ChatRole::kTool;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown chat role '", std::string(role.substr(0, 64)),
-      "' (GLM-4.5's chat format has system, user, assistant and tool/observation)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown chat role '", std::string(role.substr(0, 64)),
+                   "' (GLM-4.5's chat format has system, user, assistant and tool/observation)"));
 }
 
 absl::StatusOr<std::string> RenderGlm45Chat(absl::Span<const ChatMessage> messages,
                                             const ChatOptions& options, const ChatLimits& limits) {
   if (messages.size() > limits.max_messages || options.tools_json.size() > limits.max_tools) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        messages.size(), " messages and ", options.tools_json.size(), " tools: the limits are ",
-        limits.max_messages, " and ", limits.max_tools));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(messages.size(), " messages and ", options.tools_json.size(),
+                     " tools: the limits are ", limits.max_messages, " and ", limits.max_tools));
   }
   // Validate and bound everything before any work.
   size_t total = 0;
@@ -142,20 +147,20 @@ absl::StatusOr<std::string> RenderGlm45Chat(absl::Span<const ChatMessage> messag
       return absl::InvalidArgumentError(what + " has tool calls but is not an assistant message");
     }
     if (m.tool_calls.size() > limits.max_tool_calls) {
-      return absl::ResourceExhaustedError(absl::StrCat(what, " has ", m.tool_calls.size(),
-                                                       " tool calls, more than ",
-                                                       limits.max_tool_calls));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " has ", m.tool_calls.size(), " tool calls, more than ", limits.max_tool_calls));
     }
     for (const ChatToolCall& c : m.tool_calls) {
       RETURN_IF_ERROR(ValidateUtf8(c.name, what + "'s tool call name"));
       RETURN_IF_ERROR(ValidateUtf8(c.arguments_json, what + "'s tool call arguments"));
-      if (c.name.empty()) return absl::InvalidArgumentError(what + " has a tool call without a name");
+      if (c.name.empty())
+        return absl::InvalidArgumentError(what + " has a tool call without a name");
       total += c.name.size() + c.arguments_json.size();
     }
   }
   if (total > limits.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the chat holds ", total,
-                                                     " bytes of text, more than ", limits.max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the chat holds ", total, " bytes of text, more than ", limits.max_bytes));
   }
 
   std::string out = "[gMASK]<sop>";
@@ -202,7 +207,8 @@ absl::StatusOr<std::string> RenderGlm45Chat(absl::Span<const ChatMessage> messag
         }
         const std::string_view stripped = PyStrip(content);
         if (!stripped.empty()) out.append("\n").append(stripped);
-        for (const ChatToolCall& c : m.tool_calls) RETURN_IF_ERROR(AppendToolCall(c, limits, i, &out));
+        for (const ChatToolCall& c : m.tool_calls)
+          RETURN_IF_ERROR(AppendToolCall(c, limits, i, &out));
         break;
       }
       case ChatRole::kTool:
@@ -214,8 +220,8 @@ absl::StatusOr<std::string> RenderGlm45Chat(absl::Span<const ChatMessage> messag
         break;
     }
     if (out.size() > limits.max_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("the rendered chat exceeds ",
-                                                       limits.max_bytes, " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the rendered chat exceeds ", limits.max_bytes, " bytes"));
     }
   }
   if (options.add_generation_prompt) {
@@ -230,7 +236,8 @@ absl::Status RecognizeChatTemplate(std::string_view chat_template) {
   // trailing white space ignored (files differ in their final newline).
   constexpr uint64_t kGlm45 = 0x42acd273715300d2ull;
   std::string_view t = chat_template;
-  while (!t.empty() && absl::ascii_isspace(static_cast<unsigned char>(t.back()))) t.remove_suffix(1);
+  while (!t.empty() && absl::ascii_isspace(static_cast<unsigned char>(t.back())))
+    t.remove_suffix(1);
   const uint64_t h = Fnv1a64(t);
   if (h == kGlm45) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(

@@ -49,7 +49,7 @@ struct ChatOptions {
 struct ChatLimits {
   size_t max_messages = 4096;
   size_t max_tools = 256;
-  size_t max_tool_calls = 256;      // per message
+  size_t max_tool_calls = 256;          // per message
   size_t max_bytes = size_t{16} << 20;  // of all text in, and of the rendered prompt
   int max_json_depth = 32;
 };

@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/types/span.h"
+#include "core/text/py_json.h"
 #include "nlohmann/json.hpp"
 
 namespace glmserve {
@@ -22,8 +23,10 @@ size_t PartialSuffix(std::string_view s, std::string_view marker) {
 }
 
 std::string_view Trim(std::string_view s) {
-  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -48,7 +51,11 @@ ParsedToolCall Glm45OutputParser::ParseToolCall(std::string_view body) {
     if (v1 == std::string_view::npos) break;
     std::string key(Trim(body.substr(k0, k1 - k0)));
     std::string value(body.substr(v0, v1 - v0));
-    auto parsed = nlohmann::ordered_json::parse(value, nullptr, /*allow_exceptions=*/false);
+    // Generated text may nest without bound: deep values stay strings (parsing and dumping
+    // recurse per level).
+    auto parsed = JsonDepthWithin(value, 64)
+                      ? nlohmann::ordered_json::parse(value, nullptr, /*allow_exceptions=*/false)
+                      : nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
     if (!parsed.is_discarded() && !parsed.is_string()) {
       args[key] = std::move(parsed);
     } else {

@@ -38,7 +38,8 @@ void Decode(std::string_view text, Decoded* d) {
 // Case-insensitive match of a contraction letter: (?i) folds 's' with 'S' and U+017F (long s);
 // the other letters fold only with their ASCII capitals.
 bool FoldEq(uint32_t c, char lower) {
-  if (c == static_cast<uint32_t>(lower) || c == static_cast<uint32_t>(lower - 'a' + 'A')) return true;
+  if (c == static_cast<uint32_t>(lower) || c == static_cast<uint32_t>(lower - 'a' + 'A'))
+    return true;
   return lower == 's' && c == 0x17F;
 }
 

@@ -142,8 +142,7 @@ std::string PythonFloatRepr(double v) {
   return out;
 }
 
-absl::StatusOr<std::string> PythonJsonDumps(std::string_view json, int max_depth) {
-  // nlohmann's parser recurses per nesting level: refuse deep input before parsing it.
+bool JsonDepthWithin(std::string_view json, int max_depth) {
   int depth = 0;
   bool in_string = false, escaped = false;
   for (char c : json) {
@@ -158,12 +157,17 @@ absl::StatusOr<std::string> PythonJsonDumps(std::string_view json, int max_depth
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return absl::InvalidArgumentError(absl::StrCat("JSON nested deeper than ", max_depth));
-      }
+      if (++depth > max_depth) return false;
     } else if (c == ']' || c == '}') {
       --depth;
     }
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> PythonJsonDumps(std::string_view json, int max_depth) {
+  if (!JsonDepthWithin(json, max_depth)) {
+    return absl::InvalidArgumentError(absl::StrCat("JSON nested deeper than ", max_depth));
   }
   OJson j = OJson::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");

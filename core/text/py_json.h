@@ -14,6 +14,10 @@ namespace glmserve {
 // INVALID_ARGUMENT when it does not parse.
 absl::StatusOr<std::string> PythonJsonDumps(std::string_view json, int max_depth = 64);
 
+// Whether the JSON text `json` nests arrays/objects at most `max_depth` deep (checked before
+// parsing, since parsing and serializing recurse per level).
+bool JsonDepthWithin(std::string_view json, int max_depth);
+
 // Python's repr() of a double: "0.1", "100.0", "1e-05", "1e+16", "inf" -> "Infinity" in JSON.
 std::string PythonFloatRepr(double v);
 

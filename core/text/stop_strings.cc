@@ -11,8 +11,8 @@ namespace glmserve {
 absl::StatusOr<StopStringMatcher> StopStringMatcher::Create(std::vector<std::string> stops,
                                                             const StopStringLimits& limits) {
   if (stops.size() > limits.max_count) {
-    return absl::InvalidArgumentError(absl::StrCat(stops.size(), " stop strings, more than the limit ",
-                                                   limits.max_count));
+    return absl::InvalidArgumentError(
+        absl::StrCat(stops.size(), " stop strings, more than the limit ", limits.max_count));
   }
   for (size_t i = 0; i < stops.size(); ++i) {
     if (stops[i].empty()) {

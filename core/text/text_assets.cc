@@ -29,11 +29,10 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
 }
 
 // The tokens GLM-4.5's chat format writes or the parser reads.
-constexpr const char* kChatTokens[] = {"[gMASK]", "<sop>", "<|system|>", "<|user|>",
-                                       "<|assistant|>", "<|observation|>", "<think>", "</think>",
-                                       "<tool_call>", "</tool_call>", "<tool_response>",
-                                       "</tool_response>", "<arg_key>", "</arg_key>",
-                                       "<arg_value>", "</arg_value>"};
+constexpr const char* kChatTokens[] = {
+    "[gMASK]",   "<sop>",      "<|system|>",  "<|user|>",     "<|assistant|>",   "<|observation|>",
+    "<think>",   "</think>",   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
 
 }  // namespace
 
@@ -85,9 +84,9 @@ absl::StatusOr<TextAssets> LoadTextAssets(const std::string& dir, const Tokenize
 
   const auto add_eos = [&](const Json& v) -> absl::Status {
     if (!v.is_number_integer() || !a.tokenizer->HasId(v.get<int32_t>())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(dir, "/generation_config.json: eos_token_id ", v.dump().substr(0, 64),
-                       " is not a token id of tokenizer.json"));
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/generation_config.json: eos_token_id ",
+                                                     v.dump().substr(0, 64),
+                                                     " is not a token id of tokenizer.json"));
     }
     a.eos_token_ids.push_back(v.get<int32_t>());
     return absl::OkStatus();

@@ -20,8 +20,9 @@ struct TextAssets {
   std::unique_ptr<Tokenizer> tokenizer;  // null: no tokenizer.json
   bool has_chat_template = false;        // GLM-4.5's template found (and the tokens it needs)
   std::string chat_template_problem;     // why has_chat_template is false
-  std::vector<int32_t> eos_token_ids;    // generation_config.json's, else tokenizer_config's eos_token
-  std::string source;                    // the directory, for messages
+  std::vector<int32_t>
+      eos_token_ids;   // generation_config.json's, else tokenizer_config's eos_token
+  std::string source;  // the directory, for messages
 };
 
 absl::StatusOr<TextAssets> LoadTextAssets(const std::string& dir,

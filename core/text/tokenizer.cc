@@ -61,9 +61,10 @@ std::string TokenToBytes(std::string_view token, bool* mapped) {
 }
 
 absl::Status Refuse(const std::string& origin, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      origin, ": ", what, "; glmserve implements only GLM-4.5's tokenizer structure (byte-level "
-      "BPE, GLM-4.5 Split pre-tokenizer, ByteLevel decoder), see docs/text.md"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(origin, ": ", what,
+                   "; glmserve implements only GLM-4.5's tokenizer structure (byte-level "
+                   "BPE, GLM-4.5 Split pre-tokenizer, ByteLevel decoder), see docs/text.md"));
 }
 
 bool IsNullOrAbsent(const Json& j, const char* key) {
@@ -115,9 +116,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
                                                                const TokenizerLimits& limits) {
   const std::string origin(origin_view);
   if (text.size() > limits.max_file_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", text.size(),
-                                                   " bytes, more than the limit ",
-                                                   limits.max_file_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": ", text.size(), " bytes, more than the limit ", limits.max_file_bytes));
   }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -164,8 +164,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   }
   const auto place = [&](int64_t id, const std::string& what) -> absl::Status {
     if (id < 0 || id >= static_cast<int64_t>(limits.max_vocab)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ": ", what, " has id ", id, ", outside [0, ", limits.max_vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": ", what, " has id ", id,
+                                                     ", outside [0, ", limits.max_vocab, ")"));
     }
     if (static_cast<size_t>(id) >= tok->tokens_.size()) tok->tokens_.resize(id + 1);
     return absl::OkStatus();
@@ -175,8 +175,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   by_string.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ": vocab entry '", it.key(),
-                                                     "' has no integer id"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": vocab entry '", it.key(), "' has no integer id"));
     }
     const int64_t id = it.value().get<int64_t>();
     RETURN_IF_ERROR(place(id, absl::StrCat("vocab entry '", it.key(), "'")));
@@ -200,8 +200,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   }
   const Json& merges = model.at("merges");
   if (merges.size() > limits.max_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", merges.size(), " merges, more than ",
-                                                   limits.max_vocab));
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": ", merges.size(), " merges, more than ", limits.max_vocab));
   }
   tok->merges_.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -223,8 +223,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     }
     auto ia = by_string.find(a), ib = by_string.find(b), iab = by_string.find(a + b);
     if (ia == by_string.end() || ib == by_string.end() || iab == by_string.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": merge ", rank, " ('", a, "', '", b, "') names a token not in the vocabulary"));
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " ('", a, "', '", b,
+                                                     "') names a token not in the vocabulary"));
     }
     // A repeated pair keeps its last rank, as HF's map construction does.
     tok->merges_[(uint64_t{static_cast<uint32_t>(ia->second)} << 32) |
@@ -241,8 +241,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       if (!a.is_object() || !a.contains("id") || !a.at("id").is_number_integer() ||
           !a.contains("content") || !a.at("content").is_string() ||
           a.at("content").get<std::string>().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(origin, ": malformed added token ",
-                                                       a.dump().substr(0, 200)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(origin, ": malformed added token ", a.dump().substr(0, 200)));
       }
       const std::string content = a.at("content").get<std::string>();
       RETURN_IF_ERROR(ValidateUtf8(content, absl::StrCat(origin, ": an added token")));
@@ -327,7 +327,7 @@ void Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* ids) con
   };
   heap_storage.clear();
   std::priority_queue<Candidate, std::vector<Candidate>> heap(std::less<Candidate>(),
-                                                               std::move(heap_storage));
+                                                              std::move(heap_storage));
   for (size_t i = 0; i + 1 < n; ++i) {
     if (const MergeValue* m = lookup(sym[i], sym[i + 1])) {
       heap.push({m->rank, static_cast<uint32_t>(i), m->merged});
@@ -411,12 +411,12 @@ void Tokenizer::SplitAdded(std::string_view text, bool normalized_pass,
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
                                                        size_t max_tokens) const {
   if (text.size() > limits_.max_input_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("text of ", text.size(),
-                                                   " bytes, more than the limit ",
-                                                   limits_.max_input_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "text of ", text.size(), " bytes, more than the limit ", limits_.max_input_bytes));
   }
   RETURN_IF_ERROR(ValidateUtf8(text, "text"));
-  const size_t limit = max_tokens == 0 ? limits_.max_tokens : std::min(max_tokens, limits_.max_tokens);
+  const size_t limit =
+      max_tokens == 0 ? limits_.max_tokens : std::min(max_tokens, limits_.max_tokens);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   // Encoded in slices that end at a newline (a pre-token boundary unless inside a run of
@@ -450,8 +450,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
                                               bool skip_special_tokens) const {
   if (ids.size() > limits_.max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(ids.size(), " ids, more than the limit ",
-                                                   limits_.max_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " ids, more than the limit ", limits_.max_tokens));
   }
   std::string bytes;
   for (size_t k = 0; k < ids.size(); ++k) {

@@ -20,20 +20,20 @@
 namespace glmserve {
 
 struct TokenizerLimits {
-  uint64_t max_file_bytes = uint64_t{64} << 20;   // tokenizer.json (GLM-4.5's is ~20 MB)
-  uint32_t max_vocab = uint32_t{1} << 22;         // ids and entries
-  size_t max_input_bytes = size_t{16} << 20;      // one Encode call's text
-  size_t max_tokens = size_t{4} << 20;            // one Encode / Decode call's ids
+  uint64_t max_file_bytes = uint64_t{64} << 20;  // tokenizer.json (GLM-4.5's is ~20 MB)
+  uint32_t max_vocab = uint32_t{1} << 22;        // ids and entries
+  size_t max_input_bytes = size_t{16} << 20;     // one Encode call's text
+  size_t max_tokens = size_t{4} << 20;           // one Encode / Decode call's ids
 };
 
 class Tokenizer {
  public:
   // Parses tokenizer.json's content. `origin` names it in errors.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
-                                                              std::string_view origin,
-                                                              const TokenizerLimits& limits = {});
+                                                             std::string_view origin,
+                                                             const TokenizerLimits& limits = {});
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path,
-                                                              const TokenizerLimits& limits = {});
+                                                             const TokenizerLimits& limits = {});
 
   // The ids of `text` (valid UTF-8, else INVALID_ARGUMENT with the offset), added tokens
   // included, nothing prepended (HF's encode(text, add_special_tokens=False)).
@@ -81,17 +81,18 @@ class Tokenizer {
   void EncodeWord(std::string_view word, std::vector<int32_t>* ids) const;
   // Appends the ids of a stretch of text with no added token in it.
   void EncodePlain(std::string_view text, std::vector<int32_t>* ids) const;
-  // Splits out the added tokens of `which` (normalized or not), leftmost-longest.
+  // Splits out the added tokens (those with normalized == normalized_pass), leftmost-longest,
+  // and encodes the text between them.
   void SplitAdded(std::string_view text, bool normalized_pass, std::vector<int32_t>* ids) const;
 
   TokenizerLimits limits_;
-  std::vector<TokenInfo> tokens_;                          // by id
-  absl::flat_hash_map<std::string, int32_t> vocab_;        // BPE vocabulary, keys as raw bytes
-  absl::flat_hash_map<uint64_t, MergeValue> merges_;       // (left id << 32 | right id)
-  int32_t byte_id_[256];                                   // the single-byte tokens
+  std::vector<TokenInfo> tokens_;                     // by id
+  absl::flat_hash_map<std::string, int32_t> vocab_;   // BPE vocabulary, keys as raw bytes
+  absl::flat_hash_map<uint64_t, MergeValue> merges_;  // (left id << 32 | right id)
+  int32_t byte_id_[256];                              // the single-byte tokens
   bool ignore_merges_ = false;
-  std::vector<AddedToken> added_;                          // longest first
-  bool added_first_byte_[2][256] = {};                     // [normalized] may an added token start here
+  std::vector<AddedToken> added_;       // longest first
+  bool added_first_byte_[2][256] = {};  // [normalized] may an added token start here
   bool has_added_[2] = {false, false};
   bool added_has_newline_ = false;  // then Encode cannot slice at newlines
 };

@@ -52,8 +52,10 @@ bool IsWhiteSpace(uint32_t cp) {
 
 uint8_t ComputeClass(uint32_t cp) {
   uint8_t c = 0;
-  if (InRanges(text_internal::kLetterRanges, text_internal::kLetterRangesSize, cp)) c |= kCharLetter;
-  if (InRanges(text_internal::kNumberRanges, text_internal::kNumberRangesSize, cp)) c |= kCharNumber;
+  if (InRanges(text_internal::kLetterRanges, text_internal::kLetterRangesSize, cp))
+    c |= kCharLetter;
+  if (InRanges(text_internal::kNumberRanges, text_internal::kNumberRangesSize, cp))
+    c |= kCharNumber;
   if (IsWhiteSpace(cp)) c |= kCharSpace;
   return c;
 }

@@ -26,7 +26,8 @@ ChatMessage ToMessage(const OJson& m) {
   ChatMessage out;
   out.role = *ParseChatRole(m.at("role").get<std::string>());
   out.content = m.value("content", "");
-  if (m.contains("reasoning_content")) out.reasoning_content = m.at("reasoning_content").get<std::string>();
+  if (m.contains("reasoning_content"))
+    out.reasoning_content = m.at("reasoning_content").get<std::string>();
   if (m.contains("tool_calls")) {
     for (const OJson& tc : m.at("tool_calls")) {
       const OJson& f = tc.contains("function") ? tc.at("function") : tc;
@@ -110,6 +111,10 @@ TEST(ChatFormat, BadInputGetsPreciseErrors) {
   ChatOptions deep;
   deep.tools_json = {std::string(100, '[') + std::string(100, ']')};
   EXPECT_EQ(RenderGlm45Chat({user}, deep).status().code(), absl::StatusCode::kInvalidArgument);
+  ChatMessage deep_call{
+      ChatRole::kAssistant, "", std::nullopt, {{"f", "{\"a\": " + std::string(100000, '[') + "}"}}};
+  EXPECT_EQ(RenderGlm45Chat({user, deep_call}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PyJson, FloatsAndStringsAsPythonWritesThem) {

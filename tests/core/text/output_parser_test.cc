@@ -51,6 +51,11 @@ TEST(OutputParser, SplitsReasoningContentAndToolCalls) {
   EXPECT_EQ(nlohmann::json::parse(w.calls[0].arguments_json),
             nlohmann::json::parse(R"({"city": "北京", "days": 3, "opts": {"unit": "c"}})"));
   EXPECT_EQ(w.calls[1].name, "search");
+  // A value nested beyond any sane depth stays a string instead of recursing.
+  const std::string deep(100000, '[');
+  ParsedToolCall c =
+      Glm45OutputParser::ParseToolCall("f<arg_key>x</arg_key><arg_value>" + deep + "</arg_value>");
+  EXPECT_EQ(nlohmann::json::parse(c.arguments_json)["x"], deep);
   EXPECT_EQ(nlohmann::json::parse(w.calls[1].arguments_json)["q"], "a < b");
 }
 

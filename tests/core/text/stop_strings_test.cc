@@ -10,7 +10,7 @@ namespace {
 
 // Feeds `text` in random pieces; returns the released text and whether it stopped.
 std::pair<std::string, bool> Feed(const std::vector<std::string>& stops, const std::string& text,
-                                 uint32_t seed) {
+                                  uint32_t seed) {
   auto m = StopStringMatcher::Create(stops);
   EXPECT_TRUE(m.ok());
   std::mt19937 rng(seed);

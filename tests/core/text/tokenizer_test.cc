@@ -73,8 +73,8 @@ TEST(TokenizerGolden, EncodeDecodeAndStreamEveryString) {
     ASSERT_TRUE(ids.ok()) << ids.status();
     if (*ids != want) {
       ++failures;
-      ADD_FAILURE() << "case " << k << " encodes differently: " << Json(text).dump()
-                    << "\n want " << Json(want).dump() << "\n got  " << Json(*ids).dump();
+      ADD_FAILURE() << "case " << k << " encodes differently: " << Json(text).dump() << "\n want "
+                    << Json(want).dump() << "\n got  " << Json(*ids).dump();
       continue;
     }
     const std::string d = c.value("d", text);
@@ -194,20 +194,37 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
     const char* message;
   };
   const Case cases[] = {
-      {"normalizer", [](Json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer"},
+      {"normalizer",
+       [](Json& j) {
+         j["normalizer"] = {{"type", "NFC"}};
+       },
+       "normalizer"},
       {"wordpiece", [](Json& j) { j["model"]["type"] = "WordPiece"; }, "not BPE"},
-      {"regex", [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"; },
+      {"regex",
+       [](Json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"; },
        "not GLM-4.5's"},
-      {"metaspace", [](Json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "Sequence"},
-      {"decoder", [](Json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder"},
+      {"metaspace",
+       [](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+       },
+       "Sequence"},
+      {"decoder",
+       [](Json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder"},
       {"lstrip", [](Json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip"},
       {"unk", [](Json& j) { j["model"]["unk_token"] = "<unk>"; }, "unk_token"},
       {"byte_fallback", [](Json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback"},
       {"dropout", [](Json& j) { j["model"]["dropout"] = 0.1; }, "dropout"},
-      {"template", [](Json& j) { j["post_processor"] = {{"type", "TemplateProcessing"}}; },
+      {"template",
+       [](Json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"}};
+       },
        "post_processor"},
       {"missing byte", [](Json& j) { j["model"]["vocab"].erase("!"); }, "byte 33"},
-      {"bad merge", [](Json& j) { j["model"]["merges"][0] = "zzzq qqqz"; }, "not in the vocabulary"},
+      {"bad merge", [](Json& j) { j["model"]["merges"][0] = "zzzq qqqz"; },
+       "not in the vocabulary"},
       {"huge id", [](Json& j) { j["added_tokens"][0]["id"] = 1 << 30; }, "outside"},
   };
   for (const Case& c : cases) {
@@ -223,7 +240,8 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_FALSE(Tokenizer::FromJson("[]", "t.json").ok());
   // Merges written as "a b" strings (older files) load as the pair form does.
   Json strings = base;
-  for (Json& m : strings["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  for (Json& m : strings["model"]["merges"])
+    m = m[0].get<std::string>() + " " + m[1].get<std::string>();
   auto tok = Tokenizer::FromJson(strings.dump(), "t.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ(*(*tok)->Encode("hello world, 字"), *Golden().Encode("hello world, 字"));
