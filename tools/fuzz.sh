@@ -15,7 +15,7 @@ JOBS=${JOBS:-$(nproc)}
 FUZZ_DIR=${FUZZ_DIR:-$BUILD_DIR/runs}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(safetensors_header config_json shard_index tensor_codec request_convert)
+  TARGETS=(safetensors_header config_json shard_index tensor_codec request_convert text)
 fi
 # clang with its libFuzzer runtime (Debian's and Ubuntu's versionless package names).
 for p in clang libclang-rt-dev; do

@@ -137,6 +137,17 @@ def proto_seeds():
         shutil.rmtree(out)
 
 
+def text_seeds():
+    """core/text: plain multilingual text, a GLM reply with reasoning and a tool call, a chat
+    prompt with added tokens, invalid UTF-8, and JSON (tests/fuzz/text_fuzz.cc)."""
+    write("text", "plain", "Hello, world! 你好 😀\n\n  x")
+    write("text", "reply", '<think>plan</think>ok<tool_call>f<arg_key>a</arg_key>'
+                           '<arg_value>[1, {"b": 2}]</arg_value></tool_call>')
+    write("text", "chat", "[gMASK]<sop><|user|>\nhi<|assistant|>")
+    write("text", "invalid", b"bad \xff\xfe utf8 \xe2\x82")
+    write("text", "json", '{"a": [1, 2.5e-7, "x"], "b": null}')
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -144,6 +155,7 @@ def main():
     config_seeds()
     index_seeds()
     proto_seeds()
+    text_seeds()
     for d in sorted(os.listdir(CORPUS)):
         print(d, len(os.listdir(os.path.join(CORPUS, d))), "seeds")
 
