@@ -5,9 +5,10 @@
 // The cache holds one reference on each block it knows. A block whose only holder is the
 // cache is "evictable": it stays findable until the allocator runs dry, then the least
 // recently used evictable block is released (a chain's blocks count as used from its head
-// to its tail, so its tail goes first and its head last). Because the CPU kernels are batch- and
-// chunk-invariant, a block computed for one request holds exactly the keys and values any
-// other request with the same prefix would compute: a hit gives bit-identical output.
+// to its tail, so its tail goes first and its head last). Because the CPU kernels are
+// batch- and chunk-invariant, a block computed for one request holds exactly the keys and
+// values any other request with the same prefix would compute: a hit gives bit-identical
+// output.
 #pragma once
 
 #include <cstdint>
