@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 
 #include "core/model_runner.h"
 #include "tests/core/cuda/cuda_test_util.h"
@@ -24,6 +25,9 @@ inline constexpr RunnerCase kRunnerCases[] = {{"cpu_f32", DeviceKind::kCpu, DTyp
                                               {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
                                               {"cuda_bf16", DeviceKind::kCuda, DType::kBF16},
                                               {"cuda_f32", DeviceKind::kCuda, DType::kF32}};
+
+// Test names and ctest entries show the case's name rather than its bytes.
+inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }
 
 }  // namespace glmserve::testing
 

@@ -62,9 +62,13 @@ libs=("$work/core-build/core/libglm_core.a" "$work/core-build/core/libglm_dtype.
       "$libdir"/libabsl_*.so "$libdir/libopenblas.so" "$libdir/libgtest_main.a" "$libdir/libgtest.a"
       -lpthread -latomic)
 status=0
-for t in cuda_runner_test kernels_cuda_test model_cuda_test sampling_cuda_test; do
+# The GPU tests, and the suites parameterised over every model runner (their CUDA cases run
+# on the emulated device, their CPU cases as usual).
+for src in cuda/cuda_runner_test cuda/kernels_cuda_test cuda/model_cuda_test \
+  cuda/sampling_cuda_test runner_conformance_test golden_test; do
+  t="$(basename "$src")"
   objs=()
-  compile "$root/tests/core/cuda/$t.cc" "$work/obj/test_$t.o" "-DGTEST_HAS_PTHREAD=1"
+  compile "$root/tests/core/$src.cc" "$work/obj/test_$t.o" "-DGTEST_HAS_PTHREAD=1"
   g++ -o "$work/$t" "${objs[@]}" "${backend[@]}" "${libs[@]}"
   echo "== $t"
   "$work/$t" --gtest_brief=1 || status=1
