@@ -4,14 +4,14 @@
 //
 // Every launcher enqueues work on `stream` and returns the launch status (cudaGetLastError
 // after the launch); it never synchronises. Shapes are validated by the caller
-// (core/cuda/cuda_model_cuda.cc); the limits kernels rely on are listed here.
+// (core/cuda/model.cc); the limits kernels rely on are listed here.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "core/cuda/row_math.h"
+#include "core/ops/row_math.h"
 
 namespace glmserve::cuda {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops/row_math.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -32,18 +33,12 @@ void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
         cs = heap.data();
         sn = heap.data() + half;
       }
-      const float pos = static_cast<float>(positions[t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
-        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
+      for (int64_t i = 0; i < half; ++i)
+        rowmath::RopeCosSin(positions[t], inv_freq_[i], &cs[i], &sn[i]);
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (t * heads + h) * head_dim_;
         for (int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * cs[i] - b * sn[i];
-          v[i + half] = b * cs[i] + a * sn[i];
+          rowmath::RotatePair(v[i], v[i + half], cs[i], sn[i], &v[i], &v[i + half]);
         }
       }
     }

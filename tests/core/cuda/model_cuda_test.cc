@@ -18,7 +18,7 @@
 #include <string>
 
 #include "core/checkpoint.h"
-#include "core/cuda/cuda_model.h"
+#include "core/cuda/model.h"
 #include "core/model.h"
 #include "core/ops/ffn.h"
 #include "core/ops/moe.h"

@@ -1,5 +1,7 @@
 // CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
-// work it enqueues is in cuda_layers_cuda.cc.
+// work it enqueues is in layers.cc.
+#include "core/cuda/model.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_model.h"
 #include "core/cuda/kernels.h"
+#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -81,12 +83,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
         absl::StrCat("CUDA backend: head_dim ", c.head_dim, " (max ", kMaxHeadDim, ") or ", group,
                      " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
   }
-  if (has_moe_ && (c.n_routed_experts > rowmath::kMaxExperts ||
-                   c.num_experts_per_tok > rowmath::kMaxTopK || c.n_group > rowmath::kMaxGroups)) {
-    return absl::UnimplementedError(absl::StrCat("CUDA backend: at most ", rowmath::kMaxExperts,
-                                                 " experts, top-", rowmath::kMaxTopK, ", ",
-                                                 rowmath::kMaxGroups, " groups"));
-  }
+  // The router row limits (rowmath::kMax*) are ValidateConfig's, for both backends.
   router_.n_experts = static_cast<int>(c.n_routed_experts);
   router_.top_k = static_cast<int>(c.num_experts_per_tok);
   router_.n_group = static_cast<int>(c.n_group);
@@ -102,24 +99,20 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   sm_count_ = std::max(1, prop.multiProcessorCount);
   GLM_CUDA_RETURN_IF_ERROR(PrepareKernels());
 
-  absl::StatusOr<Stream> stream = CreateStream();
-  if (!stream.ok()) return stream.status();
-  stream_ = *std::move(stream);
-  absl::StatusOr<CublasHandle> cublas = CreateCublas();
-  if (!cublas.ok()) return cublas.status();
-  cublas_ = *std::move(cublas);
-  absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Create(kCublasWorkspaceBytes);
-  if (!workspace.ok()) return workspace.status();
-  cublas_workspace_ = *std::move(workspace);
+  ASSIGN_OR_RETURN(Stream stream, CreateStream());
+  stream_ = std::move(stream);
+  ASSIGN_OR_RETURN(CublasHandle cublas, CreateCublas());
+  cublas_ = std::move(cublas);
+  ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::Create(kCublasWorkspaceBytes));
+  cublas_workspace_ = std::move(workspace);
   // Stream first: cublasSetStream resets the workspace to cuBLAS's own pool. A workspace of
   // our own keeps cuBLAS from allocating during graph capture.
   GLM_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_.get(), stream_.get()));
   GLM_CUBLAS_RETURN_IF_ERROR(
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
 
-  absl::StatusOr<DeviceWeights> uploaded = UploadWeights(weights, stream_.get());
-  if (!uploaded.ok()) return uploaded.status();
-  weights_ = *std::move(uploaded);
+  ASSIGN_OR_RETURN(DeviceWeights uploaded, UploadWeights(weights, stream_.get()));
+  weights_ = std::move(uploaded);
   weights = ModelWeights{};  // release the host copies (file mappings, random buffers)
 
   // Buffers whose size does not depend on the step. The split scratch covers any split
@@ -136,21 +129,18 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   };
   Carver sizer(nullptr);
   carve(sizer);
-  absl::StatusOr<DeviceBuffer> fixed = DeviceBuffer::Create(static_cast<size_t>(sizer.size()));
-  if (!fixed.ok()) return fixed.status();
-  fixed_memory_ = *std::move(fixed);
+  ASSIGN_OR_RETURN(DeviceBuffer fixed, DeviceBuffer::Create(static_cast<size_t>(sizer.size())));
+  fixed_memory_ = std::move(fixed);
   Carver carver(static_cast<char*>(fixed_memory_.get()));
   carve(carver);
   if (has_head_) {
-    absl::StatusOr<PinnedBuffer> host =
-        PinnedBuffer::Create(sizeof(float) * kLogitChunk * c.vocab_size);
-    if (!host.ok()) return host.status();
-    logits_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host,
+                     PinnedBuffer::Create(sizeof(float) * kLogitChunk * c.vocab_size));
+    logits_host_ = std::move(host);
   }
   if (offsets_count > 0) {
-    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * offsets_count);
-    if (!host.ok()) return host.status();
-    offsets_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * offsets_count));
+    offsets_host_ = std::move(host);
   }
   return EnsureCapacity(256, 1024);
 }
@@ -202,14 +192,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
 absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCache* cache,
                                                const ForwardOptions& options,
                                                ForwardResult* result) {
-  if (options.sequence_logits.size() != batch.sequences.size()) {
-    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
-  }
-  bool any = false, any_all = false;
-  for (LogitsRows r : options.sequence_logits) {
-    any |= r != LogitsRows::kNone;
-    any_all |= r == LogitsRows::kAll;
-  }
+  ASSIGN_OR_RETURN(const bool any, StepWantsLogits(batch, options));
+  bool any_all = false;
+  for (LogitsRows r : options.sequence_logits) any_all |= r == LogitsRows::kAll;
   ForwardOptions whole = options;
   whole.sequence_logits.clear();
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
@@ -302,12 +287,10 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
   layout.block_table_cap = std::max(meta_layout_.block_table_cap,
                                     RoundUp(std::max<int64_t>(block_table_entries, 1), 1024));
   meta_device_.Reset();
-  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(sizeof(int32_t) * layout.total());
-  if (!device.ok()) return device.status();
-  absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * layout.total());
-  if (!host.ok()) return host.status();
-  meta_device_ = *std::move(device);
-  meta_host_ = *std::move(host);
+  ASSIGN_OR_RETURN(DeviceBuffer device, DeviceBuffer::Create(sizeof(int32_t) * layout.total()));
+  ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * layout.total()));
+  meta_device_ = std::move(device);
+  meta_host_ = std::move(host);
   meta_layout_ = layout;
   return absl::OkStatus();
 }
@@ -351,9 +334,8 @@ int CudaModel::ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_grap
 absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
   const size_t bytes = sizeof(float) * rows * config_.hidden_size;
   if (io_host_.bytes() < bytes) {
-    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
-    if (!host.ok()) return host.status();
-    io_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+    io_host_ = std::move(host);
   }
   GLM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(io_host_.get(), a_.h, bytes, cudaMemcpyDeviceToHost, stream_.get()));
@@ -374,10 +356,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
   RETURN_IF_ERROR(CheckBatch(batch, *cache));
-  if (options.logits != LogitsRows::kNone && !has_head_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits need the last layer; this span ends at layer ", layer_end_));
-  }
+  RETURN_IF_ERROR(ValidateRunSpan(layer_begin_, layer_end_, layer_begin_, layer_end_,
+                                  config_.num_hidden_layers, options.logits != LogitsRows::kNone));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   const ModelConfig& c = config_;
   const bool graph = GraphEligible(batch, options);
@@ -391,9 +371,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   if (!has_embedding_) {
     const size_t bytes = sizeof(float) * real * c.hidden_size;
     if (io_host_.bytes() < bytes) {
-      absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
-      if (!host.ok()) return host.status();
-      io_host_ = *std::move(host);
+      ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+      io_host_ = std::move(host);
     }
     std::memcpy(io_host_.get(), batch.hidden_in.data(), bytes);
     GLM_CUDA_RETURN_IF_ERROR(
