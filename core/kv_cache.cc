@@ -51,9 +51,10 @@ absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache: ", shape.num_blocks, " blocks exceed the 2^31-1 block ids"));
   }
-  int64_t bytes = 2 * element_bytes;  // keys and values
-  for (int64_t d :
-       {shape.num_layers, shape.kv_heads, shape.head_dim, shape.block_size, shape.num_blocks}) {
+  int64_t bytes = 2;  // keys and values
+  // element_bytes is checked too: a hostile element size must not wrap before the loop.
+  for (int64_t d : {element_bytes, shape.num_layers, shape.kv_heads, shape.head_dim,
+                    shape.block_size, shape.num_blocks}) {
     if (__builtin_mul_overflow(bytes, d, &bytes)) {
       return absl::InvalidArgumentError(
           absl::StrCat("KV cache: ", shape.num_blocks, " blocks of ", shape.block_size,
@@ -98,7 +99,9 @@ KvCache::KvCache(const KvCacheShape& shape, void* storage, DType dtype,
       allocator_(static_cast<int32_t>(shape.num_blocks)) {}
 
 absl::Status KvCache::Reserve(BlockTable* table, int64_t tokens) {
-  const int64_t needed = (tokens + shape_.block_size - 1) / shape_.block_size;
+  // Rounded up without `tokens + block_size - 1`, which wraps for tokens near 2^63 (and a
+  // wrapped, negative count would "succeed" without reserving anything).
+  const int64_t needed = tokens / shape_.block_size + (tokens % shape_.block_size > 0 ? 1 : 0);
   const int64_t missing = needed - static_cast<int64_t>(table->size());
   if (missing <= 0) return absl::OkStatus();
   if (missing > allocator_.num_free()) {

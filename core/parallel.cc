@@ -21,6 +21,14 @@ namespace {
 
 thread_local bool tls_inside_pool = false;
 
+// Chunk `chunk` of [0, n) in steps of `grain`: [chunk * grain, min(n, (chunk + 1) * grain)),
+// computed without forming (chunk + 1) * grain, which can exceed 2^63 - 1 for the last chunk.
+void RunChunk(const std::function<void(int64_t, int64_t)>& body, int64_t n, int64_t grain,
+              int64_t chunk) {
+  const int64_t begin = chunk * grain;  // < n: chunk < ceil(n / grain)
+  body(begin, begin + std::min(grain, n - begin));
+}
+
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) {
@@ -38,11 +46,13 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  void Run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  void Run(int64_t n, int64_t grain, int64_t chunks,
+           const std::function<void(int64_t, int64_t)>& body) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel loop at a time
     job_body_ = &body;
     job_n_ = n;
     job_grain_ = grain;
+    job_chunks_ = chunks;
     next_.store(0, std::memory_order_relaxed);
     pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     {
@@ -64,11 +74,13 @@ class ThreadPool {
   }
 
  private:
+  // The counter hands out chunk indices, not item offsets: an offset counter stepped past
+  // an n near 2^63 by every thread would wrap to a negative begin.
   void TakeChunks() {
     for (;;) {
-      const int64_t begin = next_.fetch_add(job_grain_, std::memory_order_relaxed);
-      if (begin >= job_n_) return;
-      (*job_body_)(begin, std::min(job_n_, begin + job_grain_));
+      const int64_t chunk = next_.fetch_add(1, std::memory_order_relaxed);
+      if (chunk >= job_chunks_) return;
+      RunChunk(*job_body_, job_n_, job_grain_, chunk);
     }
   }
 
@@ -104,6 +116,7 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t)>* job_body_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_grain_ = 1;
+  int64_t job_chunks_ = 0;
   std::atomic<int64_t> next_{0};
   std::atomic<int> pending_{0};
 };
@@ -127,12 +140,13 @@ std::unique_ptr<ThreadPool>& Pool() {
 void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
+  const int64_t chunks = n / grain + (n % grain != 0 ? 1 : 0);  // ceil without overflow
   ThreadPool& pool = *Pool();
-  if (tls_inside_pool || pool.size() == 1 || n <= grain) {
-    for (int64_t b = 0; b < n; b += grain) body(b, std::min(n, b + grain));
+  if (tls_inside_pool || pool.size() == 1 || chunks == 1) {
+    for (int64_t c = 0; c < chunks; ++c) RunChunk(body, n, grain, c);
     return;
   }
-  pool.Run(n, grain, body);
+  pool.Run(n, grain, chunks, body);
 }
 
 int NumThreads() { return Pool()->size(); }

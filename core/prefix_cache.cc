@@ -1,6 +1,7 @@
 #include "core/prefix_cache.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace glmserve {
 namespace {
@@ -27,10 +28,10 @@ uint64_t PrefixCache::ChainHash(uint64_t parent, absl::Span<const int32_t> block
   return h == 0 ? 1 : h;  // 0 is reserved for "no parent"
 }
 
-void PrefixCache::Touch(Entry& entry, uint64_t hash) {
-  lru_.erase(entry.lru);
-  lru_.push_front(hash);
-  entry.lru = lru_.begin();
+std::list<uint64_t>::iterator PrefixCache::Touch(Entry& entry,
+                                                 std::list<uint64_t>::iterator where) {
+  lru_.splice(where, lru_, entry.lru);  // iterators stay valid; a no-op if already there
+  return std::next(entry.lru);
 }
 
 int64_t PrefixCache::Match(absl::Span<const int32_t> tokens, int64_t max_blocks,
@@ -39,6 +40,7 @@ int64_t PrefixCache::Match(absl::Span<const int32_t> tokens, int64_t max_blocks,
       std::min<int64_t>(static_cast<int64_t>(tokens.size()) / block_size_, max_blocks);
   uint64_t parent = 0;
   int64_t matched = 0;
+  auto where = lru_.begin();  // a chain's blocks go to the front in position order
   for (int64_t b = 0; b < full; ++b) {
     ++queries_;
     const auto block_tokens = tokens.subspan(b * block_size_, block_size_);
@@ -51,7 +53,7 @@ int64_t PrefixCache::Match(absl::Span<const int32_t> tokens, int64_t max_blocks,
     ++hits_;
     allocator_->AddRef(it->second.block);
     table->push_back(it->second.block);
-    Touch(it->second, hash);
+    where = Touch(it->second, where);
     parent = hash;
     ++matched;
   }
@@ -65,21 +67,23 @@ void PrefixCache::Insert(absl::Span<const int32_t> tokens, int64_t computed_toke
   const int64_t full =
       std::min<int64_t>(computed_tokens / block_size_, static_cast<int64_t>(table.size()));
   uint64_t parent = 0;
+  auto where = lru_.begin();  // a chain's blocks go to the front in position order
   for (int64_t b = 0; b < full; ++b) {
     const auto block_tokens = tokens.subspan(b * block_size_, block_size_);
     const uint64_t hash = ChainHash(parent, block_tokens);
     auto it = entries_.find(hash);
     if (it == entries_.end()) {
       if (by_block_.count(table[b]) == 0) {  // a block is cached under one chain only
-        lru_.push_front(hash);
-        entries_.emplace(hash, Entry{table[b], parent,
-                                     std::vector<int32_t>(block_tokens.begin(), block_tokens.end()),
-                                     lru_.begin()});
+        const auto lru = lru_.insert(where, hash);
+        entries_.emplace(
+            hash, Entry{table[b], parent,
+                        std::vector<int32_t>(block_tokens.begin(), block_tokens.end()), lru});
         by_block_[table[b]] = hash;
         allocator_->AddRef(table[b]);
+        where = std::next(lru);
       }
     } else {
-      Touch(it->second, hash);
+      where = Touch(it->second, where);
     }
     parent = hash;
   }
@@ -97,9 +101,10 @@ bool PrefixCache::EnsureFree(int64_t needed) {
     --it;
     auto entry = entries_.find(*it);
     if (allocator_->ref_count(entry->second.block) != 1) continue;  // still in use
-    // A child block (same chain, later position) is useless without its parent, but it is
-    // also never matched without it, so evicting in LRU order is safe; children are touched
-    // no later than their parents and so tend to go first.
+    // A child block (same chain, later position) is found only through its parent. Match
+    // and Insert place a chain's blocks at the front in position order, so a parent is
+    // always more recent than its children: the tail goes first and no cached block is
+    // left unreachable behind an evicted parent.
     allocator_->Release(entry->second.block);
     by_block_.erase(entry->second.block);
     entries_.erase(entry);

@@ -4,9 +4,11 @@
 //
 // The cache holds one reference on each block it knows. A block whose only holder is the
 // cache is "evictable": it stays findable until the allocator runs dry, then the least
-// recently used evictable block is released. Because the CPU kernels are batch- and
-// chunk-invariant, a block computed for one request holds exactly the keys and values any
-// other request with the same prefix would compute: a hit gives bit-identical output.
+// recently used evictable block is released (a chain's blocks count as used from its head
+// to its tail, so its tail goes first and its head last). Because the CPU kernels are
+// batch- and chunk-invariant, a block computed for one request holds exactly the keys and
+// values any other request with the same prefix would compute: a hit gives bit-identical
+// output.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +61,9 @@ class PrefixCache {
     std::list<uint64_t>::iterator lru;  // position in lru_ (front = most recent)
   };
 
-  void Touch(Entry& entry, uint64_t hash);
+  // Marks `entry` used: moves it in lru_ to just before `where` and returns the position
+  // after it, where the chain's next block goes (so a parent stays ahead of its children).
+  std::list<uint64_t>::iterator Touch(Entry& entry, std::list<uint64_t>::iterator where);
 
   BlockAllocator* allocator_;
   int64_t block_size_;

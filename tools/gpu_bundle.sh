@@ -34,6 +34,8 @@ tests=()
 for t in "$root"/tests/core/cuda/*_test.cc; do
   tests+=("core_cuda_$(basename "$t" .cc)")
 done
+# The suites parameterised over every model runner: on a GPU host their CUDA cases run.
+tests+=(core_runner_conformance_test core_golden_test)
 benches=(gpu_bench sampler_bench host_bench)
 tools=(glm-server glm-client glm-run)
 
@@ -51,7 +53,7 @@ fi
 # Where each target's binary lives in the build tree.
 binary() {
   case "$1" in
-    core_cuda_*) echo "$build/tests/$1" ;;
+    core_*) echo "$build/tests/$1" ;;
     *_bench) echo "$build/bench/$1" ;;
     glm-server) echo "$build/server/$1" ;;
     glm-client) echo "$build/client/$1" ;;

@@ -81,7 +81,7 @@ counts() {
   echo "passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed_n:-0}"
 }
 
-for bin in "$here"/bin/core_cuda_*_test; do
+for bin in "$here"/bin/core_*_test; do
   name="$(basename "$bin")"
   log="$out/tests/$name.log"
   timeout "$timeout_s" "$bin" --gtest_output="xml:$out/tests/$name.xml" >"$log" 2>&1

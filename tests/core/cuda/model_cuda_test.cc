@@ -1,7 +1,9 @@
-// The whole model on the GPU against the CPU backend: the golden checkpoints (tests/golden),
-// seeded random models, incremental decode against one full forward, a sequence in a ragged
-// batch against the sequence alone, CUDA-graph decode against eager decode, layer spans,
-// both MoE expert paths, and the error statuses.
+// The whole model on the GPU against the CPU backend: seeded random models, CUDA-graph
+// decode against eager decode, both MoE expert paths, and each backend refusing the other's
+// cache. The checks every runner must pass alike
+// (incremental decode, ragged batches, chunked prefill, per-sequence logits, layer spans,
+// malformed batches) run for the CPU and the GPU in tests/core/runner_conformance_test.cc,
+// and the golden checkpoints (GPU against Transformers and the CPU) in golden_test.cc.
 //
 // Tolerance: relative error of the norm 3e-2 between whole-model GPU and CPU results. The GPU
 // runs bf16 weights and activations (relative rounding 2^-9 per value) with fp32
@@ -12,28 +14,20 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <functional>
 #include <numeric>
-#include <sstream>
 #include <string>
 
 #include "core/checkpoint.h"
 #include "core/cuda/model.h"
 #include "core/model.h"
-#include "core/npy.h"
 #include "core/ops/ffn.h"
 #include "core/ops/moe.h"
-#include "nlohmann/json.hpp"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
 
-namespace fs = std::filesystem;
 using ::glmserve::testing::RelativeError;
 
 constexpr double kModelTolerance = 3e-2;
@@ -103,103 +97,6 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
   EXPECT_LE(outliers, std::max<int64_t>(1, rows / 20)) << "rows beyond " << kModelTolerance;
 }
 
-std::vector<std::string> GoldenCases() {
-  std::vector<std::string> cases;
-  for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
-    if (fs::exists(entry.path() / "expected.json")) cases.push_back(entry.path().filename());
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
-
-class CudaModelGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(CudaModelGolden, GpuMatchesCpuAndReference) {
-  GLM_REQUIRE_CUDA_DEVICE();
-  const std::string dir = glmserve::testing::GoldenDir(GetParam());
-  std::ifstream in(dir + "/expected.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json expected = nlohmann::json::parse(text.str());
-  const std::vector<int32_t> prompt = expected["prompt"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> greedy = expected["greedy"].get<std::vector<int32_t>>();
-  absl::StatusOr<ModelWeights> cpu_w = LoadCheckpoint(dir), gpu_w = LoadCheckpoint(dir);
-  ASSERT_TRUE(cpu_w.ok() && gpu_w.ok()) << cpu_w.status() << gpu_w.status();
-  Model cpu(*std::move(cpu_w));
-  std::unique_ptr<CudaModel> gpu = Gpu(*std::move(gpu_w));
-  ASSERT_NE(gpu, nullptr);
-  const ModelConfig& c = cpu.config();
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  const int64_t total = n + static_cast<int64_t>(greedy.size());
-
-  std::unique_ptr<KvCache> cpu_cache = *cpu.CreateCache((total + 3) / 4, 4);
-  std::unique_ptr<KvCache> gpu_cache = *gpu->CreateCache((total + 3) / 4, 4);
-  BlockTable cpu_table, gpu_table;
-  ASSERT_TRUE(cpu_cache->Reserve(&cpu_table, total).ok());
-  ASSERT_TRUE(gpu_cache->Reserve(&gpu_table, total).ok());
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  options.return_layer_hidden = true;
-  ForwardBatch batch;
-  batch.token_ids = prompt;
-  ForwardResult want, got;
-  batch.sequences = {{n, 0, &cpu_table}};
-  ASSERT_TRUE(cpu.Forward(batch, cpu_cache.get(), options, &want).ok());
-  batch.sequences = {{n, 0, &gpu_table}};
-  const absl::Status s = gpu->Forward(batch, gpu_cache.get(), options, &got);
-  ASSERT_TRUE(s.ok()) << s;
-
-  const double err = RelativeError(got.logits, want.logits);
-  std::printf("[ %s ] GPU vs CPU logits relative error: %.3g\n", GetParam().c_str(), err);
-  EXPECT_LT(err, kModelTolerance);
-  absl::StatusOr<NpyArray> reference = ReadNpy(dir + "/logits.npy");
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  EXPECT_LT(RelativeError(got.logits, reference->data), kModelTolerance) << "vs Transformers";
-  ASSERT_EQ(got.layer_hidden.size(), want.layer_hidden.size());
-  for (size_t l = 0; l < want.layer_hidden.size(); ++l) {
-    EXPECT_LT(RelativeError(got.layer_hidden[l], want.layer_hidden[l]), kModelTolerance)
-        << "hidden state " << l;
-  }
-
-  // Teacher-forced decode through each cache (graphs on the GPU): feed the reference's greedy
-  // tokens; the logits of every step agree, and the GPU's argmax is the reference's next token
-  // wherever that is certain: when the CPU's top-2 gap exceeds twice the largest GPU-CPU
-  // difference, no logit moved far enough to change the order.
-  const auto check_argmax = [&](const float* gpu_row, const float* cpu_row, int32_t next,
-                                const std::string& where) {
-    const int64_t v = c.vocab_size;
-    float max_diff = 0.f;
-    for (int64_t i = 0; i < v; ++i)
-      max_diff = std::max(max_diff, std::abs(gpu_row[i] - cpu_row[i]));
-    std::vector<float> sorted(cpu_row, cpu_row + v);
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    if (sorted[0] - sorted[1] > 2 * max_diff) {
-      EXPECT_EQ(std::max_element(gpu_row, gpu_row + v) - gpu_row, next) << where;
-    }
-  };
-  check_argmax(got.logits.data() + (n - 1) * c.vocab_size,
-               want.logits.data() + (n - 1) * c.vocab_size, greedy[0], "prompt");
-  options = ForwardOptions{};
-  for (size_t step = 0; step < greedy.size(); ++step) {
-    const int32_t token = greedy[step];
-    batch.token_ids = absl::MakeConstSpan(&token, 1);
-    batch.sequences = {{1, n + static_cast<int64_t>(step), &cpu_table}};
-    ForwardResult cpu_step, gpu_step;
-    ASSERT_TRUE(cpu.Forward(batch, cpu_cache.get(), options, &cpu_step).ok());
-    batch.sequences = {{1, n + static_cast<int64_t>(step), &gpu_table}};
-    ASSERT_TRUE(gpu->Forward(batch, gpu_cache.get(), options, &gpu_step).ok());
-    EXPECT_LT(RelativeError(gpu_step.logits, cpu_step.logits), kModelTolerance) << "step " << step;
-    if (step + 1 < greedy.size()) {
-      check_argmax(gpu_step.logits.data(), cpu_step.logits.data(), greedy[step + 1],
-                   "step " + std::to_string(step));
-    }
-  }
-  EXPECT_GT(gpu->graph_launches(), 0) << gpu->graph_error();
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelGolden, ::testing::ValuesIn(GoldenCases()),
-                         [](const auto& info) { return info.param; });
-
 class CudaModelTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { GLM_REQUIRE_CUDA_DEVICE(); }
@@ -212,132 +109,6 @@ TEST_P(CudaModelTest, GpuMatchesCpuOnARandomModel) {
   // 300 tokens with 16-token blocks: many key chunks, several prefill tiles.
   const std::vector<int32_t> ids = Tokens(300, 9);
   ExpectRowsMatch(FullForward(*gpu, ids, 16), FullForward(cpu, ids, 16), cpu.config().vocab_size);
-}
-
-TEST_P(CudaModelTest, PrefillThenDecodeEqualsFullForward) {
-  std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
-  ASSERT_NE(gpu, nullptr);
-  const int64_t vocab = gpu->config().vocab_size;
-  const std::vector<int32_t> ids = Tokens(40, 1);
-  const std::vector<float> full = FullForward(*gpu, ids);
-  for (const bool graphs : {true, false}) {
-    gpu->set_cuda_graphs(graphs);
-    std::unique_ptr<KvCache> cache = *gpu->CreateCache(16, 4);
-    BlockTable table;
-    ASSERT_TRUE(cache->Reserve(&table, 40).ok());
-    ForwardBatch batch;
-    batch.sequences = {{9, 0, &table}};
-    batch.token_ids = absl::MakeConstSpan(ids.data(), 9);
-    ForwardOptions options;
-    options.logits = LogitsRows::kAll;
-    ForwardResult result;
-    ASSERT_TRUE(gpu->Forward(batch, cache.get(), options, &result).ok());
-    std::vector<float> incremental = result.logits;
-    options.logits = LogitsRows::kLast;
-    for (int64_t pos = 9; pos < 40; ++pos) {
-      batch.sequences = {{1, pos, &table}};
-      batch.token_ids = absl::MakeConstSpan(ids.data() + pos, 1);
-      ASSERT_TRUE(gpu->Forward(batch, cache.get(), options, &result).ok());
-      ASSERT_EQ(result.logits.size(), static_cast<size_t>(vocab));
-      incremental.insert(incremental.end(), result.logits.begin(), result.logits.end());
-    }
-    EXPECT_LT(RelativeError(incremental, full), kGpuTolerance) << "graphs " << graphs;
-  }
-  EXPECT_GT(gpu->graphs_captured(), 0) << gpu->graph_error();
-  EXPECT_TRUE(gpu->graph_error().empty()) << gpu->graph_error();
-}
-
-TEST_P(CudaModelTest, SequenceInRaggedBatchEqualsAlone) {
-  std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
-  ASSERT_NE(gpu, nullptr);
-  const int64_t vocab = gpu->config().vocab_size;
-  const std::vector<int32_t> a = Tokens(7, 2), b = Tokens(12, 3), c = Tokens(5, 4);
-  std::unique_ptr<KvCache> cache = *gpu->CreateCache(64, 4);
-  BlockTable ta, tb, tc;
-  ASSERT_TRUE(cache->Reserve(&ta, 7).ok());
-  ASSERT_TRUE(cache->Reserve(&tb, 12).ok());
-  ASSERT_TRUE(cache->Reserve(&tc, 5).ok());
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  ForwardBatch warm;
-  warm.sequences = {{8, 0, &tb}, {4, 0, &tc}};
-  std::vector<int32_t> warm_ids(b.begin(), b.begin() + 8);
-  warm_ids.insert(warm_ids.end(), c.begin(), c.begin() + 4);
-  warm.token_ids = warm_ids;
-  ASSERT_TRUE(gpu->Forward(warm, cache.get(), options, &result).ok());
-  ForwardBatch step;
-  step.sequences = {{7, 0, &ta}, {4, 8, &tb}, {1, 4, &tc}};
-  std::vector<int32_t> step_ids(a);
-  step_ids.insert(step_ids.end(), b.begin() + 8, b.end());
-  step_ids.push_back(c[4]);
-  step.token_ids = step_ids;
-  ASSERT_TRUE(gpu->Forward(step, cache.get(), options, &result).ok());
-  ASSERT_EQ(result.logits.size(), static_cast<size_t>(12 * vocab));
-  const std::vector<float> fa = FullForward(*gpu, a), fb = FullForward(*gpu, b),
-                           fc = FullForward(*gpu, c);
-  const auto rows = [&](const std::vector<float>& v, int64_t from, int64_t count) {
-    return std::vector<float>(v.begin() + from * vocab, v.begin() + (from + count) * vocab);
-  };
-  EXPECT_LT(RelativeError(rows(result.logits, 0, 7), rows(fa, 0, 7)), kGpuTolerance);
-  EXPECT_LT(RelativeError(rows(result.logits, 7, 4), rows(fb, 8, 4)), kGpuTolerance);
-  EXPECT_LT(RelativeError(rows(result.logits, 11, 1), rows(fc, 4, 1)), kGpuTolerance);
-}
-
-// The engine asks for logits per sequence; the rows that come back are exactly the requested
-// ones of a whole-batch run, in batch order. A sub-span run is refused clearly.
-TEST_P(CudaModelTest, PerSequenceLogitsSelectTheRequestedRows) {
-  std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
-  ASSERT_NE(gpu, nullptr);
-  const int64_t vocab = gpu->config().vocab_size;
-  const std::vector<int32_t> a = Tokens(5, 2), b = Tokens(3, 3), c = Tokens(4, 4);
-  std::vector<int32_t> ids(a);
-  ids.insert(ids.end(), b.begin(), b.end());
-  ids.insert(ids.end(), c.begin(), c.end());
-  const auto run = [&](const ForwardOptions& options, ForwardResult* result) {
-    std::unique_ptr<KvCache> cache = *gpu->CreateCache(16, 4);
-    BlockTable ta, tb, tc;
-    EXPECT_TRUE(cache->Reserve(&ta, 5).ok() && cache->Reserve(&tb, 3).ok() &&
-                cache->Reserve(&tc, 4).ok());
-    ForwardBatch batch;
-    batch.sequences = {{5, 0, &ta}, {3, 0, &tb}, {4, 0, &tc}};
-    batch.token_ids = ids;
-    return gpu->Forward(batch, cache.get(), options, result);
-  };
-  ForwardOptions all;
-  all.logits = LogitsRows::kAll;
-  ForwardResult whole;
-  ASSERT_TRUE(run(all, &whole).ok());
-  ForwardOptions mixed;
-  mixed.sequence_logits = {LogitsRows::kLast, LogitsRows::kNone, LogitsRows::kAll};
-  ForwardResult picked;
-  ASSERT_TRUE(run(mixed, &picked).ok());
-  ASSERT_EQ(picked.logits.size(), static_cast<size_t>(5 * vocab));
-  const auto rows = [&](const std::vector<float>& v, int64_t from, int64_t count) {
-    return std::vector<float>(v.begin() + from * vocab, v.begin() + (from + count) * vocab);
-  };
-  EXPECT_LT(RelativeError(rows(picked.logits, 0, 1), rows(whole.logits, 4, 1)), kGpuTolerance);
-  EXPECT_LT(RelativeError(rows(picked.logits, 1, 4), rows(whole.logits, 8, 4)), kGpuTolerance);
-  // Rows are compacted in place and appended to a result that the engine reuses from step
-  // to step: a second run into the same result gives the same rows again, and a step where every
-  // sequence wants its last row (nothing to move) gives those rows.
-  const std::vector<float> first = picked.logits;
-  ASSERT_TRUE(run(mixed, &picked).ok());
-  ASSERT_EQ(picked.logits.size(), first.size());
-  EXPECT_LT(RelativeError(picked.logits, first), kGpuTolerance);
-  ForwardOptions lasts;
-  lasts.sequence_logits = {LogitsRows::kLast, LogitsRows::kLast, LogitsRows::kLast};
-  ASSERT_TRUE(run(lasts, &picked).ok());
-  ASSERT_EQ(picked.logits.size(), static_cast<size_t>(3 * vocab));
-  EXPECT_LT(RelativeError(rows(picked.logits, 0, 1), rows(whole.logits, 4, 1)), kGpuTolerance);
-  EXPECT_LT(RelativeError(rows(picked.logits, 1, 1), rows(whole.logits, 7, 1)), kGpuTolerance);
-  EXPECT_LT(RelativeError(rows(picked.logits, 2, 1), rows(whole.logits, 11, 1)), kGpuTolerance);
-  ForwardOptions sub;
-  sub.layer_end = 1;
-  sub.logits = LogitsRows::kNone;
-  sub.return_hidden = true;
-  ForwardResult ignored;
-  EXPECT_EQ(run(sub, &ignored).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST_P(CudaModelTest, BatchedGraphDecodeEqualsEagerAndAlone) {
@@ -390,7 +161,9 @@ TEST_P(CudaModelTest, BatchedGraphDecodeEqualsEagerAndAlone) {
     EXPECT_LT(RelativeError(graph[i], eager[i]), kGpuTolerance) << "sequence " << i;
     EXPECT_LT(RelativeError(graph[i], run(true, {i})[0]), kGpuTolerance) << "alone " << i;
   }
+  EXPECT_GT(gpu->graphs_captured(), 0) << gpu->graph_error();
   EXPECT_GT(gpu->graph_launches(), 0) << gpu->graph_error();
+  EXPECT_TRUE(gpu->graph_error().empty()) << gpu->graph_error();
 }
 
 TEST_P(CudaModelTest, MoeExpertPathsMatchCpu) {
@@ -422,64 +195,28 @@ TEST_P(CudaModelTest, MoeExpertPathsMatchCpu) {
   }
 }
 
-TEST_P(CudaModelTest, LayerSpansChainToTheWholeStack) {
-  std::unique_ptr<CudaModel> whole = Gpu(Random("tiny", GetParam()));
-  std::unique_ptr<CudaModel> first = Gpu(Random("tiny", GetParam(), {0, 1}));
-  std::unique_ptr<CudaModel> rest = Gpu(Random("tiny", GetParam(), {1, -1}));
-  ASSERT_TRUE(whole && first && rest);
-  const std::vector<int32_t> ids = Tokens(11, 6);
-  const std::vector<float> want = FullForward(*whole, ids);
-  std::unique_ptr<KvCache> c1 = *first->CreateCache(8, 4), c2 = *rest->CreateCache(8, 4);
-  BlockTable t1, t2;
-  ASSERT_TRUE(c1->Reserve(&t1, 11).ok());
-  ASSERT_TRUE(c2->Reserve(&t2, 11).ok());
-  ForwardBatch batch;
-  batch.sequences = {{11, 0, &t1}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kNone;
-  options.return_hidden = true;
-  ForwardResult mid, out;
-  ASSERT_TRUE(first->Forward(batch, c1.get(), options, &mid).ok());
-  ASSERT_EQ(mid.hidden.size(), static_cast<size_t>(11 * whole->config().hidden_size));
-  ForwardBatch next;
-  next.sequences = {{11, 0, &t2}};
-  next.hidden_in = mid.hidden;
-  options = ForwardOptions{};
-  options.logits = LogitsRows::kAll;
-  ASSERT_TRUE(rest->Forward(next, c2.get(), options, &out).ok());
-  EXPECT_LT(RelativeError(out.logits, want), kGpuTolerance);
-}
-
-TEST_P(CudaModelTest, RejectsBadInputsWithClearStatuses) {
+// Each backend refuses the other's cache (the statuses every runner gives for malformed
+// batches are checked in tests/core/runner_conformance_test.cc).
+TEST_P(CudaModelTest, BackendsRefuseEachOthersCaches) {
   std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
-  std::unique_ptr<CudaModel> span = Gpu(Random("tiny", GetParam(), {0, 1}));
-  ASSERT_TRUE(gpu && span);
+  ASSERT_NE(gpu, nullptr);
   std::unique_ptr<KvCache> cache = *gpu->CreateCache(4, 4);
   BlockTable table;
   ASSERT_TRUE(cache->Reserve(&table, 4).ok());
   ForwardBatch batch;
-  const std::vector<int32_t> bad = {1, 999};
   batch.sequences = {{2, 0, &table}};
-  batch.token_ids = bad;
   ForwardOptions options;
   ForwardResult result;
-  EXPECT_EQ(gpu->Forward(batch, cache.get(), options, &result).code(),
-            absl::StatusCode::kInvalidArgument);
   KvCache host_cache({3, 2, 16, 4, 4});
   const std::vector<int32_t> ok = {1, 2};
   batch.token_ids = ok;
   EXPECT_EQ(gpu->Forward(batch, &host_cache, options, &result).code(),
             absl::StatusCode::kInvalidArgument);
-  std::unique_ptr<KvCache> span_cache = *span->CreateCache(4, 4);
-  EXPECT_EQ(span->Forward(batch, span_cache.get(), options, &result).code(),
-            absl::StatusCode::kInvalidArgument)
-      << "logits from a span without the head";
-  EXPECT_EQ(gpu->CreateCache(0, 4).status().code(), absl::StatusCode::kInvalidArgument);
-  // The CPU backend refuses the GPU's cache too.
   Model cpu(Random("tiny", GetParam()));
   EXPECT_EQ(cpu.Forward(batch, cache.get(), options, &result).code(),
             absl::StatusCode::kInvalidArgument);
+  // Both caches are usable by their own backend: the refusals were about ownership.
+  EXPECT_TRUE(gpu->Forward(batch, cache.get(), options, &result).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest, ::testing::Values(DType::kBF16, DType::kF32),

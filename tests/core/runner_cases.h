@@ -1,0 +1,41 @@
+// The model runners the conformance suites run against (runner_conformance_test.cc,
+// golden_test.cc): the CPU always; the CUDA runner when the build has it and a GPU is
+// present, skipped with the reason otherwise and a failure under GLMSERVE_REQUIRE_CUDA=1
+// (GLM_REQUIRE_CUDA_DEVICE), so that a GPU run cannot pass by skipping.
+#pragma once
+
+#include <memory>
+#include <ostream>
+
+#include "core/model_runner.h"
+#include "tests/core/cuda/cuda_test_util.h"
+
+namespace glmserve::testing {
+
+struct RunnerCase {
+  const char* name;  // the test-name suffix
+  DeviceKind device;
+  DType dtype;  // the weights' precision (the CUDA runner computes in bf16 either way)
+  // Whether this runner's results must be bit-identical across batch composition and
+  // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
+  bool exact() const { return device == DeviceKind::kCpu; }
+};
+
+inline constexpr RunnerCase kRunnerCases[] = {{"cpu_f32", DeviceKind::kCpu, DType::kF32},
+                                              {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
+                                              {"cuda_bf16", DeviceKind::kCuda, DType::kBF16},
+                                              {"cuda_f32", DeviceKind::kCuda, DType::kF32}};
+
+// Test names and ctest entries show the case's name rather than its bytes.
+inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }
+
+}  // namespace glmserve::testing
+
+// In a test (or SetUp): skips a CUDA case without a usable GPU, fails it under
+// GLMSERVE_REQUIRE_CUDA=1.
+#define GLM_REQUIRE_RUNNER(runner_case)                          \
+  do {                                                           \
+    if ((runner_case).device == ::glmserve::DeviceKind::kCuda) { \
+      GLM_REQUIRE_CUDA_DEVICE();                                 \
+    }                                                            \
+  } while (false)
