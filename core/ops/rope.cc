@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/parallel.h"
 
@@ -45,6 +46,32 @@ void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
           v[i] = a * cs[i] - b * sn[i];
           v[i + half] = b * cs[i] + a * sn[i];
         }
+      }
+    }
+  });
+}
+
+void RotaryEmbedding::ApplyInterleaved(float* x, int64_t tokens, int64_t heads, int64_t stride,
+                                       int64_t offset, const int32_t* positions) const {
+  const int64_t half = rotary_dim_ / 2;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, heads * stride));
+  ParallelFor(tokens, grain, [&](int64_t token_begin, int64_t token_end) {
+    std::vector<float> cs(half), sn(half), tmp(rotary_dim_);
+    for (int64_t t = token_begin; t < token_end; ++t) {
+      const float pos = static_cast<float>(positions[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
+        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + (t * heads + h) * stride + offset;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          tmp[i] = a * cs[i] - b * sn[i];
+          tmp[i + half] = b * cs[i] + a * sn[i];
+        }
+        std::copy_n(tmp.data(), rotary_dim_, v);
       }
     }
   });
