@@ -16,7 +16,10 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
                                                                DeviceKind device) {
-  if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && CudaDeviceAvailable())) {
+  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5 stays on the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty();
+  if (device == DeviceKind::kCuda ||
+      (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
   return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));
