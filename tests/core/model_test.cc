@@ -12,8 +12,8 @@
 namespace glmserve {
 namespace {
 
-ModelWeights TinyWeights(DType dtype, LayerSpan span = {}) {
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+ModelWeights TinyWeights(const char* preset, DType dtype, LayerSpan span = {}) {
+  absl::StatusOr<ModelConfig> config = PresetConfig(preset);
   EXPECT_TRUE(config.ok()) << config.status();
   RandomWeightOptions options;
   options.seed = 42;
@@ -45,10 +45,17 @@ std::vector<float> FullForward(Model& model, const std::vector<int32_t>& ids) {
   return result.logits;
 }
 
-class ModelTest : public ::testing::TestWithParam<DType> {};
+// Every invariant for both architectures: GLM-4.5 ("tiny") and GLM-5 ("tiny-glm5": latent
+// attention, index_topk 8, so the prompts below also exercise the sparse selection).
+class ModelTest : public ::testing::TestWithParam<std::tuple<const char*, DType>> {
+ protected:
+  ModelWeights Weights(LayerSpan span = {}) {
+    return TinyWeights(std::get<0>(GetParam()), std::get<1>(GetParam()), span);
+  }
+};
 
 TEST_P(ModelTest, PrefillThenDecodeEqualsFullForward) {
-  Model model(TinyWeights(GetParam()));
+  Model model(Weights());
   const int64_t vocab = model.config().vocab_size;
   const std::vector<int32_t> ids = Tokens(23, 1);
   const std::vector<float> full = FullForward(model, ids);
@@ -78,7 +85,7 @@ TEST_P(ModelTest, PrefillThenDecodeEqualsFullForward) {
 }
 
 TEST_P(ModelTest, SequenceInRaggedBatchEqualsAlone) {
-  Model model(TinyWeights(GetParam()));
+  Model model(Weights());
   const int64_t vocab = model.config().vocab_size;
   // Three sequences: a fresh prompt, one with a cached prefix getting a chunk, one decoding.
   const std::vector<int32_t> a = Tokens(7, 2), b = Tokens(12, 3), c = Tokens(5, 4);
@@ -140,7 +147,7 @@ TEST_P(ModelTest, SequenceInRaggedBatchEqualsAlone) {
 }
 
 TEST_P(ModelTest, ChunkedPrefillEqualsUnchunked) {
-  Model model(TinyWeights(GetParam()));
+  Model model(Weights());
   const std::vector<int32_t> ids = Tokens(30, 5);
   const std::vector<float> full = FullForward(model, ids);
   const int64_t vocab = model.config().vocab_size;
@@ -166,9 +173,9 @@ TEST_P(ModelTest, ChunkedPrefillEqualsUnchunked) {
 }
 
 TEST_P(ModelTest, LayerSpansChainToTheFullStack) {
-  Model whole(TinyWeights(GetParam()));
-  Model head(TinyWeights(GetParam(), {0, 2}));
-  Model tail(TinyWeights(GetParam(), {2, -1}));
+  Model whole(Weights());
+  Model head(Weights({0, 2}));
+  Model tail(Weights({2, -1}));
   EXPECT_FALSE(head.weights().has_head());
   EXPECT_FALSE(tail.weights().has_embedding());
   const std::vector<int32_t> ids = Tokens(6, 6);
@@ -205,7 +212,7 @@ TEST_P(ModelTest, LayerSpansChainToTheFullStack) {
 }
 
 TEST_P(ModelTest, MalformedBatchesAreRefused) {
-  Model model(TinyWeights(GetParam()));
+  Model model(Weights());
   KvCache cache(model.CacheShape(4, 4));
   BlockTable table;
   ASSERT_TRUE(cache.Reserve(&table, 4).ok());
@@ -240,8 +247,14 @@ TEST_P(ModelTest, MalformedBatchesAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(WeightDTypes, ModelTest, ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(PresetsAndWeightDTypes, ModelTest,
+                         ::testing::Combine(::testing::Values("tiny", "tiny-glm5"),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param);
+                           for (char& ch : name) ch = ch == '-' ? '_' : ch;
+                           return name + "_" + std::string(DTypeName(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace glmserve
