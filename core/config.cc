@@ -347,6 +347,8 @@ absl::Status ValidateConfig(const ModelConfig& c) {
     if (status.ok()) status = CheckBound(f, member);
   });
   RETURN_IF_ERROR(status);
+  // GLM-5's own rules first: its rotary width is qk_rope_head_dim, named as such.
+  if (c.is_mla()) RETURN_IF_ERROR(ValidateGlm5(c));
   // The rules that relate fields to each other.
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return FieldError("num_key_value_heads",
@@ -393,12 +395,11 @@ absl::Status ValidateConfig(const ModelConfig& c) {
     RETURN_IF_ERROR(CheckLayerList("mlp_layer_types", c.mlp_layer_types, c.num_hidden_layers,
                                    "dense", "sparse"));
   }
-  if (c.is_mla()) {
-    RETURN_IF_ERROR(ValidateGlm5(c));
-  } else if (c.model_type != kGlm45Type) {
+  if (!c.is_mla() && c.model_type != kGlm45Type) {
     return FieldError("model_type", absl::StrCat("'", c.model_type, "' is neither '", kGlm45Type,
                                                  "' nor '", kGlm5Type, "'"));
-  } else if (!c.indexer_types.empty()) {
+  }
+  if (!c.is_mla() && !c.indexer_types.empty()) {
     return FieldError("indexer_types", "is a glm_moe_dsa field; this is a glm4_moe config");
   }
   if (c.hidden_act != "silu") {
