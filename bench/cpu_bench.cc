@@ -107,9 +107,8 @@ struct StepCost {
 // the whole context; every latent row of the context is read once.
 void AddMlaCost(const glmserve::MlaWeights& m, const glmserve::ModelConfig& c, int64_t tokens,
                 int64_t context_after, StepCost* cost) {
-  for (const glmserve::Matrix* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj,
-                                    &m.o_proj, &m.indexer.wq_b, &m.indexer.wk,
-                                    &m.indexer.weights_proj}) {
+  for (const glmserve::Matrix* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj,
+                                    &m.indexer.wq_b, &m.indexer.wk, &m.indexer.weights_proj}) {
     cost->weight_bytes += x->bytes();
     cost->flops += 2.0 * tokens * x->rows * x->cols;
   }

@@ -122,9 +122,8 @@ absl::Status ReadModelType(const Json& j, ModelConfig* c) {
                                                  "' (GLM-4.5) nor '", kGlm5Type, "' (GLM-5)"));
   }
   if (!from_arch.empty() && from_arch != model_type) {
-    return FieldError("architectures",
-                      absl::StrCat("names a ", from_arch, " model but model_type is '",
-                                   model_type, "'"));
+    return FieldError("architectures", absl::StrCat("names a ", from_arch,
+                                                    " model but model_type is '", model_type, "'"));
   }
   c->model_type = model_type;
   return absl::OkStatus();
@@ -167,21 +166,22 @@ absl::Status DeriveGlm5Fields(const Json& j, ModelConfig* c) {
   }
   if (c->mlp_layer_types.empty() && layers > 0 && layers <= (int64_t{1} << 20)) {
     const int64_t dense = std::min(c->first_k_dense_replace, layers);
-    for (int64_t i = 0; i < layers; ++i) c->mlp_layer_types.push_back(i < dense ? "dense" : "sparse");
+    for (int64_t i = 0; i < layers; ++i)
+      c->mlp_layer_types.push_back(i < dense ? "dense" : "sparse");
   }
   return absl::OkStatus();
 }
 
 // The per-layer lists: one entry per layer, each one of two words.
-absl::Status CheckLayerList(const char* field, const std::vector<std::string>& list,
-                            int64_t layers, const char* a, const char* b) {
+absl::Status CheckLayerList(const char* field, const std::vector<std::string>& list, int64_t layers,
+                            const char* a, const char* b) {
   if (static_cast<int64_t>(list.size()) != layers) {
     return FieldError(field, absl::StrCat("has ", list.size(), " entries for ", layers, " layers"));
   }
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i] != a && list[i] != b) {
-      return FieldError(field, absl::StrCat("entry ", i, " is '", list[i], "', not '", a,
-                                            "' or '", b, "'"));
+      return FieldError(
+          field, absl::StrCat("entry ", i, " is '", list[i], "', not '", a, "' or '", b, "'"));
     }
   }
   return absl::OkStatus();
@@ -212,8 +212,8 @@ ModelConfig Glm5Defaults() {
 }
 
 absl::Status ValidateGlm5(const ModelConfig& c) {
-  RETURN_IF_ERROR(CheckLayerList("indexer_types", c.indexer_types, c.num_hidden_layers, "full",
-                                 "shared"));
+  RETURN_IF_ERROR(
+      CheckLayerList("indexer_types", c.indexer_types, c.num_hidden_layers, "full", "shared"));
   if (c.indexer_types[0] != "full") {
     return FieldError("indexer_types",
                       "layer 0 is 'shared' but a shared layer reuses the previous full layer's "
@@ -227,9 +227,9 @@ absl::Status ValidateGlm5(const ModelConfig& c) {
                                                " for glm_moe_dsa, got ", c.head_dim));
   }
   if (c.index_head_dim < c.qk_rope_head_dim) {
-    return FieldError("index_head_dim",
-                      absl::StrCat(c.index_head_dim, " is narrower than its rotary part ",
-                                   c.qk_rope_head_dim));
+    return FieldError(
+        "index_head_dim",
+        absl::StrCat(c.index_head_dim, " is narrower than its rotary part ", c.qk_rope_head_dim));
   }
   if (c.attention_bias) {
     return absl::UnimplementedError(
@@ -238,14 +238,13 @@ absl::Status ValidateGlm5(const ModelConfig& c) {
   }
   // Bound the cache row and the per-head matrices before anything sizes buffers from them.
   constexpr int64_t kMaxWidth = int64_t{1} << 16;
-  for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"q_lora_rank", c.q_lora_rank},
-        {"kv_lora_rank", c.kv_lora_rank},
-        {"qk_nope_head_dim", c.qk_nope_head_dim},
-        {"qk_rope_head_dim", c.qk_rope_head_dim},
-        {"v_head_dim", c.v_head_dim},
-        {"index_n_heads", c.index_n_heads},
-        {"index_head_dim", c.index_head_dim}}) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"q_lora_rank", c.q_lora_rank},
+                                    {"kv_lora_rank", c.kv_lora_rank},
+                                    {"qk_nope_head_dim", c.qk_nope_head_dim},
+                                    {"qk_rope_head_dim", c.qk_rope_head_dim},
+                                    {"v_head_dim", c.v_head_dim},
+                                    {"index_n_heads", c.index_n_heads},
+                                    {"index_head_dim", c.index_head_dim}}) {
     if (value > kMaxWidth) return FieldError(name, absl::StrCat(value, " is over ", kMaxWidth));
   }
   return absl::OkStatus();
@@ -553,12 +552,8 @@ struct Preset {
   ModelConfig (*make)();
 };
 constexpr Preset kPresets[] = {
-    {"glm-4.5", Glm45},
-    {"glm-4.5-air", Glm45Air},
-    {"glm-4.5-mini", Glm45Mini},
-    {"tiny", Tiny},
-    {"glm-5", Glm5},
-    {"tiny-glm5", TinyGlm5},
+    {"glm-4.5", Glm45}, {"glm-4.5-air", Glm45Air}, {"glm-4.5-mini", Glm45Mini},
+    {"tiny", Tiny},     {"glm-5", Glm5},           {"tiny-glm5", TinyGlm5},
 };
 
 }  // namespace
@@ -610,12 +605,11 @@ std::string DescribeConfig(const ModelConfig& c) {
     }
     return absl::StrCat(
         "glm_moe_dsa: hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (", dense,
-        " dense, ", full, " with a DSA indexer), ", c.num_attention_heads,
-        " heads, MLA q_lora ", c.q_lora_rank, " kv_lora ", c.kv_lora_rank, " qk ",
-        c.qk_nope_head_dim, "+", c.qk_rope_head_dim, " v ", c.v_head_dim, ", indexer ",
-        c.index_n_heads, "x", c.index_head_dim, " top-", c.index_topk, ", ", c.n_routed_experts,
-        " experts top-", c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ",
-        c.vocab_size);
+        " dense, ", full, " with a DSA indexer), ", c.num_attention_heads, " heads, MLA q_lora ",
+        c.q_lora_rank, " kv_lora ", c.kv_lora_rank, " qk ", c.qk_nope_head_dim, "+",
+        c.qk_rope_head_dim, " v ", c.v_head_dim, ", indexer ", c.index_n_heads, "x",
+        c.index_head_dim, " top-", c.index_topk, ", ", c.n_routed_experts, " experts top-",
+        c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ", c.vocab_size);
   }
   return absl::StrCat(
       "hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (", c.first_k_dense_replace,

@@ -66,9 +66,10 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
   // A shared indexer layer reuses the top-k of the full layer before it, which must run in
   // the same step.
   if (config().is_mla() && !config().has_indexer(run_begin)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", run_begin, " is a 'shared' DSA indexer layer: a run must start at a 'full' "
-        "layer, whose top-k the shared layers after it reuse"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", run_begin,
+                     " is a 'shared' DSA indexer layer: a run must start at a 'full' "
+                     "layer, whose top-k the shared layers after it reuse"));
   }
   return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
 }

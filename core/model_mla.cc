@@ -35,8 +35,8 @@ void Model::MlaBlock(const LayerWeights& layer, int64_t span_layer, const Forwar
 
   const bool full = !m.indexer.empty();
   if (full) {
-    IndexerProject(x_.data(), q_resid_.data(), t, m.indexer, index_shape_, rope_,
-                   positions.data(), iq_.data(), ik_.data(), iw_.data());
+    IndexerProject(x_.data(), q_resid_.data(), t, m.indexer, index_shape_, rope_, positions.data(),
+                   iq_.data(), ik_.data(), iw_.data());
   }
   WriteLatentRows(latent_.data(), k_rot_.data(), full ? ik_.data() : nullptr, batch.sequences,
                   mla_shape_, span_layer, cache);

@@ -44,8 +44,7 @@ void AddMla(const ModelConfig& c, const std::string& ap, int64_t l, bool indexer
   matrix("q_a_proj.weight", c.q_lora_rank, hidden, &m->q_a_proj);
   vec("q_a_layernorm.weight", c.q_lora_rank, &m->q_a_norm, ParamInit::kOnes);
   matrix("q_b_proj.weight", heads * c.qk_head_dim(), c.q_lora_rank, &m->q_b_proj);
-  matrix("kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden,
-         &m->kv_a_proj);
+  matrix("kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden, &m->kv_a_proj);
   vec("kv_a_layernorm.weight", c.kv_lora_rank, &m->kv_a_norm, ParamInit::kOnes);
   matrix("kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank,
          &m->kv_b_proj);

@@ -84,8 +84,8 @@ struct LayerWeights {
   int64_t layer_index = 0;                 // index in the full model
   std::vector<float> input_norm;           // [hidden]
   std::vector<float> post_attention_norm;  // [hidden]
-  AttentionWeights attn;  // GLM-4.5 (grouped-query attention)
-  MlaWeights mla;         // GLM-5 (multi-head latent attention)
+  AttentionWeights attn;                   // GLM-4.5 (grouped-query attention)
+  MlaWeights mla;                          // GLM-5 (multi-head latent attention)
   bool is_moe = false;
   FfnWeights dense;  // width intermediate_size, when !is_moe
   MoeWeights moe;    // when is_moe

@@ -112,8 +112,8 @@ void LatentAttention(const float* q_lat, const float* q, absl::Span<const Sequen
       const float* qr = q + (t * h_count + h) * qk + shape.nope_dim;
       float max_score = -INFINITY;
       for (int64_t i = 0; i < n; ++i) {
-        probs[i] =
-            (LaneDot(ql, keys[i], r) + LaneDot(qr, keys[i] + shape.rope_offset(), dr)) * shape.scale;
+        probs[i] = (LaneDot(ql, keys[i], r) + LaneDot(qr, keys[i] + shape.rope_offset(), dr)) *
+                   shape.scale;
         max_score = std::max(max_score, probs[i]);
       }
       float sum = 0.f;

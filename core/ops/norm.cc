@@ -50,11 +50,13 @@ void LayerNorm(const float* x, const float* gain, const float* bias, int64_t row
     for (int64_t r = row_begin; r < row_end; ++r) {
       const float* xr = x + r * width;
       float* yr = y + r * width;
-      const float mean = LaneSum(width, [&](int64_t i) { return xr[i]; }) / static_cast<float>(width);
-      const float var = LaneSum(width, [&](int64_t i) {
-                          const float d = xr[i] - mean;
-                          return d * d;
-                        }) /
+      const float mean =
+          LaneSum(width, [&](int64_t i) { return xr[i]; }) / static_cast<float>(width);
+      const float var = LaneSum(width,
+                                [&](int64_t i) {
+                                  const float d = xr[i] - mean;
+                                  return d * d;
+                                }) /
                         static_cast<float>(width);
       const float inv = 1.0f / std::sqrt(var + eps);
       for (int64_t c = 0; c < width; ++c) yr[c] = (xr[c] - mean) * inv * gain[c] + bias[c];

@@ -54,7 +54,8 @@ void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
 void RotaryEmbedding::ApplyInterleaved(float* x, int64_t tokens, int64_t heads, int64_t stride,
                                        int64_t offset, const int32_t* positions) const {
   const int64_t half = rotary_dim_ / 2;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, heads * stride));
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, heads * stride));
   ParallelFor(tokens, grain, [&](int64_t token_begin, int64_t token_end) {
     std::vector<float> cs(half), sn(half), tmp(rotary_dim_);
     for (int64_t t = token_begin; t < token_end; ++t) {

@@ -25,7 +25,9 @@ std::string Glm5Json(const std::string& extra = "", bool with_type = true) {
   return base + (extra.empty() ? "" : ", " + extra) + "}";
 }
 
-std::vector<std::string> Words(std::initializer_list<const char*> w) { return {w.begin(), w.end()}; }
+std::vector<std::string> Words(std::initializer_list<const char*> w) {
+  return {w.begin(), w.end()};
+}
 
 TEST(Glm5ConfigTest, DetectsTheArchitectureAndDerivesFields) {
   absl::StatusOr<ModelConfig> c = ParseConfigJson(Glm5Json());
@@ -92,8 +94,8 @@ TEST(Glm5ConfigTest, RefusesWhatItCannotRun) {
     EXPECT_THAT(c.status().message(), HasSubstr(want)) << extra;
   }
   // Supported by the reference but not here: UNIMPLEMENTED, naming the field.
-  for (const char* extra : {R"("quantization_config": {"quant_method": "fp8"})",
-                            R"("attention_bias": true)"}) {
+  for (const char* extra :
+       {R"("quantization_config": {"quant_method": "fp8"})", R"("attention_bias": true)"}) {
     absl::StatusOr<ModelConfig> c = ParseConfigJson(Glm5Json(extra));
     ASSERT_FALSE(c.ok()) << extra;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << extra;

@@ -67,8 +67,7 @@ TEST(Glm5ModelTest, RunsMustStartAtAFullIndexerLayer) {
   options.logits = LogitsRows::kNone;
   options.layer_begin = 1;
   options.layer_end = 3;
-  EXPECT_EQ(whole.Forward(batch, &c2, options, &result).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(whole.Forward(batch, &c2, options, &result).code(), absl::StatusCode::kInvalidArgument);
   options.layer_begin = 2;
   options.layer_end = 4;
   options.logits = LogitsRows::kLast;

@@ -1,5 +1,7 @@
 // The wire helpers on their own: tensor encoding (exact fp32, round-to-nearest-even bf16 and
 // fp16), tensor validation, and the one absl -> gRPC status mapping.
+#include "server/convert.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,11 +10,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "google/protobuf/descriptor.h"
-
 #include "core/config.h"
 #include "core/dtype.h"
-#include "server/convert.h"
+#include "google/protobuf/descriptor.h"
 #include "proto/tensor_codec.h"
 #include "server/status.h"
 

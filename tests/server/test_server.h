@@ -126,9 +126,9 @@ inline CommandResult RunCommand(const std::string& command) {
 // reference Generate must reproduce).
 inline std::vector<int32_t> GlmRunGreedy(const std::vector<int32_t>& prompt, int max_new_tokens,
                                          const std::string& model = "tiny") {
-  const CommandResult r =
-      RunCommand(absl::StrCat(GLM_RUN_PATH, " --model=", model, " --prompt=", absl::StrJoin(prompt, ","),
-                              " --max_new_tokens=", max_new_tokens));
+  const CommandResult r = RunCommand(absl::StrCat(GLM_RUN_PATH, " --model=", model,
+                                                  " --prompt=", absl::StrJoin(prompt, ","),
+                                                  " --max_new_tokens=", max_new_tokens));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<int32_t> tokens;
   const size_t at = r.output.find("greedy    ");

@@ -42,7 +42,8 @@ std::vector<double> ExpandedReference(const std::vector<float>& q, const std::ve
     for (int64_t p = 0; p < ctx; ++p) {
       for (int64_t i = 0; i < dn + dv; ++i) {
         double acc = 0;
-        for (int64_t c = 0; c < r; ++c) acc += double(w[(h * (dn + dv) + i) * r + c]) * latent[p * r + c];
+        for (int64_t c = 0; c < r; ++c)
+          acc += double(w[(h * (dn + dv) + i) * r + c]) * latent[p * r + c];
         (i < dn ? k[p * dn + i] : v[p * dv + i - dn]) = acc;
       }
     }
@@ -74,8 +75,8 @@ TEST(MlaTest, AbsorbedFormMatchesTheExpandedReference) {
   const int64_t ctx = 40, r = s.latent_dim, dr = s.rope_dim;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     // kv_b_proj [H * (dn + dv), R], in the tested storage dtype.
-    const std::vector<float> w32 = testing::RandomVector(s.heads * (s.nope_dim + s.v_dim) * r, 7,
-                                                         0.05f);
+    const std::vector<float> w32 =
+        testing::RandomVector(s.heads * (s.nope_dim + s.v_dim) * r, 7, 0.05f);
     std::vector<uint16_t> w16(w32.size());
     std::vector<float> w_rounded(w32.size());
     for (size_t i = 0; i < w32.size(); ++i) {
@@ -253,7 +254,8 @@ TEST(NormTest, LayerNormMatchesItsDefinition) {
     double mean = 0, var = 0;
     for (int64_t c = 0; c < width; ++c) mean += x[r * width + c];
     mean /= width;
-    for (int64_t c = 0; c < width; ++c) var += (x[r * width + c] - mean) * (x[r * width + c] - mean);
+    for (int64_t c = 0; c < width; ++c)
+      var += (x[r * width + c] - mean) * (x[r * width + c] - mean);
     var /= width;
     for (int64_t c = 0; c < width; ++c) {
       const double want = (x[r * width + c] - mean) / std::sqrt(var + 1e-6) * g[c] + b[c];
