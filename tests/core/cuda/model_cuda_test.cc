@@ -103,13 +103,30 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
   EXPECT_LE(outliers, std::max<int64_t>(1, rows / 20)) << "rows beyond " << kModelTolerance;
 }
 
-std::vector<std::string> GoldenCases() {
+// The golden cases of one architecture: GLM-4.5 ones run on the GPU; GLM-5 (glm_moe_dsa)
+// ones have no CUDA kernels yet and are checked to be refused (Glm5GoldensAreRefused).
+std::vector<std::string> GoldenCases(bool glm5 = false) {
   std::vector<std::string> cases;
   for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
-    if (fs::exists(entry.path() / "expected.json")) cases.push_back(entry.path().filename());
+    if (!fs::exists(entry.path() / "expected.json")) continue;
+    absl::StatusOr<ModelConfig> c = LoadConfigFile(entry.path() / "config.json");
+    if (c.ok() && c->is_mla() == glm5) cases.push_back(entry.path().filename());
   }
   std::sort(cases.begin(), cases.end());
   return cases;
+}
+
+// Needs no GPU: the refusal comes before any device call.
+TEST(CudaModelGlm5, Glm5GoldensAreRefusedWithUnimplemented) {
+  const std::vector<std::string> cases = GoldenCases(/*glm5=*/true);
+  ASSERT_GE(cases.size(), 2u);
+  for (const std::string& name : cases) {
+    absl::StatusOr<ModelWeights> w = LoadCheckpoint(glmserve::testing::GoldenDir(name));
+    ASSERT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w));
+    ASSERT_FALSE(m.ok()) << name;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
+  }
 }
 
 class CudaModelGolden : public ::testing::TestWithParam<std::string> {};
