@@ -72,6 +72,12 @@ TEST(Glm5ModelTest, RunsMustStartAtAFullIndexerLayer) {
   options.layer_end = 4;
   options.logits = LogitsRows::kLast;
   EXPECT_TRUE(whole.Forward(batch, &c2, options, &result).ok());
+  // Serving such a span is refused at start-up.
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
+      CreateModelRunner(Glm5Weights("tiny-glm5", {1, -1}), DeviceKind::kCpu);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CreateModelRunner(Glm5Weights("tiny-glm5", {2, -1}), DeviceKind::kCpu).ok());
 }
 
 // Saved with GLM-5's tensor names and loaded back, the model computes the same logits.
