@@ -102,7 +102,7 @@ struct StepCost {
 };
 
 // GLM-5's attention (docs/glm5.md): its projections (the indexer's on full layers), the
-// fp32 absorbed W_uk^T copy, and per token the latent rows of min(context, index_topk)
+// absorbed W_uk^T copy, and per token the latent rows of min(context, index_topk)
 // positions (scores over R + dr values, a weighted sum of R) plus the indexer's scores over
 // the whole context; every latent row of the context is read once.
 void AddMlaCost(const glmserve::MlaWeights& m, const glmserve::ModelConfig& c, int64_t tokens,
@@ -113,7 +113,7 @@ void AddMlaCost(const glmserve::MlaWeights& m, const glmserve::ModelConfig& c, i
     cost->flops += 2.0 * tokens * x->rows * x->cols;
   }
   const double heads = c.num_attention_heads, r = c.kv_lora_rank;
-  cost->weight_bytes += heads * r * c.qk_nope_head_dim * sizeof(float);
+  cost->weight_bytes += heads * r * c.qk_nope_head_dim * glmserve::DTypeSize(m.kv_b_proj.dtype);
   const double ctx = context_after - tokens / 2.0;  // mean causal context of the step's tokens
   const double attended = std::min<double>(ctx, c.index_topk);
   cost->kv_bytes += static_cast<double>(context_after) * c.cache_values_per_token_layer() * 4;

@@ -78,16 +78,16 @@ class Model final : public ModelRunner {
   // GLM-5 (is_mla) only. Shapes for T tokens; H heads, Q q_lora_rank, R kv_lora_rank.
   MlaShape mla_shape_;
   IndexerShape index_shape_;
-  std::vector<std::vector<float>> absorbed_k_;  // per span layer: [H, R, dn] (AbsorbedKeyWeights)
-  std::vector<float> q_resid_;                  // [T, Q]        q_a_layernorm(q_a_proj x)
-  std::vector<float> kv_a_;                     // [T, R + dr]   kv_a_proj_with_mqa x
-  std::vector<float> latent_;                   // [T, R]        kv_a_layernorm of the latent part
-  std::vector<float> k_rot_;                    // [T, dr]       rotary key after RoPE
-  std::vector<float> q_lat_;                    // [H, T, R]     absorbed queries
-  std::vector<float> out_lat_;                  // [H, T, R]     attention output in latent space
-  std::vector<float> iq_;                       // [T, Hi, Di]   indexer queries
-  std::vector<float> ik_;                       // [T, Di]       indexer keys
-  std::vector<float> iw_;                       // [T, Hi]       indexer head weights
+  std::vector<AbsorbedKey> absorbed_k_;  // per span layer: W_uk^T [H, R, dn] (AbsorbedKeyWeights)
+  std::vector<float> q_resid_;           // [T, Q]        q_a_layernorm(q_a_proj x)
+  std::vector<float> kv_a_;              // [T, R + dr]   kv_a_proj_with_mqa x
+  std::vector<float> latent_;            // [T, R]        kv_a_layernorm of the latent part
+  std::vector<float> k_rot_;             // [T, dr]       rotary key after RoPE
+  std::vector<float> q_lat_;             // [H, T, R]     absorbed queries
+  std::vector<float> out_lat_;           // [H, T, R]     attention output in latent space
+  std::vector<float> iq_;                // [T, Hi, Di]   indexer queries
+  std::vector<float> ik_;                // [T, Di]       indexer keys
+  std::vector<float> iw_;                // [T, Hi]       indexer head weights
   TopkSelection selection_;  // the last full layer's top-k, for the shared layers after it
 };
 

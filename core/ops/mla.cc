@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "core/ops/dot.h"
@@ -49,23 +50,31 @@ void WriteLatentRows(const float* latent, const float* k_rot, const float* index
   }
 }
 
-std::vector<float> AbsorbedKeyWeights(const Matrix& kv_b_proj, const MlaShape& shape) {
+Matrix AbsorbedKey::Head(int64_t h, const MlaShape& shape) const {
+  const int64_t per_head = shape.latent_dim * shape.nope_dim * DTypeSize(dtype);
+  return Matrix{dtype, shape.latent_dim, shape.nope_dim, bytes.data() + h * per_head};
+}
+
+AbsorbedKey AbsorbedKeyWeights(const Matrix& kv_b_proj, const MlaShape& shape) {
   const int64_t h_count = shape.heads, dn = shape.nope_dim, r = shape.latent_dim;
   const int64_t per_head = dn + shape.v_dim;
-  std::vector<float> out(h_count * r * dn);  // [H, R, dn]
-  std::vector<float> rows(dn * r);           // W_uk[h] widened: [dn, R]
+  const int64_t size = DTypeSize(kv_b_proj.dtype);
+  AbsorbedKey out;
+  out.dtype = kv_b_proj.dtype;
+  out.bytes.resize(h_count * r * dn * size);
+  const char* src = static_cast<const char*>(kv_b_proj.data);
   for (int64_t h = 0; h < h_count; ++h) {
-    internal::WidenPanel(kv_b_proj, h * per_head, dn, 0, r, rows.data());
-    float* dst = out.data() + h * r * dn;
-    for (int64_t i = 0; i < dn; ++i) {
-      for (int64_t c = 0; c < r; ++c) dst[c * dn + i] = rows[i * r + c];
+    char* dst = out.bytes.data() + h * r * dn * size;
+    for (int64_t i = 0; i < dn; ++i) {  // W_uk[h] row i is kv_b_proj row h * (dn + dv) + i
+      const char* row = src + (h * per_head + i) * r * size;
+      for (int64_t c = 0; c < r; ++c) std::memcpy(dst + (c * dn + i) * size, row + c * size, size);
     }
   }
   return out;
 }
 
-void AbsorbQuery(const float* q, int64_t tokens, const std::vector<float>& absorbed,
-                 const MlaShape& shape, float* q_lat) {
+void AbsorbQuery(const float* q, int64_t tokens, const AbsorbedKey& absorbed, const MlaShape& shape,
+                 float* q_lat) {
   const int64_t h_count = shape.heads, dn = shape.nope_dim, r = shape.latent_dim;
   const int64_t qk = shape.qk_dim();
   // q_nope regrouped per head: [H, T, dn], so that each head is one Linear of T rows.
@@ -78,7 +87,7 @@ void AbsorbQuery(const float* q, int64_t tokens, const std::vector<float>& absor
   std::vector<Matrix> mats(h_count);
   std::vector<LinearJob> jobs(h_count);
   for (int64_t h = 0; h < h_count; ++h) {
-    mats[h] = Matrix{DType::kF32, r, dn, absorbed.data() + h * r * dn};
+    mats[h] = absorbed.Head(h, shape);
     jobs[h] = {nope.data() + h * tokens * dn, tokens, &mats[h], nullptr, q_lat + h * tokens * r};
   }
   LinearMany(jobs);
