@@ -164,7 +164,10 @@ def index_scores(indexer, args):
                     * indexer.softmax_scale)
     w = indexer.weights_proj(hidden.to(indexer.weights_proj.weight.dtype)).float() \
         * indexer.n_heads ** -0.5
-    return (torch.matmul(w.unsqueeze(-2), sc).squeeze(-2) + mask)[0]
+    scores = torch.matmul(w.unsqueeze(-2), sc).squeeze(-2)
+    if mask.dtype == torch.bool:  # True where attending is allowed
+        return scores.masked_fill(~mask, float("-inf"))[0]
+    return (scores + mask)[0]
 
 
 def indexer_stats(model, ids):
