@@ -133,9 +133,9 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.
   ModelWeights copy = weights;
-  absl::StatusOr<std::vector<TensorToWrite>> tensors = CollectTensors(&copy, options.fused_experts);
-  if (!tensors.ok()) return tensors.status();
-  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                   CollectTensors(&copy, options.fused_experts));
+  RETURN_IF_ERROR(MakeDirectories(dir));
   if (absl::Status s =
           WriteTextFile(dir + "/config.json", ConfigToJson(weights.config, weights.weight_dtype));
       !s.ok()) {
@@ -145,12 +145,12 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::remove(options.max_shard_bytes <= 0 ? index_path.c_str() : single.c_str());
-  if (options.max_shard_bytes <= 0) return WriteSafetensors(single, *tensors);
+  if (options.max_shard_bytes <= 0) return WriteSafetensors(single, tensors);
 
   // Greedy sharding in slot order; a tensor larger than the limit gets a shard of its own.
   std::vector<std::vector<TensorToWrite>> shards(1);
   int64_t shard_bytes = 0, total = 0;
-  for (TensorToWrite& t : *tensors) {
+  for (TensorToWrite& t : tensors) {
     int64_t bytes = 0;
     for (const ByteRange& r : t.pieces) bytes += r.size;
     if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
@@ -165,7 +165,7 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file =
         absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
-    if (absl::Status s = WriteSafetensors(dir + "/" + file, shards[i]); !s.ok()) return s;
+    RETURN_IF_ERROR(WriteSafetensors(dir + "/" + file, shards[i]));
     for (const TensorToWrite& t : shards[i]) weight_map[t.name] = file;
   }
   Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/tensor_codec.h"
@@ -137,9 +138,7 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
         return absl::InvalidArgumentError(absl::StrCat(
             "token_ids has ", ids.size(), " tokens; the limit is ", limits.max_prompt_tokens));
       }
-      if (absl::Status s = CheckTokenIds(ids, config.vocab_size, "token_ids.ids"); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckTokenIds(ids, config.vocab_size, "token_ids.ids"));
       out.token_ids.assign(ids.begin(), ids.end());
       break;
     }
@@ -162,9 +161,8 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
         return absl::InvalidArgumentError(absl::StrCat(
             "hidden_states has ", t.shape(0), " rows; the limit is ", limits.max_prompt_tokens));
       }
-      absl::StatusOr<std::vector<float>> values = DecodeTensor(t, "hidden_states");
-      if (!values.ok()) return values.status();
-      out.hidden = *std::move(values);
+      ASSIGN_OR_RETURN(std::vector<float> values, DecodeTensor(t, "hidden_states"));
+      out.hidden = std::move(values);
       out.num_tokens = t.shape(0);
       break;
     }
@@ -173,7 +171,7 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   }
 
   if (!request.session_id().empty()) {
-    if (absl::Status s = glmserve::ValidateSessionId(request.session_id()); !s.ok()) return s;
+    RETURN_IF_ERROR(glmserve::ValidateSessionId(request.session_id()));
   }
   out.session_id = request.session_id();
   if (request.create_session() && out.session_id.empty()) {

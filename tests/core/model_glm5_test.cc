@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/checkpoint.h"
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/runner.h"
 #include "core/model.h"
 #include "core/model_runner.h"
 #include "tests/test_util.h"
