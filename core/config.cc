@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/file_io.h"
+#include "core/ops/row_math.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -362,6 +363,20 @@ absl::Status ValidateConfig(const ModelConfig& c) {
     return FieldError("partial_rotary_factor",
                       absl::StrCat("gives rotary width ", c.rotary_dim(), " of head_dim ",
                                    c.head_dim, "; it must be even and positive"));
+  }
+  // The router's per-row limits (core/ops/row_math.h), the same on every backend.
+  if (c.n_routed_experts > rowmath::kMaxExperts) {
+    return FieldError("n_routed_experts", absl::StrCat(c.n_routed_experts, " is over the limit of ",
+                                                       rowmath::kMaxExperts));
+  }
+  if (c.num_experts_per_tok > rowmath::kMaxTopK) {
+    return FieldError(
+        "num_experts_per_tok",
+        absl::StrCat(c.num_experts_per_tok, " is over the limit of ", rowmath::kMaxTopK));
+  }
+  if (c.n_group > rowmath::kMaxGroups) {
+    return FieldError("n_group",
+                      absl::StrCat(c.n_group, " is over the limit of ", rowmath::kMaxGroups));
   }
   if (c.num_experts_per_tok > c.n_routed_experts) {
     return FieldError("num_experts_per_tok",

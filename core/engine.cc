@@ -62,24 +62,6 @@ std::optional<Event> EventQueue::Pop(absl::Duration timeout) {
 namespace {
 
 constexpr int64_t kDefaultKvCapacityTokens = 32768;
-constexpr int32_t kMaxTopLogprobs = 20;
-
-int64_t BlocksFor(int64_t tokens, int64_t block_size) {
-  return (tokens + block_size - 1) / block_size;
-}
-
-// A session's key in the registry. Ids are arbitrary bytes, so no separator is safe: the
-// owner is length-prefixed, which makes (owner, id) -> key one-to-one.
-std::string SessionKey(const std::string& owner, const std::string& id) {
-  return absl::StrCat(owner.size(), ":", owner, id);
-}
-
-// At most this much of a client-chosen id is quoted back in an error.
-std::string Quoted(const std::string& id) {
-  constexpr size_t kShown = 64;
-  if (id.size() <= kShown) return absl::StrCat("'", id, "'");
-  return absl::StrCat("'", id.substr(0, kShown), "...' (", id.size(), " bytes)");
-}
 
 }  // namespace
 
@@ -157,9 +139,9 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
                               const EngineOptions& o, int64_t total_blocks) {
   const ModelConfig& c = model.config();
   if (!model.has_embedding() || !model.has_head()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Generate needs the whole model; this server serves layers [",
-                     model.layer_begin(), ", ", model.layer_end(), ") of ", c.num_hidden_layers));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Generate needs the whole model; this server serves layers [", model.layer_begin(), ", ",
+        model.layer_end(), ") of ", c.num_hidden_layers, " (use Forward)"));
   }
   if (g.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (static_cast<int64_t>(g.prompt.size()) > o.max_prompt_tokens) {
@@ -207,21 +189,14 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
 absl::Status ValidateForward(const ForwardRequest& f, const ModelRunner& model, int64_t run_begin,
                              int64_t run_end) {
   const ModelConfig& c = model.config();
-  if (run_begin < model.layer_begin() || run_end > model.layer_end() || run_begin >= run_end) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layers [", run_begin, ", ", run_end, ") are not served; this server serves [",
-                     model.layer_begin(), ", ", model.layer_end(), ")"));
-  }
+  RETURN_IF_ERROR(ValidateRunSpan(run_begin, run_end, model.layer_begin(), model.layer_end(),
+                                  c.num_hidden_layers, f.logits != LogitsRows::kNone));
   if ((run_begin != model.layer_begin() || run_end != model.layer_end()) &&
       !model.supports_sub_spans()) {
     return absl::UnimplementedError(
         absl::StrCat("this server's ", model.device_name(), " backend runs only its whole span [",
                      model.layer_begin(), ", ", model.layer_end(),
                      "); start a server with --layers for [", run_begin, ", ", run_end, ")"));
-  }
-  if (f.logits != LogitsRows::kNone && run_end != c.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logits need the last layer (", c.num_hidden_layers, "); this call ends at ", run_end));
   }
   if (!f.return_hidden && f.logits == LogitsRows::kNone) {
     return absl::InvalidArgumentError("the request asks for neither hidden states nor logits");
@@ -303,53 +278,9 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
       }
     } else {
       RETURN_IF_ERROR(ValidateSessionId(f.session_id));
-      const int64_t session_limit = impl_->session_token_limit();
-      const std::string key = SessionKey(f.session_owner, f.session_id);
-      std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
-      auto it = impl_->sessions_.find(key);
-      if (f.create_session) {
-        if (it != impl_->sessions_.end()) {
-          return absl::AlreadyExistsError(
-              absl::StrCat("session ", Quoted(f.session_id), " already exists"));
-        }
-        if (static_cast<int64_t>(impl_->sessions_.size()) >= options_.max_sessions) {
-          return absl::ResourceExhaustedError(
-              absl::StrCat("the server holds its maximum of ", options_.max_sessions, " sessions"));
-        }
-      } else if (it == impl_->sessions_.end()) {
-        return absl::NotFoundError(absl::StrCat("no session ", Quoted(f.session_id),
-                                                " (never created, closed, expired, or evicted to "
-                                                "free KV cache)"));
-      }
-      const int64_t position = it == impl_->sessions_.end() ? 0 : it->second->position;
-      if (position + seq->num_inputs > model_->config().max_position_embeddings) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("session ", Quoted(f.session_id), " would pass the model's context of ",
-                         model_->config().max_position_embeddings, " positions"));
-      }
-      if (position + seq->num_inputs > session_limit) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("session ", Quoted(f.session_id), " would hold ",
-                         position + seq->num_inputs, " positions; a session may hold at most ",
-                         session_limit, " (see --max_session_tokens and --session_kv_fraction)"));
-      }
-      if (it == impl_->sessions_.end()) {
-        auto session = std::make_unique<Session>();
-        session->id = f.session_id;
-        session->key = key;
-        session->layer_begin = run_begin;
-        session->layer_end = run_end;
-        it = impl_->sessions_.emplace(key, std::move(session)).first;
-      }
-      Session& session = *it->second;
-      if (session.layer_begin != run_begin || session.layer_end != run_end) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "session ", Quoted(f.session_id), " runs layers [", session.layer_begin, ", ",
-            session.layer_end, "); this call asks for [", run_begin, ", ", run_end, ")"));
-      }
-      ++session.in_flight;
-      session.last_used = seq->times.arrived;
-      seq->session = &session;
+      ASSIGN_OR_RETURN(seq->session, impl_->sessions().Acquire(
+                                         f.session_owner, f.session_id, f.create_session,
+                                         seq->num_inputs, run_begin, run_end, seq->times.arrived));
     }
     seq->forward = std::move(f);
   }
@@ -360,19 +291,7 @@ void Engine::Cancel(RequestId id) { impl_->Cancel(id); }
 
 absl::Status Engine::CloseSession(const std::string& session_id, const std::string& owner) {
   RETURN_IF_ERROR(ValidateSessionId(session_id));
-  {
-    std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
-    auto it = impl_->sessions_.find(SessionKey(owner, session_id));
-    if (it == impl_->sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("no session ", Quoted(session_id)));
-    }
-    if (it->second->in_flight > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "session ", Quoted(session_id), " has ", it->second->in_flight, " requests in flight"));
-    }
-    impl_->closed_sessions_.push_back(std::move(it->second));
-    impl_->sessions_.erase(it);
-  }
+  RETURN_IF_ERROR(impl_->sessions().Close(owner, session_id));
   impl_->WakeLoop();  // the engine thread frees the blocks
   return absl::OkStatus();
 }

@@ -42,12 +42,15 @@ struct StopCriteria {
   bool ignore_eos = false;              // do not stop at the config's eos ids
 };
 
+// Alternatives per generated token a request may ask for (top_logprobs).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
 struct GenerateRequest {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
   StopCriteria stop;
   bool logprobs = false;     // report each chosen token's logprob
-  int32_t top_logprobs = 0;  // and this many alternatives (0..20)
+  int32_t top_logprobs = 0;  // and this many alternatives (0..kMaxTopLogprobs)
 };
 
 struct ForwardRequest {

@@ -1,5 +1,7 @@
-// Engine::Impl: the engine thread's state and the step loop (core/engine_loop.cc), plus the
-// inbox and registries other threads touch under their mutexes.
+// Engine::Impl: the engine thread's state, plus the inbox and the session registry that other
+// threads reach under their own locks. Its methods live in files named by job: the loop and
+// request endings (engine_loop.cc), the scheduler (scheduler.cc), the step runner
+// (step_runner.cc); submission and validation are engine.cc's.
 #pragma once
 
 #include <algorithm>
@@ -14,13 +16,11 @@
 #include <vector>
 
 #include "core/engine.h"
-#include "core/engine_internal.h"
 #include "core/prefix_cache.h"
+#include "core/sequence.h"
+#include "core/session_registry.h"
 
 namespace glmserve {
-
-using engine_internal::Sequence;
-using engine_internal::Session;
 
 class Engine::Impl {
  public:
@@ -28,13 +28,6 @@ class Engine::Impl {
   ~Impl();  // stops the loop; unfinished requests end with CANCELLED
 
   KvCache& cache() { return *cache_; }
-
-  // Blocks all sessions together may pin, and the positions one session may hold.
-  int64_t session_share_blocks() const { return session_share_blocks_; }
-  int64_t session_token_limit() const {
-    const int64_t share = session_share_blocks_ * options_.block_size;
-    return options_.max_session_tokens > 0 ? std::min(options_.max_session_tokens, share) : share;
-  }
 
   // Called with a validated sequence (Engine::Submit).
   RequestId Enqueue(std::unique_ptr<Sequence> seq) {
@@ -69,10 +62,8 @@ class Engine::Impl {
     cv_.notify_all();
   }
 
-  // Session registry, shared with the submitting threads.
-  std::mutex sessions_mu_;
-  std::unordered_map<std::string, std::unique_ptr<Session>> sessions_;  // guarded
-  std::vector<std::unique_ptr<Session>> closed_sessions_;               // guarded; to free
+  // Shared with the submitting threads (it has its own lock).
+  SessionRegistry& sessions() { return sessions_; }
 
   // Makes the loop run its housekeeping (e.g. free a closed session's blocks) now.
   void WakeLoop() {
@@ -113,21 +104,37 @@ class Engine::Impl {
   // True when `blocks` are free.
   bool EvictIdleSessions(int64_t blocks, const Session* keep);
   bool EvictOneIdleSession(const Session* keep);  // false when none is evictable
-  // Blocks pinned by sessions (open and closed-but-not-yet-freed).
-  int64_t SessionBlocks();
   // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
   // preempting later-admitted sequences as needed. False if it cannot.
   bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
   Sequence* PickVictim();  // the most recently admitted preemptible sequence
   void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
+  // The step: chosen by the scheduler (scheduler.cc), run by the step runner (step_runner.cc).
+  void BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts);
+  struct StepInputs {
+    ForwardBatch batch;  // views into ids / hidden
+    ForwardOptions options;
+    std::vector<int32_t> ids;   // [tokens] of the sequences starting at layer 0
+    std::vector<float> hidden;  // [tokens, hidden_size] of the others
+    StepReport report;
+  };
+  void GatherInputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
+                    StepInputs* in);
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
+  void ScatterOutputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
+                      const std::vector<LogitsRows>& wants, const ForwardResult& result);
   // Samples every sequence's next token from its logits row (in parallel: each draw is a
   // pure function of its own inputs), into sampled_.
   void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows);
   // `finite`: the row's logits were all finite (else the request fails, nothing sampled).
   void AfterGenerateStep(Sequence* seq, SampledToken sampled, bool finite);
+  // Ends a request: frees or keeps its blocks, queues its FinishEvent.
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
-  void ReleaseBlocks(Sequence* seq);
+  void ReleaseBlocks(Sequence* seq, bool completed);
+  // Events wait in the outbox until the stats that count them are published (UpdateStats),
+  // so that whoever sees an event also sees its effect in Stats() and Idle().
+  void Emit(Sequence* seq, std::variant<TokenEvent, ForwardOutput, FinishEvent> body);
+  void Deliver();
   void UpdateStats(int64_t step_delta);
   absl::Status CheckInvariants();
   std::string invariant_error_;
@@ -136,6 +143,7 @@ class Engine::Impl {
   EngineOptions options_;
   std::unique_ptr<KvCache> cache_;
   PrefixCache prefix_;
+  SessionRegistry sessions_;
   std::thread thread_;
 
   // Inbox from other threads.
@@ -162,6 +170,12 @@ class Engine::Impl {
   ForwardResult step_result_;
   std::vector<SampledToken> sampled_;
   std::vector<char> sampled_finite_;  // per sampled row: all logits finite
+  struct Outgoing {
+    Sequence* seq;  // live, or in finished_
+    Event event;
+  };
+  std::vector<Outgoing> outbox_;
+  std::vector<std::unique_ptr<Sequence>> finished_;  // finished, events not yet delivered
 
   // Published counters.
   std::mutex stats_mu_;

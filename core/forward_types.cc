@@ -71,4 +71,28 @@ absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& 
   return absl::OkStatus();
 }
 
+absl::Status ValidateRunSpan(int64_t run_begin, int64_t run_end, int64_t served_begin,
+                             int64_t served_end, int64_t num_layers, bool wants_logits) {
+  if (run_begin < served_begin || run_end > served_end || run_begin >= run_end) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
+                                                   ") are not served; this server serves [",
+                                                   served_begin, ", ", served_end, ")"));
+  }
+  if (wants_logits && run_end != num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits need the last layer (", num_layers, "); this call ends at ", run_end));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepWantsLogits(const ForwardBatch& batch, const ForwardOptions& options) {
+  if (options.sequence_logits.empty()) return options.logits != LogitsRows::kNone;
+  if (options.sequence_logits.size() != batch.sequences.size()) {
+    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
+  }
+  bool any = false;
+  for (LogitsRows r : options.sequence_logits) any |= r != LogitsRows::kNone;
+  return any;
+}
+
 }  // namespace glmserve

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/config.h"
 #include "core/kv_cache.h"
@@ -67,5 +68,15 @@ KvCacheShape CacheShapeFor(const ModelConfig& config, int64_t layers, int64_t nu
 // hidden states [total_tokens, hidden]. INVALID_ARGUMENT naming what is wrong.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& config,
                                   const KvCacheShape& cache, bool token_input);
+
+// The one rule for a run's layers, shared by the engine and every backend: [run_begin,
+// run_end) is a non-empty part of the served span [served_begin, served_end), and a run that
+// produces logits ends at the model's last layer. INVALID_ARGUMENT otherwise.
+absl::Status ValidateRunSpan(int64_t run_begin, int64_t run_end, int64_t served_begin,
+                             int64_t served_end, int64_t num_layers, bool wants_logits);
+
+// Whether a step asks for any logits rows (options.sequence_logits, one entry per sequence,
+// or else options.logits); INVALID_ARGUMENT if sequence_logits has the wrong length.
+absl::StatusOr<bool> StepWantsLogits(const ForwardBatch& batch, const ForwardOptions& options);
 
 }  // namespace glmserve

@@ -43,6 +43,11 @@ class BlockAllocator {
 // slot p % block_size.
 using BlockTable = std::vector<int32_t>;
 
+// Blocks that hold `positions` positions (the one rounding rule of the paged cache).
+inline int64_t BlocksFor(int64_t positions, int64_t block_size) {
+  return (positions + block_size - 1) / block_size;
+}
+
 struct KvCacheShape {
   int64_t num_layers = 0;  // layers of the served span
   int64_t kv_heads = 0;

@@ -59,13 +59,8 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
   if (cache.shape().num_layers != num_span_layers()) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
-  if (run_begin < layer_begin() || run_end > layer_end() || run_begin >= run_end) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", run_begin, ", ", run_end,
-                                                   ") are not within the served span [",
-                                                   layer_begin(), ", ", layer_end(), ")"));
-  }
   // A shared indexer layer reuses the top-k of the full layer before it, which must run in
-  // the same step.
+  // the same step (ValidateRunSpan has checked the span itself).
   if (config().is_mla() && !config().has_indexer(run_begin)) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", run_begin,
@@ -111,17 +106,10 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
                             const ForwardOptions& options, ForwardResult* result) {
   const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
   const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
+  ASSIGN_OR_RETURN(const bool wants_logits, StepWantsLogits(batch, options));
+  RETURN_IF_ERROR(ValidateRunSpan(run_begin, run_end, layer_begin(), layer_end(),
+                                  config().num_hidden_layers, wants_logits));
   RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
-  bool wants_logits = options.sequence_logits.empty() && options.logits != LogitsRows::kNone;
-  for (LogitsRows r : options.sequence_logits) wants_logits |= r != LogitsRows::kNone;
-  if (!options.sequence_logits.empty() &&
-      options.sequence_logits.size() != batch.sequences.size()) {
-    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
-  }
-  if (wants_logits && run_end != config().num_hidden_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits need the last layer; this run ends at layer ", run_end));
-  }
   const ModelConfig& c = config();
   const int64_t t = batch.total_tokens();
   const int64_t hidden = c.hidden_size;

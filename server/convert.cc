@@ -11,19 +11,6 @@
 namespace glmserve {
 namespace {
 
-constexpr int32_t kMaxTopLogprobs = 20;
-
-absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, int64_t vocab,
-                           const char* field) {
-  for (int i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", i, "] = ", ids[i], " is not a token id (vocab_size ", vocab, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -34,22 +21,12 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits) {
   const glmserve::ModelConfig& config = model.config();
-  if (!model.has_embedding() || !model.has_head()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Generate needs the whole model; this server serves layers [", model.layer_begin(), ", ",
-        model.layer_end(), ") of ", config.num_hidden_layers, " (use Forward)"));
-  }
   glmserve::GenerateRequest out;
   const int64_t prompt_len = request.prompt_token_ids_size();
   if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (prompt_len > limits.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt_token_ids has ", prompt_len, " tokens; the limit is ", limits.max_prompt_tokens));
-  }
-  if (absl::Status s =
-          CheckTokenIds(request.prompt_token_ids(), config.vocab_size, "prompt_token_ids");
-      !s.ok()) {
-    return s;
   }
   out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
 
@@ -77,11 +54,6 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
     }
   }
   out.stop.max_new_tokens = static_cast<int32_t>(max_new);
-  if (absl::Status s =
-          CheckTokenIds(stop.stop_token_ids(), config.vocab_size, "stop.stop_token_ids");
-      !s.ok()) {
-    return s;
-  }
   out.stop.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
   out.stop.ignore_eos = stop.ignore_eos();
 
@@ -93,16 +65,8 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
   out.sampling.repetition_penalty =
       sampling.has_repetition_penalty() ? sampling.repetition_penalty() : 1.0f;
   out.sampling.seed = sampling.seed();
-  if (absl::Status s = glmserve::ValidateSamplingParams(out.sampling); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
-  }
 
   const v1::LogprobsOptions& logprobs = request.logprobs();
-  if (logprobs.top_logprobs() < 0 || logprobs.top_logprobs() > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logprobs.top_logprobs = ", logprobs.top_logprobs(), " must be in [0, ",
-                     kMaxTopLogprobs, "]"));
-  }
   // Asking for alternatives implies asking for the chosen token's logprob.
   out.logprobs = logprobs.enabled() || logprobs.top_logprobs() > 0;
   out.top_logprobs = logprobs.top_logprobs();
@@ -115,38 +79,25 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   const glmserve::ModelConfig& config = model.config();
   glmserve::ForwardRequest out;
 
+  // The span's rules (served, non-empty, its input kind, logits needing the last layer) are
+  // the engine's (core/request_rules); here only what decoding the message needs.
   const int64_t begin = request.has_layer_begin() ? request.layer_begin() : model.layer_begin();
   const int64_t end = request.has_layer_end() ? request.layer_end() : model.layer_end();
-  if (begin < model.layer_begin() || end > model.layer_end() || begin >= end) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer span [", begin, ", ", end, ") is not served: this server serves layers [",
-        model.layer_begin(), ", ", model.layer_end(), ") and the span must be non-empty"));
-  }
   out.layer_begin = begin;
   out.layer_end = end;
 
   switch (request.input_case()) {
     case v1::ForwardRequest::kTokenIds: {
-      if (begin != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token_ids input needs a span starting at layer 0 (got layer_begin ",
-                         begin, "); send hidden_states"));
-      }
       const auto& ids = request.token_ids().ids();
       if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids is empty");
       if (ids.size() > limits.max_prompt_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
             "token_ids has ", ids.size(), " tokens; the limit is ", limits.max_prompt_tokens));
       }
-      RETURN_IF_ERROR(CheckTokenIds(ids, config.vocab_size, "token_ids.ids"));
       out.token_ids.assign(ids.begin(), ids.end());
       break;
     }
     case v1::ForwardRequest::kHiddenStates: {
-      if (begin == 0) {
-        return absl::InvalidArgumentError(
-            "hidden_states input needs a span starting after layer 0; send token_ids");
-      }
       const v1::Tensor& t = request.hidden_states();
       if (t.shape_size() != 2 || t.shape(1) != config.hidden_size || t.shape(0) < 1) {
         std::string shape;
@@ -181,11 +132,6 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
 
   if (!request.return_hidden_states() && !request.return_logits()) {
     return absl::InvalidArgumentError("set return_hidden_states and/or return_logits");
-  }
-  if (request.return_logits() && end != config.num_hidden_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("return_logits needs layer_end == ", config.num_hidden_layers,
-                     " (the model's last layer); the span ends at ", end));
   }
   switch (request.output_dtype()) {
     case v1::DATA_TYPE_UNSPECIFIED:

@@ -29,22 +29,24 @@ ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
                                      const glmserve::ModelConfig& config,
                                      v1::DataType output_dtype);
 
+// The wire half of request validation: these decode a message and check what only the wire
+// knows (fields set, tensor dtype/shape/bytes, sizes before decoding, the reply's size, the
+// default max_new_tokens); the model and engine rules (token ids in the vocabulary, the
+// layer span and its input kind, logits needing the last layer, sampling values,
+// top_logprobs, Generate needing the whole model) are checked once, by Engine::Submit.
+//
 // GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
-// token ids (prompt or stop) outside [0, vocab), a prompt longer than max_prompt_tokens,
-// max_new_tokens outside [1, max_new_tokens], prompt + max_new_tokens beyond the model's
-// positions, bad sampling values, top_logprobs outside [0, 20]. FAILED_PRECONDITION when
-// this server does not serve the whole model (Generate needs the embedding and the head).
+// a prompt longer than max_prompt_tokens, max_new_tokens outside [1, max_new_tokens],
+// prompt + max_new_tokens beyond the model's positions.
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits);
 
-// ForwardRequest -> engine request. INVALID_ARGUMENT for: no input, a layer span outside the
-// served one or empty, token input to a span not starting at layer 0 (or hidden input to
-// one that does), token ids out of range, a hidden-states tensor with the wrong dtype, shape
-// ([num_tokens, hidden_size]), byte count or non-finite values, too many positions, logits
-// requested from a span that does not end at the model's last layer, an unknown output
-// dtype, a malformed session id, no output requested. RESOURCE_EXHAUSTED when the reply would
-// exceed max_reply_bytes, from the shape alone (before any compute).
+// ForwardRequest -> engine request. INVALID_ARGUMENT for: no input, a hidden-states tensor
+// with the wrong dtype, shape ([num_tokens, hidden_size]), byte count or non-finite values,
+// too many positions, an unknown output dtype, a malformed session id, no output requested.
+// RESOURCE_EXHAUSTED when the reply would exceed max_reply_bytes, from the shape alone
+// (before any compute).
 absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,
                                                          const glmserve::ModelRunner& model,
                                                          const ServingLimits& limits);

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "core/cuda/row_math.h"
+#include "core/ops/row_math.h"
 
 namespace glmserve::cuda {
 

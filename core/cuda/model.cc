@@ -1,5 +1,7 @@
 // CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
 // work it enqueues is in layers.cc.
+#include "core/cuda/model.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,9 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/model.h"
-#include "core/cuda/runner.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/runner.h"
 #include "core/status_macros.h"
 
 namespace glmserve::cuda {
@@ -86,12 +87,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
         absl::StrCat("CUDA backend: head_dim ", c.head_dim, " (max ", kMaxHeadDim, ") or ", group,
                      " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
   }
-  if (has_moe_ && (c.n_routed_experts > rowmath::kMaxExperts ||
-                   c.num_experts_per_tok > rowmath::kMaxTopK || c.n_group > rowmath::kMaxGroups)) {
-    return absl::UnimplementedError(absl::StrCat("CUDA backend: at most ", rowmath::kMaxExperts,
-                                                 " experts, top-", rowmath::kMaxTopK, ", ",
-                                                 rowmath::kMaxGroups, " groups"));
-  }
+  // The router row limits (rowmath::kMax*) are ValidateConfig's, for both backends.
   router_.n_experts = static_cast<int>(c.n_routed_experts);
   router_.top_k = static_cast<int>(c.num_experts_per_tok);
   router_.n_group = static_cast<int>(c.n_group);
@@ -200,14 +196,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
 absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCache* cache,
                                                const ForwardOptions& options,
                                                ForwardResult* result) {
-  if (options.sequence_logits.size() != batch.sequences.size()) {
-    return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
-  }
-  bool any = false, any_all = false;
-  for (LogitsRows r : options.sequence_logits) {
-    any |= r != LogitsRows::kNone;
-    any_all |= r == LogitsRows::kAll;
-  }
+  ASSIGN_OR_RETURN(const bool any, StepWantsLogits(batch, options));
+  bool any_all = false;
+  for (LogitsRows r : options.sequence_logits) any_all |= r == LogitsRows::kAll;
   ForwardOptions whole = options;
   whole.sequence_logits.clear();
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
@@ -369,10 +360,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
   RETURN_IF_ERROR(CheckBatch(batch, *cache));
-  if (options.logits != LogitsRows::kNone && !has_head_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits need the last layer; this span ends at layer ", layer_end_));
-  }
+  RETURN_IF_ERROR(ValidateRunSpan(layer_begin_, layer_end_, layer_begin_, layer_end_,
+                                  config_.num_hidden_layers, options.logits != LogitsRows::kNone));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   const ModelConfig& c = config_;
   const bool graph = GraphEligible(batch, options);

@@ -35,7 +35,7 @@
 #include "absl/types/span.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
-#include "core/cuda/row_math.h"
+#include "core/ops/row_math.h"
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
 

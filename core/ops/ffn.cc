@@ -4,11 +4,12 @@
 #include <vector>
 
 #include "core/ops/linear.h"
+#include "core/ops/row_math.h"
 
 namespace glmserve {
 
 void SiluMul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; ++i) g[i] = rowmath::SiluMul(g[i], u[i]);
 }
 
 void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y) {

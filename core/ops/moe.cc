@@ -7,6 +7,7 @@
 
 #include "core/ops/ffn.h"
 #include "core/ops/linear.h"
+#include "core/ops/row_math.h"
 
 namespace glmserve {
 
@@ -21,56 +22,20 @@ RouterParams RouterParams::FromConfig(const ModelConfig& c) {
   return p;
 }
 
-namespace {
-
-// Indices of the k largest values (ties: lower index first), best first.
-void TopK(const float* values, int64_t n, int64_t k, int32_t* out) {
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return values[a] > values[b] || (values[a] == values[b] && a < b);
-  });
-  std::copy_n(order.begin(), k, out);
-}
-
-}  // namespace
-
 void RouteTokens(const float* logits, int64_t tokens, const float* correction_bias,
                  const RouterParams& p, int32_t* experts, float* weights) {
-  const int64_t n = p.n_experts, group_size = n / p.n_group;
-  std::vector<float> s(n), c(n), group_score(p.n_group);
-  std::vector<int32_t> kept_groups(p.topk_group);
+  const int64_t n = p.n_experts;
+  rowmath::RouterRowParams row;
+  row.n_experts = static_cast<int>(n);
+  row.top_k = static_cast<int>(p.top_k);
+  row.n_group = static_cast<int>(p.n_group);
+  row.topk_group = static_cast<int>(p.topk_group);
+  row.norm_topk_prob = p.norm_topk_prob;
+  row.routed_scaling_factor = p.routed_scaling_factor;
+  std::vector<float> s(n), c(n);  // scratch: sigmoid scores, bias-corrected choice scores
   for (int64_t t = 0; t < tokens; ++t) {
-    const float* l = logits + t * n;
-    for (int64_t e = 0; e < n; ++e) {
-      s[e] = 1.0f / (1.0f + std::exp(-l[e]));
-      c[e] = s[e] + correction_bias[e];
-    }
-    if (p.n_group > 1) {
-      for (int64_t g = 0; g < p.n_group; ++g) {
-        int32_t best2[2];
-        TopK(c.data() + g * group_size, group_size, 2, best2);
-        group_score[g] = c[g * group_size + best2[0]] + c[g * group_size + best2[1]];
-      }
-      TopK(group_score.data(), p.n_group, p.topk_group, kept_groups.data());
-      std::vector<bool> keep(p.n_group, false);
-      for (int32_t g : kept_groups) keep[g] = true;
-      for (int64_t e = 0; e < n; ++e) {
-        if (!keep[e / group_size]) c[e] = -INFINITY;
-      }
-    }
-    int32_t* chosen = experts + t * p.top_k;
-    float* w = weights + t * p.top_k;
-    TopK(c.data(), n, p.top_k, chosen);
-    float sum = 0.f;
-    for (int64_t k = 0; k < p.top_k; ++k) {
-      w[k] = s[chosen[k]];
-      sum += w[k];
-    }
-    const float denom = p.norm_topk_prob ? sum + 1e-20f : 1.0f;
-    for (int64_t k = 0; k < p.top_k; ++k) {
-      w[k] = (p.norm_topk_prob ? w[k] / denom : w[k]) * p.routed_scaling_factor;
-    }
+    rowmath::RouteRow(logits + t * n, correction_bias, row, s.data(), c.data(),
+                      experts + t * p.top_k, weights + t * p.top_k);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/ops/row_math.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -37,7 +38,7 @@ void RmsNorm(const float* x, const float* gain, int64_t rows, int64_t width, flo
       for (int j = 0; i + j < width; ++j) part[j] += xr[i + j] * xr[i + j];
       const float sum =
           ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
+      const float inv = rowmath::RmsInvScale(sum, width, eps);
       for (int64_t c = 0; c < width; ++c) yr[c] = gain[c] * (xr[c] * inv);
     }
   });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/ops/row_math.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -33,18 +34,12 @@ void RotaryEmbedding::Apply(float* x, int64_t tokens, int64_t heads,
         cs = heap.data();
         sn = heap.data() + half;
       }
-      const float pos = static_cast<float>(positions[t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
-        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
+      for (int64_t i = 0; i < half; ++i)
+        rowmath::RopeCosSin(positions[t], inv_freq_[i], &cs[i], &sn[i]);
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (t * heads + h) * head_dim_;
         for (int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * cs[i] - b * sn[i];
-          v[i + half] = b * cs[i] + a * sn[i];
+          rowmath::RotatePair(v[i], v[i + half], cs[i], sn[i], &v[i], &v[i + half]);
         }
       }
     }
@@ -59,18 +54,13 @@ void RotaryEmbedding::ApplyInterleaved(float* x, int64_t tokens, int64_t heads, 
   ParallelFor(tokens, grain, [&](int64_t token_begin, int64_t token_end) {
     std::vector<float> cs(half), sn(half), tmp(rotary_dim_);
     for (int64_t t = token_begin; t < token_end; ++t) {
-      const float pos = static_cast<float>(positions[t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = pos * inv_freq_[i];  // fp32 product, as the reference
-        cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
+      for (int64_t i = 0; i < half; ++i)
+        rowmath::RopeCosSin(positions[t], inv_freq_[i], &cs[i], &sn[i]);
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (t * heads + h) * stride + offset;
+        // The pair (2i, 2i + 1) rotates; its results go to i and i + half.
         for (int64_t i = 0; i < half; ++i) {
-          const float a = v[2 * i], b = v[2 * i + 1];
-          tmp[i] = a * cs[i] - b * sn[i];
-          tmp[i + half] = b * cs[i] + a * sn[i];
+          rowmath::RotatePair(v[2 * i], v[2 * i + 1], cs[i], sn[i], &tmp[i], &tmp[i + half]);
         }
         std::copy_n(tmp.data(), rotary_dim_, v);
       }

@@ -1,8 +1,8 @@
-// Per-row arithmetic shared by the CUDA kernels and the host: the router's selection, the
-// SwiGLU activation, RoPE angles and the RMSNorm scale. Compiled by nvcc as __host__
-// __device__ functions and by the host compiler as plain inline functions, so the CPU tests
-// (tests/core/cuda/row_math_test.cc) check the exact arithmetic the GPU runs, against the
-// CPU backend's core/ops, on machines without a GPU.
+// Per-row arithmetic written once for both backends: the router's selection, the SwiGLU
+// activation, RoPE angles and rotation, and the RMSNorm scale. The CPU ops (core/ops/*.cc)
+// call these functions, and nvcc compiles the same ones as __host__ __device__ for the CUDA
+// kernels, so the two backends cannot drift apart (tests/core/ops/row_math_test.cc checks
+// them against straightforward references).
 //
 // No standard-library containers or absl here: this header is included by .cu files.
 #pragma once

@@ -1,6 +1,6 @@
-// The per-row arithmetic the GPU kernels share with the host (core/cuda/row_math.h), checked
+// The per-row arithmetic the GPU kernels share with the host (core/ops/row_math.h), checked
 // on the CPU against the CPU backend's ops: runs on every machine, GPU or not.
-#include "core/cuda/row_math.h"
+#include "core/ops/row_math.h"
 
 #include <gtest/gtest.h>
 

@@ -1,27 +1,17 @@
-// Engine internals shared by engine.cc (submission, validation) and engine_loop.cc (the loop):
-// the per-request Sequence and the per-session state.
+// One accepted request as the engine thread tracks it from admission to its FinishEvent:
+// what it asked for, how far its inputs are computed, and the KV blocks that hold them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/engine.h"
 #include "core/kv_cache.h"
+#include "core/session_registry.h"
 
-namespace glmserve::engine_internal {
-
-// A session's sequence, kept between Forward calls. Guarded by Engine::Impl::sessions_mu_.
-struct Session {
-  std::string id;
-  std::string key;          // (owner, id) in the registry
-  BlockTable blocks;        // owned by the engine thread while a request is in flight
-  int64_t position = 0;     // tokens processed so far (next call starts here)
-  int64_t layer_begin = 0;  // fixed by the first call
-  int64_t layer_end = 0;
-  int64_t in_flight = 0;  // accepted requests not yet finished
-  SteadyTime last_used;
-};
+namespace glmserve {
 
 // One accepted request as the scheduler sees it.
 struct Sequence {
@@ -61,4 +51,4 @@ struct Sequence {
   bool preemptible() const { return session == nullptr; }
 };
 
-}  // namespace glmserve::engine_internal
+}  // namespace glmserve
