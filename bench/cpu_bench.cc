@@ -4,6 +4,7 @@
 //
 //   build/bench/cpu_bench                         # glm-4.5-air:layers=2, bf16 weights
 //   build/bench/cpu_bench --preset=glm-4.5-mini --prefill_tokens=256
+//   build/bench/cpu_bench --preset=glm-5:layers=2    # GLM-5's two first (dense) layers
 #include <cblas.h>
 #include <immintrin.h>
 
@@ -100,6 +101,26 @@ struct StepCost {
   double flops = 0;         // multiply-adds x 2
 };
 
+// GLM-5's attention (docs/glm5.md): its projections (the indexer's on full layers), the
+// absorbed W_uk^T copy, and per token the latent rows of min(context, index_topk)
+// positions (scores over R + dr values, a weighted sum of R) plus the indexer's scores over
+// the whole context; every latent row of the context is read once.
+void AddMlaCost(const glmserve::MlaWeights& m, const glmserve::ModelConfig& c, int64_t tokens,
+                int64_t context_after, StepCost* cost) {
+  for (const glmserve::Matrix* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj,
+                                    &m.indexer.wq_b, &m.indexer.wk, &m.indexer.weights_proj}) {
+    cost->weight_bytes += x->bytes();
+    cost->flops += 2.0 * tokens * x->rows * x->cols;
+  }
+  const double heads = c.num_attention_heads, r = c.kv_lora_rank;
+  cost->weight_bytes += heads * r * c.qk_nope_head_dim * glmserve::DTypeSize(m.kv_b_proj.dtype);
+  const double ctx = context_after - tokens / 2.0;  // mean causal context of the step's tokens
+  const double attended = std::min<double>(ctx, c.index_topk);
+  cost->kv_bytes += static_cast<double>(context_after) * c.cache_values_per_token_layer() * 4;
+  cost->flops += 2.0 * tokens * heads * attended * (2 * r + c.qk_rope_head_dim);
+  if (!m.indexer.empty()) cost->flops += 2.0 * tokens * ctx * c.index_n_heads * c.index_head_dim;
+}
+
 // What one step reads and computes: every matrix is read once per step (the batch shares
 // it), each token multiplies the dense matrices and its top-k experts.
 StepCost Cost(const glmserve::Model& model, int64_t tokens, int64_t context_after,
@@ -111,10 +132,17 @@ StepCost Cost(const glmserve::Model& model, int64_t tokens, int64_t context_afte
     cost.weight_bytes += m.bytes() * rows_used_fraction;
   };
   for (const glmserve::LayerWeights& l : w.layers) {
-    for (const glmserve::Matrix* m :
-         {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
-      mat(*m);
-      cost.flops += 2.0 * tokens * m->rows * m->cols;
+    if (c.is_mla()) {
+      AddMlaCost(l.mla, c, tokens, context_after, &cost);
+    } else {
+      for (const glmserve::Matrix* m :
+           {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
+        mat(*m);
+        cost.flops += 2.0 * tokens * m->rows * m->cols;
+      }
+      // Attention reads every cached key and value of the context once per step.
+      cost.kv_bytes += 2.0 * context_after * c.kv_dim() * sizeof(float);
+      cost.flops += 4.0 * tokens * (context_after - tokens / 2.0) * c.q_dim();
     }
     const glmserve::FfnWeights* ffns[] = {&l.dense};
     if (l.is_moe) {
@@ -130,9 +158,6 @@ StepCost Cost(const glmserve::Model& model, int64_t tokens, int64_t context_afte
       mat(*m);
       cost.flops += 2.0 * tokens * m->rows * m->cols;
     }
-    // Attention reads every cached key and value of the context once per step.
-    cost.kv_bytes += 2.0 * context_after * c.kv_dim() * sizeof(float);
-    cost.flops += 4.0 * tokens * (context_after - tokens / 2.0) * c.q_dim();
   }
   mat(w.lm_head);
   cost.flops += 2.0 * w.lm_head.rows * w.lm_head.cols;  // logits of one row per sequence
@@ -170,6 +195,9 @@ int main(int argc, char** argv) {
   std::printf("model: %s (%s)\n       %.2f GB bf16 weights, generated in %.1f s\n",
               absl::GetFlag(FLAGS_preset).c_str(), glmserve::DescribeConfig(*config).c_str(),
               model.weight_bytes() / 1e9, Since(t_load));
+  std::printf("       KV cache %lld bytes per token (%lld per layer, fp32)\n",
+              static_cast<long long>(model.kv_bytes_per_token()),
+              static_cast<long long>(model.kv_bytes_per_token() / model.num_span_layers()));
 
   glmserve::KvCache cache(model.CacheShape((prefill + steps + 2 + 15) / 16, 16));
   glmserve::BlockTable table;

@@ -110,12 +110,17 @@ absl::StatusOr<std::vector<TensorToWrite>> CollectTensors(ModelWeights* w, bool 
 
 std::string ConfigToJson(const ModelConfig& c, DType dtype) {
   Json j = {
-      {"architectures", {"Glm4MoeForCausalLM"}},
-      {"model_type", "glm4_moe"},
+      {"architectures", {c.is_mla() ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM"}},
       {"rope_scaling", nullptr},
       {"torch_dtype", TorchDTypeName(dtype)},
   };
-  ForEachConfigField(c, [&](const ConfigField& f, const auto& member) { j[f.key()] = member; });
+  // Each architecture's config.json carries its own fields only.
+  const ConfigField::Arch other = c.is_mla() ? ConfigField::Arch::kGlm45 : ConfigField::Arch::kGlm5;
+  ForEachConfigField(c, [&](const ConfigField& f, const auto& member) {
+    if (f.arch != other) j[f.key()] = member;
+  });
+  // GLM-5's head_dim is derived (= qk_rope_head_dim) and its RoPE spans it all.
+  if (c.is_mla()) j.erase("head_dim");
   // "None" is spelled by leaving the key out, as Transformers writes it.
   if (c.eos_token_ids.empty()) j.erase("eos_token_id");
   if (c.pad_token_id < 0) j.erase("pad_token_id");

@@ -88,6 +88,168 @@ absl::Status ReadField(const Json& j, const char* key, std::string* out) {
 absl::Status ReadField(const Json& j, const char* key, std::vector<int32_t>* out) {
   return ReadTokenIds(j, key, out);
 }
+// A list of strings (indexer_types, mlp_layer_types).
+absl::Status ReadField(const Json& j, const char* key, std::vector<std::string>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return FieldError(key, "expected a list of strings");
+  out->clear();
+  for (const Json& v : *it) {
+    if (!v.is_string()) return FieldError(key, "expected a list of strings");
+    out->push_back(v.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+constexpr char kGlm45Type[] = "glm4_moe";
+constexpr char kGlm5Type[] = "glm_moe_dsa";
+
+// model_type, or the architecture named in `architectures` when model_type is absent; the
+// two must agree when both are given.
+absl::Status ReadModelType(const Json& j, ModelConfig* c) {
+  std::string model_type;
+  RETURN_IF_ERROR(ReadString(j, "model_type", &model_type));
+  std::string from_arch;
+  auto it = j.find("architectures");
+  if (it != j.end() && it->is_array()) {
+    for (const Json& a : *it) {
+      if (a == "Glm4MoeForCausalLM") from_arch = kGlm45Type;
+      if (a == "GlmMoeDsaForCausalLM") from_arch = kGlm5Type;
+    }
+  }
+  if (model_type.empty()) model_type = from_arch.empty() ? kGlm45Type : from_arch;
+  if (model_type != kGlm45Type && model_type != kGlm5Type) {
+    return FieldError("model_type", absl::StrCat("'", model_type, "' is neither '", kGlm45Type,
+                                                 "' (GLM-4.5) nor '", kGlm5Type, "' (GLM-5)"));
+  }
+  if (!from_arch.empty() && from_arch != model_type) {
+    return FieldError("architectures", absl::StrCat("names a ", from_arch,
+                                                    " model but model_type is '", model_type, "'"));
+  }
+  c->model_type = model_type;
+  return absl::OkStatus();
+}
+
+// What GlmMoeDsaConfig.__post_init__ derives: head_dim is the rotary part of a query head
+// (the reference's RoPE spans all of it, partial_rotary_factor is not used), indexer_types
+// from index_topk_pattern ("F"/"S" per layer) or index_topk_freq / index_skip_topk_offset,
+// mlp_layer_types from first_k_dense_replace.
+absl::Status DeriveGlm5Fields(const Json& j, ModelConfig* c) {
+  c->head_dim = c->qk_rope_head_dim;
+  c->partial_rotary_factor = 1.0;
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    return absl::UnimplementedError(
+        "config field 'quantization_config': quantized (FP8) GLM-5 checkpoints are not "
+        "supported yet; use the BF16 release");
+  }
+  const int64_t layers = c->num_hidden_layers;
+  if (c->indexer_types.empty() && layers > 0 && layers <= (int64_t{1} << 20)) {
+    auto pattern = j.find("index_topk_pattern");
+    if (pattern != j.end() && pattern->is_string()) {
+      for (char ch : pattern->get<std::string>()) {
+        if (ch != 'F' && ch != 'S') {
+          return FieldError("index_topk_pattern", "expected only 'F' (full) and 'S' (shared)");
+        }
+        c->indexer_types.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else if (pattern != j.end() && !pattern->is_null()) {
+      RETURN_IF_ERROR(ReadField(j, "index_topk_pattern", &c->indexer_types));
+    } else {
+      int64_t freq = 1, offset = 2;
+      RETURN_IF_ERROR(ReadInt(j, "index_topk_freq", &freq));
+      RETURN_IF_ERROR(ReadInt(j, "index_skip_topk_offset", &offset));
+      freq = std::max<int64_t>(freq, 1);
+      for (int64_t i = 0; i < layers; ++i) {
+        const bool full = std::max<int64_t>(i - offset + 1, 0) % freq == 0;
+        c->indexer_types.push_back(full ? "full" : "shared");
+      }
+    }
+  }
+  if (c->mlp_layer_types.empty() && layers > 0 && layers <= (int64_t{1} << 20)) {
+    const int64_t dense = std::min(c->first_k_dense_replace, layers);
+    for (int64_t i = 0; i < layers; ++i)
+      c->mlp_layer_types.push_back(i < dense ? "dense" : "sparse");
+  }
+  return absl::OkStatus();
+}
+
+// The per-layer lists: one entry per layer, each one of two words.
+absl::Status CheckLayerList(const char* field, const std::vector<std::string>& list, int64_t layers,
+                            const char* a, const char* b) {
+  if (static_cast<int64_t>(list.size()) != layers) {
+    return FieldError(field, absl::StrCat("has ", list.size(), " entries for ", layers, " layers"));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] != a && list[i] != b) {
+      return FieldError(
+          field, absl::StrCat("entry ", i, " is '", list[i], "', not '", a, "' or '", b, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// GlmMoeDsaConfig's defaults (the released GLM-5 shape; rope_theta and eos_token_id as the
+// library's, the per-layer lists derived after parsing).
+ModelConfig Glm5Defaults() {
+  ModelConfig c;
+  c.model_type = kGlm5Type;
+  c.vocab_size = 154880;
+  c.hidden_size = 6144;
+  c.num_hidden_layers = 78;
+  c.num_attention_heads = 64;
+  c.num_key_value_heads = 64;
+  c.intermediate_size = 12288;
+  c.moe_intermediate_size = 2048;
+  c.n_routed_experts = 256;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 8;
+  c.routed_scaling_factor = 2.5;
+  c.first_k_dense_replace = 3;
+  c.max_position_embeddings = 202752;
+  c.rope_theta = 10000.0;
+  c.eos_token_ids = {1};
+  c.num_nextn_predict_layers = 0;
+  return c;  // the MLA fields' ModelConfig defaults are GlmMoeDsaConfig's
+}
+
+absl::Status ValidateGlm5(const ModelConfig& c) {
+  RETURN_IF_ERROR(
+      CheckLayerList("indexer_types", c.indexer_types, c.num_hidden_layers, "full", "shared"));
+  if (c.indexer_types[0] != "full") {
+    return FieldError("indexer_types",
+                      "layer 0 is 'shared' but a shared layer reuses the previous full layer's "
+                      "top-k, and there is none");
+  }
+  if (c.qk_rope_head_dim % 2 != 0) {
+    return FieldError("qk_rope_head_dim", absl::StrCat("must be even, got ", c.qk_rope_head_dim));
+  }
+  if (c.head_dim != c.qk_rope_head_dim) {
+    return FieldError("head_dim", absl::StrCat("must equal qk_rope_head_dim ", c.qk_rope_head_dim,
+                                               " for glm_moe_dsa, got ", c.head_dim));
+  }
+  if (c.index_head_dim < c.qk_rope_head_dim) {
+    return FieldError(
+        "index_head_dim",
+        absl::StrCat(c.index_head_dim, " is narrower than its rotary part ", c.qk_rope_head_dim));
+  }
+  if (c.attention_bias) {
+    return absl::UnimplementedError(
+        "config field 'attention_bias': biased MLA projections are not supported (GLM-5 has "
+        "none)");
+  }
+  // Bound the cache row and the per-head matrices before anything sizes buffers from them.
+  constexpr int64_t kMaxWidth = int64_t{1} << 16;
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"q_lora_rank", c.q_lora_rank},
+                                    {"kv_lora_rank", c.kv_lora_rank},
+                                    {"qk_nope_head_dim", c.qk_nope_head_dim},
+                                    {"qk_rope_head_dim", c.qk_rope_head_dim},
+                                    {"v_head_dim", c.v_head_dim},
+                                    {"index_n_heads", c.index_n_heads},
+                                    {"index_head_dim", c.index_head_dim}}) {
+    if (value > kMaxWidth) return FieldError(name, absl::StrCat(value, " is over ", kMaxWidth));
+  }
+  return absl::OkStatus();
+}
 
 // RoPE fields may also sit in a rope_parameters / rope_scaling object, which then wins over
 // the legacy top-level value. Only the default (unscaled) rope type is what GLM-4.5 uses; any
@@ -128,17 +290,18 @@ absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text) {
   if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
 
   ModelConfig c;
-  std::string model_type;
-  RETURN_IF_ERROR(ReadString(j, "model_type", &model_type));
-  if (!model_type.empty() && model_type != "glm4_moe") {
-    return FieldError("model_type", absl::StrCat("'", model_type, "' is not 'glm4_moe'"));
-  }
+  RETURN_IF_ERROR(ReadModelType(j, &c));
+  // Absent fields take the architecture's own library defaults.
+  if (c.is_mla()) c = Glm5Defaults();
   absl::Status status;
   ForEachConfigField(c, [&](const ConfigField& f, auto& member) {
-    if (status.ok()) status = ReadField(j, f.key(), &member);
+    if (status.ok() && std::string_view(f.name) != "model_type") {
+      status = ReadField(j, f.key(), &member);
+    }
   });
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(ReadRopeObjects(j, &c));
+  if (c.is_mla()) RETURN_IF_ERROR(DeriveGlm5Fields(j, &c));
 
   if (c.head_dim == 0 && c.num_attention_heads > 0) {
     if (c.hidden_size % c.num_attention_heads != 0) {
@@ -184,6 +347,8 @@ absl::Status ValidateConfig(const ModelConfig& c) {
     if (status.ok()) status = CheckBound(f, member);
   });
   RETURN_IF_ERROR(status);
+  // GLM-5's own rules first: its rotary width is qk_rope_head_dim, named as such.
+  if (c.is_mla()) RETURN_IF_ERROR(ValidateGlm5(c));
   // The rules that relate fields to each other.
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return FieldError("num_key_value_heads",
@@ -239,6 +404,17 @@ absl::Status ValidateConfig(const ModelConfig& c) {
                                                  " groups hold fewer experts than "
                                                  "num_experts_per_tok ",
                                                  c.num_experts_per_tok));
+  }
+  if (!c.mlp_layer_types.empty()) {
+    RETURN_IF_ERROR(CheckLayerList("mlp_layer_types", c.mlp_layer_types, c.num_hidden_layers,
+                                   "dense", "sparse"));
+  }
+  if (!c.is_mla() && c.model_type != kGlm45Type) {
+    return FieldError("model_type", absl::StrCat("'", c.model_type, "' is neither '", kGlm45Type,
+                                                 "' nor '", kGlm5Type, "'"));
+  }
+  if (!c.is_mla() && !c.indexer_types.empty()) {
+    return FieldError("indexer_types", "is a glm_moe_dsa field; this is a glm4_moe config");
   }
   if (c.hidden_act != "silu") {
     return FieldError("hidden_act", absl::StrCat("'", c.hidden_act, "' is not supported (silu)"));
@@ -331,15 +507,68 @@ ModelConfig Tiny() {
   return c;
 }
 
+// GLM-5 (GlmMoeDsaForCausalLM, 744B-A40B): GlmMoeDsaConfig's defaults are the released
+// shape; rope_theta and the end tokens are from released GLM-5.x config.json files (a
+// checkpoint's own config.json always wins; docs/glm5.md).
+ModelConfig Glm5() {
+  ModelConfig c = Glm5Defaults();
+  c.rope_theta = 8e6;
+  c.num_nextn_predict_layers = 1;
+  c.eos_token_ids = {154820, 154827, 154829};
+  c.q_lora_rank = 2048;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 192;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 256;
+  c.index_n_heads = 32;
+  c.index_head_dim = 128;
+  c.index_topk = 2048;
+  c.head_dim = c.qk_rope_head_dim;
+  c.partial_rotary_factor = 1.0;
+  c.indexer_types.assign(78, "full");  // index_topk_freq 1: every layer runs its indexer
+  for (int i = 0; i < 78; ++i) c.mlp_layer_types.push_back(i < 3 ? "dense" : "sparse");
+  return c;
+}
+
+// A GLM-5 test shape: dense and MoE layers, full and shared indexer layers, index_topk 8 so
+// that short contexts already exercise the sparse selection.
+ModelConfig TinyGlm5() {
+  ModelConfig c = Glm5();
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 96;
+  c.moe_intermediate_size = 32;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.first_k_dense_replace = 1;
+  c.max_position_embeddings = 1024;
+  c.rope_theta = 10000.0;
+  c.eos_token_ids = {255};
+  c.pad_token_id = 255;
+  c.q_lora_rank = 32;
+  c.kv_lora_rank = 32;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 8;
+  c.v_head_dim = 16;
+  c.index_n_heads = 2;
+  c.index_head_dim = 16;
+  c.index_topk = 8;
+  c.head_dim = c.qk_rope_head_dim;
+  c.indexer_types = {"full", "shared", "full", "shared"};
+  c.mlp_layer_types = {"dense", "sparse", "sparse", "sparse"};
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
 };
 constexpr Preset kPresets[] = {
-    {"glm-4.5", Glm45},
-    {"glm-4.5-air", Glm45Air},
-    {"glm-4.5-mini", Glm45Mini},
-    {"tiny", Tiny},
+    {"glm-4.5", Glm45}, {"glm-4.5-air", Glm45Air}, {"glm-4.5-mini", Glm45Mini},
+    {"tiny", Tiny},     {"glm-5", Glm5},           {"tiny-glm5", TinyGlm5},
 };
 
 }  // namespace
@@ -370,6 +599,9 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
             "preset option layers=", kv.second, " must be in [1, ", c.num_hidden_layers, "]"));
       }
       c.num_hidden_layers = value;
+      // The per-layer lists keep their first N entries, as the layers do.
+      if (!c.indexer_types.empty()) c.indexer_types.resize(value);
+      if (!c.mlp_layer_types.empty()) c.mlp_layer_types.resize(value);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown preset option '", parts[i], "' (known: layers=N)"));
@@ -380,6 +612,20 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
 }
 
 std::string DescribeConfig(const ModelConfig& c) {
+  if (c.is_mla()) {
+    int64_t dense = 0, full = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      dense += c.is_moe_layer(l) ? 0 : 1;
+      full += c.has_indexer(l) ? 1 : 0;
+    }
+    return absl::StrCat(
+        "glm_moe_dsa: hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (", dense,
+        " dense, ", full, " with a DSA indexer), ", c.num_attention_heads, " heads, MLA q_lora ",
+        c.q_lora_rank, " kv_lora ", c.kv_lora_rank, " qk ", c.qk_nope_head_dim, "+",
+        c.qk_rope_head_dim, " v ", c.v_head_dim, ", indexer ", c.index_n_heads, "x",
+        c.index_head_dim, " top-", c.index_topk, ", ", c.n_routed_experts, " experts top-",
+        c.num_experts_per_tok, " + ", c.n_shared_experts, " shared, vocab ", c.vocab_size);
+  }
   return absl::StrCat(
       "hidden ", c.hidden_size, ", ", c.num_hidden_layers, " layers (", c.first_k_dense_replace,
       " dense), ", c.num_attention_heads, " heads / ", c.num_key_value_heads, " kv heads x ",

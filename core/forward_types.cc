@@ -10,9 +10,28 @@ int64_t ForwardBatch::total_tokens() const {
   return total;
 }
 
+KvCacheShape CacheShapeFor(const ModelConfig& config, int64_t layers, int64_t num_blocks,
+                           int64_t block_size) {
+  KvCacheShape shape;
+  shape.num_layers = layers;
+  shape.block_size = block_size;
+  shape.num_blocks = num_blocks;
+  if (config.is_mla()) {
+    shape.latent = true;
+    shape.kv_heads = 1;
+    shape.head_dim = config.cache_values_per_token_layer();
+  } else {
+    shape.kv_heads = config.num_key_value_heads;
+    shape.head_dim = config.head_dim;
+  }
+  return shape;
+}
+
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& c,
                                   const KvCacheShape& cache, bool token_input) {
-  if (cache.kv_heads != c.num_key_value_heads || cache.head_dim != c.head_dim) {
+  const KvCacheShape want = CacheShapeFor(c, cache.num_layers, cache.num_blocks, cache.block_size);
+  if (cache.kv_heads != want.kv_heads || cache.head_dim != want.head_dim ||
+      cache.latent != want.latent) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
   const int64_t total = batch.total_tokens();

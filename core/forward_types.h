@@ -57,6 +57,11 @@ struct ForwardResult {
   std::vector<std::vector<float>> layer_hidden;
 };
 
+// The KV cache geometry `config` needs for `layers` layers: kv_heads x head_dim key and value
+// rows (GLM-4.5), or one latent row of cache_values_per_token_layer() values (GLM-5).
+KvCacheShape CacheShapeFor(const ModelConfig& config, int64_t layers, int64_t num_blocks,
+                           int64_t block_size);
+
 // The checks every backend makes before a step: the cache matches the model's KV shape, every
 // sequence has new tokens within the model's context and a block table covering them with
 // valid block ids, and the input is token ids in the vocabulary (a run from layer 0) or

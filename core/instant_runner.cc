@@ -39,7 +39,8 @@ InstantRunner::InstantRunner(const ModelConfig& config, int pool_rows, uint32_t 
 }
 
 int64_t InstantRunner::kv_bytes_per_token() const {
-  return 2 * config_.num_hidden_layers * config_.kv_dim() * DTypeSize(DType::kBF16);
+  return config_.num_hidden_layers * config_.cache_values_per_token_layer() *
+         DTypeSize(DType::kBF16);
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> InstantRunner::CreateCache(int64_t num_blocks,
@@ -48,12 +49,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> InstantRunner::CreateCache(int64_t num_
     return absl::InvalidArgumentError(absl::StrCat(
         "a cache needs blocks > 0 and block_size > 0, got ", num_blocks, " and ", block_size));
   }
-  KvCacheShape shape;
-  shape.num_layers = config_.num_hidden_layers;
-  shape.kv_heads = config_.num_key_value_heads;
-  shape.head_dim = config_.head_dim;
-  shape.block_size = block_size;
-  shape.num_blocks = num_blocks;
+  const KvCacheShape shape =
+      CacheShapeFor(config_, config_.num_hidden_layers, num_blocks, block_size);
   return std::make_unique<KvCache>(shape, nullptr, DType::kBF16, [](void*) {});
 }
 

@@ -51,8 +51,9 @@ absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache: ", shape.num_blocks, " blocks exceed the 2^31-1 block ids"));
   }
-  int64_t bytes = 2;  // keys and values
-  // element_bytes is checked too: a hostile element size must not wrap before the loop.
+  // Keys and values (or the latent row); element_bytes is checked too: a hostile element size
+  // must not wrap before the loop.
+  int64_t bytes = shape.kinds();
   for (int64_t d : {element_bytes, shape.num_layers, shape.kv_heads, shape.head_dim,
                     shape.block_size, shape.num_blocks}) {
     if (__builtin_mul_overflow(bytes, d, &bytes)) {
@@ -86,8 +87,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape&
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape),
-      data_(shape.num_layers * shape.num_blocks * 2 * shape.block_size * shape.kv_heads *
-            shape.head_dim),
+      data_(shape.num_layers * shape.num_blocks * shape.kinds() * shape.block_size *
+            shape.kv_heads * shape.head_dim),
       allocator_(static_cast<int32_t>(shape.num_blocks)) {}
 
 KvCache::KvCache(const KvCacheShape& shape, void* storage, DType dtype,

@@ -54,6 +54,13 @@ struct KvCacheShape {
   int64_t head_dim = 0;
   int64_t block_size = 16;  // token slots per block
   int64_t num_blocks = 0;
+  // The MLA (GLM-5) layout: ONE row of kv_heads * head_dim values per token slot and layer
+  // (kv_heads 1, head_dim the row width: the normed latent, the rotary key and the DSA
+  // indexer key; core/ops/mla.h), no separate values. False: the GQA key and value rows.
+  bool latent = false;
+
+  // Rows per token slot and layer: 2 (keys, values) or 1 (the latent row).
+  int64_t kinds() const { return latent ? 1 : 2; }
 };
 
 // Bytes of K and V storage of `shape` at `element_bytes` per value, checked: INVALID_ARGUMENT
@@ -80,14 +87,16 @@ class KvCache {
   int64_t kv_dim() const { return shape_.kv_heads * shape_.head_dim; }
   int64_t capacity_tokens() const { return shape_.num_blocks * shape_.block_size; }
   // Bytes of K and V storage per token across the span's layers.
-  int64_t bytes_per_token() const { return 2 * shape_.num_layers * kv_dim() * DTypeSize(dtype_); }
+  int64_t bytes_per_token() const {
+    return shape_.kinds() * shape_.num_layers * kv_dim() * DTypeSize(dtype_);
+  }
 
   // True for the plain constructor's host fp32 storage (the CPU backend's cache).
   bool host_fp32() const { return !external_storage_; }
   DType dtype() const { return dtype_; }
-  // Elements of K and V storage: [num_layers, num_blocks, 2 (k, v), block_size, kv_dim].
+  // Elements of K and V storage: [num_layers, num_blocks, kinds (k, v), block_size, kv_dim].
   int64_t num_elements() const {
-    return shape_.num_layers * shape_.num_blocks * 2 * shape_.block_size * kv_dim();
+    return shape_.num_layers * shape_.num_blocks * shape_.kinds() * shape_.block_size * kv_dim();
   }
   // The start of the storage (host or device memory, of dtype()).
   void* storage() { return external_storage_ ? external_.get() : data_.data(); }
@@ -99,7 +108,8 @@ class KvCache {
 
   // Key / value rows of one block in one layer: [block_size, kv_heads * head_dim]. Host fp32
   // caches only: on storage owned elsewhere (a device cache) they return nullptr, never an
-  // address into memory this cache does not hold.
+  // address into memory this cache does not hold. A latent cache has only the key rows (its
+  // latent rows); values() must not be used on it.
   float* keys(int64_t layer, int32_t block) { return HostRows(layer, block, 0); }
   float* values(int64_t layer, int32_t block) { return HostRows(layer, block, 1); }
   const float* keys(int64_t layer, int32_t block) const {
@@ -123,12 +133,13 @@ class KvCache {
     return external_storage_ ? nullptr : data_.data() + Offset(layer, block, kind);
   }
   int64_t Offset(int64_t layer, int32_t block, int kind) const {
-    return ((layer * shape_.num_blocks + block) * 2 + kind) * shape_.block_size * kv_dim();
+    return ((layer * shape_.num_blocks + block) * shape_.kinds() + kind) * shape_.block_size *
+           kv_dim();
   }
 
   KvCacheShape shape_;
   DType dtype_ = DType::kF32;
-  std::vector<float> data_;  // [num_layers, num_blocks, 2 (k, v), block_size, kv_dim]
+  std::vector<float> data_;  // [num_layers, num_blocks, kinds, block_size, kv_dim]
   bool external_storage_ = false;
   std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;

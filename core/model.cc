@@ -15,20 +15,32 @@ namespace glmserve {
 Model::Model(ModelWeights weights)
     : weights_(std::move(weights)),
       rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
-      router_(RouterParams::FromConfig(weights_.config)) {}
+      router_(RouterParams::FromConfig(weights_.config)) {
+  const ModelConfig& c = weights_.config;
+  if (!c.is_mla()) return;
+  mla_shape_.heads = c.num_attention_heads;
+  mla_shape_.nope_dim = c.qk_nope_head_dim;
+  mla_shape_.rope_dim = c.qk_rope_head_dim;
+  mla_shape_.v_dim = c.v_head_dim;
+  mla_shape_.latent_dim = c.kv_lora_rank;
+  mla_shape_.index_dim = c.cache_values_per_token_layer() - c.kv_lora_rank - c.qk_rope_head_dim;
+  mla_shape_.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  index_shape_.heads = c.index_n_heads;
+  index_shape_.head_dim = c.index_head_dim;
+  index_shape_.rope_dim = c.qk_rope_head_dim;
+  index_shape_.topk = c.index_topk;
+  for (const LayerWeights& layer : weights_.layers) {
+    absorbed_k_.push_back(AbsorbedKeyWeights(layer.mla.kv_b_proj, mla_shape_));
+  }
+}
 
 KvCacheShape Model::CacheShape(int64_t num_blocks, int64_t block_size) const {
-  KvCacheShape shape;
-  shape.num_layers = num_span_layers();
-  shape.kv_heads = config().num_key_value_heads;
-  shape.head_dim = config().head_dim;
-  shape.block_size = block_size;
-  shape.num_blocks = num_blocks;
-  return shape;
+  return CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
 }
 
 int64_t Model::kv_bytes_per_token() const {
-  return 2 * num_span_layers() * config().kv_dim() * static_cast<int64_t>(sizeof(float));
+  return num_span_layers() * config().cache_values_per_token_layer() *
+         static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
@@ -46,6 +58,14 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
   }
   if (cache.shape().num_layers != num_span_layers()) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
+  }
+  // A shared indexer layer reuses the top-k of the full layer before it, which must run in
+  // the same step (ValidateRunSpan has checked the span itself).
+  if (config().is_mla() && !config().has_indexer(run_begin)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", run_begin,
+                     " is a 'shared' DSA indexer layer: a run must start at a 'full' "
+                     "layer, whose top-k the shared layers after it reuse"));
   }
   return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
 }
@@ -97,11 +117,26 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
 
   h_.resize(t * hidden);
   x_.resize(t * hidden);
-  q_.resize(t * c.q_dim());
-  k_.resize(t * c.kv_dim());
-  v_.resize(t * c.kv_dim());
-  attn_.resize(t * c.q_dim());
   out_.resize(t * hidden);
+  if (c.is_mla()) {
+    const int64_t h = c.num_attention_heads, r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+    q_.resize(t * h * c.qk_head_dim());
+    attn_.resize(t * h * c.v_head_dim);
+    q_resid_.resize(t * c.q_lora_rank);
+    kv_a_.resize(t * (r + dr));
+    latent_.resize(t * r);
+    k_rot_.resize(t * dr);
+    q_lat_.resize(h * t * r);
+    out_lat_.resize(h * t * r);
+    iq_.resize(t * c.index_n_heads * c.index_head_dim);
+    ik_.resize(t * c.index_head_dim);
+    iw_.resize(t * c.index_n_heads);
+  } else {
+    q_.resize(t * c.q_dim());
+    k_.resize(t * c.kv_dim());
+    v_.resize(t * c.kv_dim());
+    attn_.resize(t * c.q_dim());
+  }
   std::vector<int32_t> positions;
   positions.reserve(t);
   for (const SequenceSlice& s : batch.sequences) {
@@ -121,7 +156,11 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   for (int64_t i = run_begin - layer_begin(); i < run_end - layer_begin(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
-    AttentionBlock(layer, i, batch, positions, cache);
+    if (c.is_mla()) {
+      MlaBlock(layer, i, batch, positions, cache);
+    } else {
+      AttentionBlock(layer, i, batch, positions, cache);
+    }
     for (int64_t j = 0; j < t * hidden; ++j) h_[j] += out_[j];
     RmsNorm(h_.data(), layer.post_attention_norm.data(), t, hidden, eps, x_.data());
     FfnBlock(layer, t);

@@ -22,6 +22,8 @@
 #include "core/kv_cache.h"
 #include "core/model_runner.h"
 #include "core/ops/attention.h"
+#include "core/ops/dsa_indexer.h"
+#include "core/ops/mla.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
 #include "core/weights.h"
@@ -57,6 +59,10 @@ class Model final : public ModelRunner {
                           int64_t run_end) const;
   void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                       const std::vector<int32_t>& positions, KvCache* cache);
+  // GLM-5's latent attention (model_mla.cc): the DSA indexer on "full" layers, the selection
+  // kept in selection_ for the "shared" layers after it.
+  void MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                const std::vector<int32_t>& positions, KvCache* cache);
   void FfnBlock(const LayerWeights& layer, int64_t tokens);
 
   ModelWeights weights_;
@@ -71,6 +77,21 @@ class Model final : public ModelRunner {
   std::vector<float> v_;     // [T, kv_heads * head_dim]
   std::vector<float> attn_;  // [T, heads * head_dim]
   std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
+
+  // GLM-5 (is_mla) only. Shapes for T tokens; H heads, Q q_lora_rank, R kv_lora_rank.
+  MlaShape mla_shape_;
+  IndexerShape index_shape_;
+  std::vector<AbsorbedKey> absorbed_k_;  // per span layer: W_uk^T [H, R, dn] (AbsorbedKeyWeights)
+  std::vector<float> q_resid_;           // [T, Q]        q_a_layernorm(q_a_proj x)
+  std::vector<float> kv_a_;              // [T, R + dr]   kv_a_proj_with_mqa x
+  std::vector<float> latent_;            // [T, R]        kv_a_layernorm of the latent part
+  std::vector<float> k_rot_;             // [T, dr]       rotary key after RoPE
+  std::vector<float> q_lat_;             // [H, T, R]     absorbed queries
+  std::vector<float> out_lat_;           // [H, T, R]     attention output in latent space
+  std::vector<float> iq_;                // [T, Hi, Di]   indexer queries
+  std::vector<float> ik_;                // [T, Di]       indexer keys
+  std::vector<float> iw_;                // [T, Hi]       indexer head weights
+  TopkSelection selection_;  // the last full layer's top-k, for the shared layers after it
 };
 
 }  // namespace glmserve

@@ -16,7 +16,20 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
                                                                DeviceKind device) {
-  if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && CudaDeviceAvailable())) {
+  // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
+  // span must start at a full layer (refused here, at start-up, rather than at every step).
+  const ModelConfig& c = weights.config;
+  if (c.is_mla() && weights.layer_begin < weights.layer_end &&
+      !c.has_indexer(weights.layer_begin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layer span starts at layer ", weights.layer_begin,
+        ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
+        "span at a 'full' layer (indexer_types in config.json)"));
+  }
+  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5 stays on the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty();
+  if (device == DeviceKind::kCuda ||
+      (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
   return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));

@@ -31,6 +31,33 @@ void AddFfn(const std::string& prefix, int64_t width, int64_t hidden, int64_t la
       {prefix + "down_proj.weight", {hidden, width}, &f->down, nullptr, ParamInit::kNormal, layer});
 }
 
+// GLM-5's latent attention and, on "full" layers, its DSA indexer (docs/glm5.md).
+void AddMla(const ModelConfig& c, const std::string& ap, int64_t l, bool indexer, MlaWeights* m,
+            std::vector<WeightSlot>* slots) {
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  auto matrix = [&](const char* name, int64_t rows, int64_t cols, Matrix* out) {
+    slots->push_back({ap + name, {rows, cols}, out, nullptr, ParamInit::kNormal, l});
+  };
+  auto vec = [&](const char* name, int64_t n, std::vector<float>* out, ParamInit init) {
+    slots->push_back({ap + name, {n}, nullptr, out, init, l});
+  };
+  matrix("q_a_proj.weight", c.q_lora_rank, hidden, &m->q_a_proj);
+  vec("q_a_layernorm.weight", c.q_lora_rank, &m->q_a_norm, ParamInit::kOnes);
+  matrix("q_b_proj.weight", heads * c.qk_head_dim(), c.q_lora_rank, &m->q_b_proj);
+  matrix("kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden, &m->kv_a_proj);
+  vec("kv_a_layernorm.weight", c.kv_lora_rank, &m->kv_a_norm, ParamInit::kOnes);
+  matrix("kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank,
+         &m->kv_b_proj);
+  matrix("o_proj.weight", hidden, heads * c.v_head_dim, &m->o_proj);
+  if (!indexer) return;
+  IndexerWeights& x = m->indexer;
+  matrix("indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank, &x.wq_b);
+  matrix("indexer.wk.weight", c.index_head_dim, hidden, &x.wk);
+  vec("indexer.k_norm.weight", c.index_head_dim, &x.k_norm, ParamInit::kOnes);
+  vec("indexer.k_norm.bias", c.index_head_dim, &x.k_norm_bias, ParamInit::kZeros);
+  matrix("indexer.weights_proj.weight", c.index_n_heads, hidden, &x.weights_proj);
+}
+
 }  // namespace
 
 std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
@@ -59,20 +86,24 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
     vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
     vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm, ParamInit::kOnes,
         l);
-    AttentionWeights& a = layer.attn;
-    const std::string ap = p + "self_attn.";
-    matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l);
-    matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l);
-    matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l);
-    matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l);
-    if (c.attention_bias) {
-      vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
-      vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
-      vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
-    }
-    if (c.use_qk_norm) {
-      vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
-      vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
+    if (c.is_mla()) {
+      AddMla(c, p + "self_attn.", l, c.has_indexer(l), &layer.mla, &slots);
+    } else {
+      AttentionWeights& a = layer.attn;
+      const std::string ap = p + "self_attn.";
+      matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l);
+      matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l);
+      matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l);
+      matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l);
+      if (c.attention_bias) {
+        vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
+        vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
+        vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
+      }
+      if (c.use_qk_norm) {
+        vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
+        vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
+      }
     }
     const std::string mp = p + "mlp.";
     if (!layer.is_moe) {
@@ -133,7 +164,8 @@ void FinishWeights(ModelWeights* w) {
     w->lm_head = w->embed_tokens;
   }
   if (!w->layers.empty()) {
-    w->weight_dtype = w->layers.front().attn.q_proj.dtype;
+    const LayerWeights& first = w->layers.front();
+    w->weight_dtype = c.is_mla() ? first.mla.q_a_proj.dtype : first.attn.q_proj.dtype;
   } else if (w->has_embedding()) {
     w->weight_dtype = w->embed_tokens.dtype;
   }

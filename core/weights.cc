@@ -23,6 +23,15 @@ int64_t ModelWeights::ParameterBytes() const {
     for (const std::vector<float>* v : {&a.q_bias, &a.k_bias, &a.v_bias, &a.q_norm, &a.k_norm}) {
       total += VectorBytes(*v);
     }
+    const MlaWeights& m = l.mla;
+    for (const Matrix* x : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj,
+                            &m.indexer.wq_b, &m.indexer.wk, &m.indexer.weights_proj}) {
+      total += x->bytes();
+    }
+    for (const std::vector<float>* v :
+         {&m.q_a_norm, &m.kv_a_norm, &m.indexer.k_norm, &m.indexer.k_norm_bias}) {
+      total += VectorBytes(*v);
+    }
     if (l.is_moe) {
       total += l.moe.router.bytes() + VectorBytes(l.moe.router_bias) + FfnBytes(l.moe.shared);
       for (const FfnWeights& e : l.moe.experts) total += FfnBytes(e);

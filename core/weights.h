@@ -50,6 +50,28 @@ struct AttentionWeights {
   std::vector<float> k_norm;  // [head_dim], empty without use_qk_norm
 };
 
+// The DSA indexer of a GLM-5 "full" layer (core/ops/dsa_indexer.h).
+struct IndexerWeights {
+  Matrix wq_b;                     // [index_heads * index_dim, q_lora_rank]
+  Matrix wk;                       // [index_dim, hidden]
+  std::vector<float> k_norm;       // [index_dim] LayerNorm gain
+  std::vector<float> k_norm_bias;  // [index_dim] LayerNorm bias
+  Matrix weights_proj;             // [index_heads, hidden] (F32 in released checkpoints)
+  bool empty() const { return wq_b.empty(); }
+};
+
+// GLM-5's multi-head latent attention (core/ops/mla.h); used instead of AttentionWeights.
+struct MlaWeights {
+  Matrix q_a_proj;               // [q_lora_rank, hidden]
+  std::vector<float> q_a_norm;   // [q_lora_rank] RMSNorm gain (eps 1e-6)
+  Matrix q_b_proj;               // [heads * (nope + rope), q_lora_rank]
+  Matrix kv_a_proj;              // [kv_lora_rank + rope, hidden] (kv_a_proj_with_mqa)
+  std::vector<float> kv_a_norm;  // [kv_lora_rank] RMSNorm gain (eps 1e-6)
+  Matrix kv_b_proj;              // [heads * (nope + v), kv_lora_rank]
+  Matrix o_proj;                 // [hidden, heads * v]
+  IndexerWeights indexer;        // empty on "shared" indexer layers
+};
+
 struct MoeWeights {
   Matrix router;                    // [n_routed_experts, hidden] (math in fp32)
   std::vector<float> router_bias;   // [n_routed_experts] e_score_correction_bias
@@ -62,7 +84,8 @@ struct LayerWeights {
   int64_t layer_index = 0;                 // index in the full model
   std::vector<float> input_norm;           // [hidden]
   std::vector<float> post_attention_norm;  // [hidden]
-  AttentionWeights attn;
+  AttentionWeights attn;                   // GLM-4.5 (grouped-query attention)
+  MlaWeights mla;                          // GLM-5 (multi-head latent attention)
   bool is_moe = false;
   FfnWeights dense;  // width intermediate_size, when !is_moe
   MoeWeights moe;    // when is_moe

@@ -262,6 +262,13 @@ void SetField(const google::protobuf::Reflection& r, const google::protobuf::Fie
   for (int32_t v : values) r.AddInt32(out, f, v);
 }
 
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              const std::vector<std::string>& values, google::protobuf::Message* out) {
+  if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_STRING || !f->is_repeated())
+    return;
+  for (const std::string& v : values) r.AddString(out, f, v);
+}
+
 }  // namespace
 
 // v1.ModelConfig names its fields as ModelConfig's members (tests/server/convert_test.cc

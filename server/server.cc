@@ -286,7 +286,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   backend->limits = limits;
   v1::ModelInfo& info = backend->info;
   info.set_model(options_.model_name);
-  info.set_architecture("Glm4MoeForCausalLM");
+  info.set_architecture(config.is_mla() ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM");
   FillModelConfig(config, info.mutable_config());
   info.set_layer_begin(layer_begin);
   info.set_layer_end(layer_end);

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Memory sizing for GLM-4.5-family checkpoints: parameters, bf16 weight bytes, KV cache bytes
-per token, and how many GPUs of a kind hold them. Standard library only.
+"""Memory sizing for GLM-4.5-family and GLM-5 checkpoints: parameters, bf16 weight bytes, KV
+cache bytes per token, and how many GPUs of a kind hold them. Standard library only.
 
-    tools/model_sizing.py                        # GLM-4.5 and GLM-4.5-Air (released configs)
+    tools/model_sizing.py                        # GLM-4.5, GLM-4.5-Air, GLM-5 (released configs)
     tools/model_sizing.py /models/model/config.json --kv_tokens=65536
 
 Counts every tensor of the Hugging Face checkpoint (docs/operations.md explains the formulas):
 per layer q/k/v/o (+ biases, + QK-norm gains), two RMSNorm gains, and either the dense SwiGLU
 MLP or the MoE block (router, fp32 correction bias, routed experts, shared experts); plus
 embeddings, final norm and lm_head (unless tied), and the MTP layer(s) counted separately
-(glm-server does not load them).
+(glm-server does not load them). GLM-5 (model_type glm_moe_dsa, docs/glm5.md) replaces q/k/v/o
+with the latent attention's projections and norms, plus the DSA indexer on "full" layers
+(its weights_proj stays fp32), and its KV cache holds one latent row per token and layer.
 """
 import argparse
 import json
@@ -28,7 +30,17 @@ PRESETS = {
                         moe_intermediate_size=1408, n_routed_experts=128, n_shared_experts=1,
                         num_experts_per_tok=8, first_k_dense_replace=1, vocab_size=151552,
                         tie_word_embeddings=False, num_nextn_predict_layers=1),
+    "GLM-5": dict(model_type="glm_moe_dsa", hidden_size=6144, num_hidden_layers=78,
+                  num_attention_heads=64, num_key_value_heads=64, q_lora_rank=2048,
+                  kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+                  index_n_heads=32, index_head_dim=128, index_topk=2048,
+                  intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256,
+                  n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
+                  vocab_size=154880, tie_word_embeddings=False, num_nextn_predict_layers=1),
 }
+
+# GlmMoeDsaConfig's defaults (GLM-5), for fields a glm_moe_dsa config.json leaves out.
+DEFAULTS_GLM5 = dict(PRESETS["GLM-5"], num_nextn_predict_layers=0)
 
 # Glm4MoeConfig's defaults, for fields a config.json leaves out.
 DEFAULTS = dict(hidden_size=4096, num_hidden_layers=46, num_attention_heads=96,
@@ -43,18 +55,51 @@ GPUS = {"H100 80GB": 81559, "H200 141GB": 143771}
 GIB = 1024**3
 
 
-def count(c):
-    """Returns (bf16 parameters, fp32 parameters, active bf16 parameters per token) of the
-    served model, and the same three for the MTP layers."""
-    h, nh, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    e, im, ns, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"],
-                    c["num_experts_per_tok"])
-    bias = c.get("attention_bias", False)
+def is_glm5(c):
+    return c.get("model_type") == "glm_moe_dsa"
+
+
+def indexer_types(c):
+    """GLM-5's per-layer "full"/"shared", as GlmMoeDsaConfig derives it."""
+    if c.get("indexer_types"):
+        return list(c["indexer_types"])
+    pattern = c.get("index_topk_pattern")
+    if isinstance(pattern, str):
+        return ["full" if ch == "F" else "shared" for ch in pattern]
+    freq = max(c.get("index_topk_freq", 1), 1)
+    offset = c.get("index_skip_topk_offset", 2)
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared"
+            for i in range(c["num_hidden_layers"])]
+
+
+def attn_params(c):
+    """Attention parameters of one layer: (bf16, fp32 kept, extra bf16 and fp32 of an indexer)."""
+    h, nh = c["hidden_size"], c["num_attention_heads"]
+    if is_glm5(c):
+        q, r, dn, dr, dv = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
+                            c["qk_rope_head_dim"], c["v_head_dim"])
+        # q_a (+ norm), q_b, kv_a_proj_with_mqa (+ norm), kv_b, o
+        attn = h * q + q + q * nh * (dn + dr) + h * (r + dr) + r + r * nh * (dn + dv) + nh * dv * h
+        hi, di = c["index_n_heads"], c["index_head_dim"]
+        # wq_b, wk, k_norm weight and bias; weights_proj [hi, h] is kept fp32
+        return attn, q * hi * di + h * di + 2 * di, h * hi
+    kv, hd = c["num_key_value_heads"], c["head_dim"]
     attn = h * nh * hd + 2 * h * kv * hd + nh * hd * h  # q, k, v, o
-    if bias:
+    if c.get("attention_bias", False):
         attn += nh * hd + 2 * kv * hd
     if c.get("use_qk_norm", False):
         attn += 2 * hd
+    return attn, 0, 0
+
+
+def count(c):
+    """Returns (bf16 parameters, fp32 parameters, active bf16 parameters per token) of the
+    served model, and the same three for the MTP layers."""
+    h = c["hidden_size"]
+    e, im, ns, k = (c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"],
+                    c["num_experts_per_tok"])
+    attn, index_bf16, index_fp32 = attn_params(c)
+    n_full = indexer_types(c).count("full") if is_glm5(c) else 0
     norms = 2 * h
     dense = 3 * h * c["intermediate_size"]
     expert = 3 * h * im
@@ -63,21 +108,35 @@ def count(c):
     moe_active = e * h + k * expert + ns * expert
 
     layers = c["num_hidden_layers"]
-    n_dense = min(c["first_k_dense_replace"], layers)
+    if c.get("mlp_layer_types"):
+        n_dense = c["mlp_layer_types"].count("dense")
+    else:
+        n_dense = min(c["first_k_dense_replace"], layers)
     n_moe = layers - n_dense
     embed = c["vocab_size"] * h
     head = 0 if c.get("tie_word_embeddings", False) else c["vocab_size"] * h
     bf16 = embed + head + h + n_dense * (attn + norms + dense) + n_moe * (attn + norms + moe_bf16)
     fp32 = n_moe * moe_fp32
     active = head + n_dense * (attn + dense) + n_moe * (attn + moe_active)
+    bf16 += n_full * index_bf16
+    fp32 += n_full * index_fp32
+    active += n_full * (index_bf16 + index_fp32)
     # MTP layer: an MoE block plus enorm, hnorm, eh_proj [h, 2h], shared_head norm and head.
     mtp = c.get("num_nextn_predict_layers", 0)
-    mtp_bf16 = mtp * (attn + norms + moe_bf16 + 2 * h + 2 * h * h + h + c["vocab_size"] * h)
-    mtp_fp32 = mtp * moe_fp32
+    mtp_bf16 = mtp * (attn + index_bf16 + norms + moe_bf16 + 2 * h + 2 * h * h + h
+                      + c["vocab_size"] * h)
+    mtp_fp32 = mtp * (moe_fp32 + index_fp32)
     return bf16, fp32, active, mtp_bf16, mtp_fp32
 
 
 def kv_bytes_per_token(c, dtype_bytes):
+    if is_glm5(c):
+        # One latent row per layer: the normed latent, the rotary key and (when any layer has
+        # an indexer) the indexer key; core/ops/mla.h.
+        row = c["kv_lora_rank"] + c["qk_rope_head_dim"]
+        if "full" in indexer_types(c):
+            row += c["index_head_dim"]
+        return c["num_hidden_layers"] * row * dtype_bytes
     # K and V, every layer, every KV head, head_dim values each.
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * dtype_bytes
 
@@ -102,7 +161,9 @@ def report(name, c, kv_tokens):
     print(f"CPU backend host memory (weights + KV): "
           f"{(weights + kv_cpu * kv_tokens) / GIB:.1f} GiB")
     need = weights + kv_gpu * kv_tokens
-    layer = 2 * layer_params(c) + 4 * c["n_routed_experts"]  # the largest (MoE) layer, bytes
+    _, index_bf16, index_fp32 = attn_params(c)
+    # the largest (MoE) layer, bytes
+    layer = 2 * (layer_params(c) + index_bf16) + 4 * (c["n_routed_experts"] + index_fp32)
     kv_layer = kv_gpu // c["num_hidden_layers"] * kv_tokens
     edge = 2 * c["vocab_size"] * c["hidden_size"]  # embedding (first stage) or lm_head (last)
     print(f"one MoE layer: {layer / 1e9:.2f} GB of weights + {kv_layer / GIB:.2f} GiB of KV "
@@ -126,13 +187,10 @@ def report(name, c, kv_tokens):
 
 
 def layer_params(c):
-    """bf16 parameters of one MoE decoder layer (attention, norms, router, experts)."""
-    h, nh, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    attn = h * nh * hd + 2 * h * kv * hd + nh * hd * h
-    if c.get("attention_bias", False):
-        attn += nh * hd + 2 * kv * hd
-    if c.get("use_qk_norm", False):
-        attn += 2 * hd
+    """bf16 parameters of one MoE decoder layer (attention, norms, router, experts; without a
+    GLM-5 indexer)."""
+    h = c["hidden_size"]
+    attn = attn_params(c)[0]
     expert = 3 * h * c["moe_intermediate_size"]
     return (attn + 2 * h + c["n_routed_experts"] * h + c["n_routed_experts"] * expert
             + c["n_shared_experts"] * expert)
@@ -151,10 +209,11 @@ def main():
         # The formulas are Glm4MoeForCausalLM's: any other architecture (a Llama config, say)
         # would silently fill in GLM-4.5-Air's defaults and print nonsense.
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
-        if model_type != "glm4_moe":
-            p.error(f"{a.config}: model_type is {model_type!r}, not 'glm4_moe': this tool sizes "
-                    "GLM-4.5-family (Glm4MoeForCausalLM) checkpoints only")
-        c = dict(DEFAULTS, **raw)
+        if model_type not in ("glm4_moe", "glm_moe_dsa"):
+            p.error(f"{a.config}: model_type is {model_type!r}, not 'glm4_moe' or 'glm_moe_dsa': "
+                    "this tool sizes GLM-4.5-family (Glm4MoeForCausalLM) and GLM-5 "
+                    "(GlmMoeDsaForCausalLM) checkpoints only")
+        c = dict(DEFAULTS_GLM5 if model_type == "glm_moe_dsa" else DEFAULTS, **raw)
         if c.get("head_dim") is None:
             c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
         report(a.config, c, a.kv_tokens)

@@ -11,6 +11,7 @@
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/runner.h"
 #include "core/status_macros.h"
 
 namespace glmserve::cuda {
@@ -66,6 +67,9 @@ CudaModel::~CudaModel() {
 }
 
 absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& options) {
+  if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
+    return absl::UnimplementedError(why);
+  }
   config_ = weights.config;
   layer_begin_ = weights.layer_begin;
   layer_end_ = weights.layer_end;

@@ -61,6 +61,10 @@ bool CudaDeviceAvailable() { return GetProbe().available; }
 std::string CudaDeviceDescription() { return GetProbe().description; }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
+  // Refused before the device probe, so the answer is the same with or without a GPU.
+  if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
+    return absl::UnimplementedError(why);
+  }
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
   }

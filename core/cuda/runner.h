@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/config.h"
 #include "core/model_runner.h"
 
 namespace glmserve {
@@ -16,7 +17,16 @@ bool CudaDeviceAvailable();
 // device's name when it is true.
 std::string CudaDeviceDescription();
 
-// A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable.
+// Why the CUDA backend cannot run `config` ("" when it can): it has no GLM-5 kernels yet.
+inline std::string CudaUnsupportedReason(const ModelConfig& config) {
+  if (!config.is_mla()) return "";
+  return "the CUDA backend does not implement GLM-5 (model_type glm_moe_dsa): the MLA prefill "
+         "and absorbed-decode kernels over the latent KV cache and the DSA indexer's scoring "
+         "and top-k on the device are missing; serve it with --device=cpu";
+}
+
+// A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable, UNIMPLEMENTED
+// for a model the backend has no kernels for (CudaUnsupportedReason).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights);
 
 }  // namespace glmserve

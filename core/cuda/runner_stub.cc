@@ -8,7 +8,10 @@ bool CudaDeviceAvailable() { return false; }
 
 std::string CudaDeviceDescription() { return "built without the CUDA backend"; }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
+  if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
+    return absl::UnimplementedError(why);
+  }
   return absl::FailedPreconditionError(
       "--device=cuda: this build has no CUDA backend (configure with nvcc present and "
       "-DGLMSERVE_CUDA=ON)");

@@ -14,8 +14,16 @@
 namespace glmserve {
 namespace {
 
+// The preset the helpers below build; the GLM-5 tests at the end switch it (ScopedPreset).
+const char* g_preset = "tiny";
+struct ScopedPreset {
+  explicit ScopedPreset(const char* name) : saved(g_preset) { g_preset = name; }
+  ~ScopedPreset() { g_preset = saved; }
+  const char* saved;
+};
+
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+  absl::StatusOr<ModelConfig> config = PresetConfig(g_preset);
   EXPECT_TRUE(config.ok());
   config->max_position_embeddings = 512;
   RandomWeightOptions options;
@@ -446,6 +454,46 @@ TEST(EngineTest, StopTokensAndEos) {
   // It stops at the first occurrence of that token, which it still reports.
   const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]);
   EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), first + 1));
+}
+
+// GLM-5 (tiny-glm5: latent KV cache, DSA indexer with index_topk 8) through the same engine:
+// batching, preemption by recompute and prefix hits leave every output unchanged.
+TEST(EngineGlm5Test, ConcurrentPreemptedAndPrefixHitRequestsEqualOneAtATime) {
+  ScopedPreset preset("tiny-glm5");
+  EngineOptions options;
+  options.kv_capacity_tokens = 96;  // forces preemptions, as SmallKvCachePreemptsAndStillMatches
+  options.block_size = 8;
+  options.max_running = 8;
+  options.max_batch_tokens = 32;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  Collector c;
+  std::vector<GenerateRequest> requests;
+  for (int k = 0; k < 8; ++k) {
+    requests.push_back(MakeGenerate(k % 4, 4 + 5 * (k % 4), 24, /*sample=*/k % 2 == 0));
+    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
+  }
+  c.Wait(8);
+  for (int k = 0; k < 8; ++k) {
+    const Outcome& got = c.outcomes()[k];
+    EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
+    EXPECT_EQ(static_cast<int>(got.tokens.size()), 24);
+    EXPECT_TRUE(got == RunAlone(requests[k])) << "request " << k;
+  }
+  EXPECT_GT(engine->Stats().preemptions, 0);
+  ExpectAllBlocksFree(*engine);
+
+  // A prompt sharing three full blocks with an earlier one reuses their latent rows.
+  GenerateRequest a = MakeGenerate(9, 30, 4, false);
+  GenerateRequest b = a;
+  b.prompt.resize(26);
+  b.prompt.push_back(3);
+  ASSERT_TRUE(engine->Submit({a}, c.For(100)).ok());
+  c.Wait(9);
+  ASSERT_TRUE(engine->Submit({b}, c.For(101)).ok());
+  c.Wait(10);
+  EXPECT_EQ(c.outcomes()[101].finish.cached_prompt_tokens, 24);
+  EXPECT_TRUE(c.outcomes()[101] == RunAlone(b)) << "a prefix hit changed the output";
+  ExpectAllBlocksFree(*engine);
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
   // The tiny preset on seeded random weights (stddev 0.1, larger than HF's 0.02, so that
   // every layer visibly matters), loaded for `span`.
   std::unique_ptr<ModelRunner> Make(LayerSpan span = {}) {
-    absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+    absl::StatusOr<ModelConfig> config = PresetConfig(GetParam().preset);
     EXPECT_TRUE(config.ok()) << config.status();
     RandomWeightOptions options;
     options.seed = 42;

@@ -4,9 +4,10 @@
 - its parameter count is exact: for every checkpoint under tests/golden, the elements of the
   tensors in the safetensors headers (the MTP layer apart) equal the count from config.json,
   and so do the MTP layer's where the checkpoint has one. The golden models cover QK-norm,
-  attention biases, tied embeddings, 0 and 2 dense layers, grouped routing, fused experts;
-- every line it prints for GLM-4.5 and GLM-4.5-Air appears verbatim in docs/operations.md;
-- it refuses a config of another architecture (model_type other than glm4_moe).
+  attention biases, tied embeddings, 0 and 2 dense layers, grouped routing, fused experts, and
+  GLM-5's latent attention with full and shared indexer layers;
+- every line it prints for GLM-4.5, GLM-4.5-Air and GLM-5 appears verbatim in docs/operations.md;
+- it refuses a config of another architecture (model_type other than glm4_moe, glm_moe_dsa).
 """
 import argparse
 import glob
@@ -38,7 +39,9 @@ def main():
     f.check(len(dirs) >= 5, f"expected the golden checkpoints, found {len(dirs)}")
     for d in dirs:
         with open(os.path.join(d, "config.json")) as fh:
-            c = dict(ms.DEFAULTS, **json.load(fh))
+            raw = json.load(fh)
+            c = dict(ms.DEFAULTS_GLM5 if raw.get("model_type") == "glm_moe_dsa" else ms.DEFAULTS,
+                     **raw)
         if c.get("head_dim") is None:
             c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
         served = mtp = 0
@@ -86,6 +89,10 @@ def main():
     golden = os.path.join(root, "tests/golden/bf16/config.json")
     r = subprocess.run([sys.executable, tool, golden], capture_output=True, text=True)
     f.check(r.returncode == 0 and r.stdout, f"model_sizing.py must size a glm4_moe config: {r.stderr}")
+    golden5 = os.path.join(root, "tests/golden/glm5_bf16/config.json")
+    r = subprocess.run([sys.executable, tool, golden5], capture_output=True, text=True)
+    f.check(r.returncode == 0 and "KV per token" in r.stdout,
+            f"model_sizing.py must size a glm_moe_dsa config: {r.stderr}")
     return f.finish("check_sizing")
 
 

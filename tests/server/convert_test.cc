@@ -1,5 +1,7 @@
 // The wire helpers on their own: tensor encoding (exact fp32, round-to-nearest-even bf16 and
 // fp16), tensor validation, and the one absl -> gRPC status mapping.
+#include "server/convert.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,11 +10,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "google/protobuf/descriptor.h"
-
 #include "core/config.h"
 #include "core/dtype.h"
-#include "server/convert.h"
+#include "google/protobuf/descriptor.h"
 #include "proto/tensor_codec.h"
 #include "server/status.h"
 
@@ -129,6 +129,13 @@ TEST(ModelConfigProtoTest, EveryConfigFieldHasItsProtoFieldAndIsCarried) {
     } else if constexpr (std::is_same_v<T, std::string>) {
       ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_STRING) << f.name;
       EXPECT_EQ(r.GetString(proto, field), member) << f.name;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      ASSERT_TRUE(field->is_repeated()) << f.name;
+      ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_STRING) << f.name;
+      ASSERT_EQ(r.FieldSize(proto, field), static_cast<int>(member.size())) << f.name;
+      for (size_t i = 0; i < member.size(); ++i) {
+        EXPECT_EQ(r.GetRepeatedString(proto, field, static_cast<int>(i)), member[i]) << f.name;
+      }
     } else {
       static_assert(std::is_same_v<T, std::vector<int32_t>>);
       ASSERT_TRUE(field->is_repeated()) << f.name;
@@ -142,6 +149,24 @@ TEST(ModelConfigProtoTest, EveryConfigFieldHasItsProtoFieldAndIsCarried) {
   EXPECT_EQ(proto.num_hidden_layers(), 92);
   EXPECT_EQ(proto.eos_token_ids_size(), 3);
   EXPECT_EQ(proto.hidden_act(), "silu");
+  EXPECT_EQ(proto.model_type(), "glm4_moe");
+}
+
+// GLM-5's fields, lists included, reach GetModelInfo.
+TEST(ModelConfigProtoTest, CarriesGlm5Fields) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("glm-5:layers=4");
+  ASSERT_TRUE(config.ok()) << config.status();
+  v1::ModelConfig proto;
+  FillModelConfig(*config, &proto);
+  EXPECT_EQ(proto.model_type(), "glm_moe_dsa");
+  EXPECT_EQ(proto.kv_lora_rank(), 512);
+  EXPECT_EQ(proto.qk_rope_head_dim(), 64);
+  EXPECT_EQ(proto.index_topk(), 2048);
+  ASSERT_EQ(proto.indexer_types_size(), 4);
+  EXPECT_EQ(proto.indexer_types(0), "full");
+  ASSERT_EQ(proto.mlp_layer_types_size(), 4);
+  EXPECT_EQ(proto.mlp_layer_types(2), "dense");
+  EXPECT_EQ(proto.mlp_layer_types(3), "sparse");
 }
 
 }  // namespace

@@ -242,6 +242,29 @@ TEST_F(ServiceTest, GetModelInfoDescribesTheModelAndLimits) {
   EXPECT_FALSE(info->server_version().empty());
 }
 
+// GLM-5 through the same binary and RPCs: GetModelInfo names the architecture and carries its
+// fields, and Generate (a 12-token prompt, past index_topk 8) reproduces glm-run.
+TEST(ServiceGlm5Test, ServesGlm5ThroughTheSameRpcs) {
+  std::string target;
+  std::unique_ptr<testing::ChildProcess> child =
+      testing::StartServerProcess({"--model=tiny-glm5"}, &target);
+  std::unique_ptr<Client> client = Connect(target);
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->architecture(), "GlmMoeDsaForCausalLM");
+  EXPECT_EQ(info->config().model_type(), "glm_moe_dsa");
+  EXPECT_EQ(info->config().index_topk(), 8);
+  EXPECT_EQ(info->config().indexer_types_size(), 4);
+  EXPECT_EQ(info->device(), "cpu");
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26};
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(GreedyRequest(prompt, 10));
+  std::vector<int32_t> got;
+  v1::GeneratedToken t;
+  while (stream->Next(&t)) got.push_back(t.token_id());
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(got, testing::GlmRunGreedy(prompt, 10, "tiny-glm5"));
+}
+
 // ---- Bad inputs -------------------------------------------------------------------------------
 
 struct BadGenerate {

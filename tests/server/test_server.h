@@ -122,12 +122,13 @@ inline CommandResult RunCommand(const std::string& command) {
   return r;
 }
 
-// glm-run's greedy continuation of `prompt` on the tiny model (the reference Generate must
-// reproduce).
-inline std::vector<int32_t> GlmRunGreedy(const std::vector<int32_t>& prompt, int max_new_tokens) {
-  const CommandResult r =
-      RunCommand(absl::StrCat(GLM_RUN_PATH, " --model=tiny --prompt=", absl::StrJoin(prompt, ","),
-                              " --max_new_tokens=", max_new_tokens));
+// glm-run's greedy continuation of `prompt` on a preset, the tiny model by default (the
+// reference Generate must reproduce).
+inline std::vector<int32_t> GlmRunGreedy(const std::vector<int32_t>& prompt, int max_new_tokens,
+                                         const std::string& model = "tiny") {
+  const CommandResult r = RunCommand(absl::StrCat(GLM_RUN_PATH, " --model=", model,
+                                                  " --prompt=", absl::StrJoin(prompt, ","),
+                                                  " --max_new_tokens=", max_new_tokens));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<int32_t> tokens;
   const size_t at = r.output.find("greedy    ");

@@ -30,8 +30,11 @@ RunResult RunGlmRun(const std::string& args) {
   return {WEXITSTATUS(status), output};
 }
 
-TEST(GlmRunTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
-  const std::string dir = testing::GoldenDir("qknorm_bias_fp32");
+// A GLM-4.5 and a GLM-5 (glm_moe_dsa) checkpoint.
+class GlmRunGoldenTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GlmRunGoldenTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
+  const std::string dir = testing::GoldenDir(GetParam());
   std::ifstream in(dir + "/expected.json");
   std::stringstream text;
   text << in.rdbuf();
@@ -57,6 +60,9 @@ TEST(GlmRunTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
   EXPECT_EQ(hidden->shape, ref_hidden->shape);
   EXPECT_LT(testing::RelativeError(hidden->data, ref_hidden->data), 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Goldens, GlmRunGoldenTest,
+                         ::testing::Values("qknorm_bias_fp32", "glm5_fp32"));
 
 TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
   RunResult r = RunGlmRun("--model=tiny --prompt=1,x,3");

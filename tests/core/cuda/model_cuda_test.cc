@@ -97,6 +97,36 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
   EXPECT_LE(outliers, std::max<int64_t>(1, rows / 20)) << "rows beyond " << kModelTolerance;
 }
 
+// The golden cases of one architecture: GLM-4.5 ones run on the GPU; GLM-5 (glm_moe_dsa)
+// ones have no CUDA kernels yet and are checked to be refused (Glm5GoldensAreRefused).
+std::vector<std::string> GoldenCases(bool glm5 = false) {
+  std::vector<std::string> cases;
+  for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
+    if (!fs::exists(entry.path() / "expected.json")) continue;
+    absl::StatusOr<ModelConfig> c = LoadConfigFile(entry.path() / "config.json");
+    if (c.ok() && c->is_mla() == glm5) cases.push_back(entry.path().filename());
+  }
+  std::sort(cases.begin(), cases.end());
+  return cases;
+}
+
+// Needs no GPU: the refusal comes before any device call. A random GLM-5 model, and every
+// GLM-5 golden the golden directory holds (a GPU bundle may carry a pruned set).
+TEST(CudaModelGlm5, Glm5IsRefusedWithUnimplemented) {
+  std::vector<ModelWeights> models;
+  models.push_back(Random("tiny-glm5", DType::kBF16));
+  for (const std::string& name : GoldenCases(/*glm5=*/true)) {
+    absl::StatusOr<ModelWeights> w = LoadCheckpoint(glmserve::testing::GoldenDir(name));
+    ASSERT_TRUE(w.ok()) << w.status();
+    models.push_back(*std::move(w));
+  }
+  for (ModelWeights& w : models) {
+    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(std::move(w));
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
+  }
+}
+
 class CudaModelTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { GLM_REQUIRE_CUDA_DEVICE(); }
