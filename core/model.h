@@ -19,6 +19,7 @@
 #include "core/kv_cache.h"
 #include "core/model_runner.h"
 #include "core/ops/attention.h"
+#include "core/ops/linear.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
 #include "core/weights.h"
@@ -27,7 +28,11 @@ namespace glmserve {
 
 class Model final : public ModelRunner {
  public:
-  explicit Model(ModelWeights weights);
+  // math: the arithmetic of the linear layers (core/ops/linear.h), fixed for the model's life.
+  explicit Model(ModelWeights weights, CpuMath math = CpuMath::kExact);
+
+  CpuMath math() const { return math_; }
+  std::string compute_description() const override;
 
   const ModelConfig& config() const override { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
@@ -57,6 +62,7 @@ class Model final : public ModelRunner {
   void FfnBlock(const LayerWeights& layer, int64_t tokens);
 
   ModelWeights weights_;
+  CpuMath math_;
   RotaryEmbedding rope_;
   RouterParams router_;
 

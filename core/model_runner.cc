@@ -15,11 +15,12 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device) {
+                                                               DeviceKind device,
+                                                               CpuMath cpu_math) {
   if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
-  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));
+  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights), cpu_math));
 }
 
 }  // namespace glmserve

@@ -32,6 +32,10 @@ ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
           "tiny, ...); presets get seeded random weights");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
+ABSL_FLAG(std::string, cpu_math, "bf16",
+          "CPU backend arithmetic of the linear layers: bf16 (bf16 weights times activations "
+          "rounded to bf16, fp32 accumulation: Transformers' bf16 precision, faster) or exact "
+          "(fp32 activations); docs/performance.md has the figures");
 ABSL_FLAG(std::string, layers, "", "serve only layers BEGIN:END of the model (default: all)");
 ABSL_FLAG(std::string, address, "127.0.0.1",
           "address to listen on (0.0.0.0 or :: for every interface, e.g. in a container)");
@@ -217,6 +221,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<glmserve::DeviceKind> device =
       glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return BadFlag(device.status());
+  absl::StatusOr<glmserve::CpuMath> cpu_math =
+      glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math));
+  if (!cpu_math.ok()) return BadFlag(cpu_math.status());
   absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return BadFlag(span.status());
   if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
@@ -268,7 +275,7 @@ int main(int argc, char** argv) {
   if (!weights.ok()) return Fail(weights.status());
   const glmserve::DType weight_dtype = weights->weight_dtype;
   absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
-      glmserve::CreateModelRunner(*std::move(weights), *device);
+      glmserve::CreateModelRunner(*std::move(weights), *device, *cpu_math);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (!stop.HasBeenNotified()) {

@@ -23,6 +23,7 @@
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "core/status_macros.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
@@ -35,6 +36,9 @@ ABSL_FLAG(std::string, logits_out, "", "write the prompt's logits [tokens, vocab
 ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
+ABSL_FLAG(std::string, cpu_math, "bf16",
+          "linear-layer arithmetic: bf16 (activations rounded to bf16 for bf16 weights) or "
+          "exact (fp32 activations); see docs/performance.md");
 ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
@@ -76,6 +80,8 @@ absl::Status Run() {
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<glmserve::DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
+  ASSIGN_OR_RETURN(const glmserve::CpuMath math,
+                   glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
 
@@ -86,15 +92,14 @@ absl::Status Run() {
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
-  glmserve::Model model(*std::move(weights));
+  glmserve::Model model(*std::move(weights), math);
   const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
               absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),
               model.weights().ParameterBytes() / 1e9,
               std::string(glmserve::DTypeName(model.weights().weight_dtype)).c_str(),
               Seconds(t_load, Clock::now()));
-  std::printf("threads   %d, linear kernel %s\n", glmserve::NumThreads(),
-              glmserve::LinearKernelName());
+  std::printf("threads   %d, %s\n", glmserve::NumThreads(), model.compute_description().c_str());
 
   const int64_t total = static_cast<int64_t>(prompt->size()) + max_new;
   const int64_t block_size = 16;
