@@ -14,6 +14,10 @@
 namespace glmserve {
 namespace {
 
+// The arithmetic TinyModel builds with: the batch-invariance tests run in every CpuMath mode
+// (EngineMathTest sets it), since the contract holds within each.
+CpuMath g_math = CpuMath::kExact;
+
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
   EXPECT_TRUE(config.ok());
@@ -23,7 +27,8 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   options.stddev = 0.1;
   absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
   EXPECT_TRUE(w.ok()) << w.status();
-  return std::make_unique<Model>(*std::move(w));
+  EXPECT_EQ(w->weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
+  return std::make_unique<Model>(*std::move(w), g_math);
 }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
@@ -127,7 +132,13 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-TEST(EngineTest, ConcurrentRequestsEqualOneAtATime) {
+class EngineMathTest : public ::testing::TestWithParam<CpuMath> {
+ protected:
+  void SetUp() override { g_math = GetParam(); }
+  void TearDown() override { g_math = CpuMath::kExact; }
+};
+
+TEST_P(EngineMathTest, ConcurrentRequestsEqualOneAtATime) {
   EngineOptions options;
   options.max_batch_tokens = 64;
   options.max_running = 16;
@@ -150,7 +161,7 @@ TEST(EngineTest, ConcurrentRequestsEqualOneAtATime) {
   EXPECT_GT(engine->Stats().steps, 0);
 }
 
-TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
+TEST_P(EngineMathTest, ChunkedPrefillEqualsUnchunked) {
   const GenerateRequest g = MakeGenerate(3, 50, 5, /*sample=*/true);
   EngineOptions big;
   big.max_batch_tokens = 512;
@@ -162,7 +173,7 @@ TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
   }
 }
 
-TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
+TEST_P(EngineMathTest, SmallKvCachePreemptsAndStillMatches) {
   EngineOptions options;
   // 6 blocks of 16. Each request starts in one block and ends needing 3: admission (one
   // spare block per running sequence) lets 3 in, and their growth forces preemptions.
@@ -189,7 +200,7 @@ TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
   ExpectAllBlocksFree(*engine);
 }
 
-TEST(EngineTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
+TEST_P(EngineMathTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
   EngineOptions options;
   options.block_size = 8;
   std::unique_ptr<Engine> engine = MakeEngine(options);
@@ -253,7 +264,7 @@ TEST(EngineTest, CancelAndDeadlinesFreeEverythingAndSpareOthers) {
   ExpectAllBlocksFree(*engine);
 }
 
-TEST(EngineTest, SessionInPiecesEqualsOneForward) {
+TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
   std::unique_ptr<Engine> engine = MakeEngine();
   std::vector<int32_t> ids;
   for (int i = 0; i < 21; ++i) ids.push_back((i * 13 + 1) % 250);
@@ -295,6 +306,10 @@ TEST(EngineTest, SessionInPiecesEqualsOneForward) {
   EXPECT_EQ(engine->Submit({after}, c.For(99)).status().code(), absl::StatusCode::kNotFound);
   ExpectAllBlocksFree(*engine);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothModes, EngineMathTest,
+                         ::testing::Values(CpuMath::kExact, CpuMath::kBf16),
+                         [](const auto& info) { return std::string(CpuMathName(info.param)); });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
   // Layers [0, 1) then [1, 3) of one engine, joined by hidden states, equal the whole stack.

@@ -7,13 +7,25 @@
 // every activation is rounded to bf16 (8 significant bits, relative rounding 2^-9 ~ 0.2%)
 // after each op, and those roundings compound through the layers; our CPU path keeps fp32
 // activations, so it is the more accurate of the two.
+//
+// In CpuMath::kBf16 (core/ops/linear.h) the linear layers round their inputs to bf16 as the
+// reference's bf16 forward does (other activations, the residual stream, norms, attention
+// and the router stay fp32). fp32 checkpoints take the exact arithmetic in that mode, so the
+// bounds above still hold for them. For the bf16 checkpoint: relative error under 1e-2
+// against the fp32-compute reference (one bf16 rounding per linear input, about 2^-9 each;
+// 3.7e-3 measured) and above 1e-5 (the rounding is really applied), and under 3e-2 against
+// the native bf16 forward, as in the exact mode: measured 9.3e-3 (exact mode: 8.7e-3), not
+// closer, because the native forward also rounds the residual stream, the norms and the
+// attention, which this mode keeps in fp32. Greedy tokens must match in both modes.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
 #include "core/model.h"
 #include "core/npy.h"
@@ -49,17 +61,22 @@ std::vector<std::string> GoldenCases() {
   return cases;
 }
 
-class GoldenTest : public ::testing::TestWithParam<std::string> {};
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, CpuMath>> {};
 
 TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
-  const std::string dir = testing::GoldenDir(GetParam());
+  const std::string name = std::get<0>(GetParam());
+  const CpuMath math = std::get<1>(GetParam());
+  const std::string dir = testing::GoldenDir(name);
   const Expected expected = ReadExpected(dir);
   absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->weight_dtype,
             expected.weights_dtype == "bfloat16" ? DType::kBF16 : DType::kF32)
       << "weights must stay in their stored precision";
-  Model model(*std::move(weights));
+  const bool rounded = math == CpuMath::kBf16 && weights->weight_dtype == DType::kBF16;
+  const double fp32_bound = rounded ? 1e-2 : 1e-5;
+  const std::string label = absl::StrCat(name, " ", CpuMathName(math));
+  Model model(*std::move(weights), math);
   const ModelConfig& c = model.config();
   const int64_t n = static_cast<int64_t>(expected.prompt.size());
 
@@ -80,9 +97,9 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   ASSERT_TRUE(logits.ok()) << logits.status();
   ASSERT_EQ(logits->shape, (std::vector<int64_t>{n, c.vocab_size}));
   const double logits_err = testing::RelativeError(result.logits, logits->data);
-  EXPECT_LT(logits_err, 1e-5) << "logits vs fp32-compute reference";
-  std::printf("[ %s ] logits relative error vs fp32 reference: %.3g\n", GetParam().c_str(),
-              logits_err);
+  EXPECT_LT(logits_err, fp32_bound) << "logits vs fp32-compute reference";
+  if (rounded) EXPECT_GT(logits_err, 1e-5) << "the bf16 mode did not round anything";
+  std::printf("[ %s ] logits relative error vs fp32 reference: %.3g\n", label.c_str(), logits_err);
 
   absl::StatusOr<NpyArray> hidden = ReadNpy(dir + "/hidden_states.npy");
   ASSERT_TRUE(hidden.ok()) << hidden.status();
@@ -90,15 +107,19 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   ASSERT_EQ(result.layer_hidden.size(), static_cast<size_t>(c.num_hidden_layers + 1));
   for (int64_t l = 0; l <= c.num_hidden_layers; ++l) {
     const float* ref = hidden->data.data() + l * n * c.hidden_size;
-    EXPECT_LT(testing::RelativeError(result.layer_hidden[l].data(), ref, n * c.hidden_size), 1e-5)
-        << "hidden state " << l << " (0 = embedding output)";
+    const double err =
+        testing::RelativeError(result.layer_hidden[l].data(), ref, n * c.hidden_size);
+    EXPECT_LT(err, fp32_bound) << "hidden state " << l << " (0 = embedding output)";
+    if (rounded)
+      std::printf("[ %s ] hidden state %lld relative error: %.3g\n", label.c_str(),
+                  static_cast<long long>(l), err);
   }
 
   if (expected.weights_dtype == "bfloat16") {
     absl::StatusOr<NpyArray> native = ReadNpy(dir + "/logits_bf16.npy");
     ASSERT_TRUE(native.ok()) << native.status();
     const double native_err = testing::RelativeError(result.logits, native->data);
-    std::printf("[ %s ] logits relative error vs native bf16 reference: %.3g\n", GetParam().c_str(),
+    std::printf("[ %s ] logits relative error vs native bf16 reference: %.3g\n", label.c_str(),
                 native_err);
     EXPECT_LT(native_err, 3e-2) << "logits vs the reference's native bf16 forward";
   }
@@ -120,8 +141,49 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   EXPECT_EQ(generated, expected.greedy);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::ValuesIn(GoldenCases()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
+                         ::testing::Combine(::testing::ValuesIn(GoldenCases()),
+                                            ::testing::Values(CpuMath::kExact, CpuMath::kBf16)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_",
+                                               CpuMathName(std::get<1>(info.param)));
+                         });
+
+// The portable kBf16 kernel (an emulation of vdpbf16ps) gives the dispatched kernel's bits on
+// a whole forward, prefill and decode: a machine without AVX512_BF16 computes what one with
+// it does.
+TEST(GoldenFixtures, PortableBf16KernelGivesTheDispatchedBits) {
+  auto run = [](bool generic) {
+    absl::StatusOr<ModelWeights> weights = LoadCheckpoint(testing::GoldenDir("bf16"));
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    Model model(*std::move(weights), CpuMath::kBf16);
+    const Expected expected = ReadExpected(testing::GoldenDir("bf16"));
+    const int64_t n = static_cast<int64_t>(expected.prompt.size());
+    KvCache cache(model.CacheShape(8, 4));
+    BlockTable table;
+    EXPECT_TRUE(cache.Reserve(&table, n + 1).ok());
+    internal::ForceGenericKernels(generic);
+    ForwardBatch batch;
+    batch.sequences = {{n, 0, &table}};
+    batch.token_ids = expected.prompt;
+    ForwardOptions options;
+    options.logits = LogitsRows::kAll;
+    ForwardResult prefill, decode;
+    EXPECT_TRUE(model.Forward(batch, &cache, options, &prefill).ok());
+    const int32_t next = expected.greedy[0];
+    batch.sequences = {{1, n, &table}};
+    batch.token_ids = absl::MakeConstSpan(&next, 1);
+    EXPECT_TRUE(model.Forward(batch, &cache, options, &decode).ok());
+    internal::ForceGenericKernels(false);
+    prefill.logits.insert(prefill.logits.end(), decode.logits.begin(), decode.logits.end());
+    return prefill.logits;
+  };
+  std::printf("dispatched kBf16 kernel: %s\n", LinearKernelName(CpuMath::kBf16));
+  const std::vector<float> dispatched = run(false);
+  const std::vector<float> generic = run(true);
+  ASSERT_FALSE(dispatched.empty());
+  EXPECT_EQ(dispatched, generic);
+}
 
 TEST(GoldenFixtures, ArePresent) {
   // The golden cases are the project's tie to the reference: their absence is a failure,
