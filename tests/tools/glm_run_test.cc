@@ -58,6 +58,30 @@ TEST(GlmRunTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
   EXPECT_LT(testing::RelativeError(hidden->data, ref_hidden->data), 1e-5);
 }
 
+// Both CPU math modes on the bf16 golden: each says which it ran and reproduces the
+// reference's greedy tokens (the mode's logits tolerances are in tests/core/golden_test.cc).
+TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
+  const std::string dir = testing::GoldenDir("bf16");
+  std::ifstream in(dir + "/expected.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json expected = nlohmann::json::parse(text.str());
+  const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
+  for (const std::string mode : {"exact", "bf16"}) {
+    const RunResult r = RunGlmRun(absl::StrCat("--model=", dir, " --cpu_math=", mode,
+                                               " --prompt=", absl::StrJoin(prompt, ","),
+                                               " --max_new_tokens=", greedy.size()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("cpu math " + mode + ", kernel "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+        << r.output;
+  }
+  const RunResult bad = RunGlmRun("--model=tiny --cpu_math=fp64");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("is not one of exact, bf16"), std::string::npos) << bad.output;
+}
+
 TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
   RunResult r = RunGlmRun("--model=tiny --prompt=1,x,3");
   EXPECT_NE(r.exit_code, 0);
