@@ -6,7 +6,7 @@
 // with the read bandwidth (the weights a step reads, once whatever the batch).
 //
 //   build/bench/cpu_bench                         # glm-4.5-air:layers=2, bf16 weights
-//   build/bench/cpu_bench --preset=glm-4.5-mini --prefill_tokens=256 --cpu_math=bf16
+//   build/bench/cpu_bench --preset=glm-4.5-mini --prefill_tokens=256 --modes=bf16
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -20,12 +20,15 @@
 #include "core/model.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "core/quantize.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-air:layers=2", "model preset (random bf16 weights)");
 ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");
 ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)");
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
-ABSL_FLAG(std::string, cpu_math, "exact,bf16", "CPU math modes to measure, comma-separated");
+ABSL_FLAG(std::string, modes, "exact,bf16,int8",
+          "modes to measure, comma-separated: exact, bf16 (--cpu_math) and int8 (bf16 math on "
+          "linear layers quantized to int8 at load, --weight_dtype=int8)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
 namespace {
@@ -149,14 +152,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--prefill_tokens, --decode_steps and --decode_batch must be >= 1\n");
     return 1;
   }
-  std::vector<glmserve::CpuMath> modes;
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_cpu_math), ',')) {
-    absl::StatusOr<glmserve::CpuMath> m = glmserve::ParseCpuMath(name);
-    if (!m.ok()) {
-      std::fprintf(stderr, "--cpu_math: %s\n", std::string(m.status().message()).c_str());
+  std::vector<std::string> modes;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+    if (name != "exact" && name != "bf16" && name != "int8") {
+      std::fprintf(stderr, "--modes: '%s' is not one of exact, bf16, int8\n",
+                   std::string(name).c_str());
       return 1;
     }
-    modes.push_back(*m);
+    modes.emplace_back(name);
   }
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
@@ -185,12 +188,20 @@ int main(int argc, char** argv) {
 
   std::printf("\n| mode | phase | time | tokens/s | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  for (glmserve::CpuMath math : modes) {
-    // The models share the weights' memory (ModelWeights holds views and shared owners).
-    glmserve::Model model(*weights, math);
+  for (const std::string& mode_name : modes) {
+    // The models share the weights' memory (ModelWeights holds views and shared owners); int8
+    // adds its quantized copy of the linear layers for the mode's duration.
+    glmserve::ModelWeights mode_weights = *weights;
+    const glmserve::CpuMath math =
+        mode_name == "exact" ? glmserve::CpuMath::kExact : glmserve::CpuMath::kBf16;
+    if (mode_name == "int8" &&
+        !glmserve::QuantizeWeights(&mode_weights, glmserve::WeightQuant::kInt8).ok()) {
+      return 1;
+    }
+    glmserve::Model model(std::move(mode_weights), math);
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
-    const char* mode = glmserve::CpuMathName(math);
+    const char* mode = mode_name.c_str();
     const bool bf16_math = math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
     const double peak = bf16_math ? limits.bf16_gflops : limits.fma_gflops;
     const StepCost prefill_cost = Cost(model, prefill, prefill, config->n_routed_experts);

@@ -146,6 +146,10 @@ std::string ConfigToJson(const ModelConfig& c, DType dtype) {
 
 absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
                             const SaveCheckpointOptions& options) {
+  if (weights.linear_format != WeightFormat::kDense) {
+    return absl::FailedPreconditionError(
+        "weights quantized at load cannot be saved as a checkpoint; save before quantizing");
+  }
   if (absl::Status s = ValidateConfig(weights.config); !s.ok()) return s;
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.

@@ -20,6 +20,12 @@ Model::Model(ModelWeights weights, CpuMath math)
 std::string Model::compute_description() const {
   // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
   const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
+  if (weights_.linear_format == WeightFormat::kInt8Groups) {
+    // Int8 matrices always run the bf16 arithmetic (linear.h).
+    return absl::StrCat("cpu math bf16, kernel ", LinearKernelName(CpuMath::kBf16),
+                        ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
+                        std::string(DTypeName(weights_.weight_dtype)), ")");
+  }
   return absl::StrCat(
       "cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
       math_ == CpuMath::kBf16 && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");

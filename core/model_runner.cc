@@ -17,7 +17,13 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
                                                                DeviceKind device,
                                                                CpuMath cpu_math) {
-  if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && CudaDeviceAvailable())) {
+  const bool quantized = weights.linear_format != WeightFormat::kDense;
+  if (quantized && device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
+  }
+  if (device == DeviceKind::kCuda ||
+      (device == DeviceKind::kAuto && !quantized && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
   return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights), cpu_math));

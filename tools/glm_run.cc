@@ -23,6 +23,7 @@
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "core/quantize.h"
 #include "core/status_macros.h"
 #include "tools/cli.h"
 
@@ -36,9 +37,11 @@ ABSL_FLAG(std::string, logits_out, "", "write the prompt's logits [tokens, vocab
 ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
-ABSL_FLAG(std::string, cpu_math, "bf16",
-          "linear-layer arithmetic: bf16 (activations rounded to bf16 for bf16 weights) or "
-          "exact (fp32 activations); see docs/performance.md");
+ABSL_FLAG(std::string, cpu_math, "exact",
+          "linear-layer arithmetic: exact (fp32 activations) or bf16 (activations rounded to "
+          "bf16 for bf16 weights); see docs/performance.md");
+ABSL_FLAG(std::string, weight_dtype, "stored",
+          "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16)");
 ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
@@ -82,6 +85,12 @@ absl::Status Run() {
   if (!dtype.ok()) return dtype.status();
   ASSIGN_OR_RETURN(const glmserve::CpuMath math,
                    glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
+  ASSIGN_OR_RETURN(const glmserve::WeightQuant quant,
+                   glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
+  if (quant == glmserve::WeightQuant::kInt8 && math != glmserve::CpuMath::kBf16) {
+    return absl::InvalidArgumentError(
+        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it");
+  }
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
 
@@ -92,6 +101,7 @@ absl::Status Run() {
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
+  RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
   glmserve::Model model(*std::move(weights), math);
   const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",

@@ -156,6 +156,14 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<internal::Task> tasks(jobs.size());
   // kBf16: each distinct activation is rounded to bf16 once (q/k/v and gate/up share theirs),
   // in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
+  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16, and int8 weights always
+  // (their kernel is a vdpbf16ps one; glm-server refuses int8 with --cpu_math=exact).
+  auto takes_bf16 = [math](const LinearJob& job) {
+    const Matrix& w = *job.w;
+    if (job.m <= 0) return false;
+    if (w.format == WeightFormat::kInt8Groups) return true;
+    return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
+  };
   struct Rounded {
     const float* x;
     int64_t m, k;
@@ -164,7 +172,7 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<Rounded> rounded;
   for (size_t j = 0; j < jobs.size(); ++j) {
     tasks[j].exact = jobs[j];
-    if (math != CpuMath::kBf16 || jobs[j].w->dtype != DType::kBF16 || jobs[j].m <= 0) continue;
+    if (!takes_bf16(jobs[j])) continue;
     const int64_t k = jobs[j].w->cols;
     auto same = [&](const Rounded& r) { return r.x == jobs[j].x && r.m == jobs[j].m && r.k == k; };
     if (std::find_if(rounded.begin(), rounded.end(), same) == rounded.end()) {
@@ -187,8 +195,7 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     });
     for (size_t j = 0; j < jobs.size(); ++j) {
       for (const Rounded& r : rounded) {
-        if (r.x == jobs[j].x && r.m == jobs[j].m && r.k == jobs[j].w->cols &&
-            jobs[j].w->dtype == DType::kBF16) {
+        if (r.x == jobs[j].x && r.m == jobs[j].m && r.k == jobs[j].w->cols && takes_bf16(jobs[j])) {
           tasks[j].bf16 = {r.xb.data(), jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
         }
       }

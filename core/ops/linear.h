@@ -9,6 +9,10 @@
 //    of AVX512_BF16's vdpbf16ps: lane j (of 16) takes k = 32s + 2j + 1, then 32s + 2j, for
 //    s = 0, 1, ... over all of K, each step one fp32 rounding; then the same lane tree. fp32
 //    and f16 weights, which vdpbf16ps cannot take, run the exact arithmetic in this mode too.
+// Int8 weights (WeightFormat::kInt8Groups, core/quantize.h) always take the bf16 arithmetic
+// with one more step: per 32-wide group, the lane's pair sum starts from zero and is then
+// added to the lane times the row's group scale, as one FMA (the int8 values are exact in
+// bf16); same lane tree.
 // In both modes each output element is reduced in one fixed order that depends only on K,
 // never on m or on the element's position in a tile: so a sequence's result is bit-identical
 // whether it runs alone or inside a batch of any size. This is why the engine uses its own

@@ -10,13 +10,15 @@
 
 #include "core/checkpoint.h"
 #include "core/model.h"
+#include "core/quantize.h"
 
 namespace glmserve {
 namespace {
 
 // The arithmetic TinyModel builds with: the batch-invariance tests run in every CpuMath mode
-// (EngineMathTest sets it), since the contract holds within each.
+// and with int8 weights (EngineMathTest sets these), since the contract holds within each.
 CpuMath g_math = CpuMath::kExact;
+bool g_int8 = false;
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
@@ -28,6 +30,7 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
   EXPECT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
+  if (g_int8) EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
   return std::make_unique<Model>(*std::move(w), g_math);
 }
 
@@ -132,10 +135,17 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-class EngineMathTest : public ::testing::TestWithParam<CpuMath> {
+// "exact", "bf16" (CpuMath) or "int8" (bf16 math on int8 weights).
+class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { g_math = GetParam(); }
-  void TearDown() override { g_math = CpuMath::kExact; }
+  void SetUp() override {
+    g_math = GetParam() == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+    g_int8 = GetParam() == "int8";
+  }
+  void TearDown() override {
+    g_math = CpuMath::kExact;
+    g_int8 = false;
+  }
 };
 
 TEST_P(EngineMathTest, ConcurrentRequestsEqualOneAtATime) {
@@ -307,9 +317,8 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
   ExpectAllBlocksFree(*engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(BothModes, EngineMathTest,
-                         ::testing::Values(CpuMath::kExact, CpuMath::kBf16),
-                         [](const auto& info) { return std::string(CpuMathName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest, ::testing::Values("exact", "bf16", "int8"),
+                         [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
   // Layers [0, 1) then [1, 3) of one engine, joined by hidden states, equal the whole stack.

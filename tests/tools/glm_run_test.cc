@@ -77,6 +77,19 @@ TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
     EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
         << r.output;
   }
+  // Int8 weights (tests/core/quantize_test.cc measures their accuracy) say so.
+  const RunResult q8 = RunGlmRun(absl::StrCat(
+      "--model=", dir, " --cpu_math=bf16 --weight_dtype=int8 --prompt=", absl::StrJoin(prompt, ","),
+      " --max_new_tokens=", greedy.size()));
+  ASSERT_EQ(q8.exit_code, 0) << q8.output;
+  EXPECT_NE(q8.output.find("weights int8 (groups of 32, quantized at load from BF16)"),
+            std::string::npos)
+      << q8.output;
+  EXPECT_NE(q8.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+      << q8.output;
+  const RunResult q8_exact = RunGlmRun("--model=tiny --weight_dtype=int8");
+  EXPECT_NE(q8_exact.exit_code, 0);
+  EXPECT_NE(q8_exact.output.find("pass --cpu_math=bf16"), std::string::npos) << q8_exact.output;
   const RunResult bad = RunGlmRun("--model=tiny --cpu_math=fp64");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("is not one of exact, bf16"), std::string::npos) << bad.output;
