@@ -185,7 +185,11 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
       rounded[r].xb.resize(rounded[r].m * rounded[r].k);
       row_starts[r + 1] = row_starts[r] + rounded[r].m;
     }
-    ParallelFor(row_starts.back(), 4, [&](int64_t begin, int64_t end) {
+    // Decode-sized activations are rounded on the caller: waking the pool costs more.
+    int64_t elements = 0;
+    for (const Rounded& r : rounded) elements += r.m * r.k;
+    const int64_t grain = elements <= (int64_t{1} << 16) ? row_starts.back() : 4;
+    ParallelFor(row_starts.back(), grain, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const size_t r =
             std::upper_bound(row_starts.begin(), row_starts.end(), row) - row_starts.begin() - 1;
