@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "bf16 for bf16 weights); see docs/performance.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16)");
+ABSL_FLAG(std::string, save, "",
+          "write the loaded model (e.g. a preset's seeded random weights in --dtype) to this "
+          "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
 ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
@@ -101,6 +104,15 @@ absl::Status Run() {
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
+  if (const std::string dir = absl::GetFlag(FLAGS_save); !dir.empty()) {
+    // Before any quantization: a checkpoint holds the weights as loaded.
+    RETURN_IF_ERROR(glmserve::SaveCheckpoint(*weights, dir));
+    std::printf("saved     %s (%.2f GB of %s weights) to %s in %.2f s\n",
+                absl::GetFlag(FLAGS_model).c_str(), weights->ParameterBytes() / 1e9,
+                std::string(glmserve::DTypeName(weights->weight_dtype)).c_str(), dir.c_str(),
+                Seconds(t_load, Clock::now()));
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
   glmserve::Model model(*std::move(weights), math);
   const glmserve::ModelConfig& c = model.config();
@@ -181,10 +193,11 @@ const glmserve::cli::ProgramHelp& Help() {
       "glm-run",
       "runs a GLM-4.5 model on prompt token ids and prints the greedy continuation",
       {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
-       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy"},
-      {{"Model", {"model", "seed", "dtype", "threads"}},
+       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy",
+       "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset"},
+      {{"Model", {"model", "seed", "dtype", "threads", "cpu_math", "weight_dtype"}},
        {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
-       {"Outputs", {"logits_out", "hidden_out"}}},
+       {"Outputs", {"logits_out", "hidden_out", "save"}}},
       "tools/glm_run.cc",
       ""};
   return *help;

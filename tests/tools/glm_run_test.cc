@@ -95,6 +95,30 @@ TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
   EXPECT_NE(bad.output.find("is not one of exact, bf16"), std::string::npos) << bad.output;
 }
 
+// --save writes a checkpoint from a preset that loads back to the same model: the same
+// greedy tokens and the same logits, bit for bit.
+TEST(GlmRunTest, SaveWritesACheckpointThatRunsLikeThePreset) {
+  const std::string tmp = testing::MakeTempDir("glm_run_save");
+  const RunResult saved = RunGlmRun(absl::StrCat("--model=tiny --seed=5 --save=", tmp, "/ckpt"));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  EXPECT_NE(saved.output.find("saved     tiny"), std::string::npos) << saved.output;
+  const std::string args = " --prompt=3,1,4,1,5 --max_new_tokens=6 --logits_out=" + tmp;
+  const RunResult preset = RunGlmRun("--model=tiny --seed=5" + args + "/a.npy");
+  const RunResult loaded = RunGlmRun("--model=" + tmp + "/ckpt" + args + "/b.npy");
+  ASSERT_EQ(preset.exit_code, 0) << preset.output;
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  const size_t at = preset.output.find("greedy    ");
+  ASSERT_NE(at, std::string::npos) << preset.output;
+  const std::string greedy = preset.output.substr(at, preset.output.find('\n', at) - at);
+  EXPECT_NE(loaded.output.find(greedy), std::string::npos) << loaded.output;
+  absl::StatusOr<NpyArray> a = ReadNpy(tmp + "/a.npy");
+  absl::StatusOr<NpyArray> b = ReadNpy(tmp + "/b.npy");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->data, b->data);
+  const RunResult bad = RunGlmRun("--model=tiny --save=/proc/no/such/dir");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+}
+
 TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
   RunResult r = RunGlmRun("--model=tiny --prompt=1,x,3");
   EXPECT_NE(r.exit_code, 0);
