@@ -24,8 +24,8 @@
 #include "absl/strings/str_split.h"
 #include "core/checkpoint.h"
 #include "core/cuda/cublas_api.h"
-#include "core/cuda/cuda_model.h"
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/model.h"
+#include "core/cuda/runner.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/gemm.h"
 

@@ -28,6 +28,7 @@
 #include "core/engine.h"
 #include "core/instant_runner.h"
 #include "core/parallel.h"
+#include "core/status_macros.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-mini", "model config (only its shapes and vocabulary)");
@@ -98,15 +99,15 @@ absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int str
   const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   auto owned = std::make_unique<glmserve::InstantRunner>(config);
   glmserve::InstantRunner* runner = owned.get();
-  absl::StatusOr<std::unique_ptr<glmserve::Engine>> engine =
-      glmserve::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens));
-  if (!engine.ok()) return engine.status();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<glmserve::Engine> engine,
+      glmserve::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens)));
 
   std::mutex mu;
   std::condition_variable cv;
   std::vector<StepSample> steps;
   double last_forward = 0;
-  (*engine)->SetStepObserver([&](const glmserve::StepReport& r) {
+  engine->SetStepObserver([&](const glmserve::StepReport& r) {
     const double f = runner->forward_seconds();
     std::lock_guard<std::mutex> lock(mu);
     steps.push_back({r, f - last_forward});
@@ -122,7 +123,7 @@ absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int str
     g.sampling = ModeParams(mode, 1000 + k);
     g.stop.max_new_tokens = new_tokens;
     g.stop.ignore_eos = true;
-    absl::StatusOr<glmserve::RequestId> id = (*engine)->Submit(g, [&](glmserve::Event&& e) {
+    absl::StatusOr<glmserve::RequestId> id = engine->Submit(g, [&](glmserve::Event&& e) {
       std::lock_guard<std::mutex> lock(mu);
       if (std::holds_alternative<glmserve::TokenEvent>(e.body)) {
         ++tokens;
@@ -168,26 +169,25 @@ absl::StatusOr<glmserve::BenchReport> RunServer(const glmserve::ModelConfig& con
   // Headroom over the bench's streams: a stream's next call may arrive before the server has
   // retired its previous one.
   options.service.max_concurrent_streams = streams + 64;
-  absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
-  if (!server.ok()) return server.status();
-  if (absl::Status s = (*server)->Serve(std::make_unique<glmserve::InstantRunner>(config),
-                                        glmserve::DType::kBF16);
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::GlmServer> server,
+                   glmserve::GlmServer::Start(options));
+  if (absl::Status s =
+          server->Serve(std::make_unique<glmserve::InstantRunner>(config), glmserve::DType::kBF16);
       !s.ok()) {
     return s;
   }
   glmserve::ClientOptions client_options;
-  client_options.target = (*server)->target();
-  absl::StatusOr<std::unique_ptr<glmserve::Client>> client =
-      glmserve::Client::Create(client_options);
-  if (!client.ok()) return client.status();
+  client_options.target = server->target();
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Client> client,
+                   glmserve::Client::Create(client_options));
   glmserve::BenchOptions bench;
   bench.concurrency = streams;
   bench.requests = static_cast<int64_t>(streams) * std::max(1, absl::GetFlag(FLAGS_rounds));
   bench.prompt_tokens = prompt;
   bench.max_new_tokens = new_tokens;
-  bench.metrics_address = absl::StrCat("127.0.0.1:", (*server)->metrics_port());
-  absl::StatusOr<glmserve::BenchReport> report = glmserve::RunBench(**client, bench);
-  (*server)->Shutdown();
+  bench.metrics_address = absl::StrCat("127.0.0.1:", server->metrics_port());
+  absl::StatusOr<glmserve::BenchReport> report = glmserve::RunBench(*client, bench);
+  server->Shutdown();
   return report;
 }
 

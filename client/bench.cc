@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/scrape.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -57,12 +58,11 @@ struct StepCounters {
 };
 
 absl::StatusOr<StepCounters> ScrapeSteps(const std::string& address) {
-  absl::StatusOr<std::string> page = HttpGet(address, "/metrics");
-  if (!page.ok()) return page.status();
+  ASSIGN_OR_RETURN(std::string page, HttpGet(address, "/metrics"));
   StepCounters c;
-  c.steps = SumSamples(*page, "glmserve_step_duration_seconds_count");
-  c.seconds = SumSamples(*page, "glmserve_step_duration_seconds_sum");
-  c.batch_tokens = SumSamples(*page, "glmserve_batch_tokens_sum");
+  c.steps = SumSamples(page, "glmserve_step_duration_seconds_count");
+  c.seconds = SumSamples(page, "glmserve_step_duration_seconds_sum");
+  c.batch_tokens = SumSamples(page, "glmserve_batch_tokens_sum");
   return c;
 }
 
@@ -95,9 +95,8 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   if (options.max_consecutive_failures < 0) {
     return absl::InvalidArgumentError("max_consecutive_failures must be >= 0");
   }
-  absl::StatusOr<v1::ModelInfo> info = client.Info();
-  if (!info.ok()) return info.status();
-  const int64_t vocab = info->config().vocab_size();
+  ASSIGN_OR_RETURN(v1::ModelInfo info, client.Info());
+  const int64_t vocab = info.config().vocab_size();
 
   // Every request gets its own prompt (a different first token), so the prefix cache does
   // not turn the benchmark into a cache benchmark.
@@ -109,9 +108,8 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
 
   StepCounters before;
   if (!options.metrics_address.empty()) {
-    absl::StatusOr<StepCounters> c = ScrapeSteps(options.metrics_address);
-    if (!c.ok()) return c.status();
-    before = *c;
+    ASSIGN_OR_RETURN(StepCounters c, ScrapeSteps(options.metrics_address));
+    before = c;
   }
 
   std::atomic<int64_t> issued{0};
@@ -234,12 +232,11 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   report.requests_per_second = report.ok / report.wall_seconds;
   report.tokens_per_second = report.tokens / report.wall_seconds;
   if (!options.metrics_address.empty()) {
-    absl::StatusOr<StepCounters> after = ScrapeSteps(options.metrics_address);
-    if (!after.ok()) return after.status();
-    report.steps = static_cast<int64_t>(after->steps - before.steps);
+    ASSIGN_OR_RETURN(StepCounters after, ScrapeSteps(options.metrics_address));
+    report.steps = static_cast<int64_t>(after.steps - before.steps);
     if (report.steps > 0) {
-      report.step_mean = (after->seconds - before.seconds) / report.steps;
-      report.batch_tokens_mean = (after->batch_tokens - before.batch_tokens) / report.steps;
+      report.step_mean = (after.seconds - before.seconds) / report.steps;
+      report.batch_tokens_mean = (after.batch_tokens - before.batch_tokens) / report.steps;
     }
   }
   return report;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -32,20 +33,17 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(const 
   }
   grpc::SslCredentialsOptions ssl;
   if (!o.ca_cert_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadFile(o.ca_cert_file, "TLS CA");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(std::string ca, ReadFile(o.ca_cert_file, "TLS CA"));
+    ssl.pem_root_certs = ca;
   }
   if (o.client_cert_file.empty() != o.client_key_file.empty()) {
     return absl::InvalidArgumentError("mutual TLS needs both a client certificate and its key");
   }
   if (!o.client_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadFile(o.client_cert_file, "TLS client certificate");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFile(o.client_key_file, "TLS client key");
-    if (!key.ok()) return key.status();
-    ssl.pem_cert_chain = *cert;
-    ssl.pem_private_key = *key;
+    ASSIGN_OR_RETURN(std::string cert, ReadFile(o.client_cert_file, "TLS client certificate"));
+    ASSIGN_OR_RETURN(std::string key, ReadFile(o.client_key_file, "TLS client key"));
+    ssl.pem_cert_chain = cert;
+    ssl.pem_private_key = key;
   }
   return grpc::SslCredentials(ssl);
 }
@@ -104,15 +102,14 @@ void GenerateStream::Cancel() {
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("empty target");
   if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = MakeCredentials(options);
-  if (!credentials.ok()) return credentials.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials, MakeCredentials(options));
   grpc::ChannelArguments args;
   if (options.round_robin) args.SetLoadBalancingPolicyName("round_robin");
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.target, *credentials, args);
+      grpc::CreateCustomChannel(options.target, credentials, args);
   return std::unique_ptr<Client>(new Client(options, std::move(channel)));
 }
 

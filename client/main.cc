@@ -25,6 +25,7 @@
 #include "client/cli_output.h"
 #include "client/client.h"
 #include "core/npy.h"
+#include "core/status_macros.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
@@ -214,10 +215,9 @@ int Generate(glmserve::Client& client) {
 }
 
 absl::Status WriteTensor(const glmserve::v1::Tensor& tensor, const std::string& path) {
-  absl::StatusOr<std::vector<float>> values =
-      glmserve::DecodeTensor(tensor, "response", /*require_finite=*/false);
-  if (!values.ok()) return values.status();
-  return glmserve::WriteNpy(path, {tensor.shape().begin(), tensor.shape().end()}, values->data());
+  ASSIGN_OR_RETURN(std::vector<float> values,
+                   glmserve::DecodeTensor(tensor, "response", /*require_finite=*/false));
+  return glmserve::WriteNpy(path, {tensor.shape().begin(), tensor.shape().end()}, values.data());
 }
 
 int Forward(glmserve::Client& client) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -43,7 +44,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::str
                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string host, port;
-  if (absl::Status s = SplitHostPort(host_port, &host, &port); !s.ok()) return s;
+  RETURN_IF_ERROR(SplitHostPort(host_port, &host, &port));
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* addresses = nullptr;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
+#include "core/status_macros.h"
 #include "core/weight_layout.h"
 
 namespace glmserve {
@@ -85,7 +86,7 @@ class CheckpointLoader {
 
   absl::Status Load() {
     for (const WeightSlot& slot : ListWeightSlots(w_)) {
-      if (absl::Status s = Fill(slot); !s.ok()) return s;
+      RETURN_IF_ERROR(Fill(slot));
     }
     return CheckUnconsumed();
   }
@@ -140,14 +141,13 @@ class CheckpointLoader {
       const std::string fused = LayerPrefix(slot.layer) + "mlp.experts.gate_up_proj";
       if (store_.Find(fused) != nullptr) return FillFusedExpert(slot);
     }
-    absl::StatusOr<const TensorInfo*> t = Get(slot.name, slot.shape);
-    if (!t.ok()) return t.status();
+    ASSIGN_OR_RETURN(const TensorInfo* t, Get(slot.name, slot.shape));
     if (slot.matrix != nullptr) {
-      return SetMatrix(*t, 0, slot.shape[0], slot.shape[1], slot.matrix);
+      return SetMatrix(t, 0, slot.shape[0], slot.shape[1], slot.matrix);
     }
     slot.vector->resize(static_cast<size_t>(slot.shape[0]));
     for (int64_t i = 0; i < slot.shape[0]; ++i) {
-      (*slot.vector)[static_cast<size_t>(i)] = ReadUnaligned((*t)->data, (*t)->dtype, i);
+      (*slot.vector)[static_cast<size_t>(i)] = ReadUnaligned(t->data, t->dtype, i);
     }
     return absl::OkStatus();
   }
@@ -337,44 +337,40 @@ std::string DescribeLoadProgress(const LoadProgress& p) {
 
 absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan span,
                                             const LoadProgressCallback& progress) {
-  absl::StatusOr<ModelConfig> config = LoadConfigFile(dir + "/config.json");
-  if (!config.ok()) return config.status();
-  absl::StatusOr<LayerSpan> resolved = ResolveLayerSpan(*config, span);
-  if (!resolved.ok()) return resolved.status();
-  absl::StatusOr<TensorStore> store = TensorStore::Open(dir);
-  if (!store.ok()) return store.status();
+  ASSIGN_OR_RETURN(ModelConfig config, LoadConfigFile(dir + "/config.json"));
+  ASSIGN_OR_RETURN(LayerSpan resolved, ResolveLayerSpan(config, span));
+  ASSIGN_OR_RETURN(TensorStore store, TensorStore::Open(dir));
 
   ModelWeights w;
-  PrepareWeights(*config, resolved->begin, resolved->end, &w);
+  PrepareWeights(config, resolved.begin, resolved.end, &w);
   // A tied config with a stored head: Transformers 5.x uses the stored head (warning when it
   // differs from the embedding); 4.x tied them. We follow 5.x, as everywhere.
-  w.head_stored_despite_tie = config->tie_word_embeddings &&
-                              resolved->end == config->num_hidden_layers &&
-                              store->Find("lm_head.weight") != nullptr;
-  CheckpointLoader loader(dir, *store, &w);
-  if (absl::Status s = loader.Load(); !s.ok()) return s;
+  w.head_stored_despite_tie = config.tie_word_embeddings &&
+                              resolved.end == config.num_hidden_layers &&
+                              store.Find("lm_head.weight") != nullptr;
+  CheckpointLoader loader(dir, store, &w);
+  RETURN_IF_ERROR(loader.Load());
   if (progress) {
     std::vector<const TensorInfo*> used;
-    for (const std::string& name : loader.consumed()) used.push_back(store->Find(name));
+    for (const std::string& name : loader.consumed()) used.push_back(store.Find(name));
     ReadTensors(std::move(used), progress);
   }
   FinishWeights(&w);
-  for (std::shared_ptr<const void>& owner : store->Owners()) w.storage.push_back(owner);
+  for (std::shared_ptr<const void>& owner : store.Owners()) w.storage.push_back(owner);
   return w;
 }
 
 absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
                                            const RandomWeightOptions& options, LayerSpan span) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  absl::StatusOr<LayerSpan> resolved = ResolveLayerSpan(config, span);
-  if (!resolved.ok()) return resolved.status();
+  RETURN_IF_ERROR(ValidateConfig(config));
+  ASSIGN_OR_RETURN(LayerSpan resolved, ResolveLayerSpan(config, span));
   if (!(options.stddev >= 0.0 && std::isfinite(options.stddev))) {
     return absl::InvalidArgumentError(
         absl::StrCat("random weight stddev must be finite and >= 0, got ", options.stddev));
   }
 
   ModelWeights w;
-  PrepareWeights(config, resolved->begin, resolved->end, &w);
+  PrepareWeights(config, resolved.begin, resolved.end, &w);
   const std::vector<WeightSlot> slots = ListWeightSlots(&w);
 
   // One arena for every matrix, each at a 64-byte aligned offset.
@@ -428,10 +424,9 @@ absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSp
                                        const LoadOptions& load_options) {
   const bool is_dir = IsDirectory(dir_or_preset);
   if (is_dir && Exists(dir_or_preset + "/config.json")) {
-    absl::StatusOr<ModelWeights> weights =
-        LoadCheckpoint(dir_or_preset, span, load_options.progress);
-    if (!weights.ok()) return weights.status();
-    if (absl::Status s = VerifyWeightsFinite(&*weights, load_options.verify,
+    ASSIGN_OR_RETURN(ModelWeights weights,
+                     LoadCheckpoint(dir_or_preset, span, load_options.progress));
+    if (absl::Status s = VerifyWeightsFinite(&weights, load_options.verify,
                                              absl::StrCat("checkpoint ", dir_or_preset));
         !s.ok()) {
       return s;

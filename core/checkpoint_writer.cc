@@ -12,6 +12,7 @@
 #include "core/checkpoint.h"
 #include "core/safetensors.h"
 #include "core/safetensors_writer.h"
+#include "core/status_macros.h"
 #include "core/weight_layout.h"
 #include "nlohmann/json.hpp"
 
@@ -111,36 +112,13 @@ std::string ConfigToJson(const ModelConfig& c, DType dtype) {
   Json j = {
       {"architectures", {"Glm4MoeForCausalLM"}},
       {"model_type", "glm4_moe"},
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size},
-      {"moe_intermediate_size", c.moe_intermediate_size},
-      {"num_hidden_layers", c.num_hidden_layers},
-      {"num_attention_heads", c.num_attention_heads},
-      {"num_key_value_heads", c.num_key_value_heads},
-      {"head_dim", c.head_dim},
-      {"partial_rotary_factor", c.partial_rotary_factor},
-      {"rope_theta", c.rope_theta},
       {"rope_scaling", nullptr},
-      {"rms_norm_eps", c.rms_norm_eps},
-      {"use_qk_norm", c.use_qk_norm},
-      {"attention_bias", c.attention_bias},
-      {"n_routed_experts", c.n_routed_experts},
-      {"n_shared_experts", c.n_shared_experts},
-      {"num_experts_per_tok", c.num_experts_per_tok},
-      {"n_group", c.n_group},
-      {"topk_group", c.topk_group},
-      {"norm_topk_prob", c.norm_topk_prob},
-      {"routed_scaling_factor", c.routed_scaling_factor},
-      {"first_k_dense_replace", c.first_k_dense_replace},
-      {"tie_word_embeddings", c.tie_word_embeddings},
-      {"hidden_act", c.hidden_act},
-      {"max_position_embeddings", c.max_position_embeddings},
-      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
       {"torch_dtype", TorchDTypeName(dtype)},
   };
-  if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  ForEachConfigField(c, [&](const ConfigField& f, const auto& member) { j[f.key()] = member; });
+  // "None" is spelled by leaving the key out, as Transformers writes it.
+  if (c.eos_token_ids.empty()) j.erase("eos_token_id");
+  if (c.pad_token_id < 0) j.erase("pad_token_id");
   return j.dump(2) + "\n";
 }
 
@@ -150,13 +128,13 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
     return absl::FailedPreconditionError(
         "weights quantized at load cannot be saved as a checkpoint; save before quantizing");
   }
-  if (absl::Status s = ValidateConfig(weights.config); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateConfig(weights.config));
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.
   ModelWeights copy = weights;
-  absl::StatusOr<std::vector<TensorToWrite>> tensors = CollectTensors(&copy, options.fused_experts);
-  if (!tensors.ok()) return tensors.status();
-  if (absl::Status s = MakeDirectories(dir); !s.ok()) return s;
+  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                   CollectTensors(&copy, options.fused_experts));
+  RETURN_IF_ERROR(MakeDirectories(dir));
   if (absl::Status s =
           WriteTextFile(dir + "/config.json", ConfigToJson(weights.config, weights.weight_dtype));
       !s.ok()) {
@@ -166,12 +144,12 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::remove(options.max_shard_bytes <= 0 ? index_path.c_str() : single.c_str());
-  if (options.max_shard_bytes <= 0) return WriteSafetensors(single, *tensors);
+  if (options.max_shard_bytes <= 0) return WriteSafetensors(single, tensors);
 
   // Greedy sharding in slot order; a tensor larger than the limit gets a shard of its own.
   std::vector<std::vector<TensorToWrite>> shards(1);
   int64_t shard_bytes = 0, total = 0;
-  for (TensorToWrite& t : *tensors) {
+  for (TensorToWrite& t : tensors) {
     int64_t bytes = 0;
     for (const ByteRange& r : t.pieces) bytes += r.size;
     if (shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
@@ -186,7 +164,7 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file =
         absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
-    if (absl::Status s = WriteSafetensors(dir + "/" + file, shards[i]); !s.ok()) return s;
+    RETURN_IF_ERROR(WriteSafetensors(dir + "/" + file, shards[i]));
     for (const TensorToWrite& t : shards[i]) weight_map[t.name] = file;
   }
   Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

@@ -1,10 +1,13 @@
 #include "core/config.h"
 
+#include <type_traits>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/file_io.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace glmserve {
@@ -70,20 +73,32 @@ absl::Status ReadTokenIds(const Json& j, const char* field, std::vector<int32_t>
   return absl::OkStatus();
 }
 
-// RoPE: either legacy top-level fields or a rope_parameters / rope_scaling object. Only the
-// default (unscaled) rope type is what GLM-4.5 uses; any other type is refused rather than
-// silently computed wrong.
-absl::Status ReadRope(const Json& j, ModelConfig* c) {
-  if (absl::Status s = ReadFloat(j, "rope_theta", &c->rope_theta); !s.ok()) return s;
-  if (absl::Status s = ReadFloat(j, "partial_rotary_factor", &c->partial_rotary_factor); !s.ok())
-    return s;
+// Reads a field of any of ModelConfig's member types from object `j` under `key`.
+absl::Status ReadField(const Json& j, const char* key, int64_t* out) {
+  return ReadInt(j, key, out);
+}
+absl::Status ReadField(const Json& j, const char* key, double* out) {
+  return ReadFloat(j, key, out);
+}
+absl::Status ReadField(const Json& j, const char* key, bool* out) { return ReadBool(j, key, out); }
+absl::Status ReadField(const Json& j, const char* key, std::string* out) {
+  return ReadString(j, key, out);
+}
+absl::Status ReadField(const Json& j, const char* key, std::vector<int32_t>* out) {
+  return ReadTokenIds(j, key, out);
+}
+
+// RoPE fields may also sit in a rope_parameters / rope_scaling object, which then wins over
+// the legacy top-level value. Only the default (unscaled) rope type is what GLM-4.5 uses; any
+// other type is refused rather than silently computed wrong.
+absl::Status ReadRopeObjects(const Json& j, ModelConfig* c) {
   for (const char* name : {"rope_parameters", "rope_scaling"}) {
     auto it = j.find(name);
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_object()) return FieldError(name, "expected an object");
     std::string type = "default";
     for (const char* key : {"rope_type", "type"}) {
-      if (absl::Status s = ReadString(*it, key, &type); !s.ok()) {
+      if (!ReadString(*it, key, &type).ok()) {
         return FieldError(absl::StrCat(name, ".", key), "expected a string");
       }
     }
@@ -91,10 +106,14 @@ absl::Status ReadRope(const Json& j, ModelConfig* c) {
       return absl::UnimplementedError(absl::StrCat("config field '", name, ".rope_type': '", type,
                                                    "' is not supported (only 'default')"));
     }
-    if (!ReadFloat(*it, "rope_theta", &c->rope_theta).ok())
-      return FieldError(absl::StrCat(name, ".rope_theta"), "expected a number");
-    if (!ReadFloat(*it, "partial_rotary_factor", &c->partial_rotary_factor).ok())
-      return FieldError(absl::StrCat(name, ".partial_rotary_factor"), "expected a number");
+    absl::Status status;
+    ForEachConfigField(*c, [&](const ConfigField& f, auto& member) {
+      if (!f.rope || !status.ok()) return;
+      if (!ReadField(*it, f.key(), &member).ok()) {
+        status = FieldError(absl::StrCat(name, ".", f.key()), "expected a number");
+      }
+    });
+    RETURN_IF_ERROR(status);
   }
   return absl::OkStatus();
 }
@@ -109,47 +128,16 @@ absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text) {
 
   ModelConfig c;
   std::string model_type;
-  if (absl::Status s = ReadString(j, "model_type", &model_type); !s.ok()) return s;
+  RETURN_IF_ERROR(ReadString(j, "model_type", &model_type));
   if (!model_type.empty() && model_type != "glm4_moe") {
     return FieldError("model_type", absl::StrCat("'", model_type, "' is not 'glm4_moe'"));
   }
-  struct IntField {
-    const char* name;
-    int64_t* dst;
-  };
-  const IntField ints[] = {
-      {"vocab_size", &c.vocab_size},
-      {"hidden_size", &c.hidden_size},
-      {"intermediate_size", &c.intermediate_size},
-      {"moe_intermediate_size", &c.moe_intermediate_size},
-      {"num_hidden_layers", &c.num_hidden_layers},
-      {"num_attention_heads", &c.num_attention_heads},
-      {"num_key_value_heads", &c.num_key_value_heads},
-      {"head_dim", &c.head_dim},
-      {"n_routed_experts", &c.n_routed_experts},
-      {"n_shared_experts", &c.n_shared_experts},
-      {"num_experts_per_tok", &c.num_experts_per_tok},
-      {"n_group", &c.n_group},
-      {"topk_group", &c.topk_group},
-      {"first_k_dense_replace", &c.first_k_dense_replace},
-      {"max_position_embeddings", &c.max_position_embeddings},
-      {"num_nextn_predict_layers", &c.num_nextn_predict_layers},
-      {"pad_token_id", &c.pad_token_id},
-  };
-  for (const IntField& f : ints) {
-    if (absl::Status s = ReadInt(j, f.name, f.dst); !s.ok()) return s;
-  }
-  if (absl::Status s = ReadFloat(j, "rms_norm_eps", &c.rms_norm_eps); !s.ok()) return s;
-  if (absl::Status s = ReadFloat(j, "routed_scaling_factor", &c.routed_scaling_factor); !s.ok())
-    return s;
-  if (absl::Status s = ReadBool(j, "use_qk_norm", &c.use_qk_norm); !s.ok()) return s;
-  if (absl::Status s = ReadBool(j, "attention_bias", &c.attention_bias); !s.ok()) return s;
-  if (absl::Status s = ReadBool(j, "norm_topk_prob", &c.norm_topk_prob); !s.ok()) return s;
-  if (absl::Status s = ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings); !s.ok())
-    return s;
-  if (absl::Status s = ReadString(j, "hidden_act", &c.hidden_act); !s.ok()) return s;
-  if (absl::Status s = ReadTokenIds(j, "eos_token_id", &c.eos_token_ids); !s.ok()) return s;
-  if (absl::Status s = ReadRope(j, &c); !s.ok()) return s;
+  absl::Status status;
+  ForEachConfigField(c, [&](const ConfigField& f, auto& member) {
+    if (status.ok()) status = ReadField(j, f.key(), &member);
+  });
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(ReadRopeObjects(j, &c));
 
   if (c.head_dim == 0 && c.num_attention_heads > 0) {
     if (c.hidden_size % c.num_attention_heads != 0) {
@@ -158,50 +146,50 @@ absl::StatusOr<ModelConfig> ParseConfigJson(absl::string_view json_text) {
     }
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateConfig(c));
   return c;
 }
 
 absl::StatusOr<ModelConfig> LoadConfigFile(const std::string& path) {
   // Real configs are a few KiB; the bound keeps a hostile file from being read whole.
-  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<ModelConfig> c = ParseConfigJson(*text);
+  ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxConfigBytes));
+  absl::StatusOr<ModelConfig> c = ParseConfigJson(text);
   if (!c.ok())
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
 
-absl::Status ValidateConfig(const ModelConfig& c) {
-  const std::pair<const char*, int64_t> positive[] = {
-      {"vocab_size", c.vocab_size},
-      {"hidden_size", c.hidden_size},
-      {"intermediate_size", c.intermediate_size},
-      {"moe_intermediate_size", c.moe_intermediate_size},
-      {"num_hidden_layers", c.num_hidden_layers},
-      {"num_attention_heads", c.num_attention_heads},
-      {"num_key_value_heads", c.num_key_value_heads},
-      {"head_dim", c.head_dim},
-      {"n_routed_experts", c.n_routed_experts},
-      {"num_experts_per_tok", c.num_experts_per_tok},
-      {"n_group", c.n_group},
-      {"topk_group", c.topk_group},
-      {"max_position_embeddings", c.max_position_embeddings},
-  };
-  for (const auto& [name, value] : positive) {
-    if (value <= 0) return FieldError(name, absl::StrCat("must be positive, got ", value));
+namespace {
+
+// A number's bound, for ValidateConfig's walk over the field list (other types have none).
+template <class T>
+absl::Status CheckBound(const ConfigField& f, const T& value) {
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if (f.bound == ConfigField::Bound::kPositive && !(value > 0)) {
+      return FieldError(f.key(), absl::StrCat("must be positive, got ", value));
+    }
+    if (f.bound == ConfigField::Bound::kNonNegative && !(value >= 0)) {
+      return FieldError(f.key(), absl::StrCat("must not be negative, got ", value));
+    }
   }
-  if (c.n_shared_experts < 0) return FieldError("n_shared_experts", "must not be negative");
-  if (c.num_nextn_predict_layers < 0)
-    return FieldError("num_nextn_predict_layers", "must not be negative");
-  if (c.first_k_dense_replace < 0)
-    return FieldError("first_k_dense_replace", "must not be negative");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  absl::Status status;
+  ForEachConfigField(c, [&](const ConfigField& f, const auto& member) {
+    if (status.ok()) status = CheckBound(f, member);
+  });
+  RETURN_IF_ERROR(status);
+  // The rules that relate fields to each other.
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return FieldError("num_key_value_heads",
                       absl::StrCat(c.num_attention_heads, " attention heads are not divisible by ",
                                    c.num_key_value_heads, " kv heads"));
   }
-  if (!(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0)) {
+  if (!(c.partial_rotary_factor <= 1.0)) {
     return FieldError("partial_rotary_factor",
                       absl::StrCat("must be in (0, 1], got ", c.partial_rotary_factor));
   }
@@ -210,10 +198,6 @@ absl::Status ValidateConfig(const ModelConfig& c) {
                       absl::StrCat("gives rotary width ", c.rotary_dim(), " of head_dim ",
                                    c.head_dim, "; it must be even and positive"));
   }
-  if (!(c.rope_theta > 0.0)) return FieldError("rope_theta", "must be positive");
-  if (!(c.rms_norm_eps > 0.0)) return FieldError("rms_norm_eps", "must be positive");
-  if (!(c.routed_scaling_factor > 0.0))
-    return FieldError("routed_scaling_factor", "must be positive");
   if (c.num_experts_per_tok > c.n_routed_experts) {
     return FieldError("num_experts_per_tok",
                       absl::StrCat(c.num_experts_per_tok, " is larger than n_routed_experts ",
@@ -376,7 +360,7 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {
           absl::StrCat("unknown preset option '", parts[i], "' (known: layers=N)"));
     }
   }
-  if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateConfig(c));
   return c;
 }
 

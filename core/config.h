@@ -13,7 +13,8 @@
 namespace glmserve {
 
 struct ModelConfig {
-  // Defaults are Glm4MoeConfig's library defaults (used when config.json omits a field).
+  // Defaults are Glm4MoeConfig's library defaults (used when config.json omits a field). The
+  // field list itself is written once, in ForEachConfigField below.
   int64_t vocab_size = 151552;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 10944;     // dense FFN width
@@ -51,6 +52,54 @@ struct ModelConfig {
   bool is_moe_layer(int64_t layer) const { return layer >= first_k_dense_replace; }
   int64_t shared_intermediate_size() const { return moe_intermediate_size * n_shared_experts; }
 };
+
+// What the field list says about one field beyond its name and type.
+struct ConfigField {
+  enum class Bound { kAny, kNonNegative, kPositive };
+  const char* name;                // the member's name, and the v1.ModelConfig field's
+  Bound bound = Bound::kAny;       // checked by ValidateConfig
+  const char* json_key = nullptr;  // config.json's key where it differs from `name`
+  bool rope = false;  // also found inside config.json's rope_parameters / rope_scaling object
+
+  const char* key() const { return json_key != nullptr ? json_key : name; }
+};
+
+// The one list of ModelConfig's fields (as gemma.cpp's visitors): the config.json parser and
+// writer, the field-bound checks and the v1.ModelConfig conversion all walk it, so a new
+// field is added here and nowhere else. `Config` is ModelConfig or const ModelConfig; the
+// visitor is called as visitor(const ConfigField&, member&) for every field, in order.
+template <class Config, class Visitor>
+void ForEachConfigField(Config& c, Visitor&& v) {
+  using B = ConfigField::Bound;
+  v(ConfigField{"vocab_size", B::kPositive}, c.vocab_size);
+  v(ConfigField{"hidden_size", B::kPositive}, c.hidden_size);
+  v(ConfigField{"intermediate_size", B::kPositive}, c.intermediate_size);
+  v(ConfigField{"moe_intermediate_size", B::kPositive}, c.moe_intermediate_size);
+  v(ConfigField{"num_hidden_layers", B::kPositive}, c.num_hidden_layers);
+  v(ConfigField{"num_attention_heads", B::kPositive}, c.num_attention_heads);
+  v(ConfigField{"num_key_value_heads", B::kPositive}, c.num_key_value_heads);
+  v(ConfigField{"head_dim", B::kPositive}, c.head_dim);
+  v(ConfigField{"partial_rotary_factor", B::kPositive, nullptr, /*rope=*/true},
+    c.partial_rotary_factor);
+  v(ConfigField{"rope_theta", B::kPositive, nullptr, /*rope=*/true}, c.rope_theta);
+  v(ConfigField{"rms_norm_eps", B::kPositive}, c.rms_norm_eps);
+  v(ConfigField{"use_qk_norm"}, c.use_qk_norm);
+  v(ConfigField{"attention_bias"}, c.attention_bias);
+  v(ConfigField{"n_routed_experts", B::kPositive}, c.n_routed_experts);
+  v(ConfigField{"n_shared_experts", B::kNonNegative}, c.n_shared_experts);
+  v(ConfigField{"num_experts_per_tok", B::kPositive}, c.num_experts_per_tok);
+  v(ConfigField{"n_group", B::kPositive}, c.n_group);
+  v(ConfigField{"topk_group", B::kPositive}, c.topk_group);
+  v(ConfigField{"norm_topk_prob"}, c.norm_topk_prob);
+  v(ConfigField{"routed_scaling_factor", B::kPositive}, c.routed_scaling_factor);
+  v(ConfigField{"first_k_dense_replace", B::kNonNegative}, c.first_k_dense_replace);
+  v(ConfigField{"tie_word_embeddings"}, c.tie_word_embeddings);
+  v(ConfigField{"hidden_act"}, c.hidden_act);
+  v(ConfigField{"max_position_embeddings", B::kPositive}, c.max_position_embeddings);
+  v(ConfigField{"num_nextn_predict_layers", B::kNonNegative}, c.num_nextn_predict_layers);
+  v(ConfigField{"eos_token_ids", B::kAny, "eos_token_id"}, c.eos_token_ids);
+  v(ConfigField{"pad_token_id"}, c.pad_token_id);
+}
 
 // Parses the text of a config.json. Accepts both the legacy top-level rope_theta /
 // partial_rotary_factor and the newer rope_parameters object. The result is validated.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/engine_impl.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 
@@ -130,17 +131,16 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> model,
                                                        const EngineOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("no model");
-  if (absl::Status s = ValidateEngineOptions(options); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateEngineOptions(options));
   EngineOptions o = options;
   const int64_t max_positions = model->config().max_position_embeddings;
   if (o.kv_capacity_tokens == 0) o.kv_capacity_tokens = kDefaultKvCapacityTokens;
   if (o.max_prompt_tokens <= 0) o.max_prompt_tokens = max_positions;
   if (o.max_new_tokens_limit <= 0) o.max_new_tokens_limit = max_positions;
-  absl::StatusOr<std::unique_ptr<KvCache>> cache =
-      model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size);
-  if (!cache.ok()) return cache.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                   model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size));
   std::unique_ptr<Engine> engine(new Engine(std::move(model), o));
-  engine->impl_ = std::make_unique<Impl>(engine->model_.get(), o, *std::move(cache));
+  engine->impl_ = std::make_unique<Impl>(engine->model_.get(), o, std::move(cache));
   return engine;
 }
 
@@ -184,7 +184,7 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
           absl::StrCat("stop token id ", id, " is outside the vocabulary"));
     }
   }
-  if (absl::Status s = ValidateSamplingParams(g.sampling); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSamplingParams(g.sampling));
   if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
@@ -279,7 +279,7 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
   seq->deadline = request.deadline;
   seq->times.arrived = std::chrono::steady_clock::now();
   if (auto* g = std::get_if<GenerateRequest>(&request.body)) {
-    if (absl::Status s = ValidateGenerate(*g, *model_, options_, total_blocks); !s.ok()) return s;
+    RETURN_IF_ERROR(ValidateGenerate(*g, *model_, options_, total_blocks));
     seq->is_generate = true;
     seq->generate = std::move(*g);
     seq->tokens = seq->generate.prompt;
@@ -290,7 +290,7 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     ForwardRequest& f = std::get<ForwardRequest>(request.body);
     const int64_t run_begin = f.layer_begin < 0 ? model_->layer_begin() : f.layer_begin;
     const int64_t run_end = f.layer_end < 0 ? model_->layer_end() : f.layer_end;
-    if (absl::Status s = ValidateForward(f, *model_, run_begin, run_end); !s.ok()) return s;
+    RETURN_IF_ERROR(ValidateForward(f, *model_, run_begin, run_end));
     seq->is_generate = false;
     seq->run_begin = run_begin;
     seq->run_end = run_end;
@@ -302,7 +302,7 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
                          total_blocks * options_.block_size, " tokens"));
       }
     } else {
-      if (absl::Status s = ValidateSessionId(f.session_id); !s.ok()) return s;
+      RETURN_IF_ERROR(ValidateSessionId(f.session_id));
       const int64_t session_limit = impl_->session_token_limit();
       const std::string key = SessionKey(f.session_owner, f.session_id);
       std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
@@ -359,7 +359,7 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
 void Engine::Cancel(RequestId id) { impl_->Cancel(id); }
 
 absl::Status Engine::CloseSession(const std::string& session_id, const std::string& owner) {
-  if (absl::Status s = ValidateSessionId(session_id); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSessionId(session_id));
   {
     std::lock_guard<std::mutex> lock(impl_->sessions_mu_);
     auto it = impl_->sessions_.find(SessionKey(owner, session_id));

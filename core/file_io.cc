@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 
@@ -41,16 +42,15 @@ RegularFile::~RegularFile() {
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t limit) {
-  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
-  if (!file.ok()) return file.status();
-  if (file->size() > limit) {
+  ASSIGN_OR_RETURN(RegularFile file, RegularFile::Open(path));
+  if (file.size() > limit) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, " is ", file->size(), " bytes; the limit is ", limit));
+        absl::StrCat(path, " is ", file.size(), " bytes; the limit is ", limit));
   }
-  std::string text(file->size(), '\0');
+  std::string text(file.size(), '\0');
   uint64_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = ::read(file->fd(), text.data() + done, text.size() - done);
+    const ssize_t n = ::read(file.fd(), text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 
@@ -63,15 +64,14 @@ absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape& shape) {
-  absl::StatusOr<int64_t> bytes = KvCacheBytes(shape, sizeof(float));
-  if (!bytes.ok()) return bytes.status();
+  ASSIGN_OR_RETURN(int64_t bytes, KvCacheBytes(shape, sizeof(float)));
   // Refuse what cannot fit in RAM at all: the zero-filled storage is touched at once, so an
   // allocation the kernel overcommits would end in the OOM killer rather than an error.
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_size = ::sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page_size > 0 && *bytes / page_size >= pages) {
+  if (pages > 0 && page_size > 0 && bytes / page_size >= pages) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache of ", shape.num_blocks * shape.block_size, " tokens needs ", *bytes,
+        absl::StrCat("KV cache of ", shape.num_blocks * shape.block_size, " tokens needs ", bytes,
                      " bytes, more than this machine's ", static_cast<int64_t>(pages) * page_size,
                      " bytes of memory; lower --kv_capacity_tokens"));
   }
@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape&
     return std::make_unique<KvCache>(shape);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate a KV cache of ", *bytes, " bytes"));
+        absl::StrCat("cannot allocate a KV cache of ", bytes, " bytes"));
   }
 }
 

@@ -8,6 +8,7 @@
 #include "core/ops/ffn.h"
 #include "core/ops/linear.h"
 #include "core/ops/norm.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 
@@ -105,7 +106,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
                             const ForwardOptions& options, ForwardResult* result) {
   const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
   const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
-  if (absl::Status s = CheckBatch(batch, *cache, run_begin, run_end); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
   bool wants_logits = options.sequence_logits.empty() && options.logits != LogitsRows::kNone;
   for (LogitsRows r : options.sequence_logits) wants_logits |= r != LogitsRows::kNone;
   if (!options.sequence_logits.empty() &&

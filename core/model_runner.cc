@@ -1,7 +1,7 @@
 #include "core/model_runner.h"
 
 #include "absl/strings/str_cat.h"
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/runner.h"
 #include "core/model.h"
 
 namespace glmserve {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/file_io.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace glmserve {
@@ -128,12 +129,11 @@ std::string ShapeToString(const std::vector<int64_t>& shape) {
 }
 
 absl::StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
-  if (!file.ok()) return file.status();
-  const size_t size = static_cast<size_t>(file->size());
+  ASSIGN_OR_RETURN(RegularFile file, RegularFile::Open(path));
+  const size_t size = static_cast<size_t>(file.size());
   const char* data = nullptr;
   if (size > 0) {  // mmap refuses empty mappings; an empty file parses as "too small"
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file->fd(), 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
     if (p == MAP_FAILED) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot mmap ", path, ": ", ErrnoText()));
     }
@@ -205,9 +205,7 @@ absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_
     if (name == "__metadata__") continue;  // free-form string map; nothing we need
     TensorInfo t;
     int64_t begin = 0, end = 0;
-    if (absl::Status s = ParseEntry(name, entry, section_size, source, &t, &begin, &end); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(ParseEntry(name, entry, section_size, source, &t, &begin, &end));
     t.data = section + begin;
     ranges.push_back({begin, end, tensors.size()});
     tensors.push_back(std::move(t));
@@ -250,17 +248,15 @@ absl::StatusOr<std::vector<TensorInfo>> ParseSafetensors(const char* data, size_
 }
 
 absl::StatusOr<TensorStore> TensorStore::OpenFile(const std::string& path) {
-  absl::StatusOr<std::shared_ptr<const MappedFile>> file = MappedFile::Open(path);
-  if (!file.ok()) return file.status();
-  absl::StatusOr<std::vector<TensorInfo>> tensors =
-      ParseSafetensors((*file)->data(), (*file)->size(), path);
-  if (!tensors.ok()) return tensors.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
+  ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+                   ParseSafetensors(file->data(), file->size(), path));
   TensorStore store;
-  for (TensorInfo& t : *tensors) {
+  for (TensorInfo& t : tensors) {
     std::string name = t.name;
     store.tensors_.emplace(std::move(name), std::move(t));
   }
-  store.files_.push_back(*std::move(file));
+  store.files_.push_back(std::move(file));
   return store;
 }
 
@@ -303,11 +299,9 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
     return OpenFile(single);
   }
 
-  absl::StatusOr<std::string> text = ReadRegularFile(index_path, kMaxSafetensorsHeaderBytes);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<ShardIndex> index = ParseShardIndex(*text, index_path);
-  if (!index.ok()) return index.status();
-  const ShardIndex& by_shard = *index;
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(index_path, kMaxSafetensorsHeaderBytes));
+  ASSIGN_OR_RETURN(ShardIndex index, ParseShardIndex(text, index_path));
+  const ShardIndex& by_shard = index;
 
   TensorStore store;
   for (const auto& [file, names] : by_shard) {
@@ -318,11 +312,10 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
                           absl::StrCat(index_path, ": shard '", file, "' (holding '", names[0],
                                        "'): ", mapped.status().message()));
     }
-    absl::StatusOr<std::vector<TensorInfo>> tensors =
-        ParseSafetensors((*mapped)->data(), (*mapped)->size(), path);
-    if (!tensors.ok()) return tensors.status();
+    ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+                     ParseSafetensors((*mapped)->data(), (*mapped)->size(), path));
     std::map<std::string, TensorInfo*, std::less<>> in_shard;
-    for (TensorInfo& t : *tensors) in_shard.emplace(t.name, &t);
+    for (TensorInfo& t : tensors) in_shard.emplace(t.name, &t);
     // Tensors of a shard the index does not list are ignored: the index is the authority.
     for (const std::string& name : names) {
       auto it = in_shard.find(name);

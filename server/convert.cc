@@ -3,6 +3,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "proto/tensor_codec.h"
 
 namespace glmserve {
@@ -135,9 +138,7 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
         return absl::InvalidArgumentError(absl::StrCat(
             "token_ids has ", ids.size(), " tokens; the limit is ", limits.max_prompt_tokens));
       }
-      if (absl::Status s = CheckTokenIds(ids, config.vocab_size, "token_ids.ids"); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckTokenIds(ids, config.vocab_size, "token_ids.ids"));
       out.token_ids.assign(ids.begin(), ids.end());
       break;
     }
@@ -160,9 +161,8 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
         return absl::InvalidArgumentError(absl::StrCat(
             "hidden_states has ", t.shape(0), " rows; the limit is ", limits.max_prompt_tokens));
       }
-      absl::StatusOr<std::vector<float>> values = DecodeTensor(t, "hidden_states");
-      if (!values.ok()) return values.status();
-      out.hidden = *std::move(values);
+      ASSIGN_OR_RETURN(std::vector<float> values, DecodeTensor(t, "hidden_states"));
+      out.hidden = std::move(values);
       out.num_tokens = t.shape(0);
       break;
     }
@@ -171,7 +171,7 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   }
 
   if (!request.session_id().empty()) {
-    if (absl::Status s = glmserve::ValidateSessionId(request.session_id()); !s.ok()) return s;
+    RETURN_IF_ERROR(glmserve::ValidateSessionId(request.session_id()));
   }
   out.session_id = request.session_id();
   if (request.create_session() && out.session_id.empty()) {
@@ -285,32 +285,50 @@ void FillForwardResponse(const glmserve::ForwardOutput& output, const glmserve::
   }
 }
 
+namespace {
+
+// Sets proto field `f` of `out` from a ModelConfig member (overloads by member type); a field
+// of another type is left unset rather than crashing protobuf's reflection (the test catches it).
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              int64_t value, google::protobuf::Message* out) {
+  if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT64 && !f->is_repeated())
+    r.SetInt64(out, f, value);
+}
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              double value, google::protobuf::Message* out) {
+  if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE && !f->is_repeated())
+    r.SetDouble(out, f, value);
+}
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              bool value, google::protobuf::Message* out) {
+  if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL && !f->is_repeated())
+    r.SetBool(out, f, value);
+}
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              const std::string& value, google::protobuf::Message* out) {
+  if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_STRING && !f->is_repeated())
+    r.SetString(out, f, value);
+}
+void SetField(const google::protobuf::Reflection& r, const google::protobuf::FieldDescriptor* f,
+              const std::vector<int32_t>& values, google::protobuf::Message* out) {
+  if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT32 || !f->is_repeated())
+    return;
+  for (int32_t v : values) r.AddInt32(out, f, v);
+}
+
+}  // namespace
+
+// v1.ModelConfig names its fields as ModelConfig's members (tests/server/convert_test.cc
+// checks that every member has its proto field, of the right type), so the one field list
+// fills it by name.
 void FillModelConfig(const glmserve::ModelConfig& c, v1::ModelConfig* out) {
-  out->set_vocab_size(c.vocab_size);
-  out->set_hidden_size(c.hidden_size);
-  out->set_intermediate_size(c.intermediate_size);
-  out->set_moe_intermediate_size(c.moe_intermediate_size);
-  out->set_num_hidden_layers(c.num_hidden_layers);
-  out->set_num_attention_heads(c.num_attention_heads);
-  out->set_num_key_value_heads(c.num_key_value_heads);
-  out->set_head_dim(c.head_dim);
-  out->set_partial_rotary_factor(c.partial_rotary_factor);
-  out->set_rope_theta(c.rope_theta);
-  out->set_rms_norm_eps(c.rms_norm_eps);
-  out->set_use_qk_norm(c.use_qk_norm);
-  out->set_attention_bias(c.attention_bias);
-  out->set_n_routed_experts(c.n_routed_experts);
-  out->set_n_shared_experts(c.n_shared_experts);
-  out->set_num_experts_per_tok(c.num_experts_per_tok);
-  out->set_n_group(c.n_group);
-  out->set_topk_group(c.topk_group);
-  out->set_norm_topk_prob(c.norm_topk_prob);
-  out->set_routed_scaling_factor(c.routed_scaling_factor);
-  out->set_first_k_dense_replace(c.first_k_dense_replace);
-  out->set_tie_word_embeddings(c.tie_word_embeddings);
-  out->set_max_position_embeddings(c.max_position_embeddings);
-  for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
-  out->set_pad_token_id(c.pad_token_id);
+  const google::protobuf::Descriptor& descriptor = *out->GetDescriptor();
+  const google::protobuf::Reflection& reflection = *out->GetReflection();
+  ForEachConfigField(c, [&](const ConfigField& f, const auto& member) {
+    if (const google::protobuf::FieldDescriptor* field = descriptor.FindFieldByName(f.name)) {
+      SetField(reflection, field, member, out);
+    }
+  });
 }
 
 }  // namespace glmserve

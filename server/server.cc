@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/file_io.h"
 #include "core/parallel.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -82,16 +83,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const T
   if (tls.cert_file.empty() || tls.key_file.empty()) {
     return absl::InvalidArgumentError("TLS needs both a certificate and a private key");
   }
-  absl::StatusOr<std::string> cert = ReadFile(tls.cert_file, "TLS certificate");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadFile(tls.key_file, "TLS private key");
-  if (!key.ok()) return key.status();
+  ASSIGN_OR_RETURN(std::string cert, ReadFile(tls.cert_file, "TLS certificate"));
+  ASSIGN_OR_RETURN(std::string key, ReadFile(tls.key_file, "TLS private key"));
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  ssl.pem_key_cert_pairs.push_back({key, cert});
   if (!tls.client_ca_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadFile(tls.client_ca_file, "TLS client CA");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(std::string ca, ReadFile(tls.client_ca_file, "TLS client CA"));
+    ssl.pem_root_certs = ca;
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
@@ -114,10 +112,9 @@ v1::DataType WireDType(glmserve::DType dtype) {
 const char* ServerVersion() { return GLMSERVE_VERSION; }
 
 absl::StatusOr<std::vector<std::string>> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path, "token file");
-  if (!text.ok()) return text.status();
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));
   std::vector<std::string> tokens;
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line.front() == '#') continue;
     tokens.emplace_back(line);
@@ -168,24 +165,21 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
 }
 
 absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions& options) {
-  if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateServerOptions(options));
   std::unique_ptr<GlmServer> s(new GlmServer());
   s->options_ = options;
   ServiceOptions service_options = options.service;
   if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens = ReadTokenFile(options.auth_token_file);
-    if (!tokens.ok()) return tokens.status();
-    service_options.auth_tokens = *std::move(tokens);
+    ASSIGN_OR_RETURN(std::vector<std::string> tokens, ReadTokenFile(options.auth_token_file));
+    service_options.auth_tokens = std::move(tokens);
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      MakeCredentials(options.tls);
-  if (!credentials.ok()) return credentials.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeCredentials(options.tls));
 
   if (!options.access_log.empty()) {
-    absl::StatusOr<std::unique_ptr<AccessLog>> log =
-        AccessLog::Open(options.access_log, options.log_format);
-    if (!log.ok()) return log.status();
-    s->access_log_ = *std::move(log);
+    ASSIGN_OR_RETURN(std::unique_ptr<AccessLog> log,
+                     AccessLog::Open(options.access_log, options.log_format));
+    s->access_log_ = std::move(log);
     service_options.access_log = s->access_log_.get();
   }
   s->metrics_ = std::make_unique<Metrics>();
@@ -204,7 +198,7 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
       "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.address, options.port);
-  builder.AddListeningPort(address, *credentials, &s->port_);
+  builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
@@ -273,10 +267,9 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
   kv_bytes_per_token_ = model->kv_bytes_per_token();
-  absl::StatusOr<std::unique_ptr<glmserve::Engine>> engine =
-      glmserve::Engine::Create(std::move(model), engine_options);
-  if (!engine.ok()) return engine.status();
-  engine_ = *std::move(engine);
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
+                   glmserve::Engine::Create(std::move(model), engine_options));
+  engine_ = std::move(engine);
   Metrics* metrics = metrics_.get();
   std::atomic<int64_t>* observed = &steps_observed_;
   engine_->SetStepObserver([metrics, observed](const glmserve::StepReport& r) {

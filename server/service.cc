@@ -79,10 +79,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         ToEngineGenerate(request, backend->engine->model(), backend->limits);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
     if (!service_->AcquireStream()) {
-      return FinishEarly(
-          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat("too many concurrent Generate streams (limit ",
-                                    service_->options_.max_concurrent_streams, ")")));
+      return FinishEarly(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("too many concurrent Generate streams (limit ",
+                       service_->options_.max_concurrent_streams, ")"))));
     }
     holds_stream_ = true;
     engine_ = backend->engine;
@@ -186,7 +185,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         if (!finish_->status.ok() || broken_) {
           // Tokens still pending are dropped: the call ends with an error status anyway.
           status = broken_ && finish_->status.ok()
-                       ? grpc::Status(grpc::StatusCode::CANCELLED, "stream broken")
+                       ? ToGrpcStatus(absl::CancelledError("stream broken"))
                        : ToGrpcStatus(finish_->status);
           action = Action::kFinish;
         } else {
@@ -475,18 +474,17 @@ bool GlmServiceImpl::ReserveOutput(int64_t bytes) {
 const Backend* GlmServiceImpl::Admit(grpc::CallbackServerContext* context,
                                      grpc::Status* status) const {
   if (!Authorized(context)) {
-    *status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                           "missing or invalid bearer token (metadata 'authorization: Bearer "
-                           "<token>')");
+    *status = ToGrpcStatus(absl::UnauthenticatedError(
+        "missing or invalid bearer token (metadata 'authorization: Bearer <token>')"));
     return nullptr;
   }
   if (draining_.load()) {
-    *status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is draining for shutdown");
+    *status = ToGrpcStatus(absl::UnavailableError("server is draining for shutdown"));
     return nullptr;
   }
   const Backend* backend = backend_.load();
   if (backend == nullptr) {
-    *status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is loading the model");
+    *status = ToGrpcStatus(absl::UnavailableError("server is loading the model"));
   }
   return backend;
 }

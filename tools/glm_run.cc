@@ -82,10 +82,8 @@ int32_t ArgMax(const float* v, int64_t n) {
 
 absl::Status Run() {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
-  if (!prompt.ok()) return prompt.status();
-  absl::StatusOr<glmserve::DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return dtype.status();
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(absl::GetFlag(FLAGS_prompt)));
+  ASSIGN_OR_RETURN(glmserve::DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
   ASSIGN_OR_RETURN(const glmserve::CpuMath math,
                    glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
   ASSIGN_OR_RETURN(const glmserve::WeightQuant quant,
@@ -100,7 +98,7 @@ absl::Status Run() {
   const auto t_load = Clock::now();
   glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
-  random.dtype = *dtype;
+  random.dtype = dtype;
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
@@ -123,11 +121,11 @@ absl::Status Run() {
               Seconds(t_load, Clock::now()));
   std::printf("threads   %d, %s\n", glmserve::NumThreads(), model.compute_description().c_str());
 
-  const int64_t total = static_cast<int64_t>(prompt->size()) + max_new;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + max_new;
   const int64_t block_size = 16;
   glmserve::KvCache cache(model.CacheShape((total + block_size - 1) / block_size, block_size));
   glmserve::BlockTable table;
-  if (absl::Status s = cache.Reserve(&table, total); !s.ok()) return s;
+  RETURN_IF_ERROR(cache.Reserve(&table, total));
 
   // Prefill: the whole prompt in one step.
   glmserve::ForwardOptions options;
@@ -135,13 +133,13 @@ absl::Status Run() {
   options.logits = want_prompt_logits ? glmserve::LogitsRows::kAll : glmserve::LogitsRows::kLast;
   options.return_layer_hidden = !absl::GetFlag(FLAGS_hidden_out).empty();
   glmserve::ForwardBatch batch;
-  batch.sequences = {{static_cast<int64_t>(prompt->size()), 0, &table}};
-  batch.token_ids = *prompt;
+  batch.sequences = {{static_cast<int64_t>(prompt.size()), 0, &table}};
+  batch.token_ids = prompt;
   glmserve::ForwardResult result;
   const auto t_prefill = Clock::now();
-  if (absl::Status s = model.Forward(batch, &cache, options, &result); !s.ok()) return s;
+  RETURN_IF_ERROR(model.Forward(batch, &cache, options, &result));
   const double prefill_s = Seconds(t_prefill, Clock::now());
-  const int64_t n = static_cast<int64_t>(prompt->size());
+  const int64_t n = static_cast<int64_t>(prompt.size());
   std::printf("prefill   %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(n),
               prefill_s, n / prefill_s);
 
@@ -175,7 +173,7 @@ absl::Status Run() {
     if (step + 1 == max_new) break;
     batch.sequences = {{1, n + step, &table}};
     batch.token_ids = absl::MakeConstSpan(&next, 1);
-    if (absl::Status s = model.Forward(batch, &cache, options, &result); !s.ok()) return s;
+    RETURN_IF_ERROR(model.Forward(batch, &cache, options, &result));
     next = ArgMax(result.logits.data(), c.vocab_size);
   }
   const double decode_s = Seconds(t_decode, Clock::now());
@@ -183,7 +181,7 @@ absl::Status Run() {
   std::printf("decode    %lld steps in %.3f s (%.1f tokens/s, %.2f ms/token)\n",
               static_cast<long long>(steps), decode_s, steps > 0 ? steps / decode_s : 0.0,
               steps > 0 ? 1e3 * decode_s / steps : 0.0);
-  std::printf("prompt    %s\n", absl::StrJoin(*prompt, ",").c_str());
+  std::printf("prompt    %s\n", absl::StrJoin(prompt, ",").c_str());
   std::printf("greedy    %s\n", absl::StrJoin(generated, ",").c_str());
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the command the README gives and .ci/run calls.
-#   tools/test.sh            # install deps if missing, configure, build, ctest, 30 s per fuzzer
+#   tools/test.sh            # install deps if missing, configure, build, ctest, the engine-alone
+#                            # build with the CUDA emulation tests, 30 s per fuzzer
 # BUILD_DIR (default: build) and JOBS (default: nproc) may be set in the environment.
 # The build is tools/build.sh, the same script the Dockerfile's build stage runs.
 set -euo pipefail
@@ -10,6 +11,20 @@ JOBS=${JOBS:-$(nproc)}
 
 TARGETS="" BUILD_DIR="$BUILD_DIR" JOBS="$JOBS" bash tools/build.sh
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
+# The engine on its own (GLMSERVE_BUILD_SERVER=OFF, with gRPC, protobuf, prometheus-cpp and
+# BLAS made unfindable: core/ must configure and build with Abseil and nlohmann-json alone),
+# which is also the build the CUDA emulation needs: the CUDA backend's GPU tests on the CPU
+# (tools/cuda_emu, ctest label cuda_emu). EMU=0 skips it.
+if [ "${EMU:-1}" != 0 ]; then
+  EMU_DIR="${BUILD_DIR}-emu"
+  cmake -S . -B "$EMU_DIR" -DCMAKE_BUILD_TYPE=Release -DGLMSERVE_CUDA=OFF -DGLMSERVE_CUDA_EMU=ON \
+    -DGLMSERVE_BUILD_SERVER=OFF -DGLMSERVE_BUILD_BENCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON \
+    -DCMAKE_DISABLE_FIND_PACKAGE_Protobuf=ON -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
+    -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON
+  cmake --build "$EMU_DIR" -j "$JOBS" --target glm-run emu_cuda_runner_test emu_kernels_cuda_test \
+    emu_model_cuda_test emu_sampling_cuda_test emu_gpu_bench
+  ctest --test-dir "$EMU_DIR" -L cuda_emu --output-on-failure -j "$JOBS"
+fi
 # Every fuzz target for a short fixed time under libFuzzer + ASan + UBSan (its own clang build
 # in build-fuzz/); FUZZ_SECONDS=0 skips it, tools/fuzz.sh 600 is a long run.
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}

@@ -4,7 +4,7 @@
 //
 // Every launcher enqueues work on `stream` and returns the launch status (cudaGetLastError
 // after the launch); it never synchronises. Shapes are validated by the caller
-// (core/cuda/cuda_model_cuda.cc); the limits kernels rely on are listed here.
+// (core/cuda/model.cc); the limits kernels rely on are listed here.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // The mixture-of-experts pieces: router rows, grouping (token, k) pairs by expert, gathering
 // their inputs, the device-driven expert GEMV for small batches, and the weighted combine.
-// The large-batch expert GEMMs go through cuBLAS (core/cuda/cuda_layers_cuda.cc).
+// The large-batch expert GEMMs go through cuBLAS (core/cuda/layers.cc).
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
 

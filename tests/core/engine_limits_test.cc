@@ -16,6 +16,7 @@
 #include "core/engine.h"
 #include "core/kv_cache.h"
 #include "core/model.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -72,7 +73,7 @@ class Runner {
     return finish_[key].status;
   }
   absl::Status Run(int key, Request request) {
-    if (absl::Status s = Submit(key, std::move(request)); !s.ok()) return s;
+    RETURN_IF_ERROR(Submit(key, std::move(request)));
     return Wait(key);
   }
   std::vector<int32_t> tokens(int key) {

@@ -4,8 +4,15 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
 
+#include "google/protobuf/descriptor.h"
+
+#include "core/config.h"
 #include "core/dtype.h"
+#include "server/convert.h"
 #include "proto/tensor_codec.h"
 #include "server/status.h"
 
@@ -92,6 +99,49 @@ TEST(StatusMapTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
     EXPECT_EQ(out.error_message(), std::string(in.message()));
   }
   EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
+}
+
+// v1.ModelConfig is filled by name from ModelConfig's one field list: every member must have
+// a proto field of the same name and type, or GetModelInfo would silently drop it.
+TEST(ModelConfigProtoTest, EveryConfigFieldHasItsProtoFieldAndIsCarried) {
+  absl::StatusOr<ModelConfig> config = PresetConfig("glm-4.5");
+  ASSERT_TRUE(config.ok()) << config.status();
+  v1::ModelConfig proto;
+  FillModelConfig(*config, &proto);
+  const google::protobuf::Descriptor& d = *proto.GetDescriptor();
+  int fields = 0;
+  ForEachConfigField(*config, [&](const ConfigField& f, const auto& member) {
+    ++fields;
+    const google::protobuf::FieldDescriptor* field = d.FindFieldByName(f.name);
+    ASSERT_NE(field, nullptr) << f.name << " has no v1.ModelConfig field";
+    using T = std::decay_t<decltype(member)>;
+    using FD = google::protobuf::FieldDescriptor;
+    const google::protobuf::Reflection& r = *proto.GetReflection();
+    if constexpr (std::is_same_v<T, int64_t>) {
+      ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_INT64) << f.name;
+      EXPECT_EQ(r.GetInt64(proto, field), member) << f.name;
+    } else if constexpr (std::is_same_v<T, double>) {
+      ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_DOUBLE) << f.name;
+      EXPECT_EQ(r.GetDouble(proto, field), member) << f.name;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_BOOL) << f.name;
+      EXPECT_EQ(r.GetBool(proto, field), member) << f.name;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      ASSERT_EQ(field->cpp_type(), FD::CPPTYPE_STRING) << f.name;
+      EXPECT_EQ(r.GetString(proto, field), member) << f.name;
+    } else {
+      static_assert(std::is_same_v<T, std::vector<int32_t>>);
+      ASSERT_TRUE(field->is_repeated()) << f.name;
+      ASSERT_EQ(r.FieldSize(proto, field), static_cast<int>(member.size())) << f.name;
+      for (size_t i = 0; i < member.size(); ++i) {
+        EXPECT_EQ(r.GetRepeatedInt32(proto, field, static_cast<int>(i)), member[i]) << f.name;
+      }
+    }
+  });
+  EXPECT_EQ(fields, d.field_count()) << "v1.ModelConfig has a field ModelConfig lacks";
+  EXPECT_EQ(proto.num_hidden_layers(), 92);
+  EXPECT_EQ(proto.eos_token_ids_size(), 3);
+  EXPECT_EQ(proto.hidden_act(), "silu");
 }
 
 }  // namespace

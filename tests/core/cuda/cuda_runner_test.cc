@@ -1,7 +1,7 @@
 // Device selection, in every build: with or without the CUDA backend and with or without a
 // GPU, --device=cuda either gives a GPU runner or a clear FAILED_PRECONDITION, and auto falls
 // back to the CPU.
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/runner.h"
 
 #include <gtest/gtest.h>
 

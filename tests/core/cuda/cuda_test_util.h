@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/runner.h"
 #include "core/dtype.h"
 
 #define GLM_REQUIRE_CUDA_DEVICE()                                                        \

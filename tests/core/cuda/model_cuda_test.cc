@@ -21,7 +21,7 @@
 #include <string>
 
 #include "core/checkpoint.h"
-#include "core/cuda/cuda_model.h"
+#include "core/cuda/model.h"
 #include "core/model.h"
 #include "core/npy.h"
 #include "core/ops/ffn.h"

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_model.h"
+#include "core/cuda/model.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 

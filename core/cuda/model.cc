@@ -1,5 +1,5 @@
 // CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
-// work it enqueues is in cuda_layers_cuda.cc.
+// work it enqueues is in layers.cc.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -8,8 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_model.h"
+#include "core/cuda/model.h"
 #include "core/cuda/kernels.h"
+#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -102,24 +103,20 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   sm_count_ = std::max(1, prop.multiProcessorCount);
   GLM_CUDA_RETURN_IF_ERROR(PrepareKernels());
 
-  absl::StatusOr<Stream> stream = CreateStream();
-  if (!stream.ok()) return stream.status();
-  stream_ = *std::move(stream);
-  absl::StatusOr<CublasHandle> cublas = CreateCublas();
-  if (!cublas.ok()) return cublas.status();
-  cublas_ = *std::move(cublas);
-  absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Create(kCublasWorkspaceBytes);
-  if (!workspace.ok()) return workspace.status();
-  cublas_workspace_ = *std::move(workspace);
+  ASSIGN_OR_RETURN(Stream stream, CreateStream());
+  stream_ = std::move(stream);
+  ASSIGN_OR_RETURN(CublasHandle cublas, CreateCublas());
+  cublas_ = std::move(cublas);
+  ASSIGN_OR_RETURN(DeviceBuffer workspace, DeviceBuffer::Create(kCublasWorkspaceBytes));
+  cublas_workspace_ = std::move(workspace);
   // Stream first: cublasSetStream resets the workspace to cuBLAS's own pool. A workspace of
   // our own keeps cuBLAS from allocating during graph capture.
   GLM_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_.get(), stream_.get()));
   GLM_CUBLAS_RETURN_IF_ERROR(
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
 
-  absl::StatusOr<DeviceWeights> uploaded = UploadWeights(weights, stream_.get());
-  if (!uploaded.ok()) return uploaded.status();
-  weights_ = *std::move(uploaded);
+  ASSIGN_OR_RETURN(DeviceWeights uploaded, UploadWeights(weights, stream_.get()));
+  weights_ = std::move(uploaded);
   weights = ModelWeights{};  // release the host copies (file mappings, random buffers)
 
   // Buffers whose size does not depend on the step. The split scratch covers any split
@@ -136,21 +133,18 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   };
   Carver sizer(nullptr);
   carve(sizer);
-  absl::StatusOr<DeviceBuffer> fixed = DeviceBuffer::Create(static_cast<size_t>(sizer.size()));
-  if (!fixed.ok()) return fixed.status();
-  fixed_memory_ = *std::move(fixed);
+  ASSIGN_OR_RETURN(DeviceBuffer fixed, DeviceBuffer::Create(static_cast<size_t>(sizer.size())));
+  fixed_memory_ = std::move(fixed);
   Carver carver(static_cast<char*>(fixed_memory_.get()));
   carve(carver);
   if (has_head_) {
-    absl::StatusOr<PinnedBuffer> host =
-        PinnedBuffer::Create(sizeof(float) * kLogitChunk * c.vocab_size);
-    if (!host.ok()) return host.status();
-    logits_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host,
+                     PinnedBuffer::Create(sizeof(float) * kLogitChunk * c.vocab_size));
+    logits_host_ = std::move(host);
   }
   if (offsets_count > 0) {
-    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * offsets_count);
-    if (!host.ok()) return host.status();
-    offsets_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * offsets_count));
+    offsets_host_ = std::move(host);
   }
   return EnsureCapacity(256, 1024);
 }
@@ -302,12 +296,10 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
   layout.block_table_cap = std::max(meta_layout_.block_table_cap,
                                     RoundUp(std::max<int64_t>(block_table_entries, 1), 1024));
   meta_device_.Reset();
-  absl::StatusOr<DeviceBuffer> device = DeviceBuffer::Create(sizeof(int32_t) * layout.total());
-  if (!device.ok()) return device.status();
-  absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(sizeof(int32_t) * layout.total());
-  if (!host.ok()) return host.status();
-  meta_device_ = *std::move(device);
-  meta_host_ = *std::move(host);
+  ASSIGN_OR_RETURN(DeviceBuffer device, DeviceBuffer::Create(sizeof(int32_t) * layout.total()));
+  ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * layout.total()));
+  meta_device_ = std::move(device);
+  meta_host_ = std::move(host);
   meta_layout_ = layout;
   return absl::OkStatus();
 }
@@ -351,9 +343,8 @@ int CudaModel::ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_grap
 absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
   const size_t bytes = sizeof(float) * rows * config_.hidden_size;
   if (io_host_.bytes() < bytes) {
-    absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
-    if (!host.ok()) return host.status();
-    io_host_ = *std::move(host);
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+    io_host_ = std::move(host);
   }
   GLM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(io_host_.get(), a_.h, bytes, cudaMemcpyDeviceToHost, stream_.get()));
@@ -391,9 +382,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   if (!has_embedding_) {
     const size_t bytes = sizeof(float) * real * c.hidden_size;
     if (io_host_.bytes() < bytes) {
-      absl::StatusOr<PinnedBuffer> host = PinnedBuffer::Create(bytes);
-      if (!host.ok()) return host.status();
-      io_host_ = *std::move(host);
+      ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+      io_host_ = std::move(host);
     }
     std::memcpy(io_host_.get(), batch.hidden_in.data(), bytes);
     GLM_CUDA_RETURN_IF_ERROR(

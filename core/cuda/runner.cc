@@ -1,11 +1,12 @@
-// The CUDA backend's entry points (core/cuda/cuda_runner.h) in builds with GLMSERVE_CUDA on.
+// The CUDA backend's entry points (core/cuda/runner.h) in builds with GLMSERVE_CUDA on.
 // Device presence is a run-time question: a driver-less machine or one without a GPU gets
 // false here (never an abort), so one binary serves both.
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/cuda/cuda_model.h"
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/model.h"
+#include "core/cuda/runner.h"
+#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -63,10 +64,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weigh
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
   }
-  absl::StatusOr<std::unique_ptr<cuda::CudaModel>> model =
-      cuda::CudaModel::Create(std::move(weights));
-  if (!model.ok()) return model.status();
-  return std::unique_ptr<ModelRunner>(*std::move(model));
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
+                   cuda::CudaModel::Create(std::move(weights)));
+  return std::unique_ptr<ModelRunner>(std::move(model));
 }
 
 }  // namespace glmserve

@@ -1,6 +1,6 @@
 // Built when GLMSERVE_CUDA is off: the CUDA entry points say so.
 #include "absl/status/status.h"
-#include "core/cuda/cuda_runner.h"
+#include "core/cuda/runner.h"
 
 namespace glmserve {
 

@@ -2,6 +2,7 @@
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_memory.h"
+#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 
@@ -77,7 +78,7 @@ absl::StatusOr<Event> CreateEvent(bool timing) {
 }
 
 absl::StatusOr<CublasHandle> CreateCublas() {
-  if (absl::Status s = LoadCublas(); !s.ok()) return s;
+  RETURN_IF_ERROR(LoadCublas());
   cublasHandle_t h = nullptr;
   GLM_CUBLAS_RETURN_IF_ERROR(Cublas().create(&h));
   return CublasHandle(h);

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/ops/rope.h"
 #include "core/parallel.h"
+#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -179,7 +180,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
       plan.AddVector(a.k_norm, c.head_dim);
     }
     if (!l.is_moe) {
-      if (absl::Status s = CheckFfn(l.dense, hidden, "dense FFN"); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckFfn(l.dense, hidden, "dense FFN"));
       o.dense_gate_up = plan.Begin();
       plan.AddMatrix(l.dense.gate, Target::kBf16);
       plan.AddMatrix(l.dense.up, Target::kBf16);
@@ -200,7 +201,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     plan.AddVector(m.router_bias, c.n_routed_experts);
     o.experts_gate_up = plan.Begin();
     for (const FfnWeights& e : m.experts) {
-      if (absl::Status s = CheckFfn(e, hidden, "expert"); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
       if (e.gate.rows != c.moe_intermediate_size) {
         return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
       }
@@ -211,7 +212,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
     routed_bytes = 3 * c.moe_intermediate_size * hidden * 2;
     if (m.has_shared()) {
-      if (absl::Status s = CheckFfn(m.shared, hidden, "shared expert"); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
       o.shared_gate_up = plan.Begin();
       plan.AddMatrix(m.shared.gate, Target::kBf16);
       plan.AddMatrix(m.shared.up, Target::kBf16);
@@ -242,11 +243,10 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     return absl::InvalidArgumentError("weights do not match the config's shapes");
   }
   DeviceWeights out;
-  absl::StatusOr<DeviceBuffer> memory = DeviceBuffer::Create(static_cast<size_t>(plan.size()));
-  if (!memory.ok()) return memory.status();
-  out.memory = *std::move(memory);
+  ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(plan.size())));
+  out.memory = std::move(memory);
   char* base = static_cast<char*>(out.memory.get());
-  if (absl::Status s = Execute(plan, base, stream); !s.ok()) return s;
+  RETURN_IF_ERROR(Execute(plan, base, stream));
 
   const auto bf16 = [base](int64_t off) -> const uint16_t* {
     return off < 0 ? nullptr : reinterpret_cast<const uint16_t*>(base + off);
