@@ -7,6 +7,8 @@
 //
 //   build/bench/cpu_bench                         # glm-4.5-air:layers=2, bf16 weights
 //   build/bench/cpu_bench --preset=glm-4.5-mini --prefill_tokens=256 --modes=bf16
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -35,6 +37,17 @@ namespace {
 
 using glmserve::bench::Clock;
 using glmserve::bench::Since;
+
+// OpenBLAS sgemm rate at 2048^3: a practical fp32 GEMM rate, next to the FMA peak.
+double MeasureBlasGflops() {
+  const int n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const double s = glmserve::bench::BestOf(3, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.f, a.data(), n, b.data(), n,
+                0.f, c.data(), n);
+  });
+  return 2.0 * n * n * n / s / 1e9;
+}
 
 struct StepCost {
   double weight_bytes = 0;  // weights read by one step
@@ -166,9 +179,10 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", glmserve::NumThreads());
   std::printf(
       "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, read bandwidth "
-      "%.1f GB/s (%d streams per thread; 1 stream: %.1f GB/s)\n",
+      "%.1f GB/s (%d streams per thread; 1 stream: %.1f GB/s), OpenBLAS sgemm 2048^3 %.0f "
+      "GFLOP/s\n",
       limits.fma_gflops, limits.bf16_gflops, limits.read_gbs, limits.read_best_streams,
-      limits.read_one_stream_gbs);
+      limits.read_one_stream_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =

@@ -154,8 +154,6 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
 
 void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<internal::Task> tasks(jobs.size());
-  // kBf16: each distinct activation is rounded to bf16 once (q/k/v and gate/up share theirs),
-  // in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
   // Which jobs take the bf16 arithmetic: bf16 weights in kBf16, and int8 weights always
   // (their kernel is a vdpbf16ps one; glm-server refuses int8 with --cpu_math=exact).
   auto takes_bf16 = [math](const LinearJob& job) {
@@ -164,6 +162,8 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     if (w.format == WeightFormat::kInt8Groups) return true;
     return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
   };
+  // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
+  // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
   struct Rounded {
     const float* x;
     int64_t m, k;
