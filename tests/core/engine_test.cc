@@ -30,7 +30,9 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
   EXPECT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
-  if (g_int8) EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
+  if (g_int8) {
+    EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
+  }
   return std::make_unique<Model>(*std::move(w), g_math);
 }
 

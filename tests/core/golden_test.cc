@@ -98,7 +98,9 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   ASSERT_EQ(logits->shape, (std::vector<int64_t>{n, c.vocab_size}));
   const double logits_err = testing::RelativeError(result.logits, logits->data);
   EXPECT_LT(logits_err, fp32_bound) << "logits vs fp32-compute reference";
-  if (rounded) EXPECT_GT(logits_err, 1e-5) << "the bf16 mode did not round anything";
+  if (rounded) {
+    EXPECT_GT(logits_err, 1e-5) << "the bf16 mode did not round anything";
+  }
   std::printf("[ %s ] logits relative error vs fp32 reference: %.3g\n", label.c_str(), logits_err);
 
   absl::StatusOr<NpyArray> hidden = ReadNpy(dir + "/hidden_states.npy");
