@@ -16,6 +16,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/machine_limits.h"
+#include "bench/step_cost.h"
 #include "core/checkpoint.h"
 #include "core/engine.h"
 #include "core/model.h"
@@ -111,9 +113,15 @@ int main(int argc, char** argv) {
   const int64_t vocab = weights->config.vocab_size;
   std::printf("model: %s (%s), %d threads\n", absl::GetFlag(FLAGS_preset).c_str(),
               description.c_str(), glmserve::NumThreads());
-  std::printf("each sequence: %d prompt tokens, %d generated\n\n", prompt, new_tokens);
-  std::printf("| mode | concurrent | decode steps | ms / step | decode tokens/s | gain vs 1 |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("each sequence: %d prompt tokens, %d generated\n", prompt, new_tokens);
+  const double read_gbs = glmserve::bench::MeasureMachine().read_gbs;
+  std::printf("machine: read bandwidth %.1f GB/s (best of 1, 2, 4, 8 streams per thread)\n\n",
+              read_gbs);
+  // Bytes a decode step reads: at most every chosen expert distinct (hence "<=").
+  std::printf(
+      "| mode | concurrent | decode steps | ms / step | decode tokens/s | gain vs 1 | achieved "
+      "(<= GB/step) | fraction of read |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode : modes) {
     // Each mode's model shares the weights' memory (views and shared owners); int8 adds its
     // quantized copy of the linear layers.
@@ -124,6 +132,7 @@ int main(int argc, char** argv) {
         !glmserve::QuantizeWeights(&mode_weights, glmserve::WeightQuant::kInt8).ok()) {
       return 1;
     }
+    const glmserve::ModelWeights cost_view = mode_weights;  // views: shares the memory
     auto model = std::make_unique<glmserve::Model>(std::move(mode_weights), math);
     glmserve::EngineOptions options;
     int max_level = 1;
@@ -141,9 +150,16 @@ int main(int argc, char** argv) {
       const Result r = Measure(**engine, level, prompt, new_tokens, vocab);
       const double tps = r.decode_tokens / r.decode_seconds;
       if (base == 0) base = tps;
-      std::printf("| %s | %d | %lld | %.1f | %.1f | %.2fx |\n", mode.c_str(), level,
-                  static_cast<long long>(r.decode_steps), 1e3 * r.decode_seconds / r.decode_steps,
-                  tps, tps / base);
+      const glmserve::ModelConfig& c = cost_view.config;
+      const glmserve::bench::StepCost cost = glmserve::bench::Cost(
+          cost_view, level, prompt + new_tokens / 2,
+          std::min<int64_t>(c.n_routed_experts, int64_t{level} * c.num_experts_per_tok));
+      const double gb = (cost.weight_bytes + cost.kv_bytes * level) / 1e9;  // KV: per sequence
+      const double step_s = r.decode_seconds / r.decode_steps;
+      std::printf("| %s | %d | %lld | %.1f | %.1f | %.2fx | <= %.1f GB/s (%.2f) | <= %.2f |\n",
+                  mode.c_str(), level, static_cast<long long>(r.decode_steps),
+                  1e3 * r.decode_seconds / r.decode_steps, tps, tps / base, gb / step_s, gb,
+                  gb / step_s / read_gbs);
     }
   }
   return 0;

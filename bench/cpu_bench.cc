@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/machine_limits.h"
+#include "bench/step_cost.h"
 #include "core/checkpoint.h"
 #include "core/model.h"
 #include "core/ops/linear.h"
@@ -47,51 +48,6 @@ double MeasureBlasGflops() {
                 0.f, c.data(), n);
   });
   return 2.0 * n * n * n / s / 1e9;
-}
-
-struct StepCost {
-  double weight_bytes = 0;  // weights read by one step
-  double kv_bytes = 0;      // KV cache read by one step
-  double flops = 0;         // multiply-adds x 2
-};
-
-// What one step reads and computes: every matrix is read once per step (the batch shares
-// it), each token multiplies the dense matrices and its top-k experts.
-StepCost Cost(const glmserve::Model& model, int64_t tokens, int64_t context_after,
-              int64_t distinct_experts) {
-  const glmserve::ModelWeights& w = model.weights();
-  const glmserve::ModelConfig& c = model.config();
-  StepCost cost;
-  auto mat = [&](const glmserve::Matrix& m, double rows_used_fraction = 1.0) {
-    cost.weight_bytes += m.bytes() * rows_used_fraction;
-  };
-  for (const glmserve::LayerWeights& l : w.layers) {
-    for (const glmserve::Matrix* m :
-         {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
-      mat(*m);
-      cost.flops += 2.0 * tokens * m->rows * m->cols;
-    }
-    const glmserve::FfnWeights* ffns[] = {&l.dense};
-    if (l.is_moe) {
-      mat(l.moe.router);
-      cost.flops += 2.0 * tokens * l.moe.router.rows * l.moe.router.cols;
-      const glmserve::FfnWeights& e = l.moe.experts[0];
-      const double expert_bytes = e.gate.bytes() + e.up.bytes() + e.down.bytes();
-      cost.weight_bytes += expert_bytes * distinct_experts;
-      cost.flops += 2.0 * tokens * c.num_experts_per_tok * 3 * e.gate.rows * e.gate.cols;
-      ffns[0] = &l.moe.shared;
-    }
-    for (const glmserve::Matrix* m : {&ffns[0]->gate, &ffns[0]->up, &ffns[0]->down}) {
-      mat(*m);
-      cost.flops += 2.0 * tokens * m->rows * m->cols;
-    }
-    // Attention reads every cached key and value of the context once per step.
-    cost.kv_bytes += 2.0 * context_after * c.kv_dim() * sizeof(float);
-    cost.flops += 4.0 * tokens * (context_after - tokens / 2.0) * c.q_dim();
-  }
-  mat(w.lm_head);
-  cost.flops += 2.0 * w.lm_head.rows * w.lm_head.cols;  // logits of one row per sequence
-  return cost;
 }
 
 struct PhaseResult {
@@ -218,13 +174,15 @@ int main(int argc, char** argv) {
     const char* mode = mode_name.c_str();
     const bool bf16_math = math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
     const double peak = bf16_math ? limits.bf16_gflops : limits.fma_gflops;
-    const StepCost prefill_cost = Cost(model, prefill, prefill, config->n_routed_experts);
+    const glmserve::bench::StepCost prefill_cost =
+        glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts);
     const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
         bf16_math ? "bf16 dot" : "fp32 FMA", peak > 0 ? prefill_gflops / peak : 0.0);
-    const StepCost d1 = Cost(model, 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
+    const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
+        model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
     std::printf(
         "| %s | decode batch 1 | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f GB/s (read) "
@@ -235,8 +193,9 @@ int main(int argc, char** argv) {
     // distinct experts read).
     const int64_t distinct =
         std::min<int64_t>(config->n_routed_experts, batch * config->num_experts_per_tok);
-    const StepCost db = Cost(model, batch, 16 + steps / 2 + 1, distinct);
-    const double db_gb = (db.weight_bytes + db.kv_bytes) / 1e9;
+    const glmserve::bench::StepCost db =
+        glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct);
+    const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
     std::printf(
         "| %s | decode batch %d | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) | %.1f GB/s "
         "(read) | <= %.2f |\n",
