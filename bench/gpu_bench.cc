@@ -24,10 +24,10 @@
 #include "absl/strings/str_split.h"
 #include "core/checkpoint.h"
 #include "core/cuda/cublas_api.h"
-#include "core/cuda/device_memory.h"
-#include "core/cuda/gemm.h"
 #include "core/cuda/model.h"
 #include "core/cuda/runner.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/gemm.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2", "preset with seeded random bf16 weights");
 ABSL_FLAG(std::string, batches, "1,8,64", "decode batch sizes");
