@@ -129,6 +129,10 @@ std::string ConfigToJson(const ModelConfig& c, DType dtype) {
 
 absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
                             const SaveCheckpointOptions& options) {
+  if (weights.linear_format != WeightFormat::kDense) {
+    return absl::FailedPreconditionError(
+        "weights quantized at load cannot be saved as a checkpoint; save before quantizing");
+  }
   RETURN_IF_ERROR(ValidateConfig(weights.config));
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.

@@ -12,8 +12,9 @@
 
 namespace glmserve {
 
-Model::Model(ModelWeights weights)
+Model::Model(ModelWeights weights, CpuMath math)
     : weights_(std::move(weights)),
+      math_(math),
       rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
       router_(RouterParams::FromConfig(weights_.config)) {
   const ModelConfig& c = weights_.config;
@@ -32,6 +33,20 @@ Model::Model(ModelWeights weights)
   for (const LayerWeights& layer : weights_.layers) {
     absorbed_k_.push_back(AbsorbedKeyWeights(layer.mla.kv_b_proj, mla_shape_));
   }
+}
+
+std::string Model::compute_description() const {
+  // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
+  const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
+  if (weights_.linear_format == WeightFormat::kInt8Groups) {
+    // Int8 matrices always run the bf16 arithmetic (linear.h).
+    return absl::StrCat("cpu math bf16, kernel ", LinearKernelName(CpuMath::kBf16),
+                        ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
+                        std::string(DTypeName(weights_.weight_dtype)), ")");
+  }
+  return absl::StrCat(
+      "cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
+      math_ == CpuMath::kBf16 && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
 }
 
 KvCacheShape Model::CacheShape(int64_t num_blocks, int64_t block_size) const {
@@ -79,7 +94,7 @@ void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const 
   const LinearJob qkv[] = {{x_.data(), t, &a.q_proj, bias(a.q_bias), q_.data()},
                            {x_.data(), t, &a.k_proj, bias(a.k_bias), k_.data()},
                            {x_.data(), t, &a.v_proj, bias(a.v_bias), v_.data()}};
-  LinearMany(qkv);
+  LinearMany(qkv, math_);
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (!a.q_norm.empty()) {  // QK-norm per head, before RoPE; values are not normalised
     RmsNorm(q_.data(), a.q_norm.data(), t * c.num_attention_heads, c.head_dim, eps, q_.data());
@@ -91,14 +106,14 @@ void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
                  attn_.data());
-  Linear(attn_.data(), t, a.o_proj, nullptr, out_.data());
+  Linear(attn_.data(), t, a.o_proj, nullptr, out_.data(), math_);
 }
 
 void Model::FfnBlock(const LayerWeights& layer, int64_t tokens) {
   if (layer.is_moe) {
-    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data());
+    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_);
   } else {
-    SwiGluFfn(x_.data(), tokens, layer.dense, out_.data());
+    SwiGluFfn(x_.data(), tokens, layer.dense, out_.data(), math_);
   }
 }
 
@@ -196,7 +211,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
             normed.data() + r * hidden);
   }
   result->logits.resize(n * c.vocab_size);
-  Linear(normed.data(), n, weights_.lm_head, nullptr, result->logits.data());
+  Linear(normed.data(), n, weights_.lm_head, nullptr, result->logits.data(), math_);
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/dsa_indexer.h"
 #include "core/ops/mla.h"
+#include "core/ops/linear.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
 #include "core/weights.h"
@@ -32,7 +33,11 @@ namespace glmserve {
 
 class Model final : public ModelRunner {
  public:
-  explicit Model(ModelWeights weights);
+  // math: the arithmetic of the linear layers (core/ops/linear.h), fixed for the model's life.
+  explicit Model(ModelWeights weights, CpuMath math = CpuMath::kExact);
+
+  CpuMath math() const { return math_; }
+  std::string compute_description() const override;
 
   const ModelConfig& config() const override { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
@@ -66,6 +71,7 @@ class Model final : public ModelRunner {
   void FfnBlock(const LayerWeights& layer, int64_t tokens);
 
   ModelWeights weights_;
+  CpuMath math_;
   RotaryEmbedding rope_;
   RouterParams router_;
 

@@ -15,7 +15,8 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device) {
+                                                               DeviceKind device,
+                                                               CpuMath cpu_math) {
   // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
   // span must start at a full layer (refused here, at start-up, rather than at every step).
   const ModelConfig& c = weights.config;
@@ -26,13 +27,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
         ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
         "span at a 'full' layer (indexer_types in config.json)"));
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5 stays on the CPU).
-  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty();
+  const bool quantized = weights.linear_format != WeightFormat::kDense;
+  if (quantized && device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
+  }
+  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5 and int8
+  // weights stay on the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !quantized;
   if (device == DeviceKind::kCuda ||
       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
-  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights)));
+  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights), cpu_math));
 }
 
 }  // namespace glmserve

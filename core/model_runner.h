@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "core/forward_types.h"
 #include "core/kv_cache.h"
+#include "core/ops/linear.h"
 #include "core/weights.h"
 
 namespace glmserve {
@@ -31,6 +32,9 @@ class ModelRunner {
 
   // "cpu" or e.g. "cuda:0 NVIDIA H200".
   virtual std::string device_name() const = 0;
+  // How it computes, for logs and GetModelInfo (e.g. "cpu math bf16, kernel avx512_bf16");
+  // empty when there is nothing to say beyond device_name().
+  virtual std::string compute_description() const { return ""; }
   // Bytes of weights this runner holds (for info and sizing).
   virtual int64_t weight_bytes() const = 0;
   // KV bytes one token slot takes across the span's layers.
@@ -50,7 +54,10 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 
 // kAuto picks CUDA when a usable GPU is present (run-time check), else the CPU; kCuda fails
 // with FAILED_PRECONDITION when the build has no CUDA backend or no GPU is present.
+// cpu_math: the CPU backend's linear arithmetic (core/ops/linear.h); the CUDA backend has its
+// own and ignores it.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device);
+                                                               DeviceKind device,
+                                                               CpuMath cpu_math = CpuMath::kExact);
 
 }  // namespace glmserve

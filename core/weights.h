@@ -15,19 +15,43 @@
 
 namespace glmserve {
 
+// How a Matrix's elements are stored. kDense: rows x cols elements of `dtype`, as in the
+// checkpoint. kInt8Groups: quantized at load (core/quantize.h): int8 q [rows, cols] at `data`
+// and one fp32 scale per kInt8Group consecutive elements of a row at `scales`
+// [rows, ceil(cols / kInt8Group)]; the element is q * scale, and `dtype` is the dtype it was
+// quantized from. The kernels dispatch on the format first (core/ops/linear.cc), so a
+// block-scaled FP8 matrix is one more enumerator with its scales here and one more case there.
+enum class WeightFormat : uint8_t { kDense, kInt8Groups };
+inline constexpr int64_t kInt8Group = 32;  // one vdpbf16ps step of K
+
 // A row-major weight matrix [rows = out_features, cols = in_features]; y = x W^T.
 struct Matrix {
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
+  WeightFormat format = WeightFormat::kDense;
+  const float* scales = nullptr;  // kInt8Groups: [rows, scale_cols()]
 
   bool empty() const { return data == nullptr; }
-  int64_t bytes() const { return rows * cols * DTypeSize(dtype); }
+  int64_t scale_cols() const { return (cols + kInt8Group - 1) / kInt8Group; }
+  int64_t bytes() const {
+    if (format == WeightFormat::kInt8Groups) {
+      return rows * cols + rows * scale_cols() * static_cast<int64_t>(sizeof(float));
+    }
+    return rows * cols * DTypeSize(dtype);
+  }
   // Rows [begin, begin + count) as a matrix of their own.
   Matrix RowSlice(int64_t begin, int64_t count) const {
-    return Matrix{dtype, count, cols,
-                  static_cast<const char*>(data) + begin * cols * DTypeSize(dtype)};
+    Matrix m = *this;
+    m.rows = count;
+    if (format == WeightFormat::kInt8Groups) {
+      m.data = static_cast<const int8_t*>(data) + begin * cols;
+      m.scales = scales + begin * scale_cols();
+    } else {
+      m.data = static_cast<const char*>(data) + begin * cols * DTypeSize(dtype);
+    }
+    return m;
   }
 };
 
@@ -102,6 +126,8 @@ struct ModelWeights {
   std::vector<float> final_norm;     // [hidden] or empty
   Matrix lm_head;                    // [vocab, hidden] or empty (a view of embed when tied)
   DType weight_dtype = DType::kF32;  // dtype of the large matrices as stored
+  // kInt8Groups once core/quantize.h quantized the linear layers at load (else kDense).
+  WeightFormat linear_format = WeightFormat::kDense;
   // tie_word_embeddings is set but the checkpoint stores its own lm_head.weight, which is
   // used (Transformers 5.x): lm_head is then not a view of the embedding.
   bool head_stored_despite_tie = false;

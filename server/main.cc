@@ -25,6 +25,7 @@
 #include "core/checkpoint.h"
 #include "core/model_runner.h"
 #include "core/parallel.h"
+#include "core/quantize.h"
 #include "server/server.h"
 #include "tools/cli.h"
 
@@ -32,6 +33,13 @@ ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
           "tiny, ...); presets get seeded random weights");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
+ABSL_FLAG(std::string, cpu_math, "exact",
+          "CPU backend arithmetic of the linear layers: exact (fp32 activations) or bf16 (bf16 "
+          "weights times activations rounded to bf16, as Transformers' bf16 forward; faster "
+          "where vdpbf16ps is fast); docs/performance.md has the figures");
+ABSL_FLAG(std::string, weight_dtype, "stored",
+          "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
+          "32 with fp32 scales; CPU backend, needs --cpu_math=bf16)");
 ABSL_FLAG(std::string, layers, "", "serve only layers BEGIN:END of the model (default: all)");
 ABSL_FLAG(std::string, address, "127.0.0.1",
           "address to listen on (0.0.0.0 or :: for every interface, e.g. in a container)");
@@ -155,7 +163,9 @@ const glmserve::cli::ProgramHelp& Help() {
       {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
-      {{"Model and device", {"model", "device", "layers", "threads", "seed", "verify_weights"}},
+      {{"Model and device",
+        {"model", "device", "layers", "threads", "seed", "verify_weights", "cpu_math",
+         "weight_dtype"}},
        {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
@@ -217,6 +227,16 @@ int main(int argc, char** argv) {
   absl::StatusOr<glmserve::DeviceKind> device =
       glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return BadFlag(device.status());
+  absl::StatusOr<glmserve::CpuMath> cpu_math =
+      glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math));
+  if (!cpu_math.ok()) return BadFlag(cpu_math.status());
+  absl::StatusOr<glmserve::WeightQuant> quant =
+      glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype));
+  if (!quant.ok()) return BadFlag(quant.status());
+  if (*quant == glmserve::WeightQuant::kInt8 && *cpu_math != glmserve::CpuMath::kBf16) {
+    return BadFlag(absl::InvalidArgumentError(
+        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it"));
+  }
   absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return BadFlag(span.status());
   if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
@@ -267,8 +287,16 @@ int main(int argc, char** argv) {
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
   const glmserve::DType weight_dtype = weights->weight_dtype;
+  if (*quant != glmserve::WeightQuant::kStored) {
+    const absl::Time t_quant = absl::Now();
+    const int64_t stored_bytes = weights->ParameterBytes();
+    if (absl::Status s = glmserve::QuantizeWeights(&*weights, *quant); !s.ok()) return Fail(s);
+    std::printf("glm-server: linear layers quantized to %s at load: %.2f GB -> %.2f GB in %.1f s\n",
+                glmserve::WeightQuantName(*quant), stored_bytes / 1e9,
+                weights->ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
+  }
   absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
-      glmserve::CreateModelRunner(*std::move(weights), *device);
+      glmserve::CreateModelRunner(*std::move(weights), *device, *cpu_math);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (!stop.HasBeenNotified()) {

@@ -262,6 +262,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   engine_options.max_prompt_tokens = limits.max_prompt_tokens;
   engine_options.max_new_tokens_limit = limits.max_new_tokens;
   const std::string device = model->device_name();
+  const std::string compute = model->compute_description();
   const int64_t layer_begin = model->layer_begin();
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
@@ -292,6 +293,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   info.set_layer_end(layer_end);
   info.set_weight_dtype(WireDType(weight_dtype));
   info.set_device(device);
+  info.set_compute(compute);
   info.set_weight_bytes(weight_bytes);
   info.set_kv_capacity_tokens(engine_->kv_capacity_tokens());
   info.set_kv_block_size(engine_->options().block_size);
@@ -332,6 +334,7 @@ std::string GlmServer::StartupSummary() const {
                   " experts, vocab ", i.config().vocab_size(), ")\n");
   absl::StrAppend(&out, "layers      ", i.layer_begin(), ":", i.layer_end(), "\n");
   absl::StrAppend(&out, "device      ", i.device(), ", ", glmserve::NumThreads(), " CPU threads\n");
+  if (!i.compute().empty()) absl::StrAppend(&out, "compute     ", i.compute(), "\n");
   absl::StrAppend(&out, "memory      ", size(i.weight_bytes()), " weights (",
                   v1::DataType_Name(i.weight_dtype()).substr(10), ") + ", size(kv_bytes),
                   " KV cache = ", size(i.weight_bytes() + kv_bytes), "\n");

@@ -23,6 +23,7 @@
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "core/quantize.h"
 #include "core/status_macros.h"
 #include "tools/cli.h"
 
@@ -36,6 +37,14 @@ ABSL_FLAG(std::string, logits_out, "", "write the prompt's logits [tokens, vocab
 ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
+ABSL_FLAG(std::string, cpu_math, "exact",
+          "linear-layer arithmetic: exact (fp32 activations) or bf16 (activations rounded to "
+          "bf16 for bf16 weights); see docs/performance.md");
+ABSL_FLAG(std::string, weight_dtype, "stored",
+          "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16)");
+ABSL_FLAG(std::string, save, "",
+          "write the loaded model (e.g. a preset's seeded random weights in --dtype) to this "
+          "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
 ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
@@ -75,6 +84,14 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(absl::GetFlag(FLAGS_prompt)));
   ASSIGN_OR_RETURN(glmserve::DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(const glmserve::CpuMath math,
+                   glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
+  ASSIGN_OR_RETURN(const glmserve::WeightQuant quant,
+                   glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
+  if (quant == glmserve::WeightQuant::kInt8 && math != glmserve::CpuMath::kBf16) {
+    return absl::InvalidArgumentError(
+        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it");
+  }
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
 
@@ -85,15 +102,24 @@ absl::Status Run() {
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
   if (!weights.ok()) return weights.status();
-  glmserve::Model model(*std::move(weights));
+  if (const std::string dir = absl::GetFlag(FLAGS_save); !dir.empty()) {
+    // Before any quantization: a checkpoint holds the weights as loaded.
+    RETURN_IF_ERROR(glmserve::SaveCheckpoint(*weights, dir));
+    std::printf("saved     %s (%.2f GB of %s weights) to %s in %.2f s\n",
+                absl::GetFlag(FLAGS_model).c_str(), weights->ParameterBytes() / 1e9,
+                std::string(glmserve::DTypeName(weights->weight_dtype)).c_str(), dir.c_str(),
+                Seconds(t_load, Clock::now()));
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
+  glmserve::Model model(*std::move(weights), math);
   const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
               absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),
               model.weights().ParameterBytes() / 1e9,
               std::string(glmserve::DTypeName(model.weights().weight_dtype)).c_str(),
               Seconds(t_load, Clock::now()));
-  std::printf("threads   %d, linear kernel %s\n", glmserve::NumThreads(),
-              glmserve::LinearKernelName());
+  std::printf("threads   %d, %s\n", glmserve::NumThreads(), model.compute_description().c_str());
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_new;
   const int64_t block_size = 16;
@@ -165,10 +191,11 @@ const glmserve::cli::ProgramHelp& Help() {
       "glm-run",
       "runs a GLM-4.5 model on prompt token ids and prints the greedy continuation",
       {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
-       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy"},
-      {{"Model", {"model", "seed", "dtype", "threads"}},
+       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy",
+       "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset"},
+      {{"Model", {"model", "seed", "dtype", "threads", "cpu_math", "weight_dtype"}},
        {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
-       {"Outputs", {"logits_out", "hidden_out"}}},
+       {"Outputs", {"logits_out", "hidden_out", "save"}}},
       "tools/glm_run.cc",
       ""};
   return *help;

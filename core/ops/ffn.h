@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/ops/linear.h"
 #include "core/weights.h"
 
 namespace glmserve {
@@ -12,6 +13,7 @@ namespace glmserve {
 void SiluMul(float* g, const float* u, int64_t n);
 
 // x: [m, hidden]; y: [m, hidden] (overwritten).
-void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y);
+void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y,
+               CpuMath math = CpuMath::kExact);
 
 }  // namespace glmserve

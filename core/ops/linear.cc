@@ -1,21 +1,51 @@
 #include "core/ops/linear.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/parallel.h"
 
 namespace glmserve {
+
+const char* CpuMathName(CpuMath math) { return math == CpuMath::kBf16 ? "bf16" : "exact"; }
+
+absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name) {
+  if (name == "exact") return CpuMath::kExact;
+  if (name == "bf16") return CpuMath::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("cpu math '", name.substr(0, 64), "' is not one of exact, bf16"));
+}
+
 namespace internal {
+namespace {
+std::atomic<bool> force_generic{false};
+}  // namespace
+
+void ForceGenericKernels(bool force) { force_generic.store(force); }
 
 bool CpuHasAvx512() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has;
+  return has && !force_generic.load();
 #else
   return false;
 #endif
+}
+
+bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && CpuHasAvx512();
+#else
+  return false;
+#endif
+}
+
+void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(x[i]);
 }
 
 void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
@@ -80,44 +110,115 @@ void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* pa
 
 namespace {
 
+// One job of a LinearMany call, in the arithmetic it runs: exact (bf16.xb == nullptr) or
+// kBf16.
+struct Task {
+  LinearJob exact;
+  Bf16Job bf16;
+  int64_t rows() const { return bf16.xb != nullptr ? bf16.w->rows : exact.w->rows; }
+  int64_t m() const { return bf16.xb != nullptr ? bf16.m : exact.m; }
+};
+
 using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
-void RunJobs(absl::Span<const LinearJob> jobs, BlockFn block_fn) {
-  // Blocks of all jobs in one index space: [starts[j], starts[j + 1]) belong to job j.
-  std::vector<int64_t> starts(jobs.size() + 1, 0);
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const int64_t blocks = jobs[j].m > 0 ? (jobs[j].w->rows + kBlockN - 1) / kBlockN : 0;
+void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
+  const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
+  // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
+  std::vector<int64_t> starts(tasks.size() + 1, 0);
+  for (size_t j = 0; j < tasks.size(); ++j) {
+    const int64_t blocks = tasks[j].m() > 0 ? (tasks[j].rows() + kBlockN - 1) / kBlockN : 0;
     starts[j + 1] = starts[j] + blocks;
   }
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      block_fn(jobs[j], b - starts[j], &panel);
+      if (tasks[j].bf16.xb != nullptr) {
+        bf16_fn(tasks[j].bf16, b - starts[j]);
+      } else {
+        exact_fn(tasks[j].exact, b - starts[j], &panel);
+      }
     }
   });
 }
 
+BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlockGeneric; }
+
 }  // namespace
 
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  const LinearJob job{x, m, &w, bias, y};
-  RunJobs({job}, LinearBlockGeneric);
+  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}}}, LinearBlockGeneric);
 }
 
 }  // namespace internal
 
-void LinearMany(absl::Span<const LinearJob> jobs) {
-  internal::RunJobs(
-      jobs, internal::CpuHasAvx512() ? internal::LinearBlockAvx512 : internal::LinearBlockGeneric);
+void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
+  std::vector<internal::Task> tasks(jobs.size());
+  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16, and int8 weights always
+  // (their kernel is a vdpbf16ps one; glm-server refuses int8 with --cpu_math=exact).
+  auto takes_bf16 = [math](const LinearJob& job) {
+    const Matrix& w = *job.w;
+    if (job.m <= 0) return false;
+    if (w.format == WeightFormat::kInt8Groups) return true;
+    return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
+  };
+  // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
+  // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
+  struct Rounded {
+    const float* x;
+    int64_t m, k;
+    std::vector<uint16_t> xb;
+  };
+  std::vector<Rounded> rounded;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    tasks[j].exact = jobs[j];
+    if (!takes_bf16(jobs[j])) continue;
+    const int64_t k = jobs[j].w->cols;
+    auto same = [&](const Rounded& r) { return r.x == jobs[j].x && r.m == jobs[j].m && r.k == k; };
+    if (std::find_if(rounded.begin(), rounded.end(), same) == rounded.end()) {
+      rounded.push_back({jobs[j].x, jobs[j].m, k, {}});
+    }
+  }
+  if (!rounded.empty()) {
+    std::vector<int64_t> row_starts(rounded.size() + 1, 0);
+    for (size_t r = 0; r < rounded.size(); ++r) {
+      rounded[r].xb.resize(rounded[r].m * rounded[r].k);
+      row_starts[r + 1] = row_starts[r] + rounded[r].m;
+    }
+    // Decode-sized activations are rounded on the caller: waking the pool costs more.
+    int64_t elements = 0;
+    for (const Rounded& r : rounded) elements += r.m * r.k;
+    const int64_t grain = elements <= (int64_t{1} << 16) ? row_starts.back() : 4;
+    ParallelFor(row_starts.back(), grain, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const size_t r =
+            std::upper_bound(row_starts.begin(), row_starts.end(), row) - row_starts.begin() - 1;
+        const int64_t i = row - row_starts[r], k = rounded[r].k;
+        internal::RoundToBf16(rounded[r].x + i * k, k, rounded[r].xb.data() + i * k);
+      }
+    });
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      for (const Rounded& r : rounded) {
+        if (r.x == jobs[j].x && r.m == jobs[j].m && r.k == jobs[j].w->cols && takes_bf16(jobs[j])) {
+          tasks[j].bf16 = {r.xb.data(), jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
+        }
+      }
+    }
+  }
+  internal::RunTasks(tasks, internal::ExactBlockFn());
 }
 
-void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y, CpuMath math) {
   if (m <= 0 || w.rows <= 0) return;
   const LinearJob job{x, m, &w, bias, y};
-  LinearMany({job});
+  LinearMany({job}, math);
 }
 
-const char* LinearKernelName() { return internal::CpuHasAvx512() ? "avx512" : "generic"; }
+const char* LinearKernelName(CpuMath math) {
+  if (math == CpuMath::kBf16) {
+    return internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
+  }
+  return internal::CpuHasAvx512() ? "avx512" : "generic";
+}
 
 }  // namespace glmserve

@@ -1,24 +1,43 @@
 // Linear layers: y[m, N] = x[m, K] W^T (+ bias), for W [N, K] in its stored dtype.
 //
-// Activations are fp32; bf16/f16 weights are widened exactly to fp32 on the fly and every
-// product is accumulated in fp32. Each output element is reduced in one fixed order that
-// depends only on K (16 lanes strided over k, a fixed lane tree, fixed K blocks), never on m
-// or on the element's position in a tile: so a sequence's result is bit-identical whether it
-// runs alone or inside a batch of any size. This is why the engine uses its own GEMM rather
-// than a BLAS library, whose blocking (and small-matrix paths) change with m.
+// Two arithmetic modes (CpuMath), chosen once per model at load:
+//  * kExact: activations are fp32; bf16/f16 weights are widened exactly to fp32 on the fly
+//    and every product is accumulated in fp32 (16 lanes strided over k, a fixed lane tree,
+//    fixed 512-wide K blocks whose sums are added in order).
+//  * kBf16: for bf16 weights, the activations are rounded to bf16 (round-to-nearest-even, as
+//    Transformers' bf16 forward does) and multiplied in pairs into fp32 lanes, the arithmetic
+//    of AVX512_BF16's vdpbf16ps: lane j (of 16) takes k = 32s + 2j + 1, then 32s + 2j, for
+//    s = 0, 1, ... over all of K, each step one fp32 rounding; then the same lane tree. fp32
+//    and f16 weights, which vdpbf16ps cannot take, run the exact arithmetic in this mode too.
+// Int8 weights (WeightFormat::kInt8Groups, core/quantize.h) always take the bf16 arithmetic
+// with one more step: per 32-wide group, the lane's pair sum starts from zero and is then
+// added to the lane times the row's group scale, as one FMA (the int8 values are exact in
+// bf16); same lane tree.
+// In both modes each output element is reduced in one fixed order that depends only on K,
+// never on m or on the element's position in a tile: so a sequence's result is bit-identical
+// whether it runs alone or inside a batch of any size. This is why the engine uses its own
+// GEMM rather than a BLAS library, whose blocking (and small-matrix paths) change with m.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/weights.h"
 
 namespace glmserve {
 
+enum class CpuMath { kExact, kBf16 };
+const char* CpuMathName(CpuMath math);  // "exact" or "bf16"
+// "exact" or "bf16"; INVALID_ARGUMENT naming the accepted values otherwise.
+absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name);
+
 // x: [m, w.cols] row-major; y: [m, w.rows]; bias: [w.rows] or nullptr. Uses the thread
 // pool (core/parallel.h).
-void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y);
+void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y,
+            CpuMath math = CpuMath::kExact);
 
 // Several independent linear layers in one parallel loop (q/k/v; every expert's gate and up):
 // one dispatch instead of many, and small matrices share the threads. Each job's result is
@@ -30,10 +49,12 @@ struct LinearJob {
   const float* bias = nullptr;  // [w->rows] or nullptr
   float* y = nullptr;           // [m, w->rows]
 };
-void LinearMany(absl::Span<const LinearJob> jobs);
+void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact);
 
-// Which kernel Linear dispatches to on this machine ("avx512" or "generic").
-const char* LinearKernelName();
+// Which kernel Linear dispatches bf16 weights to on this machine in `math`: "avx512" or
+// "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an exact emulation
+// of the former, bit for bit, and much slower).
+const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
@@ -42,6 +63,23 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
 void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel);
 void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel);
 bool CpuHasAvx512();
+bool CpuHasAvx512Bf16();  // AVX-512 F/BW/VL/DQ plus AVX512_BF16
+// Tests and benches: force the portable kernels even where the CPU has AVX-512.
+void ForceGenericKernels(bool force);
+
+// kBf16 on one bf16 matrix: xb is the activation already rounded to bf16, [m, w->cols].
+struct Bf16Job {
+  const uint16_t* xb = nullptr;
+  int64_t m = 0;
+  const Matrix* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job.
+void Bf16BlockGeneric(const Bf16Job& job, int64_t nb);
+void Bf16BlockAvx512(const Bf16Job& job, int64_t nb);
+// Rounds n floats to bf16 (FloatToBf16: round to nearest even).
+void RoundToBf16(const float* x, int64_t n, uint16_t* out);
 // Widens rows [row_begin, row_begin + rows) x columns [k_begin, k_begin + k_len) of w to
 // fp32 into out [rows, k_len].
 void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,

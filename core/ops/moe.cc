@@ -39,7 +39,8 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
   }
 }
 
-void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y) {
+void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y,
+            CpuMath math) {
   const int64_t hidden = w.router.cols;
   // Router in fp32 (weights widened exactly), as the reference does.
   std::vector<float> router_logits(tokens * p.n_experts);
@@ -89,13 +90,13 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
     jobs.push_back({a.x, a.m, &a.w->gate, nullptr, a.gate.data()});
     jobs.push_back({a.x, a.m, &a.w->up, nullptr, a.up.data()});
   }
-  LinearMany(jobs);
+  LinearMany(jobs, math);
   jobs.clear();
   for (Active& a : active) {
     SiluMul(a.gate.data(), a.up.data(), static_cast<int64_t>(a.gate.size()));
     jobs.push_back({a.gate.data(), a.m, &a.w->down, nullptr, a.out.data()});
   }
-  LinearMany(jobs);
+  LinearMany(jobs, math);
 
   // y = sum over experts in ascending order of w * out, then + shared: per token, an order
   // that does not depend on the other tokens.

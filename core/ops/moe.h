@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/config.h"
+#include "core/ops/linear.h"
 #include "core/weights.h"
 
 namespace glmserve {
@@ -31,6 +32,9 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
 
 // y = sum_k w_k Expert_k(x) + Shared(x), routed sum accumulated in fp32 in ascending expert
 // order (independent of the other tokens in the batch). x, y: [tokens, hidden].
-void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y);
+// math: the experts' arithmetic (core/ops/linear.h); the router is always exact fp32, as the
+// reference computes it in fp32 even in its bf16 forward.
+void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y,
+            CpuMath math = CpuMath::kExact);
 
 }  // namespace glmserve

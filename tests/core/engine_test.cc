@@ -10,6 +10,7 @@
 
 #include "core/checkpoint.h"
 #include "core/model.h"
+#include "core/quantize.h"
 
 namespace glmserve {
 namespace {
@@ -21,6 +22,10 @@ struct ScopedPreset {
   ~ScopedPreset() { g_preset = saved; }
   const char* saved;
 };
+// The arithmetic TinyModel builds with: the batch-invariance tests run in every CpuMath mode
+// and with int8 weights (EngineMathTest sets these), since the contract holds within each.
+CpuMath g_math = CpuMath::kExact;
+bool g_int8 = false;
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelConfig> config = PresetConfig(g_preset);
@@ -31,7 +36,11 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   options.stddev = 0.1;
   absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
   EXPECT_TRUE(w.ok()) << w.status();
-  return std::make_unique<Model>(*std::move(w));
+  EXPECT_EQ(w->weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
+  if (g_int8) {
+    EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
+  }
+  return std::make_unique<Model>(*std::move(w), g_math);
 }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
@@ -135,7 +144,20 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-TEST(EngineTest, ConcurrentRequestsEqualOneAtATime) {
+// "exact", "bf16" (CpuMath) or "int8" (bf16 math on int8 weights).
+class EngineMathTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    g_math = GetParam() == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+    g_int8 = GetParam() == "int8";
+  }
+  void TearDown() override {
+    g_math = CpuMath::kExact;
+    g_int8 = false;
+  }
+};
+
+TEST_P(EngineMathTest, ConcurrentRequestsEqualOneAtATime) {
   EngineOptions options;
   options.max_batch_tokens = 64;
   options.max_running = 16;
@@ -158,7 +180,7 @@ TEST(EngineTest, ConcurrentRequestsEqualOneAtATime) {
   EXPECT_GT(engine->Stats().steps, 0);
 }
 
-TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
+TEST_P(EngineMathTest, ChunkedPrefillEqualsUnchunked) {
   const GenerateRequest g = MakeGenerate(3, 50, 5, /*sample=*/true);
   EngineOptions big;
   big.max_batch_tokens = 512;
@@ -170,7 +192,7 @@ TEST(EngineTest, ChunkedPrefillEqualsUnchunked) {
   }
 }
 
-TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
+TEST_P(EngineMathTest, SmallKvCachePreemptsAndStillMatches) {
   EngineOptions options;
   // 6 blocks of 16. Each request starts in one block and ends needing 3: admission (one
   // spare block per running sequence) lets 3 in, and their growth forces preemptions.
@@ -197,7 +219,7 @@ TEST(EngineTest, SmallKvCachePreemptsAndStillMatches) {
   ExpectAllBlocksFree(*engine);
 }
 
-TEST(EngineTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
+TEST_P(EngineMathTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
   EngineOptions options;
   options.block_size = 8;
   std::unique_ptr<Engine> engine = MakeEngine(options);
@@ -261,7 +283,7 @@ TEST(EngineTest, CancelAndDeadlinesFreeEverythingAndSpareOthers) {
   ExpectAllBlocksFree(*engine);
 }
 
-TEST(EngineTest, SessionInPiecesEqualsOneForward) {
+TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
   std::unique_ptr<Engine> engine = MakeEngine();
   std::vector<int32_t> ids;
   for (int i = 0; i < 21; ++i) ids.push_back((i * 13 + 1) % 250);
@@ -303,6 +325,9 @@ TEST(EngineTest, SessionInPiecesEqualsOneForward) {
   EXPECT_EQ(engine->Submit({after}, c.For(99)).status().code(), absl::StatusCode::kNotFound);
   ExpectAllBlocksFree(*engine);
 }
+
+INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest, ::testing::Values("exact", "bf16", "int8"),
+                         [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
   // Layers [0, 1) then [1, 3) of one engine, joined by hidden states, equal the whole stack.

@@ -235,6 +235,8 @@ TEST_F(ServiceTest, GetModelInfoDescribesTheModelAndLimits) {
   EXPECT_EQ(info->layer_begin(), 0);
   EXPECT_EQ(info->layer_end(), 3);
   EXPECT_EQ(info->device(), "cpu");
+  // The CPU math mode is never silent (the in-process server here builds the exact mode).
+  EXPECT_EQ(info->compute().rfind("cpu math exact, kernel ", 0), 0u) << info->compute();
   EXPECT_EQ(info->weight_dtype(), v1::DATA_TYPE_BF16);
   EXPECT_GT(info->kv_capacity_tokens(), 0);
   EXPECT_EQ(info->limits().max_prompt_tokens(), info->config().max_position_embeddings());

@@ -63,6 +63,66 @@ TEST_P(GlmRunGoldenTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, GlmRunGoldenTest,
                          ::testing::Values("qknorm_bias_fp32", "glm5_fp32"));
+// Both CPU math modes on the bf16 golden: each says which it ran and reproduces the
+// reference's greedy tokens (the mode's logits tolerances are in tests/core/golden_test.cc).
+TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
+  const std::string dir = testing::GoldenDir("bf16");
+  std::ifstream in(dir + "/expected.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json expected = nlohmann::json::parse(text.str());
+  const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
+  for (const std::string mode : {"exact", "bf16"}) {
+    const RunResult r = RunGlmRun(absl::StrCat("--model=", dir, " --cpu_math=", mode,
+                                               " --prompt=", absl::StrJoin(prompt, ","),
+                                               " --max_new_tokens=", greedy.size()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("cpu math " + mode + ", kernel "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+        << r.output;
+  }
+  // Int8 weights (tests/core/quantize_test.cc measures their accuracy) say so.
+  const RunResult q8 = RunGlmRun(absl::StrCat(
+      "--model=", dir, " --cpu_math=bf16 --weight_dtype=int8 --prompt=", absl::StrJoin(prompt, ","),
+      " --max_new_tokens=", greedy.size()));
+  ASSERT_EQ(q8.exit_code, 0) << q8.output;
+  EXPECT_NE(q8.output.find("weights int8 (groups of 32, quantized at load from BF16)"),
+            std::string::npos)
+      << q8.output;
+  EXPECT_NE(q8.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+      << q8.output;
+  const RunResult q8_exact = RunGlmRun("--model=tiny --weight_dtype=int8");
+  EXPECT_NE(q8_exact.exit_code, 0);
+  EXPECT_NE(q8_exact.output.find("pass --cpu_math=bf16"), std::string::npos) << q8_exact.output;
+  const RunResult bad = RunGlmRun("--model=tiny --cpu_math=fp64");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("is not one of exact, bf16"), std::string::npos) << bad.output;
+}
+
+// --save writes a checkpoint from a preset that loads back to the same model: the same
+// greedy tokens and the same logits, bit for bit.
+TEST(GlmRunTest, SaveWritesACheckpointThatRunsLikeThePreset) {
+  const std::string tmp = testing::MakeTempDir("glm_run_save");
+  const RunResult saved = RunGlmRun(absl::StrCat("--model=tiny --seed=5 --save=", tmp, "/ckpt"));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  EXPECT_NE(saved.output.find("saved     tiny"), std::string::npos) << saved.output;
+  const std::string args = " --prompt=3,1,4,1,5 --max_new_tokens=6 --logits_out=" + tmp;
+  const RunResult preset = RunGlmRun("--model=tiny --seed=5" + args + "/a.npy");
+  const RunResult loaded = RunGlmRun("--model=" + tmp + "/ckpt" + args + "/b.npy");
+  ASSERT_EQ(preset.exit_code, 0) << preset.output;
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  const size_t at = preset.output.find("greedy    ");
+  ASSERT_NE(at, std::string::npos) << preset.output;
+  const std::string greedy = preset.output.substr(at, preset.output.find('\n', at) - at);
+  EXPECT_NE(loaded.output.find(greedy), std::string::npos) << loaded.output;
+  absl::StatusOr<NpyArray> a = ReadNpy(tmp + "/a.npy");
+  absl::StatusOr<NpyArray> b = ReadNpy(tmp + "/b.npy");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->data, b->data);
+  const RunResult bad = RunGlmRun("--model=tiny --save=/proc/no/such/dir");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+}
 
 TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
   RunResult r = RunGlmRun("--model=tiny --prompt=1,x,3");

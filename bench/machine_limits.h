@@ -1,0 +1,164 @@
+// This machine's limits, measured in the bench's own run so that the kernels' figures can be
+// read as fractions of them on shared, noisy machines: the fp32 FMA peak, the bf16
+// dot-product (vdpbf16ps) peak and the memory read bandwidth, all on the thread pool's
+// threads (core/parallel.h), as the kernels run.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace glmserve::bench {
+
+using Clock = std::chrono::steady_clock;
+inline double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Best of `reps` runs of fn, in seconds.
+template <typename Fn>
+double BestOf(int reps, Fn fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t = Clock::now();
+    fn();
+    best = std::min(best, Since(t));
+  }
+  return best;
+}
+
+// 12 independent accumulators cover the FMA latency (4 cycles) times two pipes with room.
+constexpr int kPeakAccumulators = 12;
+constexpr int64_t kPeakIterations = int64_t{1} << 21;
+
+// A horizontal sum of the accumulators, so that the loops are not optimised away (stored and
+// added in scalar: GCC 12's reduce intrinsics raise false -Wuninitialized warnings).
+__attribute__((target("avx512f"))) inline float Sum(const __m512* acc) {
+  alignas(64) float lanes[16];
+  float total = 0;
+  for (int i = 0; i < kPeakAccumulators; ++i) {
+    _mm512_store_ps(lanes, acc[i]);
+    for (float v : lanes) total += v;
+  }
+  return total;
+}
+
+__attribute__((target("avx512f"))) inline float FmaLoop(float seed) {
+  __m512 acc[kPeakAccumulators];
+  for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_set1_ps(seed * i);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  return Sum(acc);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) inline float DpBf16Loop(float seed) {
+  __m512 acc[kPeakAccumulators];
+  for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_set1_ps(seed * i);
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  return Sum(acc);
+}
+
+// GFLOP/s of `loop` (flops_per_op per instruction) on every pool thread; 0 if unsupported.
+template <typename Loop>
+double PeakGflops(Loop loop, double flops_per_op) {
+  const int64_t chunks = 4 * NumThreads();
+  std::atomic<int64_t> sink{0};
+  const double s = BestOf(3, [&] {
+    ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) sink += static_cast<int64_t>(loop(static_cast<float>(c)));
+    });
+  });
+  return chunks * kPeakIterations * kPeakAccumulators * flops_per_op / s / 1e9;
+}
+
+// fp32 FMA peak: 16 lanes x 2 flops per vfmadd.
+inline double FmaPeakGflops() {
+  if (!__builtin_cpu_supports("avx512f")) return 0;
+  return PeakGflops(FmaLoop, 32.0);
+}
+// bf16 dot-product peak: 16 lanes x 2 products x 2 flops per vdpbf16ps.
+inline double Bf16DotPeakGflops() {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) return 0;
+  return PeakGflops(DpBf16Loop, 64.0);
+}
+
+// Sums `streams` equal parts of [b, e) in lockstep, 64 bytes of each per iteration: several
+// independent sequential streams per thread, as the linear kernels read 4 weight rows at once.
+__attribute__((target("avx512f"))) inline uint64_t SumStreams(const uint64_t* p, int64_t b,
+                                                              int64_t e, int streams) {
+  const int64_t len = (e - b) / streams / 8 * 8;
+  __m512i acc[8];
+  for (int s = 0; s < 8; ++s) acc[s] = _mm512_setzero_si512();
+  for (int64_t i = 0; i < len; i += 8) {
+    for (int s = 0; s < streams; ++s) {
+      acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(p + b + s * len + i));
+    }
+  }
+  uint64_t total = 0;
+  alignas(64) uint64_t lanes[8];
+  for (int s = 0; s < streams; ++s) {
+    _mm512_store_si512(lanes, acc[s]);
+    for (uint64_t v : lanes) total += v;
+  }
+  return total;
+}
+
+// Read bandwidth in GB/s: the pool's threads stream a 1 GiB buffer (far beyond the caches)
+// with `streams` streams per thread, best of 5. Portable 64-bit sums without AVX-512.
+inline double ReadBandwidth(int streams) {
+  const int64_t n = (int64_t{1} << 30) / sizeof(uint64_t);
+  std::vector<uint64_t> buffer(n, 1);
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  std::atomic<uint64_t> total{0};
+  const int64_t grain = n / (8 * NumThreads());
+  const double s = BestOf(5, [&] {
+    ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+      if (avx512) {
+        total += SumStreams(buffer.data(), b, e, streams);
+      } else {
+        uint64_t acc = 0;
+        for (int64_t i = b; i < e; ++i) acc += buffer[i];
+        total += acc;
+      }
+    });
+  });
+  if (total.load() == 0) std::abort();  // keeps the sums alive
+  return n * sizeof(uint64_t) / s / 1e9;
+}
+
+struct MachineLimits {
+  double fma_gflops = 0;   // fp32 FMA peak
+  double bf16_gflops = 0;  // vdpbf16ps peak (0: no AVX512_BF16)
+  double read_gbs = 0;     // best read bandwidth over 1, 2, 4 and 8 streams per thread
+  int read_best_streams = 0;
+  double read_one_stream_gbs = 0;
+};
+
+inline MachineLimits MeasureMachine() {
+  MachineLimits m;
+  m.fma_gflops = FmaPeakGflops();
+  m.bf16_gflops = Bf16DotPeakGflops();
+  for (int streams : {1, 2, 4, 8}) {
+    const double gbs = ReadBandwidth(streams);
+    if (streams == 1) m.read_one_stream_gbs = gbs;
+    if (gbs > m.read_gbs) {
+      m.read_gbs = gbs;
+      m.read_best_streams = streams;
+    }
+  }
+  return m;
+}
+
+}  // namespace glmserve::bench

@@ -1,0 +1,116 @@
+#include "core/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/parallel.h"
+
+namespace glmserve {
+
+const char* WeightQuantName(WeightQuant q) { return q == WeightQuant::kInt8 ? "int8" : "stored"; }
+
+absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
+  if (name == "stored") return WeightQuant::kStored;
+  if (name == "int8") return WeightQuant::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype '", name.substr(0, 64), "' is not one of stored, int8"));
+}
+
+void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
+  const int64_t groups = m.scale_cols();
+  std::vector<float> row(m.cols);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) row[c] = LoadAsFloat(m.data, m.dtype, r * m.cols + c);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kInt8Group, end = std::min(m.cols, begin + kInt8Group);
+      float amax = 0;
+      for (int64_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
+      const float scale = amax / 127.0f;
+      scales[r * groups + g] = scale;
+      for (int64_t c = begin; c < end; ++c) {
+        // nearbyint: ties to even in the default rounding mode; |w / scale| <= 127 up to
+        // rounding, so the clamp only guards that last ulp.
+        const float v = scale > 0 ? std::nearbyint(row[c] / scale) : 0.0f;
+        q[r * m.cols + c] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      }
+    }
+  }
+}
+
+absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
+  if (quant == WeightQuant::kStored) return absl::OkStatus();
+  if (weights->linear_format != WeightFormat::kDense) {
+    return absl::FailedPreconditionError("weights are already quantized");
+  }
+  std::vector<Matrix*> matrices;
+  for (LayerWeights& l : weights->layers) {
+    AttentionWeights& a = l.attn;
+    for (Matrix* m : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) matrices.push_back(m);
+    std::vector<FfnWeights*> ffns;
+    if (l.is_moe) {
+      for (FfnWeights& e : l.moe.experts) ffns.push_back(&e);
+      if (l.moe.has_shared()) ffns.push_back(&l.moe.shared);
+    } else {
+      ffns.push_back(&l.dense);
+    }
+    for (FfnWeights* f : ffns) {
+      for (Matrix* m : {&f->gate, &f->up, &f->down}) matrices.push_back(m);
+    }
+  }
+  if (weights->has_head() && weights->lm_head.data != weights->embed_tokens.data) {
+    matrices.push_back(&weights->lm_head);
+  }
+  // One buffer for all: [q of every matrix][scales of every matrix], each part 64-byte aligned.
+  auto align = [](int64_t n) { return (n + 63) / 64 * 64; };
+  int64_t total = 0;
+  std::vector<int64_t> q_offset(matrices.size()), s_offset(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    q_offset[i] = total;
+    total += align(matrices[i]->rows * matrices[i]->cols);
+  }
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    s_offset[i] = total;
+    total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(float)});
+  }
+  std::shared_ptr<char[]> buffer(new (std::nothrow) char[std::max<int64_t>(total, 1)]);
+  if (buffer == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("int8 quantization needs ", total, " bytes of memory"));
+  }
+  // Rows of all matrices in one parallel loop, in chunks of up to 64 rows.
+  struct Chunk {
+    size_t matrix;
+    int64_t row, rows;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    for (int64_t r = 0; r < matrices[i]->rows; r += 64) {
+      chunks.push_back({i, r, std::min<int64_t>(64, matrices[i]->rows - r)});
+    }
+  }
+  char* base = buffer.get();
+  ParallelFor(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const Chunk& ch = chunks[c];
+      const Matrix& m = *matrices[ch.matrix];
+      QuantizeMatrixInt8(
+          m.RowSlice(ch.row, ch.rows),
+          reinterpret_cast<int8_t*>(base + q_offset[ch.matrix]) + ch.row * m.cols,
+          reinterpret_cast<float*>(base + s_offset[ch.matrix]) + ch.row * m.scale_cols());
+    }
+  });
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    Matrix* m = matrices[i];
+    m->data = base + q_offset[i];
+    m->scales = reinterpret_cast<const float*>(base + s_offset[i]);
+    m->format = WeightFormat::kInt8Groups;
+  }
+  weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
+  weights->linear_format = WeightFormat::kInt8Groups;
+  return absl::OkStatus();
+}
+
+}  // namespace glmserve
