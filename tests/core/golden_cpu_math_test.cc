@@ -74,7 +74,13 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
             expected.weights_dtype == "bfloat16" ? DType::kBF16 : DType::kF32)
       << "weights must stay in their stored precision";
   const bool rounded = math == CpuMath::kBf16 && weights->weight_dtype == DType::kBF16;
-  const double fp32_bound = rounded ? 1e-2 : 1e-5;
+  // GLM-5's block rounds more linear inputs per layer (q_a, q_b, kv_a, the absorbed W_uk and
+  // W_uv products, the indexer's projections): measured 3.75e-2 against the fp32-compute
+  // reference and 4.0e-2 against the native bf16 forward (greedy identical), so its bounds
+  // are 6e-2 there; GLM-4.5's stay 1e-2 and 3e-2 (docs/cpu_math.md).
+  const bool mla = weights->config.is_mla();
+  const double fp32_bound = rounded ? (mla ? 6e-2 : 1e-2) : 1e-5;
+  const double native_bound = rounded && mla ? 6e-2 : 3e-2;
   const std::string label = absl::StrCat(name, " ", CpuMathName(math));
   Model model(*std::move(weights), math);
   const ModelConfig& c = model.config();
@@ -123,7 +129,7 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
     const double native_err = testing::RelativeError(result.logits, native->data);
     std::printf("[ %s ] logits relative error vs native bf16 reference: %.3g\n", label.c_str(),
                 native_err);
-    EXPECT_LT(native_err, 3e-2) << "logits vs the reference's native bf16 forward";
+    EXPECT_LT(native_err, native_bound) << "logits vs the reference's native bf16 forward";
   }
 
   // Greedy continuation through the KV cache, one token per step.

@@ -273,6 +273,9 @@ TEST_P(RunnerConformance, LayerSpansChainToTheWholeStack) {
   const std::vector<int32_t> ids = Tokens(11, 6);
   const std::vector<float> want = FullForward(*whole, ids);
   for (const int64_t split : {1, 2}) {
+    // GLM-5: a span may start only at a layer with its own DSA indexer (a 'shared' layer
+    // reuses the previous layer's top-k); CreateModelRunner refuses the others.
+    if (whole->config().is_mla() && !whole->config().has_indexer(split)) continue;
     std::unique_ptr<ModelRunner> first = Make({0, split}), rest = Make({split, -1});
     ASSERT_TRUE(first && rest);
     EXPECT_TRUE(first->has_embedding());

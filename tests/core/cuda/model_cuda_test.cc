@@ -12,6 +12,8 @@
 // GPU (the same arithmetic, only cuBLAS algorithm choices or split counts differ) uses 1e-2.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -99,6 +101,8 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
 
 // The golden cases of one architecture: GLM-4.5 ones run on the GPU; GLM-5 (glm_moe_dsa)
 // ones have no CUDA kernels yet and are checked to be refused (Glm5GoldensAreRefused).
+namespace fs = std::filesystem;
+
 std::vector<std::string> GoldenCases(bool glm5 = false) {
   std::vector<std::string> cases;
   for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
