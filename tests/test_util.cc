@@ -1,8 +1,14 @@
 #include "tests/test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+
+#include "nlohmann/json.hpp"
 
 namespace glmserve::testing {
 
@@ -13,6 +19,26 @@ std::string GoldenDir(const std::string& name) {
   const char* dir = std::getenv("GLMSERVE_GOLDEN_DIR");
   if (dir == nullptr || dir[0] == '\0') dir = GLMSERVE_GOLDEN_DIR;
   return std::string(dir) + "/" + name;
+}
+
+std::vector<std::string> GoldenCases() {
+  std::vector<std::string> cases;
+  for (const auto& entry : std::filesystem::directory_iterator(GoldenDir(""))) {
+    if (std::filesystem::exists(entry.path() / "expected.json")) {
+      cases.push_back(entry.path().filename());
+    }
+  }
+  std::sort(cases.begin(), cases.end());
+  return cases;
+}
+
+GoldenExpected ReadGoldenExpected(const std::string& dir) {
+  std::ifstream in(dir + "/expected.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str());
+  return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
+          j["weights_dtype"].get<std::string>()};
 }
 
 double RelativeError(const float* a, const float* b, int64_t n) {

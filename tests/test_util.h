@@ -12,6 +12,17 @@ namespace glmserve::testing {
 // tree's tests/golden (an absolute path compiled in).
 std::string GoldenDir(const std::string& name);
 
+// The names of the golden fixtures in GoldenDir("") (folders holding an expected.json), sorted.
+std::vector<std::string> GoldenCases();
+
+// A fixture's expected.json: the prompt, the reference's greedy tokens, the weights' dtype.
+struct GoldenExpected {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> greedy;
+  std::string weights_dtype;
+};
+GoldenExpected ReadGoldenExpected(const std::string& dir);
+
 // ||a - b|| / ||b|| over n elements (0 when both are zero).
 double RelativeError(const float* a, const float* b, int64_t n);
 double RelativeError(const std::vector<float>& a, const std::vector<float>& b);

@@ -35,31 +35,9 @@
 namespace glmserve {
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Expected {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> greedy;
-  std::string weights_dtype;
-};
-
-Expected ReadExpected(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str());
-  return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
-          j["weights_dtype"].get<std::string>()};
-}
-
-std::vector<std::string> GoldenCases() {
-  std::vector<std::string> cases;
-  for (const auto& entry : fs::directory_iterator(testing::GoldenDir(""))) {
-    if (fs::exists(entry.path() / "expected.json")) cases.push_back(entry.path().filename());
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+using Expected = testing::GoldenExpected;
+using testing::GoldenCases;
+constexpr auto ReadExpected = testing::ReadGoldenExpected;
 
 class GoldenCpuMathTest : public ::testing::TestWithParam<std::tuple<std::string, CpuMath>> {};
 
@@ -192,7 +170,6 @@ TEST(GoldenCpuMath, PortableBf16KernelGivesTheDispatchedBits) {
   ASSERT_FALSE(dispatched.empty());
   EXPECT_EQ(dispatched, generic);
 }
-
 
 }  // namespace
 }  // namespace glmserve

@@ -38,36 +38,15 @@
 namespace glmserve {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::RelativeError;
 using testing::RunnerCase;
 
 constexpr double kExactTolerance = 1e-5;
 constexpr double kBf16Tolerance = 3e-2;
 
-struct Expected {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> greedy;
-  std::string weights_dtype;
-};
-
-Expected ReadExpected(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str());
-  return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
-          j["weights_dtype"].get<std::string>()};
-}
-
-std::vector<std::string> GoldenCases() {
-  std::vector<std::string> cases;
-  for (const auto& entry : fs::directory_iterator(testing::GoldenDir(""))) {
-    if (fs::exists(entry.path() / "expected.json")) cases.push_back(entry.path().filename());
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+using Expected = testing::GoldenExpected;
+using testing::GoldenCases;
+constexpr auto ReadExpected = testing::ReadGoldenExpected;
 
 // One runner's forward state over its own cache: the prompt, then one token a step.
 struct RunnerRun {
