@@ -296,6 +296,46 @@ TEST(EngineLimitsTest, OptionsAreRangeChecked) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
 }
 
+// One limits struct: 0 means the model's positions, nothing resolves above them, the default
+// max_new_tokens follows a lower cap, and Submit enforces what limits() reports.
+TEST(EngineLimitsTest, RequestLimitsAreResolvedAgainstTheModel) {
+  EngineOptions o;  // TinyWeights: 512 positions
+  std::unique_ptr<Engine> engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->limits().max_prompt_tokens, 512);
+  EXPECT_EQ(engine->limits().max_new_tokens, 512);
+  EXPECT_EQ(engine->limits().default_max_new_tokens, 256);
+
+  o.limits.max_prompt_tokens = 100000;  // above the model: clamped
+  o.limits.max_new_tokens = 0;
+  o.limits.default_max_new_tokens = 4096;  // above the resolved max_new_tokens: clamped
+  engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->limits().max_prompt_tokens, 512);
+  EXPECT_EQ(engine->limits().default_max_new_tokens, 512);
+
+  o.limits = {.max_prompt_tokens = 4, .max_new_tokens = 3, .default_max_new_tokens = 2};
+  engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  GenerateRequest g;
+  g.prompt = {1, 2, 3, 4, 5};
+  g.stop.max_new_tokens = 1;
+  absl::StatusOr<RequestId> id = engine->Submit(Request{g}, [](Event&&) {});
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("limit is 4"), std::string::npos) << id.status();
+  g.prompt = {1, 2};
+  g.stop.max_new_tokens = 4;
+  id = engine->Submit(Request{g}, [](Event&&) {});
+  EXPECT_NE(id.status().message().find("[1, 3]"), std::string::npos) << id.status();
+
+  // An explicit default above an explicit cap is a configuration error, named.
+  o.limits = {.max_new_tokens = 50, .default_max_new_tokens = 100};
+  absl::Status s =
+      Engine::Create(std::make_unique<Model>(TinyWeights()), o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("default_max_new_tokens=100"), std::string::npos) << s;
+}
+
 TEST(KvCacheBytesTest, OverflowAndBadDimensionsAreErrors) {
   KvCacheShape shape{
       .num_layers = 92, .kv_heads = 8, .head_dim = 128, .block_size = 16, .num_blocks = 1024};
