@@ -190,19 +190,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   result->logits.clear();
   // Only the rows whose logits are wanted go through the final norm and lm_head.
-  std::vector<int64_t> rows;
-  int64_t first_row = 0;
-  for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const LogitsRows want =
-        options.sequence_logits.empty() ? options.logits : options.sequence_logits[i];
-    const int64_t count = batch.sequences[i].num_tokens;
-    if (want == LogitsRows::kAll) {
-      for (int64_t r = 0; r < count; ++r) rows.push_back(first_row + r);
-    } else if (want == LogitsRows::kLast) {
-      rows.push_back(first_row + count - 1);
-    }
-    first_row += count;
-  }
+  const std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
   if (rows.empty()) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<float> normed(n * hidden);
