@@ -99,9 +99,9 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
     }
   }
   if (o.limits.max_new_tokens > 0 && o.limits.default_max_new_tokens > o.limits.max_new_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "default_max_new_tokens=", o.limits.default_max_new_tokens,
-        " is above max_new_tokens=", o.limits.max_new_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_max_new_tokens=", o.limits.default_max_new_tokens,
+                     " is above max_new_tokens=", o.limits.max_new_tokens));
   }
   if (!(o.session_kv_fraction >= 0.0 && o.session_kv_fraction <= 1.0)) {
     return absl::InvalidArgumentError(

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/ops/dot.h"
+#include "core/ops/lane_sum.h"
 #include "core/parallel.h"
 
 namespace glmserve {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
-#include "core/ops/dot.h"
+#include "core/ops/lane_sum.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
 
