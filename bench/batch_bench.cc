@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode);
     const glmserve::ModelWeights cost_view = *mode_weights;  // views: shares the memory
-    auto model = std::make_unique<glmserve::Model>(*std::move(mode_weights), math);
+    auto model = std::make_unique<glmserve::CpuModel>(*std::move(mode_weights), math);
     glmserve::EngineOptions options;
     int max_level = 1;
     for (int l : levels) max_level = std::max(max_level, l);

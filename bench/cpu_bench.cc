@@ -59,7 +59,7 @@ struct PhaseResult {
 
 // Prefill of `prefill` tokens; then `steps` decode steps of one sequence; then `steps` decode
 // steps of `batch` sequences (each first prefilled with 16 tokens). One warm-up step each.
-bool RunPhases(glmserve::Model& model, int prefill, int steps, int batch, PhaseResult* r) {
+bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, PhaseResult* r) {
   const int64_t vocab = model.config().vocab_size;
   const int per_seq = prefill + steps + 2;
   const int64_t blocks_per_seq = (per_seq + 15) / 16;
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
-    glmserve::Model model(*std::move(mode_weights), math);
+    glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
     const char* mode = mode_name.c_str();

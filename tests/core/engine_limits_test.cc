@@ -43,7 +43,7 @@ bool Eventually(const Engine& engine, Pred pred) {
 std::unique_ptr<Engine> MakeEngine(EngineOptions options, ModelWeights weights = TinyWeights()) {
   options.check_invariants = true;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(std::make_unique<Model>(std::move(weights)), options);
+      Engine::Create(std::make_unique<CpuModel>(std::move(weights)), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
@@ -272,7 +272,7 @@ TEST(EngineLimitsTest, NonFiniteOutputsFailTheRequest) {
 
 TEST(EngineLimitsTest, OptionsAreRangeChecked) {
   const auto create = [](EngineOptions o) {
-    return Engine::Create(std::make_unique<Model>(TinyWeights()), o).status();
+    return Engine::Create(std::make_unique<CpuModel>(TinyWeights()), o).status();
   };
   EngineOptions o;
   o.block_size = int64_t{1} << 40;
@@ -330,8 +330,7 @@ TEST(EngineLimitsTest, RequestLimitsAreResolvedAgainstTheModel) {
 
   // An explicit default above an explicit cap is a configuration error, named.
   o.limits = {.max_new_tokens = 50, .default_max_new_tokens = 100};
-  absl::Status s =
-      Engine::Create(std::make_unique<Model>(TinyWeights()), o).status();
+  absl::Status s = Engine::Create(std::make_unique<CpuModel>(TinyWeights()), o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("default_max_new_tokens=100"), std::string::npos) << s;
 }
