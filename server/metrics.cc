@@ -95,9 +95,40 @@ const char* RpcName(Rpc rpc) {
       return "CloseSession";
     case Rpc::kGetModelInfo:
       return "GetModelInfo";
+    case Rpc::kModelInfer:
+      return "ModelInfer";
+    case Rpc::kKServeMetadata:
+      return "KServeMetadata";
+    case Rpc::kOpenAIModels:
+      return "/v1/models";
+    case Rpc::kOpenAICompletions:
+      return "/v1/completions";
+    case Rpc::kOpenAIChatCompletions:
+      return "/v1/chat/completions";
   }
   return "unknown";
 }
+
+const char* RpcApi(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kModelInfer:
+    case Rpc::kKServeMetadata:
+      return "kserve";
+    case Rpc::kOpenAIModels:
+    case Rpc::kOpenAICompletions:
+    case Rpc::kOpenAIChatCompletions:
+      return "openai";
+    default:
+      return "glmserve";
+  }
+}
+
+bool RpcUsesEngine(Rpc rpc) {
+  return rpc == Rpc::kGenerate || rpc == Rpc::kForward || rpc == Rpc::kModelInfer ||
+         rpc == Rpc::kOpenAICompletions || rpc == Rpc::kOpenAIChatCompletions;
+}
+
+bool RpcIsForward(Rpc rpc) { return rpc == Rpc::kForward || rpc == Rpc::kModelInfer; }
 
 // Exposer's view of the registry: every scrape first refreshes the engine-derived values,
 // so that gauges are as fresh as the scrape and nothing polls the engine in between.
@@ -132,11 +163,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   for (int i = 0; i < kNumRpcs; ++i) {
     const char* name = RpcName(static_cast<Rpc>(i));
     // Created up front so that every method's OK series exists (at 0) from the first scrape.
-    requests_total_->Add({{"rpc", name}, {"code", "OK"}});
-    request_duration_[i] = &duration.Add({{"rpc", name}}, kRequestBuckets);
-    // Only engine calls are ever queued: no empty series for CloseSession / GetModelInfo.
     const Rpc rpc = static_cast<Rpc>(i);
-    if (rpc == Rpc::kGenerate || rpc == Rpc::kForward) {
+    const char* api = RpcApi(rpc);
+    requests_total_->Add({{"api", api}, {"rpc", name}, {"code", "OK"}});
+    request_duration_[i] = &duration.Add({{"api", api}, {"rpc", name}}, kRequestBuckets);
+    // Only engine calls are ever queued: no empty series for CloseSession / GetModelInfo.
+    if (RpcUsesEngine(rpc)) {
       queue_duration_[i] = &queue.Add({{"rpc", name}}, kQueueBuckets);
     }
   }
@@ -331,7 +363,8 @@ void Metrics::SetEngine(const glmserve::Engine* engine) {
 }
 
 void Metrics::RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds) {
-  requests_total_->Add({{"rpc", RpcName(rpc)}, {"code", GrpcCodeName(code)}}).Increment();
+  requests_total_->Add({{"api", RpcApi(rpc)}, {"rpc", RpcName(rpc)}, {"code", GrpcCodeName(code)}})
+      .Increment();
   request_duration_[static_cast<int>(rpc)]->Observe(seconds);
 }
 
@@ -344,7 +377,7 @@ void Metrics::RecordSuccess(Rpc rpc, const glmserve::FinishEvent& finish) {
     return std::chrono::duration<double>(b - a).count();
   };
   request_prompt_tokens_->Observe(static_cast<double>(finish.prompt_tokens));
-  if (rpc == Rpc::kForward) {
+  if (RpcIsForward(rpc)) {
     success_forward_->Increment();
     return;
   }

@@ -25,10 +25,29 @@
 
 namespace glmserve {
 
-// The service's RPCs, as the `rpc` label spells them.
-enum class Rpc { kGenerate, kForward, kCloseSession, kGetModelInfo };
-constexpr int kNumRpcs = 4;
+// The calls of every API, as the `rpc` label spells them; the `api` label says which API
+// (glmserve.v1, the KServe v2 gRPC service, the OpenAI-compatible HTTP endpoint) each is.
+enum class Rpc {
+  kGenerate,
+  kForward,
+  kCloseSession,
+  kGetModelInfo,
+  // inference.GRPCInferenceService: ModelInfer, and the health/metadata calls together.
+  kModelInfer,
+  kKServeMetadata,
+  // The OpenAI-compatible HTTP endpoint, by route.
+  kOpenAIModels,
+  kOpenAICompletions,
+  kOpenAIChatCompletions,
+};
+constexpr int kNumRpcs = 9;
 const char* RpcName(Rpc rpc);
+// "glmserve", "kserve" or "openai".
+const char* RpcApi(Rpc rpc);
+// Calls that run on the engine (queued, with a FinishEvent).
+bool RpcUsesEngine(Rpc rpc);
+// Calls whose engine request is a Forward (the others that use the engine generate).
+bool RpcIsForward(Rpc rpc);
 
 class Metrics {
  public:

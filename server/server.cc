@@ -24,6 +24,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "server/kserve_service.h"
 #include "server/reflection.h"
 
 #ifndef GLMSERVE_VERSION
@@ -184,6 +185,7 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
   }
   s->metrics_ = std::make_unique<Metrics>();
   s->service_ = std::make_unique<GlmServiceImpl>(std::move(service_options), s->metrics_.get());
+  s->kserve_ = std::make_unique<KServeServiceImpl>(s->service_.get(), ServerVersion());
 
   // Both are process-wide switches read by the next ServerBuilder.
   grpc::EnableDefaultHealthCheckService(true);
@@ -194,14 +196,15 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
   // Naming a descriptor links the file and registers it.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   s->reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
-      kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-      "grpc.reflection.v1alpha.ServerReflection"});
+      kServiceName, "inference.GRPCInferenceService", "grpc.health.v1.Health",
+      "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.address, options.port);
   builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->kserve_.get());
   builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -33,6 +33,7 @@ class Exposer;
 namespace glmserve {
 
 class ReflectionV1Service;
+class KServeServiceImpl;
 
 // Health service names (grpc.health.v1): liveness is SERVING while the process serves RPCs at
 // all; readiness (and the overall "" service and glmserve.v1.GlmService) only while it can
@@ -115,6 +116,7 @@ class GlmServer {
   std::unique_ptr<AccessLog> access_log_;  // outlives the service that writes to it
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GlmServiceImpl> service_;
+  std::unique_ptr<KServeServiceImpl> kserve_;  // inference.GRPCInferenceService, same port
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

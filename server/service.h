@@ -79,10 +79,9 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
- private:
-  friend class GenerateReactor;
-  friend class ForwardReactor;
-  friend class SimpleReactor;
+  // ---- Shared with the other front ends on this server (the KServe v2 service on the same
+  // gRPC port, the OpenAI-compatible HTTP endpoint), so that every API admits, limits,
+  // counts and drains calls the same way.
 
   // The checks every call passes before any engine work, in order: bearer token
   // (UNAUTHENTICATED), draining (UNAVAILABLE), loaded and warmed up (UNAVAILABLE). Returns
@@ -107,6 +106,15 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
                 glmserve::SteadyTime arrival, const std::string& request_id,
                 const glmserve::FinishEvent* finish);
   void CallDone();
+  const ServiceOptions& options() const { return options_; }
+  Metrics* metrics() const { return metrics_; }
+  // The attached backend, or nullptr while loading (no authentication or draining check).
+  const Backend* backend() const { return backend_.load(); }
+
+ private:
+  friend class GenerateReactor;
+  friend class ForwardReactor;
+  friend class SimpleReactor;
 
   const ServiceOptions options_;
   Metrics* const metrics_;

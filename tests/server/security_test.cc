@@ -127,7 +127,7 @@ TEST_F(SecurityTest, BearerTokenIsCheckedBeforeAnyEngineWork) {
   EXPECT_TRUE(Connect(*server, other)->Info().ok());
   ASSERT_TRUE(testing::WaitUntil([&] { return server->service().calls_in_flight() == 0; }));
   EXPECT_EQ(*SampleValue(server->metrics().Scrape(), "glmserve_requests_total",
-                         "{code=\"UNAUTHENTICATED\",rpc=\"Generate\"}"),
+                         "{api=\"glmserve\",code=\"UNAUTHENTICATED\",rpc=\"Generate\"}"),
             2);
 }
 
