@@ -8,6 +8,8 @@
 // SIGTERM / SIGINT drain: readiness goes NOT_SERVING, new calls get UNAVAILABLE, calls in
 // flight get --drain_grace to finish, then the process exits 0.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <optional>
@@ -26,12 +28,17 @@
 #include "core/model_runner.h"
 #include "core/parallel.h"
 #include "core/quantize.h"
+#include "core/text/text_assets.h"
 #include "server/server.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
           "tiny, ...); presets get seeded random weights");
+ABSL_FLAG(std::string, tokenizer_dir, "",
+          "directory with tokenizer.json (and tokenizer_config.json, generation_config.json) for "
+          "text requests; default: the checkpoint directory, or for the glm-4.5-mini preset the "
+          "tokenizer installed with glm-server; none: token ids only");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
 ABSL_FLAG(std::string, cpu_math, "exact",
           "CPU backend arithmetic of the linear layers: exact (fp32 activations) or bf16 (bf16 "
@@ -107,6 +114,43 @@ absl::StatusOr<glmserve::LayerSpan> ParseLayers(const std::string& text) {
   return span;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The directory glm-server's binary is in ("" if unknown).
+std::string ExecutableDir() {
+  char buffer[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  if (n <= 0) return "";
+  const std::string path(buffer, static_cast<size_t>(n));
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+// Where the text assets come from: --tokenizer_dir; a checkpoint's own directory; for the
+// embedded glm-4.5-mini preset the small tokenizer shipped with it (models/glm-4.5-mini),
+// copied next to the binary by the build and installed under share/glmserve (and so into
+// the Docker image). "" : none (token ids only).
+std::string TextAssetsDir(const std::string& model) {
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer_dir);
+  if (flag == "none") return "";
+  if (!flag.empty()) return flag;
+  if (IsDirectory(model)) return model;
+  const std::string preset = model.substr(0, model.find(':'));
+  if (preset != "glm-4.5-mini") return "";
+  const std::string exe = ExecutableDir();
+  for (const std::string& dir :
+       {exe + "/models/glm-4.5-mini", exe + "/../share/glmserve/models/glm-4.5-mini"}) {
+    if (IsDirectory(dir)) return dir;
+  }
+  std::fprintf(stderr,
+               "glm-server: warning: the glm-4.5-mini tokenizer is not installed next to the "
+               "binary; serving token ids only (pass --tokenizer_dir=models/glm-4.5-mini)\n");
+  return "";
+}
+
 glmserve::ServerOptions OptionsFromFlags() {
   glmserve::ServerOptions o;
   o.address = absl::GetFlag(FLAGS_address);
@@ -164,8 +208,8 @@ const glmserve::cli::ProgramHelp& Help() {
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
       {{"Model and device",
-        {"model", "device", "layers", "threads", "seed", "verify_weights", "cpu_math",
-         "weight_dtype"}},
+        {"model", "tokenizer_dir", "device", "layers", "threads", "seed", "verify_weights",
+         "cpu_math", "weight_dtype"}},
        {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
@@ -283,6 +327,20 @@ int main(int argc, char** argv) {
                 glmserve::DescribeLoadProgress(p).c_str());
     std::fflush(stdout);
   };
+  glmserve::TextAssets text;
+  if (const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model)); !dir.empty()) {
+    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && !IsDirectory(dir)) {
+      return Fail(
+          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " is not a directory")));
+    }
+    absl::StatusOr<glmserve::TextAssets> loaded = glmserve::LoadTextAssets(dir);
+    if (!loaded.ok()) return Fail(loaded.status());
+    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && loaded->tokenizer == nullptr) {
+      return Fail(
+          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " has no tokenizer.json")));
+    }
+    text = *std::move(loaded);
+  }
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
@@ -300,7 +358,8 @@ int main(int argc, char** argv) {
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (!stop.HasBeenNotified()) {
-    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype); !s.ok()) {
+    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype, std::move(text));
+        !s.ok()) {
       return Fail(s);
     }
     std::printf("%s", (*server)->StartupSummary().c_str());

@@ -36,6 +36,10 @@ const Histogram::BucketBoundaries kStepBuckets = {
 const Histogram::BucketBoundaries kBatchTokenBuckets = {1,   2,   4,   8,    16,   32,   64,
                                                         128, 256, 512, 1024, 2048, 4096, 8192};
 // Tokens per request: up to GLM-4.5's 131072 positions.
+// Tokenizing a prompt: microseconds for a chat turn, ~a second for megabytes of text.
+const Histogram::BucketBoundaries kTokenizerBuckets = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                                       1e-3, 2.5e-3, 5e-3, 0.01, 0.025,  0.05,
+                                                       0.1,  0.25,   0.5,  1,    2.5};
 const Histogram::BucketBoundaries kRequestTokenBuckets = {
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 131072};
 
@@ -95,6 +99,10 @@ const char* RpcName(Rpc rpc) {
       return "CloseSession";
     case Rpc::kGetModelInfo:
       return "GetModelInfo";
+    case Rpc::kTokenize:
+      return "Tokenize";
+    case Rpc::kDetokenize:
+      return "Detokenize";
     case Rpc::kModelInfer:
       return "ModelInfer";
     case Rpc::kKServeMetadata:
@@ -181,6 +189,29 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   success_stop_ = &success.Add({{"finished_reason", "stop"}});
   success_length_ = &success.Add({{"finished_reason", "length"}});
   success_forward_ = &success.Add({{"finished_reason", "forward"}});
+  tokenizer_duration_ = &prometheus::BuildHistogram()
+                             .Name("glmserve_tokenizer_duration_seconds")
+                             .Help(
+                                 "Tokenizer work per request: encode (prompt_text, Tokenize "
+                                 "text), chat (render and encode messages), decode (Detokenize)")
+                             .Register(r);
+  for (const char* op : {"encode", "chat", "decode"}) {
+    tokenizer_duration_->Add({{"op", op}}, kTokenizerBuckets);
+  }
+  generate_input_ = &prometheus::BuildCounter()
+                         .Name("glmserve_generate_input_total")
+                         .Help(
+                             "Generate calls admitted, by prompt kind: token_ids, prompt_text, "
+                             "messages")
+                         .Register(r);
+  for (const char* input : {"token_ids", "prompt_text", "messages"}) {
+    generate_input_->Add({{"input", input}});
+  }
+  stop_string_stops_ = &prometheus::BuildCounter()
+                            .Name("glmserve_stop_string_stops_total")
+                            .Help("Generations ended by a stop string (cancelled in the engine)")
+                            .Register(r)
+                            .Add({});
   request_prompt_tokens_ =
       &prometheus::BuildHistogram()
            .Name("glmserve_request_prompt_tokens")
@@ -367,6 +398,16 @@ void Metrics::RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds) {
       .Increment();
   request_duration_[static_cast<int>(rpc)]->Observe(seconds);
 }
+
+void Metrics::RecordTokenizer(const char* op, double seconds) {
+  tokenizer_duration_->Add({{"op", op}}, kTokenizerBuckets).Observe(seconds);
+}
+
+void Metrics::RecordGenerateInput(const char* input) {
+  generate_input_->Add({{"input", input}}).Increment();
+}
+
+void Metrics::RecordStopString() { stop_string_stops_->Increment(); }
 
 void Metrics::RecordQueue(Rpc rpc, double seconds) {
   if (prometheus::Histogram* h = queue_duration_[static_cast<int>(rpc)]) h->Observe(seconds);

@@ -26,6 +26,7 @@
 #include "prometheus/exposer.h"
 #include "server/kserve_service.h"
 #include "server/reflection.h"
+#include "server/text_convert.h"
 
 #ifndef GLMSERVE_VERSION
 #define GLMSERVE_VERSION "dev"
@@ -249,8 +250,16 @@ void GlmServer::SetReady(bool ready) {
 }
 
 absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
-                              glmserve::DType weight_dtype) {
+                              glmserve::DType weight_dtype, TextAssets text) {
   const glmserve::ModelConfig config = model->config();
+  // Every id the tokenizer can produce must have an embedding row (a prompt's) and an lm_head
+  // column (a generated one's): a tokenizer larger than the model is the wrong one.
+  if (text.tokenizer != nullptr && text.tokenizer->id_limit() > config.vocab_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the tokenizer in ", text.source, " has ids up to ",
+                     text.tokenizer->id_limit() - 1, " but the model's vocabulary has ",
+                     config.vocab_size, " rows: not this model's tokenizer (--tokenizer_dir)"));
+  }
   const int64_t positions = config.max_position_embeddings;
   ServingLimits limits;
   limits.max_prompt_tokens =
@@ -288,6 +297,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   auto backend = std::make_unique<Backend>();
   backend->engine = engine_.get();
   backend->limits = limits;
+  backend->text = std::make_shared<const TextAssets>(std::move(text));
   v1::ModelInfo& info = backend->info;
   info.set_model(options_.model_name);
   info.set_architecture(config.is_mla() ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM");
@@ -312,6 +322,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   l->set_default_deadline_ms(absl::ToInt64Milliseconds(options_.service.default_deadline));
   l->set_max_deadline_ms(absl::ToInt64Milliseconds(options_.service.max_deadline));
   l->set_max_sessions(engine_->options().max_sessions);
+  FillTextInfo(*backend->text, &info);
   info.set_server_version(ServerVersion());
   info_ = info;
   service_->Attach(std::move(backend));
@@ -336,6 +347,13 @@ std::string GlmServer::StartupSummary() const {
                   " layers, hidden ", i.config().hidden_size(), ", ", i.config().n_routed_experts(),
                   " experts, vocab ", i.config().vocab_size(), ")\n");
   absl::StrAppend(&out, "layers      ", i.layer_begin(), ":", i.layer_end(), "\n");
+  absl::StrAppend(
+      &out, "text        ",
+      i.has_tokenizer()
+          ? absl::StrCat("tokenizer ", i.tokenizer_source(), " (", i.tokenizer_vocab_size(),
+                         " ids), chat template ", i.has_chat_template() ? "GLM-4.5" : "none")
+          : std::string("none (token ids only)"),
+      "\n");
   absl::StrAppend(&out, "device      ", i.device(), ", ", glmserve::NumThreads(), " CPU threads\n");
   if (!i.compute().empty()) absl::StrAppend(&out, "compute     ", i.compute(), "\n");
   absl::StrAppend(&out, "memory      ", size(i.weight_bytes()), " weights (",

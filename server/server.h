@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "core/engine.h"
 #include "core/model_runner.h"
+#include "core/text/text_assets.h"
 #include "grpcpp/server.h"
 #include "server/access_log.h"
 #include "server/metrics.h"
@@ -86,8 +87,11 @@ class GlmServer {
 
   // Creates the engine over `model`, warms it up with one request, attaches it to the
   // service and marks readiness SERVING. `weight_dtype` (ModelWeights::weight_dtype) is
-  // what GetModelInfo reports.
-  absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype);
+  // what GetModelInfo reports. `text`: the tokenizer and chat template (LoadTextAssets);
+  // empty: token ids only, text requests FAILED_PRECONDITION. FAILED_PRECONDITION when the
+  // tokenizer has ids beyond the model's vocabulary.
+  absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype,
+                     TextAssets text = {});
 
   // Graceful shutdown: readiness NOT_SERVING, new calls UNAVAILABLE, calls in flight get up
   // to `grace` to finish, then what is left is cancelled and the server stops. Idempotent.
