@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, address, "127.0.0.1",
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; the chosen port is printed)");
 ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --address)");
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
+ABSL_FLAG(int, http_port, -1,
+          "port of the OpenAI-compatible HTTP endpoint on --address (-1: off, 0: any; e.g. 8000)");
+ABSL_FLAG(int, http_threads, 32, "HTTP requests served at once (each waits on its own generation)");
+ABSL_FLAG(int64_t, max_http_body_bytes, 16 << 20, "largest HTTP request body (beyond: 413)");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
@@ -157,6 +161,9 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.http.port = absl::GetFlag(FLAGS_http_port);
+  o.http.threads = absl::GetFlag(FLAGS_http_threads);
+  o.http.max_body_bytes = absl::GetFlag(FLAGS_max_http_body_bytes);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
@@ -305,6 +312,9 @@ int main(int argc, char** argv) {
   std::printf("glm-server: listening on %s", (*server)->target().c_str());
   if ((*server)->metrics_port() >= 0) {
     std::printf(", metrics on port %d", (*server)->metrics_port());
+  }
+  if ((*server)->http_port() >= 0) {
+    std::printf(", OpenAI HTTP on port %d", (*server)->http_port());
   }
   std::printf("\n");
   std::fflush(stdout);

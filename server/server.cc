@@ -142,6 +142,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       {"--max_concurrent_streams", o.service.max_concurrent_streams, 0, int64_t{1} << 20},
       {"--max_output_bytes_in_flight", o.service.max_output_bytes_in_flight, o.max_message_bytes,
        int64_t{1} << 48},
+      {"--http_port", o.http.port, -1, 65535},
+      {"--http_threads", o.http.threads, 1, 4096},
+      {"--max_http_body_bytes", o.http.max_body_bytes, 4096, int64_t{1} << 30},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -228,6 +231,11 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
     s->exposer_->RegisterCollectable(s->metrics_->collectable());
     const std::vector<int> ports = s->exposer_->GetListeningPorts();
     s->metrics_port_ = ports.empty() ? -1 : ports.front();
+  }
+  if (options.http.port >= 0) {
+    HttpOptions http = options.http;
+    http.address = options.address;
+    ASSIGN_OR_RETURN(s->http_, OpenAIHttpServer::Start(http, s->service_.get()));
   }
   return s;
 }
@@ -463,6 +471,9 @@ void GlmServer::Drain(absl::Duration grace) {
   // Cancels what is still in flight (OnCancel -> engine Cancel -> the reactor finishes) and
   // waits for every call to end, health watches included.
   server_->Shutdown(std::chrono::system_clock::now());
+  // HTTP handlers still waiting got their engine request's end from AbortAll; new ones are
+  // refused (draining). Stopping joins every handler.
+  if (http_ != nullptr) http_->Stop();
   service_->WaitIdle(absl::InfiniteFuture());
   // No call can reach the engine any more: detach it from the metrics, then stop it.
   metrics_->SetEngine(nullptr);

@@ -24,6 +24,7 @@
 #include "core/text/text_assets.h"
 #include "grpcpp/server.h"
 #include "server/access_log.h"
+#include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/service.h"
 
@@ -58,6 +59,8 @@ struct ServerOptions {
   std::string metrics_address;        // empty: same as `address`
   int metrics_port = 9090;            // 0: ephemeral; < 0: no metrics endpoint
   TlsOptions tls;
+  // The OpenAI-compatible HTTP endpoint (off unless http.port >= 0); its address is `address`.
+  HttpOptions http;
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
   ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
@@ -82,6 +85,7 @@ class GlmServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_ != nullptr ? http_->port() : -1; }
   // "127.0.0.1:PORT" (or "[::1]:PORT"): what a client on this machine dials.
   std::string target() const;
 
@@ -124,6 +128,7 @@ class GlmServer {
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<OpenAIHttpServer> http_;  // null without ServerOptions::http.port
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve
