@@ -1,5 +1,6 @@
 // glm-server: serves a GLM-4.5-family model over gRPC (glmserve.v1.GlmService), with
-// grpc.health.v1 liveness/readiness, reflection and Prometheus metrics.
+// grpc.health.v1 liveness/readiness, reflection, Prometheus metrics, the KServe v2 service
+// (inference.GRPCInferenceService) and, with --http_port, an OpenAI-compatible HTTP endpoint.
 //
 //   glm-server                                   # embedded glm-4.5-mini preset, CPU or GPU
 //   glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0 --port=50051 --metrics_port=9090
@@ -217,7 +218,9 @@ const glmserve::cli::ProgramHelp& Help() {
       {{"Model and device",
         {"model", "tokenizer_dir", "device", "layers", "threads", "seed", "verify_weights",
          "cpu_math", "weight_dtype"}},
-       {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
+       {"Network",
+        {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
+         "http_threads", "max_http_body_bytes"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
          "prefix_caching"}},
