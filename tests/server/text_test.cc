@@ -19,36 +19,10 @@ using testing::StartServer;
 using testing::TinyOptions;
 using testing::WaitUntil;
 
-const std::string kTokenizerDir = std::string(GLMSERVE_SOURCE_DIR) + "/models/glm-4.5-mini";
-
-TextAssets MiniAssets() {
-  absl::StatusOr<TextAssets> assets = LoadTextAssets(kTokenizerDir);
-  EXPECT_TRUE(assets.ok()) << assets.status();
-  return *std::move(assets);
-}
-
-// The tiny preset with a vocabulary just large enough for the tokenizer's 8,228 ids plus
-// padding rows past them (as real checkpoints have), so sampling must be bounded.
-std::unique_ptr<ModelRunner> TextRunner(DType* dtype) {
-  ModelConfig config = *PresetConfig("tiny");
-  config.vocab_size = 8320;
-  absl::StatusOr<ModelWeights> weights = RandomWeights(config);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  *dtype = weights->weight_dtype;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-      CreateModelRunner(*std::move(weights), DeviceKind::kCpu);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return *std::move(runner);
-}
-
-std::unique_ptr<GlmServer> StartTextServer(ServerOptions options = TinyOptions()) {
-  std::unique_ptr<GlmServer> server = StartServer(options, /*serve=*/false);
-  if (server == nullptr) return nullptr;
-  DType dtype;
-  absl::Status s = server->Serve(TextRunner(&dtype), dtype, MiniAssets());
-  EXPECT_TRUE(s.ok()) << s;
-  return server;
-}
+using testing::kTokenizerDir;
+using testing::MiniAssets;
+using testing::StartTextServer;
+using testing::TextRunner;
 
 v1::ChatMessage Message(const std::string& role, const std::string& content) {
   v1::ChatMessage m;
