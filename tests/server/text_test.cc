@@ -319,6 +319,19 @@ TEST_F(TextServiceTest, EveryBadTextRequestGetsItsStatusAndChangesNothing) {
   EXPECT_NE(s.message().find("position 1"), std::string::npos) << s;
 }
 
+TEST_F(TextServiceTest, InvalidUtf8TextNeverReachesTheEngine) {
+  // proto3 `string` fields must hold UTF-8: the server's protobuf parser refuses the message
+  // before any handler runs, and gRPC answers an unparsable request with UNIMPLEMENTED (gRPC
+  // 1.51's choice; docs/api.md). Python's and Go's protobuf refuse to serialize it at all.
+  const int64_t steps = server_->engine()->Stats().steps;
+  const Streamed s = Run(TextRequest(std::string("ok \xff\xfe bad", 9), 4));
+  EXPECT_FALSE(s.status.ok());
+  EXPECT_NE(s.status.code(), absl::StatusCode::kInternal) << s.status;
+  EXPECT_EQ(s.messages, 0);
+  EXPECT_EQ(server_->engine()->Stats().steps, steps);
+  EXPECT_TRUE(Run(TextRequest("still fine", 2)).status.ok());
+}
+
 TEST(TextServiceLimitsTest, LongTextPromptIsInvalidArgumentBeforeTheEngine) {
   ServerOptions options = TinyOptions();
   options.max_prompt_tokens = 8;
