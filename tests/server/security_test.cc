@@ -119,6 +119,12 @@ TEST_F(SecurityTest, BearerTokenIsCheckedBeforeAnyEngineWork) {
     EXPECT_EQ(client->Forward(forward).status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(client->Info().status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(client->CloseSession("x").code(), absl::StatusCode::kUnauthenticated);
+    // The text RPCs too (before the tokenizer check: this server has none).
+    v1::TokenizeRequest tokenize;
+    tokenize.set_text("x");
+    EXPECT_EQ(client->Tokenize(tokenize).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(client->Detokenize(v1::DetokenizeRequest()).status().code(),
+              absl::StatusCode::kUnauthenticated);
     // Health needs no token (probes carry none).
     EXPECT_EQ(*client->Health(kReadinessService), grpc::health::v1::HealthCheckResponse::SERVING);
   }

@@ -3,6 +3,7 @@
 // the real client. Text deltas, chat parsing, stop strings (cancelled in the engine),
 // Tokenize/Detokenize, ModelInfo, every error, and a server without a tokenizer.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "absl/strings/match.h"
 #include "core/checkpoint.h"
@@ -19,36 +20,10 @@ using testing::StartServer;
 using testing::TinyOptions;
 using testing::WaitUntil;
 
-const std::string kTokenizerDir = std::string(GLMSERVE_SOURCE_DIR) + "/models/glm-4.5-mini";
-
-TextAssets MiniAssets() {
-  absl::StatusOr<TextAssets> assets = LoadTextAssets(kTokenizerDir);
-  EXPECT_TRUE(assets.ok()) << assets.status();
-  return *std::move(assets);
-}
-
-// The tiny preset with a vocabulary just large enough for the tokenizer's 8,228 ids plus
-// padding rows past them (as real checkpoints have), so sampling must be bounded.
-std::unique_ptr<ModelRunner> TextRunner(DType* dtype) {
-  ModelConfig config = *PresetConfig("tiny");
-  config.vocab_size = 8320;
-  absl::StatusOr<ModelWeights> weights = RandomWeights(config);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  *dtype = weights->weight_dtype;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-      CreateModelRunner(*std::move(weights), DeviceKind::kCpu);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return *std::move(runner);
-}
-
-std::unique_ptr<GlmServer> StartTextServer(ServerOptions options = TinyOptions()) {
-  std::unique_ptr<GlmServer> server = StartServer(options, /*serve=*/false);
-  if (server == nullptr) return nullptr;
-  DType dtype;
-  absl::Status s = server->Serve(TextRunner(&dtype), dtype, MiniAssets());
-  EXPECT_TRUE(s.ok()) << s;
-  return server;
-}
+using testing::kTokenizerDir;
+using testing::MiniAssets;
+using testing::StartTextServer;
+using testing::TextRunner;
 
 v1::ChatMessage Message(const std::string& role, const std::string& content) {
   v1::ChatMessage m;
@@ -155,6 +130,15 @@ TEST_F(TextServiceTest, PromptTextStreamsTextBesideTokens) {
   // Without return_text a token-id request gets no text.
   by_ids.set_return_text(false);
   EXPECT_TRUE(Run(by_ids).text.empty());
+  const std::string metrics = server_->metrics().Scrape();
+  EXPECT_NE(metrics.find("glmserve_generate_input_total{input=\"prompt_text\"} 1"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("glmserve_generate_input_total{input=\"token_ids\"} 2"),
+            std::string::npos);
+  // Generate's prompt and the Tokenize call: two encodes timed.
+  EXPECT_NE(metrics.find("glmserve_tokenizer_duration_seconds_count{op=\"encode\"} 2"),
+            std::string::npos)
+      << metrics;
 }
 
 TEST_F(TextServiceTest, MessagesArePromptedWithTheChatFormatAndParsed) {
@@ -345,6 +329,19 @@ TEST_F(TextServiceTest, EveryBadTextRequestGetsItsStatusAndChangesNothing) {
   EXPECT_NE(s.message().find("position 1"), std::string::npos) << s;
 }
 
+TEST_F(TextServiceTest, InvalidUtf8TextNeverReachesTheEngine) {
+  // proto3 `string` fields must hold UTF-8: the server's protobuf parser refuses the message
+  // before any handler runs, and gRPC answers an unparsable request with UNIMPLEMENTED (gRPC
+  // 1.51's choice; docs/api.md). Python's and Go's protobuf refuse to serialize it at all.
+  const int64_t steps = server_->engine()->Stats().steps;
+  const Streamed s = Run(TextRequest(std::string("ok \xff\xfe bad", 9), 4));
+  EXPECT_FALSE(s.status.ok());
+  EXPECT_NE(s.status.code(), absl::StatusCode::kInternal) << s.status;
+  EXPECT_EQ(s.messages, 0);
+  EXPECT_EQ(server_->engine()->Stats().steps, steps);
+  EXPECT_TRUE(Run(TextRequest("still fine", 2)).status.ok());
+}
+
 TEST(TextServiceLimitsTest, LongTextPromptIsInvalidArgumentBeforeTheEngine) {
   ServerOptions options = TinyOptions();
   options.max_prompt_tokens = 8;
@@ -427,6 +424,61 @@ TEST(TextServiceNoTokenizerTest, ATokenizerLargerThanTheModelIsRefusedAtLoad) {
   absl::Status s = server->Serve(std::move(runner), dtype, MiniAssets());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("8227"), std::string::npos) << s;
+}
+
+// The glm-server binary: the embedded default model finds its tokenizer next to the binary
+// (copied there by the build), --tokenizer_dir overrides it, and a wrong tokenizer is refused.
+TEST(GlmServerTextTest, TheDefaultModelServesTextAndTheFlagOverridesIt) {
+  std::string target;
+  std::unique_ptr<testing::ChildProcess> server =
+      testing::StartServerProcess({"--model=glm-4.5-mini", "--kv_capacity_tokens=2048"}, &target);
+  EXPECT_NE(server->output().find("text        tokenizer "), std::string::npos) << server->output();
+  std::unique_ptr<Client> client = Connect(target);
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->has_tokenizer());
+  EXPECT_TRUE(info->has_chat_template());
+  EXPECT_TRUE(absl::EndsWith(info->tokenizer_source(), "/models/glm-4.5-mini"))
+      << info->tokenizer_source();
+  v1::GenerateRequest chat;
+  *chat.add_messages() = Message("user", "Hello!");
+  chat.mutable_stop()->set_max_new_tokens(8);
+  chat.mutable_stop()->set_ignore_eos(true);
+  std::vector<int32_t> tokens;
+  std::string text;
+  ASSERT_TRUE(client
+                  ->GenerateChunks(chat,
+                                   [&](const v1::GenerateResponse& r) {
+                                     for (const auto& t : r.tokens())
+                                       tokens.push_back(t.token_id());
+                                     text += r.text();
+                                   })
+                  .ok());
+  ASSERT_EQ(tokens.size(), 8u);
+  // The 151,552-row random model samples only the tokenizer's 8,228 ids.
+  for (int32_t id : tokens) EXPECT_LT(id, 8228);
+  EXPECT_EQ(text, *DetokenizeIds(MiniAssets(), tokens, /*skip_special_tokens=*/true));
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(absl::Seconds(30)), 0);
+
+  server = testing::StartServerProcess(
+      {"--model=glm-4.5-mini", "--kv_capacity_tokens=2048", "--tokenizer_dir=none"}, &target);
+  info = Connect(target)->Info();
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->has_tokenizer());
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(absl::Seconds(30)), 0);
+
+  // A tokenizer with more ids than the model has rows is not this model's: refused at load.
+  testing::CommandResult r = testing::RunCommand(absl::StrCat(
+      GLM_SERVER_PATH, " --model=tiny --port=0 --metrics_port=-1 --tokenizer_dir=", kTokenizerDir));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("not this model's tokenizer"), std::string::npos) << r.output;
+  r = testing::RunCommand(absl::StrCat(
+      GLM_SERVER_PATH, " --model=tiny --port=0 --metrics_port=-1 --tokenizer_dir=/nonexistent"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--tokenizer_dir=/nonexistent is not a directory"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace
