@@ -4,11 +4,15 @@
 // stop strings, seeds, the same text as glmserve.v1, every error with its HTTP status and
 // OpenAI error JSON (changing nothing in the engine), auth, and client disconnects cancelling
 // the engine request.
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -445,6 +449,74 @@ TEST_F(OpenAIHttpTest, NonStreamingClientDisconnectCancelsTheEngineRequest) {
                "glmserve_requests_total{api=\"openai\",code=\"CANCELLED\",rpc=\"/v1/"
                "completions\"}") == 1;
   }));
+}
+
+// A raw TCP client that sends one request and then reads nothing (a stalled reader).
+int SendAndStall(int port, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string request = absl::StrCat(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: ",
+      body.size(), "\r\n\r\n", body);
+  EXPECT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  return fd;
+}
+
+TEST_F(OpenAIHttpTest, AStalledClientDoesNotHoldUpOthers) {
+  // Two clients that stream a long generation and never read: their workers block on full
+  // socket buffers, nobody else's.
+  Json request = Completion("Once upon a time", 30000);
+  request["stream"] = true;
+  request["logprobs"] = 5;  // large events fill the socket buffers sooner
+  const int a = SendAndStall(server_->http_port(), request.dump());
+  const int b = SendAndStall(server_->http_port(), request.dump());
+  ASSERT_TRUE(WaitUntil([&] { return server_->engine()->Stats().running == 2; }));
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    const HttpResponse r = Post("/v1/completions", Completion("Hello", 8));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+  EXPECT_EQ(Call("GET", base_ + "/v1/models", "").status, 200);
+  // Closing the stalled connections cancels their generations.
+  close(a);
+  close(b);
+  ASSERT_TRUE(WaitUntil([&] { return EngineDrained(server_->engine()); }));
+  ASSERT_TRUE(WaitUntil([&] {
+    return Counter(
+               "glmserve_requests_total{api=\"openai\",code=\"CANCELLED\",rpc=\"/v1/"
+               "completions\"}") == 2;
+  }));
+}
+
+TEST(OpenAIHttpDrainTest, DrainEndsStreamsInFlightAndRefusesNewRequests) {
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  std::unique_ptr<GlmServer> server = StartHttpServer();
+  ASSERT_NE(server, nullptr);
+  const std::string url = absl::StrCat("http://127.0.0.1:", server->http_port());
+  Json request = Completion("Once upon a time", 30000);
+  request["stream"] = true;
+  HttpResponse streamed;
+  std::thread client([&] { streamed = Call("POST", url + "/v1/completions", request.dump()); });
+  ASSERT_TRUE(WaitUntil([&] { return server->engine()->Stats().running == 1; }));
+  server->Drain(absl::Milliseconds(100));
+  client.join();
+  // The stream had started (200); the drain's abort ends it with an error event (the
+  // retryable 503 kind), then [DONE].
+  EXPECT_EQ(streamed.status, 200);
+  const std::vector<std::string> events = streamed.events();
+  ASSERT_GE(events.size(), 2u) << streamed.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json error = Json::parse(events[events.size() - 2]);
+  ASSERT_TRUE(error.contains("error")) << error;
+  EXPECT_EQ(error["error"]["code"], "unavailable") << error;
+  // After the drain the port is closed.
+  EXPECT_NE(Call("GET", url + "/v1/models", "").curl, CURLE_OK);
 }
 
 TEST(OpenAIHttpAuthTest, BearerTokensAsOnTheGrpcApi) {
