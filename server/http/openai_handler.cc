@@ -15,6 +15,7 @@
 #include "server/convert.h"
 #include "server/http/openai_error.h"
 #include "server/http/openai_request.h"
+#include "server/http/openai_response.h"
 
 namespace glmserve {
 namespace {
@@ -35,13 +36,6 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
 std::string Dump(const Json& j) {
   // Generated text may hold U+FFFD already; anything else invalid is replaced, not thrown.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-std::string RandomHex(int chars) {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string s;
-  while (static_cast<int>(s.size()) < chars) s += absl::StrFormat("%016x", rng());
-  return s.substr(0, chars);
 }
 
 absl::StatusOr<Json> ParseBody(const std::string& body) {
@@ -102,25 +96,6 @@ struct CompletionLogprobs {
             {"text_offset", offsets}};
   }
 };
-
-Json ToolCallsJson(const std::vector<ParsedToolCall>& calls, int first_index, bool with_index) {
-  Json out = Json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    Json call = {{"id", absl::StrCat("call_", RandomHex(24))},
-                 {"type", "function"},
-                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments_json}}}};
-    if (with_index) call["index"] = first_index + static_cast<int>(i);
-    out.push_back(std::move(call));
-  }
-  return out;
-}
-
-Json Usage(const glmserve::FinishEvent& f) {
-  return {{"prompt_tokens", f.prompt_tokens},
-          {"completion_tokens", f.generated_tokens},
-          {"total_tokens", f.prompt_tokens + f.generated_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", f.cached_prompt_tokens}}}};
-}
 
 // The engine request and the text stream of an admitted request (the wire checks of the
 // native API, then the text rules of core/text).
@@ -217,13 +192,7 @@ class Responder {
     if (!r_.stream) return true;
     if (delta.empty() && logprobs.is_null()) return true;
     if (!r_.chat) return Send(Chunk(delta.text, logprobs, nullptr));
-    Json d = Json::object();
-    if (!delta.parsed.reasoning.empty()) d["reasoning_content"] = delta.parsed.reasoning;
-    if (!delta.parsed.content.empty()) d["content"] = delta.parsed.content;
-    if (!delta.parsed.tool_calls.empty()) {
-      d["tool_calls"] = ToolCallsJson(delta.parsed.tool_calls, tool_calls_sent_, true);
-      tool_calls_sent_ += static_cast<int>(delta.parsed.tool_calls.size());
-    }
+    Json d = ChatDeltaJson(delta, &tool_calls_sent_);
     if (d.empty() && logprobs.is_null()) return true;
     return Send(Chunk(d, logprobs, nullptr));
   }
@@ -237,13 +206,7 @@ class Responder {
         if (!r_.chat) {
           Send(Chunk(result.last.text, nullptr, nullptr));
         } else {
-          Json d = Json::object();
-          if (!result.last.parsed.reasoning.empty())
-            d["reasoning_content"] = result.last.parsed.reasoning;
-          if (!result.last.parsed.content.empty()) d["content"] = result.last.parsed.content;
-          if (!result.last.parsed.tool_calls.empty()) {
-            d["tool_calls"] = ToolCallsJson(result.last.parsed.tool_calls, tool_calls_sent_, true);
-          }
+          Json d = ChatDeltaJson(result.last, &tool_calls_sent_);
           if (!d.empty()) Send(Chunk(d, nullptr, nullptr));
         }
       }
@@ -251,7 +214,7 @@ class Responder {
       if (r_.include_usage) {
         Json usage = Envelope();
         usage["choices"] = Json::array();
-        usage["usage"] = Usage(finish);
+        usage["usage"] = UsageJson(finish);
         Send(usage);
       }
       ex_.SendEvent("[DONE]");
@@ -262,22 +225,14 @@ class Responder {
     out["object"] = r_.chat ? "chat.completion" : "text_completion";
     Json choice = {{"index", 0}, {"finish_reason", reason}};
     if (r_.chat) {
-      Json message = {{"role", "assistant"}};
-      message["content"] = result.content.empty() && !result.tool_calls.empty()
-                               ? Json(nullptr)
-                               : Json(result.content);
-      message["reasoning_content"] =
-          result.reasoning.empty() ? Json(nullptr) : Json(result.reasoning);
-      if (!result.tool_calls.empty())
-        message["tool_calls"] = ToolCallsJson(result.tool_calls, 0, false);
-      choice["message"] = std::move(message);
+      choice["message"] = ChatMessageJson(result);
       choice["logprobs"] = r_.logprobs ? Json{{"content", chat_logprobs_}} : Json(nullptr);
     } else {
       choice["text"] = result.text;
       choice["logprobs"] = r_.logprobs ? completion_logprobs_.ToJson() : Json(nullptr);
     }
     out["choices"] = Json::array({choice});
-    out["usage"] = Usage(finish);
+    out["usage"] = UsageJson(finish);
     ex_.SendJson(200, Dump(out));
   }
 
