@@ -215,6 +215,30 @@ TEST_F(KServeTest, HiddenStatesThroughTwoSpansEqualTheWholeModel) {
   EXPECT_EQ(b.raw_output_contents(0), whole.raw_output_contents(0));
 }
 
+TEST_F(KServeTest, SessionsContinueTheSequence) {
+  // [1..5] in one call equals [1, 2, 3] then [4, 5] on a session (positions continue).
+  ModelInferResponse whole;
+  ASSERT_TRUE(Infer(IdsRequest({1, 2, 3, 4, 5}), &whole).ok());
+  ModelInferRequest first = IdsRequest({1, 2, 3});
+  (*first.mutable_parameters())["session_id"].set_string_param("s1");
+  (*first.mutable_parameters())["create_session"].set_bool_param(true);
+  ModelInferResponse a;
+  grpc::Status s = Infer(first, &a);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(a.parameters().at("start_position").int64_param(), 0);
+  ModelInferRequest second = IdsRequest({4, 5});
+  (*second.mutable_parameters())["session_id"].set_string_param("s1");
+  ModelInferResponse b;
+  s = Infer(second, &b);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(b.parameters().at("start_position").int64_param(), 3);
+  EXPECT_EQ(b.raw_output_contents(0), whole.raw_output_contents(0).substr(3 * 256 * 4));
+  // An unknown session is NOT_FOUND, never a silent restart at position 0.
+  (*second.mutable_parameters())["session_id"].set_string_param("nope");
+  EXPECT_EQ(Infer(second, &b).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Connect(*server_)->CloseSession("s1").ok());
+}
+
 TEST_F(KServeTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
   const int64_t steps = server_->engine()->Stats().steps;
   struct Case {

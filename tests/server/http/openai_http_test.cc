@@ -545,6 +545,35 @@ TEST(OpenAIHttpAuthTest, BearerTokensAsOnTheGrpcApi) {
   EXPECT_EQ(Call("GET", url + "/v1/models", "", o).status, 200);
 }
 
+TEST(OpenAIHttpAccessLogTest, OneLinePerCall) {
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  const std::string path = ::testing::TempDir() + "/openai_access_log";
+  std::remove(path.c_str());
+  ServerOptions options = HttpOptions();
+  options.access_log = path;
+  options.log_format = LogFormat::kJson;
+  std::unique_ptr<GlmServer> server = StartHttpServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string url = absl::StrCat("http://127.0.0.1:", server->http_port());
+  const HttpResponse ok = Call("POST", url + "/v1/completions", Completion("hi", 3).dump());
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Call("POST", url + "/v1/chat/completions", "{}").status, 400);
+  ASSERT_TRUE(WaitUntil([&] { return server->service().calls_in_flight() == 0; }));
+  server->access_log()->Flush();
+  std::ifstream in(path);
+  std::vector<Json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(Json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  // Each call is logged after its answer is out: the two lines may come in either order.
+  if (lines[0]["rpc"] != "/v1/completions") std::swap(lines[0], lines[1]);
+  EXPECT_EQ(lines[0]["rpc"], "/v1/completions");
+  EXPECT_EQ(lines[0]["code"], "OK");
+  EXPECT_EQ(lines[0]["request_id"], ok.json()["id"]);
+  EXPECT_EQ(lines[0]["generated_tokens"], 3);
+  EXPECT_EQ(lines[1]["rpc"], "/v1/chat/completions");
+  EXPECT_EQ(lines[1]["code"], "INVALID_ARGUMENT");
+}
+
 TEST(OpenAIHttpNoTokenizerTest, TextNeedsATokenizer) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   std::unique_ptr<GlmServer> server = StartHttpServer(HttpOptions(), /*tokenizer=*/false);
