@@ -127,8 +127,10 @@ absl::StatusOr<std::unique_ptr<OpenAIHttpServer>> OpenAIHttpServer::Start(
   const std::string listen = absl::StrCat(host, ":", options.port);
   const std::string threads = std::to_string(options.threads);
   const char* civet_options[] = {"listening_ports", listen.c_str(), "num_threads", threads.c_str(),
-                                 // A client that stops reading frees its worker after this.
-                                 "request_timeout_ms", "600000", "enable_keep_alive", "yes",
+                                 // A client that stops sending or reading for this
+                                 // long loses its connection (and its generation) and
+                                 // frees its worker.
+                                 "request_timeout_ms", "30000", "enable_keep_alive", "yes",
                                  nullptr};
   mg_callbacks callbacks{};
   s->ctx_ = mg_start(&callbacks, nullptr, civet_options);
