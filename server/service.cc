@@ -161,7 +161,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       absl::StatusOr<TextPrompt> built = BuildTextPrompt(
           assets, *input,
           static_cast<size_t>(std::max<int64_t>(1, backend.limits.max_prompt_tokens)));
-      metrics->RecordTokenizer(input->is_chat() ? "chat" : "encode", Seconds(start, Clock::now()));
+      if (assets.tokenizer != nullptr) {
+        metrics->RecordTokenizer(input->is_chat() ? "chat" : "encode",
+                                 Seconds(start, Clock::now()));
+      }
       if (!built.ok()) return built.status();
       prompt = *std::move(built);
     }
@@ -671,8 +674,10 @@ grpc::ServerUnaryReactor* GlmServiceImpl::Tokenize(grpc::CallbackServerContext* 
           *backend->text, input,
           static_cast<size_t>(std::max<int64_t>(1, backend->limits.max_prompt_tokens)));
     }();
-    metrics_->RecordTokenizer(request->messages_size() > 0 ? "chat" : "encode",
-                              Seconds(start, Clock::now()));
+    if (backend->text->tokenizer != nullptr) {  // only the tokenizer's work is timed
+      metrics_->RecordTokenizer(request->messages_size() > 0 ? "chat" : "encode",
+                                Seconds(start, Clock::now()));
+    }
     status = ToGrpcStatus(prompt.status());
     if (prompt.ok()) {
       response->mutable_token_ids()->Add(prompt->ids.begin(), prompt->ids.end());
@@ -694,7 +699,9 @@ grpc::ServerUnaryReactor* GlmServiceImpl::Detokenize(grpc::CallbackServerContext
     absl::StatusOr<std::string> text = DetokenizeIds(
         *backend->text, absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()),
         request->skip_special_tokens());
-    metrics_->RecordTokenizer("decode", Seconds(start, Clock::now()));
+    if (backend->text->tokenizer != nullptr) {
+      metrics_->RecordTokenizer("decode", Seconds(start, Clock::now()));
+    }
     status = ToGrpcStatus(text.status());
     if (text.ok()) response->set_text(*std::move(text));
   }

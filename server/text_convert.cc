@@ -95,8 +95,8 @@ absl::StatusOr<TextInput> TextInputFromTokenize(const v1::TokenizeRequest& reque
 }
 
 bool WantsText(const v1::GenerateRequest& request) {
-  return !request.prompt_text().empty() || request.messages_size() > 0 || request.stop().stop_strings_size() > 0 ||
-         request.return_text();
+  return !request.prompt_text().empty() || request.messages_size() > 0 ||
+         request.stop().stop_strings_size() > 0 || request.return_text();
 }
 
 TextStreamOptions TextStreamOptionsFor(const v1::GenerateRequest& request,

@@ -67,7 +67,8 @@ Fed Feed(const TextStreamOptions& options, const std::vector<int32_t>& ids, uint
 
 TEST(TextGeneration, DeltasConcatenateToTheFullDecode) {
   const std::string texts[] = {
-      "Hello, world! 你好，世界。 こんにちは 🎉👨‍👩‍👧 mixed ١٢٣ digits\n\n  "
+      "Hello, world! 你好，世界。 こんにちは 🎉👨‍👩‍👧 mixed ١٢٣ digits\n\n "
+      " "
       "spaces\t",
       "def f(x):\n    return x ** 2  # ∑ café naïve",
       "<think>why</think>answer<|user|>after the eos"};
