@@ -50,7 +50,11 @@ ARG JOBS=""
 # here without the tests and benchmarks, and only the shipped binaries.
 RUN BUILD_DIR=/build JOBS="${JOBS:-$(nproc)}" TARGETS="glm-server glm-client glm-run" \
     bash tools/build.sh ${GLMSERVE_CMAKE_ARGS} -DGLMSERVE_BUILD_TESTS=OFF -DGLMSERVE_BUILD_BENCH=OFF
-RUN mkdir -p /out/bin \
+# The embedded default model's tokenizer, where glm-server looks for it (BIN/../share/glmserve),
+# so that the image's default model takes text (docs/text.md).
+RUN mkdir -p /out/bin /out/share/glmserve/models/glm-4.5-mini \
+    && cp models/glm-4.5-mini/tokenizer.json models/glm-4.5-mini/tokenizer_config.json \
+          models/glm-4.5-mini/generation_config.json /out/share/glmserve/models/glm-4.5-mini/ \
     && cp /build/server/glm-server /build/client/glm-client /build/tools/glm-run /out/bin/ \
     && strip /out/bin/* \
     && bash tools/runtime_packages.sh /out/bin/* > /out/runtime-packages.txt \
@@ -75,6 +79,7 @@ RUN groupadd --system --gid 10001 glm \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin glm
 COPY --from=build /out/bin/ /usr/local/bin/
+COPY --from=build /out/share/ /usr/local/share/
 LABEL org.opencontainers.image.title="glmserve" \
       org.opencontainers.image.description="gRPC inference server for the GLM-4.5 MoE family (${VARIANT})"
 USER 10001:10001

@@ -183,8 +183,17 @@ absl::Status Client::CloseSession(const std::string& session_id) {
 absl::StatusOr<v1::Finished> Client::Generate(
     const v1::GenerateRequest& request,
     const std::function<void(const v1::GeneratedToken&)>& on_token) {
+  return GenerateChunks(request, [&](const v1::GenerateResponse& chunk) {
+    if (!on_token) return;
+    for (const v1::GeneratedToken& t : chunk.tokens()) on_token(t);
+  });
+}
+
+absl::StatusOr<v1::Finished> Client::GenerateChunks(
+    const v1::GenerateRequest& request,
+    const std::function<void(const v1::GenerateResponse&)>& on_chunk) {
   v1::Finished finished;
-  bool got_tokens = false;
+  bool got_output = false;
   absl::Status s = WithRetries(
       Deadline(),
       [&](grpc::ClientContext* context) {
@@ -192,17 +201,31 @@ absl::StatusOr<v1::Finished> Client::Generate(
             stub_->Generate(context, request);
         v1::GenerateResponse chunk;
         while (reader->Read(&chunk)) {
-          for (const v1::GeneratedToken& t : chunk.tokens()) {
-            got_tokens = true;
-            if (on_token) on_token(t);
-          }
+          got_output = true;
+          if (on_chunk) on_chunk(chunk);
           if (chunk.has_finished()) finished = chunk.finished();
         }
         return reader->Finish();
       },
-      /*no_retry=*/&got_tokens);  // once tokens went to the caller, a retry would repeat them
+      /*no_retry=*/&got_output);  // once output went to the caller, a retry would repeat it
   if (!s.ok()) return s;
   return finished;
+}
+
+absl::StatusOr<v1::TokenizeResponse> Client::Tokenize(const v1::TokenizeRequest& request) {
+  v1::TokenizeResponse response;
+  RETURN_IF_ERROR(WithRetries(Deadline(), [&](grpc::ClientContext* context) {
+    return stub_->Tokenize(context, request, &response);
+  }));
+  return response;
+}
+
+absl::StatusOr<v1::DetokenizeResponse> Client::Detokenize(const v1::DetokenizeRequest& request) {
+  v1::DetokenizeResponse response;
+  RETURN_IF_ERROR(WithRetries(Deadline(), [&](grpc::ClientContext* context) {
+    return stub_->Detokenize(context, request, &response);
+  }));
+  return response;
 }
 
 std::unique_ptr<GenerateStream> Client::StartGenerate(const v1::GenerateRequest& request) {

@@ -97,6 +97,13 @@ class Client {
   absl::StatusOr<v1::Finished> Generate(
       const v1::GenerateRequest& request,
       const std::function<void(const v1::GeneratedToken&)>& on_token);
+  // Calls `on_chunk` with every response message as it arrives: its tokens and, for text
+  // requests, its text / reasoning / content / tool-call deltas. Returns the final message.
+  absl::StatusOr<v1::Finished> GenerateChunks(
+      const v1::GenerateRequest& request,
+      const std::function<void(const v1::GenerateResponse&)>& on_chunk);
+  absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request);
+  absl::StatusOr<v1::DetokenizeResponse> Detokenize(const v1::DetokenizeRequest& request);
   // The iterator form (no retries: the caller sees the stream as it happens).
   std::unique_ptr<GenerateStream> StartGenerate(const v1::GenerateRequest& request);
   absl::Status CloseSession(const std::string& session_id);

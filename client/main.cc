@@ -2,13 +2,20 @@
 //
 //   glm-client info
 //   glm-client generate --prompt=151331,151333,9703 --max_new_tokens=16   # streams tokens
+//   glm-client generate --text="Once upon a time" --stop=.               # streams text
+//   glm-client chat --message="Hello!"        # one turn; without --message: one turn a line
+//   glm-client tokenize --text="Hello"        # ids, comma-separated (as --prompt takes them)
+//   glm-client detokenize --ids=9703,1435
 //   glm-client forward --prompt=1,2,3 --logits --last_only --logits_out=/tmp/logits.npy
 //   glm-client forward --hidden_in=/tmp/h.npy --layer_begin=2 --hidden --hidden_out=/tmp/o.npy
 //   glm-client --session=s1 close-session
 //   glm-client health --service=readiness --wait=60s
 //   glm-client bench --rpc=generate --concurrency=16 --duration=20s --metrics=127.0.0.1:9090
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +60,18 @@ ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that e
 ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
 ABSL_FLAG(bool, ignore_eos, false, "generate: do not stop at end-of-sequence tokens");
 ABSL_FLAG(int, top_logprobs, -1, "generate: print logprobs with this many alternatives");
+// text (needs a server with a tokenizer: `glm-client info` shows has_tokenizer)
+ABSL_FLAG(std::string, text, "",
+          "generate: prompt as text instead of --prompt; tokenize: the text");
+ABSL_FLAG(std::string, message, "",
+          "chat: the user message (one turn); empty: read one message a line from stdin");
+ABSL_FLAG(std::string, system, "", "chat / tokenize --message: a system message first");
+ABSL_FLAG(std::string, thinking, "auto",
+          "chat: auto (the model decides), on or off (GLM-4.5's enable_thinking)");
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "generate / chat: comma-separated stop strings (the text ends before the first)");
+ABSL_FLAG(std::string, ids, "", "detokenize: comma-separated token ids");
+ABSL_FLAG(bool, skip_special, false, "detokenize: leave special tokens out");
 ABSL_FLAG(int64_t, layer_begin, -1, "forward: first layer (-1: the served span's)");
 ABSL_FLAG(int64_t, layer_end, -1, "forward: end layer (-1: the served span's)");
 ABSL_FLAG(std::string, session, "", "forward / close-session: session id");
@@ -148,7 +167,75 @@ int CloseSession(glmserve::Client& client) {
   return 0;
 }
 
+// The sampling and stop flags shared by generate and chat.
+absl::Status SetSamplingAndStop(glmserve::v1::GenerateRequest* request) {
+  request->mutable_stop()->set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  request->mutable_stop()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  glmserve::v1::SamplingParams* sampling = request->mutable_sampling();
+  sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  sampling->set_top_k(absl::GetFlag(FLAGS_top_k));
+  sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  sampling->set_seed(absl::GetFlag(FLAGS_seed));
+  sampling->set_min_p(static_cast<float>(absl::GetFlag(FLAGS_min_p)));
+  sampling->set_repetition_penalty(static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)));
+  ASSIGN_OR_RETURN(std::vector<int32_t> stop_ids,
+                   ParseIds(absl::GetFlag(FLAGS_stop_token_ids), "--stop_token_ids"));
+  request->mutable_stop()->mutable_stop_token_ids()->Add(stop_ids.begin(), stop_ids.end());
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) {
+    request->mutable_stop()->add_stop_strings(stop);
+  }
+  request->set_request_id(absl::GetFlag(FLAGS_request_id));
+  return absl::OkStatus();
+}
+
+void PrintFinished(const glmserve::v1::Finished& finished) {
+  const auto& t = finished.timings();
+  std::fprintf(stderr,
+               "finished: %s%s%s, %lld prompt + %lld generated tokens; server: queue %.2f ms, "
+               "first token %.2f ms, total %.2f ms\n",
+               glmserve::v1::FinishReason_Name(finished.reason()).c_str(),
+               finished.stop_string().empty()
+                   ? ""
+                   : absl::StrCat(" (stop string \"", finished.stop_string(), "\")").c_str(),
+               finished.request_id().empty()
+                   ? ""
+                   : absl::StrCat(" (request ", finished.request_id(), ")").c_str(),
+               static_cast<long long>(finished.prompt_tokens()),
+               static_cast<long long>(finished.generated_tokens()), t.queue_seconds() * 1e3,
+               t.time_to_first_token_seconds() * 1e3, t.total_seconds() * 1e3);
+}
+
+// generate --text: the text streams as it is generated.
+int GenerateText(glmserve::Client& client) {
+  glmserve::v1::GenerateRequest request;
+  request.set_prompt_text(absl::GetFlag(FLAGS_text));
+  if (absl::Status s = SetSamplingAndStop(&request); !s.ok()) return Fail(s);
+  const bool json = absl::GetFlag(FLAGS_json);
+  glmserve::v1::GenerateResponse collected;  // --json: everything in one message
+  absl::StatusOr<glmserve::v1::Finished> finished =
+      client.GenerateChunks(request, [&](const glmserve::v1::GenerateResponse& r) {
+        if (json) {
+          collected.mutable_tokens()->MergeFrom(r.tokens());
+          collected.mutable_text()->append(r.text());
+          return;
+        }
+        std::fwrite(r.text().data(), 1, r.text().size(), stdout);
+        std::fflush(stdout);
+      });
+  if (!json) std::printf("\n");
+  std::fflush(stdout);
+  if (!finished.ok()) return Fail(finished.status());
+  if (json) {
+    *collected.mutable_finished() = *finished;
+    PrintJson(glmserve::cli::MessageJson(collected));
+  } else {
+    PrintFinished(*finished);
+  }
+  return 0;
+}
+
 int Generate(glmserve::Client& client) {
+  if (!absl::GetFlag(FLAGS_text).empty()) return GenerateText(client);
   absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(absl::GetFlag(FLAGS_prompt));
   if (!prompt.ok()) return Fail(prompt.status());
   glmserve::v1::GenerateRequest request;
@@ -166,6 +253,9 @@ int Generate(glmserve::Client& client) {
       ParseIds(absl::GetFlag(FLAGS_stop_token_ids), "--stop_token_ids");
   if (!stop_ids.ok()) return Fail(stop_ids.status());
   request.mutable_stop()->mutable_stop_token_ids()->Add(stop_ids->begin(), stop_ids->end());
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) {
+    request.mutable_stop()->add_stop_strings(stop);
+  }
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   const bool json = absl::GetFlag(FLAGS_json);
   // --json: the tokens and the final message as one GenerateResponse-shaped object.
@@ -200,17 +290,143 @@ int Generate(glmserve::Client& client) {
     PrintJson(glmserve::cli::MessageJson(collected));
     return 0;
   }
-  const auto& t = finished->timings();
-  std::fprintf(stderr,
-               "finished: %s%s, %lld prompt + %lld generated tokens; server: queue %.2f ms, "
-               "first token %.2f ms, total %.2f ms\n",
-               glmserve::v1::FinishReason_Name(finished->reason()).c_str(),
-               finished->request_id().empty()
-                   ? ""
-                   : absl::StrCat(" (request ", finished->request_id(), ")").c_str(),
-               static_cast<long long>(finished->prompt_tokens()),
-               static_cast<long long>(finished->generated_tokens()), t.queue_seconds() * 1e3,
-               t.time_to_first_token_seconds() * 1e3, t.total_seconds() * 1e3);
+  PrintFinished(*finished);
+  return 0;
+}
+
+glmserve::v1::ChatMessage ChatMessage(const std::string& role, const std::string& content) {
+  glmserve::v1::ChatMessage m;
+  m.set_role(role);
+  m.set_content(content);
+  return m;
+}
+
+absl::Status SetThinking(glmserve::v1::GenerateRequest* request) {
+  const std::string thinking = absl::GetFlag(FLAGS_thinking);
+  if (thinking == "on" || thinking == "off") {
+    request->set_enable_thinking(thinking == "on");
+  } else if (thinking != "auto") {
+    return absl::InvalidArgumentError("--thinking must be auto, on or off");
+  }
+  return absl::OkStatus();
+}
+
+// One chat turn: streams the reply, its reasoning under "[reasoning]" and its answer under
+// "[answer]" (so the two are never mixed), tool calls on their own lines; returns the
+// assistant message to keep in the history.
+absl::StatusOr<glmserve::v1::ChatMessage> ChatTurn(glmserve::Client& client,
+                                                   const glmserve::v1::GenerateRequest& request,
+                                                   bool json) {
+  glmserve::v1::ChatMessage reply = ChatMessage("assistant", "");
+  std::string reasoning;
+  enum class Part { kNone, kReasoning, kAnswer } part = Part::kNone;
+  const auto switch_to = [&](Part p, const char* label) {
+    if (part == p) return;
+    std::printf("%s%s ", part == Part::kNone ? "" : "\n", label);
+    part = p;
+  };
+  ASSIGN_OR_RETURN(glmserve::v1::Finished finished,
+                   client.GenerateChunks(request, [&](const glmserve::v1::GenerateResponse& r) {
+                     reasoning += r.reasoning_content();
+                     reply.mutable_content()->append(r.content());
+                     for (const glmserve::v1::ToolCall& call : r.tool_calls())
+                       *reply.add_tool_calls() = call;
+                     if (json) return;
+                     if (!r.reasoning_content().empty()) {
+                       switch_to(Part::kReasoning, "[reasoning]");
+                       std::fwrite(r.reasoning_content().data(), 1, r.reasoning_content().size(),
+                                   stdout);
+                     }
+                     if (!r.content().empty()) {
+                       switch_to(Part::kAnswer, "[answer]");
+                       std::fwrite(r.content().data(), 1, r.content().size(), stdout);
+                     }
+                     for (const glmserve::v1::ToolCall& call : r.tool_calls()) {
+                       std::printf("%s[tool call] %s %s\n", part == Part::kNone ? "" : "\n",
+                                   call.name().c_str(), call.arguments_json().c_str());
+                       part = Part::kNone;
+                     }
+                     std::fflush(stdout);
+                   }));
+  if (!reasoning.empty()) reply.set_reasoning_content(reasoning);
+  if (json) {
+    nlohmann::json out = glmserve::cli::MessageJson(reply);
+    out["finished"] = glmserve::cli::MessageJson(finished);
+    PrintJson(out);
+  } else {
+    std::printf("\n");
+    std::fflush(stdout);
+    PrintFinished(finished);
+  }
+  return reply;
+}
+
+// chat --message: one turn. Without --message: every stdin line is a user turn of one
+// conversation (the replies stay in its history) until EOF or "/exit".
+int Chat(glmserve::Client& client) {
+  glmserve::v1::GenerateRequest request;
+  if (absl::Status s = SetSamplingAndStop(&request); !s.ok()) return Fail(s);
+  if (absl::Status s = SetThinking(&request); !s.ok()) return Fail(s);
+  if (!absl::GetFlag(FLAGS_system).empty()) {
+    *request.add_messages() = ChatMessage("system", absl::GetFlag(FLAGS_system));
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (const std::string message = absl::GetFlag(FLAGS_message); !message.empty()) {
+    *request.add_messages() = ChatMessage("user", message);
+    absl::StatusOr<glmserve::v1::ChatMessage> reply = ChatTurn(client, request, json);
+    return reply.ok() ? 0 : Fail(reply.status());
+  }
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  std::string line;
+  for (;;) {
+    if (tty) {
+      std::fprintf(stderr, "you> ");
+      std::fflush(stderr);
+    }
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    *request.add_messages() = ChatMessage("user", line);
+    absl::StatusOr<glmserve::v1::ChatMessage> reply = ChatTurn(client, request, json);
+    if (!reply.ok()) return Fail(reply.status());
+    *request.add_messages() = *std::move(reply);
+  }
+  return 0;
+}
+
+int Tokenize(glmserve::Client& client) {
+  glmserve::v1::TokenizeRequest request;
+  request.set_text(absl::GetFlag(FLAGS_text));
+  if (!absl::GetFlag(FLAGS_system).empty()) {
+    *request.add_messages() = ChatMessage("system", absl::GetFlag(FLAGS_system));
+  }
+  if (!absl::GetFlag(FLAGS_message).empty()) {
+    *request.add_messages() = ChatMessage("user", absl::GetFlag(FLAGS_message));
+  }
+  absl::StatusOr<glmserve::v1::TokenizeResponse> response = client.Tokenize(request);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(glmserve::cli::MessageJson(*response));
+    return 0;
+  }
+  std::printf("%s\n", absl::StrJoin(response->token_ids(), ",").c_str());
+  std::fflush(stdout);  // the ids first, then the count on stderr
+  std::fprintf(stderr, "%d tokens\n", response->token_ids_size());
+  return 0;
+}
+
+int Detokenize(glmserve::Client& client) {
+  absl::StatusOr<std::vector<int32_t>> ids = ParseIds(absl::GetFlag(FLAGS_ids), "--ids");
+  if (!ids.ok()) return Fail(ids.status());
+  glmserve::v1::DetokenizeRequest request;
+  request.mutable_token_ids()->Add(ids->begin(), ids->end());
+  request.set_skip_special_tokens(absl::GetFlag(FLAGS_skip_special));
+  absl::StatusOr<glmserve::v1::DetokenizeResponse> response = client.Detokenize(request);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(glmserve::cli::MessageJson(*response));
+  } else {
+    std::printf("%s\n", response->text().c_str());
+  }
   return 0;
 }
 
@@ -381,7 +597,8 @@ int Bench(glmserve::Client& client) {
   return report->errors.empty() ? 0 : 3;
 }
 
-constexpr char kCommands[] = "info|generate|forward|close-session|health|bench";
+constexpr char kCommands[] =
+    "info|generate|chat|tokenize|detokenize|forward|close-session|health|bench";
 
 const glmserve::cli::ProgramHelp& Help() {
   static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
@@ -389,15 +606,19 @@ const glmserve::cli::ProgramHelp& Help() {
       "talks to glm-server from a shell",
       {absl::StrCat("glm-client [flags] ", kCommands),
        "glm-client generate --prompt=151331,151333,9703 --max_new_tokens=32",
+       "glm-client chat --message=\"Hello!\" --thinking=off",
+       "glm-client generate --text=\"Once upon a time\" --stop=.",
        "glm-client --json info | jq .kv_capacity_tokens",
        "glm-client bench --rpc=generate --concurrency=16 --duration=20s"},
       {{"Connection",
         {"target", "tls", "ca_cert", "client_cert", "client_key", "tls_server_name", "token_file",
          "timeout", "max_attempts"}},
        {"Output", {"json"}},
-       {"generate",
-        {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-         "seed", "stop_token_ids", "ignore_eos", "top_logprobs", "request_id"}},
+       {"generate (chat takes the same, except --prompt, --text and --top_logprobs)",
+        {"prompt", "text", "max_new_tokens", "temperature", "top_k", "top_p", "min_p",
+         "repetition_penalty", "seed", "stop_token_ids", "stop", "ignore_eos", "top_logprobs",
+         "request_id"}},
+       {"chat, tokenize, detokenize", {"message", "system", "thinking", "ids", "skip_special"}},
        {"forward (also --prompt, --request_id)",
         {"hidden_in", "layer_begin", "layer_end", "session", "create_session", "hidden", "logits",
          "last_only", "output_dtype", "hidden_out", "logits_out"}},
@@ -432,6 +653,9 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   if (command == "info") return Info(**client);
   if (command == "generate") return Generate(**client);
+  if (command == "chat") return Chat(**client);
+  if (command == "tokenize") return Tokenize(**client);
+  if (command == "detokenize") return Detokenize(**client);
   if (command == "forward") return Forward(**client);
   if (command == "close-session") return CloseSession(**client);
   if (command == "health") return Health(**client);

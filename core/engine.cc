@@ -178,6 +178,10 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(g.sampling));
+  if (g.sample_vocab_limit < 0 || g.sample_vocab_limit > c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("sample_vocab_limit must be in [0, ",
+                                                   c.vocab_size, "], got ", g.sample_vocab_limit));
+  }
   if (g.top_logprobs < 0 || g.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));

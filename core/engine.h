@@ -5,7 +5,8 @@
 // One engine thread owns the ModelRunner, the KV cache, the scheduler and the sessions, and
 // runs the step loop. Any thread may Submit, Cancel or CloseSession; a request's events are
 // delivered through its callback, on the engine thread: callbacks must be quick and must not
-// block or call back into the engine (hand the event to your own queue; see EventQueue).
+// block or call back into the engine other than Cancel (hand the event to your own queue; see
+// EventQueue).
 #pragma once
 
 #include <atomic>
@@ -51,6 +52,10 @@ struct GenerateRequest {
   StopCriteria stop;
   bool logprobs = false;     // report each chosen token's logprob
   int32_t top_logprobs = 0;  // and this many alternatives (0..kMaxTopLogprobs)
+  // 0: sample from the whole vocabulary. Else from ids [0, sample_vocab_limit) only (<=
+  // vocab_size), logprobs over that range too: a text request bounds it by the tokenizer's
+  // ids, since a model's padding rows past them have no text.
+  int32_t sample_vocab_limit = 0;
 };
 
 struct ForwardRequest {
@@ -223,7 +228,9 @@ class Engine {
   absl::StatusOr<RequestId> Submit(Request request, EventCallback callback);
 
   // Ends a request at once (its blocks are freed before the next step); FinishEvent with
-  // kCancelled / CANCELLED. Unknown or finished ids are ignored.
+  // kCancelled / CANCELLED. Unknown or finished ids are ignored. It only queues the id under
+  // a lock the engine does not hold while delivering events, so an event callback may call
+  // it (a front end cancels from the token callback when a stop string matched).
   void Cancel(RequestId id);
 
   // Frees a session's KV cache. NOT_FOUND when `owner` has no such session (another owner's

@@ -184,7 +184,8 @@ void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
       const GenerateRequest& g = gen.request;
       // The logprobs are a full pass over the row each: only when the request asked.
       const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
-      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], vocab), g.sampling, gen.tokens,
+      const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
+      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], limit), g.sampling, gen.tokens,
                                 static_cast<uint64_t>(gen.generated), want);
     }
   };

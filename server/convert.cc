@@ -20,15 +20,29 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits) {
+  if (request.prompt_token_ids_size() == 0) {
+    return absl::InvalidArgumentError("prompt_token_ids is empty");
+  }
+  return ToEngineGenerate(
+      request,
+      std::vector<int32_t>(request.prompt_token_ids().begin(), request.prompt_token_ids().end()),
+      model, limits);
+}
+
+absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                           std::vector<int32_t> prompt,
+                                                           const glmserve::ModelRunner& model,
+                                                           const ServingLimits& limits) {
   const glmserve::ModelConfig& config = model.config();
   glmserve::GenerateRequest out;
-  const int64_t prompt_len = request.prompt_token_ids_size();
-  if (prompt_len == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
   if (prompt_len > limits.max_prompt_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt_token_ids has ", prompt_len, " tokens; the limit is ", limits.max_prompt_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.prompt_token_ids_size() > 0 ? "prompt_token_ids" : "the prompt",
+                     " has ", prompt_len, " tokens; the limit is ", limits.max_prompt_tokens));
   }
-  out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  out.prompt = std::move(prompt);
 
   const v1::StopCriteria& stop = request.stop();
   int64_t max_new = limits.default_max_new_tokens;

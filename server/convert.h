@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/engine.h"
@@ -38,6 +39,11 @@ ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
 // a prompt longer than max_prompt_tokens, max_new_tokens outside [1, max_new_tokens],
 // prompt + max_new_tokens beyond the model's positions.
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                           const glmserve::ModelRunner& model,
+                                                           const ServingLimits& limits);
+// The same with the prompt given (a text request's encoded prompt_text or messages).
+absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
+                                                           std::vector<int32_t> prompt,
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits);
 

@@ -1,5 +1,6 @@
 // glm-server: serves a GLM-4.5-family model over gRPC (glmserve.v1.GlmService), with
-// grpc.health.v1 liveness/readiness, reflection and Prometheus metrics.
+// grpc.health.v1 liveness/readiness, reflection, Prometheus metrics, the KServe v2 service
+// (inference.GRPCInferenceService) and, with --http_port, an OpenAI-compatible HTTP endpoint.
 //
 //   glm-server                                   # embedded glm-4.5-mini preset, CPU or GPU
 //   glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0 --port=50051 --metrics_port=9090
@@ -8,6 +9,8 @@
 // SIGTERM / SIGINT drain: readiness goes NOT_SERVING, new calls get UNAVAILABLE, calls in
 // flight get --drain_grace to finish, then the process exits 0.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <optional>
@@ -26,12 +29,17 @@
 #include "core/model_runner.h"
 #include "core/parallel.h"
 #include "core/quantize.h"
+#include "core/text/text_assets.h"
 #include "server/server.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
           "tiny, ...); presets get seeded random weights");
+ABSL_FLAG(std::string, tokenizer_dir, "",
+          "directory with tokenizer.json (and tokenizer_config.json, generation_config.json) for "
+          "text requests; default: the checkpoint directory, or for the glm-4.5-mini preset the "
+          "tokenizer installed with glm-server; none: token ids only");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
 ABSL_FLAG(std::string, cpu_math, "exact",
           "CPU backend arithmetic of the linear layers: exact (fp32 activations) or bf16 (bf16 "
@@ -46,6 +54,10 @@ ABSL_FLAG(std::string, address, "127.0.0.1",
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; the chosen port is printed)");
 ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --address)");
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
+ABSL_FLAG(int, http_port, -1,
+          "port of the OpenAI-compatible HTTP endpoint on --address (-1: off, 0: any; e.g. 8000)");
+ABSL_FLAG(int, http_threads, 32, "HTTP requests served at once (each waits on its own generation)");
+ABSL_FLAG(int64_t, max_http_body_bytes, 16 << 20, "largest HTTP request body (beyond: 413)");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
@@ -107,12 +119,52 @@ absl::StatusOr<glmserve::LayerSpan> ParseLayers(const std::string& text) {
   return span;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The directory glm-server's binary is in ("" if unknown).
+std::string ExecutableDir() {
+  char buffer[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  if (n <= 0) return "";
+  const std::string path(buffer, static_cast<size_t>(n));
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+// Where the text assets come from: --tokenizer_dir; a checkpoint's own directory; for the
+// embedded glm-4.5-mini preset the small tokenizer shipped with it (models/glm-4.5-mini),
+// copied next to the binary by the build and installed under share/glmserve (and so into
+// the Docker image). "" : none (token ids only).
+std::string TextAssetsDir(const std::string& model) {
+  const std::string flag = absl::GetFlag(FLAGS_tokenizer_dir);
+  if (flag == "none") return "";
+  if (!flag.empty()) return flag;
+  if (IsDirectory(model)) return model;
+  const std::string preset = model.substr(0, model.find(':'));
+  if (preset != "glm-4.5-mini") return "";
+  const std::string exe = ExecutableDir();
+  for (const std::string& dir :
+       {exe + "/models/glm-4.5-mini", exe + "/../share/glmserve/models/glm-4.5-mini"}) {
+    if (IsDirectory(dir)) return dir;
+  }
+  std::fprintf(stderr,
+               "glm-server: warning: the glm-4.5-mini tokenizer is not installed next to the "
+               "binary; serving token ids only (pass --tokenizer_dir=models/glm-4.5-mini)\n");
+  return "";
+}
+
 glmserve::ServerOptions OptionsFromFlags() {
   glmserve::ServerOptions o;
   o.address = absl::GetFlag(FLAGS_address);
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.http.port = absl::GetFlag(FLAGS_http_port);
+  o.http.threads = absl::GetFlag(FLAGS_http_threads);
+  o.http.max_body_bytes = absl::GetFlag(FLAGS_max_http_body_bytes);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
@@ -164,9 +216,11 @@ const glmserve::cli::ProgramHelp& Help() {
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
       {{"Model and device",
-        {"model", "device", "layers", "threads", "seed", "verify_weights", "cpu_math",
-         "weight_dtype"}},
-       {"Network", {"address", "port", "metrics_address", "metrics_port", "max_message_bytes"}},
+        {"model", "tokenizer_dir", "device", "layers", "threads", "seed", "verify_weights",
+         "cpu_math", "weight_dtype"}},
+       {"Network",
+        {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
+         "http_threads", "max_http_body_bytes"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
          "prefix_caching"}},
@@ -262,6 +316,9 @@ int main(int argc, char** argv) {
   if ((*server)->metrics_port() >= 0) {
     std::printf(", metrics on port %d", (*server)->metrics_port());
   }
+  if ((*server)->http_port() >= 0) {
+    std::printf(", OpenAI HTTP on port %d", (*server)->http_port());
+  }
   std::printf("\n");
   std::fflush(stdout);
 
@@ -283,6 +340,20 @@ int main(int argc, char** argv) {
                 glmserve::DescribeLoadProgress(p).c_str());
     std::fflush(stdout);
   };
+  glmserve::TextAssets text;
+  if (const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model)); !dir.empty()) {
+    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && !IsDirectory(dir)) {
+      return Fail(
+          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " is not a directory")));
+    }
+    absl::StatusOr<glmserve::TextAssets> loaded = glmserve::LoadTextAssets(dir);
+    if (!loaded.ok()) return Fail(loaded.status());
+    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && loaded->tokenizer == nullptr) {
+      return Fail(
+          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " has no tokenizer.json")));
+    }
+    text = *std::move(loaded);
+  }
   absl::StatusOr<glmserve::ModelWeights> weights =
       glmserve::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
   if (!weights.ok()) return Fail(weights.status());
@@ -300,7 +371,8 @@ int main(int argc, char** argv) {
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (!stop.HasBeenNotified()) {
-    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype); !s.ok()) {
+    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype, std::move(text));
+        !s.ok()) {
       return Fail(s);
     }
     std::printf("%s", (*server)->StartupSummary().c_str());

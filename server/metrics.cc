@@ -36,6 +36,10 @@ const Histogram::BucketBoundaries kStepBuckets = {
 const Histogram::BucketBoundaries kBatchTokenBuckets = {1,   2,   4,   8,    16,   32,   64,
                                                         128, 256, 512, 1024, 2048, 4096, 8192};
 // Tokens per request: up to GLM-4.5's 131072 positions.
+// Tokenizing a prompt: microseconds for a chat turn, ~a second for megabytes of text.
+const Histogram::BucketBoundaries kTokenizerBuckets = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                                       1e-3, 2.5e-3, 5e-3, 0.01, 0.025,  0.05,
+                                                       0.1,  0.25,   0.5,  1,    2.5};
 const Histogram::BucketBoundaries kRequestTokenBuckets = {
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 131072};
 
@@ -95,9 +99,44 @@ const char* RpcName(Rpc rpc) {
       return "CloseSession";
     case Rpc::kGetModelInfo:
       return "GetModelInfo";
+    case Rpc::kTokenize:
+      return "Tokenize";
+    case Rpc::kDetokenize:
+      return "Detokenize";
+    case Rpc::kModelInfer:
+      return "ModelInfer";
+    case Rpc::kKServeMetadata:
+      return "KServeMetadata";
+    case Rpc::kOpenAIModels:
+      return "/v1/models";
+    case Rpc::kOpenAICompletions:
+      return "/v1/completions";
+    case Rpc::kOpenAIChatCompletions:
+      return "/v1/chat/completions";
   }
   return "unknown";
 }
+
+const char* RpcApi(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kModelInfer:
+    case Rpc::kKServeMetadata:
+      return "kserve";
+    case Rpc::kOpenAIModels:
+    case Rpc::kOpenAICompletions:
+    case Rpc::kOpenAIChatCompletions:
+      return "openai";
+    default:
+      return "glmserve";
+  }
+}
+
+bool RpcUsesEngine(Rpc rpc) {
+  return rpc == Rpc::kGenerate || rpc == Rpc::kForward || rpc == Rpc::kModelInfer ||
+         rpc == Rpc::kOpenAICompletions || rpc == Rpc::kOpenAIChatCompletions;
+}
+
+bool RpcIsForward(Rpc rpc) { return rpc == Rpc::kForward || rpc == Rpc::kModelInfer; }
 
 // Exposer's view of the registry: every scrape first refreshes the engine-derived values,
 // so that gauges are as fresh as the scrape and nothing polls the engine in between.
@@ -132,11 +171,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   for (int i = 0; i < kNumRpcs; ++i) {
     const char* name = RpcName(static_cast<Rpc>(i));
     // Created up front so that every method's OK series exists (at 0) from the first scrape.
-    requests_total_->Add({{"rpc", name}, {"code", "OK"}});
-    request_duration_[i] = &duration.Add({{"rpc", name}}, kRequestBuckets);
-    // Only engine calls are ever queued: no empty series for CloseSession / GetModelInfo.
     const Rpc rpc = static_cast<Rpc>(i);
-    if (rpc == Rpc::kGenerate || rpc == Rpc::kForward) {
+    const char* api = RpcApi(rpc);
+    requests_total_->Add({{"api", api}, {"rpc", name}, {"code", "OK"}});
+    request_duration_[i] = &duration.Add({{"api", api}, {"rpc", name}}, kRequestBuckets);
+    // Only engine calls are ever queued: no empty series for CloseSession / GetModelInfo.
+    if (RpcUsesEngine(rpc)) {
       queue_duration_[i] = &queue.Add({{"rpc", name}}, kQueueBuckets);
     }
   }
@@ -149,6 +189,29 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   success_stop_ = &success.Add({{"finished_reason", "stop"}});
   success_length_ = &success.Add({{"finished_reason", "length"}});
   success_forward_ = &success.Add({{"finished_reason", "forward"}});
+  tokenizer_duration_ = &prometheus::BuildHistogram()
+                             .Name("glmserve_tokenizer_duration_seconds")
+                             .Help(
+                                 "Tokenizer work per request: encode (prompt_text, Tokenize "
+                                 "text), chat (render and encode messages), decode (Detokenize)")
+                             .Register(r);
+  for (const char* op : {"encode", "chat", "decode"}) {
+    tokenizer_duration_->Add({{"op", op}}, kTokenizerBuckets);
+  }
+  generate_input_ = &prometheus::BuildCounter()
+                         .Name("glmserve_generate_input_total")
+                         .Help(
+                             "Generate calls admitted, by prompt kind: token_ids, prompt_text, "
+                             "messages")
+                         .Register(r);
+  for (const char* input : {"token_ids", "prompt_text", "messages"}) {
+    generate_input_->Add({{"input", input}});
+  }
+  stop_string_stops_ = &prometheus::BuildCounter()
+                            .Name("glmserve_stop_string_stops_total")
+                            .Help("Generations ended by a stop string (cancelled in the engine)")
+                            .Register(r)
+                            .Add({});
   request_prompt_tokens_ =
       &prometheus::BuildHistogram()
            .Name("glmserve_request_prompt_tokens")
@@ -331,9 +394,20 @@ void Metrics::SetEngine(const glmserve::Engine* engine) {
 }
 
 void Metrics::RecordRequest(Rpc rpc, grpc::StatusCode code, double seconds) {
-  requests_total_->Add({{"rpc", RpcName(rpc)}, {"code", GrpcCodeName(code)}}).Increment();
+  requests_total_->Add({{"api", RpcApi(rpc)}, {"rpc", RpcName(rpc)}, {"code", GrpcCodeName(code)}})
+      .Increment();
   request_duration_[static_cast<int>(rpc)]->Observe(seconds);
 }
+
+void Metrics::RecordTokenizer(const char* op, double seconds) {
+  tokenizer_duration_->Add({{"op", op}}, kTokenizerBuckets).Observe(seconds);
+}
+
+void Metrics::RecordGenerateInput(const char* input) {
+  generate_input_->Add({{"input", input}}).Increment();
+}
+
+void Metrics::RecordStopString() { stop_string_stops_->Increment(); }
 
 void Metrics::RecordQueue(Rpc rpc, double seconds) {
   if (prometheus::Histogram* h = queue_duration_[static_cast<int>(rpc)]) h->Observe(seconds);
@@ -344,7 +418,7 @@ void Metrics::RecordSuccess(Rpc rpc, const glmserve::FinishEvent& finish) {
     return std::chrono::duration<double>(b - a).count();
   };
   request_prompt_tokens_->Observe(static_cast<double>(finish.prompt_tokens));
-  if (rpc == Rpc::kForward) {
+  if (RpcIsForward(rpc)) {
     success_forward_->Increment();
     return;
   }

@@ -25,10 +25,31 @@
 
 namespace glmserve {
 
-// The service's RPCs, as the `rpc` label spells them.
-enum class Rpc { kGenerate, kForward, kCloseSession, kGetModelInfo };
-constexpr int kNumRpcs = 4;
+// The calls of every API, as the `rpc` label spells them; the `api` label says which API
+// (glmserve.v1, the KServe v2 gRPC service, the OpenAI-compatible HTTP endpoint) each is.
+enum class Rpc {
+  kGenerate,
+  kForward,
+  kCloseSession,
+  kGetModelInfo,
+  kTokenize,
+  kDetokenize,
+  // inference.GRPCInferenceService: ModelInfer, and the health/metadata calls together.
+  kModelInfer,
+  kKServeMetadata,
+  // The OpenAI-compatible HTTP endpoint, by route.
+  kOpenAIModels,
+  kOpenAICompletions,
+  kOpenAIChatCompletions,
+};
+constexpr int kNumRpcs = 11;
 const char* RpcName(Rpc rpc);
+// "glmserve", "kserve" or "openai".
+const char* RpcApi(Rpc rpc);
+// Calls that run on the engine (queued, with a FinishEvent).
+bool RpcUsesEngine(Rpc rpc);
+// Calls whose engine request is a Forward (the others that use the engine generate).
+bool RpcIsForward(Rpc rpc);
 
 class Metrics {
  public:
@@ -59,6 +80,13 @@ class Metrics {
   // A call that reached the engine and ended OK (Generate: stop or length; Forward): the
   // finished_reason counter and the per-request token and phase-time histograms.
   void RecordSuccess(Rpc rpc, const glmserve::FinishEvent& finish);
+  // Text: the tokenizer's work on one request (`op`: "encode" a prompt_text or Tokenize text,
+  // "chat" render and encode messages, "decode" a Detokenize call), the input kind of each
+  // admitted Generate call ("token_ids", "prompt_text", "messages"), and generations ended by
+  // a stop string (cancelled in the engine at once).
+  void RecordTokenizer(const char* op, double seconds);
+  void RecordGenerateInput(const char* input);
+  void RecordStopString();
   // The engine's step observer (engine thread; a few histogram observes).
   void ObserveStep(const glmserve::StepReport& report);
 
@@ -77,6 +105,9 @@ class Metrics {
   prometheus::Counter* success_stop_;
   prometheus::Counter* success_length_;
   prometheus::Counter* success_forward_;
+  prometheus::Family<prometheus::Histogram>* tokenizer_duration_;
+  prometheus::Family<prometheus::Counter>* generate_input_;
+  prometheus::Counter* stop_string_stops_;
   prometheus::Histogram* request_prompt_tokens_;
   prometheus::Histogram* request_generation_tokens_;
   prometheus::Histogram* request_prefill_time_;

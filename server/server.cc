@@ -24,7 +24,9 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "server/kserve_service.h"
 #include "server/reflection.h"
+#include "server/text_convert.h"
 
 #ifndef GLMSERVE_VERSION
 #define GLMSERVE_VERSION "dev"
@@ -137,6 +139,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       {"--max_concurrent_streams", o.service.max_concurrent_streams, 0, int64_t{1} << 20},
       {"--max_output_bytes_in_flight", o.service.max_output_bytes_in_flight, o.max_message_bytes,
        int64_t{1} << 48},
+      {"--http_port", o.http.port, -1, 65535},
+      {"--http_threads", o.http.threads, 1, 4096},
+      {"--max_http_body_bytes", o.http.max_body_bytes, 4096, int64_t{1} << 30},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -176,6 +181,7 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
   }
   s->metrics_ = std::make_unique<Metrics>();
   s->service_ = std::make_unique<GlmServiceImpl>(std::move(service_options), s->metrics_.get());
+  s->kserve_ = std::make_unique<KServeServiceImpl>(s->service_.get(), ServerVersion());
 
   // Both are process-wide switches read by the next ServerBuilder.
   grpc::EnableDefaultHealthCheckService(true);
@@ -186,14 +192,15 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
   // Naming a descriptor links the file and registers it.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   s->reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
-      kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-      "grpc.reflection.v1alpha.ServerReflection"});
+      kServiceName, "inference.GRPCInferenceService", "grpc.health.v1.Health",
+      "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.address, options.port);
   builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->kserve_.get());
   builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
@@ -217,6 +224,11 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
     const std::vector<int> ports = s->exposer_->GetListeningPorts();
     s->metrics_port_ = ports.empty() ? -1 : ports.front();
   }
+  if (options.http.port >= 0) {
+    HttpOptions http = options.http;
+    http.address = options.address;
+    ASSIGN_OR_RETURN(s->http_, OpenAIHttpServer::Start(http, s->service_.get()));
+  }
   return s;
 }
 
@@ -238,8 +250,16 @@ void GlmServer::SetReady(bool ready) {
 }
 
 absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
-                              glmserve::DType weight_dtype) {
+                              glmserve::DType weight_dtype, TextAssets text) {
   const glmserve::ModelConfig config = model->config();
+  // Every id the tokenizer can produce must have an embedding row (a prompt's) and an lm_head
+  // column (a generated one's): a tokenizer larger than the model is the wrong one.
+  if (text.tokenizer != nullptr && text.tokenizer->id_limit() > config.vocab_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the tokenizer in ", text.source, " has ids up to ",
+                     text.tokenizer->id_limit() - 1, " but the model's vocabulary has ",
+                     config.vocab_size, " rows: not this model's tokenizer (--tokenizer_dir)"));
+  }
   const std::string device = model->device_name();
   const std::string compute = model->compute_description();
   const int64_t layer_begin = model->layer_begin();
@@ -267,6 +287,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   auto backend = std::make_unique<Backend>();
   backend->engine = engine_.get();
   backend->limits = limits;
+  backend->text = std::make_shared<const TextAssets>(std::move(text));
   v1::ModelInfo& info = backend->info;
   info.set_model(options_.model_name);
   info.set_architecture(config.is_mla() ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM");
@@ -291,6 +312,7 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   l->set_default_deadline_ms(absl::ToInt64Milliseconds(options_.service.default_deadline));
   l->set_max_deadline_ms(absl::ToInt64Milliseconds(options_.service.max_deadline));
   l->set_max_sessions(engine_->options().max_sessions);
+  FillTextInfo(*backend->text, &info);
   info.set_server_version(ServerVersion());
   info_ = info;
   service_->Attach(std::move(backend));
@@ -315,6 +337,13 @@ std::string GlmServer::StartupSummary() const {
                   " layers, hidden ", i.config().hidden_size(), ", ", i.config().n_routed_experts(),
                   " experts, vocab ", i.config().vocab_size(), ")\n");
   absl::StrAppend(&out, "layers      ", i.layer_begin(), ":", i.layer_end(), "\n");
+  absl::StrAppend(
+      &out, "text        ",
+      i.has_tokenizer()
+          ? absl::StrCat("tokenizer ", i.tokenizer_source(), " (", i.tokenizer_vocab_size(),
+                         " ids), chat template ", i.has_chat_template() ? "GLM-4.5" : "none")
+          : std::string("none (token ids only)"),
+      "\n");
   absl::StrAppend(&out, "device      ", i.device(), ", ", glmserve::NumThreads(), " CPU threads\n");
   if (!i.compute().empty()) absl::StrAppend(&out, "compute     ", i.compute(), "\n");
   absl::StrAppend(&out, "memory      ", size(i.weight_bytes()), " weights (",
@@ -424,6 +453,9 @@ void GlmServer::Drain(absl::Duration grace) {
   // Cancels what is still in flight (OnCancel -> engine Cancel -> the reactor finishes) and
   // waits for every call to end, health watches included.
   server_->Shutdown(std::chrono::system_clock::now());
+  // HTTP handlers still waiting got their engine request's end from AbortAll; new ones are
+  // refused (draining). Stopping joins every handler.
+  if (http_ != nullptr) http_->Stop();
   service_->WaitIdle(absl::InfiniteFuture());
   // No call can reach the engine any more: detach it from the metrics, then stop it.
   metrics_->SetEngine(nullptr);

@@ -21,8 +21,10 @@
 #include "absl/time/time.h"
 #include "core/engine.h"
 #include "core/model_runner.h"
+#include "core/text/text_assets.h"
 #include "grpcpp/server.h"
 #include "server/access_log.h"
+#include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/service.h"
 
@@ -33,6 +35,7 @@ class Exposer;
 namespace glmserve {
 
 class ReflectionV1Service;
+class KServeServiceImpl;
 
 // Health service names (grpc.health.v1): liveness is SERVING while the process serves RPCs at
 // all; readiness (and the overall "" service and glmserve.v1.GlmService) only while it can
@@ -56,6 +59,8 @@ struct ServerOptions {
   std::string metrics_address;        // empty: same as `address`
   int metrics_port = 9090;            // 0: ephemeral; < 0: no metrics endpoint
   TlsOptions tls;
+  // The OpenAI-compatible HTTP endpoint (off unless http.port >= 0); its address is `address`.
+  HttpOptions http;
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
   ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
@@ -77,13 +82,17 @@ class GlmServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_ != nullptr ? http_->port() : -1; }
   // "127.0.0.1:PORT" (or "[::1]:PORT"): what a client on this machine dials.
   std::string target() const;
 
   // Creates the engine over `model`, warms it up with one request, attaches it to the
   // service and marks readiness SERVING. `weight_dtype` (ModelWeights::weight_dtype) is
-  // what GetModelInfo reports.
-  absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype);
+  // what GetModelInfo reports. `text`: the tokenizer and chat template (LoadTextAssets);
+  // empty: token ids only, text requests FAILED_PRECONDITION. FAILED_PRECONDITION when the
+  // tokenizer has ids beyond the model's vocabulary.
+  absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype,
+                     TextAssets text = {});
 
   // Graceful shutdown: readiness NOT_SERVING, new calls UNAVAILABLE, calls in flight get up
   // to `grace` to finish, then what is left is cancelled and the server stops. Idempotent.
@@ -112,9 +121,11 @@ class GlmServer {
   std::unique_ptr<AccessLog> access_log_;  // outlives the service that writes to it
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GlmServiceImpl> service_;
+  std::unique_ptr<KServeServiceImpl> kserve_;  // inference.GRPCInferenceService, same port
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<OpenAIHttpServer> http_;  // null without ServerOptions::http.port
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve

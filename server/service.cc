@@ -6,7 +6,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "server/status.h"
+#include "server/text_convert.h"
 
 namespace glmserve {
 namespace {
@@ -75,8 +77,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return FinishEarly(status);
-    absl::StatusOr<glmserve::GenerateRequest> body =
-        ToEngineGenerate(request, backend->engine->model(), backend->limits);
+    absl::StatusOr<glmserve::GenerateRequest> body = PrepareText(request, *backend);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
     if (!service_->AcquireStream()) {
       return FinishEarly(ToGrpcStatus(absl::ResourceExhaustedError(
@@ -146,6 +147,95 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     Finish(std::move(status));
   }
 
+  // The text side of a request (core/text/text_generation.h): the prompt from prompt_text or
+  // messages, the stream that turns generated ids into text deltas, and the engine request.
+  absl::StatusOr<glmserve::GenerateRequest> PrepareText(const v1::GenerateRequest& request,
+                                                        const Backend& backend) {
+    ASSIGN_OR_RETURN(std::optional<TextInput> input, TextInputFromGenerate(request));
+    const glmserve::ModelRunner& model = backend.engine->model();
+    const TextAssets& assets = *backend.text;
+    Metrics* metrics = service_->metrics_;
+    std::optional<TextPrompt> prompt;
+    if (input.has_value()) {
+      const auto start = Clock::now();
+      absl::StatusOr<TextPrompt> built = BuildTextPrompt(
+          assets, *input,
+          static_cast<size_t>(std::max<int64_t>(1, backend.limits.max_prompt_tokens)));
+      if (assets.tokenizer != nullptr) {
+        metrics->RecordTokenizer(input->is_chat() ? "chat" : "encode",
+                                 Seconds(start, Clock::now()));
+      }
+      if (!built.ok()) return built.status();
+      prompt = *std::move(built);
+    }
+    if (WantsText(request)) {
+      ASSIGN_OR_RETURN(
+          text_,
+          TextStream::Create(assets, TextStreamOptionsFor(request, prompt ? &*prompt : nullptr)));
+    }
+    absl::StatusOr<glmserve::GenerateRequest> body =
+        prompt.has_value()
+            ? ToEngineGenerate(request, std::move(prompt->ids), model, backend.limits)
+            : ToEngineGenerate(request, model, backend.limits);
+    if (body.ok() && text_ != nullptr) ApplyTextDefaults(assets, &*body);
+    if (body.ok()) {
+      metrics->RecordGenerateInput(!input.has_value() ? "token_ids"
+                                   : input->is_chat() ? "messages"
+                                                      : "prompt_text");
+    }
+    return body;
+  }
+
+  // Engine thread, under mu_: the text a token completes. A stop string ends the generation
+  // in the engine at once (Cancel only queues, so it is safe here); tokens still in flight
+  // after it are dropped. Returns the request to cancel, or 0.
+  glmserve::RequestId PushText(glmserve::RequestId id, int32_t token) {
+    absl::StatusOr<TextDelta> delta = text_->Push(token);
+    if (!delta.ok()) {
+      // Sampling is bounded by the tokenizer's ids (ApplyTextDefaults): only a tokenizer with
+      // holes in its ids gets here.
+      text_error_ = absl::InternalError(absl::StrCat(
+          "the model generated a token the tokenizer cannot decode: ", delta.status().message()));
+      return id;
+    }
+    const bool stopped = delta->stopped;
+    AppendTextDelta(*std::move(delta), &pending_text_);
+    return stopped ? id : 0;
+  }
+
+  // Engine thread, under mu_: a stop string's cancellation is a normal end (stop), a text
+  // error ends the call with it; on a normal end the stream's last delta and reason.
+  void FinishText(glmserve::FinishEvent* finish) {
+    if (!text_error_.ok()) {
+      finish->reason = glmserve::FinishReason::kError;
+      finish->status = text_error_;
+      return;
+    }
+    if (text_->stopped()) {
+      finish->reason = glmserve::FinishReason::kStop;
+      finish->status = absl::OkStatus();
+    }
+    if (!finish->status.ok()) return;
+    TextResult result = text_->Finish(finish->reason);
+    AppendTextDelta(std::move(result.last), &pending_text_);
+    text_reason_ = WireFinishReason(result.reason);
+    if (result.stop_index >= 0) {
+      service_->metrics_->RecordStopString();
+      stop_string_ = text_->options().stop[result.stop_index];
+    }
+  }
+
+  // Under mu_: the pending tokens (and text) into response_.
+  void FillPending() {
+    response_.Clear();
+    for (const glmserve::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
+    pending_.clear();
+    if (text_ != nullptr) {
+      FillTextDelta(pending_text_, text_->options().chat, &response_);
+      pending_text_ = TextDelta();
+    }
+  }
+
   // Engine thread: record, queue, and start a write if none is in flight.
   void OnEvent(glmserve::Event&& event) {
     Metrics* metrics = service_->metrics_;
@@ -156,14 +246,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         metrics->RecordInterToken(Seconds(*last_token_time_, token->time));
       }
       last_token_time_ = token->time;
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back(std::move(*token));
+      glmserve::RequestId cancel = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (text_ != nullptr) {
+          if (text_->stopped() || !text_error_.ok()) return;  // cancelled: nothing more to send
+          cancel = PushText(event.id, token->token);
+        }
+        pending_.push_back(std::move(*token));
+      }
+      if (cancel != 0) engine_->Cancel(cancel);
     } else if (auto* finish = std::get_if<glmserve::FinishEvent>(&event.body)) {
       if (finish->times.first_scheduled) {
         metrics->RecordQueue(Rpc::kGenerate, Seconds(arrival_, *finish->times.first_scheduled));
       }
       metrics->RecordTokens(finish->prompt_tokens, finish->generated_tokens);
       std::lock_guard<std::mutex> lock(mu_);
+      if (text_ != nullptr) FinishText(finish);
       finish_ = std::move(*finish);
     } else {
       return;  // Generate has no ForwardOutput
@@ -189,18 +288,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                        : ToGrpcStatus(finish_->status);
           action = Action::kFinish;
         } else {
-          response_.Clear();
-          for (const glmserve::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
-          pending_.clear();
+          FillPending();
           FillFinished(*finish_, arrival_, request_id_, response_.mutable_finished());
+          if (text_ != nullptr) {
+            response_.mutable_finished()->set_reason(text_reason_);
+            response_.mutable_finished()->set_stop_string(stop_string_);
+          }
           action = Action::kWriteAndFinish;
         }
         status_ = status;
       } else if (!pending_.empty() && !broken_) {
         // Every token produced while the previous write was in flight goes in this one.
-        response_.Clear();
-        for (const glmserve::TokenEvent& t : pending_) FillToken(t, response_.add_tokens());
-        pending_.clear();
+        FillPending();
         write_in_flight_ = true;
         action = Action::kWrite;
       }
@@ -236,8 +335,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finish_called_ = false;                   // guarded by mu_
   std::vector<glmserve::TokenEvent> pending_;    // guarded by mu_
   std::optional<glmserve::FinishEvent> finish_;  // guarded by mu_
-  grpc::Status status_;                          // the final status; read in OnDone
-  v1::GenerateResponse response_;                // owned by the thread that claimed the write
+  // Text calls only (null otherwise); set in Start, then guarded by mu_.
+  std::unique_ptr<TextStream> text_;
+  TextDelta pending_text_;                                 // guarded by mu_
+  absl::Status text_error_;                                // guarded by mu_
+  v1::FinishReason text_reason_ = v1::FINISH_REASON_STOP;  // guarded by mu_
+  std::string stop_string_;                                // guarded by mu_
+  grpc::Status status_;                                    // the final status; read in OnDone
+  v1::GenerateResponse response_;  // owned by the thread that claimed the write
 };
 
 // ---- Forward -------------------------------------------------------------------------------
@@ -549,6 +654,57 @@ grpc::ServerUnaryReactor* GlmServiceImpl::GetModelInfo(grpc::CallbackServerConte
   grpc::Status status;
   const Backend* backend = Admit(context, &status);
   if (backend != nullptr) *response = backend->info;
+  reactor->Reply(std::move(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GlmServiceImpl::Tokenize(grpc::CallbackServerContext* context,
+                                                   const v1::TokenizeRequest* request,
+                                                   v1::TokenizeResponse* response) {
+  CallStarted();
+  auto* reactor = new SimpleReactor(this, context, Rpc::kTokenize);
+  grpc::Status status;
+  if (const Backend* backend = Admit(context, &status)) {
+    // Tokenizing is bounded by the message size and the prompt limit, and fast (docs/text.md):
+    // done here, as Generate's prompt is.
+    const auto start = Clock::now();
+    absl::StatusOr<TextPrompt> prompt = [&]() -> absl::StatusOr<TextPrompt> {
+      ASSIGN_OR_RETURN(TextInput input, TextInputFromTokenize(*request));
+      return BuildTextPrompt(
+          *backend->text, input,
+          static_cast<size_t>(std::max<int64_t>(1, backend->limits.max_prompt_tokens)));
+    }();
+    if (backend->text->tokenizer != nullptr) {  // only the tokenizer's work is timed
+      metrics_->RecordTokenizer(request->messages_size() > 0 ? "chat" : "encode",
+                                Seconds(start, Clock::now()));
+    }
+    status = ToGrpcStatus(prompt.status());
+    if (prompt.ok()) {
+      response->mutable_token_ids()->Add(prompt->ids.begin(), prompt->ids.end());
+      response->set_text(std::move(prompt->text));
+    }
+  }
+  reactor->Reply(std::move(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GlmServiceImpl::Detokenize(grpc::CallbackServerContext* context,
+                                                     const v1::DetokenizeRequest* request,
+                                                     v1::DetokenizeResponse* response) {
+  CallStarted();
+  auto* reactor = new SimpleReactor(this, context, Rpc::kDetokenize);
+  grpc::Status status;
+  if (const Backend* backend = Admit(context, &status)) {
+    const auto start = Clock::now();
+    absl::StatusOr<std::string> text = DetokenizeIds(
+        *backend->text, absl::MakeConstSpan(request->token_ids().data(), request->token_ids_size()),
+        request->skip_special_tokens());
+    if (backend->text->tokenizer != nullptr) {
+      metrics_->RecordTokenizer("decode", Seconds(start, Clock::now()));
+    }
+    status = ToGrpcStatus(text.status());
+    if (text.ok()) response->set_text(*std::move(text));
+  }
   reactor->Reply(std::move(status));
   return reactor;
 }

@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "core/engine.h"
+#include "core/text/text_assets.h"
 #include "glmserve/v1/glmserve.grpc.pb.h"
 #include "server/access_log.h"
 #include "server/convert.h"
@@ -47,6 +48,9 @@ struct Backend {
   glmserve::Engine* engine = nullptr;
   ServingLimits limits;
   v1::ModelInfo info;
+  // The checkpoint's tokenizer and chat template (core/text/text_assets.h); never null, and
+  // empty (text requests FAILED_PRECONDITION) when the checkpoint has none.
+  std::shared_ptr<const TextAssets> text;
 };
 
 class GlmServiceImpl final : public v1::GlmService::CallbackService {
@@ -78,11 +82,16 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
 
- private:
-  friend class GenerateReactor;
-  friend class ForwardReactor;
-  friend class SimpleReactor;
+  // ---- Shared with the other front ends on this server (the KServe v2 service on the same
+  // gRPC port, the OpenAI-compatible HTTP endpoint), so that every API admits, limits,
+  // counts and drains calls the same way.
 
   // The checks every call passes before any engine work, in order: bearer token
   // (UNAUTHENTICATED), draining (UNAVAILABLE), loaded and warmed up (UNAVAILABLE). Returns
@@ -107,6 +116,15 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
                 glmserve::SteadyTime arrival, const std::string& request_id,
                 const glmserve::FinishEvent* finish);
   void CallDone();
+  const ServiceOptions& options() const { return options_; }
+  Metrics* metrics() const { return metrics_; }
+  // The attached backend, or nullptr while loading (no authentication or draining check).
+  const Backend* backend() const { return backend_.load(); }
+
+ private:
+  friend class GenerateReactor;
+  friend class ForwardReactor;
+  friend class SimpleReactor;
 
   const ServiceOptions options_;
   Metrics* const metrics_;

@@ -14,8 +14,12 @@ packages=(
   # server and client: gRPC (callback API, health, reflection) with protobuf and the code
   # generators, prometheus-cpp (core + pull exposer) for /metrics
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
-  # tests and benchmarks (openssl: throwaway CA and certificates for the TLS tests)
-  libgtest-dev libgmock-dev libbenchmark-dev openssl
+  # the OpenAI-compatible HTTP endpoint's server (civetweb, which prometheus-cpp's exposer
+  # already uses; named because glm-server links it directly)
+  libcivetweb-dev
+  # tests and benchmarks (openssl: throwaway CA and certificates for the TLS tests; libcurl:
+  # the real HTTP client of the OpenAI endpoint's tests)
+  libgtest-dev libgmock-dev libbenchmark-dev openssl libcurl4-openssl-dev
   # deployment tests (tests/deploy): promtool and a real Prometheus server, curl and jq to
   # query it, python3 with PyYAML to parse the manifests, dashboards and rules
   prometheus curl jq python3 python3-yaml

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds glm-server and glm-client, starts the server with the embedded default model
 # (glm-4.5-mini: GLM-4.5's architecture and vocabulary with seeded random weights) on a free
-# loopback port, waits until it reports ready, streams one generation through glm-client,
-# then stops the server (SIGTERM: a graceful drain).
-#   tools/quickstart.sh [extra glm-client flags, e.g. --prompt=1,2,3 --max_new_tokens=32]
+# loopback port, waits until it reports ready, sends one chat message through glm-client
+# (text in, GLM-4.5's chat format and the tokenizer shipped in models/glm-4.5-mini, text
+# streamed out), then stops the server (SIGTERM: a graceful drain).
+#   tools/quickstart.sh [extra glm-client chat flags, e.g. --max_new_tokens=64 --thinking=off]
+#   MESSAGE="Write a haiku" tools/quickstart.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -32,5 +34,13 @@ echo "quickstart: glm-server on $target, loading the model..."
 
 # Readiness (grpc.health.v1, service "readiness"): weights loaded and a warm-up step run.
 "$BUILD_DIR"/client/glm-client --target="$target" --service=readiness --wait=600s health
-echo "quickstart: streaming tokens:"
-"$BUILD_DIR"/client/glm-client --target="$target" "$@" generate
+message=${MESSAGE:-"Hello! What can you do?"}
+cat <<EOF
+quickstart: NOTE: glm-4.5-mini has RANDOM weights (seeded; no checkpoint is downloaded), so
+quickstart: the reply below is noise, not language. It shows the whole text path working:
+quickstart: GLM-4.5's chat format and tokenizer in, generation, streamed text out. Serve a
+quickstart: real checkpoint (glm-server --model=/models/GLM-4.5-Air) for real answers.
+quickstart: you> $message
+EOF
+"$BUILD_DIR"/client/glm-client --target="$target" --max_new_tokens=32 "$@" chat \
+  --message="$message"

@@ -32,14 +32,19 @@ StopStringMatcher::Result StopStringMatcher::Push(std::string_view text) {
   Result r;
   if (stopped_) return r;
   held_.append(text);
-  // The leftmost occurrence of any stop string (the longest one where several start there).
-  size_t best = std::string::npos;
+  // The occurrence that ends first (the one a token-by-token check sees first, as vLLM's),
+  // the leftmost-starting (longest) one among those ending at the same byte. Choosing by end,
+  // not by start, makes the result independent of how the text was split into pushes: a
+  // longer stop string starting earlier may still be incomplete when a shorter one completes.
+  size_t best = std::string::npos, best_end = std::string::npos;
   int which = -1;
   for (size_t i = 0; i < stops_.size(); ++i) {
     const size_t at = held_.find(stops_[i]);
     if (at == std::string::npos) continue;
-    if (at < best || (at == best && stops_[i].size() > stops_[which].size())) {
+    const size_t end = at + stops_[i].size();
+    if (end < best_end || (end == best_end && at < best)) {
       best = at;
+      best_end = end;
       which = static_cast<int>(i);
     }
   }

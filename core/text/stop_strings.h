@@ -1,7 +1,8 @@
 // Stop strings, matched on the generated text across token boundaries: text is released only
-// once it cannot be the start of a stop string, and generation stops at the first (leftmost)
-// occurrence of any of them; the stop string itself and what follows are not returned
-// (OpenAI's `stop` semantics). Count and length are bounded at creation.
+// once it cannot be the start of a stop string, and generation stops at the occurrence that
+// ends first (ties: the one starting first), whatever the split of the text into pushes; the stop
+// string itself and what follows are not returned (OpenAI's `stop` semantics). Count and length are
+// bounded at creation.
 #pragma once
 
 #include <cstddef>

@@ -17,8 +17,9 @@ using testing::StartServer;
 using testing::TinyOptions;
 
 double Count(GlmServer& server, const std::string& rpc, const std::string& code) {
-  absl::StatusOr<double> v = SampleValue(server.metrics().Scrape(), "glmserve_requests_total",
-                                         absl::StrCat("{code=\"", code, "\",rpc=\"", rpc, "\"}"));
+  absl::StatusOr<double> v =
+      SampleValue(server.metrics().Scrape(), "glmserve_requests_total",
+                  absl::StrCat("{api=\"glmserve\",code=\"", code, "\",rpc=\"", rpc, "\"}"));
   return v.ok() ? *v : 0;
 }
 

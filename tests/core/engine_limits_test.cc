@@ -4,6 +4,7 @@
 // range-checked before any size is computed from them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <limits>
@@ -268,6 +269,34 @@ TEST(EngineLimitsTest, NonFiniteOutputsFailTheRequest) {
   EXPECT_TRUE(run.Run(3, hidden).ok());
   EXPECT_TRUE(Eventually(*engine, [](const EngineStats& s) { return s.nonfinite_outputs == 2; }));
   EXPECT_EQ(engine->Stats().invariant_error, "");
+}
+
+TEST(EngineLimitsTest, SampleVocabLimitBoundsTheSampledIdsOnly) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  Runner run(engine.get());
+  // Greedy over the whole vocabulary, then bounded below the ids it picked: every token of
+  // the bounded run is below the bound, and the bound is the only difference (the same
+  // request with the bound at the vocabulary's size gives the unbounded tokens).
+  ASSERT_TRUE(run.Run(1, Generate(5, 24)).ok());
+  const std::vector<int32_t> free = run.tokens(1);
+  const int32_t limit = *std::min_element(free.begin(), free.end());
+  ASSERT_GT(limit, 1) << "the tiny model's greedy ids should not all be tiny";
+  GenerateRequest bounded = Generate(5, 24);
+  bounded.sample_vocab_limit = limit;
+  ASSERT_TRUE(run.Run(2, bounded).ok());
+  ASSERT_EQ(run.tokens(2).size(), 24u);
+  for (int32_t id : run.tokens(2)) EXPECT_LT(id, limit);
+  GenerateRequest whole = Generate(5, 24);
+  whole.sample_vocab_limit = 256;
+  ASSERT_TRUE(run.Run(3, whole).ok());
+  EXPECT_EQ(run.tokens(3), free);
+  for (int32_t bad : {-1, 257}) {
+    GenerateRequest g = Generate(5, 4);
+    g.sample_vocab_limit = bad;
+    const absl::Status s = run.Submit(4, g);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("sample_vocab_limit"), std::string::npos) << s;
+  }
 }
 
 TEST(EngineLimitsTest, OptionsAreRangeChecked) {

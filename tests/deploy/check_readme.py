@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploylib as dl  # noqa: E402
 
 DOCS = ["README.md", "docs/api.md", "docs/operations.md"]
-CLIENT_COMMANDS = {"info", "generate", "forward", "close-session", "health", "bench"}
+CLIENT_COMMANDS = {"info", "generate", "chat", "tokenize", "detokenize", "forward", "close-session",
+                   "health", "bench"}
 GENERAL = {"help", "version", "helpfull"}
 
 

@@ -19,7 +19,7 @@ client info >/dev/null
 if client --prompt=100000 generate >/dev/null 2>&1; then fail "an out-of-vocabulary prompt was accepted"; fi
 
 curl -fsS --max-time 10 "http://127.0.0.1:$metrics_port/metrics" >"$tmp/exposition.txt"
-grep -q '^glmserve_requests_total{code="INVALID_ARGUMENT",rpc="Generate"} 1' "$tmp/exposition.txt" ||
+grep -q '^glmserve_requests_total{api="glmserve",code="INVALID_ARGUMENT",rpc="Generate"} 1' "$tmp/exposition.txt" ||
   fail "the exposition does not count the rejected call"
 echo "promtool check metrics:"
 promtool check metrics <"$tmp/exposition.txt"

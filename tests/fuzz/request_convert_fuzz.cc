@@ -1,10 +1,13 @@
 // Client requests to engine requests (server/convert.h): any GenerateRequest or
 // ForwardRequest bytes either convert into a request the engine's own rules accept as
 // well-formed (ids in the vocabulary, sizes within the limits, the reply within the message
-// limit) or are refused with a client-error status. The first byte picks the message type.
+// limit) or are refused with a client-error status; a Generate request's text fields
+// (server/text_convert.h, with the embedded default model's tokenizer) likewise give a
+// bounded prompt or a client error. The first byte picks the message type.
 #include "core/checkpoint.h"
 #include "core/model.h"
 #include "server/convert.h"
+#include "server/text_convert.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -16,6 +19,16 @@ const glmserve::ModelRunner& TinyModel() {
     return new glmserve::CpuModel(*std::move(w));
   }();
   return *model;
+}
+
+const glmserve::TextAssets& Assets() {
+  static const glmserve::TextAssets* assets = [] {
+    absl::StatusOr<glmserve::TextAssets> a =
+        glmserve::LoadTextAssets(std::string(GLMSERVE_SOURCE_DIR) + "/models/glm-4.5-mini");
+    GLM_FUZZ_CHECK(a.ok() && a->tokenizer != nullptr);
+    return new glmserve::TextAssets(*std::move(a));
+  }();
+  return *assets;
 }
 
 bool ClientError(absl::StatusCode code) {
@@ -38,6 +51,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 1) {
     glmserve::v1::GenerateRequest request;
     if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+    absl::StatusOr<std::optional<glmserve::TextInput>> text =
+        glmserve::TextInputFromGenerate(request);
+    if (!text.ok()) {
+      GLM_FUZZ_CHECK(ClientError(text.status().code()));
+    } else if (text->has_value()) {
+      absl::StatusOr<glmserve::TextPrompt> prompt =
+          glmserve::BuildTextPrompt(Assets(), **text, limits.max_prompt_tokens);
+      if (!prompt.ok()) {
+        GLM_FUZZ_CHECK(ClientError(prompt.status().code()));
+      } else {
+        GLM_FUZZ_CHECK(!prompt->ids.empty() &&
+                       static_cast<int64_t>(prompt->ids.size()) <= limits.max_prompt_tokens);
+      }
+    }
+    if (glmserve::WantsText(request)) {
+      absl::Status s =
+          glmserve::TextStream::Create(Assets(), glmserve::TextStreamOptionsFor(request, nullptr))
+              .status();
+      GLM_FUZZ_CHECK(s.ok() || ClientError(s.code()));
+    }
     absl::StatusOr<glmserve::GenerateRequest> out =
         glmserve::ToEngineGenerate(request, model, limits);
     if (!out.ok()) {

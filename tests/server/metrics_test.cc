@@ -113,12 +113,17 @@ TEST_F(MetricsTest, CountersAndHistogramsMoveByTheRightAmounts) {
     const absl::StatusOr<double> b = SampleValue(before, name, labels);
     return Value(after, name, labels) - (b.ok() ? *b : 0.0);
   };
-  EXPECT_EQ(delta("glmserve_requests_total", "{code=\"OK\",rpc=\"Generate\"}"), 3);
-  EXPECT_EQ(delta("glmserve_requests_total", "{code=\"INVALID_ARGUMENT\",rpc=\"Generate\"}"), 1);
-  EXPECT_EQ(delta("glmserve_requests_total", "{code=\"OK\",rpc=\"Forward\"}"), 1);
-  EXPECT_EQ(delta("glmserve_request_duration_seconds_count", "{rpc=\"Generate\"}"), 4);
-  EXPECT_EQ(delta("glmserve_request_duration_seconds_count", "{rpc=\"Forward\"}"), 1);
-  EXPECT_GT(delta("glmserve_request_duration_seconds_sum", "{rpc=\"Generate\"}"), 0);
+  EXPECT_EQ(delta("glmserve_requests_total", "{api=\"glmserve\",code=\"OK\",rpc=\"Generate\"}"), 3);
+  EXPECT_EQ(delta("glmserve_requests_total",
+                  "{api=\"glmserve\",code=\"INVALID_ARGUMENT\",rpc=\"Generate\"}"),
+            1);
+  EXPECT_EQ(delta("glmserve_requests_total", "{api=\"glmserve\",code=\"OK\",rpc=\"Forward\"}"), 1);
+  EXPECT_EQ(delta("glmserve_request_duration_seconds_count", "{api=\"glmserve\",rpc=\"Generate\"}"),
+            4);
+  EXPECT_EQ(delta("glmserve_request_duration_seconds_count", "{api=\"glmserve\",rpc=\"Forward\"}"),
+            1);
+  EXPECT_GT(delta("glmserve_request_duration_seconds_sum", "{api=\"glmserve\",rpc=\"Generate\"}"),
+            0);
   EXPECT_EQ(delta("glmserve_queue_duration_seconds_count", "{rpc=\"Generate\"}"), 3);
   EXPECT_EQ(delta("glmserve_queue_duration_seconds_count", "{rpc=\"Forward\"}"), 1);
   EXPECT_EQ(delta("glmserve_time_to_first_token_seconds_count"), 3);
@@ -212,7 +217,9 @@ TEST_F(MetricsTest, GaugesFollowTheEngine) {
   stream->Finish().status().IgnoreError();
   ASSERT_TRUE(WaitUntil([&] { return server_->service().calls_in_flight() == 0; }));
   page = Scrape();
-  EXPECT_EQ(Value(page, "glmserve_requests_total", "{code=\"CANCELLED\",rpc=\"Generate\"}"), 1);
+  EXPECT_EQ(Value(page, "glmserve_requests_total",
+                  "{api=\"glmserve\",code=\"CANCELLED\",rpc=\"Generate\"}"),
+            1);
   ASSERT_TRUE(WaitUntil([&] { return EngineDrained(server_->engine()); }));
   EXPECT_EQ(Value(Scrape(), "glmserve_kv_cache_usage_ratio"), 0);
 

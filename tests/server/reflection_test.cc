@@ -117,7 +117,7 @@ grpc::Status CallRaw(grpc::Channel* channel, const std::string& method, const st
 
 const std::vector<std::string> kExpectedServices = {
     "glmserve.v1.GlmService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-    "grpc.reflection.v1alpha.ServerReflection"};
+    "grpc.reflection.v1alpha.ServerReflection", "inference.GRPCInferenceService"};
 
 class ReflectionTest : public ::testing::TestWithParam<std::string> {};
 

@@ -119,6 +119,12 @@ TEST_F(SecurityTest, BearerTokenIsCheckedBeforeAnyEngineWork) {
     EXPECT_EQ(client->Forward(forward).status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(client->Info().status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(client->CloseSession("x").code(), absl::StatusCode::kUnauthenticated);
+    // The text RPCs too (before the tokenizer check: this server has none).
+    v1::TokenizeRequest tokenize;
+    tokenize.set_text("x");
+    EXPECT_EQ(client->Tokenize(tokenize).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(client->Detokenize(v1::DetokenizeRequest()).status().code(),
+              absl::StatusCode::kUnauthenticated);
     // Health needs no token (probes carry none).
     EXPECT_EQ(*client->Health(kReadinessService), grpc::health::v1::HealthCheckResponse::SERVING);
   }
@@ -127,7 +133,7 @@ TEST_F(SecurityTest, BearerTokenIsCheckedBeforeAnyEngineWork) {
   EXPECT_TRUE(Connect(*server, other)->Info().ok());
   ASSERT_TRUE(testing::WaitUntil([&] { return server->service().calls_in_flight() == 0; }));
   EXPECT_EQ(*SampleValue(server->metrics().Scrape(), "glmserve_requests_total",
-                         "{code=\"UNAUTHENTICATED\",rpc=\"Generate\"}"),
+                         "{api=\"glmserve\",code=\"UNAUTHENTICATED\",rpc=\"Generate\"}"),
             2);
 }
 

@@ -23,7 +23,9 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "core/checkpoint.h"
+#include "core/config.h"
 #include "core/model_runner.h"
+#include "core/text/text_assets.h"
 #include "server/server.h"
 
 namespace glmserve::testing {
@@ -62,6 +64,39 @@ inline std::unique_ptr<GlmServer> StartServer(const ServerOptions& options = Tin
     EXPECT_TRUE(s.ok()) << s;
   }
   return *std::move(server);
+}
+
+// The embedded default model's tokenizer (models/glm-4.5-mini) and a tiny random model whose
+// vocabulary covers it, for the text API's tests.
+inline const std::string kTokenizerDir = std::string(GLMSERVE_SOURCE_DIR) + "/models/glm-4.5-mini";
+
+inline TextAssets MiniAssets() {
+  absl::StatusOr<TextAssets> assets = LoadTextAssets(kTokenizerDir);
+  EXPECT_TRUE(assets.ok()) << assets.status();
+  return *std::move(assets);
+}
+
+// The tiny preset with a vocabulary just large enough for the tokenizer's 8,228 ids plus
+// padding rows past them (as real checkpoints have), so sampling must be bounded.
+inline std::unique_ptr<glmserve::ModelRunner> TextRunner(glmserve::DType* dtype) {
+  ModelConfig config = *PresetConfig("tiny");
+  config.vocab_size = 8320;
+  absl::StatusOr<ModelWeights> weights = RandomWeights(config);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  *dtype = weights->weight_dtype;
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
+      CreateModelRunner(*std::move(weights), DeviceKind::kCpu);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return *std::move(runner);
+}
+
+inline std::unique_ptr<GlmServer> StartTextServer(ServerOptions options = TinyOptions()) {
+  std::unique_ptr<GlmServer> server = StartServer(options, /*serve=*/false);
+  if (server == nullptr) return nullptr;
+  DType dtype;
+  absl::Status s = server->Serve(TextRunner(&dtype), dtype, MiniAssets());
+  EXPECT_TRUE(s.ok()) << s;
+  return server;
 }
 
 inline std::unique_ptr<Client> Connect(const std::string& target, ClientOptions options = {}) {
