@@ -104,7 +104,7 @@ struct Prepared {
   std::unique_ptr<TextStream> stream;
 };
 
-absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend) {
+absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend, Metrics* metrics) {
   const TextAssets& text = *backend.text;
   // The endpoint answers in text, whatever the prompt: it needs the tokenizer.
   RETURN_IF_ERROR(MissingTextError(text, r.chat, r.chat ? "messages" : "the OpenAI endpoint"));
@@ -115,9 +115,11 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend)
     input.prompt_text = r.prompt_text;
     input.messages = r.messages;
     input.chat = r.chat_options;
-    ASSIGN_OR_RETURN(
-        TextPrompt prompt,
-        BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens)));
+    const auto start = Clock::now();
+    absl::StatusOr<TextPrompt> built =
+        BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens));
+    metrics->RecordTokenizer(r.chat ? "chat" : "encode", Seconds(start, Clock::now()));
+    ASSIGN_OR_RETURN(TextPrompt prompt, std::move(built));
     wire.mutable_prompt_token_ids()->Add(prompt.ids.begin(), prompt.ids.end());
     starts_in_reasoning = prompt.starts_in_reasoning;
   } else {
@@ -149,6 +151,8 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend)
   options.stop = r.stop;
   options.skip_special_tokens = r.skip_special_tokens;
   ASSIGN_OR_RETURN(p.stream, TextStream::Create(text, std::move(options)));
+  // The same input-kind count as glmserve.v1's Generate.
+  metrics->RecordGenerateInput(r.chat ? "messages" : r.prompt_text ? "prompt_text" : "token_ids");
   return p;
 }
 
@@ -312,7 +316,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
                                                      backend.info.model(), "'"));
     return result;
   }
-  absl::StatusOr<Prepared> prepared = Prepare(r, backend);
+  absl::StatusOr<Prepared> prepared = Prepare(r, backend, glm.metrics());
   if (!prepared.ok()) {
     result.status = prepared.status();
     return result;
@@ -396,6 +400,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
         cancel();
       } else if (delta->stopped) {
         cancel();  // a stop string matched: no more steps for this request
+        metrics->RecordStopString();
       }
       continue;
     }
