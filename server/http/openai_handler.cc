@@ -23,9 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-// JSON nesting deeper than this is refused while parsing (tool schemas are a few levels;
-// without a bound, a body of 16 MiB of '[' would be re-serialised recursively).
-constexpr int kMaxJsonDepth = 64;
 // How often a handler waiting for the engine checks that its client is still connected.
 constexpr absl::Duration kDisconnectPoll = absl::Milliseconds(50);
 
@@ -36,22 +33,6 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
 std::string Dump(const Json& j) {
   // Generated text may hold U+FFFD already; anything else invalid is replaced, not thrown.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-absl::StatusOr<Json> ParseBody(const std::string& body) {
-  struct TooDeep {};
-  try {
-    return Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const TooDeep&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-  } catch (const Json::exception& e) {
-    // nlohmann's messages name the byte offset (and invalid UTF-8 in strings).
-    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
-  }
 }
 
 // A token's text for logprobs: its decoded bytes (a lone part of a character decodes to
@@ -299,12 +280,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
                                  glmserve::SteadyTime arrival) {
   OpenAICallResult result;
   const Rpc rpc = chat ? Rpc::kOpenAIChatCompletions : Rpc::kOpenAICompletions;
-  absl::StatusOr<Json> json = ParseBody(body);
-  if (!json.ok()) {
-    result.status = json.status();
-    return result;
-  }
-  absl::StatusOr<OpenAIRequest> request = ParseOpenAIRequest(*json, chat);
+  absl::StatusOr<OpenAIRequest> request = ParseOpenAIBody(body, chat);
   if (!request.ok()) {
     result.status = request.status();
     return result;
