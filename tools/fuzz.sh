@@ -15,7 +15,7 @@ JOBS=${JOBS:-$(nproc)}
 FUZZ_DIR=${FUZZ_DIR:-$BUILD_DIR/runs}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(safetensors_header config_json shard_index tensor_codec request_convert text)
+  TARGETS=(safetensors_header config_json shard_index tensor_codec request_convert text api_request)
 fi
 # clang with its libFuzzer runtime (Debian's and Ubuntu's versionless package names).
 for p in clang libclang-rt-dev; do

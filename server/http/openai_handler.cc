@@ -23,9 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-// JSON nesting deeper than this is refused while parsing (tool schemas are a few levels;
-// without a bound, a body of 16 MiB of '[' would be re-serialised recursively).
-constexpr int kMaxJsonDepth = 64;
 // How often a handler waiting for the engine checks that its client is still connected.
 constexpr absl::Duration kDisconnectPoll = absl::Milliseconds(50);
 
@@ -36,22 +33,6 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
 std::string Dump(const Json& j) {
   // Generated text may hold U+FFFD already; anything else invalid is replaced, not thrown.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-absl::StatusOr<Json> ParseBody(const std::string& body) {
-  struct TooDeep {};
-  try {
-    return Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const TooDeep&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-  } catch (const Json::exception& e) {
-    // nlohmann's messages name the byte offset (and invalid UTF-8 in strings).
-    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
-  }
 }
 
 // A token's text for logprobs: its decoded bytes (a lone part of a character decodes to
@@ -104,7 +85,7 @@ struct Prepared {
   std::unique_ptr<TextStream> stream;
 };
 
-absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend) {
+absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend, Metrics* metrics) {
   const TextAssets& text = *backend.text;
   // The endpoint answers in text, whatever the prompt: it needs the tokenizer.
   RETURN_IF_ERROR(MissingTextError(text, r.chat, r.chat ? "messages" : "the OpenAI endpoint"));
@@ -115,9 +96,11 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend)
     input.prompt_text = r.prompt_text;
     input.messages = r.messages;
     input.chat = r.chat_options;
-    ASSIGN_OR_RETURN(
-        TextPrompt prompt,
-        BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens)));
+    const auto start = Clock::now();
+    absl::StatusOr<TextPrompt> built =
+        BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens));
+    metrics->RecordTokenizer(r.chat ? "chat" : "encode", Seconds(start, Clock::now()));
+    ASSIGN_OR_RETURN(TextPrompt prompt, std::move(built));
     wire.mutable_prompt_token_ids()->Add(prompt.ids.begin(), prompt.ids.end());
     starts_in_reasoning = prompt.starts_in_reasoning;
   } else {
@@ -149,6 +132,8 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend)
   options.stop = r.stop;
   options.skip_special_tokens = r.skip_special_tokens;
   ASSIGN_OR_RETURN(p.stream, TextStream::Create(text, std::move(options)));
+  // The same input-kind count as glmserve.v1's Generate.
+  metrics->RecordGenerateInput(r.chat ? "messages" : r.prompt_text ? "prompt_text" : "token_ids");
   return p;
 }
 
@@ -295,12 +280,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
                                  glmserve::SteadyTime arrival) {
   OpenAICallResult result;
   const Rpc rpc = chat ? Rpc::kOpenAIChatCompletions : Rpc::kOpenAICompletions;
-  absl::StatusOr<Json> json = ParseBody(body);
-  if (!json.ok()) {
-    result.status = json.status();
-    return result;
-  }
-  absl::StatusOr<OpenAIRequest> request = ParseOpenAIRequest(*json, chat);
+  absl::StatusOr<OpenAIRequest> request = ParseOpenAIBody(body, chat);
   if (!request.ok()) {
     result.status = request.status();
     return result;
@@ -312,7 +292,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
                                                      backend.info.model(), "'"));
     return result;
   }
-  absl::StatusOr<Prepared> prepared = Prepare(r, backend);
+  absl::StatusOr<Prepared> prepared = Prepare(r, backend, glm.metrics());
   if (!prepared.ok()) {
     result.status = prepared.status();
     return result;
@@ -396,6 +376,7 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
         cancel();
       } else if (delta->stopped) {
         cancel();  // a stop string matched: no more steps for this request
+        metrics->RecordStopString();
       }
       continue;
     }

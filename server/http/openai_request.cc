@@ -472,4 +472,21 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
   return out;
 }
 
+absl::StatusOr<OpenAIRequest> ParseOpenAIBody(std::string_view body, bool chat) {
+  struct TooDeep {};
+  Json json;
+  try {
+    json = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
+  }
+  return ParseOpenAIRequest(json, chat);
+}
+
 }  // namespace glmserve

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,5 +59,14 @@ struct OpenAIRequest {
 // not a JSON object, a missing required field, a wrong type, a value out of range, an unknown
 // field, an unsupported feature. `chat` selects the route's schema.
 absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const nlohmann::json& body, bool chat);
+
+// JSON nesting deeper than this is refused while parsing (tool schemas are a few levels;
+// without a bound, a body of 16 MiB of '[' would be re-serialised recursively).
+inline constexpr int kMaxJsonDepth = 64;
+
+// The request body: INVALID_ARGUMENT "invalid JSON: ..." (nlohmann's message with the byte
+// offset; invalid UTF-8 inside a string is reported there) or for nesting deeper than
+// kMaxJsonDepth, then ParseOpenAIRequest.
+absl::StatusOr<OpenAIRequest> ParseOpenAIBody(std::string_view body, bool chat);
 
 }  // namespace glmserve

@@ -163,9 +163,10 @@ class OpenAIHttpTest : public ::testing::Test {
   }
   int64_t Counter(const std::string& series) {
     const std::string page = server_->metrics().Scrape();
-    const size_t at = page.find(series + " ");
+    // A sample line (not the "# HELP name" / "# TYPE name" lines).
+    const size_t at = page.find("\n" + series + " ");
     if (at == std::string::npos) return -1;
-    return std::stoll(page.substr(at + series.size() + 1));
+    return std::stoll(page.substr(at + series.size() + 2));
   }
 
   std::unique_ptr<GlmServer> server_;
@@ -277,6 +278,8 @@ TEST_F(OpenAIHttpTest, LogprobsSeedsAndStopStrings) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r.json()["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(Counter("glmserve_stop_string_stops_total"), 1);
+  EXPECT_EQ(Counter("glmserve_generate_input_total{input=\"prompt_text\"}"), 5);
 }
 
 TEST_F(OpenAIHttpTest, ChatStreamedAndNotAgree) {
