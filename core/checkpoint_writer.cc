@@ -29,6 +29,9 @@ const char* TorchDTypeName(DType t) {
       return "bfloat16";
     case DType::kF16:
       return "float16";
+    case DType::kF8E4M3:  // FP8 checkpoints: the dtype of the modules kept unquantized
+    case DType::kF8E8M0:
+      return "bfloat16";
   }
   return "bfloat16";
 }
