@@ -493,6 +493,29 @@ TEST(Fp8PresetTest, WeightsAreE4m3WithBf16EmbeddingRouterAndHead) {
   EXPECT_FALSE(PresetIsFp8("glm-4.5-air:layers=2"));
 }
 
+TEST(Fp8PresetTest, SavedPresetLoadsBackInTheCompressedTensorsForm) {
+  absl::StatusOr<ModelWeights> w = LoadModel("tiny-fp8");
+  ASSERT_TRUE(w.ok());
+  const std::string dir = testing::MakeTempDir("fp8_save_");
+  ASSERT_TRUE(SaveCheckpoint(*w, dir).ok());
+  std::ifstream in(dir + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json config = Json::parse(text.str());
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "compressed-tensors");
+  absl::StatusOr<ModelWeights> again = LoadCheckpoint(dir);
+  ASSERT_TRUE(again.ok()) << again.status();
+  const Matrix& a = w->layers.back().moe.experts[3].up;
+  const Matrix& b = again->layers.back().moe.experts[3].up;
+  ASSERT_EQ(b.format, WeightFormat::kFp8Scaled);
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.rows * a.cols), 0);
+  EXPECT_TRUE(std::equal(a.scales, a.scales + a.rows, b.scales));
+  SaveCheckpointOptions fused;
+  fused.fused_experts = true;
+  EXPECT_EQ(SaveCheckpoint(*w, dir + "/fused", fused).code(), absl::StatusCode::kUnimplemented);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Fp8PresetTest, CudaRefusesFp8) {
   absl::StatusOr<ModelWeights> w = LoadModel("tiny-fp8");
   ASSERT_TRUE(w.ok());
