@@ -461,6 +461,32 @@ TEST(Fp8KernelTest, MatchesTheDequantizedMatrixAndIsBatchInvariant) {
   }
 }
 
+TEST(Fp8KernelTest, Avx512WideningGivesThePortableValuesForEveryCode) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU: the portable kernel runs";
+  // Every code (NaN included) in every position, two rows, two scale blocks of 128. The
+  // AVX-512 kernel on the FP8 matrix against the same kernel on the matrix widened by the
+  // portable table (WidenPanel): only the widening differs.
+  for (bool with_nan : {true, false}) {
+    Fp8Matrix f(2, 300, 128, 128, 5);
+    for (int64_t i = 0; i < 600; ++i) {
+      const uint8_t c = static_cast<uint8_t>(i * 7);
+      f.codes[i] = with_nan || (c & 0x7f) != 0x7f ? c : 0x7e;
+    }
+    std::vector<float> deq(600);
+    internal::WidenPanel(f.m, 0, 2, 0, 300, deq.data());
+    const Matrix dense{DType::kF32, 2, 300, deq.data()};
+    const std::vector<float> x = testing::RandomVector(3 * 300, 9, 1.0f);
+    std::vector<float> fast(6), want(6);
+    Linear(x.data(), 3, f.m, nullptr, fast.data());
+    Linear(x.data(), 3, dense, nullptr, want.data());
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(std::isnan(fast[i]), std::isnan(want[i])) << i;  // NaN codes decode to NaN
+      if (!std::isnan(want[i])) EXPECT_EQ(fast[i], want[i]) << i;
+      if (!with_nan) EXPECT_TRUE(std::isfinite(fast[i])) << i;
+    }
+  }
+}
+
 // --- presets and devices ---
 
 TEST(Fp8PresetTest, WeightsAreE4m3WithBf16EmbeddingRouterAndHead) {
