@@ -23,7 +23,7 @@ constexpr int kTileRows = 8;    // threads per tile column: each computes 4 outp
 // (subnormals included, as fp32 denormals), fixed by an exact multiply; S.1111.111 is NaN.
 __device__ __forceinline__ float E4m3(uint8_t v) {
   const uint32_t mag = v & 0x7fu;
-  if (mag == 0x7fu) return __int_as_float(0x7fc00000);
+  if (mag == 0x7fu) return __uint_as_float(0x7fc00000u);
   const float x = __uint_as_float(mag << 20) * 0x1p120f;
   return (v & 0x80u) ? -x : x;
 }
@@ -53,12 +53,13 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// y tile [32 rows of x, 32 rows of w]; block (32, 8): thread (tx, ty) computes y[ty + 8 j, tx].
+// y tile [32 rows of x, 32 rows of w]; 256 threads: thread (tx, ty) = (t % 32, t / 32) computes
+// y[ty + 8 j, tx] for j < 4.
 __global__ void __launch_bounds__(kTile * kTileRows)
     Fp8GemmKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w, float* __restrict__ y) {
   __shared__ float xs[kTile][kTile + 1];
   __shared__ float ws[kTile][kTile + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile;
   float acc[kTile / kTileRows] = {};
@@ -94,7 +95,7 @@ cudaError_t LaunchFp8Linear(const float* x, int64_t m, const Fp8DeviceMatrix& w,
   } else {
     const dim3 grid(static_cast<unsigned>((w.rows + kTile - 1) / kTile),
                     static_cast<unsigned>((m + kTile - 1) / kTile));
-    Fp8GemmKernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(x, m, w, y);
+    Fp8GemmKernel<<<grid, kTile * kTileRows, 0, stream>>>(x, m, w, y);
   }
   return cudaGetLastError();
 }
