@@ -178,12 +178,15 @@ class CheckpointLoader {
                                 "' is F8_E4M3 but config.json has no quantization_config"));
     }
     if (slot.name != "lm_head.weight" && IsUnquantizedMatrix(slot.name)) {
-      return Error(absl::StrCat("tensor '", slot.name,
-                                "' is F8_E4M3: the embedding and the router must stay unquantized"));
+      return Error(
+          absl::StrCat("tensor '", slot.name,
+                       "' is F8_E4M3: the embedding and the router must stay unquantized"));
     }
     if (fp8_.KeepsUnquantized(module)) {
-      return Error(absl::StrCat("tensor '", slot.name, "' is F8_E4M3 but quantization_config "
-                                "lists '", module, "' as kept unquantized"));
+      return Error(absl::StrCat("tensor '", slot.name,
+                                "' is F8_E4M3 but quantization_config "
+                                "lists '",
+                                module, "' as kept unquantized"));
     }
     const int64_t rows = slot.shape[0], cols = slot.shape[1];
     const int64_t br = fp8_.block_rows, bc = fp8_.per_channel() ? cols : fp8_.block_cols;
@@ -193,8 +196,7 @@ class CheckpointLoader {
     const bool e8m0 = s->dtype == DType::kF8E8M0;
     if (s->dtype == DType::kF8E4M3 || (e8m0 && fp8_.kind != Fp8Scheme::Kind::kBlockFp8)) {
       return Error(absl::StrCat("scale tensor '", scale_name, "' is ",
-                                std::string(DTypeName(s->dtype)),
-                                ", expected F32, BF16 or F16",
+                                std::string(DTypeName(s->dtype)), ", expected F32, BF16 or F16",
                                 fp8_.kind == Fp8Scheme::Kind::kBlockFp8 ? " or F8_E8M0" : ""));
     }
     const int64_t n = scale_shape[0] * scale_shape[1];
@@ -237,18 +239,20 @@ class CheckpointLoader {
       absl::StatusOr<const TensorInfo*> t = Get(prefix + "down_proj", {n, h, width});
       if (!t.ok()) return t.status();
       if (DTypeSize((*t)->dtype) == 1) {
-        return absl::UnimplementedError(absl::StrCat(
-            "checkpoint ", dir_, ": fused expert tensors in FP8 are not supported; FP8 "
-            "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
+        return absl::UnimplementedError(
+            absl::StrCat("checkpoint ", dir_,
+                         ": fused expert tensors in FP8 are not supported; FP8 "
+                         "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
       }
       return SetMatrix(*t, slot.expert * h * width, h, width, slot.matrix);
     }
     absl::StatusOr<const TensorInfo*> t = Get(prefix + "gate_up_proj", {n, 2 * width, h});
     if (!t.ok()) return t.status();
     if (DTypeSize((*t)->dtype) == 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "checkpoint ", dir_, ": fused expert tensors in FP8 are not supported; FP8 "
-          "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
+      return absl::UnimplementedError(
+          absl::StrCat("checkpoint ", dir_,
+                       ": fused expert tensors in FP8 are not supported; FP8 "
+                       "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
     }
     const int64_t row = slot.expert * 2 * width + (slot.part == ExpertPart::kUp ? width : 0);
     return SetMatrix(*t, row * h, width, h, slot.matrix);
@@ -496,8 +500,8 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].matrix == nullptr) continue;
     offsets[i] = total;
-    total += (slots[i].shape[0] * slots[i].shape[1] * DTypeSize(slot_dtype(slots[i])) + 63) / 64 *
-             64;
+    total +=
+        (slots[i].shape[0] * slots[i].shape[1] * DTypeSize(slot_dtype(slots[i])) + 63) / 64 * 64;
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].matrix == nullptr || slot_dtype(slots[i]) != DType::kF8E4M3) continue;
@@ -544,8 +548,8 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
     }
     const uint64_t key = Mix64(options.seed ^ Mix64(HashName(slot.name)));
     for (int64_t first = 0; first < rows * cols; first += kChunk) {
-      jobs.push_back({key, base + offsets[i], dtype, first, std::min(kChunk, rows * cols - first),
-                      job_scale});
+      jobs.push_back(
+          {key, base + offsets[i], dtype, first, std::min(kChunk, rows * cols - first), job_scale});
     }
   }
   ParallelFor(static_cast<int64_t>(jobs.size()), 1, [&jobs](int64_t begin, int64_t end) {

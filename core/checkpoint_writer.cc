@@ -87,14 +87,14 @@ absl::StatusOr<Fp8Layout> FindFp8Layout(ModelWeights* w) {
     } else if (channel != layout.per_channel ||
                (!channel && (m.scale_block_rows != layout.block_rows ||
                              m.scale_block_cols != layout.block_cols))) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cannot save '", slot.name, "': FP8 matrices with different scale layouts"));
+      return absl::UnimplementedError(
+          absl::StrCat("cannot save '", slot.name, "': FP8 matrices with different scale layouts"));
     }
   }
   if (!layout.any) return layout;
   for (const WeightSlot& slot : ListWeightSlots(w)) {
     if (slot.matrix == nullptr || slot.matrix->format == WeightFormat::kFp8Scaled) continue;
-    if (slot.name == "model.embed_tokens.weight") continue;  // not a linear layer
+    if (slot.name == "model.embed_tokens.weight") continue;                   // not a linear layer
     layout.unquantized.push_back(slot.name.substr(0, slot.name.size() - 7));  // less ".weight"
   }
   return layout;
@@ -108,10 +108,16 @@ Json Fp8QuantizationConfig(const Fp8Layout& l) {
             {"weight_block_size", {l.block_rows, l.block_cols}},
             {"modules_to_not_convert", l.unquantized}};
   }
-  const Json weights = {{"num_bits", 8},       {"type", "float"},     {"symmetric", true},
-                        {"strategy", "channel"}, {"dynamic", false}};
-  const Json inputs = {{"num_bits", 8},     {"type", "float"},  {"symmetric", true},
-                       {"strategy", "token"}, {"dynamic", true}};
+  const Json weights = {{"num_bits", 8},
+                        {"type", "float"},
+                        {"symmetric", true},
+                        {"strategy", "channel"},
+                        {"dynamic", false}};
+  const Json inputs = {{"num_bits", 8},
+                       {"type", "float"},
+                       {"symmetric", true},
+                       {"strategy", "token"},
+                       {"dynamic", true}};
   return {{"quant_method", "compressed-tensors"},
           {"format", "float-quantized"},
           {"quantization_status", "compressed"},

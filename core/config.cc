@@ -568,10 +568,16 @@ struct Preset {
   ModelConfig (*make)();
 };
 constexpr Preset kPresets[] = {
-    {"glm-4.5", Glm45}, {"glm-4.5-air", Glm45Air}, {"glm-4.5-mini", Glm45Mini},
-    {"tiny", Tiny},     {"glm-5", Glm5},           {"tiny-glm5", TinyGlm5},
+    {"glm-4.5", Glm45},
+    {"glm-4.5-air", Glm45Air},
+    {"glm-4.5-mini", Glm45Mini},
+    {"tiny", Tiny},
+    {"glm-5", Glm5},
+    {"tiny-glm5", TinyGlm5},
     // The FP8 releases' shapes are the bf16 ones; PresetIsFp8 makes their weights e4m3.
-    {"glm-4.5-fp8", Glm45}, {"glm-4.5-air-fp8", Glm45Air}, {"tiny-fp8", Tiny},
+    {"glm-4.5-fp8", Glm45},
+    {"glm-4.5-air-fp8", Glm45Air},
+    {"tiny-fp8", Tiny},
 };
 
 }  // namespace

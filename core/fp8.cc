@@ -21,9 +21,9 @@ absl::Status Bad(absl::string_view field, absl::string_view why) {
 }
 absl::Status Unsupported(absl::string_view field, absl::string_view value,
                          absl::string_view accepted) {
-  return absl::UnimplementedError(absl::StrCat("config field 'quantization_config.", field,
-                                               "' is ", value.substr(0, 80),
-                                               ": only ", accepted, " is supported (docs/fp8.md)"));
+  return absl::UnimplementedError(absl::StrCat("config field 'quantization_config.", field, "' is ",
+                                               value.substr(0, 80), ": only ", accepted,
+                                               " is supported (docs/fp8.md)"));
 }
 
 // The value as text for an error message.
@@ -44,8 +44,8 @@ absl::Status ReadBlock(const Json& v, const std::string& field, Fp8Scheme* s) {
   }
   const int64_t br = v[0].get<int64_t>(), bc = v[1].get<int64_t>();
   if (br < 1 || bc < 1 || br > kMaxFp8BlockSide || bc > kMaxFp8BlockSide) {
-    return Bad(field, absl::StrCat("block sides must be in [1, ", kMaxFp8BlockSide, "], got ",
-                                   Text(v)));
+    return Bad(field,
+               absl::StrCat("block sides must be in [1, ", kMaxFp8BlockSide, "], got ", Text(v)));
   }
   s->block_rows = br;
   s->block_cols = bc;
@@ -58,8 +58,8 @@ absl::Status ReadModuleList(const Json& j, const char* field, bool patterns, Fp8
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_array()) return Bad(field, "expected a list of module names");
   if (it->size() > kMaxFp8IgnoreEntries) {
-    return Bad(field, absl::StrCat("has ", it->size(), " entries, more than ",
-                                   kMaxFp8IgnoreEntries));
+    return Bad(field,
+               absl::StrCat("has ", it->size(), " entries, more than ", kMaxFp8IgnoreEntries));
   }
   for (const Json& e : *it) {
     if (!e.is_string()) return Bad(field, absl::StrCat("entry ", Text(e), " is not a string"));

@@ -35,7 +35,7 @@ struct Fp8Scheme {
   // bc = 0, meaning the whole row.
   int64_t block_rows = 0;
   int64_t block_cols = 0;
-  bool ue8m0 = false;  // scales must be powers of two (scale_fmt "ue8m0")
+  bool ue8m0 = false;                      // scales must be powers of two (scale_fmt "ue8m0")
   std::vector<std::string> keep_names;     // modules kept unquantized, by name
   std::vector<std::string> keep_patterns;  // compressed-tensors "re:" entries, without "re:"
 

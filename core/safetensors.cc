@@ -75,7 +75,8 @@ absl::Status ParseEntry(const std::string& name, const Json& entry, uint64_t dat
   const std::string dtype_name = dtype_it->get<std::string>();
   absl::StatusOr<DType> dtype = ParseDType(dtype_name);
   if (!dtype.ok()) {
-    return bad(absl::StrCat("dtype ", dtype_name, " is not supported (F32, BF16, F16, F8_E4M3, F8_E8M0)"));
+    return bad(
+        absl::StrCat("dtype ", dtype_name, " is not supported (F32, BF16, F16, F8_E4M3, F8_E8M0)"));
   }
   t->name = name;
   t->dtype = *dtype;

@@ -206,8 +206,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                   .Add({});
   kv_capacity_tokens_ = &prometheus::BuildGauge()
                              .Name("glmserve_kv_cache_capacity_tokens")
-                             .Help("Tokens the KV cache holds (--kv_capacity_tokens, or the "
-                                   "--gpu_memory_fraction plan's)")
+                             .Help(
+                                 "Tokens the KV cache holds (--kv_capacity_tokens, or the "
+                                 "--gpu_memory_fraction plan's)")
                              .Register(r)
                              .Add({});
   kv_usage_ = &prometheus::BuildGauge()

@@ -16,8 +16,8 @@ namespace glmserve::cuda {
 namespace {
 
 constexpr int kGemvThreads = 128;
-constexpr int kTile = 32;       // GEMM output tile side and K step
-constexpr int kTileRows = 8;    // threads per tile column: each computes 4 outputs
+constexpr int kTile = 32;     // GEMM output tile side and K step
+constexpr int kTileRows = 8;  // threads per tile column: each computes 4 outputs
 
 // e4m3 to fp32: the code's bits moved to fp32's exponent/mantissa read as value x 2^-120
 // (subnormals included, as fp32 denormals), fixed by an exact multiply; S.1111.111 is NaN.
@@ -36,7 +36,8 @@ __device__ __forceinline__ float Fp8Weight(const Fp8DeviceMatrix& w, int64_t r, 
 
 // y[i, n] for i < m (m <= kFp8GemvMaxRows); one block per n.
 __global__ void __launch_bounds__(kGemvThreads)
-    Fp8GemvKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w, float* __restrict__ y) {
+    Fp8GemvKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w,
+                  float* __restrict__ y) {
   __shared__ float scratch[32];
   const int64_t n = blockIdx.x;
   float acc[kFp8GemvMaxRows] = {};
@@ -55,8 +56,9 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 // y tile [32 rows of x, 32 rows of w]; 256 threads: thread (tx, ty) = (t % 32, t / 32) computes
 // y[ty + 8 j, tx] for j < 4.
-__global__ void __launch_bounds__(kTile * kTileRows)
-    Fp8GemmKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w, float* __restrict__ y) {
+__global__ void __launch_bounds__(kTile* kTileRows)
+    Fp8GemmKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w,
+                  float* __restrict__ y) {
   __shared__ float xs[kTile][kTile + 1];
   __shared__ float ws[kTile][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;

@@ -118,8 +118,8 @@ void WidenFp8(const Matrix& w, int64_t n0, int64_t nn, int64_t k0, int64_t kk, f
             _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
         const __m512i mag = _mm512_and_si512(v, low7);
         __m512 x = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)), two_120);
-        x = _mm512_castsi512_ps(_mm512_or_si512(
-            _mm512_castps_si512(x), _mm512_slli_epi32(_mm512_and_si512(v, sign), 24)));
+        x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x),
+                                                _mm512_slli_epi32(_mm512_and_si512(v, sign), 24)));
         x = _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(mag, low7), nan);
         _mm512_storeu_ps(d + k, _mm512_mul_ps(x, vs));
       }

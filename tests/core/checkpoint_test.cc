@@ -53,7 +53,10 @@ void ExpectSameWeights(const ModelWeights& a, const ModelWeights& b) {
     ASSERT_EQ(ma.cols, mb.cols) << sa[i].name;
     ASSERT_FALSE(ma.empty()) << sa[i].name;
     ASSERT_EQ(ma.format, mb.format) << sa[i].name;
-    EXPECT_EQ(std::memcmp(ma.data, mb.data, static_cast<size_t>(ma.rows * ma.cols * DTypeSize(ma.dtype))), 0) << sa[i].name;
+    EXPECT_EQ(
+        std::memcmp(ma.data, mb.data, static_cast<size_t>(ma.rows * ma.cols * DTypeSize(ma.dtype))),
+        0)
+        << sa[i].name;
     if (ma.format == WeightFormat::kFp8Scaled) {
       ASSERT_EQ(ma.scale_block_rows, mb.scale_block_rows) << sa[i].name;
       ASSERT_EQ(ma.scale_block_cols, mb.scale_block_cols) << sa[i].name;

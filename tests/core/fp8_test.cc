@@ -2,6 +2,8 @@
 // parser, the loader's validation of scales against weights (hostile checkpoints built by
 // editing the golden FP8 fixtures), the kernels' partial-block widening and batch invariance,
 // the FP8 presets, and the CUDA backend's refusal.
+#include "core/fp8.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <sstream>
 
 #include "core/checkpoint.h"
-#include "core/fp8.h"
 #include "core/model_runner.h"
 #include "core/ops/linear.h"
 #include "core/safetensors.h"
@@ -59,8 +60,8 @@ TEST(Fp8Test, FloatToE4m3RoundsToNearestEvenAndSaturates) {
   }
   // Midpoints between neighbours go to the even code.
   for (int code = 0; code < 0x7e; ++code) {
-    const float mid = (E4m3ToFloat(static_cast<uint8_t>(code)) +
-                       E4m3ToFloat(static_cast<uint8_t>(code + 1))) / 2;
+    const float mid =
+        (E4m3ToFloat(static_cast<uint8_t>(code)) + E4m3ToFloat(static_cast<uint8_t>(code + 1))) / 2;
     EXPECT_EQ(FloatToE4m3(mid), (code & 1) ? code + 1 : code) << code;
   }
   // Random values: the nearest code by brute force.
@@ -155,37 +156,56 @@ TEST(Fp8SchemeTest, RefusesOtherMethodsByName) {
     return j["quantization_config"]["config_groups"]["group_0"];
   };
   const std::vector<std::pair<bool, Case>> cases = {
-      {true, {[&](Json& j) { q(j)["quant_method"] = "gptq"; }, absl::StatusCode::kUnimplemented,
-              "'gptq'"}},
+      {true,
+       {[&](Json& j) { q(j)["quant_method"] = "gptq"; }, absl::StatusCode::kUnimplemented,
+        "'gptq'"}},
       {true, {[&](Json& j) { q(j)["fmt"] = "e5m2"; }, absl::StatusCode::kUnimplemented, "e5m2"}},
-      {true, {[&](Json& j) { q(j)["activation_scheme"] = "static"; },
-              absl::StatusCode::kUnimplemented, "static"}},
-      {true, {[&](Json& j) { q(j).erase("weight_block_size"); },
-              absl::StatusCode::kUnimplemented, "weight_block_size"}},
-      {true, {[&](Json& j) { q(j)["weight_block_size"] = {0, 128}; },
-              absl::StatusCode::kInvalidArgument, "weight_block_size"}},
-      {true, {[&](Json& j) { q(j)["weight_block_size"] = "128"; },
-              absl::StatusCode::kInvalidArgument, "weight_block_size"}},
-      {true, {[&](Json& j) { q(j)["scale_fmt"] = "fp16"; }, absl::StatusCode::kUnimplemented,
-              "scale_fmt"}},
-      {true, {[&](Json& j) { q(j)["modules_to_not_convert"] = {1}; },
-              absl::StatusCode::kInvalidArgument, "modules_to_not_convert"}},
-      {false, {[&](Json& j) { q(j)["format"] = "pack-quantized"; },
-               absl::StatusCode::kUnimplemented, "pack-quantized"}},
-      {false, {[&](Json& j) { g(j)["weights"]["strategy"] = "tensor"; },
-               absl::StatusCode::kUnimplemented, "strategy"}},
-      {false, {[&](Json& j) { g(j)["weights"]["num_bits"] = 4; },
-               absl::StatusCode::kUnimplemented, "num_bits"}},
-      {false, {[&](Json& j) { g(j)["input_activations"]["dynamic"] = false; },
-               absl::StatusCode::kUnimplemented, "dynamic"}},
-      {false, {[&](Json& j) { g(j)["targets"] = {"re:.*down_proj"}; },
-               absl::StatusCode::kUnimplemented, "targets"}},
-      {false, {[&](Json& j) { q(j)["ignore"] = {"re:(unclosed"}; },
-               absl::StatusCode::kInvalidArgument, "regular expression"}},
-      {false, {[&](Json& j) { q(j)["quantization_status"] = "frozen"; },
-               absl::StatusCode::kUnimplemented, "frozen"}},
-      {false, {[&](Json& j) { q(j)["kv_cache_scheme"] = Json::object({{"num_bits", 8}}); },
-               absl::StatusCode::kUnimplemented, "kv_cache_scheme"}},
+      {true,
+       {[&](Json& j) { q(j)["activation_scheme"] = "static"; }, absl::StatusCode::kUnimplemented,
+        "static"}},
+      {true,
+       {[&](Json& j) { q(j).erase("weight_block_size"); }, absl::StatusCode::kUnimplemented,
+        "weight_block_size"}},
+      {true,
+       {[&](Json& j) {
+          q(j)["weight_block_size"] = {0, 128};
+        },
+        absl::StatusCode::kInvalidArgument, "weight_block_size"}},
+      {true,
+       {[&](Json& j) { q(j)["weight_block_size"] = "128"; }, absl::StatusCode::kInvalidArgument,
+        "weight_block_size"}},
+      {true,
+       {[&](Json& j) { q(j)["scale_fmt"] = "fp16"; }, absl::StatusCode::kUnimplemented,
+        "scale_fmt"}},
+      {true,
+       {[&](Json& j) { q(j)["modules_to_not_convert"] = {1}; }, absl::StatusCode::kInvalidArgument,
+        "modules_to_not_convert"}},
+      {false,
+       {[&](Json& j) { q(j)["format"] = "pack-quantized"; }, absl::StatusCode::kUnimplemented,
+        "pack-quantized"}},
+      {false,
+       {[&](Json& j) { g(j)["weights"]["strategy"] = "tensor"; }, absl::StatusCode::kUnimplemented,
+        "strategy"}},
+      {false,
+       {[&](Json& j) { g(j)["weights"]["num_bits"] = 4; }, absl::StatusCode::kUnimplemented,
+        "num_bits"}},
+      {false,
+       {[&](Json& j) { g(j)["input_activations"]["dynamic"] = false; },
+        absl::StatusCode::kUnimplemented, "dynamic"}},
+      {false,
+       {[&](Json& j) { g(j)["targets"] = {"re:.*down_proj"}; }, absl::StatusCode::kUnimplemented,
+        "targets"}},
+      {false,
+       {[&](Json& j) { q(j)["ignore"] = {"re:(unclosed"}; }, absl::StatusCode::kInvalidArgument,
+        "regular expression"}},
+      {false,
+       {[&](Json& j) { q(j)["quantization_status"] = "frozen"; }, absl::StatusCode::kUnimplemented,
+        "frozen"}},
+      {false,
+       {[&](Json& j) {
+          q(j)["kv_cache_scheme"] = Json::object({{"num_bits", 8}});
+        },
+        absl::StatusCode::kUnimplemented, "kv_cache_scheme"}},
   };
   for (const auto& [block, c] : cases) {
     Json j = block ? BlockConfig() : ChannelConfig();
@@ -273,7 +293,8 @@ TEST_F(Fp8CheckpointTest, FixturesLoadAsFp8WithCutShortBlocks) {
   const auto* codes = static_cast<const uint8_t*>(q.data);
   for (int64_t r : {0, 127, 128, 159}) {
     for (int64_t c : {0, 127, 128, 159}) {
-      EXPECT_EQ(panel[r * 160 + c], E4m3ToFloat(codes[r * 160 + c]) * q.scales[(r / 128) * 2 + c / 128]);
+      EXPECT_EQ(panel[r * 160 + c],
+                E4m3ToFloat(codes[r * 160 + c]) * q.scales[(r / 128) * 2 + c / 128]);
     }
   }
   Copy("fp8_channel_fp32", nullptr);
@@ -297,7 +318,8 @@ TEST_F(Fp8CheckpointTest, ScaleShapeDtypeAndValuesAreValidated) {
   ExpectError(absl::StatusCode::kInvalidArgument, "weight_scale_inv' has shape [3, 3]");
 
   Copy("fp8_block_fp32", [](std::vector<Owned>& ts) {
-    ts.erase(std::find_if(ts.begin(), ts.end(), [](const Owned& t) { return t.name == kQScaleInv; }));
+    ts.erase(
+        std::find_if(ts.begin(), ts.end(), [](const Owned& t) { return t.name == kQScaleInv; }));
   });
   ExpectError(absl::StatusCode::kNotFound, kQScaleInv);
 
@@ -316,8 +338,7 @@ TEST_F(Fp8CheckpointTest, ScaleShapeDtypeAndValuesAreValidated) {
   }
 
   // scale_fmt ue8m0 requires powers of two.
-  Copy("fp8_block_fp32", nullptr,
-       [](Json& c) { c["quantization_config"]["scale_fmt"] = "ue8m0"; });
+  Copy("fp8_block_fp32", nullptr, [](Json& c) { c["quantization_config"]["scale_fmt"] = "ue8m0"; });
   ExpectError(absl::StatusCode::kInvalidArgument, "not a power of two");
 
   // Per-channel scales: [out, 1].

@@ -60,8 +60,12 @@ struct Fp8Pair {
     host.scale_block_cols = static_cast<int32_t>(bc);
     d_codes = Upload(codes);
     d_scales = Upload(scales);
-    device = {static_cast<const uint8_t*>(d_codes.get()), static_cast<const float*>(d_scales.get()),
-              rows, cols, br, bc};
+    device = {static_cast<const uint8_t*>(d_codes.get()),
+              static_cast<const float*>(d_scales.get()),
+              rows,
+              cols,
+              br,
+              bc};
   }
 };
 
