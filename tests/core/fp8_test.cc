@@ -217,6 +217,41 @@ TEST(Fp8SchemeTest, RefusesOtherMethodsByName) {
   }
 }
 
+// A safetensors image: 8-byte length, the header, `data_bytes` zero bytes.
+std::string Image(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST(Fp8SafetensorsTest, HostileFp8HeadersAreRefused) {
+  // One byte per F8 element: 4x4 needs 16 bytes, not 15 or 32.
+  for (const char* offsets : {"[0, 15]", "[0, 32]"}) {
+    const std::string img =
+        Image(std::string(R"({"w": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": )") +
+                  offsets + "}}",
+              32);
+    absl::StatusOr<std::vector<TensorInfo>> t = ParseSafetensors(img.data(), img.size(), "x");
+    EXPECT_FALSE(t.ok()) << offsets;
+  }
+  const std::string ok = Image(
+      R"({"w": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [0, 16]},
+          "s": {"dtype": "F8_E8M0", "shape": [1, 1], "data_offsets": [16, 17]}})",
+      17);
+  absl::StatusOr<std::vector<TensorInfo>> t = ParseSafetensors(ok.data(), ok.size(), "x");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)[0].dtype, DType::kF8E4M3);
+  EXPECT_EQ((*t)[0].num_elements(), 16);
+  EXPECT_EQ((*t)[1].dtype, DType::kF8E8M0);
+  // Other 8-bit float formats are named and refused.
+  const std::string e5m2 =
+      Image(R"({"w": {"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}})", 2);
+  t = ParseSafetensors(e5m2.data(), e5m2.size(), "x");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("F8_E5M2"), std::string::npos) << t.status();
+}
+
 // --- hostile checkpoints: the golden fixtures, edited ---
 
 class Fp8CheckpointTest : public ::testing::Test {
