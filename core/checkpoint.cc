@@ -466,6 +466,15 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   return w;
 }
 
+RandomFp8Stream RandomFp8StreamFor(const std::string& name, const RandomWeightOptions& options) {
+  // The same expressions as RandomWeights below.
+  const float scale =
+      static_cast<float>(options.stddev / std::sqrt((65536.0 * 65536.0 - 1.0) / 3.0));
+  const float fp8_scale = static_cast<float>(scale * 2.0 * 65535.0 / 448.0);
+  return {Mix64(options.seed ^ Mix64(HashName(name))), fp8_scale > 0 ? scale / fp8_scale : 0.0f,
+          fp8_scale};
+}
+
 absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
                                            const RandomWeightOptions& options, LayerSpan span) {
   RETURN_IF_ERROR(ValidateConfig(config));

@@ -87,7 +87,41 @@ __global__ void __launch_bounds__(kTile* kTileRows)
   }
 }
 
+// FloatToE4m3 (core/dtype.cc), the same bit operations: round to nearest even, saturating.
+__device__ __forceinline__ uint8_t ToE4m3(float f) {
+  if (f != f) return 0x7f;
+  const uint8_t sign = (__float_as_uint(f) >> 31) != 0 ? 0x80 : 0x00;
+  const float a = fminf(fabsf(f), 448.0f);
+  if (a < 0.015625f) return static_cast<uint8_t>(sign | static_cast<uint8_t>(rintf(a * 512.0f)));
+  uint32_t bits = __float_as_uint(a);
+  bits += 0x7ffffu + ((bits >> 20) & 1u);
+  return static_cast<uint8_t>(sign | (((bits >> 23) - 120u) << 3) | ((bits >> 20) & 7u));
+}
+
+// RandomWeights' generator (core/checkpoint.cc: splitmix64 output, Irwin-Hall sum of four
+// 16-bit fields), element by element: the device fills a preset's FP8 matrices itself.
+__global__ void RandomFp8Kernel(uint8_t* __restrict__ codes, int64_t n, uint64_t key,
+                                float value_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = key + static_cast<uint64_t>(i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const int64_t sum = static_cast<int64_t>((z & 0xffff) + ((z >> 16) & 0xffff) +
+                                             ((z >> 32) & 0xffff) + (z >> 48));
+    codes[i] = ToE4m3(static_cast<float>(sum - 2 * 65535) * value_scale);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
+                            cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  RandomFp8Kernel<<<GridStrideBlocks(n, 256), 256, 0, stream>>>(codes, n, key, value_scale);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFp8Linear(const float* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
                             cudaStream_t stream) {

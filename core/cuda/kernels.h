@@ -48,6 +48,12 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
                              const Fp8DeviceMatrix* experts, int64_t num_experts, float* y,
                              cudaStream_t stream);
 
+// codes[i] for i < n: the e4m3 values RandomWeights gives an FP8 preset's matrix
+// (core/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
+// device so that a big preset needs no host copy.
+cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
+                            cudaStream_t stream);
+
 // ---- norm.cu --------------------------------------------------------------------------
 // For each output row r (source row i = row_index ? row_index[r] : r):
 //   if delta: h[i] += delta[i] (written back, fp32)

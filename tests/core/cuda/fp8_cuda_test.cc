@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/checkpoint.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/ops/linear.h"
@@ -92,6 +93,28 @@ TEST(Fp8CudaTest, LinearMatchesTheCpuFp8Path) {
     const std::vector<float> got = Download(dy, want.size());
     for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
     EXPECT_LT(RelativeError(got, want), 1e-5) << s.n << "x" << s.k << " m=" << s.m;
+  }
+}
+
+TEST(Fp8CudaTest, RandomFp8OnTheDeviceEqualsTheHostPreset) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<ModelWeights> w = LoadModel("tiny-fp8");
+  ASSERT_TRUE(w.ok()) << w.status();
+  RandomWeightOptions options;  // LoadModel's defaults: seed 0, stddev 0.02
+  for (const auto& [name, m] : std::vector<std::pair<std::string, const Matrix*>>{
+           {"model.layers.0.self_attn.q_proj.weight", &w->layers[0].attn.q_proj},
+           {"model.layers.1.mlp.experts.5.down_proj.weight", &w->layers[1].moe.experts[5].down}}) {
+    const RandomFp8Stream stream = RandomFp8StreamFor(name, options);
+    EXPECT_EQ(m->scales[0], stream.fp8_scale) << name;
+    const int64_t n = m->rows * m->cols;
+    absl::StatusOr<DeviceBuffer> codes = DeviceBuffer::Create(n);
+    ASSERT_TRUE(codes.ok());
+    ASSERT_EQ(LaunchRandomFp8(codes->as<uint8_t>(), n, stream.key, stream.value_scale, nullptr),
+              cudaSuccess);
+    ASSERT_TRUE(SynchronizeDevice().ok());
+    std::vector<uint8_t> got(n);
+    ASSERT_TRUE(CopyToHost(got.data(), codes->get(), n).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), m->data, n)) << name;
   }
 }
 
