@@ -537,8 +537,12 @@ TEST(Fp8KernelTest, Avx512WideningGivesThePortableValuesForEveryCode) {
     Linear(x.data(), 3, dense, nullptr, want.data());
     for (int i = 0; i < 6; ++i) {
       EXPECT_EQ(std::isnan(fast[i]), std::isnan(want[i])) << i;  // NaN codes decode to NaN
-      if (!std::isnan(want[i])) EXPECT_EQ(fast[i], want[i]) << i;
-      if (!with_nan) EXPECT_TRUE(std::isfinite(fast[i])) << i;
+      if (!std::isnan(want[i])) {
+        EXPECT_EQ(fast[i], want[i]) << i;
+      }
+      if (!with_nan) {
+        EXPECT_TRUE(std::isfinite(fast[i])) << i;
+      }
     }
   }
 }
