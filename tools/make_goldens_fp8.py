@@ -3,9 +3,9 @@
 
 Run by hand, never by CI (torch + transformers, tools/requirements-goldens.txt):
 
-    python3 -m venv /work/venv-i14
-    /work/venv-i14/bin/pip install -r tools/requirements-goldens.txt
-    nice /work/venv-i14/bin/python tools/make_goldens_fp8.py
+    python3 -m venv /tmp/gvenv
+    /tmp/gvenv/bin/pip install -r tools/requirements-goldens.txt
+    nice /tmp/gvenv/bin/python tools/make_goldens_fp8.py
 
 For each case it builds a tiny random Glm4MoeForCausalLM exactly as
 tools/make_goldens.py does (its functions are imported, not copied), with
