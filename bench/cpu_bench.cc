@@ -146,14 +146,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<glmserve::ModelWeights> weights = glmserve::RandomWeights(*config);
+  // "-fp8" presets: e4m3 linear layers with per-channel scales (docs/fp8.md).
+  glmserve::RandomWeightOptions random;
+  if (glmserve::PresetIsFp8(absl::GetFlag(FLAGS_preset))) random.dtype = glmserve::DType::kF8E4M3;
+  absl::StatusOr<glmserve::ModelWeights> weights = glmserve::RandomWeights(*config, random);
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
     return 1;
   }
-  std::printf("model: %s (%s)\n       %.2f GB bf16 weights, generated in %.1f s\n",
+  std::printf("model: %s (%s)\n       %.2f GB %s weights, generated in %.1f s\n",
               absl::GetFlag(FLAGS_preset).c_str(), glmserve::DescribeConfig(*config).c_str(),
-              weights->ParameterBytes() / 1e9, Since(t_load));
+              weights->ParameterBytes() / 1e9,
+              std::string(glmserve::DTypeName(weights->weight_dtype)).c_str(), Since(t_load));
 
   std::printf("\n| mode | phase | time | tokens/s | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|---|\n");

@@ -17,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/file_io.h"
+#include "core/fp8.h"
 #include "core/parallel.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
@@ -61,9 +63,17 @@ float ReadUnaligned(const void* data, DType dtype, int64_t i) {
     std::memcpy(&f, p, sizeof f);
     return f;
   }
+  if (DTypeSize(dtype) == 1) return LoadAsFloat(p, dtype, 0);
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
   return dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+// The matrices FP8 checkpoints keep unquantized whatever their config says: the embedding
+// (a row gather), the routers (fp32 math by definition) and the head.
+bool IsUnquantizedMatrix(const std::string& name) {
+  return name == "model.embed_tokens.weight" || name == "lm_head.weight" ||
+         absl::EndsWith(name, ".mlp.gate.weight");
 }
 
 // Parses "model.layers.<N>.<rest>"; false for any other name.
@@ -81,8 +91,9 @@ bool ParseLayerName(const std::string& name, int64_t* layer) {
 
 class CheckpointLoader {
  public:
-  CheckpointLoader(const std::string& dir, const TensorStore& store, ModelWeights* w)
-      : dir_(dir), store_(store), w_(w) {}
+  CheckpointLoader(const std::string& dir, const TensorStore& store, const Fp8Scheme& fp8,
+                   ModelWeights* w)
+      : dir_(dir), store_(store), fp8_(fp8), w_(w) {}
 
   absl::Status Load() {
     for (const WeightSlot& slot : ListWeightSlots(w_)) {
@@ -142,13 +153,79 @@ class CheckpointLoader {
       if (store_.Find(fused) != nullptr) return FillFusedExpert(slot);
     }
     ASSIGN_OR_RETURN(const TensorInfo* t, Get(slot.name, slot.shape));
+    if (t->dtype == DType::kF8E8M0 || (t->dtype == DType::kF8E4M3 && slot.matrix == nullptr)) {
+      return Error(absl::StrCat("tensor '", slot.name, "' is ", std::string(DTypeName(t->dtype)),
+                                ": only linear layers' weights may be FP8 (docs/fp8.md)"));
+    }
     if (slot.matrix != nullptr) {
+      if (t->dtype == DType::kF8E4M3) return SetFp8Matrix(slot, t);
       return SetMatrix(t, 0, slot.shape[0], slot.shape[1], slot.matrix);
     }
     slot.vector->resize(static_cast<size_t>(slot.shape[0]));
     for (int64_t i = 0; i < slot.shape[0]; ++i) {
       (*slot.vector)[static_cast<size_t>(i)] = ReadUnaligned(t->data, t->dtype, i);
     }
+    return absl::OkStatus();
+  }
+
+  // An F8_E4M3 weight and its scale tensor (core/fp8.h): the codes stay in the mapping, one
+  // byte per weight; the scales, a few per thousand weights, are widened to fp32 into a buffer
+  // of their own after their shape, dtype and values are checked.
+  absl::Status SetFp8Matrix(const WeightSlot& slot, const TensorInfo* t) {
+    const std::string module = slot.name.substr(0, slot.name.size() - 7);  // less ".weight"
+    if (!fp8_.quantized()) {
+      return Error(absl::StrCat("tensor '", slot.name,
+                                "' is F8_E4M3 but config.json has no quantization_config"));
+    }
+    if (slot.name != "lm_head.weight" && IsUnquantizedMatrix(slot.name)) {
+      return Error(
+          absl::StrCat("tensor '", slot.name,
+                       "' is F8_E4M3: the embedding and the router must stay unquantized"));
+    }
+    if (fp8_.KeepsUnquantized(module)) {
+      return Error(absl::StrCat("tensor '", slot.name,
+                                "' is F8_E4M3 but quantization_config "
+                                "lists '",
+                                module, "' as kept unquantized"));
+    }
+    const int64_t rows = slot.shape[0], cols = slot.shape[1];
+    const int64_t br = fp8_.block_rows, bc = fp8_.per_channel() ? cols : fp8_.block_cols;
+    const std::vector<int64_t> scale_shape = {(rows + br - 1) / br, (cols + bc - 1) / bc};
+    const std::string scale_name = module + "." + fp8_.scale_suffix();
+    ASSIGN_OR_RETURN(const TensorInfo* s, Get(scale_name, scale_shape));
+    const bool e8m0 = s->dtype == DType::kF8E8M0;
+    if (s->dtype == DType::kF8E4M3 || (e8m0 && fp8_.kind != Fp8Scheme::Kind::kBlockFp8)) {
+      return Error(absl::StrCat("scale tensor '", scale_name, "' is ",
+                                std::string(DTypeName(s->dtype)), ", expected F32, BF16 or F16",
+                                fp8_.kind == Fp8Scheme::Kind::kBlockFp8 ? " or F8_E8M0" : ""));
+    }
+    const int64_t n = scale_shape[0] * scale_shape[1];
+    std::shared_ptr<void> buffer = AllocateAligned(static_cast<size_t>(n) * sizeof(float));
+    if (buffer == nullptr) return absl::ResourceExhaustedError("out of memory for " + scale_name);
+    float* scales = static_cast<float*>(buffer.get());
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = ReadUnaligned(s->data, s->dtype, i);
+      // A negative, NaN or infinite scale corrupts every weight of its block: refused here,
+      // whatever --verify_weights says, as the scales are tiny to check.
+      if (!(v >= 0.0f) || std::isinf(v)) {
+        return Error(absl::StrCat("scale tensor '", scale_name, "' element ", i, " is ", v,
+                                  ": scales must be finite and >= 0"));
+      }
+      int exponent = 0;
+      if (fp8_.ue8m0 && v != 0.0f && std::frexp(v, &exponent) != 0.5f) {
+        return Error(absl::StrCat("scale tensor '", scale_name, "' element ", i, " is ", v,
+                                  ", not a power of two as scale_fmt 'ue8m0' requires"));
+      }
+      scales[i] = v;
+    }
+    w_->storage.push_back(buffer);
+    Matrix m{DType::kF8E4M3, rows, cols, t->data};
+    m.format = WeightFormat::kFp8Scaled;
+    m.scales = scales;
+    m.scale_block_rows = static_cast<int32_t>(br);
+    m.scale_block_cols = static_cast<int32_t>(std::min<int64_t>(bc, INT32_MAX));
+    *slot.matrix = m;
+    w_->linear_format = WeightFormat::kFp8Scaled;
     return absl::OkStatus();
   }
 
@@ -161,10 +238,22 @@ class CheckpointLoader {
     if (slot.part == ExpertPart::kDown) {
       absl::StatusOr<const TensorInfo*> t = Get(prefix + "down_proj", {n, h, width});
       if (!t.ok()) return t.status();
+      if (DTypeSize((*t)->dtype) == 1) {
+        return absl::UnimplementedError(
+            absl::StrCat("checkpoint ", dir_,
+                         ": fused expert tensors in FP8 are not supported; FP8 "
+                         "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
+      }
       return SetMatrix(*t, slot.expert * h * width, h, width, slot.matrix);
     }
     absl::StatusOr<const TensorInfo*> t = Get(prefix + "gate_up_proj", {n, 2 * width, h});
     if (!t.ok()) return t.status();
+    if (DTypeSize((*t)->dtype) == 1) {
+      return absl::UnimplementedError(
+          absl::StrCat("checkpoint ", dir_,
+                       ": fused expert tensors in FP8 are not supported; FP8 "
+                       "checkpoints store experts one matrix per tensor (docs/fp8.md)"));
+    }
     const int64_t row = slot.expert * 2 * width + (slot.part == ExpertPart::kUp ? width : 0);
     return SetMatrix(*t, row * h, width, h, slot.matrix);
   }
@@ -183,6 +272,7 @@ class CheckpointLoader {
     if (name == "model.embed_tokens.weight") return true;  // consumed whenever needed
     if (name == "model.norm.weight") return !has_head;
     if (name == "lm_head.weight") return !has_head;
+    if (name == "lm_head.weight_scale" || name == "lm_head.weight_scale_inv") return !has_head;
     return false;
   }
 
@@ -200,6 +290,7 @@ class CheckpointLoader {
 
   const std::string& dir_;
   const TensorStore& store_;
+  const Fp8Scheme& fp8_;
   ModelWeights* w_;
 
  public:
@@ -254,6 +345,11 @@ void RunFillJob(const FillJob& job) {
         break;
       case DType::kF16:
         static_cast<uint16_t*>(job.dst)[i] = FloatToF16(v);
+        break;
+      case DType::kF8E4M3:  // job.scale folds in 1 / the matrix's FP8 scale
+        static_cast<uint8_t*>(job.dst)[i] = FloatToE4m3(v);
+        break;
+      case DType::kF8E8M0:
         break;
     }
   }
@@ -339,6 +435,16 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
                                             const LoadProgressCallback& progress) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadConfigFile(dir + "/config.json"));
   ASSIGN_OR_RETURN(LayerSpan resolved, ResolveLayerSpan(config, span));
+  Fp8Scheme fp8;
+  {
+    ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(dir + "/config.json", 1 << 20));
+    absl::StatusOr<Fp8Scheme> parsed = ParseFp8Scheme(text);
+    if (!parsed.ok()) {
+      return absl::Status(parsed.status().code(),
+                          absl::StrCat(dir, "/config.json: ", parsed.status().message()));
+    }
+    fp8 = *std::move(parsed);
+  }
   ASSIGN_OR_RETURN(TensorStore store, TensorStore::Open(dir));
 
   ModelWeights w;
@@ -348,7 +454,7 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   w.head_stored_despite_tie = config.tie_word_embeddings &&
                               resolved.end == config.num_hidden_layers &&
                               store.Find("lm_head.weight") != nullptr;
-  CheckpointLoader loader(dir, store, &w);
+  CheckpointLoader loader(dir, store, fp8, &w);
   RETURN_IF_ERROR(loader.Load());
   if (progress) {
     std::vector<const TensorInfo*> used;
@@ -358,6 +464,15 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   FinishWeights(&w);
   for (std::shared_ptr<const void>& owner : store.Owners()) w.storage.push_back(owner);
   return w;
+}
+
+RandomFp8Stream RandomFp8StreamFor(const std::string& name, const RandomWeightOptions& options) {
+  // The same expressions as RandomWeights below.
+  const float scale =
+      static_cast<float>(options.stddev / std::sqrt((65536.0 * 65536.0 - 1.0) / 3.0));
+  const float fp8_scale = static_cast<float>(scale * 2.0 * 65535.0 / 448.0);
+  return {Mix64(options.seed ^ Mix64(HashName(name))), fp8_scale > 0 ? scale / fp8_scale : 0.0f,
+          fp8_scale};
 }
 
 absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
@@ -373,14 +488,34 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   PrepareWeights(config, resolved.begin, resolved.end, &w);
   const std::vector<WeightSlot> slots = ListWeightSlots(&w);
 
-  // One arena for every matrix, each at a 64-byte aligned offset.
-  const int64_t element_size = DTypeSize(options.dtype);
-  std::vector<int64_t> offsets(slots.size(), -1);
+  // FP8 presets (docs/fp8.md): the linear layers as e4m3 with one fp32 scale per output
+  // channel (the released GLM-4.5-FP8 form), the embedding, routers and head in bf16.
+  const bool fp8 = options.dtype == DType::kF8E4M3;
+  if (fp8 && config.is_mla()) {
+    return absl::UnimplementedError("FP8 random weights for GLM-5 (MLA) are not supported");
+  }
+  if (options.dtype == DType::kF8E8M0) {
+    return absl::InvalidArgumentError("F8_E8M0 is a scale format, not a weight dtype");
+  }
+  const auto slot_dtype = [&](const WeightSlot& slot) {
+    return fp8 && !IsUnquantizedMatrix(slot.name) ? DType::kF8E4M3
+           : fp8                                  ? DType::kBF16
+                                                  : options.dtype;
+  };
+
+  // One arena for every matrix, each at a 64-byte aligned offset; FP8 scales after them.
+  std::vector<int64_t> offsets(slots.size(), -1), scale_offsets(slots.size(), -1);
   int64_t total = 0;
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].matrix == nullptr) continue;
     offsets[i] = total;
-    total += (slots[i].shape[0] * slots[i].shape[1] * element_size + 63) / 64 * 64;
+    total +=
+        (slots[i].shape[0] * slots[i].shape[1] * DTypeSize(slot_dtype(slots[i])) + 63) / 64 * 64;
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].matrix == nullptr || slot_dtype(slots[i]) != DType::kF8E4M3) continue;
+    scale_offsets[i] = total;
+    total += (slots[i].shape[0] * int64_t{sizeof(float)} + 63) / 64 * 64;
   }
   std::shared_ptr<void> arena = AllocateAligned(static_cast<size_t>(total));
   if (arena == nullptr) {
@@ -395,6 +530,9 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   // Unit variance: four uniforms on {0..65535} have variance 4 * (65536^2 - 1) / 12.
   const float scale =
       static_cast<float>(options.stddev / std::sqrt((65536.0 * 65536.0 - 1.0) / 3.0));
+  // FP8: every row's scale maps the sum's largest magnitude (2 * 65535, +-3.46 sigma) to 448,
+  // the largest e4m3 value, as an amax / 448 quantizer would.
+  const float fp8_scale = static_cast<float>(scale * 2.0 * 65535.0 / 448.0);
   std::vector<FillJob> jobs;
   for (size_t i = 0; i < slots.size(); ++i) {
     const WeightSlot& slot = slots[i];
@@ -404,11 +542,23 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
       continue;
     }
     const int64_t rows = slot.shape[0], cols = slot.shape[1];
-    *slot.matrix = Matrix{options.dtype, rows, cols, base + offsets[i]};
+    const DType dtype = slot_dtype(slot);
+    *slot.matrix = Matrix{dtype, rows, cols, base + offsets[i]};
+    float job_scale = scale;
+    if (dtype == DType::kF8E4M3) {
+      float* scales = reinterpret_cast<float*>(base + scale_offsets[i]);
+      std::fill_n(scales, rows, fp8_scale);
+      slot.matrix->format = WeightFormat::kFp8Scaled;
+      slot.matrix->scales = scales;
+      slot.matrix->scale_block_rows = 1;
+      slot.matrix->scale_block_cols = static_cast<int32_t>(cols);
+      job_scale = fp8_scale > 0 ? scale / fp8_scale : 0.0f;
+      w.linear_format = WeightFormat::kFp8Scaled;
+    }
     const uint64_t key = Mix64(options.seed ^ Mix64(HashName(slot.name)));
     for (int64_t first = 0; first < rows * cols; first += kChunk) {
-      jobs.push_back({key, base + offsets[i], options.dtype, first,
-                      std::min(kChunk, rows * cols - first), scale});
+      jobs.push_back(
+          {key, base + offsets[i], dtype, first, std::min(kChunk, rows * cols - first), job_scale});
     }
   }
   ParallelFor(static_cast<int64_t>(jobs.size()), 1, [&jobs](int64_t begin, int64_t end) {
@@ -434,6 +584,11 @@ absl::StatusOr<ModelWeights> LoadModel(const std::string& dir_or_preset, LayerSp
     return weights;
   }
   absl::StatusOr<ModelConfig> preset = PresetConfig(dir_or_preset);
+  if (preset.ok() && PresetIsFp8(dir_or_preset)) {
+    RandomWeightOptions fp8 = random_options;
+    fp8.dtype = DType::kF8E4M3;
+    return RandomWeights(*preset, fp8, span);
+  }
   if (preset.ok()) return RandomWeights(*preset, random_options, span);
   if (preset.status().code() != absl::StatusCode::kNotFound) return preset.status();
   const std::string what = is_dir                  ? "is a directory without config.json"

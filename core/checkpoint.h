@@ -59,6 +59,17 @@ struct RandomWeightOptions {
   DType dtype = DType::kBF16;  // dtype of the large matrices
   double stddev = 0.02;
 };
+// What RandomWeights fills an FP8 matrix named `name` with, for generators elsewhere (the
+// device, core/cuda/kernels.h's LaunchRandomFp8): element i is FloatToE4m3(v * value_scale)
+// where v = (sum of the four 16-bit fields of Mix64(key + (i + 1) * 0x9e3779b97f4a7c15))
+// - 2 * 65535, and every row's scale is `fp8_scale`.
+struct RandomFp8Stream {
+  uint64_t key = 0;
+  float value_scale = 0;
+  float fp8_scale = 0;
+};
+RandomFp8Stream RandomFp8StreamFor(const std::string& name, const RandomWeightOptions& options);
+
 absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
                                            const RandomWeightOptions& options = {},
                                            LayerSpan span = {});

@@ -29,6 +29,9 @@ const char* TorchDTypeName(DType t) {
       return "bfloat16";
     case DType::kF16:
       return "float16";
+    case DType::kF8E4M3:  // FP8 checkpoints: the dtype of the modules kept unquantized
+    case DType::kF8E8M0:
+      return "bfloat16";
   }
   return "bfloat16";
 }
@@ -63,8 +66,74 @@ absl::Status ShapeError(const std::string& name, const std::vector<int64_t>& exp
                                                  ShapeToString(expected)));
 }
 
+// How FP8 weights are written (docs/fp8.md): per-channel scales as compressed-tensors
+// (GLM-4.5-FP8's form), block scales as quant_method fp8 with weight_block_size. Every FP8
+// matrix must share one scale layout; the dense linear layers are listed as kept unquantized.
+struct Fp8Layout {
+  bool any = false;
+  bool per_channel = false;
+  int64_t block_rows = 0, block_cols = 0;
+  std::vector<std::string> unquantized;  // module names of the dense linear layers
+};
+
+absl::StatusOr<Fp8Layout> FindFp8Layout(ModelWeights* w) {
+  Fp8Layout layout;
+  for (const WeightSlot& slot : ListWeightSlots(w)) {
+    if (slot.matrix == nullptr || slot.matrix->format != WeightFormat::kFp8Scaled) continue;
+    const Matrix& m = *slot.matrix;
+    const bool channel = m.scale_block_rows == 1 && m.scale_block_cols == m.cols;
+    if (!layout.any) {
+      layout = {true, channel, m.scale_block_rows, m.scale_block_cols, {}};
+    } else if (channel != layout.per_channel ||
+               (!channel && (m.scale_block_rows != layout.block_rows ||
+                             m.scale_block_cols != layout.block_cols))) {
+      return absl::UnimplementedError(
+          absl::StrCat("cannot save '", slot.name, "': FP8 matrices with different scale layouts"));
+    }
+  }
+  if (!layout.any) return layout;
+  for (const WeightSlot& slot : ListWeightSlots(w)) {
+    if (slot.matrix == nullptr || slot.matrix->format == WeightFormat::kFp8Scaled) continue;
+    if (slot.name == "model.embed_tokens.weight") continue;                   // not a linear layer
+    layout.unquantized.push_back(slot.name.substr(0, slot.name.size() - 7));  // less ".weight"
+  }
+  return layout;
+}
+
+Json Fp8QuantizationConfig(const Fp8Layout& l) {
+  if (!l.per_channel) {
+    return {{"quant_method", "fp8"},
+            {"fmt", "e4m3"},
+            {"activation_scheme", "dynamic"},
+            {"weight_block_size", {l.block_rows, l.block_cols}},
+            {"modules_to_not_convert", l.unquantized}};
+  }
+  const Json weights = {{"num_bits", 8},
+                        {"type", "float"},
+                        {"symmetric", true},
+                        {"strategy", "channel"},
+                        {"dynamic", false}};
+  const Json inputs = {{"num_bits", 8},
+                       {"type", "float"},
+                       {"symmetric", true},
+                       {"strategy", "token"},
+                       {"dynamic", true}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"kv_cache_scheme", nullptr},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights", weights},
+              {"input_activations", inputs},
+              {"output_activations", nullptr}}}}},
+          {"ignore", l.unquantized}};
+}
+
 // The tensors of the weights in checkpoint form: one per slot, or per layer for fused experts.
-absl::StatusOr<std::vector<TensorToWrite>> CollectTensors(ModelWeights* w, bool fused) {
+absl::StatusOr<std::vector<TensorToWrite>> CollectTensors(ModelWeights* w, bool fused,
+                                                          const Fp8Layout& fp8) {
   std::vector<TensorToWrite> out;
   // layer -> (gate_up pieces, down pieces), in expert order.
   std::map<int64_t, TensorToWrite> gate_up, down;
@@ -79,6 +148,16 @@ absl::StatusOr<std::vector<TensorToWrite>> CollectTensors(ModelWeights* w, bool 
     const Matrix& m = *slot.matrix;
     const std::vector<int64_t> actual = {m.rows, m.cols};
     if (m.empty() || actual != slot.shape) return ShapeError(slot.name, slot.shape, actual);
+    if (m.format == WeightFormat::kFp8Scaled) {
+      // Codes, then the fp32 scales under the form's name.
+      out.push_back({slot.name, DType::kF8E4M3, slot.shape, {{m.data, m.rows * m.cols}}});
+      const std::string module = slot.name.substr(0, slot.name.size() - 7);
+      out.push_back({module + (fp8.per_channel ? ".weight_scale" : ".weight_scale_inv"),
+                     DType::kF32,
+                     {m.scale_rows(), m.scale_cols()},
+                     {{m.scales, m.scale_rows() * m.scale_cols() * int64_t{sizeof(float)}}}});
+      continue;
+    }
     if (!fused || slot.expert < 0) {
       out.push_back({slot.name, m.dtype, slot.shape, {{m.data, m.bytes()}}});
       continue;
@@ -129,7 +208,7 @@ std::string ConfigToJson(const ModelConfig& c, DType dtype) {
 
 absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
                             const SaveCheckpointOptions& options) {
-  if (weights.linear_format != WeightFormat::kDense) {
+  if (weights.linear_format == WeightFormat::kInt8Groups) {
     return absl::FailedPreconditionError(
         "weights quantized at load cannot be saved as a checkpoint; save before quantizing");
   }
@@ -137,14 +216,20 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.
   ModelWeights copy = weights;
-  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
-                   CollectTensors(&copy, options.fused_experts));
-  RETURN_IF_ERROR(MakeDirectories(dir));
-  if (absl::Status s =
-          WriteTextFile(dir + "/config.json", ConfigToJson(weights.config, weights.weight_dtype));
-      !s.ok()) {
-    return s;
+  ASSIGN_OR_RETURN(const Fp8Layout fp8, FindFp8Layout(&copy));
+  if (fp8.any && options.fused_experts) {
+    return absl::UnimplementedError("FP8 checkpoints are written with per-expert tensors only");
   }
+  ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                   CollectTensors(&copy, options.fused_experts, fp8));
+  RETURN_IF_ERROR(MakeDirectories(dir));
+  std::string config_text = ConfigToJson(weights.config, weights.weight_dtype);
+  if (fp8.any) {
+    Json j = Json::parse(config_text);
+    j["quantization_config"] = Fp8QuantizationConfig(fp8);
+    config_text = j.dump(2) + "\n";
+  }
+  RETURN_IF_ERROR(WriteTextFile(dir + "/config.json", config_text));
   // A leftover file of the other layout would shadow or confuse the new one on load.
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -567,8 +568,16 @@ struct Preset {
   ModelConfig (*make)();
 };
 constexpr Preset kPresets[] = {
-    {"glm-4.5", Glm45}, {"glm-4.5-air", Glm45Air}, {"glm-4.5-mini", Glm45Mini},
-    {"tiny", Tiny},     {"glm-5", Glm5},           {"tiny-glm5", TinyGlm5},
+    {"glm-4.5", Glm45},
+    {"glm-4.5-air", Glm45Air},
+    {"glm-4.5-mini", Glm45Mini},
+    {"tiny", Tiny},
+    {"glm-5", Glm5},
+    {"tiny-glm5", TinyGlm5},
+    // The FP8 releases' shapes are the bf16 ones; PresetIsFp8 makes their weights e4m3.
+    {"glm-4.5-fp8", Glm45},
+    {"glm-4.5-air-fp8", Glm45Air},
+    {"tiny-fp8", Tiny},
 };
 
 }  // namespace
@@ -577,6 +586,11 @@ std::vector<std::string> PresetNames() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   return names;
+}
+
+bool PresetIsFp8(absl::string_view spec) {
+  const absl::string_view name = spec.substr(0, spec.find(':'));
+  return absl::EndsWith(name, "-fp8");
 }
 
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec) {

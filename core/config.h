@@ -167,6 +167,11 @@ absl::Status ValidateConfig(const ModelConfig& config);
 // two layers (and the first two entries of the per-layer lists).
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view spec);
 
+// Whether a preset spec names an FP8 preset ("glm-4.5-air-fp8", "glm-4.5-fp8", "tiny-fp8":
+// the shapes of their bf16 namesakes, random weights in e4m3 with per-channel scales; the
+// embedding, routers and head bf16). LoadModel and the benches generate them so.
+bool PresetIsFp8(absl::string_view spec);
+
 // Names of the presets PresetConfig accepts (without options).
 std::vector<std::string> PresetNames();
 

@@ -44,6 +44,12 @@ std::string CpuModel::compute_description() const {
                         ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
                         std::string(DTypeName(weights_.weight_dtype)), ")");
   }
+  if (weights_.linear_format == WeightFormat::kFp8Scaled) {
+    // FP8 matrices always run the exact arithmetic (linear.h); the unquantized rest as math_.
+    return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
+                        ", FP8 e4m3 weights widened exactly (kernel ",
+                        LinearKernelName(CpuMath::kExact), ")");
+  }
   return absl::StrCat(
       "cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
       math_ == CpuMath::kBf16 && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");

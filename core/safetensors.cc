@@ -34,6 +34,8 @@ absl::StatusOr<DType> ParseDType(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
+  if (s == "F8_E4M3") return DType::kF8E4M3;  // FP8 checkpoints' weights (docs/fp8.md)
+  if (s == "F8_E8M0") return DType::kF8E8M0;  // UE8M0 block scales
   return absl::InvalidArgumentError(s);
 }
 
@@ -73,7 +75,8 @@ absl::Status ParseEntry(const std::string& name, const Json& entry, uint64_t dat
   const std::string dtype_name = dtype_it->get<std::string>();
   absl::StatusOr<DType> dtype = ParseDType(dtype_name);
   if (!dtype.ok()) {
-    return bad(absl::StrCat("dtype ", dtype_name, " is not supported (F32, BF16, F16)"));
+    return bad(
+        absl::StrCat("dtype ", dtype_name, " is not supported (F32, BF16, F16, F8_E4M3, F8_E8M0)"));
   }
   t->name = name;
   t->dtype = *dtype;

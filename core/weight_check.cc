@@ -37,6 +37,16 @@ int64_t FirstNonFinite(const void* data, DType dtype, int64_t begin, int64_t end
       }
       return -1;
     }
+    case DType::kF8E4M3:
+    case DType::kF8E8M0: {
+      // e4m3 has no infinities and one NaN code per sign (S.1111.111); e8m0's NaN is 0xff.
+      const uint8_t nan = dtype == DType::kF8E4M3 ? 0x7f : 0xff;
+      const auto* p = static_cast<const uint8_t*>(data);
+      for (int64_t i = begin; i < end; ++i) {
+        if ((p[i] & nan) == nan) return i;
+      }
+      return -1;
+    }
   }
   return -1;
 }

@@ -19,9 +19,14 @@ namespace glmserve {
 // checkpoint. kInt8Groups: quantized at load (core/quantize.h): int8 q [rows, cols] at `data`
 // and one fp32 scale per kInt8Group consecutive elements of a row at `scales`
 // [rows, ceil(cols / kInt8Group)]; the element is q * scale, and `dtype` is the dtype it was
-// quantized from. The kernels dispatch on the format first (core/ops/linear.cc), so a
-// block-scaled FP8 matrix is one more enumerator with its scales here and one more case there.
-enum class WeightFormat : uint8_t { kDense, kInt8Groups };
+// quantized from. kFp8Scaled: an FP8 checkpoint's matrix as stored (docs/fp8.md): e4m3 codes
+// [rows, cols] at `data` (dtype kF8E4M3, one byte per weight) and fp32 scales at `scales`,
+// one per block of scale_block_rows x scale_block_cols elements, blocks cut short at the
+// right and bottom edges: [ceil((rows + scale_row_phase) / br), ceil(cols / bc)]. The element
+// (r, c) is the fp32 product e4m3(r, c) * scale((r + phase) / br, c / bc), rounded once.
+// Per-output-channel scales are br = 1, bc = cols; 128x128 blocks are br = bc = 128.
+// The kernels dispatch on the format first (core/ops/linear.cc).
+enum class WeightFormat : uint8_t { kDense, kInt8Groups, kFp8Scaled };
 inline constexpr int64_t kInt8Group = 32;  // one vdpbf16ps step of K
 
 // A row-major weight matrix [rows = out_features, cols = in_features]; y = x W^T.
@@ -31,13 +36,33 @@ struct Matrix {
   int64_t cols = 0;
   const void* data = nullptr;
   WeightFormat format = WeightFormat::kDense;
-  const float* scales = nullptr;  // kInt8Groups: [rows, scale_cols()]
+  const float* scales = nullptr;  // kInt8Groups: [rows, scale_cols()]; kFp8Scaled: see above
+  // kFp8Scaled only: the scale block's shape, and the offset of row 0 inside its block row
+  // (non-zero only for a RowSlice that starts inside a block).
+  int32_t scale_block_rows = 0;
+  int32_t scale_block_cols = 0;
+  int32_t scale_row_phase = 0;
 
   bool empty() const { return data == nullptr; }
-  int64_t scale_cols() const { return (cols + kInt8Group - 1) / kInt8Group; }
+  int64_t scale_cols() const {
+    if (format == WeightFormat::kFp8Scaled) {
+      return (cols + scale_block_cols - 1) / scale_block_cols;
+    }
+    return (cols + kInt8Group - 1) / kInt8Group;
+  }
+  int64_t scale_rows() const {
+    if (format == WeightFormat::kFp8Scaled) {
+      return (rows + scale_row_phase + scale_block_rows - 1) / scale_block_rows;
+    }
+    return rows;
+  }
+  // kFp8Scaled: the scales of row r ([scale_cols()]).
+  const float* Fp8RowScales(int64_t r) const {
+    return scales + (r + scale_row_phase) / scale_block_rows * scale_cols();
+  }
   int64_t bytes() const {
-    if (format == WeightFormat::kInt8Groups) {
-      return rows * cols + rows * scale_cols() * static_cast<int64_t>(sizeof(float));
+    if (format == WeightFormat::kInt8Groups || format == WeightFormat::kFp8Scaled) {
+      return rows * cols + scale_rows() * scale_cols() * static_cast<int64_t>(sizeof(float));
     }
     return rows * cols * DTypeSize(dtype);
   }
@@ -48,6 +73,10 @@ struct Matrix {
     if (format == WeightFormat::kInt8Groups) {
       m.data = static_cast<const int8_t*>(data) + begin * cols;
       m.scales = scales + begin * scale_cols();
+    } else if (format == WeightFormat::kFp8Scaled) {
+      m.data = static_cast<const uint8_t*>(data) + begin * cols;
+      m.scales = Fp8RowScales(begin);
+      m.scale_row_phase = static_cast<int32_t>((begin + scale_row_phase) % scale_block_rows);
     } else {
       m.data = static_cast<const char*>(data) + begin * cols * DTypeSize(dtype);
     }
@@ -126,7 +155,9 @@ struct ModelWeights {
   std::vector<float> final_norm;     // [hidden] or empty
   Matrix lm_head;                    // [vocab, hidden] or empty (a view of embed when tied)
   DType weight_dtype = DType::kF32;  // dtype of the large matrices as stored
-  // kInt8Groups once core/quantize.h quantized the linear layers at load (else kDense).
+  // kInt8Groups once core/quantize.h quantized the linear layers at load; kFp8Scaled when an
+  // FP8 checkpoint or preset supplied them (some matrices may still be kDense: the modules the
+  // checkpoint keeps unquantized); else kDense.
   WeightFormat linear_format = WeightFormat::kDense;
   // tie_word_embeddings is set but the checkpoint stores its own lm_head.weight, which is
   // used (Transformers 5.x): lm_head is then not a view of the embedding.

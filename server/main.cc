@@ -26,9 +26,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/checkpoint.h"
+#include "core/cuda/runner.h"
+#include "core/gpu_memory_plan.h"
 #include "core/model_runner.h"
 #include "core/parallel.h"
 #include "core/quantize.h"
+#include "core/status_macros.h"
 #include "core/text/text_assets.h"
 #include "server/server.h"
 #include "tools/cli.h"
@@ -63,6 +66,10 @@ ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
           "KV cache slots in tokens, shared by every running sequence");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
+ABSL_FLAG(double, gpu_memory_fraction, 0,
+          "0: the KV cache holds --kv_capacity_tokens; in (0, 1] on a CUDA device: the KV cache "
+          "takes what this fraction of the device's memory leaves after the weights and the "
+          "activations (docs/fp8.md); refused with the numbers when the model does not fit");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
 ABSL_FLAG(double, session_kv_fraction, 0.5,
@@ -222,8 +229,8 @@ const glmserve::cli::ProgramHelp& Help() {
         {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
          "http_threads", "max_http_body_bytes"}},
        {"Engine and KV cache",
-        {"kv_capacity_tokens", "block_size", "max_batch_tokens", "max_running", "max_waiting",
-         "prefix_caching"}},
+        {"kv_capacity_tokens", "gpu_memory_fraction", "block_size", "max_batch_tokens",
+         "max_running", "max_waiting", "prefix_caching"}},
        {"Forward sessions",
         {"max_sessions", "session_kv_fraction", "max_session_tokens", "session_idle_timeout",
          "session_eviction_grace"}},
@@ -251,6 +258,32 @@ int BadFlag(const absl::Status& status) {
 }
 
 // Flags main reads itself (the rest are checked by ValidateServerOptions).
+// --gpu_memory_fraction: sizes the KV cache from the device's memory (core/gpu_memory_plan.h).
+// The weights are already on the device: they count against this process's budget, so they
+// are added back to the free memory before planning.
+absl::Status PlanKvCache(const glmserve::ModelRunner& runner, double fraction,
+                         glmserve::GlmServer* server) {
+  if (runner.device_name() == "cpu") {
+    return absl::InvalidArgumentError(
+        "--gpu_memory_fraction applies to the CUDA backend; the model runs on the CPU");
+  }
+  ASSIGN_OR_RETURN(glmserve::GpuMemoryInfo device, glmserve::CudaMemoryInfo());
+  const glmserve::ModelConfig& c = runner.config();
+  glmserve::GpuMemoryRequest request;
+  request.gpu_memory_fraction = fraction;
+  request.weight_bytes = runner.weight_bytes();
+  device.free_bytes = std::min(device.total_bytes, device.free_bytes + request.weight_bytes);
+  request.activation_bytes = glmserve::ActivationArenaBytes(
+      c, absl::GetFlag(FLAGS_max_batch_tokens), absl::GetFlag(FLAGS_max_running));
+  request.kv_bytes_per_token = runner.kv_bytes_per_token();
+  request.block_size = absl::GetFlag(FLAGS_block_size);
+  request.min_kv_tokens = std::min<int64_t>(c.max_position_embeddings, 4096);
+  ASSIGN_OR_RETURN(const glmserve::GpuMemoryPlan plan, glmserve::PlanGpuMemory(device, request));
+  std::printf("glm-server: GPU memory plan: %s\n", plan.Describe().c_str());
+  server->SetKvCapacityTokens(plan.kv_tokens);
+  return absl::OkStatus();
+}
+
 absl::Status ValidateMainFlags() {
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads < 0 || threads > 4096) {
@@ -370,6 +403,9 @@ int main(int argc, char** argv) {
       glmserve::CreateModelRunner(*std::move(weights), *device, *cpu_math);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
+  if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {
+    if (absl::Status s = PlanKvCache(**runner, fraction, server->get()); !s.ok()) return Fail(s);
+  }
   if (!stop.HasBeenNotified()) {
     if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype, std::move(text));
         !s.ok()) {

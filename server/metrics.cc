@@ -267,6 +267,13 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                   .Help("Requests queued in the engine, not yet running (at scrape time)")
                   .Register(r)
                   .Add({});
+  kv_capacity_tokens_ = &prometheus::BuildGauge()
+                             .Name("glmserve_kv_cache_capacity_tokens")
+                             .Help(
+                                 "Tokens the KV cache holds (--kv_capacity_tokens, or the "
+                                 "--gpu_memory_fraction plan's)")
+                             .Register(r)
+                             .Add({});
   kv_usage_ = &prometheus::BuildGauge()
                    .Name("glmserve_kv_cache_usage_ratio")
                    .Help(
@@ -467,6 +474,7 @@ void Metrics::Refresh() const {
   running_->Set(static_cast<double>(s.running));
   waiting_->Set(static_cast<double>(s.waiting));
   kv_usage_->Set(s.kv_usage());
+  kv_capacity_tokens_->Set(static_cast<double>(engine_->kv_capacity_tokens()));
   sessions_->Set(static_cast<double>(s.sessions));
   session_kv_usage_->Set(s.kv_blocks_total == 0 ? 0.0
                                                 : static_cast<double>(s.kv_blocks_sessions) /

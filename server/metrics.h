@@ -119,6 +119,7 @@ class Metrics {
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_usage_;
+  prometheus::Gauge* kv_capacity_tokens_;
   prometheus::Gauge* sessions_;
   prometheus::Histogram* step_prefill_;
   prometheus::Histogram* step_decode_;

@@ -105,6 +105,9 @@ v1::DataType WireDType(glmserve::DType dtype) {
       return v1::DATA_TYPE_BF16;
     case glmserve::DType::kF16:
       return v1::DATA_TYPE_FP16;
+    case glmserve::DType::kF8E4M3:  // no wire enumerator yet: ModelInfo.compute names FP8
+    case glmserve::DType::kF8E8M0:
+      return v1::DATA_TYPE_UNSPECIFIED;
   }
   return v1::DATA_TYPE_UNSPECIFIED;
 }

@@ -93,6 +93,8 @@ class GlmServer {
   // tokenizer has ids beyond the model's vocabulary.
   absl::Status Serve(std::unique_ptr<glmserve::ModelRunner> model, glmserve::DType weight_dtype,
                      TextAssets text = {});
+  // Before Serve: the KV cache's size in tokens (glm-server's --gpu_memory_fraction plan).
+  void SetKvCapacityTokens(int64_t tokens) { options_.engine.kv_capacity_tokens = tokens; }
 
   // Graceful shutdown: readiness NOT_SERVING, new calls UNAVAILABLE, calls in flight get up
   // to `grace` to finish, then what is left is cancelled and the server stops. Idempotent.

@@ -38,7 +38,7 @@ GoldenExpected ReadGoldenExpected(const std::string& dir) {
   text << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(text.str());
   return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
-          j["weights_dtype"].get<std::string>()};
+          j["weights_dtype"].get<std::string>(), j.contains("fp8")};
 }
 
 double RelativeError(const float* a, const float* b, int64_t n) {

@@ -20,6 +20,7 @@ struct GoldenExpected {
   std::vector<int32_t> prompt;
   std::vector<int32_t> greedy;
   std::string weights_dtype;
+  bool fp8 = false;  // an FP8 checkpoint (tools/make_goldens_fp8.py): weights stay e4m3
 };
 GoldenExpected ReadGoldenExpected(const std::string& dir);
 

@@ -23,6 +23,37 @@ inline constexpr int64_t kMaxGqaGroup = 32;  // query heads per kv head
 // process and device before the first launch (and outside any graph capture).
 cudaError_t PrepareKernels();
 
+// ---- fp8_linear.cu -------------------------------------------------------------------
+// An FP8 weight matrix on the device (core/weights.h's kFp8Scaled): codes [rows, cols] e4m3,
+// scales [ceil(rows / block_rows), ceil(cols / block_cols)] fp32; element (r, c) is
+// e4m3 x scales[r / block_rows][c / block_cols]. Per output channel: block_rows 1,
+// block_cols = cols.
+struct Fp8DeviceMatrix {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 1;
+  int64_t block_cols = 1;
+};
+// Up to this many activation rows take the GEMV kernel (one read of each weight byte).
+inline constexpr int64_t kFp8GemvMaxRows = 8;
+// y [m, w.rows] = x [m, w.cols] W^T, fp32 in and out.
+cudaError_t LaunchFp8Linear(const float* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
+                            cudaStream_t stream);
+// Routed experts: rows [row_offsets[e], row_offsets[e + 1]) of x (sorted by expert) through
+// experts[e] into the same rows of y. row_offsets (num_experts + 1) and experts are host
+// arrays; every expert has the same shape.
+cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
+                             const Fp8DeviceMatrix* experts, int64_t num_experts, float* y,
+                             cudaStream_t stream);
+
+// codes[i] for i < n: the e4m3 values RandomWeights gives an FP8 preset's matrix
+// (core/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
+// device so that a big preset needs no host copy.
+cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
+                            cudaStream_t stream);
+
 // ---- norm.cu --------------------------------------------------------------------------
 // For each output row r (source row i = row_index ? row_index[r] : r):
 //   if delta: h[i] += delta[i] (written back, fp32)

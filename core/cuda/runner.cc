@@ -60,6 +60,16 @@ bool CudaDeviceAvailable() { return GetProbe().available; }
 
 std::string CudaDeviceDescription() { return GetProbe().description; }
 
+absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
+  if (!CudaDeviceAvailable()) return absl::FailedPreconditionError(CudaDeviceDescription());
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(err)));
+  }
+  return GpuMemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
   // Refused before the device probe, so the answer is the same with or without a GPU.
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/config.h"
+#include "core/gpu_memory_plan.h"
 #include "core/model_runner.h"
 
 namespace glmserve {
@@ -16,6 +17,10 @@ bool CudaDeviceAvailable();
 // Why CudaDeviceAvailable() is false ("built without CUDA", "no CUDA device: ..."), or the
 // device's name when it is true.
 std::string CudaDeviceDescription();
+
+// The first GPU's free and total memory (cudaMemGetInfo); FAILED_PRECONDITION without one.
+// For the memory planner (core/gpu_memory_plan.h).
+absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo();
 
 // Why the CUDA backend cannot run `config` ("" when it can): it has no GLM-5 kernels yet.
 inline std::string CudaUnsupportedReason(const ModelConfig& config) {

@@ -8,6 +8,10 @@ bool CudaDeviceAvailable() { return false; }
 
 std::string CudaDeviceDescription() { return "built without the CUDA backend"; }
 
+absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
+  return absl::FailedPreconditionError("built without the CUDA backend");
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);

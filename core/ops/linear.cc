@@ -49,8 +49,34 @@ void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(x[i]);
 }
 
+const float* E4m3Table() {
+  static const auto* table = [] {
+    auto* t = new float[256];
+    for (int v = 0; v < 256; ++v) t[v] = E4m3ToFloat(static_cast<uint8_t>(v));
+    return t;
+  }();
+  return table;
+}
+
 void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
                 float* out) {
+  if (w.format == WeightFormat::kFp8Scaled) {
+    // e4m3 x its block's scale, one fp32 rounding: the dequantized checkpoint's value, so the
+    // exact arithmetic below computes what an fp32 forward of the dequantized model does.
+    const float* table = E4m3Table();
+    const int64_t bc = w.scale_block_cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* src = static_cast<const uint8_t*>(w.data) + (row_begin + r) * w.cols;
+      const float* scales = w.Fp8RowScales(row_begin + r);
+      float* dst = out + r * k_len;
+      for (int64_t k = k_begin; k < k_begin + k_len;) {
+        const int64_t end = std::min(k_begin + k_len, (k / bc + 1) * bc);
+        const float scale = scales[k / bc];
+        for (; k < end; ++k) dst[k - k_begin] = table[src[k]] * scale;
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t base = (row_begin + r) * w.cols + k_begin;
     float* dst = out + r * k_len;
@@ -68,6 +94,10 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
         for (int64_t k = 0; k < k_len; ++k) dst[k] = F16ToFloat(src[k]);
         break;
       }
+      case DType::kF8E4M3:  // only as kFp8Scaled, above
+      case DType::kF8E8M0:
+        std::fill_n(dst, k_len, 0.0f);
+        break;
     }
   }
 }

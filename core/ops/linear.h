@@ -13,6 +13,9 @@
 // with one more step: per 32-wide group, the lane's pair sum starts from zero and is then
 // added to the lane times the row's group scale, as one FMA (the int8 values are exact in
 // bf16); same lane tree.
+// FP8 weights (WeightFormat::kFp8Scaled, core/fp8.h) take the exact arithmetic in both modes:
+// each K block of 512 of a task's rows is widened from one byte per weight to fp32 (e4m3 x
+// its block's scale, one rounding) into an L2-resident panel, then the exact tiles run over it.
 // In both modes each output element is reduced in one fixed order that depends only on K,
 // never on m or on the element's position in a tile: so a sequence's result is bit-identical
 // whether it runs alone or inside a batch of any size. This is why the engine uses its own
@@ -81,9 +84,11 @@ void Bf16BlockAvx512(const Bf16Job& job, int64_t nb);
 // Rounds n floats to bf16 (FloatToBf16: round to nearest even).
 void RoundToBf16(const float* x, int64_t n, uint16_t* out);
 // Widens rows [row_begin, row_begin + rows) x columns [k_begin, k_begin + k_len) of w to
-// fp32 into out [rows, k_len].
+// fp32 into out [rows, k_len]; FP8 weights are multiplied by their scales (one rounding).
 void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
                 float* out);
+// The 256 values of e4m3 (E4m3ToFloat), for table lookups.
+const float* E4m3Table();
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task

@@ -87,6 +87,40 @@ void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* d
   }
 }
 
+// FP8 rows nn x kk from column k0 widened to fp32 and multiplied by their block's scale: the
+// same value as WidenPanel's table lookup times the scale (one rounding). e4m3's bits moved to
+// fp32's exponent/mantissa positions read as the value times 2^-120 (subnormal codes become
+// fp32 denormals with the same ratio), so one exact multiply by 2^120 decodes them; the NaN
+// codes (S.1111.111) are patched in.
+void WidenFp8(const Matrix& w, int64_t n0, int64_t nn, int64_t k0, int64_t kk, float* dst) {
+  const __m512 two_120 = _mm512_set1_ps(0x1p120f);
+  const __m512i low7 = _mm512_set1_epi32(0x7f), sign = _mm512_set1_epi32(0x80);
+  const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
+  const float* table = E4m3Table();
+  const int64_t bc = w.scale_block_cols;
+  for (int64_t r = 0; r < nn; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.data) + (n0 + r) * w.cols;
+    const float* scales = w.Fp8RowScales(n0 + r);
+    float* d = dst + r * kk - k0;
+    for (int64_t k = k0; k < k0 + kk;) {
+      const int64_t end = std::min(k0 + kk, (k / bc + 1) * bc);
+      const float scale = scales[k / bc];
+      const __m512 vs = _mm512_set1_ps(scale);
+      for (; k + 16 <= end; k += 16) {
+        const __m512i v =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+        const __m512i mag = _mm512_and_si512(v, low7);
+        __m512 x = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)), two_120);
+        x = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x),
+                                                _mm512_slli_epi32(_mm512_and_si512(v, sign), 24)));
+        x = _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(mag, low7), nan);
+        _mm512_storeu_ps(d + k, _mm512_mul_ps(x, vs));
+      }
+      for (; k < end; ++k) d[k] = table[src[k]] * scale;
+    }
+  }
+}
+
 }  // namespace
 
 void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel_buffer) {
@@ -120,7 +154,9 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
     float* panel = panel_buffer->data();
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
       const int64_t kk = std::min(kBlockK, k_total - k0);
-      if (w.dtype == DType::kBF16) {
+      if (w.format == WeightFormat::kFp8Scaled) {
+        WidenFp8(w, n0, nn, k0, kk, panel);
+      } else if (w.dtype == DType::kBF16) {
         WidenBf16(static_cast<const uint16_t*>(w.data) + n0 * k_total + k0, k_total, nn, kk, panel);
       } else {
         WidenPanel(w, n0, nn, k0, kk, panel);

@@ -52,7 +52,17 @@ void ExpectSameWeights(const ModelWeights& a, const ModelWeights& b) {
     ASSERT_EQ(ma.rows, mb.rows) << sa[i].name;
     ASSERT_EQ(ma.cols, mb.cols) << sa[i].name;
     ASSERT_FALSE(ma.empty()) << sa[i].name;
-    EXPECT_EQ(std::memcmp(ma.data, mb.data, static_cast<size_t>(ma.bytes())), 0) << sa[i].name;
+    ASSERT_EQ(ma.format, mb.format) << sa[i].name;
+    EXPECT_EQ(
+        std::memcmp(ma.data, mb.data, static_cast<size_t>(ma.rows * ma.cols * DTypeSize(ma.dtype))),
+        0)
+        << sa[i].name;
+    if (ma.format == WeightFormat::kFp8Scaled) {
+      ASSERT_EQ(ma.scale_block_rows, mb.scale_block_rows) << sa[i].name;
+      ASSERT_EQ(ma.scale_block_cols, mb.scale_block_cols) << sa[i].name;
+      EXPECT_TRUE(std::equal(ma.scales, ma.scales + ma.scale_rows() * ma.scale_cols(), mb.scales))
+          << sa[i].name;
+    }
   }
   // The head is checked separately because a tied head is not a slot of its own.
   if (a.has_head()) {

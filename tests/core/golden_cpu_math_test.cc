@@ -48,8 +48,9 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   const Expected expected = ReadExpected(dir);
   absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  EXPECT_EQ(weights->weight_dtype,
-            expected.weights_dtype == "bfloat16" ? DType::kBF16 : DType::kF32)
+  EXPECT_EQ(weights->weight_dtype, expected.fp8                           ? DType::kF8E4M3
+                                   : expected.weights_dtype == "bfloat16" ? DType::kBF16
+                                                                          : DType::kF32)
       << "weights must stay in their stored precision";
   const bool rounded = math == CpuMath::kBf16 && weights->weight_dtype == DType::kBF16;
   // GLM-5's block rounds more linear inputs per layer (q_a, q_b, kv_a, the absorbed W_uk and

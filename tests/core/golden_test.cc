@@ -114,6 +114,11 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<RunnerCase, std::s
       // Issue 15's GPU half: the refusal itself is asserted by CudaModelGlm5.
       GTEST_SKIP() << "the CUDA backend has no GLM-5 (MLA + DSA) kernels yet";
     }
+    if (std::get<0>(GetParam()).device == DeviceKind::kCuda &&
+        testing::ReadGoldenExpected(testing::GoldenDir(std::get<1>(GetParam()))).fp8) {
+      // Issue 14's GPU half: the refusal itself is asserted by fp8_test's CudaRefusesFp8.
+      GTEST_SKIP() << "the CUDA backend does not serve FP8 weights yet (docs/fp8.md)";
+    }
   }
 };
 
@@ -126,8 +131,9 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   const Expected expected = ReadExpected(dir);
   absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  EXPECT_EQ(weights->weight_dtype,
-            expected.weights_dtype == "bfloat16" ? DType::kBF16 : DType::kF32)
+  EXPECT_EQ(weights->weight_dtype, expected.fp8                           ? DType::kF8E4M3
+                                   : expected.weights_dtype == "bfloat16" ? DType::kBF16
+                                                                          : DType::kF32)
       << "weights must stay in their stored precision";
   const ModelConfig c = weights->config;
   const int64_t n = static_cast<int64_t>(expected.prompt.size());

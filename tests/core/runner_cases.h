@@ -22,14 +22,17 @@ struct RunnerCase {
   bool exact() const { return device == DeviceKind::kCpu; }
 };
 
-// GLM-5 runs on the CPU only so far (the CUDA backend refuses it: CudaModelGlm5).
+// GLM-5 and FP8 weights run on the CPU only so far (the CUDA backend refuses them:
+// CudaModelGlm5, Fp8Test.CudaRefusesFp8).
 inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_f32", DeviceKind::kCpu, DType::kF32},
     {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
     {"cuda_bf16", DeviceKind::kCuda, DType::kBF16},
     {"cuda_f32", DeviceKind::kCuda, DType::kF32},
     {"cpu_f32_glm5", DeviceKind::kCpu, DType::kF32, "tiny-glm5"},
-    {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"}};
+    {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"},
+    // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path.
+    {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

@@ -50,7 +50,8 @@ def main():
             with open(path, "rb") as fh:
                 header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
             for name, t in header.items():
-                if name == "__metadata__":
+                # FP8 checkpoints' scales (docs/fp8.md) are not parameters of the model.
+                if name == "__metadata__" or name.endswith((".weight_scale", ".weight_scale_inv")):
                     continue
                 n = 1
                 for x in t["shape"]:

@@ -380,6 +380,12 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t n) { return cudaMalloc(p, n); }
+
+// The emulated device claims 16 GiB, all free: enough for the memory planner's arithmetic.
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = *total_bytes = size_t{16} << 30;
+  return cudaSuccess;
+}
 cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 
 namespace {

@@ -65,6 +65,7 @@ cudaError_t cudaGetDevice(int*);
 cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void**, size_t);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 cudaError_t cudaFree(void*);
 cudaError_t cudaMallocHost(void**, size_t);
 cudaError_t cudaFreeHost(void*);

@@ -1,0 +1,152 @@
+// FP8 linear layers on the device (docs/fp8.md): e4m3 weights, one byte each in device memory,
+// widened in registers and multiplied by their block's fp32 scale (per output channel:
+// block_rows 1, block_cols = cols; 128x128 blocks cut short at the edges), fp32 activations
+// and accumulation. Two kernels, chosen by the number of activation rows:
+//  * GEMV (m <= kFp8GemvMaxRows, decode): one block per output row streams the row's bytes
+//    once for all m activation rows: bandwidth-bound, one read of each weight byte per step;
+//  * tiled GEMM (larger m, prefill): 32x32 output tiles, K in steps of 32 through shared
+//    memory, the weight tile widened once into shared memory and reused by 32 rows.
+// Both CUDA-core kernels of our own (no tensor cores yet: docs/fp8.md says what is missing).
+// The value of a weight is the CPU's (e4m3 x scale, one fp32 rounding); only the summation
+// order differs from core/ops/linear.cc, so results agree to fp32 rounding (1e-5 relative).
+#include "core/cuda/device_util.cuh"
+#include "core/cuda/kernels.h"
+
+namespace glmserve::cuda {
+namespace {
+
+constexpr int kGemvThreads = 128;
+constexpr int kTile = 32;     // GEMM output tile side and K step
+constexpr int kTileRows = 8;  // threads per tile column: each computes 4 outputs
+
+// e4m3 to fp32: the code's bits moved to fp32's exponent/mantissa read as value x 2^-120
+// (subnormals included, as fp32 denormals), fixed by an exact multiply; S.1111.111 is NaN.
+__device__ __forceinline__ float E4m3(uint8_t v) {
+  const uint32_t mag = v & 0x7fu;
+  if (mag == 0x7fu) return __uint_as_float(0x7fc00000u);
+  const float x = __uint_as_float(mag << 20) * 0x1p120f;
+  return (v & 0x80u) ? -x : x;
+}
+
+__device__ __forceinline__ float Fp8Weight(const Fp8DeviceMatrix& w, int64_t r, int64_t c) {
+  const int64_t scale_cols = (w.cols + w.block_cols - 1) / w.block_cols;
+  return E4m3(w.codes[r * w.cols + c]) *
+         w.scales[(r / w.block_rows) * scale_cols + c / w.block_cols];
+}
+
+// y[i, n] for i < m (m <= kFp8GemvMaxRows); one block per n.
+__global__ void __launch_bounds__(kGemvThreads)
+    Fp8GemvKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w,
+                  float* __restrict__ y) {
+  __shared__ float scratch[32];
+  const int64_t n = blockIdx.x;
+  float acc[kFp8GemvMaxRows] = {};
+  for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) {
+    const float wv = Fp8Weight(w, n, c);
+#pragma unroll
+    for (int i = 0; i < kFp8GemvMaxRows; ++i) {
+      if (i < m) acc[i] += x[i * w.cols + c] * wv;
+    }
+  }
+  for (int i = 0; i < m; ++i) {
+    const float s = dev::BlockSum(acc[i], scratch);
+    if (threadIdx.x == 0) y[i * w.rows + n] = s;
+  }
+}
+
+// y tile [32 rows of x, 32 rows of w]; 256 threads: thread (tx, ty) = (t % 32, t / 32) computes
+// y[ty + 8 j, tx] for j < 4.
+__global__ void __launch_bounds__(kTile* kTileRows)
+    Fp8GemmKernel(const float* __restrict__ x, int64_t m, Fp8DeviceMatrix w,
+                  float* __restrict__ y) {
+  __shared__ float xs[kTile][kTile + 1];
+  __shared__ float ws[kTile][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float acc[kTile / kTileRows] = {};
+  for (int64_t k0 = 0; k0 < w.cols; k0 += kTile) {
+    for (int j = ty; j < kTile; j += kTileRows) {
+      const int64_t k = k0 + tx;
+      xs[j][tx] = (row0 + j < m && k < w.cols) ? x[(row0 + j) * w.cols + k] : 0.f;
+      ws[j][tx] = (n0 + j < w.rows && k < w.cols) ? Fp8Weight(w, n0 + j, k) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTile / kTileRows; ++j) {
+      float s = 0.f;
+      for (int k = 0; k < kTile; ++k) s += xs[ty + kTileRows * j][k] * ws[tx][k];
+      acc[j] += s;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < kTile / kTileRows; ++j) {
+    const int64_t r = row0 + ty + kTileRows * j, n = n0 + tx;
+    if (r < m && n < w.rows) y[r * w.rows + n] = acc[j];
+  }
+}
+
+// FloatToE4m3 (core/dtype.cc), the same bit operations: round to nearest even, saturating.
+__device__ __forceinline__ uint8_t ToE4m3(float f) {
+  if (f != f) return 0x7f;
+  const uint8_t sign = (__float_as_uint(f) >> 31) != 0 ? 0x80 : 0x00;
+  const float a = fminf(fabsf(f), 448.0f);
+  if (a < 0.015625f) return static_cast<uint8_t>(sign | static_cast<uint8_t>(rintf(a * 512.0f)));
+  uint32_t bits = __float_as_uint(a);
+  bits += 0x7ffffu + ((bits >> 20) & 1u);
+  return static_cast<uint8_t>(sign | (((bits >> 23) - 120u) << 3) | ((bits >> 20) & 7u));
+}
+
+// RandomWeights' generator (core/checkpoint.cc: splitmix64 output, Irwin-Hall sum of four
+// 16-bit fields), element by element: the device fills a preset's FP8 matrices itself.
+__global__ void RandomFp8Kernel(uint8_t* __restrict__ codes, int64_t n, uint64_t key,
+                                float value_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = key + static_cast<uint64_t>(i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const int64_t sum = static_cast<int64_t>((z & 0xffff) + ((z >> 16) & 0xffff) +
+                                             ((z >> 32) & 0xffff) + (z >> 48));
+    codes[i] = ToE4m3(static_cast<float>(sum - 2 * 65535) * value_scale);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
+                            cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  RandomFp8Kernel<<<GridStrideBlocks(n, 256), 256, 0, stream>>>(codes, n, key, value_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFp8Linear(const float* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
+                            cudaStream_t stream) {
+  if (m <= 0 || w.rows <= 0) return cudaSuccess;
+  if (m <= kFp8GemvMaxRows) {
+    Fp8GemvKernel<<<static_cast<unsigned>(w.rows), kGemvThreads, 0, stream>>>(x, m, w, y);
+  } else {
+    const dim3 grid(static_cast<unsigned>((w.rows + kTile - 1) / kTile),
+                    static_cast<unsigned>((m + kTile - 1) / kTile));
+    Fp8GemmKernel<<<grid, kTile * kTileRows, 0, stream>>>(x, m, w, y);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
+                             const Fp8DeviceMatrix* experts, int64_t num_experts, float* y,
+                             cudaStream_t stream) {
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t begin = row_offsets[e], rows = row_offsets[e + 1] - begin;
+    if (rows <= 0) continue;
+    const cudaError_t err = LaunchFp8Linear(x + begin * experts[e].cols, rows, experts[e],
+                                            y + begin * experts[e].rows, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace glmserve::cuda

@@ -1,0 +1,154 @@
+// The CUDA FP8 kernels (core/cuda/fp8_linear.cu) against the CPU's FP8 path (core/ops/linear.h
+// on a kFp8Scaled matrix) on awkward shapes: K not a multiple of 128 (partial scale blocks),
+// one output row, one activation row, the GEMV / GEMM boundary, per-channel and 128x128
+// block scales, and many experts with uneven (and empty) row counts. Outputs are poisoned
+// (NaN) before each run so an unwritten element shows.
+//
+// Tolerance: relative error 1e-5 of the output's norm: both sides multiply the same fp32
+// weights (e4m3 x scale, one rounding) by the same fp32 activations; only the summation
+// order differs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/checkpoint.h"
+#include "core/cuda/device_memory.h"
+#include "core/cuda/kernels.h"
+#include "core/ops/linear.h"
+#include "tests/core/cuda/cuda_test_util.h"
+#include "tests/test_util.h"
+
+namespace glmserve::cuda {
+namespace {
+
+using ::glmserve::testing::RandomVector;
+using ::glmserve::testing::RelativeError;
+
+template <typename T>
+DeviceBuffer Upload(const std::vector<T>& v) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, v.size()) * sizeof(T));
+  EXPECT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(CopyToDevice(b->get(), v.data(), v.size() * sizeof(T)).ok());
+  return *std::move(b);
+}
+
+std::vector<float> Download(const DeviceBuffer& b, size_t n) {
+  EXPECT_TRUE(SynchronizeDevice().ok());
+  std::vector<float> v(n);
+  EXPECT_TRUE(CopyToHost(v.data(), b.get(), n * sizeof(float)).ok());
+  return v;
+}
+
+// A random FP8 matrix on the host (codes of N(0, 100) values, scales |N(0,1)| / 448) and on
+// the device.
+struct Fp8Pair {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  Matrix host;
+  DeviceBuffer d_codes, d_scales;
+  Fp8DeviceMatrix device;
+  Fp8Pair(int64_t rows, int64_t cols, int64_t br, int64_t bc, uint32_t seed) {
+    for (float v : RandomVector(rows * cols, seed, 100.0f)) codes.push_back(FloatToE4m3(v));
+    // A few subnormal codes.
+    for (int64_t i = 0; i < rows * cols; i += 17) codes[i] = static_cast<uint8_t>(i % 8);
+    const int64_t n = ((rows + br - 1) / br) * ((cols + bc - 1) / bc);
+    for (float v : RandomVector(n, seed + 1, 1.0f)) scales.push_back(std::fabs(v) / 448);
+    host = Matrix{DType::kF8E4M3, rows, cols, codes.data()};
+    host.format = WeightFormat::kFp8Scaled;
+    host.scales = scales.data();
+    host.scale_block_rows = static_cast<int32_t>(br);
+    host.scale_block_cols = static_cast<int32_t>(bc);
+    d_codes = Upload(codes);
+    d_scales = Upload(scales);
+    device = {static_cast<const uint8_t*>(d_codes.get()),
+              static_cast<const float*>(d_scales.get()),
+              rows,
+              cols,
+              br,
+              bc};
+  }
+};
+
+TEST(Fp8CudaTest, LinearMatchesTheCpuFp8Path) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  struct Shape {
+    int64_t n, k, br, bc, m;
+  };
+  for (const Shape& s : std::vector<Shape>{{37, 300, 128, 128, 1},
+                                           {130, 1100, 128, 128, 5},
+                                           {1, 700, 128, 128, 8},
+                                           {65, 129, 1, 129, 9},
+                                           {200, 160, 128, 128, 70},
+                                           {3, 33, 1, 33, 33}}) {
+    Fp8Pair w(s.n, s.k, s.br, s.bc, static_cast<uint32_t>(s.n * 131 + s.k));
+    const std::vector<float> x = RandomVector(s.m * s.k, 7, 1.0f);
+    std::vector<float> want(s.m * s.n);
+    Linear(x.data(), s.m, w.host, nullptr, want.data());
+    DeviceBuffer dx = Upload(x);
+    DeviceBuffer dy = Upload(std::vector<float>(s.m * s.n, std::nanf("")));
+    ASSERT_EQ(LaunchFp8Linear(static_cast<const float*>(dx.get()), s.m, w.device,
+                              static_cast<float*>(dy.get()), nullptr),
+              cudaSuccess);
+    const std::vector<float> got = Download(dy, want.size());
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
+    EXPECT_LT(RelativeError(got, want), 1e-5) << s.n << "x" << s.k << " m=" << s.m;
+  }
+}
+
+TEST(Fp8CudaTest, RandomFp8OnTheDeviceEqualsTheHostPreset) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<ModelWeights> w = LoadModel("tiny-fp8");
+  ASSERT_TRUE(w.ok()) << w.status();
+  RandomWeightOptions options;  // LoadModel's defaults: seed 0, stddev 0.02
+  for (const auto& [name, m] : std::vector<std::pair<std::string, const Matrix*>>{
+           {"model.layers.0.self_attn.q_proj.weight", &w->layers[0].attn.q_proj},
+           {"model.layers.1.mlp.experts.5.down_proj.weight", &w->layers[1].moe.experts[5].down}}) {
+    const RandomFp8Stream stream = RandomFp8StreamFor(name, options);
+    EXPECT_EQ(m->scales[0], stream.fp8_scale) << name;
+    const int64_t n = m->rows * m->cols;
+    absl::StatusOr<DeviceBuffer> codes = DeviceBuffer::Create(n);
+    ASSERT_TRUE(codes.ok());
+    ASSERT_EQ(LaunchRandomFp8(codes->as<uint8_t>(), n, stream.key, stream.value_scale, nullptr),
+              cudaSuccess);
+    ASSERT_TRUE(SynchronizeDevice().ok());
+    std::vector<uint8_t> got(n);
+    ASSERT_TRUE(CopyToHost(got.data(), codes->get(), n).ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), m->data, n)) << name;
+  }
+}
+
+TEST(Fp8CudaTest, ManyExpertsMatchTheCpu) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  constexpr int64_t kExperts = 64, kWidth = 48, kHidden = 160;
+  std::vector<std::unique_ptr<Fp8Pair>> experts;
+  std::vector<Fp8DeviceMatrix> device;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    experts.push_back(std::make_unique<Fp8Pair>(kWidth, kHidden, 128, 128, 1000 + e));
+    device.push_back(experts.back()->device);
+  }
+  // Uneven rows per expert: 0 for every third, up to 11 (both kernels) otherwise.
+  std::vector<int64_t> offsets = {0};
+  for (int64_t e = 0; e < kExperts; ++e) offsets.push_back(offsets.back() + (e % 3 ? e % 12 : 0));
+  const int64_t rows = offsets.back();
+  const std::vector<float> x = RandomVector(rows * kHidden, 3, 1.0f);
+  std::vector<float> want(rows * kWidth);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    const int64_t r = offsets[e + 1] - offsets[e];
+    if (r > 0) {
+      Linear(x.data() + offsets[e] * kHidden, r, experts[e]->host, nullptr,
+             want.data() + offsets[e] * kWidth);
+    }
+  }
+  DeviceBuffer dx = Upload(x);
+  DeviceBuffer dy = Upload(std::vector<float>(rows * kWidth, std::nanf("")));
+  ASSERT_EQ(LaunchFp8Experts(static_cast<const float*>(dx.get()), offsets.data(), device.data(),
+                             kExperts, static_cast<float*>(dy.get()), nullptr),
+            cudaSuccess);
+  const std::vector<float> got = Download(dy, want.size());
+  for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
+  EXPECT_LT(RelativeError(got, want), 1e-5);
+}
+
+}  // namespace
+}  // namespace glmserve::cuda
