@@ -108,12 +108,6 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<RunnerCase, std::s
  protected:
   void SetUp() override {
     GLM_REQUIRE_RUNNER(std::get<0>(GetParam()));
-    absl::StatusOr<ModelConfig> config =
-        LoadConfigFile(testing::GoldenDir(std::get<1>(GetParam())) + "/config.json");
-    if (std::get<0>(GetParam()).device == DeviceKind::kCuda && config.ok() && config->is_mla()) {
-      // Issue 15's GPU half: the refusal itself is asserted by CudaModelGlm5.
-      GTEST_SKIP() << "the CUDA backend has no GLM-5 (MLA + DSA) kernels yet";
-    }
   }
 };
 

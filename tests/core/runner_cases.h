@@ -22,14 +22,15 @@ struct RunnerCase {
   bool exact() const { return device == DeviceKind::kCpu; }
 };
 
-// GLM-5 runs on the CPU only so far (the CUDA backend refuses it: CudaModelGlm5).
 inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_f32", DeviceKind::kCpu, DType::kF32},
     {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
     {"cuda_bf16", DeviceKind::kCuda, DType::kBF16},
     {"cuda_f32", DeviceKind::kCuda, DType::kF32},
     {"cpu_f32_glm5", DeviceKind::kCpu, DType::kF32, "tiny-glm5"},
-    {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"}};
+    {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"},
+    {"cuda_bf16_glm5", DeviceKind::kCuda, DType::kBF16, "tiny-glm5"},
+    {"cuda_f32_glm5", DeviceKind::kCuda, DType::kF32, "tiny-glm5"}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

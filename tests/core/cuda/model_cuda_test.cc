@@ -90,44 +90,13 @@ void ExpectRowsMatch(const std::vector<float>& got, const std::vector<float>& wa
   for (int64_t r = 0; r < rows; ++r) {
     errors[r] = RelativeError(got.data() + r * width, want.data() + r * width, width);
   }
+  if (getenv("GLM_DEBUG_ROWS")) for (int64_t r = 0; r < rows; ++r) fprintf(stderr, "row %ld err %g\n", (long)r, errors[r]);
   std::vector<double> sorted = errors;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_LT(sorted[rows / 2], kModelTolerance / 2) << "median row error";
   const int64_t outliers =
       std::count_if(errors.begin(), errors.end(), [](double e) { return e > kModelTolerance; });
   EXPECT_LE(outliers, std::max<int64_t>(1, rows / 20)) << "rows beyond " << kModelTolerance;
-}
-
-// The golden cases of one architecture: GLM-4.5 ones run on the GPU; GLM-5 (glm_moe_dsa)
-// ones have no CUDA kernels yet and are checked to be refused (Glm5GoldensAreRefused).
-namespace fs = std::filesystem;
-
-std::vector<std::string> GoldenCases(bool glm5 = false) {
-  std::vector<std::string> cases;
-  for (const auto& entry : fs::directory_iterator(glmserve::testing::GoldenDir(""))) {
-    if (!fs::exists(entry.path() / "expected.json")) continue;
-    absl::StatusOr<ModelConfig> c = LoadConfigFile(entry.path() / "config.json");
-    if (c.ok() && c->is_mla() == glm5) cases.push_back(entry.path().filename());
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
-
-// Needs no GPU: the refusal comes before any device call. A random GLM-5 model, and every
-// GLM-5 golden the golden directory holds (a GPU bundle may carry a pruned set).
-TEST(CudaModelGlm5, Glm5IsRefusedWithUnimplemented) {
-  std::vector<ModelWeights> models;
-  models.push_back(Random("tiny-glm5", DType::kBF16));
-  for (const std::string& name : GoldenCases(/*glm5=*/true)) {
-    absl::StatusOr<ModelWeights> w = LoadCheckpoint(glmserve::testing::GoldenDir(name));
-    ASSERT_TRUE(w.ok()) << w.status();
-    models.push_back(*std::move(w));
-  }
-  for (ModelWeights& w : models) {
-    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(std::move(w));
-    ASSERT_FALSE(m.ok());
-    EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << m.status();
-  }
 }
 
 class CudaModelTest : public ::testing::TestWithParam<DType> {
@@ -142,6 +111,17 @@ TEST_P(CudaModelTest, GpuMatchesCpuOnARandomModel) {
   // 300 tokens with 16-token blocks: many key chunks, several prefill tiles.
   const std::vector<int32_t> ids = Tokens(300, 9);
   ExpectRowsMatch(FullForward(*gpu, ids, 16), FullForward(cpu, ids, 16), cpu.config().vocab_size);
+}
+
+// GLM-5 (MLA over the latent cache + the DSA indexer): 40 tokens with tiny-glm5's index_topk
+// 8, so 32 queries attend to an indexer selection (full and shared layers, dense and MoE).
+TEST_P(CudaModelTest, Glm5GpuMatchesCpuOnARandomModel) {
+  CpuModel cpu(Random("tiny-glm5", GetParam()));
+  std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny-glm5", GetParam()));
+  ASSERT_NE(gpu, nullptr);
+  EXPECT_EQ(gpu->kv_bytes_per_token(), cpu.kv_bytes_per_token() / 2);  // bf16 latent rows
+  const std::vector<int32_t> ids = Tokens(40, 5);
+  ExpectRowsMatch(FullForward(*gpu, ids, 4), FullForward(cpu, ids, 4), cpu.config().vocab_size);
 }
 
 TEST_P(CudaModelTest, BatchedGraphDecodeEqualsEagerAndAlone) {
@@ -269,5 +249,18 @@ TEST(CudaModelMini, RealVocabularyAndWidthsMatchCpu) {
   EXPECT_EQ(gpu->kv_bytes_per_token(), 2 * 2 * gpu->config().kv_dim() * 2);
 }
 
+}  // namespace
+}  // namespace glmserve::cuda
+namespace glmserve::cuda {
+namespace {
+TEST(DebugGlm5, CpuF32VsCpuBf16) {
+  CpuModel a(Random("tiny-glm5", DType::kF32));
+  CpuModel b(Random("tiny-glm5", DType::kBF16));
+  const std::vector<int32_t> ids = Tokens(40, 5);
+  ExpectRowsMatch(FullForward(a, ids, 4), FullForward(b, ids, 4), a.config().vocab_size);
+  CpuModel c(Random("tiny", DType::kF32));
+  CpuModel d(Random("tiny", DType::kBF16));
+  ExpectRowsMatch(FullForward(c, ids, 4), FullForward(d, ids, 4), c.config().vocab_size);
+}
 }  // namespace
 }  // namespace glmserve::cuda
