@@ -118,6 +118,19 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   const double tolerance = exact ? kExactTolerance : kBf16Tolerance;
   const std::string dir = testing::GoldenDir(name);
   const Expected expected = ReadExpected(dir);
+  // The bf16 device reproduces a fixture's expert routes and DSA selections only where the
+  // generator's margins exceed its rounding: make_goldens.py requires 5e-3 (MIN_ROUTE_GAP),
+  // which every GLM-4.5 fixture meets. glm5_fp32's margins are 1.8e-3 / 1.6e-3 (60 seeds of
+  // tools/make_goldens_glm5.py found none with both >= 5e-3): rounding its fp32 weights and
+  // activations to bf16 flips a route at position 3 (the CPU with only the weights rounded
+  // flips a selection too). The device runs glm5_bf16, its own precision, in full.
+  constexpr double kBf16SafeGap = 5e-3;
+  if (!exact && expected.weights_dtype != "bfloat16" &&
+      std::min(expected.min_route_gap, expected.min_index_gap) < kBf16SafeGap) {
+    GTEST_SKIP() << name << ": selection margins " << expected.min_route_gap << " (router), "
+                 << expected.min_index_gap << " (indexer) are below the " << kBf16SafeGap
+                 << " a bf16 device preserves for an fp32 checkpoint";
+  }
   absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->weight_dtype,
