@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
     return absl::FailedPreconditionError(
         "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5 and int8
-  // weights stay on the CPU).
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights stay on
+  // the CPU).
   const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !quantized;
   if (device == DeviceKind::kCuda ||
       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {

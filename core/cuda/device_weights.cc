@@ -1,9 +1,10 @@
+#include "core/cuda/device_weights.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/device_weights.h"
 #include "core/dtype.h"
 #include "core/ops/rope.h"
 #include "core/parallel.h"
@@ -309,9 +310,9 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     d.o = bf16(o.o);
     d.q_norm = f32(o.q_norm);
     d.k_norm = f32(o.k_norm);
-    d.mla = {bf16(o.q_a),  f32(o.q_a_norm),  bf16(o.q_b),       bf16(o.kv_a),
-             f32(o.kv_a_norm), bf16(o.kv_b), bf16(o.mla_o), bf16(o.wq_b),
-             bf16(o.wk),   f32(o.ik_norm),   f32(o.ik_norm_bias), f32(o.weights_proj)};
+    d.mla = {bf16(o.q_a),      f32(o.q_a_norm), bf16(o.q_b),         bf16(o.kv_a),
+             f32(o.kv_a_norm), bf16(o.kv_b),    bf16(o.mla_o),       bf16(o.wq_b),
+             bf16(o.wk),       f32(o.ik_norm),  f32(o.ik_norm_bias), f32(o.weights_proj)};
     d.is_moe = l.is_moe;
     if (!l.is_moe) {
       d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows};

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
   const int64_t di = s.head_dim;
   float* cos_s = smem;
   float* sin_s = smem + half;
-  float* rot = smem + 2 * half;     // [Hi + 1, dr]
+  float* rot = smem + 2 * half;            // [Hi + 1, dr]
   float* normed = rot + (heads + 1) * dr;  // [Di]
   const int64_t t = blockIdx.x;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
   extern __shared__ float smem[];
   __shared__ float scratch[32];
   const int64_t hi = s.heads, di = s.head_dim, k = s.topk;
-  float* q_s = smem;        // [Hi, Di]
+  float* q_s = smem;            // [Hi, Di]
   float* w_s = smem + hi * di;  // [Hi]
   float* scores = scores_all + blockIdx.x * max_kv_len;
   const int32_t* tile = tiles + (tile_begin + blockIdx.x) * kTileInts;
@@ -156,11 +156,11 @@ cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles,
-                              int tile_begin, int tile_end, int64_t max_kv_len,
-                              const int32_t* block_tables, const uint16_t* cache_layer,
-                              const IndexerShapeDev& shape, const MlaShapeDev& mla, float* scores,
-                              int32_t* sel_count, int32_t* sel_pos, cudaStream_t stream) {
+cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
+                              int tile_end, int64_t max_kv_len, const int32_t* block_tables,
+                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
+                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              int32_t* sel_pos, cudaStream_t stream) {
   if (tile_end <= tile_begin) return cudaSuccess;
   if (shape.topk <= 0 || max_kv_len <= 0 || mla.block_size <= 0) return cudaErrorInvalidValue;
   const size_t smem = sizeof(float) * (shape.heads * shape.head_dim + shape.heads);

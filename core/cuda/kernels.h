@@ -94,7 +94,7 @@ struct MlaShapeDev {
   int64_t latent_dim = 0;  // R
   int64_t row_width = 0;   // values per cache row (R + dr [+ Di])
   int64_t block_size = 0;
-  float scale = 1.0f;      // qk_head_dim^-0.5
+  float scale = 1.0f;  // qk_head_dim^-0.5
   GLM_HD int64_t qk_dim() const { return nope_dim + rope_dim; }
 };
 // Per token t: rotates the last dr channels of every head of q ([tokens, H, dn + dr] fp32, in
@@ -116,16 +116,16 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
                                const uint16_t* kv_b, const MlaShapeDev& shape,
-                               const int32_t* sel_count, const int32_t* sel_pos,
-                               int64_t sel_stride, uint16_t* out, cudaStream_t stream);
+                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
+                               uint16_t* out, cudaStream_t stream);
 
 // ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
 struct IndexerShapeDev {
-  int64_t heads = 0;         // Hi
-  int64_t head_dim = 0;      // Di
-  int64_t rope_dim = 0;      // dr (rotary channels at the front of each head)
-  int64_t topk = 0;          // index_topk
-  int64_t key_offset = 0;    // where the indexer key sits in a cache row (R + dr)
+  int64_t heads = 0;       // Hi
+  int64_t head_dim = 0;    // Di
+  int64_t rope_dim = 0;    // dr (rotary channels at the front of each head)
+  int64_t topk = 0;        // index_topk
+  int64_t key_offset = 0;  // where the indexer key sits in a cache row (R + dr)
 };
 // Per token t: iq [tokens, Hi * Di] fp32 gets RoPE_interleaved on each head's first dr
 // channels (in place); ik [tokens, Di] fp32 is LayerNormed (gain, bias, eps; in place), its
@@ -141,11 +141,11 @@ cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
 // and the topk largest (ties to the lower position) written ascending to sel_pos[t * topk ..],
 // sel_count[t] = topk; otherwise sel_count[t] = -1 (every causal key). `scores`: scratch of
 // (tile_end - tile_begin) * max_kv_len floats.
-cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles,
-                              int tile_begin, int tile_end, int64_t max_kv_len,
-                              const int32_t* block_tables, const uint16_t* cache_layer,
-                              const IndexerShapeDev& shape, const MlaShapeDev& mla, float* scores,
-                              int32_t* sel_count, int32_t* sel_pos, cudaStream_t stream);
+cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
+                              int tile_end, int64_t max_kv_len, const int32_t* block_tables,
+                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
+                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              int32_t* sel_pos, cudaStream_t stream);
 
 // ---- moe.cu ---------------------------------------------------------------------------
 // Router rows (rowmath::RouteRow): logits [tokens, n_experts] fp32 -> experts, weights

@@ -84,8 +84,8 @@ absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer,
                        Bf16(a_.q_resid, q_rank), t, a_.iq, CUDA_R_32F, hi * di));
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.wk, hidden), di, hidden, Bf16(a_.x, hidden), t, a_.ik,
                        CUDA_R_32F, di));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(m.weights_proj, hidden), hi, hidden,
-                       F32(a_.x32, hidden), t, a_.iw, CUDA_R_32F, hi));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(m.weights_proj, hidden), hi, hidden, F32(a_.x32, hidden),
+                       t, a_.iw, CUDA_R_32F, hi));
   GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerPrepare(
       a_.iq, a_.ik, a_.iw, t, shape, mla, m.k_norm, m.k_norm_bias, kLatentEps, weights_.inv_freq,
       meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));

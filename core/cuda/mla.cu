@@ -166,8 +166,8 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
                                const uint16_t* kv_b, const MlaShapeDev& shape,
-                               const int32_t* sel_count, const int32_t* sel_pos,
-                               int64_t sel_stride, uint16_t* out, cudaStream_t stream) {
+                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
+                               uint16_t* out, cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;
   if (shape.heads <= 0 || shape.heads > 65535 || shape.block_size <= 0 ||
       (sel_count != nullptr && sel_pos == nullptr)) {

@@ -270,8 +270,7 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
       a_.x = cv.Take<uint16_t>(t * hidden);
       a_.x32 = cv.Take<float>(has_moe_ || has_indexer_ ? t * hidden : 0);
       a_.qkv = cv.Take<float>(is_mla_ ? 0 : t * (c.q_dim() + 2 * c.kv_dim()));
-      a_.attn = cv.Take<uint16_t>(
-          t * (is_mla_ ? c.num_attention_heads * c.v_head_dim : c.q_dim()));
+      a_.attn = cv.Take<uint16_t>(t * (is_mla_ ? c.num_attention_heads * c.v_head_dim : c.q_dim()));
       a_.gate_up = cv.Take<float>(2 * gu_rows_width);
       a_.act = cv.Take<uint16_t>(gu_rows_width);
       const int64_t moe_p = has_moe_ ? p : 0;

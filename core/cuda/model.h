@@ -162,8 +162,8 @@ class CudaModel final : public ModelRunner {
   bool has_embedding_ = false;
   bool has_head_ = false;
   bool has_moe_ = false;
-  bool is_mla_ = false;        // GLM-5: latent cache, MLA and the DSA indexer
-  bool has_indexer_ = false;   // some span layer is a "full" indexer layer
+  bool is_mla_ = false;       // GLM-5: latent cache, MLA and the DSA indexer
+  bool has_indexer_ = false;  // some span layer is a "full" indexer layer
   rowmath::RouterRowParams router_;
   int tile_tokens_ = 1;
 

@@ -204,10 +204,10 @@ TEST_F(MlaKernels, IndexerTopkMatchesCpuIncludingTies) {
   }
   EXPECT_EQ(sparse, (30 - 8) + (13 - 8));
   EXPECT_GT(tie_rows, 0) << "the duplicated keys decided no row";
-  std::printf("[ indexer top-k ] %ld sparse rows identical; duplicated-key ties decided %ld, "
-              "zero-score rows with a non-prefix list %ld\n",
-              static_cast<long>(sparse), static_cast<long>(tie_rows),
-              static_cast<long>(zero_ties));
+  std::printf(
+      "[ indexer top-k ] %ld sparse rows identical; duplicated-key ties decided %ld, "
+      "zero-score rows with a non-prefix list %ld\n",
+      static_cast<long>(sparse), static_cast<long>(tie_rows), static_cast<long>(zero_ties));
 }
 
 TEST_F(MlaKernels, AbsorbedAttentionMatchesCpu) {
@@ -230,8 +230,7 @@ TEST_F(MlaKernels, AbsorbedAttentionMatchesCpu) {
     std::vector<float> q_lat(m.heads * t * m.latent_dim), out_lat(q_lat.size());
     std::vector<float> want(t * m.heads * m.v_dim);
     AbsorbQuery(q.data(), t, absorbed, m, q_lat.data());
-    LatentAttention(q_lat.data(), q.data(), s.batch.sequences, *s.host, 0, use, m,
-                    out_lat.data());
+    LatentAttention(q_lat.data(), q.data(), s.batch.sequences, *s.host, 0, use, m, out_lat.data());
     ExpandValues(out_lat.data(), t, w, m, want.data());
 
     std::vector<int32_t> count(t, -1), positions(t * k, 0);
@@ -245,12 +244,12 @@ TEST_F(MlaKernels, AbsorbedAttentionMatchesCpu) {
     DeviceBuffer tiles = Upload(s.plan.tiles), tables = Upload(s.plan.block_tables);
     DeviceBuffer d_count = Upload(count), d_pos = Upload(positions);
     DeviceBuffer out = Poisoned<uint16_t>(t * m.heads * m.v_dim);
-    ASSERT_EQ(LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(),
-                                 static_cast<int>(s.plan.num_tiles), tables.as<int32_t>(),
-                                 cache.as<uint16_t>(), d_w.as<uint16_t>(), s.Dev(),
-                                 dense ? nullptr : d_count.as<int32_t>(), d_pos.as<int32_t>(), k,
-                                 out.as<uint16_t>(), nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(), static_cast<int>(s.plan.num_tiles),
+                           tables.as<int32_t>(), cache.as<uint16_t>(), d_w.as<uint16_t>(), s.Dev(),
+                           dense ? nullptr : d_count.as<int32_t>(), d_pos.as<int32_t>(), k,
+                           out.as<uint16_t>(), nullptr),
+        cudaSuccess);
     const std::vector<float> got = FromBf16(Download<uint16_t>(out, want.size()));
     const double err = RelativeError(got, want);
     EXPECT_LT(err, 1e-2) << (dense ? "dense" : "sparse");
@@ -279,15 +278,15 @@ TEST_F(MlaKernels, RopeNormsAndCacheWritesMatchCpu) {
   DeviceBuffer d_pos = Upload(positions), d_slots = Upload(s.plan.slots);
   const int64_t cache_n = s.host->shape().num_blocks * s.block_size * m.row_width();
   DeviceBuffer cache = Poisoned<uint16_t>(cache_n);
-  ASSERT_EQ(LaunchMlaRopeLatentWrite(d_q.as<float>(), d_kv.as<float>(), t, s.Dev(),
-                                     d_gain.as<float>(), 1e-6f, d_freq.as<float>(),
-                                     d_pos.as<int32_t>(), d_slots.as<int32_t>(),
-                                     cache.as<uint16_t>(), nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      LaunchMlaRopeLatentWrite(d_q.as<float>(), d_kv.as<float>(), t, s.Dev(), d_gain.as<float>(),
+                               1e-6f, d_freq.as<float>(), d_pos.as<int32_t>(),
+                               d_slots.as<int32_t>(), cache.as<uint16_t>(), nullptr),
+      cudaSuccess);
   ASSERT_EQ(LaunchIndexerPrepare(d_iq.as<float>(), d_ik.as<float>(), d_iw.as<float>(), t,
-                                 s.DevIndexer(), s.Dev(), d_lg.as<float>(), d_lb.as<float>(),
-                                 1e-6f, d_freq.as<float>(), d_pos.as<int32_t>(),
-                                 d_slots.as<int32_t>(), cache.as<uint16_t>(), nullptr),
+                                 s.DevIndexer(), s.Dev(), d_lg.as<float>(), d_lb.as<float>(), 1e-6f,
+                                 d_freq.as<float>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(),
+                                 cache.as<uint16_t>(), nullptr),
             cudaSuccess);
   // The CPU backend's steps (core/model_mla.cc, IndexerProject).
   std::vector<float> latent(t * r), k_rot(t * dr);
