@@ -91,9 +91,15 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     const int64_t mla_smem = 4 * (c.qk_head_dim() + 2 * c.kv_lora_rank);
     if (index_smem > 48 * 1024 || mla_smem > 48 * 1024) {
       return absl::UnimplementedError(absl::StrCat(
-          "CUDA backend: index_n_heads x index_head_dim ", c.index_n_heads * c.index_head_dim,
-          " (max 12256) or qk_head_dim + 2 kv_lora_rank ", c.qk_head_dim() + 2 * c.kv_lora_rank,
-          " (max 12288) too large for the MLA kernels"));
+          "CUDA backend: index_n_heads x (index_head_dim + 1) = ", index_smem / 4,
+          " or qk_head_dim + 2 kv_lora_rank = ", mla_smem / 4,
+          " exceeds the MLA kernels' 12288 shared-memory floats"));
+    }
+    // A shared indexer layer reads the selection of the full layer before it in the same
+    // step (CreateModelRunner refuses such spans too; CudaModel::Create is public).
+    if (!weights.layers.empty() && weights.layers[0].mla.indexer.empty()) {
+      return absl::InvalidArgumentError(
+          "the layer span starts at a 'shared' DSA indexer layer; start it at a 'full' layer");
     }
   } else if (c.head_dim > kMaxHeadDim || group > kMaxGqaGroup) {
     return absl::UnimplementedError(

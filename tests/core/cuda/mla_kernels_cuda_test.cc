@@ -146,7 +146,7 @@ struct LatentFixture {
   }
 };
 
-class MlaKernels : public ::testing::Test {
+class CudaMlaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     GLM_REQUIRE_CUDA_DEVICE();
@@ -154,7 +154,7 @@ class MlaKernels : public ::testing::Test {
   }
 };
 
-TEST_F(MlaKernels, IndexerTopkMatchesCpuIncludingTies) {
+TEST_F(CudaMlaKernels, IndexerTopkMatchesCpuIncludingTies) {
   LatentFixture s;
   const int64_t t = s.tokens, hi = s.idx.heads, di = s.idx.head_dim, k = s.idx.topk;
   const std::vector<float> iq = RandomVector(t * hi * di, 7);
@@ -210,7 +210,7 @@ TEST_F(MlaKernels, IndexerTopkMatchesCpuIncludingTies) {
       static_cast<long>(sparse), static_cast<long>(tie_rows), static_cast<long>(zero_ties));
 }
 
-TEST_F(MlaKernels, AbsorbedAttentionMatchesCpu) {
+TEST_F(CudaMlaKernels, AbsorbedAttentionMatchesCpu) {
   LatentFixture s;
   const MlaShape& m = s.mla;
   const int64_t t = s.tokens, k = s.idx.topk;
@@ -258,7 +258,7 @@ TEST_F(MlaKernels, AbsorbedAttentionMatchesCpu) {
   }
 }
 
-TEST_F(MlaKernels, RopeNormsAndCacheWritesMatchCpu) {
+TEST_F(CudaMlaKernels, RopeNormsAndCacheWritesMatchCpu) {
   LatentFixture s;
   const MlaShape& m = s.mla;
   const int64_t t = s.tokens, r = m.latent_dim, dr = m.rope_dim, di = s.idx.head_dim;

@@ -164,7 +164,9 @@ TEST(CudaModelGlm5, SparseSelectionMatchesCpuOnMostRows) {
   for (int64_t r = 0; r < 40; ++r) {
     const double err = RelativeError(got.data() + r * vocab, want.data() + r * vocab, vocab);
     // The first index_topk rows attend densely: no selection to flip.
-    if (r < 8) EXPECT_LT(err, kModelTolerance) << "dense row " << r;
+    if (r < 8) {
+      EXPECT_LT(err, kModelTolerance) << "dense row " << r;
+    }
     beyond += err > kModelTolerance ? 1 : 0;
   }
   EXPECT_LE(beyond, 6) << "rows beyond " << kModelTolerance << " (selection flips)";
