@@ -24,10 +24,10 @@
 #include "absl/strings/str_split.h"
 #include "core/checkpoint.h"
 #include "core/cuda/cublas_api.h"
-#include "core/cuda/model.h"
-#include "core/cuda/runner.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/gemm.h"
+#include "core/cuda/model.h"
+#include "core/cuda/runner.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2", "preset with seeded random bf16 weights");
 ABSL_FLAG(std::string, batches, "1,8,64", "decode batch sizes");
@@ -135,11 +135,38 @@ double GemmRate(int64_t size) {
   return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
 }
 
+// Attention FLOPs of an n-token prefill from position 0: QK and PV over the causal keys
+// (GLM-4.5); for GLM-5 the latent scores and sums (2 (2R + dr) per head and attended key,
+// at most index_topk keys) plus the indexer's scoring (2 Hi Di per causal key, full layers).
+double AttentionFlops(const ModelConfig& c, int64_t n, int64_t layers) {
+  const double pairs = static_cast<double>(n) * (n + 1) / 2;
+  if (!c.is_mla()) return 4.0 * c.q_dim() * pairs * layers;
+  double attended = 0;
+  for (int64_t p = 0; p < n; ++p) attended += static_cast<double>(std::min(p + 1, c.index_topk));
+  double f = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    f += 2.0 * c.num_attention_heads * (2.0 * c.kv_lora_rank + c.qk_rope_head_dim) * attended;
+    if (c.has_indexer(l)) f += 2.0 * c.index_n_heads * c.index_head_dim * pairs;
+  }
+  return f;
+}
+
 // GEMM FLOPs per token of the span's projections (routed: top_k experts; lm_head excluded).
 double GemmFlopsPerToken(const ModelConfig& c, int64_t layers) {
   double f = 0;
   for (int64_t l = 0; l < layers; ++l) {
-    f += 2.0 * c.hidden_size * (c.q_dim() + 2 * c.kv_dim()) + 2.0 * c.hidden_size * c.q_dim();
+    if (c.is_mla()) {  // GLM-5: q_a, q_b, kv_a, o, the absorb / expand per head, the indexer
+      const double h = c.num_attention_heads, r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+      f += 2.0 * c.hidden_size * (c.q_lora_rank + r + dr) +
+           2.0 * c.q_lora_rank * h * c.qk_head_dim() + 2.0 * h * c.v_head_dim * c.hidden_size +
+           2.0 * h * r * (c.qk_nope_head_dim + c.v_head_dim);
+      if (c.has_indexer(l)) {
+        f += 2.0 * c.q_lora_rank * c.index_n_heads * c.index_head_dim +
+             2.0 * c.hidden_size * (c.index_head_dim + c.index_n_heads);
+      }
+    } else {
+      f += 2.0 * c.hidden_size * (c.q_dim() + 2 * c.kv_dim()) + 2.0 * c.hidden_size * c.q_dim();
+    }
     if (c.is_moe_layer(l)) {
       f += 2.0 * c.hidden_size * c.n_routed_experts;
       f += 2.0 * 3 * c.hidden_size * c.moe_intermediate_size *
@@ -223,8 +250,7 @@ int Main() {
     for (int i = 0; i < reps; ++i) Prefill(*model, cache.get(), tables, n, n);
     const double step = Since(t0) / reps;
     const double flops = GemmFlopsPerToken(model->config(), layers) * n;
-    const double attn_flops =
-        4.0 * model->config().q_dim() * (static_cast<double>(n) * (n + 1) / 2) * layers;
+    const double attn_flops = AttentionFlops(model->config(), n, layers);
     rows.push_back({absl::StrFormat("prefill %d tokens", n),
                     absl::StrFormat("%.0f tok/s", n / step),
                     absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP",

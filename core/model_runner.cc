@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
             ? "FP8 weights are not yet served by the CUDA backend (docs/fp8.md): use --device=cpu"
             : "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (GLM-5, int8 and FP8
-  // weights stay on the CPU).
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 and FP8 weights
+  // stay on the CPU).
   const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !quantized;
   if (device == DeviceKind::kCuda ||
       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {

@@ -38,7 +38,8 @@ GoldenExpected ReadGoldenExpected(const std::string& dir) {
   text << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(text.str());
   return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
-          j["weights_dtype"].get<std::string>(), j.contains("fp8")};
+          j["weights_dtype"].get<std::string>(), j.contains("fp8"),
+          j.value("min_route_gap", double{INFINITY}), j.value("min_index_gap", double{INFINITY})};
 }
 
 double RelativeError(const float* a, const float* b, int64_t n) {

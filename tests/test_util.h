@@ -15,12 +15,16 @@ std::string GoldenDir(const std::string& name);
 // The names of the golden fixtures in GoldenDir("") (folders holding an expected.json), sorted.
 std::vector<std::string> GoldenCases();
 
-// A fixture's expected.json: the prompt, the reference's greedy tokens, the weights' dtype.
+// A fixture's expected.json: the prompt, the reference's greedy tokens, the weights' dtype,
+// and the generator's smallest router and DSA-indexer selection margins (infinity when the
+// fixture records none: no MoE layer or no sparse query).
 struct GoldenExpected {
   std::vector<int32_t> prompt;
   std::vector<int32_t> greedy;
   std::string weights_dtype;
   bool fp8 = false;  // an FP8 checkpoint (tools/make_goldens_fp8.py): weights stay e4m3
+  double min_route_gap = 0;
+  double min_index_gap = 0;
 };
 GoldenExpected ReadGoldenExpected(const std::string& dir);
 

@@ -15,7 +15,7 @@
 # (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
-# and .xml, gpu_bench.log, server.log, client_bench_c<N>.log, sampler_bench.log,
+# and .xml, gpu_bench.log, gpu_bench_glm5.log, server.log, client_bench_c<N>.log, sampler_bench.log,
 # host_bench.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
@@ -107,6 +107,10 @@ run_step() {  # name log command...
 if [ "$gpu" = 1 ]; then
   run_step gpu_bench "$out/gpu_bench.log" "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 \
     --batches=1,8,64 --context=512 --decode_steps=32 --prefill_tokens=2048
+  # GLM-5's MLA + DSA kernels (plain ones, never timed on hardware): a context past
+  # index_topk (2048), so decode runs the indexer's selection.
+  run_step gpu_bench_glm5 "$out/gpu_bench_glm5.log" "$here/bin/gpu_bench" \
+    --model=glm-5:layers=2 --batches=1,8 --context=3000 --decode_steps=8 --prefill_tokens=1024
 
   # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures).
   port=$((20000 + ($$ % 20000)))

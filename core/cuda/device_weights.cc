@@ -1,9 +1,10 @@
+#include "core/cuda/device_weights.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/device_weights.h"
 #include "core/dtype.h"
 #include "core/ops/rope.h"
 #include "core/parallel.h"
@@ -127,7 +128,43 @@ struct LayerOffsets {
   int64_t input_norm = -1, post_norm = -1, qkv = -1, qkv_bias = -1, o = -1, q_norm = -1,
           k_norm = -1, dense_gate_up = -1, dense_down = -1, router = -1, router_bias = -1,
           experts_gate_up = -1, experts_down = -1, shared_gate_up = -1, shared_down = -1;
+  // GLM-5
+  int64_t q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1, mla_o = -1,
+          wq_b = -1, wk = -1, ik_norm = -1, ik_norm_bias = -1, weights_proj = -1;
 };
+
+// GLM-5's attention tensors, checked against the config's widths.
+void PlanMla(const ModelConfig& c, const MlaWeights& m, ImagePlan& plan, LayerOffsets& o) {
+  const int64_t hidden = c.hidden_size, q_rank = c.q_lora_rank, r = c.kv_lora_rank;
+  const int64_t dr = c.qk_rope_head_dim, heads = c.num_attention_heads;
+  o.q_a = plan.Begin();
+  plan.AddMatrix(m.q_a_proj, q_rank, hidden, Target::kBf16);
+  o.q_a_norm = plan.Begin();
+  plan.AddVector(m.q_a_norm, q_rank);
+  o.q_b = plan.Begin();
+  plan.AddMatrix(m.q_b_proj, heads * c.qk_head_dim(), q_rank, Target::kBf16);
+  o.kv_a = plan.Begin();
+  plan.AddMatrix(m.kv_a_proj, r + dr, hidden, Target::kBf16);
+  o.kv_a_norm = plan.Begin();
+  plan.AddVector(m.kv_a_norm, r);
+  o.kv_b = plan.Begin();
+  plan.AddMatrix(m.kv_b_proj, heads * (c.qk_nope_head_dim + c.v_head_dim), r, Target::kBf16);
+  o.mla_o = plan.Begin();
+  plan.AddMatrix(m.o_proj, hidden, heads * c.v_head_dim, Target::kBf16);
+  if (m.indexer.empty()) return;
+  const IndexerWeights& x = m.indexer;
+  const int64_t di = c.index_head_dim;
+  o.wq_b = plan.Begin();
+  plan.AddMatrix(x.wq_b, c.index_n_heads * di, q_rank, Target::kBf16);
+  o.wk = plan.Begin();
+  plan.AddMatrix(x.wk, di, hidden, Target::kBf16);
+  o.ik_norm = plan.Begin();
+  plan.AddVector(x.k_norm, di);
+  o.ik_norm_bias = plan.Begin();
+  plan.AddVector(x.k_norm_bias, di);
+  o.weights_proj = plan.Begin();
+  plan.AddMatrix(x.weights_proj, c.index_n_heads, hidden, Target::kF32);
+}
 
 absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
   if (f.gate.empty() || f.up.empty() || f.down.empty() || f.gate.cols != hidden ||
@@ -161,23 +198,27 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     plan.AddVector(l.input_norm, hidden);
     o.post_norm = plan.Begin();
     plan.AddVector(l.post_attention_norm, hidden);
-    o.qkv = plan.Begin();
-    plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
-    plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
-    plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
-    if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
-      o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
-      plan.AddVector(a.q_bias, c.q_dim());
-      plan.AddVector(a.k_bias, c.kv_dim());
-      plan.AddVector(a.v_bias, c.kv_dim());
-    }
-    o.o = plan.Begin();
-    plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
-    if (!a.q_norm.empty()) {
-      o.q_norm = plan.Begin();
-      plan.AddVector(a.q_norm, c.head_dim);
-      o.k_norm = plan.Begin();
-      plan.AddVector(a.k_norm, c.head_dim);
+    if (c.is_mla()) {
+      PlanMla(c, l.mla, plan, o);
+    } else {
+      o.qkv = plan.Begin();
+      plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
+      plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
+      plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
+      if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
+        o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
+        plan.AddVector(a.q_bias, c.q_dim());
+        plan.AddVector(a.k_bias, c.kv_dim());
+        plan.AddVector(a.v_bias, c.kv_dim());
+      }
+      o.o = plan.Begin();
+      plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
+      if (!a.q_norm.empty()) {
+        o.q_norm = plan.Begin();
+        plan.AddVector(a.q_norm, c.head_dim);
+        o.k_norm = plan.Begin();
+        plan.AddVector(a.k_norm, c.head_dim);
+      }
     }
     if (!l.is_moe) {
       RETURN_IF_ERROR(CheckFfn(l.dense, hidden, "dense FFN"));
@@ -269,6 +310,9 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     d.o = bf16(o.o);
     d.q_norm = f32(o.q_norm);
     d.k_norm = f32(o.k_norm);
+    d.mla = {bf16(o.q_a),      f32(o.q_a_norm), bf16(o.q_b),         bf16(o.kv_a),
+             f32(o.kv_a_norm), bf16(o.kv_b),    bf16(o.mla_o),       bf16(o.wq_b),
+             bf16(o.wk),       f32(o.ik_norm),  f32(o.ik_norm_bias), f32(o.weights_proj)};
     d.is_moe = l.is_moe;
     if (!l.is_moe) {
       d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows};

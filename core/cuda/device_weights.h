@@ -23,7 +23,25 @@ struct DeviceFfn {
   bool present() const { return gate_up != nullptr; }
 };
 
+// GLM-5's attention (docs/glm5.md); the indexer pointers are null on "shared" layers.
+struct DeviceMla {
+  const uint16_t* q_a = nullptr;        // [Q, hidden]
+  const float* q_a_norm = nullptr;      // [Q]
+  const uint16_t* q_b = nullptr;        // [H * (dn + dr), Q]
+  const uint16_t* kv_a = nullptr;       // [R + dr, hidden]
+  const float* kv_a_norm = nullptr;     // [R]
+  const uint16_t* kv_b = nullptr;       // [H * (dn + dv), R]
+  const uint16_t* o = nullptr;          // [hidden, H * dv]
+  const uint16_t* wq_b = nullptr;       // [Hi * Di, Q]
+  const uint16_t* wk = nullptr;         // [Di, hidden]
+  const float* k_norm = nullptr;        // [Di] LayerNorm gain
+  const float* k_norm_bias = nullptr;   // [Di]
+  const float* weights_proj = nullptr;  // [Hi, hidden] fp32 (kept fp32, as the reference)
+  bool has_indexer() const { return wq_b != nullptr; }
+};
+
 struct DeviceLayer {
+  DeviceMla mla;                      // GLM-5 layers (qkv, o, q_norm, k_norm then null)
   const float* input_norm = nullptr;  // [hidden]
   const float* post_norm = nullptr;   // [hidden]
   const uint16_t* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]

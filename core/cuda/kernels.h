@@ -114,6 +114,70 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
                                  const AttentionShape& shape, int num_splits, float* scratch,
                                  uint16_t* out, cudaStream_t stream);
 
+// ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
+// The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,
+// row = [ latent (R) | k_rot (dr) | indexer key (Di, full layers) ].
+struct MlaShapeDev {
+  int64_t heads = 0;       // H
+  int64_t nope_dim = 0;    // dn
+  int64_t rope_dim = 0;    // dr
+  int64_t v_dim = 0;       // dv
+  int64_t latent_dim = 0;  // R
+  int64_t row_width = 0;   // values per cache row (R + dr [+ Di])
+  int64_t block_size = 0;
+  float scale = 1.0f;  // qk_head_dim^-0.5
+  GLM_HD int64_t qk_dim() const { return nope_dim + rope_dim; }
+};
+// Per token t: rotates the last dr channels of every head of q ([tokens, H, dn + dr] fp32, in
+// place; RoPE_interleaved: pair (2i, 2i + 1) -> (i, i + dr / 2)); RMSNorms the latent
+// kv_a[t, :R] (gain [R], eps) and rotates k_rot = kv_a[t, R:R + dr] (kv_a: [tokens, R + dr]
+// fp32) and stores both as bf16 at [0, R + dr) of cache slot slots[t] (< 0: not stored).
+cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens,
+                                     const MlaShapeDev& shape, const float* kv_norm, float eps,
+                                     const float* inv_freq, const int32_t* positions,
+                                     const int32_t* slots, uint16_t* cache_layer,
+                                     cudaStream_t stream);
+// Absorbed attention over the latent cache, per tile (kTileInts, tile_tokens 1 or more) and
+// head: q_lat = W_uk[h]^T q_nope (kv_b: [H * (dn + dv), R] bf16; per head dn key rows then dv
+// value rows), score[p] = (q_lat . latent[p] + q_rot . k_rot[p]) * scale over the token's
+// positions (every p <= pos when sel_count[t] < 0, else sel_pos[t * sel_stride + i], i <
+// sel_count[t], ascending), online softmax in fp32, o_lat = sum_p w_p latent[p], out[t, h] =
+// W_uv[h] o_lat as bf16 ([tokens, H * dv]). sel_count null: every causal key. A tile with
+// kv_len 0 (padding) writes zeros.
+cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
+                               const int32_t* block_tables, const uint16_t* cache_layer,
+                               const uint16_t* kv_b, const MlaShapeDev& shape,
+                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
+                               uint16_t* out, cudaStream_t stream);
+
+// ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
+struct IndexerShapeDev {
+  int64_t heads = 0;       // Hi
+  int64_t head_dim = 0;    // Di
+  int64_t rope_dim = 0;    // dr (rotary channels at the front of each head)
+  int64_t topk = 0;        // index_topk
+  int64_t key_offset = 0;  // where the indexer key sits in a cache row (R + dr)
+};
+// Per token t: iq [tokens, Hi * Di] fp32 gets RoPE_interleaved on each head's first dr
+// channels (in place); ik [tokens, Di] fp32 is LayerNormed (gain, bias, eps; in place), its
+// first dr channels rotated, and stored as bf16 at key_offset of cache slot slots[t];
+// w [tokens, Hi] is scaled by Hi^-0.5 (in place).
+cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
+                                 const IndexerShapeDev& shape, const MlaShapeDev& mla,
+                                 const float* ln_gain, const float* ln_bias, float eps,
+                                 const float* inv_freq, const int32_t* positions,
+                                 const int32_t* slots, uint16_t* cache_layer, cudaStream_t stream);
+// Selection of tiles [tile_begin, tile_end): for each token at position pos with pos + 1 >
+// topk, s[p] = sum_h w[t, h] relu(iq[t, h] . ik[p] * Di^-0.5) over p <= pos (heads ascending)
+// and the topk largest (ties to the lower position) written ascending to sel_pos[t * topk ..],
+// sel_count[t] = topk; otherwise sel_count[t] = -1 (every causal key). `scores`: scratch of
+// (tile_end - tile_begin) * max_kv_len floats.
+cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
+                              int tile_end, int64_t max_kv_len, const int32_t* block_tables,
+                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
+                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              int32_t* sel_pos, cudaStream_t stream);
+
 // ---- moe.cu ---------------------------------------------------------------------------
 // Router rows (rowmath::RouteRow): logits [tokens, n_experts] fp32 -> experts, weights
 // [tokens, top_k].

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/model.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/model.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -30,11 +30,12 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
   const int64_t t = plan_.tokens;
   const float eps = static_cast<float>(c.rms_norm_eps);
   // h += previous FFN output (if any); x = RMSNorm_in(h).
+  // (an fp32 copy too for the DSA indexer's fp32 weights_proj)
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, *pending ? a_.delta : nullptr, l.input_norm, t,
-                                            c.hidden_size, eps, nullptr, a_.x, nullptr,
-                                            stream_.get()));
+                                            c.hidden_size, eps, nullptr, a_.x,
+                                            l.mla.has_indexer() ? a_.x32 : nullptr, stream_.get()));
   *pending = false;
-  RETURN_IF_ERROR(EnqueueAttention(layer, cache));
+  RETURN_IF_ERROR(is_mla_ ? EnqueueMla(layer, cache) : EnqueueAttention(layer, cache));
   // h += attention output; x = RMSNorm_post(h), in fp32 too for the router.
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, a_.delta, l.post_norm, t, c.hidden_size, eps,
                                             nullptr, a_.x, l.is_moe ? a_.x32 : nullptr,

@@ -81,8 +81,27 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   }
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
-  const int64_t group = c.num_attention_heads / c.num_key_value_heads;
-  if (c.head_dim > kMaxHeadDim || group > kMaxGqaGroup) {
+  is_mla_ = c.is_mla();
+  for (const LayerWeights& l : weights.layers) has_indexer_ |= is_mla_ && !l.mla.indexer.empty();
+  const int64_t group = is_mla_ ? 1 : c.num_attention_heads / c.num_key_value_heads;
+  if (is_mla_) {
+    // The indexer kernel stages one token's queries and head weights in 48 KiB of shared
+    // memory (GLM-5: 32 x 128); the attention kernel its q and latent vectors.
+    const int64_t index_smem = 4 * (c.index_n_heads * c.index_head_dim + c.index_n_heads);
+    const int64_t mla_smem = 4 * (c.qk_head_dim() + 2 * c.kv_lora_rank);
+    if (index_smem > 48 * 1024 || mla_smem > 48 * 1024) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA backend: index_n_heads x (index_head_dim + 1) = ", index_smem / 4,
+          " or qk_head_dim + 2 kv_lora_rank = ", mla_smem / 4,
+          " exceeds the MLA kernels' 12288 shared-memory floats"));
+    }
+    // A shared indexer layer reads the selection of the full layer before it in the same
+    // step (CreateModelRunner refuses such spans too; CudaModel::Create is public).
+    if (!weights.layers.empty() && weights.layers[0].mla.indexer.empty()) {
+      return absl::InvalidArgumentError(
+          "the layer span starts at a 'shared' DSA indexer layer; start it at a 'full' layer");
+    }
+  } else if (c.head_dim > kMaxHeadDim || group > kMaxGqaGroup) {
     return absl::UnimplementedError(
         absl::StrCat("CUDA backend: head_dim ", c.head_dim, " (max ", kMaxHeadDim, ") or ", group,
                      " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
@@ -94,7 +113,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   router_.topk_group = static_cast<int>(c.topk_group);
   router_.norm_topk_prob = c.norm_topk_prob;
   router_.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  tile_tokens_ = AttentionTileTokens(group);
+  // MLA tiles hold one token: its kernels run one block per (token, head).
+  tile_tokens_ = is_mla_ ? 1 : AttentionTileTokens(group);
 
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   cudaDeviceProp prop;
@@ -150,7 +170,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
 }
 
 int64_t CudaModel::kv_bytes_per_token() const {
-  return 2 * (layer_end_ - layer_begin_) * config_.kv_dim() * 2;
+  // bf16: K and V rows (GLM-4.5) or the latent row (GLM-5).
+  return (layer_end_ - layer_begin_) * config_.cache_values_per_token_layer() * 2;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_blocks,
@@ -161,12 +182,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
   if (num_blocks * block_size > int64_t{1} << 30) {
     return absl::InvalidArgumentError("CUDA KV cache: at most 2^30 token slots (int32 slot ids)");
   }
-  KvCacheShape shape;
-  shape.num_layers = layer_end_ - layer_begin_;
-  shape.kv_heads = config_.num_key_value_heads;
-  shape.head_dim = config_.head_dim;
-  shape.block_size = block_size;
-  shape.num_blocks = num_blocks;
+  const KvCacheShape shape =
+      CacheShapeFor(config_, layer_end_ - layer_begin_, num_blocks, block_size);
   absl::StatusOr<int64_t> checked_bytes = KvCacheBytes(shape, 2);  // bf16
   if (!checked_bytes.ok()) return checked_bytes.status();
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
@@ -257,9 +274,9 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
       a_.h = cv.Take<float>(t * hidden);
       a_.delta = cv.Take<float>(t * hidden);
       a_.x = cv.Take<uint16_t>(t * hidden);
-      a_.x32 = cv.Take<float>(has_moe_ ? t * hidden : 0);
-      a_.qkv = cv.Take<float>(t * (c.q_dim() + 2 * c.kv_dim()));
-      a_.attn = cv.Take<uint16_t>(t * c.q_dim());
+      a_.x32 = cv.Take<float>(has_moe_ || has_indexer_ ? t * hidden : 0);
+      a_.qkv = cv.Take<float>(is_mla_ ? 0 : t * (c.q_dim() + 2 * c.kv_dim()));
+      a_.attn = cv.Take<uint16_t>(t * (is_mla_ ? c.num_attention_heads * c.v_head_dim : c.q_dim()));
       a_.gate_up = cv.Take<float>(2 * gu_rows_width);
       a_.act = cv.Take<uint16_t>(gu_rows_width);
       const int64_t moe_p = has_moe_ ? p : 0;
@@ -270,6 +287,16 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
       a_.pair_pos = cv.Take<int32_t>(moe_p);
       a_.xp = cv.Take<uint16_t>(moe_p * hidden);
       a_.yp = cv.Take<float>(moe_p * hidden);
+      const int64_t mla_t = is_mla_ ? t : 0, idx_t = has_indexer_ ? t : 0;
+      a_.q_a = cv.Take<float>(mla_t * c.q_lora_rank);
+      a_.q_resid = cv.Take<uint16_t>(mla_t * c.q_lora_rank);
+      a_.mla_q = cv.Take<float>(mla_t * c.num_attention_heads * c.qk_head_dim());
+      a_.kv_a = cv.Take<float>(mla_t * (c.kv_lora_rank + c.qk_rope_head_dim));
+      a_.iq = cv.Take<float>(idx_t * c.index_n_heads * c.index_head_dim);
+      a_.ik = cv.Take<float>(idx_t * c.index_head_dim);
+      a_.iw = cv.Take<float>(idx_t * c.index_n_heads);
+      a_.sel_count = cv.Take<int32_t>(idx_t);
+      a_.sel_pos = cv.Take<int32_t>(idx_t * c.index_topk);
     };
     arena_memory_.Reset();  // free first: old and new need not fit together
     Carver sizer(nullptr);
@@ -310,6 +337,9 @@ absl::Status CudaModel::UploadPlan() {
 
 bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
   if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden) return false;
+  // GLM-5 steps run eagerly: the indexer's score scratch grows with the context, which a
+  // captured graph could not follow (docs/cuda.md).
+  if (is_mla_) return false;
   const int64_t tokens = batch.total_tokens();
   if (tokens > kMaxGraphTokens) return false;
   for (const SequenceSlice& s : batch.sequences) {
@@ -368,7 +398,16 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
                 graph ? Bucket(real) : 0, has_embedding_, &plan_);
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
-  RETURN_IF_ERROR(UploadPlan());
+  RETURN_IF_ERROR(UploadPlan());  // waits for the previous step: buffers may be replaced
+  if (has_indexer_ && plan_.max_kv_len > c.index_topk) {
+    const size_t need = sizeof(float) * std::min(plan_.num_tiles, kIndexerTiles) *
+                        static_cast<size_t>(plan_.max_kv_len);
+    if (index_scores_.bytes() < need) {
+      index_scores_.Reset();
+      ASSIGN_OR_RETURN(DeviceBuffer scores, DeviceBuffer::Create(need));
+      index_scores_ = std::move(scores);
+    }
+  }
   last_step_valid_ = false;
   if (!has_embedding_) {
     const size_t bytes = sizeof(float) * real * c.hidden_size;

@@ -35,6 +35,7 @@
 #include "absl/types/span.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
+#include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
 #include "core/ops/row_math.h"
@@ -106,6 +107,16 @@ class CudaModel final : public ModelRunner {
     int32_t* pair_pos = nullptr;     // [T * K]
     uint16_t* xp = nullptr;          // [T * K, hidden] expert inputs, grouped by expert
     float* yp = nullptr;             // [T * K, hidden] expert outputs
+    // GLM-5 (layers_mla.cc)
+    float* q_a = nullptr;          // [T, Q] q_a_proj output
+    uint16_t* q_resid = nullptr;   // [T, Q] after q_a_layernorm (bf16 GEMM input)
+    float* mla_q = nullptr;        // [T, H, dn + dr]; rotary part rotated in place
+    float* kv_a = nullptr;         // [T, R + dr]
+    float* iq = nullptr;           // [T, Hi * Di] indexer queries
+    float* ik = nullptr;           // [T, Di] indexer keys (before the cache write)
+    float* iw = nullptr;           // [T, Hi] indexer head weights
+    int32_t* sel_count = nullptr;  // [T] selected positions (-1: every causal key)
+    int32_t* sel_pos = nullptr;    // [T, index_topk] ascending
   };
   using GraphKey = std::pair<int64_t, bool>;  // (padded rows, with logits)
   struct GraphEntry {
@@ -131,6 +142,10 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueEmbedding();
   absl::Status EnqueueLayer(int64_t layer, KvCache* cache, bool* pending);
   absl::Status EnqueueAttention(int64_t layer, KvCache* cache);
+  absl::Status EnqueueMla(int64_t layer, KvCache* cache);  // GLM-5 (layers_mla.cc)
+  // Tiles scored per indexer launch (bounds index_scores_ to kIndexerTiles x max_kv_len).
+  static constexpr int64_t kIndexerTiles = 64;
+  absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShapeDev& mla);
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
@@ -147,6 +162,8 @@ class CudaModel final : public ModelRunner {
   bool has_embedding_ = false;
   bool has_head_ = false;
   bool has_moe_ = false;
+  bool is_mla_ = false;       // GLM-5: latent cache, MLA and the DSA indexer
+  bool has_indexer_ = false;  // some span layer is a "full" indexer layer
   rowmath::RouterRowParams router_;
   int tile_tokens_ = 1;
 
@@ -177,6 +194,7 @@ class CudaModel final : public ModelRunner {
   PinnedBuffer offsets_host_;          // [span layers, E + 1]
   PinnedBuffer io_host_;               // hidden states in and out (grows)
   bool last_step_valid_ = false;
+  DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * max_kv_len floats (grows)
 
   // CUDA graphs.
   std::map<GraphKey, GraphEntry> graphs_;

@@ -22,12 +22,12 @@ std::string CudaDeviceDescription();
 // For the memory planner (core/gpu_memory_plan.h).
 absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo();
 
-// Why the CUDA backend cannot run `config` ("" when it can): it has no GLM-5 kernels yet.
+// Why the CUDA backend cannot run `config` ("" when it can). Every architecture the loader
+// accepts has device kernels (GLM-5 since issue 15); kept as the one place a future
+// architecture without kernels is refused, before any device probe.
 inline std::string CudaUnsupportedReason(const ModelConfig& config) {
-  if (!config.is_mla()) return "";
-  return "the CUDA backend does not implement GLM-5 (model_type glm_moe_dsa): the MLA prefill "
-         "and absorbed-decode kernels over the latent KV cache and the DSA indexer's scoring "
-         "and top-k on the device are missing; serve it with --device=cpu";
+  (void)config;
+  return "";
 }
 
 // A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable, UNIMPLEMENTED

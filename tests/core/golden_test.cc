@@ -108,12 +108,6 @@ class GoldenTest : public ::testing::TestWithParam<std::tuple<RunnerCase, std::s
  protected:
   void SetUp() override {
     GLM_REQUIRE_RUNNER(std::get<0>(GetParam()));
-    absl::StatusOr<ModelConfig> config =
-        LoadConfigFile(testing::GoldenDir(std::get<1>(GetParam())) + "/config.json");
-    if (std::get<0>(GetParam()).device == DeviceKind::kCuda && config.ok() && config->is_mla()) {
-      // Issue 15's GPU half: the refusal itself is asserted by CudaModelGlm5.
-      GTEST_SKIP() << "the CUDA backend has no GLM-5 (MLA + DSA) kernels yet";
-    }
     if (std::get<0>(GetParam()).device == DeviceKind::kCuda &&
         testing::ReadGoldenExpected(testing::GoldenDir(std::get<1>(GetParam()))).fp8) {
       // Issue 14's GPU half: the refusal itself is asserted by fp8_test's CudaRefusesFp8.
@@ -129,6 +123,21 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   const double tolerance = exact ? kExactTolerance : kBf16Tolerance;
   const std::string dir = testing::GoldenDir(name);
   const Expected expected = ReadExpected(dir);
+  // The bf16 device reproduces a fixture's expert routes and DSA selections only where the
+  // generator's margins exceed its rounding: make_goldens.py requires 5e-3 (MIN_ROUTE_GAP),
+  // which every GLM-4.5 fixture meets. glm5_fp32's margins are 1.8e-3 / 1.6e-3 (60 seeds of
+  // tools/make_goldens_glm5.py found none with both >= 5e-3). Measured under emulation: the
+  // device's logits at position 3 (a dense query: no selection involved, so most likely an
+  // expert route) differ from the CPU's by 0.57 relative, later rows by 2-5e-2; on another
+  // 20-token prompt the CPU itself, with only the weights rounded to bf16, differs by 0.31 on
+  // one sparse row. The device runs glm5_bf16, its own precision, in full.
+  constexpr double kBf16SafeGap = 5e-3;
+  if (!exact && expected.weights_dtype != "bfloat16" &&
+      std::min(expected.min_route_gap, expected.min_index_gap) < kBf16SafeGap) {
+    GTEST_SKIP() << name << ": selection margins " << expected.min_route_gap << " (router), "
+                 << expected.min_index_gap << " (indexer) are below the " << kBf16SafeGap
+                 << " a bf16 device preserves for an fp32 checkpoint";
+  }
   absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->weight_dtype, expected.fp8                           ? DType::kF8E4M3

@@ -22,8 +22,7 @@ struct RunnerCase {
   bool exact() const { return device == DeviceKind::kCpu; }
 };
 
-// GLM-5 and FP8 weights run on the CPU only so far (the CUDA backend refuses them:
-// CudaModelGlm5, Fp8Test.CudaRefusesFp8).
+// FP8 weights run on the CPU only so far (the CUDA backend refuses them: Fp8Test.CudaRefusesFp8).
 inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_f32", DeviceKind::kCpu, DType::kF32},
     {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
@@ -31,6 +30,8 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cuda_f32", DeviceKind::kCuda, DType::kF32},
     {"cpu_f32_glm5", DeviceKind::kCpu, DType::kF32, "tiny-glm5"},
     {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"},
+    {"cuda_bf16_glm5", DeviceKind::kCuda, DType::kBF16, "tiny-glm5"},
+    {"cuda_f32_glm5", DeviceKind::kCuda, DType::kF32, "tiny-glm5"},
     // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path.
     {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3}};
 

@@ -1,0 +1,104 @@
+// CudaModel's GLM-5 attention sub-block (docs/glm5.md): the MLA projections through cuBLAS,
+// the latent-cache write, the DSA indexer on "full" layers and the absorbed attention over
+// the selected keys (kernels in mla.cu and dsa_indexer.cu). A "shared" layer reuses the
+// selection (a_.sel_count / a_.sel_pos) the previous full layer of the same step left.
+#include <algorithm>
+#include <cmath>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/gemm.h"
+#include "core/cuda/kernels.h"
+#include "core/cuda/model.h"
+#include "core/status_macros.h"
+
+namespace glmserve::cuda {
+namespace {
+
+GemmOperand Bf16(const uint16_t* data, int64_t ld) { return {data, CUDA_R_16BF, ld}; }
+GemmOperand F32(const float* data, int64_t ld) { return {data, CUDA_R_32F, ld}; }
+
+// q_a_layernorm, kv_a_layernorm and the indexer's k_norm use fixed eps 1e-6 in the reference
+// (GlmMoeDsaRMSNorm's class default, nn.LayerNorm(eps=1e-6)), not rms_norm_eps.
+constexpr float kLatentEps = 1e-6f;
+
+}  // namespace
+
+absl::Status CudaModel::EnqueueMla(int64_t layer, KvCache* cache) {
+  const ModelConfig& c = config_;
+  const DeviceMla& m = weights_.layers[layer].mla;
+  const int64_t t = plan_.tokens, hidden = c.hidden_size, q_rank = c.q_lora_rank;
+  const int64_t r = c.kv_lora_rank, dr = c.qk_rope_head_dim, heads = c.num_attention_heads;
+  const int64_t q_width = heads * c.qk_head_dim(), out_width = heads * c.v_head_dim;
+  cudaStream_t stream = stream_.get();
+  uint16_t* cache_layer =
+      static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+  MlaShapeDev shape;
+  shape.heads = heads;
+  shape.nope_dim = c.qk_nope_head_dim;
+  shape.rope_dim = dr;
+  shape.v_dim = c.v_head_dim;
+  shape.latent_dim = r;
+  shape.row_width = c.cache_values_per_token_layer();
+  shape.block_size = cache->shape().block_size;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+
+  // q_resid = RMSNorm(x q_a^T) (bf16 for the next GEMMs); q = q_resid q_b^T  [T, H, dn + dr]
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.q_a, hidden), q_rank, hidden, Bf16(a_.x, hidden), t,
+                       a_.q_a, CUDA_R_32F, q_rank));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.q_a, nullptr, m.q_a_norm, t, q_rank, kLatentEps,
+                                            nullptr, a_.q_resid, nullptr, stream));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.q_b, q_rank), q_width, q_rank,
+                       Bf16(a_.q_resid, q_rank), t, a_.mla_q, CUDA_R_32F, q_width));
+  // kv = x kv_a^T  [T, R + dr]; RoPE on q_rot and k_rot, RMSNorm on the latent, cache write.
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.kv_a, hidden), r + dr, hidden, Bf16(a_.x, hidden), t,
+                       a_.kv_a, CUDA_R_32F, r + dr));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchMlaRopeLatentWrite(
+      a_.mla_q, a_.kv_a, t, shape, m.kv_a_norm, kLatentEps, weights_.inv_freq,
+      meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
+  if (m.has_indexer()) RETURN_IF_ERROR(EnqueueIndexer(layer, cache_layer, shape));
+  // Without any indexer layer in the span every token attends to all its causal keys.
+  GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttention(
+      a_.mla_q, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+      meta(meta_layout_.block_tables()), cache_layer, m.kv_b, shape,
+      has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, a_.attn, stream));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.o, out_width), hidden, out_width,
+                       Bf16(a_.attn, out_width), t, a_.delta, CUDA_R_32F, hidden));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer,
+                                       const MlaShapeDev& mla) {
+  const ModelConfig& c = config_;
+  const DeviceMla& m = weights_.layers[layer].mla;
+  const int64_t t = plan_.tokens, hidden = c.hidden_size, q_rank = c.q_lora_rank;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+  cudaStream_t stream = stream_.get();
+  IndexerShapeDev shape;
+  shape.heads = hi;
+  shape.head_dim = di;
+  shape.rope_dim = c.qk_rope_head_dim;
+  shape.topk = c.index_topk;
+  shape.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  // iq = q_resid wq_b^T [T, Hi * Di]; ik = x wk^T [T, Di]; w = x32 weights_proj^T [T, Hi] (fp32)
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.wq_b, q_rank), hi * di, q_rank,
+                       Bf16(a_.q_resid, q_rank), t, a_.iq, CUDA_R_32F, hi * di));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.wk, hidden), di, hidden, Bf16(a_.x, hidden), t, a_.ik,
+                       CUDA_R_32F, di));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(m.weights_proj, hidden), hi, hidden, F32(a_.x32, hidden),
+                       t, a_.iw, CUDA_R_32F, hi));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerPrepare(
+      a_.iq, a_.ik, a_.iw, t, shape, mla, m.k_norm, m.k_norm_bias, kLatentEps, weights_.inv_freq,
+      meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
+  // Scores of at most kIndexerTiles tiles at a time: scratch bounded by that x max_kv_len.
+  const int64_t max_kv = std::max<int64_t>(plan_.max_kv_len, 1);
+  for (int64_t first = 0; first < plan_.num_tiles; first += kIndexerTiles) {
+    const int64_t last = std::min(plan_.num_tiles, first + kIndexerTiles);
+    GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerTopk(
+        a_.iq, a_.iw, meta(meta_layout_.tiles()), static_cast<int>(first), static_cast<int>(last),
+        max_kv, meta(meta_layout_.block_tables()), cache_layer, shape, mla,
+        index_scores_.as<float>(), a_.sel_count, a_.sel_pos, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace glmserve::cuda
