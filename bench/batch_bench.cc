@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
 #include "core/checkpoint.h"
@@ -95,15 +96,13 @@ int main(int argc, char** argv) {
   }
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
-  std::vector<std::string> modes;
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
-    if (name != "exact" && name != "bf16" && name != "int8") {
-      std::fprintf(stderr, "--modes: '%s' is not one of exact, bf16, int8\n",
-                   std::string(name).c_str());
-      return 1;
-    }
-    modes.emplace_back(name);
+  absl::StatusOr<std::vector<std::string>> parsed_modes =
+      glmserve::bench::ParseModes(absl::GetFlag(FLAGS_modes));
+  if (!parsed_modes.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_modes.status().message()).c_str());
+    return 1;
   }
+  const std::vector<std::string> modes = *std::move(parsed_modes);
   absl::StatusOr<glmserve::ModelWeights> weights = glmserve::LoadModel(absl::GetFlag(FLAGS_preset));
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
@@ -123,17 +122,15 @@ int main(int argc, char** argv) {
       "(<= GB/step) | fraction of read |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode : modes) {
-    // Each mode's model shares the weights' memory (views and shared owners); int8 adds its
-    // quantized copy of the linear layers.
-    glmserve::ModelWeights mode_weights = *weights;
-    const glmserve::CpuMath math =
-        mode == "exact" ? glmserve::CpuMath::kExact : glmserve::CpuMath::kBf16;
-    if (mode == "int8" &&
-        !glmserve::QuantizeWeights(&mode_weights, glmserve::WeightQuant::kInt8).ok()) {
+    absl::StatusOr<glmserve::ModelWeights> mode_weights =
+        glmserve::bench::WeightsForMode(*weights, mode);
+    if (!mode_weights.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(mode_weights.status().message()).c_str());
       return 1;
     }
-    const glmserve::ModelWeights cost_view = mode_weights;  // views: shares the memory
-    auto model = std::make_unique<glmserve::Model>(std::move(mode_weights), math);
+    const glmserve::CpuMath math = glmserve::bench::MathOf(mode);
+    const glmserve::ModelWeights cost_view = *mode_weights;  // views: shares the memory
+    auto model = std::make_unique<glmserve::CpuModel>(*std::move(mode_weights), math);
     glmserve::EngineOptions options;
     int max_level = 1;
     for (int l : levels) max_level = std::max(max_level, l);

@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
 #include "core/checkpoint.h"
@@ -58,7 +59,7 @@ struct PhaseResult {
 
 // Prefill of `prefill` tokens; then `steps` decode steps of one sequence; then `steps` decode
 // steps of `batch` sequences (each first prefilled with 16 tokens). One warm-up step each.
-bool RunPhases(glmserve::Model& model, int prefill, int steps, int batch, PhaseResult* r) {
+bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, PhaseResult* r) {
   const int64_t vocab = model.config().vocab_size;
   const int per_seq = prefill + steps + 2;
   const int64_t blocks_per_seq = (per_seq + 15) / 16;
@@ -121,15 +122,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--prefill_tokens, --decode_steps and --decode_batch must be >= 1\n");
     return 1;
   }
-  std::vector<std::string> modes;
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
-    if (name != "exact" && name != "bf16" && name != "int8") {
-      std::fprintf(stderr, "--modes: '%s' is not one of exact, bf16, int8\n",
-                   std::string(name).c_str());
-      return 1;
-    }
-    modes.emplace_back(name);
+  absl::StatusOr<std::vector<std::string>> parsed_modes =
+      glmserve::bench::ParseModes(absl::GetFlag(FLAGS_modes));
+  if (!parsed_modes.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_modes.status().message()).c_str());
+    return 1;
   }
+  const std::vector<std::string> modes = *std::move(parsed_modes);
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf("threads %d\n", glmserve::NumThreads());
@@ -159,16 +158,14 @@ int main(int argc, char** argv) {
   std::printf("\n| mode | phase | time | tokens/s | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const std::string& mode_name : modes) {
-    // The models share the weights' memory (ModelWeights holds views and shared owners); int8
-    // adds its quantized copy of the linear layers for the mode's duration.
-    glmserve::ModelWeights mode_weights = *weights;
-    const glmserve::CpuMath math =
-        mode_name == "exact" ? glmserve::CpuMath::kExact : glmserve::CpuMath::kBf16;
-    if (mode_name == "int8" &&
-        !glmserve::QuantizeWeights(&mode_weights, glmserve::WeightQuant::kInt8).ok()) {
+    absl::StatusOr<glmserve::ModelWeights> mode_weights =
+        glmserve::bench::WeightsForMode(*weights, mode_name);
+    if (!mode_weights.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(mode_weights.status().message()).c_str());
       return 1;
     }
-    glmserve::Model model(std::move(mode_weights), math);
+    const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
+    glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
     const char* mode = mode_name.c_str();

@@ -88,14 +88,20 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
       {"kv_capacity_tokens", o.kv_capacity_tokens, 0, int64_t{1} << 36},
       {"max_sessions", o.max_sessions, 0, int64_t{1} << 16},
       {"max_session_tokens", o.max_session_tokens, 0, int64_t{1} << 36},
-      {"max_prompt_tokens", o.max_prompt_tokens, 0, int64_t{1} << 31},
-      {"max_new_tokens_limit", o.max_new_tokens_limit, 0, int64_t{1} << 31},
+      {"max_prompt_tokens", o.limits.max_prompt_tokens, 0, int64_t{1} << 31},
+      {"max_new_tokens", o.limits.max_new_tokens, 0, int64_t{1} << 31},
+      {"default_max_new_tokens", o.limits.default_max_new_tokens, 1, int64_t{1} << 31},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
       return absl::InvalidArgumentError(
           absl::StrCat(r.name, " must be in [", r.min, ", ", r.max, "], got ", r.value));
     }
+  }
+  if (o.limits.max_new_tokens > 0 && o.limits.default_max_new_tokens > o.limits.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_max_new_tokens=", o.limits.default_max_new_tokens,
+                     " is above max_new_tokens=", o.limits.max_new_tokens));
   }
   if (!(o.session_kv_fraction >= 0.0 && o.session_kv_fraction <= 1.0)) {
     return absl::InvalidArgumentError(
@@ -117,8 +123,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   EngineOptions o = options;
   const int64_t max_positions = model->config().max_position_embeddings;
   if (o.kv_capacity_tokens == 0) o.kv_capacity_tokens = kDefaultKvCapacityTokens;
-  if (o.max_prompt_tokens <= 0) o.max_prompt_tokens = max_positions;
-  if (o.max_new_tokens_limit <= 0) o.max_new_tokens_limit = max_positions;
+  // A limit above the model's positions could never be reached; 0 means "the model's".
+  RequestLimits& l = o.limits;
+  l.max_prompt_tokens =
+      l.max_prompt_tokens > 0 ? std::min(l.max_prompt_tokens, max_positions) : max_positions;
+  l.max_new_tokens =
+      l.max_new_tokens > 0 ? std::min(l.max_new_tokens, max_positions) : max_positions;
+  l.default_max_new_tokens = std::min(l.default_max_new_tokens, l.max_new_tokens);
   ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                    model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size));
   std::unique_ptr<Engine> engine(new Engine(std::move(model), o));
@@ -144,9 +155,9 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
         model.layer_end(), ") of ", c.num_hidden_layers, " (use Forward)"));
   }
   if (g.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
-  if (static_cast<int64_t>(g.prompt.size()) > o.max_prompt_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", g.prompt.size(),
-                                                   " tokens; the limit is ", o.max_prompt_tokens));
+  if (static_cast<int64_t>(g.prompt.size()) > o.limits.max_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt has ", g.prompt.size(), " tokens; the limit is ", o.limits.max_prompt_tokens));
   }
   for (size_t i = 0; i < g.prompt.size(); ++i) {
     if (g.prompt[i] < 0 || g.prompt[i] >= c.vocab_size) {
@@ -155,9 +166,9 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
                                                      c.vocab_size, ")"));
     }
   }
-  if (g.stop.max_new_tokens <= 0 || g.stop.max_new_tokens > o.max_new_tokens_limit) {
+  if (g.stop.max_new_tokens <= 0 || g.stop.max_new_tokens > o.limits.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [1, ",
-                                                   o.max_new_tokens_limit, "], got ",
+                                                   o.limits.max_new_tokens, "], got ",
                                                    g.stop.max_new_tokens));
   }
   for (int32_t id : g.stop.stop_token_ids) {

@@ -143,6 +143,16 @@ using EventCallback = std::function<void(Event&&)>;
 inline constexpr size_t kMaxSessionIdBytes = 256;
 absl::Status ValidateSessionId(const std::string& session_id);
 
+// The request limits, one struct for every API: Engine::Create resolves them against the model
+// (0: the model's max_position_embeddings; nothing above it) and Submit enforces them; servers
+// read the resolved values back (Engine::limits()) to bound sizes before decoding a request,
+// to fill an unset max_new_tokens and to report them to clients.
+struct RequestLimits {
+  int64_t max_prompt_tokens = 0;         // also bounds Forward's new positions
+  int64_t max_new_tokens = 0;            // the largest max_new_tokens accepted
+  int64_t default_max_new_tokens = 256;  // for requests that leave it unset; <= max_new_tokens
+};
+
 struct EngineOptions {
   int64_t max_batch_tokens = 2048;  // new tokens per step (decodes + prefill chunks)
   int64_t max_running = 64;         // sequences in the running set
@@ -162,9 +172,7 @@ struct EngineOptions {
   // recently used first, when a request cannot get KV blocks otherwise (before any running
   // request is preempted); a later call on an evicted session gets NOT_FOUND.
   absl::Duration session_eviction_grace = absl::Seconds(1);
-  // Limits enforced at submission.
-  int64_t max_prompt_tokens = 0;     // 0: max_position_embeddings
-  int64_t max_new_tokens_limit = 0;  // 0: max_position_embeddings
+  RequestLimits limits;  // enforced at submission
   // Tests: after every step, verify the block accounting and request bookkeeping (every
   // block's reference count equals its holders; every live request is in exactly one
   // queue). The first violation is kept in EngineStats::invariant_error.
@@ -245,6 +253,8 @@ class Engine {
 
   const ModelRunner& model() const { return *model_; }
   const EngineOptions& options() const { return options_; }
+  // options().limits resolved against the model (every field > 0).
+  const RequestLimits& limits() const { return options_.limits; }
   int64_t kv_capacity_tokens() const;
 
  private:

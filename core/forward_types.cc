@@ -95,4 +95,21 @@ absl::StatusOr<bool> StepWantsLogits(const ForwardBatch& batch, const ForwardOpt
   return any;
 }
 
+std::vector<int64_t> ReturnedLogitRows(const ForwardBatch& batch, const ForwardOptions& options) {
+  std::vector<int64_t> rows;
+  int64_t first = 0;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const LogitsRows want =
+        options.sequence_logits.empty() ? options.logits : options.sequence_logits[i];
+    const int64_t count = batch.sequences[i].num_tokens;
+    if (want == LogitsRows::kAll) {
+      for (int64_t r = 0; r < count; ++r) rows.push_back(first + r);
+    } else if (want == LogitsRows::kLast && count > 0) {
+      rows.push_back(first + count - 1);
+    }
+    first += count;
+  }
+  return rows;
+}
+
 }  // namespace glmserve

@@ -79,4 +79,11 @@ absl::Status ValidateRunSpan(int64_t run_begin, int64_t run_end, int64_t served_
 // or else options.logits); INVALID_ARGUMENT if sequence_logits has the wrong length.
 absl::StatusOr<bool> StepWantsLogits(const ForwardBatch& batch, const ForwardOptions& options);
 
+// The rule "which rows get logits", written once for every backend: the batch rows (indices
+// into the step's [total_tokens] rows) whose logits a step returns, ascending, which is the
+// order of ForwardResult::logits. Per sequence, options.sequence_logits[i] (or options.logits
+// for all): kLast its last new row, kAll each of its rows, kNone none. Expects options that
+// StepWantsLogits accepted.
+std::vector<int64_t> ReturnedLogitRows(const ForwardBatch& batch, const ForwardOptions& options);
+
 }  // namespace glmserve

@@ -12,7 +12,7 @@
 
 namespace glmserve {
 
-Model::Model(ModelWeights weights, CpuMath math)
+CpuModel::CpuModel(ModelWeights weights, CpuMath math)
     : weights_(std::move(weights)),
       math_(math),
       rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
@@ -35,7 +35,7 @@ Model::Model(ModelWeights weights, CpuMath math)
   }
 }
 
-std::string Model::compute_description() const {
+std::string CpuModel::compute_description() const {
   // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
   const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
   if (weights_.linear_format == WeightFormat::kInt8Groups) {
@@ -49,25 +49,25 @@ std::string Model::compute_description() const {
       math_ == CpuMath::kBf16 && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
 }
 
-KvCacheShape Model::CacheShape(int64_t num_blocks, int64_t block_size) const {
+KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
   return CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
 }
 
-int64_t Model::kv_bytes_per_token() const {
+int64_t CpuModel::kv_bytes_per_token() const {
   return num_span_layers() * config().cache_values_per_token_layer() *
          static_cast<int64_t>(sizeof(float));
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> Model::CreateCache(int64_t num_blocks,
-                                                            int64_t block_size) {
+absl::StatusOr<std::unique_ptr<KvCache>> CpuModel::CreateCache(int64_t num_blocks,
+                                                               int64_t block_size) {
   if (num_blocks <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError("KV cache needs a positive block count and block size");
   }
   return KvCache::CreateHost(CacheShape(num_blocks, block_size));
 }
 
-absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
-                               int64_t run_end) const {
+absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache,
+                                  int64_t run_begin, int64_t run_end) const {
   if (!cache.host_fp32()) {
     return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
   }
@@ -85,8 +85,9 @@ absl::Status Model::CheckBatch(const ForwardBatch& batch, const KvCache& cache, 
   return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
 }
 
-void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
-                           const std::vector<int32_t>& positions, KvCache* cache) {
+void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
+                              const ForwardBatch& batch, const std::vector<int32_t>& positions,
+                              KvCache* cache) {
   const ModelConfig& c = config();
   const AttentionWeights& a = layer.attn;
   const int64_t t = static_cast<int64_t>(positions.size());
@@ -109,7 +110,7 @@ void Model::AttentionBlock(const LayerWeights& layer, int64_t span_layer, const 
   Linear(attn_.data(), t, a.o_proj, nullptr, out_.data(), math_);
 }
 
-void Model::FfnBlock(const LayerWeights& layer, int64_t tokens) {
+void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens) {
   if (layer.is_moe) {
     MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_);
   } else {
@@ -117,8 +118,8 @@ void Model::FfnBlock(const LayerWeights& layer, int64_t tokens) {
   }
 }
 
-absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
-                            const ForwardOptions& options, ForwardResult* result) {
+absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
+                               const ForwardOptions& options, ForwardResult* result) {
   const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
   const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
   ASSIGN_OR_RETURN(const bool wants_logits, StepWantsLogits(batch, options));
@@ -190,19 +191,7 @@ absl::Status Model::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   result->logits.clear();
   // Only the rows whose logits are wanted go through the final norm and lm_head.
-  std::vector<int64_t> rows;
-  int64_t first_row = 0;
-  for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const LogitsRows want =
-        options.sequence_logits.empty() ? options.logits : options.sequence_logits[i];
-    const int64_t count = batch.sequences[i].num_tokens;
-    if (want == LogitsRows::kAll) {
-      for (int64_t r = 0; r < count; ++r) rows.push_back(first_row + r);
-    } else if (want == LogitsRows::kLast) {
-      rows.push_back(first_row + count - 1);
-    }
-    first_row += count;
-  }
+  const std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
   if (rows.empty()) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<float> normed(n * hidden);

@@ -7,7 +7,7 @@
 //     h += FFN_l(RMSNorm_post(h))           (dense SwiGLU or MoE)
 //   logits = RMSNorm_final(h) lm_head^T     (span ends at the last layer)
 //
-// Not thread-safe: one engine thread owns a Model and its KvCache.
+// Not thread-safe: one engine thread owns a CpuModel and its KvCache.
 #pragma once
 
 #include <cstdint>
@@ -23,18 +23,18 @@
 #include "core/model_runner.h"
 #include "core/ops/attention.h"
 #include "core/ops/dsa_indexer.h"
-#include "core/ops/mla.h"
 #include "core/ops/linear.h"
+#include "core/ops/mla.h"
 #include "core/ops/moe.h"
 #include "core/ops/rope.h"
 #include "core/weights.h"
 
 namespace glmserve {
 
-class Model final : public ModelRunner {
+class CpuModel final : public ModelRunner {
  public:
   // math: the arithmetic of the linear layers (core/ops/linear.h), fixed for the model's life.
-  explicit Model(ModelWeights weights, CpuMath math = CpuMath::kExact);
+  explicit CpuModel(ModelWeights weights, CpuMath math = CpuMath::kExact);
 
   CpuMath math() const { return math_; }
   std::string compute_description() const override;

@@ -1,4 +1,4 @@
-// Model::MlaBlock: GLM-5's attention sub-block (docs/glm5.md has the math, core/ops/mla.h and
+// CpuModel::MlaBlock: GLM-5's attention sub-block (docs/glm5.md has the math, core/ops/mla.h and
 // core/ops/dsa_indexer.h the kernels).
 #include <algorithm>
 
@@ -8,8 +8,8 @@
 
 namespace glmserve {
 
-void Model::MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
-                     const std::vector<int32_t>& positions, KvCache* cache) {
+void CpuModel::MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                        const std::vector<int32_t>& positions, KvCache* cache) {
   const ModelConfig& c = config();
   const MlaWeights& m = layer.mla;
   const int64_t t = static_cast<int64_t>(positions.size());

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
   }
-  return std::unique_ptr<ModelRunner>(std::make_unique<Model>(std::move(weights), cpu_math));
+  return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
 }
 
 }  // namespace glmserve

@@ -1,4 +1,4 @@
-// ModelRunner: what the engine needs from a backend. The CPU Model and the CUDA model both
+// ModelRunner: what the engine needs from a backend. The CpuModel and the CUDA model both
 // implement it over the same ForwardBatch / ForwardOptions / ForwardResult types, so the
 // scheduler, the server and the tests do not care where the layers run.
 #pragma once

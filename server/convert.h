@@ -12,11 +12,10 @@
 
 namespace glmserve {
 
-// The request limits the server enforces before anything reaches the engine.
-struct ServingLimits {
-  int64_t max_prompt_tokens = 0;       // also bounds Forward's new positions
-  int64_t max_new_tokens = 0;          // the largest max_new_tokens accepted
-  int64_t default_max_new_tokens = 0;  // when a request leaves it unset
+// What the wire checks bound a request by before it reaches the engine: the engine's own
+// resolved limits (Engine::limits(), so a limit is configured and resolved in one place) and
+// the one bound only the wire knows, the size of a reply message.
+struct ServingLimits : RequestLimits {
   int64_t max_reply_bytes = 64 << 20;  // largest message the server sends
 };
 

@@ -173,9 +173,9 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   o.service.default_deadline = absl::GetFlag(FLAGS_default_deadline);
   o.service.max_deadline = absl::GetFlag(FLAGS_max_deadline);
-  o.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
-  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  o.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
+  o.engine.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  o.engine.limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  o.engine.limits.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
   o.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.engine.max_running = absl::GetFlag(FLAGS_max_running);
   o.engine.kv_capacity_tokens = absl::GetFlag(FLAGS_kv_capacity_tokens);

@@ -136,9 +136,6 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       {"--metrics_port", o.metrics_port, -1, 65535},
       // gRPC takes an int; below a few KiB not even GetModelInfo's reply fits.
       {"--max_message_bytes", o.max_message_bytes, 4096, std::numeric_limits<int32_t>::max()},
-      {"--max_prompt_tokens", o.max_prompt_tokens, 0, int64_t{1} << 31},
-      {"--max_new_tokens", o.max_new_tokens, 0, int64_t{1} << 31},
-      {"--default_max_new_tokens", o.default_max_new_tokens, 1, int64_t{1} << 31},
       {"--max_concurrent_streams", o.service.max_concurrent_streams, 0, int64_t{1} << 20},
       {"--max_output_bytes_in_flight", o.service.max_output_bytes_in_flight, o.max_message_bytes,
        int64_t{1} << 48},
@@ -151,11 +148,6 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       return absl::InvalidArgumentError(
           absl::StrCat(r.flag, "=", r.value, " is outside [", r.min, ", ", r.max, "]"));
     }
-  }
-  if (o.max_new_tokens > 0 && o.default_max_new_tokens > o.max_new_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--default_max_new_tokens=", o.default_max_new_tokens,
-                     " is above --max_new_tokens=", o.max_new_tokens));
   }
   if (o.service.default_deadline < absl::ZeroDuration() ||
       o.service.max_deadline < absl::ZeroDuration()) {
@@ -268,19 +260,6 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
                      text.tokenizer->id_limit() - 1, " but the model's vocabulary has ",
                      config.vocab_size, " rows: not this model's tokenizer (--tokenizer_dir)"));
   }
-  const int64_t positions = config.max_position_embeddings;
-  ServingLimits limits;
-  limits.max_prompt_tokens =
-      options_.max_prompt_tokens > 0 ? std::min(options_.max_prompt_tokens, positions) : positions;
-  limits.max_new_tokens =
-      options_.max_new_tokens > 0 ? std::min(options_.max_new_tokens, positions) : positions;
-  // Already checked against --max_new_tokens; the model's context may still be shorter.
-  limits.default_max_new_tokens = std::min(options_.default_max_new_tokens, limits.max_new_tokens);
-  limits.max_reply_bytes = options_.max_message_bytes;
-
-  glmserve::EngineOptions engine_options = options_.engine;
-  engine_options.max_prompt_tokens = limits.max_prompt_tokens;
-  engine_options.max_new_tokens_limit = limits.max_new_tokens;
   const std::string device = model->device_name();
   const std::string compute = model->compute_description();
   const int64_t layer_begin = model->layer_begin();
@@ -288,8 +267,11 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   const int64_t weight_bytes = model->weight_bytes();
   kv_bytes_per_token_ = model->kv_bytes_per_token();
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
-                   glmserve::Engine::Create(std::move(model), engine_options));
+                   glmserve::Engine::Create(std::move(model), options_.engine));
   engine_ = std::move(engine);
+  ServingLimits limits;
+  static_cast<glmserve::RequestLimits&>(limits) = engine_->limits();
+  limits.max_reply_bytes = options_.max_message_bytes;
   Metrics* metrics = metrics_.get();
   std::atomic<int64_t>* observed = &steps_observed_;
   engine_->SetStepObserver([metrics, observed](const glmserve::StepReport& r) {

@@ -64,10 +64,7 @@ struct ServerOptions {
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
   ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
-  int64_t max_prompt_tokens = 0;  // 0: the model's max_position_embeddings
-  int64_t max_new_tokens = 0;     // 0: the model's max_position_embeddings
-  int64_t default_max_new_tokens = 256;
-  glmserve::EngineOptions engine;
+  glmserve::EngineOptions engine;  // includes the request limits (engine.limits)
   std::string model_name;  // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;

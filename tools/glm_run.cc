@@ -112,7 +112,7 @@ absl::Status Run() {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
-  glmserve::Model model(*std::move(weights), math);
+  glmserve::CpuModel model(*std::move(weights), math);
   const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
               absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),

@@ -7,8 +7,8 @@ transformers.utils.chat_template_utils.render_jinja_template (jinja2 sandbox, tr
 lstrip_blocks, Transformers' tojson). core/text/chat_format.cc renders natively and
 tests/core/text/chat_format_test.cc compares byte for byte.
 
-    /work/venv/bin/pip install -r tools/requirements-goldens.txt
-    /work/venv/bin/python tools/make_chat_goldens.py
+    /tmp/gvenv/bin/pip install -r tools/requirements-goldens.txt
+    /tmp/gvenv/bin/python tools/make_chat_goldens.py
 Writes tests/golden/chat/conversations.jsonl: one case a line, {"messages", "tools",
 "add_generation_prompt", "enable_thinking" (absent: not passed), "rendered"}.
 """

@@ -192,7 +192,9 @@ def make_config(case):
 
 def overwrite_weights(model, seed, scale_override=None):
     """Replace HF's init (std 0.02, unit norms, zero bias) with values that
-    make every feature matter."""
+    make every feature matter. One seeded normal draw per tensor in name order,
+    so the values depend only on the seed and the names (GLM-4.5 and GLM-5
+    alike; make_goldens_glm5.py passes its own SCALE)."""
     SCALE = dict(globals()["SCALE"], **(scale_override or {}))
     g = torch.Generator().manual_seed(seed)
 
@@ -212,6 +214,8 @@ def overwrite_weights(model, seed, scale_override=None):
                 v = normal(t.shape, SCALE["norm"], 1.0)
             elif name.endswith("_proj.bias"):
                 v = normal(t.shape, SCALE["attn_bias"])
+            elif name.endswith("norm.bias"):  # GLM-5's indexer LayerNorm
+                v = normal(t.shape, SCALE["norm_bias"])
             elif name.endswith("mlp.gate.weight"):
                 v = normal(t.shape, SCALE["router"])
             elif name == "model.embed_tokens.weight":

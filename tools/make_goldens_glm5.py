@@ -76,43 +76,10 @@ def case_list():
     ]
 
 
-def overwrite_weights(model, seed):
-    g = torch.Generator().manual_seed(seed)
-
-    def normal(shape, std, mean=0.0):
-        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
-
-    named = dict(model.named_parameters())
-    for n, b in model.named_buffers():
-        if n.endswith("e_score_correction_bias"):
-            named[n] = b
-    with torch.no_grad():
-        for name in sorted(named):
-            t = named[name]
-            if name.endswith("e_score_correction_bias"):
-                v = normal(t.shape, SCALE["score_bias"])
-            elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                v = normal(t.shape, SCALE["norm"], 1.0)
-            elif name.endswith("norm.bias"):
-                v = normal(t.shape, SCALE["norm_bias"])
-            elif name.endswith("mlp.gate.weight"):
-                v = normal(t.shape, SCALE["router"])
-            elif name == "model.embed_tokens.weight":
-                v = normal(t.shape, SCALE["embed"])
-            elif name == "lm_head.weight":
-                v = normal(t.shape, SCALE["head"])
-            elif name.endswith(".weight") or name.endswith("experts.gate_up_proj") \
-                    or name.endswith("experts.down_proj"):
-                v = normal(t.shape, SCALE["linear"])
-            else:
-                raise RuntimeError(f"don't know how to initialise {name}")
-            t.copy_(v.to(t.dtype))
-
-
 def build_model(case, seed):
     torch.manual_seed(seed)
     model = GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**COMMON))
-    overwrite_weights(model, seed)
+    mg.overwrite_weights(model, seed, scale_override=SCALE)
     return model.eval()
 
 

@@ -9,8 +9,8 @@ non-special from <|code_prefix|> on), trained on public-domain / free text found
 (Debian's common-licenses, gettext catalogs, Python sources). It then writes a corpus of
 strings with the ids and decodes that `tokenizers` produces, for tests/core/text.
 
-    python3 -m venv /work/venv && /work/venv/bin/pip install -r tools/requirements-goldens.txt
-    /work/venv/bin/python tools/make_tokenizer_goldens.py [--out tests/golden/tokenizer]
+    python3 -m venv /tmp/gvenv && /tmp/gvenv/bin/pip install -r tools/requirements-goldens.txt
+    /tmp/gvenv/bin/python tools/make_tokenizer_goldens.py [--out tests/golden/tokenizer]
                                                       [--bench_corpus /tmp/bench.txt]
 
 Outputs (OUT/):

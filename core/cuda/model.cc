@@ -204,23 +204,21 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
   RETURN_IF_ERROR(Forward(batch, cache, whole, result));
   if (!any) return absl::OkStatus();
-  // Compact in place: kept rows only move towards the front (a kept row's destination never
-  // passes its source), so no second buffer and, when every computed row is wanted (a
-  // decode-only step), no copy at all.
+  // Compact in place: both row lists ascend and every wanted row was computed, so a kept row
+  // only moves towards the front (its destination never passes its source): no second
+  // buffer and, when every computed row is wanted (a decode-only step), no copy at all.
+  const std::vector<int64_t> computed = ReturnedLogitRows(batch, whole);
+  const std::vector<int64_t> wanted = ReturnedLogitRows(batch, options);
   const int64_t vocab = config_.vocab_size;
   float* logits = result->logits.data();
-  int64_t row = 0;   // first computed row of the current sequence
-  int64_t kept = 0;  // rows kept so far
-  for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const int64_t computed = any_all ? batch.sequences[i].num_tokens : 1;
-    const LogitsRows want = options.sequence_logits[i];
-    const int64_t first = want == LogitsRows::kAll ? row : row + computed - 1;
-    const int64_t count = want == LogitsRows::kAll ? computed : (want == LogitsRows::kLast);
-    if (count > 0 && first != kept) {
-      std::memmove(logits + kept * vocab, logits + first * vocab, sizeof(float) * count * vocab);
+  size_t source = 0;
+  int64_t kept = 0;
+  for (int64_t row : wanted) {
+    while (computed[source] != row) ++source;
+    if (static_cast<int64_t>(source) != kept) {
+      std::memmove(logits + kept * vocab, logits + source * vocab, sizeof(float) * vocab);
     }
-    kept += count;
-    row += computed;
+    ++kept;
   }
   result->logits.resize(kept * vocab);  // shrinks: no fill, capacity kept
   return absl::OkStatus();

@@ -1,5 +1,5 @@
 // CudaModel: the GLM-4.5 stack on one NVIDIA GPU, behind the same ModelRunner interface as
-// the CPU Model (core/model.h) and computing the same forward (see there and
+// the CpuModel (core/model.h) and computing the same forward (see there and
 // docs/model.md), in bf16 weights and activations with fp32 accumulation:
 //
 //   h (fp32 residual) = embed(tokens)
@@ -35,9 +35,9 @@
 #include "absl/types/span.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
-#include "core/ops/row_math.h"
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
+#include "core/ops/row_math.h"
 
 namespace glmserve::cuda {
 
@@ -68,7 +68,7 @@ class CudaModel final : public ModelRunner {
   // A cache in device memory (bf16, zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
-  // As Model::Forward; `cache` must come from a CudaModel's CreateCache.
+  // As CpuModel::Forward; `cache` must come from a CudaModel's CreateCache.
   absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
                        ForwardResult* result) override;
 

@@ -35,11 +35,12 @@ void BuildStepPlan(const ForwardBatch& batch, LogitsRows logits, int64_t block_s
     }
     plan->max_kv_len = std::max(plan->max_kv_len, s.start_position + s.num_tokens);
     row += s.num_tokens;
-    if (logits == LogitsRows::kLast) plan->logit_index.push_back(static_cast<int32_t>(row - 1));
   }
   plan->real_tokens = row;
-  if (logits == LogitsRows::kAll) {
-    for (int64_t r = 0; r < row; ++r) plan->logit_index.push_back(static_cast<int32_t>(r));
+  ForwardOptions policy;
+  policy.logits = logits;
+  for (int64_t r : ReturnedLogitRows(batch, policy)) {
+    plan->logit_index.push_back(static_cast<int32_t>(r));
   }
   plan->real_logit_rows = static_cast<int64_t>(plan->logit_index.size());
   if (with_ids) plan->ids.assign(batch.token_ids.begin(), batch.token_ids.end());

@@ -4,7 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/ops/dot.h"
+#include "core/ops/lane_sum.h"
+#include "core/ops/softmax.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -56,22 +57,15 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
       const int64_t kv_off = (h / group) * head_dim;
       const float* qv = q + (t * heads + h) * head_dim;
 
-      float max_score = -INFINITY;
       for (int64_t p = 0; p < context; ++p) {
         const float* kv = cache.keys(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
         probs[p] = LaneDot(qv, kv, head_dim) * scale;
-        max_score = std::max(max_score, probs[p]);
       }
-      float sum = 0.f;
-      for (int64_t p = 0; p < context; ++p) {
-        probs[p] = std::exp(probs[p] - max_score);
-        sum += probs[p];
-      }
-      const float inv_sum = 1.0f / sum;
+      SoftmaxInPlace(probs.data(), context);
       float* o = out + (t * heads + h) * head_dim;
       std::fill_n(o, head_dim, 0.f);
       for (int64_t p = 0; p < context; ++p) {
-        const float w = probs[p] * inv_sum;
+        const float w = probs[p];
         const float* vv = cache.values(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
         for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vv[d];
       }

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/ops/dot.h"
+#include "core/ops/lane_sum.h"
 #include "core/ops/linear.h"
 #include "core/ops/norm.h"
 #include "core/parallel.h"

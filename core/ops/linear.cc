@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops/lane_sum.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -71,21 +72,6 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
   }
 }
 
-// The reference arithmetic: 16 lanes, lane j sums k = j, j+16, ... of one K block, then the
-// lanes are combined by a fixed pairwise tree, and the block sums are added in order.
-static inline float Dot16(const float* a, const float* b, int64_t n) {
-  float lane[16] = {};
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16) {
-    for (int j = 0; j < 16; ++j) lane[j] += a[k + j] * b[k + j];
-  }
-  for (int j = 0; k + j < n; ++j) lane[j] += a[k + j] * b[k + j];
-  for (int width = 8; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
-  }
-  return lane[0];
-}
-
 void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel) {
   const Matrix& w = *job.w;
   const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
@@ -98,7 +84,7 @@ void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* pa
     WidenPanel(w, n0, nn, k0, kk, panel->data());
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t n = 0; n < nn; ++n) {
-        y[i * n_rows + n0 + n] += Dot16(job.x + i * k_total + k0, panel->data() + n * kk, kk);
+        y[i * n_rows + n0 + n] += LaneDot<16>(job.x + i * k_total + k0, panel->data() + n * kk, kk);
       }
     }
   }

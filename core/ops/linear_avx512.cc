@@ -6,27 +6,20 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/ops/avx512_lanes.h"
 #include "core/ops/linear.h"
 
 namespace glmserve::internal {
 namespace {
 
-constexpr int kTileM = 4;
-constexpr int kTileN = 4;
+using avx512::kTileM;
+using avx512::kTileN;
+using avx512::ReduceLanes;
+
 // Up to this many activation rows, bf16 weights are widened in registers straight from
 // memory; beyond, once into a panel that the row tiles then share (measured on Zen 4: the
 // direct path is 1.5-2.5x faster at 5-16 rows, equal at 64-256, 10% slower at 512).
 constexpr int64_t kDirectMaxRows = 128;
-
-// Lane tree: (j, j+8), (j, j+4), (j, j+2), (j, j+1): the same for every tile shape.
-inline float ReduceLanes(__m512 v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
-}
 
 // 16 weights as fp32: fp32 as is, bf16 widened exactly in registers (bf16 is the top half of
 // an fp32), so one tile serves a widened panel and bf16 weights read in place alike.

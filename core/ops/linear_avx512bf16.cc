@@ -9,27 +9,19 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/ops/avx512_lanes.h"
 #include "core/ops/linear.h"
 
 namespace glmserve::internal {
 namespace {
 
-constexpr int kTileM = 4;
-constexpr int kTileN = 4;
+using avx512::kTileM;
+using avx512::kTileN;
+using avx512::ReduceLanes;
+
 // K elements per block: the 4 weight rows' block (4 x 2 KiB) and an activation tile's
 // (4 x 2 KiB) stay in L1 while the row tiles pass over it.
 constexpr int64_t kBlockKBf16 = 1024;
-
-// Same lane tree as the exact kernel and the generic emulation: (j, j+8), (j, j+4), (j, j+2),
-// (j, j+1).
-inline float ReduceLanes(__m512 v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
-}
 
 inline __mmask32 TailMask(int64_t count) {
   return count >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << count) - 1);

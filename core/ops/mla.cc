@@ -5,8 +5,9 @@
 #include <cstring>
 
 #include "core/dtype.h"
-#include "core/ops/dot.h"
+#include "core/ops/lane_sum.h"
 #include "core/ops/linear.h"
+#include "core/ops/softmax.h"
 #include "core/parallel.h"
 
 namespace glmserve {
@@ -119,22 +120,15 @@ void LatentAttention(const float* q_lat, const float* q, absl::Span<const Sequen
       }
       const float* ql = q_lat + (h * total + t) * r;
       const float* qr = q + (t * h_count + h) * qk + shape.nope_dim;
-      float max_score = -INFINITY;
       for (int64_t i = 0; i < n; ++i) {
         probs[i] = (LaneDot(ql, keys[i], r) + LaneDot(qr, keys[i] + shape.rope_offset(), dr)) *
                    shape.scale;
-        max_score = std::max(max_score, probs[i]);
       }
-      float sum = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        probs[i] = std::exp(probs[i] - max_score);
-        sum += probs[i];
-      }
-      const float inv_sum = 1.0f / sum;
+      SoftmaxInPlace(probs.data(), n);
       float* o = out_lat + (h * total + t) * r;
       std::fill_n(o, r, 0.f);
       for (int64_t i = 0; i < n; ++i) {
-        const float w = probs[i] * inv_sum;
+        const float w = probs[i];
         const float* lv = keys[i];
         for (int64_t d = 0; d < r; ++d) o[d] += w * lv[d];
       }

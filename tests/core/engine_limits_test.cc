@@ -44,7 +44,7 @@ bool Eventually(const Engine& engine, Pred pred) {
 std::unique_ptr<Engine> MakeEngine(EngineOptions options, ModelWeights weights = TinyWeights()) {
   options.check_invariants = true;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(std::make_unique<Model>(std::move(weights)), options);
+      Engine::Create(std::make_unique<CpuModel>(std::move(weights)), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
@@ -301,7 +301,7 @@ TEST(EngineLimitsTest, SampleVocabLimitBoundsTheSampledIdsOnly) {
 
 TEST(EngineLimitsTest, OptionsAreRangeChecked) {
   const auto create = [](EngineOptions o) {
-    return Engine::Create(std::make_unique<Model>(TinyWeights()), o).status();
+    return Engine::Create(std::make_unique<CpuModel>(TinyWeights()), o).status();
   };
   EngineOptions o;
   o.block_size = int64_t{1} << 40;
@@ -323,6 +323,45 @@ TEST(EngineLimitsTest, OptionsAreRangeChecked) {
   o.kv_capacity_tokens = int64_t{1} << 34;
   s = create(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+}
+
+// One limits struct: 0 means the model's positions, nothing resolves above them, the default
+// max_new_tokens follows a lower cap, and Submit enforces what limits() reports.
+TEST(EngineLimitsTest, RequestLimitsAreResolvedAgainstTheModel) {
+  EngineOptions o;  // TinyWeights: 512 positions
+  std::unique_ptr<Engine> engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->limits().max_prompt_tokens, 512);
+  EXPECT_EQ(engine->limits().max_new_tokens, 512);
+  EXPECT_EQ(engine->limits().default_max_new_tokens, 256);
+
+  o.limits.max_prompt_tokens = 100000;  // above the model: clamped
+  o.limits.max_new_tokens = 0;
+  o.limits.default_max_new_tokens = 4096;  // above the resolved max_new_tokens: clamped
+  engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->limits().max_prompt_tokens, 512);
+  EXPECT_EQ(engine->limits().default_max_new_tokens, 512);
+
+  o.limits = {.max_prompt_tokens = 4, .max_new_tokens = 3, .default_max_new_tokens = 2};
+  engine = MakeEngine(o);
+  ASSERT_NE(engine, nullptr);
+  GenerateRequest g;
+  g.prompt = {1, 2, 3, 4, 5};
+  g.stop.max_new_tokens = 1;
+  absl::StatusOr<RequestId> id = engine->Submit(Request{g}, [](Event&&) {});
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("limit is 4"), std::string::npos) << id.status();
+  g.prompt = {1, 2};
+  g.stop.max_new_tokens = 4;
+  id = engine->Submit(Request{g}, [](Event&&) {});
+  EXPECT_NE(id.status().message().find("[1, 3]"), std::string::npos) << id.status();
+
+  // An explicit default above an explicit cap is a configuration error, named.
+  o.limits = {.max_new_tokens = 50, .default_max_new_tokens = 100};
+  absl::Status s = Engine::Create(std::make_unique<CpuModel>(TinyWeights()), o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("default_max_new_tokens=100"), std::string::npos) << s;
 }
 
 TEST(KvCacheBytesTest, OverflowAndBadDimensionsAreErrors) {

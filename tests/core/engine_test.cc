@@ -40,7 +40,7 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   if (g_int8) {
     EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
   }
-  return std::make_unique<Model>(*std::move(w), g_math);
+  return std::make_unique<CpuModel>(*std::move(w), g_math);
 }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {

@@ -60,7 +60,7 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
   const double fp32_bound = rounded ? (mla ? 6e-2 : 1e-2) : 1e-5;
   const double native_bound = rounded && mla ? 6e-2 : 3e-2;
   const std::string label = absl::StrCat(name, " ", CpuMathName(math));
-  Model model(*std::move(weights), math);
+  CpuModel model(*std::move(weights), math);
   const ModelConfig& c = model.config();
   const int64_t n = static_cast<int64_t>(expected.prompt.size());
 
@@ -142,7 +142,7 @@ TEST(GoldenCpuMath, PortableBf16KernelGivesTheDispatchedBits) {
   auto run = [](bool generic) {
     absl::StatusOr<ModelWeights> weights = LoadCheckpoint(testing::GoldenDir("bf16"));
     EXPECT_TRUE(weights.ok()) << weights.status();
-    Model model(*std::move(weights), CpuMath::kBf16);
+    CpuModel model(*std::move(weights), CpuMath::kBf16);
     const Expected expected = ReadExpected(testing::GoldenDir("bf16"));
     const int64_t n = static_cast<int64_t>(expected.prompt.size());
     KvCache cache(model.CacheShape(8, 4));

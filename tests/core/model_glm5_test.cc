@@ -25,7 +25,7 @@ ModelWeights Glm5Weights(const char* preset = "tiny-glm5", LayerSpan span = {}) 
 }
 
 TEST(Glm5ModelTest, KvCacheHoldsTheLatentRowOnly) {
-  Model model(Glm5Weights());
+  CpuModel model(Glm5Weights());
   const ModelConfig& c = model.config();
   // tiny-glm5: 32 latent + 8 rotary key + 16 indexer key, fp32, 4 layers.
   EXPECT_EQ(model.kv_bytes_per_token(), 4 * (32 + 8 + 16) * 4);
@@ -45,7 +45,7 @@ TEST(Glm5ModelTest, KvCacheHoldsTheLatentRowOnly) {
 
 TEST(Glm5ModelTest, RunsMustStartAtAFullIndexerLayer) {
   // tiny-glm5 layers: full, shared, full, shared. A span [1, 4) would start at a shared layer.
-  Model tail(Glm5Weights("tiny-glm5", {1, -1}));
+  CpuModel tail(Glm5Weights("tiny-glm5", {1, -1}));
   KvCache cache(tail.CacheShape(4, 4));
   BlockTable table;
   ASSERT_TRUE(cache.Reserve(&table, 3).ok());
@@ -58,7 +58,7 @@ TEST(Glm5ModelTest, RunsMustStartAtAFullIndexerLayer) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'shared'"), absl::string_view::npos) << s;
   // Within the whole model, a sub-run from layer 2 (full) is fine, from 1 (shared) is not.
-  Model whole(Glm5Weights());
+  CpuModel whole(Glm5Weights());
   KvCache c2(whole.CacheShape(4, 4));
   BlockTable t2;
   ASSERT_TRUE(c2.Reserve(&t2, 3).ok());
@@ -90,11 +90,11 @@ TEST(Glm5ModelTest, CheckpointRoundTripKeepsTheLogits) {
   EXPECT_TRUE(loaded->config.is_mla());
   EXPECT_FALSE(loaded->layers[0].mla.indexer.empty());
   EXPECT_TRUE(loaded->layers[1].mla.indexer.empty()) << "layer 1 is a shared indexer layer";
-  Model a(std::move(weights)), b(*std::move(loaded));
+  CpuModel a(std::move(weights)), b(*std::move(loaded));
   const std::vector<int32_t> ids = {5, 17, 99, 3, 42, 42, 7, 250, 1, 0, 64, 31};
   std::vector<float> out[2];
   for (int i = 0; i < 2; ++i) {
-    Model& m = i == 0 ? a : b;
+    CpuModel& m = i == 0 ? a : b;
     KvCache cache(m.CacheShape(4, 4));
     BlockTable table;
     ASSERT_TRUE(cache.Reserve(&table, 12).ok());

@@ -147,7 +147,7 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   EXPECT_EQ(QuantizeWeights(&*w, WeightQuant::kInt8).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(SaveCheckpoint(*w, testing::MakeTempDir("q8_save")).code(),
             absl::StatusCode::kFailedPrecondition);
-  Model model(*w, CpuMath::kBf16);
+  CpuModel model(*w, CpuMath::kBf16);
   EXPECT_NE(model.compute_description().find("weights int8 (groups of 32, quantized at load"),
             std::string::npos)
       << model.compute_description();
@@ -173,7 +173,7 @@ TEST(QuantizeWeights, GoldenAccuracy) {
     absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
     ASSERT_TRUE(weights.ok()) << weights.status();
     ASSERT_TRUE(QuantizeWeights(&*weights, WeightQuant::kInt8).ok());
-    Model model(*std::move(weights), CpuMath::kBf16);
+    CpuModel model(*std::move(weights), CpuMath::kBf16);
     const int64_t n = static_cast<int64_t>(prompt.size()), vocab = model.config().vocab_size;
     const int64_t total = n + static_cast<int64_t>(greedy.size());
     KvCache cache(model.CacheShape((total + 3) / 4, 4));

@@ -13,10 +13,10 @@
 namespace {
 
 const glmserve::ModelRunner& TinyModel() {
-  static const glmserve::Model* model = [] {
+  static const glmserve::CpuModel* model = [] {
     absl::StatusOr<glmserve::ModelWeights> w = glmserve::LoadModel("tiny");
     GLM_FUZZ_CHECK(w.ok());
-    return new glmserve::Model(*std::move(w));
+    return new glmserve::CpuModel(*std::move(w));
   }();
   return *model;
 }

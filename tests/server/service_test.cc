@@ -469,9 +469,9 @@ TEST(ServiceLimitsTest, RequestLargerThanTheKvCacheIsResourceExhausted) {
 TEST(ServiceLimitsTest, ConcurrentStreamAndLengthLimits) {
   ServerOptions options = TinyOptions();
   options.service.max_concurrent_streams = 1;
-  options.max_prompt_tokens = 8;
-  options.max_new_tokens = 50;
-  options.default_max_new_tokens = 16;
+  options.engine.limits.max_prompt_tokens = 8;
+  options.engine.limits.max_new_tokens = 50;
+  options.engine.limits.default_max_new_tokens = 16;
   std::unique_ptr<GlmServer> server = StartServer(options);
   std::unique_ptr<Client> client = Connect(*server);
   EXPECT_EQ(

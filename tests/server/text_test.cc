@@ -344,7 +344,7 @@ TEST_F(TextServiceTest, InvalidUtf8TextNeverReachesTheEngine) {
 
 TEST(TextServiceLimitsTest, LongTextPromptIsInvalidArgumentBeforeTheEngine) {
   ServerOptions options = TinyOptions();
-  options.max_prompt_tokens = 8;
+  options.engine.limits.max_prompt_tokens = 8;
   std::unique_ptr<GlmServer> server = StartTextServer(options);
   ASSERT_NE(server, nullptr);
   std::unique_ptr<Client> client = Connect(*server);

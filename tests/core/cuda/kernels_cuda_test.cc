@@ -139,7 +139,7 @@ TEST_F(CudaKernels, QkNormRopeKvMatchesCpu) {
                              k_norm = RandomVector(c.head_dim, 9);
     const RotaryEmbedding rope(c.head_dim, c.rotary_dim, 1e6);
 
-    // CPU: bias, per-head RMSNorm, RoPE, as Model::AttentionBlock.
+    // CPU: bias, per-head RMSNorm, RoPE, as CpuModel::AttentionBlock.
     std::vector<float> q(tokens * q_dim), k(tokens * kv_dim), v(tokens * kv_dim);
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t i = 0; i < width; ++i) {

@@ -12,10 +12,9 @@
 // GPU (the same arithmetic, only cuBLAS algorithm choices or split counts differ) uses 1e-2.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <string>
 
@@ -137,7 +136,7 @@ class CudaModelTest : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(CudaModelTest, GpuMatchesCpuOnARandomModel) {
-  Model cpu(Random("tiny", GetParam()));
+  CpuModel cpu(Random("tiny", GetParam()));
   std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
   ASSERT_NE(gpu, nullptr);
   // 300 tokens with 16-token blocks: many key chunks, several prefill tiles.
@@ -246,7 +245,7 @@ TEST_P(CudaModelTest, BackendsRefuseEachOthersCaches) {
   batch.token_ids = ok;
   EXPECT_EQ(gpu->Forward(batch, &host_cache, options, &result).code(),
             absl::StatusCode::kInvalidArgument);
-  Model cpu(Random("tiny", GetParam()));
+  CpuModel cpu(Random("tiny", GetParam()));
   EXPECT_EQ(cpu.Forward(batch, cache.get(), options, &result).code(),
             absl::StatusCode::kInvalidArgument);
   // Both caches are usable by their own backend: the refusals were about ownership.
@@ -261,7 +260,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest, ::testing::Values(DType::kBF16, 
 TEST(CudaModelMini, RealVocabularyAndWidthsMatchCpu) {
   GLM_REQUIRE_CUDA_DEVICE();
   // GLM-4.5-shaped (QK-norm, 151552-token vocabulary, head_dim 64), two layers.
-  Model cpu(Random("glm-4.5-mini:layers=2"));
+  CpuModel cpu(Random("glm-4.5-mini:layers=2"));
   std::unique_ptr<CudaModel> gpu = Gpu(Random("glm-4.5-mini:layers=2"));
   ASSERT_NE(gpu, nullptr);
   const std::vector<int32_t> ids = Tokens(33, 7, 151552);

@@ -1,0 +1,45 @@
+// The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,int8), parsed and
+// applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16) and int8 (bf16 math
+// on weights quantized at load, --weight_dtype=int8).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/ops/linear.h"
+#include "core/quantize.h"
+#include "core/status_macros.h"
+#include "core/weights.h"
+
+namespace glmserve::bench {
+
+inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& list) {
+  std::vector<std::string> modes;
+  for (absl::string_view name : absl::StrSplit(list, ',')) {
+    if (name != "exact" && name != "bf16" && name != "int8") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--modes: '", name, "' is not one of exact, bf16, int8"));
+    }
+    modes.emplace_back(name);
+  }
+  return modes;
+}
+
+inline CpuMath MathOf(const std::string& mode) {
+  return mode == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+}
+
+// `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and
+// shared owners); int8 adds its quantized copy of the linear layers for as long as it lives.
+inline absl::StatusOr<ModelWeights> WeightsForMode(const ModelWeights& base,
+                                                   const std::string& mode) {
+  ModelWeights weights = base;
+  if (mode == "int8") RETURN_IF_ERROR(QuantizeWeights(&weights, WeightQuant::kInt8));
+  return weights;
+}
+
+}  // namespace glmserve::bench
