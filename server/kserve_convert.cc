@@ -166,7 +166,10 @@ absl::Status ReadHiddenStates(const InputTensor& input, std::string* raw, int64_
 
 // The request parameters glmserve reads, each with its one accepted type.
 absl::Status ReadParameters(const inference::ModelInferRequest& request, v1::ForwardRequest* out) {
-  for (const auto& [key, value] : request.parameters()) {
+  for (const auto& entry : request.parameters()) {
+    // Named copies, not structured bindings: clang 14 cannot capture those in the lambda.
+    const std::string& key = entry.first;
+    const inference::InferParameter& value = entry.second;
     const auto want = [&](inference::InferParameter::ParameterChoiceCase c, const char* type) {
       return value.parameter_choice_case() == c
                  ? absl::OkStatus()

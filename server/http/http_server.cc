@@ -113,7 +113,11 @@ bool HttpExchange::PeerClosed() {
 
 std::string HttpExchange::peer() const {
   const mg_request_info* info = mg_get_request_info(conn_);
-  return absl::StrCat("ipv4:", info->remote_addr, ":", info->remote_port);
+  // As gRPC writes peers in the access log.
+  const absl::string_view addr = info->remote_addr;
+  return addr.find(':') == absl::string_view::npos
+             ? absl::StrCat("ipv4:", addr, ":", info->remote_port)
+             : absl::StrCat("ipv6:[", addr, "]:", info->remote_port);
 }
 
 absl::StatusOr<std::unique_ptr<OpenAIHttpServer>> OpenAIHttpServer::Start(

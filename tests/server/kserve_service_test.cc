@@ -304,7 +304,7 @@ TEST_F(KServeTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
         << c.what << ": " << s.error_message();
   }
   EXPECT_EQ(server_->engine()->Stats().steps, steps);  // nothing reached the engine
-  // A call is counted as its handler ends, a moment after the client has its reply.
+  // A call is counted in OnDone, just after its client has the answer.
   ASSERT_TRUE(WaitUntil([&] { return server_->service().calls_in_flight() == 0; }));
   EXPECT_NE(server_->metrics().Scrape().find("glmserve_requests_total{api=\"kserve\",code="
                                              "\"INVALID_ARGUMENT\",rpc=\"ModelInfer\"} 13"),

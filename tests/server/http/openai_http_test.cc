@@ -416,9 +416,11 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
     return Counter("glmserve_requests_total{api=\"openai\",code=\"OK\",rpc=\"/v1/completions\"}") ==
            1;
   }));
-  EXPECT_EQ(Counter("glmserve_requests_total{api=\"openai\",code=\"INVALID_ARGUMENT\",rpc=\"/v1/"
-                    "completions\"}"),
-            16);
+  EXPECT_TRUE(WaitUntil([&] {
+    return Counter(
+               "glmserve_requests_total{api=\"openai\",code=\"INVALID_ARGUMENT\",rpc=\"/v1/"
+               "completions\"}") == 16;
+  }));
 }
 
 TEST_F(OpenAIHttpTest, StreamingClientDisconnectCancelsTheEngineRequest) {
