@@ -5,7 +5,8 @@ renderer (deploylib.render) and, where kubectl is installed, with `kubectl kusto
 output must equal ours; and the rendered objects agree with each other and with glm-server:
 
 - Deployment: the container's args are real glm-server flags (server/main.cc); containerPorts
-  named grpc and metrics equal --port and --metrics_port (or their defaults); the process
+  named grpc and metrics equal --port and --metrics_port (or their defaults), and one named
+  http equals --http_port when the args serve the OpenAI endpoint; the process
   listens on every interface (ENTRYPOINT of the Dockerfile + args); startup/readiness/liveness
   probes are native gRPC probes on the grpc port asking the health service names glm-server
   registers (server/server.h); terminationGracePeriodSeconds exceeds the preStop sleep plus
@@ -13,9 +14,11 @@ output must equal ours; and the rendered objects agree with each other and with 
   escalation, all capabilities dropped; the model comes from a PVC mounted read-only and
   --model lies under the mount; memory requested; GPU limit and --device=cuda in the gpu
   overlay, no GPU and --device=cpu in the cpu overlay; the selector matches the pod labels.
-- Services: a regular one with ports grpc and metrics, a headless one with grpc only; their
+- Services: a regular one with ports grpc, metrics (and http when served), a headless one with
+  grpc only; their
   selectors pick the pods and their targetPorts name real container ports.
-- PodDisruptionBudget, NetworkPolicy (admits exactly the grpc and metrics ports), ServiceMonitor
+- PodDisruptionBudget, NetworkPolicy (admits exactly the grpc, metrics and served http ports),
+  ServiceMonitor
   (selects exactly one Service, with the port it scrapes; its job name is the one the alert
   rules expect), PrometheusRule (identical to deploy/prometheus/alerts.yaml), HPA (targets the
   Deployment, which then has no replicas field; its metric is served by the adapter rules).
@@ -94,8 +97,12 @@ def check_render(f, name, resources, root, variant):
             f"{name}: --metrics_address must be empty or every interface to be scraped")
     f.check(port == dl.flag_default_int(flags, "port") and metrics_port == dl.flag_default_int(flags, "metrics_port"),
             f"{name}: ports {port}/{metrics_port} differ from glm-server's defaults (keep the Dockerfile's EXPOSE in step)")
+    http_port = int(eff.get("http_port", dl.flag_default_int(flags, "http_port")))
     ports = {p["name"]: p for p in c.get("ports", [])}
-    f.check(set(ports) == {"grpc", "metrics"}, f"{name}: container ports must be named grpc and metrics, are {sorted(ports)}")
+    want_ports = {"grpc", "metrics"} | ({"http"} if http_port > 0 else set())
+    f.check(set(ports) == want_ports, f"{name}: container ports must be named {sorted(want_ports)}, are {sorted(ports)}")
+    if http_port > 0:
+        f.check(ports.get("http", {}).get("containerPort") == http_port, f"{name}: port http must be --http_port={http_port}")
     f.check(ports.get("grpc", {}).get("containerPort") == port, f"{name}: port grpc must be --port={port}")
     f.check(ports.get("metrics", {}).get("containerPort") == metrics_port,
             f"{name}: port metrics must be --metrics_port={metrics_port}")
@@ -203,13 +210,13 @@ def check_render(f, name, resources, root, variant):
         f.check(selects(s["spec"].get("selector", {}), pod_labels), f"{name}: Service {sname} does not select the pods")
         for p in s["spec"].get("ports", []):
             tp = p.get("targetPort", p["port"])
-            ok = tp in ports if isinstance(tp, str) else tp in (port, metrics_port)
+            ok = tp in ports if isinstance(tp, str) else tp in (port, metrics_port, http_port)
             f.check(ok, f"{name}: Service {sname} port {p.get('name')} targets {tp}, not a container port")
             f.check(p.get("name") in ports and (tp == p["name"] or ports[p["name"]]["containerPort"] == tp),
                     f"{name}: Service {sname} port {p.get('name')} must target the container port of that name")
     if regular:
-        f.check({p["name"] for p in regular[0]["spec"]["ports"]} == {"grpc", "metrics"},
-                f"{name}: the regular Service must expose grpc and metrics")
+        f.check({p["name"] for p in regular[0]["spec"]["ports"]} == want_ports,
+                f"{name}: the regular Service must expose {sorted(want_ports)}")
     if headless:
         f.check({p["name"] for p in headless[0]["spec"]["ports"]} == {"grpc"},
                 f"{name}: the headless Service must expose grpc only")
@@ -221,7 +228,7 @@ def check_render(f, name, resources, root, variant):
         f.check(selects(pdb["spec"]["selector"]["matchLabels"], pod_labels), f"{name}: the PDB does not select the pods")
         f.check("maxUnavailable" in pdb["spec"] or "minAvailable" in pdb["spec"], f"{name}: the PDB sets no budget")
 
-    # NetworkPolicy: exactly the grpc and metrics ports
+    # NetworkPolicy: exactly the grpc, metrics (and http, when served) ports
     for np in kinds.get("NetworkPolicy", []):
         npname = np["metadata"]["name"]
         f.check(selects(np["spec"]["podSelector"]["matchLabels"], pod_labels), f"{name}: NetworkPolicy {npname} does not select the pods")
@@ -231,8 +238,8 @@ def check_render(f, name, resources, root, variant):
             f.check(bool(rule.get("ports")), f"{name}: NetworkPolicy {npname} has a rule without ports (admits every port)")
             for p in rule.get("ports", []):
                 v = p.get("port")
-                admitted.add(v if isinstance(v, str) else {port: "grpc", metrics_port: "metrics"}.get(v, v))
-        f.check(admitted == {"grpc", "metrics"}, f"{name}: NetworkPolicy {npname} admits {admitted}, expected grpc and metrics")
+                admitted.add(v if isinstance(v, str) else {port: "grpc", metrics_port: "metrics", http_port: "http"}.get(v, v))
+        f.check(admitted == want_ports, f"{name}: NetworkPolicy {npname} admits {admitted}, expected {sorted(want_ports)}")
 
     # ServiceMonitor
     job = None
