@@ -6,16 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
+#include "server/forward_call.h"
 #include "server/status.h"
 
 namespace glmserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
-  return std::chrono::duration<double>(to - from).count();
-}
 
 // A unary reply given at once, reported like GlmService's own (metrics, access log, drain).
 class ImmediateReactor final : public grpc::ServerUnaryReactor {
@@ -50,15 +47,12 @@ KServeModel KServeModelOf(const Backend& backend) {
 }
 
 // ModelInfer: GlmService's Forward path (ForwardReactor) with KServe's messages around it.
-class ModelInferReactor final : public grpc::ServerUnaryReactor {
+class ModelInferReactor final : public ForwardCallReactor {
  public:
   ModelInferReactor(KServeServiceImpl* service, grpc::CallbackServerContext* context,
                     inference::ModelInferResponse* response)
-      : service_(service),
-        glm_(service->glm_),
-        context_(context),
-        response_(response),
-        arrival_(Clock::now()) {}
+      : ForwardCallReactor(service->glm_, &service->encoder_, Rpc::kModelInfer, context),
+        response_(response) {}
 
   void Start(const inference::ModelInferRequest& request) {
     request_id_ = request.id();
@@ -80,105 +74,23 @@ class ModelInferReactor final : public grpc::ServerUnaryReactor {
     // The tensors are in `body` now; the wire copy is no longer needed.
     call_.forward.clear_token_ids();
     call_.forward.clear_hidden_states();
-    const ForwardOutputSize size =
-        ForwardOutputBytes(*body, backend->engine->model().config(), call_.forward.output_dtype());
-    if (!glm_->ReserveOutput(size.engine_bytes + size.reply_bytes)) {
-      return Reply(ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("the outputs of Forward calls in flight would pass the server's limit of ",
-                       glm_->options().max_output_bytes_in_flight, " bytes (this call needs ",
-                       size.engine_bytes + size.reply_bytes, "); retry later"))));
-    }
-    reserved_bytes_ = size.engine_bytes + size.reply_bytes;
-    body->session_owner = glm_->CallerIdentity(context_);
-    engine_ = backend->engine;
     request_ = &request;  // valid until Finish
-    glmserve::Request engine_request(*std::move(body));
-    engine_request.deadline = glm_->EngineDeadline(context_);
-    engine_request.client_request_id = request.id();
-    absl::StatusOr<glmserve::RequestId> id = engine_->Submit(
-        std::move(engine_request), [this](glmserve::Event&& event) { OnEvent(std::move(event)); });
-    if (!id.ok()) return Reply(ToGrpcStatus(id.status()));
-    bool cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      id_ = *id;
-      cancelled = cancelled_;
-    }
-    if (cancelled) engine_->Cancel(*id);
-  }
-
-  void OnCancel() override {
-    glmserve::RequestId id;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled_ = true;
-      id = id_;
-    }
-    if (id != 0) engine_->Cancel(id);
-  }
-
-  void OnDone() override {
-    glm_->ReleaseOutput(reserved_bytes_);
-    glm_->CallDone(Rpc::kModelInfer, status_, context_, arrival_, request_id_,
-                   finished_ ? &finish_ : nullptr);
-    delete this;
+    Submit(*backend, *std::move(body), call_.forward.output_dtype(), request.id());
   }
 
  private:
-  void Reply(grpc::Status status) {
-    status_ = status;
-    Finish(std::move(status));
+  void Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent&,
+              const ModelConfig& config) override {
+    v1::ForwardResponse forward;
+    FillForwardResponse(output, config, call_.forward, &forward);
+    output = glmserve::ForwardOutput();  // the floats are encoded: free them now
+    FillKServeInferResponse(std::move(forward), call_, *request_, model_, response_);
   }
 
-  // Engine thread: keep the output, hand the encoding to the encoder pool.
-  void OnEvent(glmserve::Event&& event) {
-    if (auto* output = std::get_if<glmserve::ForwardOutput>(&event.body)) {
-      output_ = std::move(*output);
-      return;
-    }
-    auto* finish = std::get_if<glmserve::FinishEvent>(&event.body);
-    if (finish == nullptr) return;
-    Metrics* metrics = glm_->metrics();
-    if (finish->times.first_scheduled) {
-      metrics->RecordQueue(Rpc::kModelInfer, Seconds(arrival_, *finish->times.first_scheduled));
-    }
-    metrics->RecordTokens(finish->prompt_tokens, 0);
-    finish_ = std::move(*finish);
-    finished_ = true;
-    service_->encoder_.Run([this] { Complete(); });
-  }
-
-  void Complete() {
-    grpc::Status status = ToGrpcStatus(finish_.status);
-    if (status.ok()) {
-      v1::ForwardResponse forward;
-      FillForwardResponse(output_, engine_->model().config(), call_.forward, &forward);
-      output_ = glmserve::ForwardOutput();  // the floats are encoded: free them now
-      FillKServeInferResponse(std::move(forward), call_, *request_, model_, response_);
-    }
-    Reply(std::move(status));  // last: OnDone may delete `this`
-  }
-
-  KServeServiceImpl* const service_;
-  GlmServiceImpl* const glm_;
-  grpc::CallbackServerContext* const context_;
   inference::ModelInferResponse* const response_;
-  const glmserve::SteadyTime arrival_;
-  glmserve::Engine* engine_ = nullptr;
   const inference::ModelInferRequest* request_ = nullptr;
-  std::string request_id_;
   KServeModel model_;
   KServeForward call_;
-  int64_t reserved_bytes_ = 0;
-  // Written on the engine thread before the encoder task is queued (which orders them).
-  glmserve::ForwardOutput output_;
-  glmserve::FinishEvent finish_;
-  bool finished_ = false;
-  grpc::Status status_;
-
-  std::mutex mu_;
-  glmserve::RequestId id_ = 0;  // guarded by mu_
-  bool cancelled_ = false;      // guarded by mu_
 };
 
 KServeServiceImpl::KServeServiceImpl(GlmServiceImpl* glm, std::string server_version)

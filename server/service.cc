@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "server/forward_call.h"
 #include "server/status.h"
 #include "server/text_convert.h"
 
@@ -347,116 +348,34 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
 // ---- Forward -------------------------------------------------------------------------------
 
-class ForwardReactor final : public grpc::ServerUnaryReactor {
+class ForwardReactor final : public ForwardCallReactor {
  public:
   ForwardReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context,
                  v1::ForwardResponse* response)
-      : service_(service), context_(context), response_(response), arrival_(Clock::now()) {}
+      : ForwardCallReactor(service, &service->encoder_, Rpc::kForward, context),
+        response_(response) {}
 
   void Start(const v1::ForwardRequest& request) {
     request_id_ = request.request_id();  // logged whatever happens next
     grpc::Status status;
-    const Backend* backend = service_->Admit(context_, &status);
+    const Backend* backend = glm_->Admit(context_, &status);
     if (backend == nullptr) return Reply(status);
     absl::StatusOr<glmserve::ForwardRequest> body =
         ToEngineForward(request, backend->engine->model(), backend->limits);
     if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
-    const ForwardOutputSize size =
-        ForwardOutputBytes(*body, backend->engine->model().config(), request.output_dtype());
-    if (!service_->ReserveOutput(size.engine_bytes + size.reply_bytes)) {
-      return Reply(ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("the outputs of Forward calls in flight would pass the server's limit of ",
-                       service_->options_.max_output_bytes_in_flight, " bytes (this call needs ",
-                       size.engine_bytes + size.reply_bytes, "); retry later"))));
-    }
-    reserved_bytes_ = size.engine_bytes + size.reply_bytes;
-    body->session_owner = service_->CallerIdentity(context_);
-    engine_ = backend->engine;
     request_ = &request;  // valid until Finish
-    glmserve::Request engine_request(*std::move(body));
-    engine_request.deadline = service_->EngineDeadline(context_);
-    engine_request.client_request_id = request.request_id();
-    absl::StatusOr<glmserve::RequestId> id = engine_->Submit(
-        std::move(engine_request), [this](glmserve::Event&& event) { OnEvent(std::move(event)); });
-    if (!id.ok()) return Reply(ToGrpcStatus(id.status()));
-    bool cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      id_ = *id;
-      cancelled = cancelled_;
-    }
-    if (cancelled) engine_->Cancel(*id);
-  }
-
-  void OnCancel() override {
-    glmserve::RequestId id;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled_ = true;
-      id = id_;
-    }
-    if (id != 0) engine_->Cancel(id);
-  }
-
-  void OnDone() override {
-    service_->ReleaseOutput(reserved_bytes_);
-    service_->CallDone(Rpc::kForward, status_, context_, arrival_, request_id_,
-                       finished_ ? &finish_ : nullptr);
-    delete this;
+    Submit(*backend, *std::move(body), request.output_dtype(), request.request_id());
   }
 
  private:
-  void Reply(grpc::Status status) {
-    status_ = status;
-    Finish(std::move(status));
+  void Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent& finish,
+              const ModelConfig& config) override {
+    FillForwardResponse(output, config, *request_, response_);
+    FillTimings(finish.times, arrival_, response_->mutable_timings());
   }
 
-  // Engine thread: keep the output (a move), and on the finish hand the encoding to the
-  // encoder pool so the engine thread goes straight back to its loop.
-  void OnEvent(glmserve::Event&& event) {
-    if (auto* output = std::get_if<glmserve::ForwardOutput>(&event.body)) {
-      output_ = std::move(*output);
-      return;
-    }
-    auto* finish = std::get_if<glmserve::FinishEvent>(&event.body);
-    if (finish == nullptr) return;
-    Metrics* metrics = service_->metrics_;
-    if (finish->times.first_scheduled) {
-      metrics->RecordQueue(Rpc::kForward, Seconds(arrival_, *finish->times.first_scheduled));
-    }
-    metrics->RecordTokens(finish->prompt_tokens, 0);
-    finish_ = std::move(*finish);
-    finished_ = true;
-    service_->encoder_.Run([this] { Complete(); });
-  }
-
-  void Complete() {
-    grpc::Status status = ToGrpcStatus(finish_.status);
-    if (status.ok()) {
-      FillForwardResponse(output_, engine_->model().config(), *request_, response_);
-      FillTimings(finish_.times, arrival_, response_->mutable_timings());
-    }
-    Reply(std::move(status));  // last: OnDone may delete `this`
-  }
-
-  GlmServiceImpl* const service_;
-  grpc::CallbackServerContext* const context_;
   v1::ForwardResponse* const response_;
-  const glmserve::SteadyTime arrival_;
-  glmserve::Engine* engine_ = nullptr;
   const v1::ForwardRequest* request_ = nullptr;
-  std::string request_id_;
-  int64_t reserved_bytes_ = 0;  // of the service's output budget, released in OnDone
-  // Written on the engine thread before the encoder task is queued (which orders them, and
-  // the encoder's Finish orders them before OnDone).
-  glmserve::ForwardOutput output_;
-  glmserve::FinishEvent finish_;
-  bool finished_ = false;
-  grpc::Status status_;
-
-  std::mutex mu_;
-  glmserve::RequestId id_ = 0;  // guarded by mu_
-  bool cancelled_ = false;      // guarded by mu_
 };
 
 // ---- The service -----------------------------------------------------------------------------

@@ -21,9 +21,7 @@ if [ "${EMU:-1}" != 0 ]; then
     -DGLMSERVE_BUILD_SERVER=OFF -DGLMSERVE_BUILD_BENCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON \
     -DCMAKE_DISABLE_FIND_PACKAGE_Protobuf=ON -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
     -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON
-  cmake --build "$EMU_DIR" -j "$JOBS" --target glm-run emu_cuda_runner_test emu_kernels_cuda_test \
-    emu_mla_kernels_cuda_test emu_model_cuda_test emu_sampling_cuda_test \
-    emu_runner_conformance_test emu_golden_test emu_gpu_bench
+  cmake --build "$EMU_DIR" -j "$JOBS" --target glm-run cuda_emu_all
   ctest --test-dir "$EMU_DIR" -L cuda_emu --output-on-failure -j "$JOBS"
 fi
 # Every fuzz target for a short fixed time under libFuzzer + ASan + UBSan (its own clang build
