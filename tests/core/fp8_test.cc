@@ -493,17 +493,20 @@ TEST(Fp8KernelTest, MatchesTheDequantizedMatrixAndIsBatchInvariant) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) deq[r * cols + c] = f.At(r, c);
     const Matrix dense{DType::kF32, rows, cols, deq.data()};
-    const int64_t m = 9;
-    const std::vector<float> x = testing::RandomVector(m * cols, 3, 1.0f);
-    for (CpuMath math : {CpuMath::kExact, CpuMath::kBf16}) {
-      std::vector<float> y(m * rows), want(m * rows), one(rows);
-      Linear(x.data(), m, f.m, nullptr, y.data(), math);
-      Linear(x.data(), m, dense, nullptr, want.data(), CpuMath::kExact);
-      EXPECT_EQ(y, want) << rows << "x" << cols << " " << CpuMathName(math);
-      for (int64_t i = 0; i < m; ++i) {
-        Linear(x.data() + i * cols, 1, f.m, nullptr, one.data(), math);
-        EXPECT_TRUE(std::equal(one.begin(), one.end(), y.begin() + i * rows))
-            << "row " << i << " alone differs from the batch";
+    // 9 rows: weights widened in registers (the AVX-512 kernel's direct path); 130: through
+    // the widened panel (above kDirectMaxRowsFp8). Either must give the dense bits, and every row alone the same.
+    for (const int64_t m : {int64_t{9}, int64_t{130}}) {
+      const std::vector<float> x = testing::RandomVector(m * cols, 3, 1.0f);
+      for (CpuMath math : {CpuMath::kExact, CpuMath::kBf16}) {
+        std::vector<float> y(m * rows), want(m * rows), one(rows);
+        Linear(x.data(), m, f.m, nullptr, y.data(), math);
+        Linear(x.data(), m, dense, nullptr, want.data(), CpuMath::kExact);
+        EXPECT_EQ(y, want) << rows << "x" << cols << " " << CpuMathName(math);
+        for (int64_t i = 0; i < m; ++i) {
+          Linear(x.data() + i * cols, 1, f.m, nullptr, one.data(), math);
+          EXPECT_TRUE(std::equal(one.begin(), one.end(), y.begin() + i * rows))
+              << "row " << i << " alone differs from the batch";
+        }
       }
     }
     // Row slices starting inside a block keep their scales.
