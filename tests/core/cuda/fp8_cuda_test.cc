@@ -17,6 +17,7 @@
 #include "core/cuda/kernels.h"
 #include "core/ops/linear.h"
 #include "tests/core/cuda/cuda_test_util.h"
+#include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
@@ -24,21 +25,6 @@ namespace {
 
 using ::glmserve::testing::RandomVector;
 using ::glmserve::testing::RelativeError;
-
-template <typename T>
-DeviceBuffer Upload(const std::vector<T>& v) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, v.size()) * sizeof(T));
-  EXPECT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(CopyToDevice(b->get(), v.data(), v.size() * sizeof(T)).ok());
-  return *std::move(b);
-}
-
-std::vector<float> Download(const DeviceBuffer& b, size_t n) {
-  EXPECT_TRUE(SynchronizeDevice().ok());
-  std::vector<float> v(n);
-  EXPECT_TRUE(CopyToHost(v.data(), b.get(), n * sizeof(float)).ok());
-  return v;
-}
 
 // A random FP8 matrix on the host (codes of N(0, 100) values, scales |N(0,1)| / 448) and on
 // the device.
@@ -90,7 +76,7 @@ TEST(Fp8CudaTest, LinearMatchesTheCpuFp8Path) {
     ASSERT_EQ(LaunchFp8Linear(static_cast<const float*>(dx.get()), s.m, w.device,
                               static_cast<float*>(dy.get()), nullptr),
               cudaSuccess);
-    const std::vector<float> got = Download(dy, want.size());
+    const std::vector<float> got = Download<float>(dy, want.size());
     for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
     EXPECT_LT(RelativeError(got, want), 1e-5) << s.n << "x" << s.k << " m=" << s.m;
   }
@@ -145,7 +131,7 @@ TEST(Fp8CudaTest, ManyExpertsMatchTheCpu) {
   ASSERT_EQ(LaunchFp8Experts(static_cast<const float*>(dx.get()), offsets.data(), device.data(),
                              kExperts, static_cast<float*>(dy.get()), nullptr),
             cudaSuccess);
-  const std::vector<float> got = Download(dy, want.size());
+  const std::vector<float> got = Download<float>(dy, want.size());
   for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
   EXPECT_LT(RelativeError(got, want), 1e-5);
 }

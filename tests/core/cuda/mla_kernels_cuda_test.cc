@@ -21,6 +21,7 @@
 #include "core/ops/norm.h"
 #include "core/ops/rope.h"
 #include "tests/core/cuda/cuda_test_util.h"
+#include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
@@ -31,28 +32,6 @@ using ::glmserve::testing::RandomVector;
 using ::glmserve::testing::RelativeError;
 using ::glmserve::testing::RoundBf16;
 using ::glmserve::testing::ToBf16;
-
-template <typename T>
-DeviceBuffer Upload(const std::vector<T>& v) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, v.size()) * sizeof(T));
-  EXPECT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(CopyToDevice(b->get(), v.data(), v.size() * sizeof(T)).ok());
-  return *std::move(b);
-}
-template <typename T>
-DeviceBuffer Poisoned(size_t n) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, n) * sizeof(T));
-  EXPECT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(FillDevice(b->get(), 0xff, n * sizeof(T)).ok());
-  return *std::move(b);
-}
-template <typename T>
-std::vector<T> Download(const DeviceBuffer& b, size_t n) {
-  EXPECT_TRUE(SynchronizeDevice().ok());
-  std::vector<T> v(n);
-  EXPECT_TRUE(CopyToHost(v.data(), b.get(), n * sizeof(T)).ok());
-  return v;
-}
 
 // Small widths with the real structure: 4 heads, a 32-wide latent, 8 rotary dims, an
 // indexer of 4 heads x 16 and index_topk 8; blocks of 4 token slots.

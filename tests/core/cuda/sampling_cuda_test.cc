@@ -16,33 +16,12 @@
 #include "core/sampler.h"
 #include "core/sampler_scan.h"
 #include "tests/core/cuda/cuda_test_util.h"
+#include "tests/core/cuda/device_buffers.h"
 
 namespace glmserve::cuda {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <typename T>
-DeviceBuffer Upload(const std::vector<T>& v) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, v.size()) * sizeof(T));
-  EXPECT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(CopyToDevice(b->get(), v.data(), v.size() * sizeof(T)).ok());
-  return *std::move(b);
-}
-template <typename T>
-DeviceBuffer Poisoned(size_t n) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Create(std::max<size_t>(1, n) * sizeof(T));
-  EXPECT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(FillDevice(b->get(), 0xff, n * sizeof(T)).ok());
-  return *std::move(b);
-}
-template <typename T>
-std::vector<T> Download(const DeviceBuffer& b, size_t n) {
-  EXPECT_TRUE(SynchronizeDevice().ok());
-  std::vector<T> v(n);
-  EXPECT_TRUE(CopyToHost(v.data(), b.get(), n * sizeof(T)).ok());
-  return v;
-}
 
 struct Rows {
   std::string name;
