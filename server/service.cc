@@ -166,7 +166,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         metrics->RecordTokenizer(input->is_chat() ? "chat" : "encode",
                                  Seconds(start, Clock::now()));
       }
-      if (!built.ok()) return built.status();
+      RETURN_IF_ERROR(built.status());  // after the metric: a failed encode took time too
       prompt = *std::move(built);
     }
     if (WantsText(request)) {
