@@ -76,6 +76,8 @@ bool IsUnquantizedMatrix(const std::string& name) {
          absl::EndsWith(name, ".mlp.gate.weight");
 }
 
+int64_t BlocksOf(int64_t n) { return (n + kFp8PresetBlock - 1) / kFp8PresetBlock; }
+
 // Parses "model.layers.<N>.<rest>"; false for any other name.
 bool ParseLayerName(const std::string& name, int64_t* layer) {
   constexpr absl::string_view kPrefix = "model.layers.";
@@ -466,6 +468,16 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   return w;
 }
 
+bool Fp8PresetKeepsUnquantized(const ModelConfig& config, const std::string& name) {
+  return IsUnquantizedMatrix(name) ||
+         (config.is_mla() && absl::EndsWith(name, ".indexer.weights_proj.weight"));
+}
+
+int64_t Fp8PresetScaleCount(const ModelConfig& config, int64_t rows, int64_t cols) {
+  if (!config.is_mla()) return rows;
+  return BlocksOf(rows) * BlocksOf(cols);
+}
+
 RandomFp8Stream RandomFp8StreamFor(const std::string& name, const RandomWeightOptions& options) {
   // The same expressions as RandomWeights below.
   const float scale =
@@ -489,18 +501,20 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   const std::vector<WeightSlot> slots = ListWeightSlots(&w);
 
   // FP8 presets (docs/fp8.md): the linear layers as e4m3 with one fp32 scale per output
-  // channel (the released GLM-4.5-FP8 form), the embedding, routers and head in bf16.
+  // channel (the released GLM-4.5-FP8 form), the embedding, routers and head in bf16. GLM-5
+  // presets take the GLM-5-FP8 form instead: one scale per 128x128 block (all equal, so the
+  // values are those of the per-channel form), the indexer's weights_proj kept unquantized.
   const bool fp8 = options.dtype == DType::kF8E4M3;
-  if (fp8 && config.is_mla()) {
-    return absl::UnimplementedError("FP8 random weights for GLM-5 (MLA) are not supported");
-  }
+  const bool fp8_blocks = fp8 && config.is_mla();
   if (options.dtype == DType::kF8E8M0) {
     return absl::InvalidArgumentError("F8_E8M0 is a scale format, not a weight dtype");
   }
   const auto slot_dtype = [&](const WeightSlot& slot) {
-    return fp8 && !IsUnquantizedMatrix(slot.name) ? DType::kF8E4M3
-           : fp8                                  ? DType::kBF16
-                                                  : options.dtype;
+    const bool keep = Fp8PresetKeepsUnquantized(config, slot.name);
+    return fp8 && !keep ? DType::kF8E4M3 : fp8 ? DType::kBF16 : options.dtype;
+  };
+  const auto scale_count = [&](const WeightSlot& slot) {
+    return Fp8PresetScaleCount(config, slot.shape[0], slot.shape[1]);
   };
 
   // One arena for every matrix, each at a 64-byte aligned offset; FP8 scales after them.
@@ -515,7 +529,7 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].matrix == nullptr || slot_dtype(slots[i]) != DType::kF8E4M3) continue;
     scale_offsets[i] = total;
-    total += (slots[i].shape[0] * int64_t{sizeof(float)} + 63) / 64 * 64;
+    total += (scale_count(slots[i]) * int64_t{sizeof(float)} + 63) / 64 * 64;
   }
   std::shared_ptr<void> arena = AllocateAligned(static_cast<size_t>(total));
   if (arena == nullptr) {
@@ -547,11 +561,11 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
     float job_scale = scale;
     if (dtype == DType::kF8E4M3) {
       float* scales = reinterpret_cast<float*>(base + scale_offsets[i]);
-      std::fill_n(scales, rows, fp8_scale);
+      std::fill_n(scales, scale_count(slot), fp8_scale);
       slot.matrix->format = WeightFormat::kFp8Scaled;
       slot.matrix->scales = scales;
-      slot.matrix->scale_block_rows = 1;
-      slot.matrix->scale_block_cols = static_cast<int32_t>(cols);
+      slot.matrix->scale_block_rows = fp8_blocks ? kFp8PresetBlock : 1;
+      slot.matrix->scale_block_cols = static_cast<int32_t>(fp8_blocks ? kFp8PresetBlock : cols);
       job_scale = fp8_scale > 0 ? scale / fp8_scale : 0.0f;
       w.linear_format = WeightFormat::kFp8Scaled;
     }

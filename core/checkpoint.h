@@ -59,6 +59,13 @@ struct RandomWeightOptions {
   DType dtype = DType::kBF16;  // dtype of the large matrices
   double stddev = 0.02;
 };
+// FP8 presets (docs/fp8.md): whether the matrix `name` stays bf16 (embedding, head, routers,
+// and GLM-5's indexer weights_proj), and how many fp32 scales an FP8 matrix [rows, cols] has
+// (one per row for GLM-4.5's per-channel form, one per 128x128 block for GLM-5's).
+bool Fp8PresetKeepsUnquantized(const ModelConfig& config, const std::string& name);
+int64_t Fp8PresetScaleCount(const ModelConfig& config, int64_t rows, int64_t cols);
+inline constexpr int64_t kFp8PresetBlock = 128;  // GLM-5 presets' scale block side
+
 // What RandomWeights fills an FP8 matrix named `name` with, for generators elsewhere (the
 // device, core/cuda/kernels.h's LaunchRandomFp8): element i is FloatToE4m3(v * value_scale)
 // where v = (sum of the four 16-bit fields of Mix64(key + (i + 1) * 0x9e3779b97f4a7c15))

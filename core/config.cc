@@ -138,11 +138,6 @@ absl::Status ReadModelType(const Json& j, ModelConfig* c) {
 absl::Status DeriveGlm5Fields(const Json& j, ModelConfig* c) {
   c->head_dim = c->qk_rope_head_dim;
   c->partial_rotary_factor = 1.0;
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-    return absl::UnimplementedError(
-        "config field 'quantization_config': quantized (FP8) GLM-5 checkpoints are not "
-        "supported yet; use the BF16 release");
-  }
   const int64_t layers = c->num_hidden_layers;
   if (c->indexer_types.empty() && layers > 0 && layers <= (int64_t{1} << 20)) {
     auto pattern = j.find("index_topk_pattern");
@@ -578,6 +573,8 @@ constexpr Preset kPresets[] = {
     {"glm-4.5-fp8", Glm45},
     {"glm-4.5-air-fp8", Glm45Air},
     {"tiny-fp8", Tiny},
+    {"glm-5-fp8", Glm5},
+    {"tiny-glm5-fp8", TinyGlm5},
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checkpoint.h"
 #include "core/weight_layout.h"
 #include "core/weights.h"
 
@@ -13,12 +14,6 @@ namespace glmserve {
 namespace {
 
 std::string Gb(int64_t bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
-
-// The matrices FP8 checkpoints keep unquantized (as core/checkpoint.cc's rule).
-bool Unquantized(const std::string& name) {
-  return name == "model.embed_tokens.weight" || name == "lm_head.weight" ||
-         (name.size() > 16 && name.compare(name.size() - 16, 16, ".mlp.gate.weight") == 0);
-}
 
 }  // namespace
 
@@ -79,8 +74,9 @@ int64_t ModelWeightBytes(const ModelConfig& config, bool fp8, DType dtype) {
   for (const WeightSlot& slot : ListWeightSlots(&w)) {
     if (slot.vector != nullptr) {
       total += slot.shape[0] * int64_t{sizeof(float)};
-    } else if (fp8 && !Unquantized(slot.name)) {
-      total += slot.shape[0] * slot.shape[1] + slot.shape[0] * int64_t{sizeof(float)};
+    } else if (fp8 && !Fp8PresetKeepsUnquantized(config, slot.name)) {
+      total += slot.shape[0] * slot.shape[1] +
+               Fp8PresetScaleCount(config, slot.shape[0], slot.shape[1]) * int64_t{sizeof(float)};
     } else {
       total += slot.shape[0] * slot.shape[1] * DTypeSize(dtype);
     }

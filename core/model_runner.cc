@@ -27,6 +27,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
         ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
         "span at a 'full' layer (indexer_types in config.json)"));
   }
+  // FP8 GLM-5 runs on the CPU only, whatever the CUDA runner serves for GLM-4.5: the device's
+  // latent attention reads kv_b_proj as bf16/fp32 (docs/glm5.md). The one place that says so.
+  if (c.is_mla() && weights.linear_format == WeightFormat::kFp8Scaled &&
+      device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "FP8 GLM-5 (glm_moe_dsa) weights are served by the CPU backend only: use --device=cpu "
+        "(docs/glm5.md)");
+  }
   const bool quantized = weights.linear_format != WeightFormat::kDense;
   if (quantized && device == DeviceKind::kCuda) {
     return absl::FailedPreconditionError(

@@ -3,6 +3,7 @@
 cache bytes per token, and how many GPUs of a kind hold them. Standard library only.
 
     tools/model_sizing.py                        # GLM-4.5, GLM-4.5-Air, GLM-5 (released configs)
+                                                 # (each also in its FP8 release's form)
     tools/model_sizing.py /models/model/config.json --kv_tokens=65536
 
 Counts every tensor of the Hugging Face checkpoint (docs/operations.md explains the formulas):
@@ -129,6 +130,46 @@ def count(c):
     return bf16, fp32, active, mtp_bf16, mtp_fp32
 
 
+def fp8_matrices(c):
+    """(rows, cols, count) of every matrix the FP8 releases store in e4m3 (docs/fp8.md): all
+    linear layers of the served layers except the router gates, GLM-5's indexer weights_proj,
+    the embedding and the head (kept bf16/fp32, as the releases' ignore lists say)."""
+    h, nh, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
+    out = []
+    if is_glm5(c):
+        q, r, dn, dr, dv = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
+                            c["qk_rope_head_dim"], c["v_head_dim"])
+        out += [(q, h, layers), (nh * (dn + dr), q, layers), (r + dr, h, layers),
+                (nh * (dn + dv), r, layers), (h, nh * dv, layers)]
+        n_full = indexer_types(c).count("full")
+        out += [(c["index_n_heads"] * c["index_head_dim"], q, n_full),
+                (c["index_head_dim"], h, n_full)]
+    else:
+        kv, hd = c["num_key_value_heads"], c["head_dim"]
+        out += [(nh * hd, h, layers), (kv * hd, h, 2 * layers), (h, nh * hd, layers)]
+    if c.get("mlp_layer_types"):
+        n_dense = c["mlp_layer_types"].count("dense")
+    else:
+        n_dense = min(c["first_k_dense_replace"], layers)
+    i, im = c["intermediate_size"], c["moe_intermediate_size"]
+    per_moe = c["n_routed_experts"] + c["n_shared_experts"]
+    out += [(i, h, 2 * n_dense), (h, i, n_dense),
+            (im, h, 2 * per_moe * (layers - n_dense)), (h, im, per_moe * (layers - n_dense))]
+    return out
+
+
+def fp8_weight_bytes(c, block):
+    """Served weight bytes of the FP8 form: e4m3 matrices (one byte per weight) with fp32
+    scales per block x block (GLM-5-FP8, quant_method fp8) or per output row (block None:
+    GLM-4.5-FP8's compressed-tensors channel scales), the rest as in weight_bytes()."""
+    bf16, fp32, *_ = count(c)
+    quantized = scales = 0
+    for rows, cols, n in fp8_matrices(c):
+        quantized += n * rows * cols
+        scales += n * (rows if block is None else -(-rows // block) * -(-cols // block))
+    return 2 * (bf16 - quantized) + 4 * fp32 + quantized + 4 * scales, quantized, scales
+
+
 def kv_bytes_per_token(c, dtype_bytes):
     if is_glm5(c):
         # One latent row per layer: the normed latent, the rotary key and (when any layer has
@@ -154,6 +195,11 @@ def report(name, c, kv_tokens):
     print(f"weights in bf16 (fp32 router bias): {weights:,} bytes = {weights / 1e9:.1f} GB = "
           f"{weights / GIB:.1f} GiB")
     print(f"checkpoint on disk with MTP: {ckpt / 1e9:.1f} GB = {ckpt / GIB:.1f} GiB")
+    block = 128 if is_glm5(c) else None  # the forms of GLM-5-FP8 and GLM-4.5(-Air)-FP8
+    fp8, quantized, scales = fp8_weight_bytes(c, block)
+    print(f"weights in FP8 ({'128x128 block' if block else 'per-channel'} fp32 scales; "
+          f"{quantized / 1e9:.2f} B e4m3 weights, {scales:,} scales): {fp8:,} bytes = "
+          f"{fp8 / 1e9:.1f} GB = {fp8 / GIB:.1f} GiB")
     print(f"KV per token: GPU bf16 {kv_gpu:,} bytes ({kv_gpu / 1024:.0f} KiB); "
           f"CPU fp32 {kv_cpu:,} bytes ({kv_cpu / 1024:.0f} KiB)")
     print(f"KV for {kv_tokens} tokens: GPU {kv_gpu * kv_tokens / GIB:.1f} GiB, "

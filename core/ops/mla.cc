@@ -59,6 +59,28 @@ Matrix AbsorbedKey::Head(int64_t h, const MlaShape& shape) const {
 AbsorbedKey AbsorbedKeyWeights(const Matrix& kv_b_proj, const MlaShape& shape) {
   const int64_t h_count = shape.heads, dn = shape.nope_dim, r = shape.latent_dim;
   const int64_t per_head = dn + shape.v_dim;
+  if (kv_b_proj.format == WeightFormat::kFp8Scaled) {
+    // FP8 kv_b_proj (GLM-5-FP8): W_uk^T is widened to fp32 here, each element the same fp32
+    // product e4m3 x scale (one rounding) the FP8 kernels form in registers, so AbsorbQuery
+    // computes exactly what it would from the dequantized checkpoint. W_uv stays FP8
+    // (ExpandValues reads its rows through Matrix::RowSlice).
+    AbsorbedKey out;
+    out.dtype = DType::kF32;
+    out.bytes.resize(h_count * r * dn * sizeof(float));
+    float* dst = reinterpret_cast<float*>(out.bytes.data());
+    const uint8_t* codes = static_cast<const uint8_t*>(kv_b_proj.data);
+    for (int64_t h = 0; h < h_count; ++h) {
+      for (int64_t i = 0; i < dn; ++i) {
+        const int64_t row = h * per_head + i;
+        const float* scales = kv_b_proj.Fp8RowScales(row);
+        for (int64_t c = 0; c < r; ++c) {
+          dst[(h * r + c) * dn + i] =
+              E4m3ToFloat(codes[row * r + c]) * scales[c / kv_b_proj.scale_block_cols];
+        }
+      }
+    }
+    return out;
+  }
   const int64_t size = DTypeSize(kv_b_proj.dtype);
   AbsorbedKey out;
   out.dtype = kv_b_proj.dtype;

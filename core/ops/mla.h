@@ -69,7 +69,9 @@ void WriteLatentRows(const float* latent, const float* k_rot, const float* index
 
 // W_uk[h]^T for every head, [H, R, dn] in kv_b_proj's own dtype, so that AbsorbQuery is one
 // Linear per head. Built once per layer; transposing copies values, so it is exact (and for
-// bf16 weights half the size of an fp32 copy: 12.6 MB per GLM-5 layer).
+// bf16 weights half the size of an fp32 copy: 12.6 MB per GLM-5 layer). An FP8 kv_b_proj
+// (kFp8Scaled) is widened to fp32 instead, each element e4m3 x its block's scale, the value
+// the FP8 kernels use: exact too, 25.2 MB per GLM-5 layer (1.97 GB for all 78).
 struct AbsorbedKey {
   DType dtype = DType::kF32;
   std::vector<char> bytes;                              // [H, R, dn] elements of dtype

@@ -21,7 +21,7 @@ GpuMemoryRequest Request(const ModelConfig& c, bool fp8) {
 }
 
 TEST(GpuMemoryPlanTest, WeightBytesMatchTheLoadedPresets) {
-  for (const char* name : {"tiny", "tiny-fp8"}) {
+  for (const char* name : {"tiny", "tiny-fp8", "tiny-glm5", "tiny-glm5-fp8"}) {
     absl::StatusOr<ModelWeights> w = LoadModel(name);
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ(ModelWeightBytes(w->config, PresetIsFp8(name)), w->ParameterBytes()) << name;

@@ -33,7 +33,9 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cuda_bf16_glm5", DeviceKind::kCuda, DType::kBF16, "tiny-glm5"},
     {"cuda_f32_glm5", DeviceKind::kCuda, DType::kF32, "tiny-glm5"},
     // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path.
-    {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3}};
+    {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3},
+    // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
+    {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }
