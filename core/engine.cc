@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   l.max_new_tokens =
       l.max_new_tokens > 0 ? std::min(l.max_new_tokens, max_positions) : max_positions;
   l.default_max_new_tokens = std::min(l.default_max_new_tokens, l.max_new_tokens);
+  RETURN_IF_ERROR(model->SetKvCacheDType(o.kv_cache_dtype));
   ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                    model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size));
   std::unique_ptr<Engine> engine(new Engine(std::move(model), o));
@@ -143,6 +144,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
 Engine::~Engine() { impl_.reset(); }
 
 int64_t Engine::kv_capacity_tokens() const { return impl_->cache().capacity_tokens(); }
+int64_t Engine::kv_bytes_per_token() const { return impl_->cache().bytes_per_token(); }
+DType Engine::kv_cache_dtype() const { return impl_->cache().dtype(); }
 
 namespace {
 

@@ -159,6 +159,9 @@ struct EngineOptions {
   int64_t max_waiting = 1024;       // queued requests; beyond: RESOURCE_EXHAUSTED
   int64_t block_size = 16;          // tokens per KV block
   int64_t kv_capacity_tokens = 0;   // KV slots; 0: 32768
+  // The cache's element format (ModelRunner::SetKvCacheDType; the FP8 cache is the CPU
+  // backend's): the same kv_capacity_tokens in fewer bytes.
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
   bool prefix_caching = true;
   int64_t max_sessions = 64;
   absl::Duration session_idle_timeout = absl::Minutes(10);
@@ -256,6 +259,10 @@ class Engine {
   // options().limits resolved against the model (every field > 0).
   const RequestLimits& limits() const { return options_.limits; }
   int64_t kv_capacity_tokens() const;
+  // KV bytes one token slot takes in this engine's cache (its dtype's).
+  int64_t kv_bytes_per_token() const;
+  // The cache's element dtype (kF32, kBF16 or kF8E4M3).
+  DType kv_cache_dtype() const;
 
  private:
   class Impl;

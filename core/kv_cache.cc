@@ -36,6 +36,17 @@ void BlockAllocator::Release(int32_t block) {
   if (--ref_counts_[block] == 0) free_.push_back(block);
 }
 
+absl::StatusOr<KvCacheDType> ParseKvCacheDType(absl::string_view name) {
+  if (name == "auto") return KvCacheDType::kAuto;
+  if (name == "fp8_e4m3") return KvCacheDType::kFp8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kv_cache_dtype '", name, "' is not one of auto, fp8_e4m3"));
+}
+
+const char* KvCacheDTypeName(KvCacheDType dtype) {
+  return dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3" : "auto";
+}
+
 absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_bytes) {
   const std::pair<const char*, int64_t> dims[] = {
       {"layers", shape.num_layers}, {"KV heads", shape.kv_heads},
@@ -66,7 +77,12 @@ absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape& shape) {
-  ASSIGN_OR_RETURN(int64_t bytes, KvCacheBytes(shape, sizeof(float)));
+  if (shape.fp8 && shape.latent) {
+    return absl::InvalidArgumentError("an FP8 KV cache holds GQA keys and values only");
+  }
+  // FP8: a code per value plus a 4-byte scale per head_dim values.
+  ASSIGN_OR_RETURN(int64_t bytes, KvCacheBytes(shape, shape.fp8 ? 1 : sizeof(float)));
+  if (shape.fp8) bytes += bytes / shape.head_dim * 4;
   // Refuse what cannot fit in RAM at all: the zero-filled storage is touched at once, so an
   // allocation the kernel overcommits would end in the OOM killer rather than an error.
   const long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -87,8 +103,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape&
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape),
-      data_(shape.num_layers * shape.num_blocks * shape.kinds() * shape.block_size *
-            shape.kv_heads * shape.head_dim),
+      dtype_(shape.fp8 ? DType::kF8E4M3 : DType::kF32),
+      data_(shape.fp8 ? 0 : num_elements()),
+      codes_(shape.fp8 ? num_elements() : 0),
+      scales_(shape.fp8 ? num_elements() / shape.head_dim : 0),
       allocator_(static_cast<int32_t>(shape.num_blocks)) {}
 
 KvCache::KvCache(const KvCacheShape& shape, void* storage, DType dtype,

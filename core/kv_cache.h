@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/dtype.h"
 
 namespace glmserve {
@@ -48,6 +49,14 @@ inline int64_t BlocksFor(int64_t positions, int64_t block_size) {
   return (positions + block_size - 1) / block_size;
 }
 
+// The KV cache's element format (EngineOptions::kv_cache_dtype, --kv_cache_dtype): the
+// backend's own (fp32 on the CPU, bf16 on the GPU) or FP8 e4m3 with a scale per token and KV
+// head (core/kv_fp8.h; CPU backend, GLM-4.5 K/V only; docs/kv_cache.md).
+enum class KvCacheDType : uint8_t { kAuto, kFp8E4M3 };
+// "auto" or "fp8_e4m3"; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<KvCacheDType> ParseKvCacheDType(absl::string_view name);
+const char* KvCacheDTypeName(KvCacheDType dtype);
+
 struct KvCacheShape {
   int64_t num_layers = 0;  // layers of the served span
   int64_t kv_heads = 0;
@@ -58,6 +67,9 @@ struct KvCacheShape {
   // (kv_heads 1, head_dim the row width: the normed latent, the rotary key and the DSA
   // indexer key; core/ops/mla.h), no separate values. False: the GQA key and value rows.
   bool latent = false;
+  // Host only: e4m3 codes (one byte per value) plus one fp32 scale per token slot, kind and KV
+  // head (core/kv_fp8.h) instead of fp32 values. GQA layout only (not `latent`).
+  bool fp8 = false;
 
   // Rows per token slot and layer: 2 (keys, values) or 1 (the latent row).
   int64_t kinds() const { return latent ? 1 : 2; }
@@ -86,21 +98,31 @@ class KvCache {
   const KvCacheShape& shape() const { return shape_; }
   int64_t kv_dim() const { return shape_.kv_heads * shape_.head_dim; }
   int64_t capacity_tokens() const { return shape_.num_blocks * shape_.block_size; }
-  // Bytes of K and V storage per token across the span's layers.
+  // Bytes of K and V storage per token across the span's layers (an FP8 cache: the codes
+  // and the per-head scales).
   int64_t bytes_per_token() const {
+    if (shape_.fp8) {
+      return shape_.kinds() * shape_.num_layers * (kv_dim() + shape_.kv_heads * 4);
+    }
     return shape_.kinds() * shape_.num_layers * kv_dim() * DTypeSize(dtype_);
   }
 
   // True for the plain constructor's host fp32 storage (the CPU backend's cache).
-  bool host_fp32() const { return !external_storage_; }
+  bool host_fp32() const { return !external_storage_ && !shape_.fp8; }
+  // True for the plain constructor's host FP8 storage (shape().fp8).
+  bool host_fp8() const { return !external_storage_ && shape_.fp8; }
   DType dtype() const { return dtype_; }
   // Elements of K and V storage: [num_layers, num_blocks, kinds (k, v), block_size, kv_dim].
   int64_t num_elements() const {
     return shape_.num_layers * shape_.num_blocks * shape_.kinds() * shape_.block_size * kv_dim();
   }
   // The start of the storage (host or device memory, of dtype()).
-  void* storage() { return external_storage_ ? external_.get() : data_.data(); }
-  const void* storage() const { return external_storage_ ? external_.get() : data_.data(); }
+  void* storage() {
+    return external_storage_ ? external_.get()
+           : shape_.fp8      ? static_cast<void*>(codes_.data())
+                             : static_cast<void*>(data_.data());
+  }
+  const void* storage() const { return const_cast<KvCache*>(this)->storage(); }
   // Element offset of the key (kind 0) or value (kind 1) rows of `block` in `layer`.
   int64_t ElementOffset(int64_t layer, int32_t block, int kind) const {
     return Offset(layer, block, kind);
@@ -112,6 +134,20 @@ class KvCache {
   // latent rows); values() must not be used on it.
   float* keys(int64_t layer, int32_t block) { return HostRows(layer, block, 0); }
   float* values(int64_t layer, int32_t block) { return HostRows(layer, block, 1); }
+  // A host FP8 cache's rows of one block in one layer, kind 0 (keys) or 1 (values): codes
+  // [block_size, kv_heads * head_dim] and scales [block_size, kv_heads]; nullptr otherwise.
+  uint8_t* codes(int64_t layer, int32_t block, int kind) {
+    return host_fp8() ? codes_.data() + Offset(layer, block, kind) : nullptr;
+  }
+  const uint8_t* codes(int64_t layer, int32_t block, int kind) const {
+    return const_cast<KvCache*>(this)->codes(layer, block, kind);
+  }
+  float* scales(int64_t layer, int32_t block, int kind) {
+    return host_fp8() ? scales_.data() + Offset(layer, block, kind) / shape_.head_dim : nullptr;
+  }
+  const float* scales(int64_t layer, int32_t block, int kind) const {
+    return const_cast<KvCache*>(this)->scales(layer, block, kind);
+  }
   const float* keys(int64_t layer, int32_t block) const {
     return const_cast<KvCache*>(this)->HostRows(layer, block, 0);
   }
@@ -130,7 +166,7 @@ class KvCache {
 
  private:
   float* HostRows(int64_t layer, int32_t block, int kind) {
-    return external_storage_ ? nullptr : data_.data() + Offset(layer, block, kind);
+    return host_fp32() ? data_.data() + Offset(layer, block, kind) : nullptr;
   }
   int64_t Offset(int64_t layer, int32_t block, int kind) const {
     return ((layer * shape_.num_blocks + block) * shape_.kinds() + kind) * shape_.block_size *
@@ -140,6 +176,9 @@ class KvCache {
   KvCacheShape shape_;
   DType dtype_ = DType::kF32;
   std::vector<float> data_;  // [num_layers, num_blocks, kinds, block_size, kv_dim]
+  // FP8 (shape_.fp8) instead of data_: the codes and the per-head scales.
+  std::vector<uint8_t> codes_;  // [num_layers, num_blocks, kinds, block_size, kv_dim]
+  std::vector<float> scales_;   // [num_layers, num_blocks, kinds, block_size, kv_heads]
   bool external_storage_ = false;
   std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;

@@ -56,12 +56,28 @@ std::string CpuModel::compute_description() const {
 }
 
 KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
-  return CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
+  KvCacheShape shape = CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
+  shape.fp8 = kv_fp8_;
+  return shape;
 }
 
 int64_t CpuModel::kv_bytes_per_token() const {
+  if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
+    const ModelConfig& c = config();
+    return num_span_layers() * 2 * c.num_key_value_heads * (c.head_dim + 4);
+  }
   return num_span_layers() * config().cache_values_per_token_layer() *
          static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status CpuModel::SetKvCacheDType(KvCacheDType dtype) {
+  if (dtype == KvCacheDType::kFp8E4M3 && config().is_mla()) {
+    return absl::FailedPreconditionError(
+        "--kv_cache_dtype=fp8_e4m3 covers GLM-4.5's keys and values; GLM-5's latent cache "
+        "(glm_moe_dsa) stays fp32 (docs/kv_cache.md)");
+  }
+  kv_fp8_ = dtype == KvCacheDType::kFp8E4M3;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> CpuModel::CreateCache(int64_t num_blocks,
@@ -74,7 +90,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CpuModel::CreateCache(int64_t num_block
 
 absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache,
                                   int64_t run_begin, int64_t run_end) const {
-  if (!cache.host_fp32()) {
+  if (!cache.host_fp32() && !cache.host_fp8()) {
     return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
   }
   if (cache.shape().num_layers != num_span_layers()) {

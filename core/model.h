@@ -46,6 +46,9 @@ class CpuModel final : public ModelRunner {
   std::string device_name() const override { return "cpu"; }
   int64_t weight_bytes() const override { return weights_.ParameterBytes(); }
   int64_t kv_bytes_per_token() const override;
+  // kFp8E4M3: GLM-4.5's K/V as e4m3 with a scale per token and KV head (core/kv_fp8.h);
+  // FAILED_PRECONDITION for GLM-5, whose latent cache stays fp32.
+  absl::Status SetKvCacheDType(KvCacheDType dtype) override;
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
 
@@ -72,6 +75,7 @@ class CpuModel final : public ModelRunner {
 
   ModelWeights weights_;
   CpuMath math_;
+  bool kv_fp8_ = false;  // SetKvCacheDType(kFp8E4M3)
   RotaryEmbedding rope_;
   RouterParams router_;
 

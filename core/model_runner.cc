@@ -14,6 +14,13 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
       absl::StrCat("device '", name, "' is not one of auto, cpu, cuda"));
 }
 
+absl::Status ModelRunner::SetKvCacheDType(KvCacheDType dtype) {
+  if (dtype == KvCacheDType::kAuto) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--kv_cache_dtype=", KvCacheDTypeName(dtype), " is served by the CPU backend only; the ",
+      device_name(), " backend keeps its KV cache in its own format (docs/kv_cache.md)"));
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
                                                                DeviceKind device,
                                                                CpuMath cpu_math) {

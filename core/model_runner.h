@@ -40,6 +40,11 @@ class ModelRunner {
   // KV bytes one token slot takes across the span's layers.
   virtual int64_t kv_bytes_per_token() const = 0;
 
+  // The element format of the caches CreateCache makes from now on (--kv_cache_dtype).
+  // kAuto is always accepted; anything else FAILED_PRECONDITION naming the flag unless the
+  // backend overrides this (the CPU backend's FP8 cache; the CUDA runner keeps bf16).
+  virtual absl::Status SetKvCacheDType(KvCacheDType dtype);
+
   // A KV cache this runner's Forward can use: `num_blocks` blocks of `block_size` tokens.
   virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                                int64_t block_size) = 0;

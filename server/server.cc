@@ -268,10 +268,10 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   const int64_t layer_begin = model->layer_begin();
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
-  kv_bytes_per_token_ = model->kv_bytes_per_token();
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
                    glmserve::Engine::Create(std::move(model), options_.engine));
   engine_ = std::move(engine);
+  kv_bytes_per_token_ = engine_->kv_bytes_per_token();  // in the cache's dtype
   ServingLimits limits;
   static_cast<glmserve::RequestLimits&>(limits) = engine_->limits();
   limits.max_reply_bytes = options_.max_message_bytes;
@@ -303,6 +303,11 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   info.set_weight_bytes(weight_bytes);
   info.set_kv_capacity_tokens(engine_->kv_capacity_tokens());
   info.set_kv_block_size(engine_->options().block_size);
+  const glmserve::DType kv_dtype = engine_->kv_cache_dtype();
+  info.set_kv_cache_dtype(kv_dtype == glmserve::DType::kF8E4M3 ? "fp8_e4m3"
+                          : kv_dtype == glmserve::DType::kBF16 ? "bf16"
+                                                               : "fp32");
+  info.set_kv_bytes_per_token(kv_bytes_per_token_);
   v1::Limits* l = info.mutable_limits();
   l->set_max_prompt_tokens(limits.max_prompt_tokens);
   l->set_max_new_tokens(limits.max_new_tokens);
@@ -353,8 +358,8 @@ std::string GlmServer::StartupSummary() const {
                   v1::DataType_Name(i.weight_dtype()).substr(10), ") + ", size(kv_bytes),
                   " KV cache = ", size(i.weight_bytes() + kv_bytes), "\n");
   absl::StrAppend(&out, "kv cache    ", i.kv_capacity_tokens(), " tokens in blocks of ",
-                  i.kv_block_size(), " (", kv_bytes_per_token_,
-                  " bytes per token), prefix caching ",
+                  i.kv_block_size(), " (", kv_bytes_per_token_, " bytes per token, ",
+                  i.kv_cache_dtype(), "), prefix caching ",
                   options_.engine.prefix_caching ? "on" : "off", "\n");
   absl::StrAppend(&out, "engine      max_batch_tokens ", l.max_batch_tokens(), ", max_running ",
                   l.max_running(), ", max_waiting ", l.max_waiting(), ", max_sessions ",

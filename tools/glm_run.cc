@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, save, "",
           "write the loaded model (e.g. a preset's seeded random weights in --dtype) to this "
           "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
 ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "auto: fp32 KV cache; fp8_e4m3: e4m3 with a scale per token and KV head (GLM-4.5 "
+          "only; docs/kv_cache.md)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
 namespace {
@@ -92,6 +95,8 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it");
   }
+  ASSIGN_OR_RETURN(const glmserve::KvCacheDType kv_dtype,
+                   glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
 
@@ -113,6 +118,7 @@ absl::Status Run() {
   }
   RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
   glmserve::CpuModel model(*std::move(weights), math);
+  RETURN_IF_ERROR(model.SetKvCacheDType(kv_dtype));
   const glmserve::ModelConfig& c = model.config();
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
               absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),
@@ -120,6 +126,8 @@ absl::Status Run() {
               std::string(glmserve::DTypeName(model.weights().weight_dtype)).c_str(),
               Seconds(t_load, Clock::now()));
   std::printf("threads   %d, %s\n", glmserve::NumThreads(), model.compute_description().c_str());
+  std::printf("kv cache  %s, %lld bytes per token\n", glmserve::KvCacheDTypeName(kv_dtype),
+              static_cast<long long>(model.kv_bytes_per_token()));
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_new;
   const int64_t block_size = 16;
@@ -193,7 +201,8 @@ const glmserve::cli::ProgramHelp& Help() {
       {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
        "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy",
        "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset"},
-      {{"Model", {"model", "seed", "dtype", "threads", "cpu_math", "weight_dtype"}},
+      {{"Model",
+        {"model", "seed", "dtype", "threads", "cpu_math", "weight_dtype", "kv_cache_dtype"}},
        {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
        {"Outputs", {"logits_out", "hidden_out", "save"}}},
       "tools/glm_run.cc",

@@ -26,6 +26,7 @@ struct ScopedPreset {
 // and with int8 weights (EngineMathTest sets these), since the contract holds within each.
 CpuMath g_math = CpuMath::kExact;
 bool g_int8 = false;
+bool g_kv_fp8 = false;  // engines keep their KV cache in FP8 (--kv_cache_dtype=fp8_e4m3)
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   absl::StatusOr<ModelConfig> config = PresetConfig(g_preset);
@@ -45,8 +46,12 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
   options.check_invariants = true;
+  if (g_kv_fp8) options.kv_cache_dtype = KvCacheDType::kFp8E4M3;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(TinyModel(span), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
+  if (engine.ok()) {
+    EXPECT_EQ((*engine)->kv_cache_dtype(), g_kv_fp8 ? DType::kF8E4M3 : DType::kF32);
+  }
   return *std::move(engine);
 }
 
@@ -144,16 +149,19 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-// "exact", "bf16" (CpuMath) or "int8" (bf16 math on int8 weights).
+// "exact", "bf16" (CpuMath), "int8" (bf16 math on int8 weights) or "fp8_kv" (exact math, FP8
+// KV cache: its per-token scales keep every invariant bit-exact).
 class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     g_math = GetParam() == "exact" ? CpuMath::kExact : CpuMath::kBf16;
     g_int8 = GetParam() == "int8";
+    g_kv_fp8 = GetParam() == "fp8_kv";
   }
   void TearDown() override {
     g_math = CpuMath::kExact;
     g_int8 = false;
+    g_kv_fp8 = false;
   }
 };
 
@@ -326,7 +334,8 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
   ExpectAllBlocksFree(*engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest, ::testing::Values("exact", "bf16", "int8"),
+INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
+                         ::testing::Values("exact", "bf16", "int8", "fp8_kv"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {

@@ -239,6 +239,8 @@ TEST_F(ServiceTest, GetModelInfoDescribesTheModelAndLimits) {
   EXPECT_EQ(info->compute().rfind("cpu math exact, kernel ", 0), 0u) << info->compute();
   EXPECT_EQ(info->weight_dtype(), v1::DATA_TYPE_BF16);
   EXPECT_GT(info->kv_capacity_tokens(), 0);
+  EXPECT_EQ(info->kv_cache_dtype(), "fp32");
+  EXPECT_EQ(info->kv_bytes_per_token(), 3 * 2 * 2 * 16 * 4);  // layers, K+V, heads x dim, fp32
   EXPECT_EQ(info->limits().max_prompt_tokens(), info->config().max_position_embeddings());
   EXPECT_EQ(info->limits().default_max_new_tokens(), 256);
   EXPECT_FALSE(info->server_version().empty());
@@ -404,6 +406,23 @@ TEST_F(ServiceTest, DeadlineExpiryEndsTheStreamAndFreesItsBlocks) {
   EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded) << f.status();
   EXPECT_LT(tokens, 1000);
   EXPECT_TRUE(WaitUntil([&] { return EngineDrained(server_->engine()); }));
+}
+
+// --kv_cache_dtype=fp8_e4m3 (EngineOptions::kv_cache_dtype): GetModelInfo reports the FP8
+// cache and its bytes (a code per value, a 4-byte scale per token and KV head), and it serves.
+TEST(ServiceKvCacheTest, Fp8KvCacheIsReportedAndServes) {
+  ServerOptions options = TinyOptions();
+  options.engine.kv_cache_dtype = KvCacheDType::kFp8E4M3;
+  std::unique_ptr<GlmServer> server = StartServer(options);
+  std::unique_ptr<Client> client = Connect(*server);
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kv_cache_dtype(), "fp8_e4m3");
+  EXPECT_EQ(info->kv_bytes_per_token(), 3 * 2 * 2 * (16 + 4));
+  absl::StatusOr<v1::Finished> f = client->Generate(GreedyRequest({1, 2, 3}, 5), nullptr);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_NE(server->StartupSummary().find("bytes per token, fp8_e4m3)"), std::string::npos)
+      << server->StartupSummary();
 }
 
 TEST(ServiceLimitsTest, ServerDefaultDeadlineAppliesToCallsWithoutOne) {

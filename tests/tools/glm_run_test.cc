@@ -100,6 +100,31 @@ TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
   EXPECT_NE(bad.output.find("is not one of exact, bf16"), std::string::npos) << bad.output;
 }
 
+// --kv_cache_dtype=fp8_e4m3: the bf16 golden's greedy tokens survive the FP8 KV cache (8 of 8,
+// docs/kv_cache.md), the run says so, and GLM-5 and unknown values are refused by name.
+TEST(GlmRunTest, Fp8KvCacheFlag) {
+  const std::string dir = testing::GoldenDir("bf16");
+  std::ifstream in(dir + "/expected.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json expected = nlohmann::json::parse(text.str());
+  const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
+  const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
+  const RunResult r = RunGlmRun(absl::StrCat("--model=", dir, " --kv_cache_dtype=fp8_e4m3",
+                                             " --prompt=", absl::StrJoin(prompt, ","),
+                                             " --max_new_tokens=", greedy.size()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kv cache  fp8_e4m3, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+      << r.output;
+  const RunResult glm5 = RunGlmRun("--model=tiny-glm5 --kv_cache_dtype=fp8_e4m3");
+  EXPECT_NE(glm5.exit_code, 0);
+  EXPECT_NE(glm5.output.find("GLM-5's latent cache"), std::string::npos) << glm5.output;
+  const RunResult bad = RunGlmRun("--model=tiny --kv_cache_dtype=fp16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("is not one of auto, fp8_e4m3"), std::string::npos) << bad.output;
+}
+
 // --save writes a checkpoint from a preset that loads back to the same model: the same
 // greedy tokens and the same logits, bit for bit.
 TEST(GlmRunTest, SaveWritesACheckpointThatRunsLikeThePreset) {

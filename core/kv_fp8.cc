@@ -1,0 +1,31 @@
+#include "core/kv_fp8.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "core/dtype.h"
+
+namespace glmserve {
+
+void EncodeKvRow(const float* x, int64_t heads, int64_t head_dim, uint8_t* codes, float* scales) {
+  constexpr float kE4m3Max = 448.0f;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* row = x + h * head_dim;  // [head_dim]
+    float amax = 0.f;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      if (std::isfinite(row[d])) amax = std::max(amax, std::fabs(row[d]));
+    }
+    // FLT_MIN keeps x / scale finite for a head of tiny (subnormal fp32) values.
+    const float scale = amax > 0.f ? std::max(amax / kE4m3Max, FLT_MIN) : 1.0f;
+    scales[h] = scale;
+    uint8_t* out = codes + h * head_dim;  // [head_dim]
+    for (int64_t d = 0; d < head_dim; ++d) out[d] = FloatToE4m3(row[d] / scale);
+  }
+}
+
+void DecodeKvHead(const uint8_t* codes, float scale, int64_t head_dim, float* out) {
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = E4m3ToFloat(codes[d]) * scale;
+}
+
+}  // namespace glmserve
