@@ -1,6 +1,7 @@
 #include "core/kv_fp8.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 
@@ -25,7 +26,14 @@ void EncodeKvRow(const float* x, int64_t heads, int64_t head_dim, uint8_t* codes
 }
 
 void DecodeKvHead(const uint8_t* codes, float scale, int64_t head_dim, float* out) {
-  for (int64_t d = 0; d < head_dim; ++d) out[d] = E4m3ToFloat(codes[d]) * scale;
+  // Attention decodes every attended row for every query head: a 256-entry table of
+  // E4m3ToFloat's values (the same values, so the same products) instead of its branches.
+  static const std::array<float, 256> kValues = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = E4m3ToFloat(static_cast<uint8_t>(c));
+    return t;
+  }();
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = kValues[codes[d]] * scale;
 }
 
 }  // namespace glmserve

@@ -56,45 +56,71 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   }
   const int64_t total = static_cast<int64_t>(token_seq.size());
 
-  // The FP8 cache (core/kv_fp8.h): each attended head row is decoded to fp32 (e4m3 x its
-  // scale) into `row` and then used exactly as an fp32 row, in the same order; the result is
-  // the fp32 path's on the decoded values, so it is as batch-invariant as that path.
-  const bool fp8 = cache.host_fp8();
-  const auto key_row = [&](const SequenceSlice& s, int64_t p, int64_t kv_head, float* row) {
-    const int32_t block = (*s.blocks)[p / bs];
-    if (!fp8) return cache.keys(layer, block) + (p % bs) * kv_dim + kv_head * head_dim;
-    DecodeKvHead(cache.codes(layer, block, 0) + (p % bs) * kv_dim + kv_head * head_dim,
-                 cache.scales(layer, block, 0)[(p % bs) * kv_heads + kv_head], head_dim, row);
-    return static_cast<const float*>(row);
-  };
-  const auto value_row = [&](const SequenceSlice& s, int64_t p, int64_t kv_head, float* row) {
-    const int32_t block = (*s.blocks)[p / bs];
-    if (!fp8) return cache.values(layer, block) + (p % bs) * kv_dim + kv_head * head_dim;
-    DecodeKvHead(cache.codes(layer, block, 1) + (p % bs) * kv_dim + kv_head * head_dim,
-                 cache.scales(layer, block, 1)[(p % bs) * kv_heads + kv_head], head_dim, row);
-    return static_cast<const float*>(row);
-  };
+  if (cache.host_fp8()) {
+    // The FP8 cache (core/kv_fp8.h): one work item per (token, KV head) decodes each attended
+    // key and value row once to fp32 (e4m3 x its scale) and serves the `group` query heads
+    // that share it. Every head's scores, softmax and weighted sum are the fp32 path's below,
+    // in the same order, on the decoded rows: as batch-invariant as that path.
+    ParallelFor(total * kv_heads, 1, [&](int64_t item_begin, int64_t item_end) {
+      thread_local std::vector<float> probs, row;
+      probs.resize(group * max_context);  // [group, context]
+      row.resize(head_dim);               // one decoded K or V head row
+      for (int64_t item = item_begin; item < item_end; ++item) {
+        const int64_t t = item / kv_heads, kv_head = item % kv_heads;
+        const SequenceSlice& s = batch[token_seq[t]];
+        const int64_t context = token_pos[t] + 1;  // causal: positions 0..pos
+        const int64_t h0 = kv_head * group;        // first query head of the group
+        const auto decode = [&](int64_t p, int kind) {
+          const int32_t block = (*s.blocks)[p / bs];
+          const int64_t slot = p % bs;
+          DecodeKvHead(cache.codes(layer, block, kind) + slot * kv_dim + kv_head * head_dim,
+                       cache.scales(layer, block, kind)[slot * kv_heads + kv_head], head_dim,
+                       row.data());
+        };
+        for (int64_t p = 0; p < context; ++p) {
+          decode(p, 0);
+          for (int64_t j = 0; j < group; ++j) {
+            const float* qv = q + (t * heads + h0 + j) * head_dim;
+            probs[j * max_context + p] = LaneDot(qv, row.data(), head_dim) * scale;
+          }
+        }
+        for (int64_t j = 0; j < group; ++j) {
+          SoftmaxInPlace(probs.data() + j * max_context, context);
+          std::fill_n(out + (t * heads + h0 + j) * head_dim, head_dim, 0.f);
+        }
+        for (int64_t p = 0; p < context; ++p) {
+          decode(p, 1);
+          for (int64_t j = 0; j < group; ++j) {
+            const float w = probs[j * max_context + p];
+            float* o = out + (t * heads + h0 + j) * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += w * row[d];
+          }
+        }
+      }
+    });
+    return;
+  }
 
   ParallelFor(total * heads, 4, [&](int64_t item_begin, int64_t item_end) {
-    thread_local std::vector<float> probs, row;
+    thread_local std::vector<float> probs;
     probs.resize(max_context);
-    row.resize(head_dim);
     for (int64_t item = item_begin; item < item_end; ++item) {
       const int64_t t = item / heads, h = item % heads;
       const SequenceSlice& s = batch[token_seq[t]];
       const int64_t context = token_pos[t] + 1;  // causal: positions 0..pos
-      const int64_t kv_head = h / group;
+      const int64_t kv_off = (h / group) * head_dim;
       const float* qv = q + (t * heads + h) * head_dim;
 
       for (int64_t p = 0; p < context; ++p) {
-        probs[p] = LaneDot(qv, key_row(s, p, kv_head, row.data()), head_dim) * scale;
+        const float* kv = cache.keys(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
+        probs[p] = LaneDot(qv, kv, head_dim) * scale;
       }
       SoftmaxInPlace(probs.data(), context);
       float* o = out + (t * heads + h) * head_dim;
       std::fill_n(o, head_dim, 0.f);
       for (int64_t p = 0; p < context; ++p) {
         const float w = probs[p];
-        const float* vv = value_row(s, p, kv_head, row.data());
+        const float* vv = cache.values(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
         for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vv[d];
       }
     }
