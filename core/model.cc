@@ -93,6 +93,9 @@ absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cach
   if (!cache.host_fp32() && !cache.host_fp8()) {
     return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
   }
+  if (cache.host_fp8() && config().is_mla()) {  // the latent kernels read fp32 rows
+    return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
+  }
   if (cache.shape().num_layers != num_span_layers()) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }

@@ -279,6 +279,19 @@ TEST(KvFp8ModelTest, RefusedForGlm5AndByBackendsWithoutIt) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("GLM-5"), absl::string_view::npos) << s;
   EXPECT_TRUE(glm5->SetKvCacheDType(KvCacheDType::kAuto).ok());
+  // Nor does a GLM-5 model run on an FP8 cache made by hand: refused, never read.
+  KvCacheShape shape = glm5->CacheShape(4, 4);
+  shape.fp8 = true;
+  KvCache hand_made(shape);
+  BlockTable table;
+  ASSERT_TRUE(hand_made.Reserve(&table, 3).ok());
+  const std::vector<int32_t> ids = {1, 2, 3};
+  ForwardBatch batch;
+  batch.sequences = {{3, 0, &table}};
+  batch.token_ids = ids;
+  ForwardResult r;
+  EXPECT_EQ(glm5->Forward(batch, &hand_made, ForwardOptions{}, &r).code(),
+            absl::StatusCode::kInvalidArgument);
   // A backend that does not override SetKvCacheDType (the CUDA runner, the instant runner)
   // refuses the flag by name.
   InstantRunner instant(*PresetConfig("tiny"));
