@@ -187,8 +187,8 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
   }
   if (g.forced.tokens.size() > kMaxForcedTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("forced tokens: ", g.forced.tokens.size(),
-                                                   "; at most ", kMaxForcedTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("forced tokens: ", g.forced.tokens.size(), "; at most ", kMaxForcedTokens));
   }
   // A forced token must be one the request could have sampled.
   const int32_t forced_limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : c.vocab_size;
@@ -200,8 +200,8 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
     }
   }
   if (g.forced.after_token < -1 || g.forced.after_token >= c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forced after_token ", g.forced.after_token, " is neither -1 nor in the vocabulary"));
+    return absl::InvalidArgumentError(absl::StrCat("forced after_token ", g.forced.after_token,
+                                                   " is neither -1 nor in the vocabulary"));
   }
   const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.stop.max_new_tokens;
   if (static_cast<int64_t>(g.prompt.size()) >= c.max_position_embeddings) {

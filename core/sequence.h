@@ -33,8 +33,7 @@ struct Generation {
   }
   // Called after each output token is appended: starts the forced part after its trigger.
   void NoteGenerated(int32_t token) {
-    if (forced_from < 0 && !request.forced.tokens.empty() &&
-        token == request.forced.after_token) {
+    if (forced_from < 0 && !request.forced.tokens.empty() && token == request.forced.after_token) {
       forced_from = generated;
     }
   }

@@ -38,8 +38,8 @@ absl::Status CheckToolChoice(const ToolChoice& choice, const ChatOptions& option
   if (choice.mode == ToolChoiceMode::kAuto || choice.mode == ToolChoiceMode::kNone) {
     return absl::OkStatus();
   }
-  const char* what = choice.mode == ToolChoiceMode::kRequired ? "tool_choice \"required\""
-                                                              : "a named tool_choice";
+  const char* what =
+      choice.mode == ToolChoiceMode::kRequired ? "tool_choice \"required\"" : "a named tool_choice";
   if (options.tools_json.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " needs tools"));
   }
@@ -68,8 +68,7 @@ absl::Status CheckToolChoice(const ToolChoice& choice, const ChatOptions& option
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForcedTokens> ToolChoiceForcing(const Tokenizer& tokenizer,
-                                               const ToolChoice& choice,
+absl::StatusOr<ForcedTokens> ToolChoiceForcing(const Tokenizer& tokenizer, const ToolChoice& choice,
                                                std::string_view prompt_text) {
   ForcedTokens forced;
   if (choice.mode != ToolChoiceMode::kRequired && choice.mode != ToolChoiceMode::kFunction) {

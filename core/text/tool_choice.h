@@ -52,8 +52,7 @@ absl::Status CheckToolChoice(const ToolChoice& choice, const ChatOptions& option
 // The tokens `choice` forces for a chat prompt whose rendered text is `prompt_text` (empty
 // tokens for auto / none). FAILED_PRECONDITION when the tokenizer lacks "</think>" and the
 // prompt needs it as the trigger.
-absl::StatusOr<ForcedTokens> ToolChoiceForcing(const Tokenizer& tokenizer,
-                                               const ToolChoice& choice,
+absl::StatusOr<ForcedTokens> ToolChoiceForcing(const Tokenizer& tokenizer, const ToolChoice& choice,
                                                std::string_view prompt_text);
 
 }  // namespace glmserve

@@ -107,8 +107,7 @@ TEST(EngineForcedTest, ForcedTokensComeFirstWithTheModelsLogprobs) {
   forced.forced.tokens = {third, 17, 42};
   const Outcome got = RunAlone(forced);
   ASSERT_EQ(got.tokens.size(), 8u);
-  EXPECT_EQ(std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + 3),
-            forced.forced.tokens);
+  EXPECT_EQ(std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + 3), forced.forced.tokens);
   EXPECT_NE(got.tokens[0], model.tokens[0]);
   // Its logprob is the model's for that token, and the alternatives are the model's.
   EXPECT_EQ(got.logprobs[0], model.top[0][2].logprob);
@@ -132,8 +131,8 @@ TEST(EngineForcedTest, AfterTokenForcesRightAfterItsFirstGeneratedOccurrence) {
   const Outcome model = RunAlone(plain);
   ASSERT_EQ(model.tokens.size(), 10u);
   const int32_t trigger = model.tokens[3];
-  const size_t first = std::find(model.tokens.begin(), model.tokens.end(), trigger) -
-                       model.tokens.begin();  // <= 3
+  const size_t first =
+      std::find(model.tokens.begin(), model.tokens.end(), trigger) - model.tokens.begin();  // <= 3
   GenerateRequest forced = plain;
   forced.forced.tokens = {11, 12};
   forced.forced.after_token = trigger;

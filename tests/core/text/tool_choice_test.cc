@@ -77,7 +77,9 @@ TEST(ToolChoiceTest, RequestRules) {
       {required, {}, true, "tool_choice \"required\" needs tools"},
       {weather, {}, true, "a named tool_choice needs tools"},
       {required, {kWeather}, false, "add_generation_prompt"},
-      {{ToolChoiceMode::kFunction, "get_time"}, {kWeather}, true,
+      {{ToolChoiceMode::kFunction, "get_time"},
+       {kWeather},
+       true,
        "'get_time', which is not in tools (get_weather)"},
       {{ToolChoiceMode::kFunction, ""}, {kWeather}, true, "name is empty"},
       {{ToolChoiceMode::kFunction, "a\nb"}, {kWeather}, true, "without '\\n' or '<'"},
@@ -101,8 +103,8 @@ TEST(ToolChoiceTest, ForcedTokensAreTheTemplatesToolCallStartAfterTheReasoning) 
   EXPECT_EQ(Text(off->forced.tokens), "\n<tool_call>get_weather\n");
   EXPECT_EQ(off->forced.tokens[1], call_open);  // the added token, as the model writes it
   // The same ids as the template's own rendering of that call gives (tokenized in context).
-  auto rendered = Assets().tokenizer->Encode(
-      "</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>");
+  auto rendered =
+      Assets().tokenizer->Encode("</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>");
   ASSERT_TRUE(rendered.ok());
   EXPECT_EQ(std::vector<int32_t>(rendered->begin() + 1,
                                  rendered->begin() + 1 + off->forced.tokens.size()),
@@ -130,8 +132,7 @@ TEST(ToolChoiceTest, ForcedTokensAreTheTemplatesToolCallStartAfterTheReasoning) 
   TextInput text;
   text.prompt_text = "hi";
   text.tool_choice.mode = ToolChoiceMode::kRequired;
-  EXPECT_EQ(BuildTextPrompt(Assets(), text, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildTextPrompt(Assets(), text, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ToolChoiceTest, AForcedCallLeftUnterminatedIsStillTheRepliesToolCall) {
@@ -161,7 +162,8 @@ TEST(ToolChoiceTest, AForcedCallLeftUnterminatedIsStillTheRepliesToolCall) {
 }
 
 TEST(ToolChoiceTest, TextStreamFinishesAForcedCallWithToolCalls) {
-  auto prompt = BuildTextPrompt(Assets(), Chat({ToolChoiceMode::kFunction, "get_weather"}, false), 0);
+  auto prompt =
+      BuildTextPrompt(Assets(), Chat({ToolChoiceMode::kFunction, "get_weather"}, false), 0);
   ASSERT_TRUE(prompt.ok());
   TextStreamOptions options;
   options.chat = true;
