@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
@@ -81,7 +80,11 @@ absl::StatusOr<ForcedTokens> ToolChoiceForcing(const Tokenizer& tokenizer, const
   std::string text = "\n<tool_call>";
   if (choice.mode == ToolChoiceMode::kFunction) absl::StrAppend(&text, choice.function, "\n");
   ASSIGN_OR_RETURN(forced.tokens, tokenizer.Encode(text, kMaxForcedTokens));
-  if (!absl::EndsWith(prompt_text, "</think>")) {
+  constexpr std::string_view kThinkClose = "</think>";
+  const bool after_reasoning =
+      prompt_text.size() >= kThinkClose.size() &&
+      prompt_text.substr(prompt_text.size() - kThinkClose.size()) == kThinkClose;
+  if (!after_reasoning) {
     const std::optional<int32_t> think_close = tokenizer.AddedTokenId("</think>");
     if (!think_close.has_value()) {
       return absl::FailedPreconditionError(

@@ -167,8 +167,8 @@ TEST(EngineForcedTest, StopsAndLengthApplyToForcedTokens) {
 }
 
 TEST(EngineForcedTest, BatchPreemptionAndPrefixHitsForceTheSame) {
-  // 6 blocks of 16 for 8 requests growing to 3 blocks each: preemptions and recomputes;
-  // prompts share prefixes (prefix cache on), half force, some only after a trigger.
+  // 6 blocks of 16 for 8 requests growing to 4 blocks each: preemptions and recomputes
+  // (with the prefix cache on); half force, some only after a trigger.
   EngineOptions options;
   options.kv_capacity_tokens = 96;
   options.block_size = 16;
@@ -177,8 +177,7 @@ TEST(EngineForcedTest, BatchPreemptionAndPrefixHitsForceTheSame) {
   Collector c;
   std::vector<GenerateRequest> requests;
   for (int k = 0; k < 8; ++k) {
-    GenerateRequest g = MakeGenerate(k % 2, 18, 28, /*sample=*/k % 3 == 0);
-    g.prompt.push_back(100 + k);
+    GenerateRequest g = MakeGenerate(k, 20, 40, /*sample=*/k % 3 == 0);
     if (k % 2 == 0) g.forced.tokens = {30 + k, 31, 32};
     if (k % 4 == 2) {
       GenerateRequest unforced = g;
@@ -199,7 +198,16 @@ TEST(EngineForcedTest, BatchPreemptionAndPrefixHitsForceTheSame) {
     }
   }
   EXPECT_GT(preemptions, 0);
-  EXPECT_GT(engine->Stats().prefix_hits, 0);
+  // A forced request whose prompt comes from the prefix cache: output identical.
+  std::unique_ptr<Engine> cached = MakeEngine();
+  Collector d;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(cached->Submit({requests[2]}, d.For(i)).ok());
+    d.Wait(i + 1);
+  }
+  EXPECT_EQ(d[1].finish.cached_prompt_tokens, 16);
+  EXPECT_TRUE(d[1].SameTokens(c[2]));
+  EXPECT_TRUE(d[0].SameTokens(c[2]));
 }
 
 TEST(EngineForcedTest, BadForcedTokensAreRefusedUpFront) {
