@@ -364,13 +364,6 @@ TEST_F(TextServiceTest, InvalidUtf8TextIsInvalidArgumentNamingTheField) {
          r->mutable_messages(1)->set_reasoning_content(bad);
        },
        "messages[1].reasoning_content"},
-      {"tool call name",
-       [&](auto* r) {
-         chat(r);
-         *r->add_messages() = Message("assistant", "");
-         r->mutable_messages(1)->add_tool_calls()->set_name(bad);
-       },
-       "messages[1].tool_calls[0].name"},
       {"stop string",
        [&](auto* r) {
          r->mutable_stop()->add_stop_strings("fine");
