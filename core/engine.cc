@@ -189,6 +189,23 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
   }
+  if (g.forced.tokens.size() > kMaxForcedTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forced tokens: ", g.forced.tokens.size(), "; at most ", kMaxForcedTokens));
+  }
+  // A forced token must be one the request could have sampled.
+  const int32_t forced_limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : c.vocab_size;
+  for (size_t i = 0; i < g.forced.tokens.size(); ++i) {
+    if (g.forced.tokens[i] < 0 || g.forced.tokens[i] >= forced_limit) {
+      return absl::InvalidArgumentError(absl::StrCat("forced token ", i, " (", g.forced.tokens[i],
+                                                     ") is outside the sampled ids [0, ",
+                                                     forced_limit, ")"));
+    }
+  }
+  if (g.forced.after_token < -1 || g.forced.after_token >= c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("forced after_token ", g.forced.after_token,
+                                                   " is neither -1 nor in the vocabulary"));
+  }
   const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.stop.max_new_tokens;
   if (static_cast<int64_t>(g.prompt.size()) >= c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt has ", g.prompt.size(),
@@ -277,6 +294,9 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     gen.request = std::move(*g);
     gen.tokens = gen.request.prompt;
     gen.prompt_tokens = static_cast<int64_t>(gen.tokens.size());
+    if (!gen.request.forced.tokens.empty() && gen.request.forced.after_token < 0) {
+      gen.forced_from = 0;
+    }
     seq->run_begin = 0;
     seq->run_end = model_->config().num_hidden_layers;
   } else {

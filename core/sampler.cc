@@ -583,6 +583,20 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
   return result;
 }
 
+SampledToken ForcedToken(absl::Span<const float> logits, int32_t token, LogprobRequest want) {
+  SampledToken result;
+  result.token = token;
+  if (logits.empty() || logits.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()) ||
+      token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    return result;  // Engine::Submit keeps forced ids in the row
+  }
+  if (want.chosen || want.top > 0) {
+    AddLogprobs(logits, want.top, std::numeric_limits<double>::quiet_NaN(), ThreadScratch(),
+                &result);
+  }
+  return result;
+}
+
 std::vector<int32_t> PenalisedIds(const SamplingParams& params, absl::Span<const int32_t> history,
                                   int64_t vocab) {
   std::vector<int32_t> ids;

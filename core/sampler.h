@@ -54,6 +54,10 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
                          absl::Span<const int32_t> history, uint64_t token_index,
                          LogprobRequest want);
 
+// A token chosen by the caller instead of sampled (GenerateRequest::forced), with the logprobs
+// `want` asks for, computed exactly as SampleToken computes them for a sampled token.
+SampledToken ForcedToken(absl::Span<const float> logits, int32_t token, LogprobRequest want);
+
 // The same, always with the chosen token's logprob and `top_logprobs` alternatives.
 inline SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
                                 absl::Span<const int32_t> history, uint64_t token_index,

@@ -20,6 +20,23 @@ struct Generation {
   std::vector<int32_t> tokens;  // the prompt followed by the tokens generated so far
   int64_t prompt_tokens = 0;
   int64_t generated = 0;
+  // Output index of request.forced's first token; -1 while not (yet) known. Derived only
+  // from the request and `tokens`, which preemption keeps, so a recompute forces the same.
+  int64_t forced_from = -1;
+
+  // The token forced at output index `generated`, or -1 when the sampler chooses.
+  int32_t ForcedNext() const {
+    const std::vector<int32_t>& forced = request.forced.tokens;
+    if (forced_from < 0 || generated < forced_from) return -1;
+    const int64_t i = generated - forced_from;
+    return i < static_cast<int64_t>(forced.size()) ? forced[static_cast<size_t>(i)] : -1;
+  }
+  // Called after each output token is appended: starts the forced part after its trigger.
+  void NoteGenerated(int32_t token) {
+    if (forced_from < 0 && !request.forced.tokens.empty() && token == request.forced.after_token) {
+      forced_from = generated;
+    }
+  }
 };
 
 // What a Forward request carries through the engine.

@@ -185,8 +185,11 @@ void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
       // The logprobs are a full pass over the row each: only when the request asked.
       const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
       const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
-      sampled_[i] = SampleToken(absl::MakeConstSpan(rows[i], limit), g.sampling, gen.tokens,
-                                static_cast<uint64_t>(gen.generated), want);
+      const absl::Span<const float> row = absl::MakeConstSpan(rows[i], limit);
+      const int32_t forced = gen.ForcedNext();
+      sampled_[i] = forced >= 0 ? ForcedToken(row, forced, want)
+                                : SampleToken(row, g.sampling, gen.tokens,
+                                              static_cast<uint64_t>(gen.generated), want);
     }
   };
   const int64_t n = static_cast<int64_t>(seqs.size());
@@ -212,6 +215,7 @@ void Engine::Impl::AfterGenerateStep(Sequence* seq, SampledToken sampled, bool f
   const GenerateRequest& g = gen.request;
   gen.tokens.push_back(sampled.token);
   ++gen.generated;
+  gen.NoteGenerated(sampled.token);
   ++generated_total_;
   TokenEvent event;
   event.token = sampled.token;

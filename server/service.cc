@@ -78,6 +78,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return FinishEarly(status);
+    const absl::Status text = CheckWireText(request);
+    if (!text.ok()) return FinishEarly(ToGrpcStatus(text));
     absl::StatusOr<glmserve::GenerateRequest> body = PrepareText(request, *backend);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
     if (!service_->AcquireStream()) {
@@ -179,6 +181,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
             ? ToEngineGenerate(request, std::move(prompt->ids), model, backend.limits)
             : ToEngineGenerate(request, model, backend.limits);
     if (body.ok() && text_ != nullptr) ApplyTextDefaults(assets, &*body);
+    if (body.ok() && prompt.has_value()) body->forced = std::move(prompt->forced);
     if (body.ok()) {
       metrics->RecordGenerateInput(!input.has_value() ? "token_ids"
                                    : input->is_chat() ? "messages"
@@ -588,6 +591,7 @@ grpc::ServerUnaryReactor* GlmServiceImpl::Tokenize(grpc::CallbackServerContext* 
     // done here, as Generate's prompt is.
     const auto start = Clock::now();
     absl::StatusOr<TextPrompt> prompt = [&]() -> absl::StatusOr<TextPrompt> {
+      RETURN_IF_ERROR(CheckWireText(*request));
       ASSIGN_OR_RETURN(TextInput input, TextInputFromTokenize(*request));
       return BuildTextPrompt(
           *backend->text, input,

@@ -58,6 +58,31 @@ absl::Status ChatFieldsNeedMessages(const Request& request) {
   return absl::InvalidArgumentError(absl::StrCat(field, " applies to messages only"));
 }
 
+// GenerateRequest's tool_choice / tool_choice_function; whether they fit the tools is the
+// text rules' check (CheckToolChoice in BuildTextPrompt), as for the OpenAI endpoint.
+absl::StatusOr<ToolChoice> ToolChoiceFromWire(const v1::GenerateRequest& request) {
+  ToolChoice choice;
+  const std::string& mode = request.tool_choice();
+  if (!request.tool_choice_function().empty()) {
+    if (!mode.empty()) {
+      return absl::InvalidArgumentError(
+          "set tool_choice or tool_choice_function, not both (a function name forces that "
+          "function)");
+    }
+    choice.mode = ToolChoiceMode::kFunction;
+    choice.function = request.tool_choice_function();
+  } else if (mode == "required") {
+    choice.mode = ToolChoiceMode::kRequired;
+  } else if (mode == "none") {
+    choice.mode = ToolChoiceMode::kNone;
+  } else if (!mode.empty() && mode != "auto") {
+    return absl::InvalidArgumentError(
+        "tool_choice must be empty, \"auto\", \"none\" or \"required\" (name a function "
+        "with tool_choice_function)");
+  }
+  return choice;
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<TextInput>> TextInputFromGenerate(const v1::GenerateRequest& request) {
@@ -71,6 +96,10 @@ absl::StatusOr<std::optional<TextInput>> TextInputFromGenerate(const v1::Generat
     return absl::InvalidArgumentError("set only one of prompt_token_ids, prompt_text and messages");
   }
   RETURN_IF_ERROR(ChatFieldsNeedMessages(request));
+  if (request.messages_size() == 0 &&
+      (!request.tool_choice().empty() || !request.tool_choice_function().empty())) {
+    return absl::InvalidArgumentError("tool_choice applies to messages only");
+  }
   if (request.prompt_token_ids_size() > 0) return std::optional<TextInput>();
   if (!request.prompt_text().empty()) {
     TextInput input;
@@ -78,6 +107,7 @@ absl::StatusOr<std::optional<TextInput>> TextInputFromGenerate(const v1::Generat
     return std::optional<TextInput>(std::move(input));
   }
   ASSIGN_OR_RETURN(TextInput input, ChatInput(request));
+  ASSIGN_OR_RETURN(input.tool_choice, ToolChoiceFromWire(request));
   return std::optional<TextInput>(std::move(input));
 }
 
@@ -106,6 +136,7 @@ TextStreamOptions TextStreamOptionsFor(const v1::GenerateRequest& request,
   o.starts_in_reasoning = prompt != nullptr && prompt->starts_in_reasoning;
   o.stop.assign(request.stop().stop_strings().begin(), request.stop().stop_strings().end());
   o.skip_special_tokens = !request.keep_special_tokens();
+  o.forced_tool_call = prompt != nullptr && !prompt->forced.tokens.empty();
   return o;
 }
 

@@ -118,6 +118,15 @@ def proto_seeds():
         write("request_convert", "generate", b"\x01" + g.SerializeToString())
         g2 = pb.GenerateRequest(prompt_token_ids=[300])
         write("request_convert", "generate_bad_id", b"\x01" + g2.SerializeToString())
+        g3 = pb.GenerateRequest(tools_json=[b'{"type": "function", "function": {"name": "get_weather"}}'],
+                                enable_thinking=False, tool_choice_function=b"get_weather")
+        g3.messages.add(role=b"user", content=b"Weather in Paris?")
+        write("request_convert", "generate_tool_choice", b"\x01" + g3.SerializeToString())
+        # Request text is bytes on the wire: invalid UTF-8 parses and must be refused by
+        # CheckWireText, not crash what reads it later.
+        g4 = pb.GenerateRequest(prompt_text=b"ok \xff\xfe")
+        g4.stop.stop_strings.append(b"\xc3")
+        write("request_convert", "generate_bad_utf8", b"\x01" + g4.SerializeToString())
         f = pb.ForwardRequest()
         f.token_ids.ids.extend([4, 5, 6])
         f.return_hidden_states = True

@@ -74,7 +74,22 @@ void Glm45OutputParser::Run(bool final, ParsedDelta* out) {
     if (state_ == State::kToolCall) {
       const size_t close = buf.find(kCallClose);
       if (close == std::string_view::npos) {
-        if (final) {  // unterminated: give the source text back as content
+        if (final && keep_unterminated_call_) {
+          // Up to the last complete argument; without one, the name up to its line break
+          // (whatever the model wrote after it is no part of a call).
+          const size_t last_value = buf.rfind("</arg_value>");
+          std::string_view body = buf;
+          if (last_value != std::string_view::npos) {
+            body = body.substr(0, last_value + 12);
+          } else {
+            const size_t start = body.find_first_not_of(" \t\r\n");
+            body = start == std::string_view::npos
+                       ? std::string_view()
+                       : body.substr(0, body.find_first_of("\n<", start));
+          }
+          out->tool_calls.push_back(ParseToolCall(body));
+          buffer_.clear();
+        } else if (final) {  // unterminated: give the source text back as content
           out->content.append(kCallOpen);
           out->content.append(buf);
           buffer_.clear();

@@ -37,12 +37,17 @@ class Glm45OutputParser {
  public:
   // `in_reasoning`: the generation starts inside a think block (the prompt ended with
   // "<think>"). GLM-4.5's template leaves that to the model, so the default is false.
-  explicit Glm45OutputParser(bool in_reasoning = false)
-      : state_(in_reasoning ? State::kReasoning : State::kContent) {}
+  // `keep_unterminated_call`: the request forced a tool call (tool_choice), so one left
+  // unterminated at the end is still the reply's tool call, not content.
+  explicit Glm45OutputParser(bool in_reasoning = false, bool keep_unterminated_call = false)
+      : state_(in_reasoning ? State::kReasoning : State::kContent),
+        keep_unterminated_call_(keep_unterminated_call) {}
 
   ParsedDelta Push(std::string_view text);
   // The end of the generation: held text is released; an unterminated tool call is returned
-  // as content (its source text), an unterminated think block as reasoning.
+  // as content (its source text), an unterminated think block as reasoning. With
+  // keep_unterminated_call, an unterminated tool call is returned as a tool call: its name
+  // (up to the first line break) and its complete <arg_key>/<arg_value> pairs.
   ParsedDelta Finish();
 
   // Parses one complete "<tool_call>...</tool_call>" body (without the outer tags).
@@ -53,6 +58,7 @@ class Glm45OutputParser {
   void Run(bool final, ParsedDelta* out);
 
   State state_;
+  bool keep_unterminated_call_;
   std::string buffer_;  // text not yet attributed
 };
 

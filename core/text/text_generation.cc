@@ -22,8 +22,18 @@ absl::StatusOr<TextPrompt> BuildTextPrompt(const TextAssets& assets, const TextI
     if (input.messages.empty()) {
       return absl::InvalidArgumentError("no prompt: give prompt_text or messages");
     }
-    ASSIGN_OR_RETURN(prompt.text, RenderGlm45Chat(input.messages, input.chat));
+    RETURN_IF_ERROR(CheckToolChoice(input.tool_choice, input.chat));
+    if (input.tool_choice.mode == ToolChoiceMode::kNone && !input.chat.tools_json.empty()) {
+      ChatOptions without_tools = input.chat;
+      without_tools.tools_json.clear();
+      ASSIGN_OR_RETURN(prompt.text, RenderGlm45Chat(input.messages, without_tools));
+    } else {
+      ASSIGN_OR_RETURN(prompt.text, RenderGlm45Chat(input.messages, input.chat));
+    }
   } else {
+    if (input.tool_choice.mode != ToolChoiceMode::kAuto) {
+      return absl::InvalidArgumentError("tool_choice applies to messages only");
+    }
     if (input.prompt_text->empty()) return absl::InvalidArgumentError("prompt_text is empty");
     prompt.text = *input.prompt_text;
   }
@@ -41,6 +51,10 @@ absl::StatusOr<TextPrompt> BuildTextPrompt(const TextAssets& assets, const TextI
   prompt.ids = *std::move(ids);
   if (prompt.ids.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " has no tokens"));
   prompt.starts_in_reasoning = absl::EndsWith(prompt.text, "<think>");
+  if (chat) {
+    ASSIGN_OR_RETURN(prompt.forced,
+                     ToolChoiceForcing(*assets.tokenizer, input.tool_choice, prompt.text));
+  }
   return prompt;
 }
 
@@ -112,7 +126,7 @@ TextStream::TextStream(const Tokenizer& tokenizer, TextStreamOptions options,
     : options_(std::move(options)),
       detokenizer_(tokenizer, options_.skip_special_tokens),
       matcher_(std::move(matcher)),
-      parser_(options_.starts_in_reasoning) {}
+      parser_(options_.starts_in_reasoning, options_.forced_tool_call) {}
 
 void TextStream::Release(std::string text, TextDelta* delta) {
   if (options_.chat && !text.empty()) {

@@ -36,6 +36,7 @@
 #include "core/text/output_parser.h"
 #include "core/text/stop_strings.h"
 #include "core/text/text_assets.h"
+#include "core/text/tool_choice.h"
 
 namespace glmserve {
 
@@ -49,6 +50,7 @@ struct TextInput {
   std::optional<std::string> prompt_text;
   std::vector<ChatMessage> messages;
   ChatOptions chat;  // tools_json, enable_thinking, add_generation_prompt (messages only)
+  ToolChoice tool_choice;  // messages only; "none" leaves chat.tools_json out of the prompt
   bool is_chat() const { return !prompt_text.has_value(); }
 };
 
@@ -58,12 +60,16 @@ struct TextPrompt {
   // The prompt ends inside a think block ("<think>" last), so generated text begins as
   // reasoning: TextStreamOptions::starts_in_reasoning.
   bool starts_in_reasoning = false;
+  // The tool call the request's tool_choice forces (none for auto / none): the front end
+  // copies it into GenerateRequest::forced and sets TextStreamOptions::forced_tool_call.
+  ForcedTokens forced;
 };
 
 // The prompt ids of `input`. FAILED_PRECONDITION (MissingTextError) when the assets have no
 // tokenizer, or no GLM-4.5 chat template for messages; INVALID_ARGUMENT for both or neither of
 // prompt_text / messages, an empty prompt, invalid UTF-8, ill-formed messages (naming the
-// message), or more than `max_prompt_tokens` ids (0: the tokenizer's limit; encoding stops as
+// message), a tool choice CheckToolChoice refuses (or any but auto with prompt_text), or
+// more than `max_prompt_tokens` ids (0: the tokenizer's limit; encoding stops as
 // soon as the bound is passed).
 absl::StatusOr<TextPrompt> BuildTextPrompt(const TextAssets& assets, const TextInput& input,
                                            size_t max_prompt_tokens);
@@ -88,6 +94,10 @@ struct TextStreamOptions {
   // Special tokens (eos, role tokens) are left out of the text, as OpenAI-style servers do.
   // GLM-4.5's <think>, <tool_call>, ... are not special, so the chat parser still sees them.
   bool skip_special_tokens = true;
+  // The request forced a tool call (TextPrompt::forced is not empty): a tool call the model
+  // leaves unterminated when the generation ends (a stop, or max_new_tokens) is still
+  // returned as a tool call (its name and the complete arguments), not as content.
+  bool forced_tool_call = false;
 };
 
 // One step's output. `text` is the raw generated text since the previous delta (whole UTF-8

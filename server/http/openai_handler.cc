@@ -91,11 +91,13 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend,
   RETURN_IF_ERROR(MissingTextError(text, r.chat, r.chat ? "messages" : "the OpenAI endpoint"));
   v1::GenerateRequest wire;
   bool starts_in_reasoning = false;
+  ForcedTokens forced;  // tool_choice's
   if (r.chat || r.prompt_text.has_value()) {
     TextInput input;
     input.prompt_text = r.prompt_text;
     input.messages = r.messages;
     input.chat = r.chat_options;
+    input.tool_choice = r.tool_choice;
     const auto start = Clock::now();
     absl::StatusOr<TextPrompt> built =
         BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens));
@@ -103,6 +105,7 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend,
     ASSIGN_OR_RETURN(TextPrompt prompt, std::move(built));
     wire.mutable_prompt_token_ids()->Add(prompt.ids.begin(), prompt.ids.end());
     starts_in_reasoning = prompt.starts_in_reasoning;
+    forced = std::move(prompt.forced);
   } else {
     wire.mutable_prompt_token_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
   }
@@ -127,6 +130,8 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend,
   ASSIGN_OR_RETURN(p.engine, ToEngineGenerate(wire, backend.engine->model(), backend.limits));
   ApplyTextDefaults(text, &p.engine);
   TextStreamOptions options;
+  options.forced_tool_call = !forced.tokens.empty();
+  p.engine.forced = std::move(forced);
   options.chat = r.chat;
   options.starts_in_reasoning = starts_in_reasoning;
   options.stop = r.stop;

@@ -255,16 +255,30 @@ absl::Status ParseTools(const Json& v, OpenAIRequest* out) {
 absl::Status ParseToolChoice(const Json& v, OpenAIRequest* out) {
   if (v.is_string()) {
     const std::string s = v.get<std::string>();
-    if (s == "auto" || s == "none") {
-      out->tool_choice = s;
+    if (s == "auto" || s == "none" || s == "required") {
+      out->tool_choice.mode = s == "auto"   ? ToolChoiceMode::kAuto
+                              : s == "none" ? ToolChoiceMode::kNone
+                                            : ToolChoiceMode::kRequired;
       return absl::OkStatus();
     }
+    return Invalid("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
   }
-  // "required" and a named function need constrained decoding to be honoured; refusing them
-  // is better than a reply that silently ignores them.
-  return Invalid("tool_choice",
-                 "supports \"auto\" and \"none\" only (\"required\" and a named function would "
-                 "need constrained decoding, which this server does not do)");
+  // {"type": "function", "function": {"name": "f"}}. Whether f is one of the tools is the
+  // text rules' check (CheckToolChoice), the same for glmserve.v1.
+  if (!v.is_object()) return WrongType("tool_choice", "a string or an object", v);
+  RETURN_IF_ERROR(OnlyKnown(v, {"type", "function"}, "tool_choice"));
+  if (!v.contains("type") || v["type"] != "function") {
+    return Invalid("tool_choice.type", "must be \"function\"");
+  }
+  if (!v.contains("function") || !v["function"].is_object()) {
+    return Invalid("tool_choice", "needs a 'function' object");
+  }
+  const Json& f = v["function"];
+  RETURN_IF_ERROR(OnlyKnown(f, {"name"}, "tool_choice.function"));
+  if (!f.contains("name")) return Invalid("tool_choice.function", "has no 'name'");
+  ASSIGN_OR_RETURN(out->tool_choice.function, String(f["name"], "tool_choice.function.name"));
+  out->tool_choice.mode = ToolChoiceMode::kFunction;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -342,7 +356,6 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
       RETURN_IF_ERROR(ParseToolChoice(body["tool_choice"], &out));
     }
-    if (out.tool_choice == "none") out.chat_options.tools_json.clear();
     if (body.contains("parallel_tool_calls")) {
       RETURN_IF_ERROR(Bool(body["parallel_tool_calls"], "parallel_tool_calls").status());
     }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/text/chat_format.h"
+#include "core/text/tool_choice.h"
 #include "nlohmann/json.hpp"
 
 namespace glmserve {
@@ -33,10 +34,9 @@ struct OpenAIRequest {
   // /v1/chat/completions.
   std::vector<ChatMessage> messages;
   ChatOptions chat_options;  // tools (as JSON text each), enable_thinking
-  // "auto" (the default with tools), "none" (tools are not shown to the model), "required" or
-  // a function's name (the model is asked, in the system turn, to call it; GLM-4.5 has no
-  // constrained decoding here, so the reply is parsed as generated).
-  std::string tool_choice = "auto";
+  // "auto" (the default), "none" (tools are not shown to the model), "required" or a named
+  // function (the start of the tool call is forced: core/text/tool_choice.h).
+  ToolChoice tool_choice;
 
   std::optional<int64_t> max_tokens;  // unset: the server's default
   float temperature = 1.0f;           // OpenAI's default

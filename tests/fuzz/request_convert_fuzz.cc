@@ -3,7 +3,8 @@
 // well-formed (ids in the vocabulary, sizes within the limits, the reply within the message
 // limit) or are refused with a client-error status; a Generate request's text fields
 // (server/text_convert.h, with the embedded default model's tokenizer) likewise give a
-// bounded prompt or a client error. The first byte picks the message type.
+// bounded prompt (and bounded forced tokens for a tool_choice) or a client error, after the
+// server's UTF-8 check of the request text. The first byte picks the message type.
 #include "core/checkpoint.h"
 #include "core/model.h"
 #include "server/convert.h"
@@ -51,6 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] & 1) {
     glmserve::v1::GenerateRequest request;
     if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+    // The server's first check (request text is bytes on the wire: any bytes parse).
+    const absl::Status wire = glmserve::CheckWireText(request);
+    if (!wire.ok()) {
+      GLM_FUZZ_CHECK(wire.code() == absl::StatusCode::kInvalidArgument);
+      return 0;
+    }
     absl::StatusOr<std::optional<glmserve::TextInput>> text =
         glmserve::TextInputFromGenerate(request);
     if (!text.ok()) {
@@ -63,6 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else {
         GLM_FUZZ_CHECK(!prompt->ids.empty() &&
                        static_cast<int64_t>(prompt->ids.size()) <= limits.max_prompt_tokens);
+        GLM_FUZZ_CHECK(prompt->forced.tokens.size() <= glmserve::kMaxForcedTokens);
       }
     }
     if (glmserve::WantsText(request)) {

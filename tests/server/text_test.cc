@@ -329,17 +329,136 @@ TEST_F(TextServiceTest, EveryBadTextRequestGetsItsStatusAndChangesNothing) {
   EXPECT_NE(s.message().find("position 1"), std::string::npos) << s;
 }
 
-TEST_F(TextServiceTest, InvalidUtf8TextNeverReachesTheEngine) {
-  // proto3 `string` fields must hold UTF-8: the server's protobuf parser refuses the message
-  // before any handler runs, and gRPC answers an unparsable request with UNIMPLEMENTED (gRPC
-  // 1.51's choice; docs/api.md). Python's and Go's protobuf refuse to serialize it at all.
+TEST_F(TextServiceTest, InvalidUtf8TextIsInvalidArgumentNamingTheField) {
+  // Request text is `bytes` on the wire (glmserve.proto): the stub sends any bytes as they are
+  // (as a client built from the old `string` schema, or any raw client, may), and the server
+  // checks the UTF-8 itself: INVALID_ARGUMENT naming the field, before the engine.
+  const std::string bad("ok \xff\xfe bad", 9);
+  struct Case {
+    const char* name;
+    std::function<void(v1::GenerateRequest*)> mutate;
+    const char* field;
+  };
+  const auto chat = [](v1::GenerateRequest* r) {
+    r->clear_prompt_text();
+    *r->add_messages() = Message("user", "hi");
+  };
+  const std::vector<Case> cases = {
+      {"prompt_text", [&](auto* r) { r->set_prompt_text(bad); }, "prompt_text is not"},
+      {"content",
+       [&](auto* r) {
+         chat(r);
+         *r->add_messages() = Message("assistant", bad);
+       },
+       "messages[1].content"},
+      {"role",
+       [&](auto* r) {
+         chat(r);
+         r->mutable_messages(0)->set_role(bad);
+       },
+       "messages[0].role"},
+      {"reasoning",
+       [&](auto* r) {
+         chat(r);
+         *r->add_messages() = Message("assistant", "x");
+         r->mutable_messages(1)->set_reasoning_content(bad);
+       },
+       "messages[1].reasoning_content"},
+      {"stop string",
+       [&](auto* r) {
+         r->mutable_stop()->add_stop_strings("fine");
+         r->mutable_stop()->add_stop_strings(bad);
+       },
+       "stop.stop_strings[1]"},
+      {"tools_json",
+       [&](auto* r) {
+         chat(r);
+         r->add_tools_json(bad);
+       },
+       "tools_json[0]"},
+      {"tool_choice_function",
+       [&](auto* r) {
+         chat(r);
+         r->set_tool_choice_function(bad);
+       },
+       "tool_choice_function"},
+  };
   const int64_t steps = server_->engine()->Stats().steps;
-  const Streamed s = Run(TextRequest(std::string("ok \xff\xfe bad", 9), 4));
-  EXPECT_FALSE(s.status.ok());
-  EXPECT_NE(s.status.code(), absl::StatusCode::kInternal) << s.status;
-  EXPECT_EQ(s.messages, 0);
+  for (const Case& c : cases) {
+    v1::GenerateRequest request = TextRequest("hello", 4);
+    c.mutate(&request);
+    const Streamed s = Run(request);
+    EXPECT_EQ(s.status.code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << s.status;
+    EXPECT_NE(s.status.message().find(c.field), std::string::npos) << c.name << ": " << s.status;
+    EXPECT_NE(s.status.message().find("UTF-8"), std::string::npos) << c.name << ": " << s.status;
+    EXPECT_EQ(s.messages, 0) << c.name;
+  }
   EXPECT_EQ(server_->engine()->Stats().steps, steps);
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text(bad);
+  absl::Status t = client_->Tokenize(tokenize).status();
+  EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
+  EXPECT_NE(t.message().find("text is not"), std::string::npos) << t;
   EXPECT_TRUE(Run(TextRequest("still fine", 2)).status.ok());
+}
+
+TEST_F(TextServiceTest, ToolChoiceForcesTheCallOverGrpc) {
+  v1::GenerateRequest request = TextRequest("x", 10);
+  request.clear_prompt_text();
+  *request.add_messages() = Message("user", "Weather in Paris?");
+  request.add_tools_json(R"({"type": "function", "function": {"name": "get_weather"}})");
+  request.set_enable_thinking(false);
+  request.mutable_stop()->set_ignore_eos(true);
+  request.set_tool_choice_function("get_weather");
+  const Streamed s = Run(request);
+  ASSERT_TRUE(s.status.ok()) << s.status;
+  EXPECT_TRUE(absl::StartsWith(s.text, "\n<tool_call>get_weather\n")) << s.text;
+  ASSERT_EQ(s.tool_calls.size(), 1u);
+  EXPECT_EQ(s.tool_calls[0].name(), "get_weather");
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH);
+  // "required" forces "\n<tool_call>"; the name is the model's.
+  request.clear_tool_choice_function();
+  request.set_tool_choice("required");
+  const Streamed r = Run(request);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(absl::StartsWith(r.text, "\n<tool_call>")) << r.text;
+  EXPECT_EQ(r.tool_calls.size(), 1u);
+  // The rules: a function not in tools_json, "required" without tools, both fields, a value
+  // that is not a mode, tool_choice without messages.
+  struct Case {
+    std::function<void(v1::GenerateRequest*)> mutate;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](auto* r) { r->set_tool_choice_function("get_time"); }, "not in tools"},
+      {[](auto* r) {
+         r->clear_tools_json();
+         r->set_tool_choice("required");
+       },
+       "needs tools"},
+      {[](auto* r) {
+         r->set_tool_choice("required");
+         r->set_tool_choice_function("get_weather");
+       },
+       "not both"},
+      {[](auto* r) { r->set_tool_choice("always"); }, "tool_choice must be"},
+      {[](auto* r) {
+         r->clear_messages();
+         r->clear_tools_json();
+         r->clear_enable_thinking();
+         r->set_prompt_text("hi");
+         r->set_tool_choice("required");
+       },
+       "messages only"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest bad = request;
+    bad.clear_tool_choice();
+    c.mutate(&bad);
+    const Streamed b = Run(bad);
+    EXPECT_EQ(b.status.code(), absl::StatusCode::kInvalidArgument) << c.message << ": " << b.status;
+    EXPECT_NE(b.status.message().find(c.message), std::string::npos) << b.status;
+  }
 }
 
 TEST(TextServiceLimitsTest, LongTextPromptIsInvalidArgumentBeforeTheEngine) {

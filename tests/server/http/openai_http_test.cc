@@ -173,6 +173,12 @@ class OpenAIHttpTest : public ::testing::Test {
   std::string base_;
 };
 
+Json Tool(const std::string& name) {
+  return {{"type", "function"},
+          {"function",
+           {{"name", name}, {"parameters", {{"type", "object"}, {"properties", Json::object()}}}}}};
+}
+
 Json Completion(const std::string& prompt, int max_tokens) {
   return {{"model", "tiny"},
           {"prompt", prompt},
@@ -333,6 +339,122 @@ TEST_F(OpenAIHttpTest, ChatStreamedAndNotAgree) {
   EXPECT_EQ(finish, j["choices"][0]["finish_reason"]);
 }
 
+// A chat about the weather with two tools, greedy, thinking off, with logprobs (each token's
+// text) so that a test can see the forced tokens.
+Json ToolChat(const Json& tool_choice, int max_tokens = 12) {
+  Json chat = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"logprobs", true},
+               {"tools", {Tool("get_weather"), Tool("get_time")}},
+               {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  if (!tool_choice.is_null()) chat["tool_choice"] = tool_choice;
+  return chat;
+}
+
+// What a chat stream delivered: content, tool calls (name each) and the finish reason.
+struct StreamedChat {
+  std::string content, finish;
+  std::vector<std::string> tool_names;
+};
+StreamedChat ReadChatStream(const HttpResponse& r) {
+  StreamedChat out;
+  for (const std::string& e : r.events()) {
+    if (e == "[DONE]") continue;
+    const Json c = Json::parse(e);
+    if (c["choices"].empty()) continue;
+    const Json& d = c["choices"][0]["delta"];
+    if (d.contains("content")) out.content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      for (const Json& call : d["tool_calls"]) out.tool_names.push_back(call["function"]["name"]);
+    }
+    if (!c["choices"][0]["finish_reason"].is_null()) out.finish = c["choices"][0]["finish_reason"];
+  }
+  return out;
+}
+
+TEST_F(OpenAIHttpTest, NamedAndRequiredToolChoiceForceTheToolCallsStart) {
+  const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const HttpResponse r = Post("/v1/chat/completions", ToolChat(named));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  const Json& logprobs = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(logprobs.size(), 12u);
+  // The forced tokens, as the chat template writes a call: "\n<tool_call>get_weather\n".
+  std::string text;
+  size_t forced = 0;
+  while (forced < logprobs.size() && text != "\n<tool_call>get_weather\n") {
+    text += logprobs[forced++]["token"].get<std::string>();
+  }
+  ASSERT_EQ(text, "\n<tool_call>get_weather\n") << r.body;
+  EXPECT_EQ(logprobs[1]["token"], "<tool_call>");
+  EXPECT_LT(logprobs[1]["logprob"].get<double>(), 0.0);  // the model's own logprob, reported
+  // The random model never closes the call: cut by max_tokens, it is still the reply's tool
+  // call (OpenAI's "length" for a truncated reply).
+  const Json& message = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << r.body;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  // Streamed: the same call and finish reason.
+  Json streamed = ToolChat(named);
+  streamed["stream"] = true;
+  const StreamedChat s = ReadChatStream(Post("/v1/chat/completions", streamed));
+  EXPECT_EQ(s.tool_names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(s.finish, "length");
+  EXPECT_EQ(s.content, message["content"].is_null() ? "" : message["content"].get<std::string>());
+
+  // A reply that stops (here at a stop string: the first later token's text that does not
+  // occur earlier) while in the forced call finishes with "tool_calls".
+  std::string stop;
+  for (size_t i = forced; i < logprobs.size() && stop.empty(); ++i) {
+    const std::string token = logprobs[i]["token"];
+    const bool whole = token.find("\xEF\xBF\xBD") == std::string::npos;  // no U+FFFD
+    if (!token.empty() && whole && (text + token).find(token) == text.size()) stop = token;
+    text += token;
+  }
+  ASSERT_FALSE(stop.empty()) << r.body;
+  Json stopped = ToolChat(named);
+  stopped["stop"] = stop;
+  const HttpResponse t = Post("/v1/chat/completions", stopped);
+  ASSERT_EQ(t.status, 200) << t.body;
+  const Json tj = t.json();
+  EXPECT_EQ(tj["choices"][0]["finish_reason"], "tool_calls") << t.body;
+  ASSERT_EQ(tj["choices"][0]["message"]["tool_calls"].size(), 1u) << t.body;
+  EXPECT_EQ(tj["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  stopped["stream"] = true;
+  const StreamedChat st = ReadChatStream(Post("/v1/chat/completions", stopped));
+  EXPECT_EQ(st.tool_names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(st.finish, "tool_calls");
+
+  // "required": the call's start is forced, the model names the function (junk here).
+  const HttpResponse q = Post("/v1/chat/completions", ToolChat("required"));
+  ASSERT_EQ(q.status, 200) << q.body;
+  const Json qj = q.json();
+  EXPECT_EQ(qj["choices"][0]["logprobs"]["content"][0]["token"], "\n");
+  EXPECT_EQ(qj["choices"][0]["logprobs"]["content"][1]["token"], "<tool_call>");
+  EXPECT_EQ(qj["choices"][0]["message"]["tool_calls"].size(), 1u) << q.body;
+}
+
+TEST_F(OpenAIHttpTest, AutoAndNoneToolChoiceBehaveAsBefore) {
+  // "auto" is the default; "none" is the same request without the tools in the prompt.
+  const Json plain = Post("/v1/chat/completions", ToolChat(nullptr)).json();
+  const Json autos = Post("/v1/chat/completions", ToolChat("auto")).json();
+  EXPECT_EQ(autos["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"]);
+  EXPECT_EQ(autos["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+  EXPECT_EQ(autos["choices"][0]["logprobs"], plain["choices"][0]["logprobs"]);  // every token
+  const Json none = Post("/v1/chat/completions", ToolChat("none")).json();
+  Json no_tools = ToolChat(nullptr);
+  no_tools.erase("tools");
+  const Json bare = Post("/v1/chat/completions", no_tools).json();
+  EXPECT_EQ(none["choices"][0]["message"]["content"], bare["choices"][0]["message"]["content"]);
+  EXPECT_EQ(none["usage"]["prompt_tokens"], bare["usage"]["prompt_tokens"]);
+  EXPECT_EQ(none["choices"][0]["logprobs"], bare["choices"][0]["logprobs"]);
+  EXPECT_LT(none["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+}
+
 TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
   const int64_t steps = server_->engine()->Stats().steps;
   const Json ok = Completion("hi", 4);
@@ -388,12 +510,32 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
             {"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}
            .dump(),
        400, "text only"},
-      {"tool_choice required", "/v1/chat/completions",
+      {"tool_choice required without tools", "/v1/chat/completions",
        Json{{"model", "tiny"},
             {"messages", {{{"role", "user"}, {"content", "x"}}}},
             {"tool_choice", "required"}}
            .dump(),
-       400, "constrained decoding"},
+       400, "tool_choice \"required\" needs tools"},
+      {"tool_choice names a function not in tools", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", {Tool("get_weather")}},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}}
+           .dump(),
+       400, "'get_time', which is not in tools (get_weather)"},
+      {"tool_choice of another kind", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tool_choice", "sometimes"}}
+           .dump(),
+       400, "tool_choice"},
+      {"tool_choice without a name", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", {Tool("get_weather")}},
+            {"tool_choice", {{"type", "function"}, {"function", Json::object()}}}}
+           .dump(),
+       400, "has no 'name'"},
       {"huge body", "/v1/completions", std::string(17 << 20, ' '), 413, "over the server's limit"},
   };
   for (const Case& c : cases) {
