@@ -144,11 +144,13 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-// "exact", "bf16" (CpuMath) or "int8" (bf16 math on int8 weights).
+// "exact", "bf16", "bf16_amx" (CpuMath) or "int8" (bf16 math on int8 weights).
 class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    g_math = GetParam() == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+    g_math = GetParam() == "exact"      ? CpuMath::kExact
+             : GetParam() == "bf16_amx" ? CpuMath::kBf16Amx
+                                        : CpuMath::kBf16;
     g_int8 = GetParam() == "int8";
   }
   void TearDown() override {
@@ -326,7 +328,8 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
   ExpectAllBlocksFree(*engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest, ::testing::Values("exact", "bf16", "int8"),
+INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
+                         ::testing::Values("exact", "bf16", "bf16_amx", "int8"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
