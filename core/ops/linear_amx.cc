@@ -53,8 +53,8 @@ int64_t AmxPackedSize(int64_t m, int64_t k) {
   return (m + kAmxTileRows - 1) / kAmxTileRows * Chunks(k) * kAmxTileElems;
 }
 
-void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin,
-                        int64_t row_end, uint16_t* out) {
+void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin, int64_t row_end,
+                        uint16_t* out) {
   (void)m;
   const int64_t chunks = Chunks(k);
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -151,8 +151,8 @@ void MakeSource(const Matrix& w, int64_t row0, std::vector<uint16_t>* padded, AS
 // c [NT * 2 + MT][16][16]. b: the packed tiles of the first activation tile; the second's are
 // b_next elements further.
 template <int NT, int MT>
-GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next,
-                             int64_t chunks, float* c) {
+GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t chunks,
+                             float* c) {
   _tile_zero(0);
   if constexpr (MT == 2) _tile_zero(1);
   if constexpr (NT == 2) _tile_zero(2);

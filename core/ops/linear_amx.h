@@ -48,8 +48,8 @@ int64_t AmxPackedSize(int64_t m, int64_t k);
 // Rounds x [m, k] to bf16 (FloatToBf16) and packs rows [row_begin, row_end) into
 // out [ceil(m/16)][ceil(k/32)][16 pairs][16 rows][2]; padding stays as the caller set it
 // (zero-fill `out` once first). Elementwise, so any split of rows gives the same bits.
-void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin,
-                        int64_t row_end, uint16_t* out);
+void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin, int64_t row_end,
+                        uint16_t* out);
 
 // kBf16Amx on one bf16 matrix. xp: the packed activations (PackAmxActivations).
 struct AmxJob {

@@ -3,6 +3,8 @@
 // AMX; skipped with the reason otherwise, a failure under GLMSERVE_REQUIRE_AMX=1); the
 // emulation's documented arithmetic on hand-made cases (everywhere); batch invariance, awkward
 // shapes, bias and LinearMany through Linear in both the dispatched and the portable kernel.
+#include "core/ops/linear_amx.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "core/ops/linear.h"
-#include "core/ops/linear_amx.h"
 #include "core/parallel.h"
 #include "tests/test_util.h"
 
@@ -41,13 +42,13 @@ bool RequireAmx() {
   const char* v = std::getenv("GLMSERVE_REQUIRE_AMX");
   return v != nullptr && std::string(v) == "1";
 }
-#define GLM_REQUIRE_AMX()                                                               \
-  do {                                                                                  \
-    if (!internal::CpuHasAmx()) {                                                       \
-      if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX is not usable here";  \
+#define GLM_REQUIRE_AMX()                                                                \
+  do {                                                                                   \
+    if (!internal::CpuHasAmx()) {                                                        \
+      if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX is not usable here";   \
       GTEST_SKIP() << "no AMX-BF16 on this CPU, or the OS refused the tile state: only " \
-                      "the emulation runs here";                                        \
-    }                                                                                   \
+                      "the emulation runs here";                                         \
+    }                                                                                    \
   } while (0)
 
 struct ForceGeneric {
@@ -68,14 +69,25 @@ class Values {
     const uint16_t frac = (r >> 9) & 0x7f;
     int e = 0;
     switch (kind_) {
-      case 0: e = 120 + static_cast<int>((r >> 20) % 16); break;
-      case 1: e = static_cast<int>((r >> 20) % 256); break;
-      case 3: e = pick < 30 ? 0 : pick < 60 ? 1 + static_cast<int>((r >> 20) % 8)
-                                            : 55 + static_cast<int>((r >> 20) % 20); break;
-      case 4: e = pick < 5 ? 255 : 180 + static_cast<int>((r >> 20) % 76); break;
+      case 0:
+        e = 120 + static_cast<int>((r >> 20) % 16);
+        break;
+      case 1:
+        e = static_cast<int>((r >> 20) % 256);
+        break;
+      case 3:
+        e = pick < 30   ? 0
+            : pick < 60 ? 1 + static_cast<int>((r >> 20) % 8)
+                        : 55 + static_cast<int>((r >> 20) % 20);
+        break;
+      case 4:
+        e = pick < 5 ? 255 : 180 + static_cast<int>((r >> 20) % 76);
+        break;
       default:
         if (pick >= 95) return sign;  // signed zeros
-        e = pick < 10 ? 0 : pick < 15 ? 255 : pick < 20 ? 1 + static_cast<int>((r >> 20) % 3)
+        e = pick < 10   ? 0
+            : pick < 15 ? 255
+            : pick < 20 ? 1 + static_cast<int>((r >> 20) % 3)
             : pick < 25 ? 250 + static_cast<int>((r >> 20) % 5)
                         : 110 + static_cast<int>((r >> 20) % 36);
     }
@@ -86,12 +98,20 @@ class Values {
     const int pick = static_cast<int>((r >> 1) % 100);
     int e = 0;
     switch (kind_) {
-      case 0: e = 115 + static_cast<int>((r >> 8) % 26); break;
-      case 1: e = static_cast<int>((r >> 8) % 256); break;
-      case 3: e = pick < 50 ? 0 : static_cast<int>((r >> 8) % 8); break;
-      case 4: e = 200 + static_cast<int>((r >> 8) % 56); break;
-      default: e = pick < 8 ? 0 : pick < 12 ? 255 : pick < 16 ? 1
-                                                  : 100 + static_cast<int>((r >> 8) % 56);
+      case 0:
+        e = 115 + static_cast<int>((r >> 8) % 26);
+        break;
+      case 1:
+        e = static_cast<int>((r >> 8) % 256);
+        break;
+      case 3:
+        e = pick < 50 ? 0 : static_cast<int>((r >> 8) % 8);
+        break;
+      case 4:
+        e = 200 + static_cast<int>((r >> 8) % 56);
+        break;
+      default:
+        e = pick < 8 ? 0 : pick < 12 ? 255 : pick < 16 ? 1 : 100 + static_cast<int>((r >> 8) % 56);
     }
     const uint32_t frac = pick >= 96 ? 0 : (r >> 20) & 0x7fffff;
     return FromBits(((r & 1) != 0 ? 0x80000000u : 0u) | (static_cast<uint32_t>(e) << 23) | frac);
@@ -159,7 +179,7 @@ TEST(LinearAmx, EmulationSumsEvenAndOddProductsInTwoChains) {
   EXPECT_EQ(OneElement(0x1p24f, {1, 1}, {1, 1}), 0x1p24f + 2.0f);
   // bf16 subnormal inputs read as zero; subnormal results flush to zero.
   EXPECT_EQ(Bits(OneElement(0.0f, {0x1p-130f}, {0x1p100f})), 0u);  // not 2^-30
-  EXPECT_EQ(Bits(OneElement(0.0f, {0x1p-70f}, {0x1p-70f})), 0u);    // 2^-140 -> +0
+  EXPECT_EQ(Bits(OneElement(0.0f, {0x1p-70f}, {0x1p-70f})), 0u);   // 2^-140 -> +0
   // A subnormal accumulator reads as zero: 2^-126, not 2^-126 + 2^-140.
   EXPECT_EQ(OneElement(0x1p-140f, {0x1p-63f}, {0x1p-63f}), 0x1p-126f);
 }
@@ -192,7 +212,7 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
   // 16-row activation tile and odd numbers of activation tiles.
   const struct {
     int64_t m, n, k;
-  } shapes[] = {{1, 1, 1},     {1, 7, 5},      {3, 33, 17},  {16, 64, 64}, {17, 37, 1030},
+  } shapes[] = {{1, 1, 1},      {1, 7, 5},     {3, 33, 17}, {16, 64, 64}, {17, 37, 1030},
                 {33, 130, 513}, {1, 96, 2048}, {9, 16, 33}, {40, 48, 300}};
   std::printf("kBf16Amx kernel on this machine: %s\n", LinearKernelName(CpuMath::kBf16Amx));
   uint32_t seed = 31;
@@ -212,9 +232,9 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
       }
       EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
       for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(Bits(y[i]), Bits(g[i])) << LinearKernelName(CpuMath::kBf16Amx)
-                                          << " vs generic_amx_bf16, m=" << s.m << " n=" << s.n
-                                          << " k=" << s.k << " element " << i;
+        ASSERT_EQ(Bits(y[i]), Bits(g[i]))
+            << LinearKernelName(CpuMath::kBf16Amx) << " vs generic_amx_bf16, m=" << s.m
+            << " n=" << s.n << " k=" << s.k << " element " << i;
       }
     }
   }
