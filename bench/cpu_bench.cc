@@ -138,8 +138,7 @@ int main(int argc, char** argv) {
       "%.0f GFLOP/s, read bandwidth %.1f GB/s (%d streams per thread; 1 stream: %.1f GB/s), "
       "OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
       limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.read_gbs,
-      limits.read_best_streams,
-      limits.read_one_stream_gbs, MeasureBlasGflops());
+      limits.read_best_streams, limits.read_one_stream_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =
@@ -180,15 +179,18 @@ int main(int argc, char** argv) {
     // their emulation is fp32 scalar code, so the FMA peak).
     const bool amx_math = math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
     const bool bf16_math = !amx_math && math != glmserve::CpuMath::kExact && limits.bf16_gflops > 0;
-    const double peak =
-        amx_math ? limits.amx_gflops : bf16_math ? limits.bf16_gflops : limits.fma_gflops;
+    const double peak = amx_math    ? limits.amx_gflops
+                        : bf16_math ? limits.bf16_gflops
+                                    : limits.fma_gflops;
     const glmserve::bench::StepCost prefill_cost =
         glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts);
     const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-        amx_math ? "AMX bf16" : bf16_math ? "bf16 dot" : "fp32 FMA",
+        amx_math    ? "AMX bf16"
+        : bf16_math ? "bf16 dot"
+                    : "fp32 FMA",
         peak > 0 ? prefill_gflops / peak : 0.0);
     const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
         model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);

@@ -1,5 +1,5 @@
-// The CPU backend's bf16 fast modes (CpuMath::kBf16 and kBf16Amx, same bounds) against the Hugging Face goldens (the
-// exact mode, on every runner, is golden_test.cc's).
+// The CPU backend's bf16 fast modes (CpuMath::kBf16 and kBf16Amx, same bounds) against the Hugging
+// Face goldens (the exact mode, on every runner, is golden_test.cc's).
 //
 // Tolerances: fp32 checkpoints, and bf16 checkpoints against the reference's fp32 compute on
 // the same bf16 weights, must agree to a relative error under 1e-5 (the two differ only in
@@ -130,8 +130,7 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenCpuMathTest,
                          ::testing::Combine(::testing::ValuesIn(GoldenCases()),
-                                            ::testing::Values(CpuMath::kBf16,
-                                                              CpuMath::kBf16Amx)),
+                                            ::testing::Values(CpuMath::kBf16, CpuMath::kBf16Amx)),
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "_",
                                                CpuMathName(std::get<1>(info.param)));
