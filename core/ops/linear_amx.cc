@@ -202,11 +202,13 @@ bool AmxPermitted() {
   return permitted;
 }
 
+// On the permission alone, not the tests' override: a caller that saw AMX usable must get
+// its tiles configured even if the override flips meanwhile.
 GLM_AMX_TARGET void AmxThreadBegin() {
-  if (CpuHasAmx()) _tile_loadconfig(&Config());
+  if (AmxPermitted()) _tile_loadconfig(&Config());
 }
 GLM_AMX_TARGET void AmxThreadEnd() {
-  if (CpuHasAmx()) _tile_release();
+  if (AmxPermitted()) _tile_release();
 }
 
 void AmxBlockHardware(const AmxJob& job, int64_t nb) {
