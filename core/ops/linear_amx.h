@@ -9,9 +9,10 @@
 // (x[i][32 kc + 2p], x[i][32 kc + 2p + 1]) of the 16 rows i side by side. C = [16 outputs x 16
 // activation rows] fp32, transposed into y when stored. Missing rows/columns read as +0.
 //
-// Arithmetic of one TDPBF16PS, per C element (measured on Sapphire-Rapids-class hardware,
-// bit for bit, on millions of random tiles incl. subnormals, signed zeros, infinities, NaNs
-// and extreme exponents; docs/cpu_math.md): two fp32 chains over the 16 pairs in k order, the
+// Arithmetic of one TDPBF16PS, per C element (measured on an Intel Xeon of family 6 model 207,
+// Emerald Rapids, bit for bit, on millions of random tiles incl. subnormals, signed zeros,
+// infinities, NaNs and extreme exponents; docs/cpu_math.md; the emulation below defines the
+// mode, and linear_amx_test checks any AMX CPU it runs on against it): two fp32 chains over the 16 pairs in k order, the
 // even one e over products a[2p] b[2p] and the odd one o over a[2p+1] b[2p+1], each step one
 // fused multiply-add (one rounding, to nearest even) starting from +0; then c + (e + o), two
 // more roundings. bf16 subnormal inputs and a subnormal c read as zero (DAZ); every result is
