@@ -1,6 +1,6 @@
-// The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,int8), parsed and
-// applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16) and int8 (bf16 math
-// on weights quantized at load, --weight_dtype=int8).
+// The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
+// and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
+// (--cpu_math=bf16_amx) and int8 (bf16 math on weights quantized at load, --weight_dtype=int8).
 #pragma once
 
 #include <string>
@@ -20,9 +20,9 @@ namespace glmserve::bench {
 inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& list) {
   std::vector<std::string> modes;
   for (absl::string_view name : absl::StrSplit(list, ',')) {
-    if (name != "exact" && name != "bf16" && name != "int8") {
+    if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8") {
       return absl::InvalidArgumentError(
-          absl::StrCat("--modes: '", name, "' is not one of exact, bf16, int8"));
+          absl::StrCat("--modes: '", name, "' is not one of exact, bf16, bf16_amx, int8"));
     }
     modes.emplace_back(name);
   }
@@ -30,7 +30,8 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
 }
 
 inline CpuMath MathOf(const std::string& mode) {
-  return mode == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+  if (mode == "exact") return CpuMath::kExact;
+  return mode == "bf16_amx" ? CpuMath::kBf16Amx : CpuMath::kBf16;
 }
 
 // `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and

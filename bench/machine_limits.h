@@ -1,7 +1,7 @@
 // This machine's limits, measured in the bench's own run so that the kernels' figures can be
 // read as fractions of them on shared, noisy machines: the fp32 FMA peak, the bf16
-// dot-product (vdpbf16ps) peak and the memory read bandwidth, all on the thread pool's
-// threads (core/parallel.h), as the kernels run.
+// dot-product (vdpbf16ps) peak, the AMX bf16 tile (TDPBF16PS) peak and the memory read
+// bandwidth, all on the thread pool's threads (core/parallel.h), as the kernels run.
 #pragma once
 
 #include <immintrin.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/ops/linear_amx.h"
 #include "core/parallel.h"
 
 namespace glmserve::bench {
@@ -94,6 +95,53 @@ inline double Bf16DotPeakGflops() {
   return PeakGflops(DpBf16Loop, 64.0);
 }
 
+// AMX: four C tiles in registers, two A and two B tiles loaded once (from L1), then only
+// TDPBF16PS, each 16 x 16 outputs x 32 products x 2 flops; the tile configuration is per
+// thread, so each chunk loads and releases it (as the kernel does).
+struct alignas(64) AmxPeakConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+constexpr int64_t kAmxPeakIterations = int64_t{1} << 17;
+__attribute__((target("amx-tile,amx-bf16"))) inline float AmxLoop(float seed) {
+  static const AmxPeakConfig config;
+  alignas(64) uint16_t a[512], b[512];
+  alignas(64) float c[256];
+  for (int i = 0; i < 512; ++i) a[i] = b[i] = 0x3a83;  // ~1e-3 in bf16
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  for (int64_t it = 0; it < kAmxPeakIterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0] + seed;
+}
+
+// TDPBF16PS peak in GFLOP/s on every pool thread; 0 without usable AMX.
+inline double AmxBf16PeakGflops() {
+  if (!internal::CpuHasAmx()) return 0;
+  const int64_t chunks = 4 * NumThreads();
+  std::atomic<int64_t> sink{0};
+  const double s = BestOf(3, [&] {
+    ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) sink += static_cast<int64_t>(AmxLoop(static_cast<float>(c)));
+    });
+  });
+  return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 32 * 2) / s / 1e9;
+}
+
 // Sums `streams` equal parts of [b, e) in lockstep, 64 bytes of each per iteration: several
 // independent sequential streams per thread, as the linear kernels read 4 weight rows at once.
 __attribute__((target("avx512f"))) inline uint64_t SumStreams(const uint64_t* p, int64_t b,
@@ -141,6 +189,7 @@ inline double ReadBandwidth(int streams) {
 struct MachineLimits {
   double fma_gflops = 0;   // fp32 FMA peak
   double bf16_gflops = 0;  // vdpbf16ps peak (0: no AVX512_BF16)
+  double amx_gflops = 0;   // TDPBF16PS peak (0: no usable AMX)
   double read_gbs = 0;     // best read bandwidth over 1, 2, 4 and 8 streams per thread
   int read_best_streams = 0;
   double read_one_stream_gbs = 0;
@@ -150,6 +199,7 @@ inline MachineLimits MeasureMachine() {
   MachineLimits m;
   m.fma_gflops = FmaPeakGflops();
   m.bf16_gflops = Bf16DotPeakGflops();
+  m.amx_gflops = AmxBf16PeakGflops();
   for (int streams : {1, 2, 4, 8}) {
     const double gbs = ReadBandwidth(streams);
     if (streams == 1) m.read_one_stream_gbs = gbs;

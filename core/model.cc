@@ -52,7 +52,7 @@ std::string CpuModel::compute_description() const {
   }
   return absl::StrCat(
       "cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
-      math_ == CpuMath::kBf16 && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
+      math_ != CpuMath::kExact && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
 }
 
 KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {

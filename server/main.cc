@@ -45,9 +45,10 @@ ABSL_FLAG(std::string, tokenizer_dir, "",
           "tokenizer installed with glm-server; none: token ids only");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
 ABSL_FLAG(std::string, cpu_math, "exact",
-          "CPU backend arithmetic of the linear layers: exact (fp32 activations) or bf16 (bf16 "
+          "CPU backend arithmetic of the linear layers: exact (fp32 activations), bf16 (bf16 "
           "weights times activations rounded to bf16, as Transformers' bf16 forward; faster "
-          "where vdpbf16ps is fast); docs/performance.md has the figures");
+          "where vdpbf16ps is fast) or bf16_amx (the same rounding, Intel AMX tile products; "
+          "emulated, slowly, without AMX); docs/cpu_math.md and docs/performance.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
           "32 with fp32 scales; CPU backend, needs --cpu_math=bf16)");

@@ -38,8 +38,9 @@ ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
 ABSL_FLAG(std::string, cpu_math, "exact",
-          "linear-layer arithmetic: exact (fp32 activations) or bf16 (activations rounded to "
-          "bf16 for bf16 weights); see docs/performance.md");
+          "linear-layer arithmetic: exact (fp32 activations), bf16 (activations rounded to "
+          "bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, Intel AMX "
+          "tile order); see docs/cpu_math.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16)");
 ABSL_FLAG(std::string, save, "",

@@ -6,17 +6,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/lane_sum.h"
+#include "core/ops/linear_amx.h"
 #include "core/parallel.h"
 
 namespace glmserve {
 
-const char* CpuMathName(CpuMath math) { return math == CpuMath::kBf16 ? "bf16" : "exact"; }
+const char* CpuMathName(CpuMath math) {
+  switch (math) {
+    case CpuMath::kBf16:
+      return "bf16";
+    case CpuMath::kBf16Amx:
+      return "bf16_amx";
+    case CpuMath::kExact:
+      break;
+  }
+  return "exact";
+}
 
 absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name) {
   if (name == "exact") return CpuMath::kExact;
   if (name == "bf16") return CpuMath::kBf16;
+  if (name == "bf16_amx") return CpuMath::kBf16Amx;
   return absl::InvalidArgumentError(
-      absl::StrCat("cpu math '", name.substr(0, 64), "' is not one of exact, bf16"));
+      absl::StrCat("cpu math '", name.substr(0, 64), "' is not one of exact, bf16, bf16_amx"));
 }
 
 namespace internal {
@@ -44,6 +56,8 @@ bool CpuHasAvx512Bf16() {
   return false;
 #endif
 }
+
+bool CpuHasAmx() { return AmxPermitted() && !force_generic.load(); }
 
 void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(x[i]);
@@ -126,13 +140,14 @@ void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* pa
 
 namespace {
 
-// One job of a LinearMany call, in the arithmetic it runs: exact (bf16.xb == nullptr) or
-// kBf16.
+// One job of a LinearMany call, in the arithmetic it runs: kBf16 (bf16.xb set), kBf16Amx
+// (amx.xp set) or exact (neither).
 struct Task {
   LinearJob exact;
   Bf16Job bf16;
-  int64_t rows() const { return bf16.xb != nullptr ? bf16.w->rows : exact.w->rows; }
-  int64_t m() const { return bf16.xb != nullptr ? bf16.m : exact.m; }
+  AmxJob amx;
+  int64_t rows() const { return exact.w->rows; }
+  int64_t m() const { return exact.m; }
 };
 
 using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
@@ -145,16 +160,29 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     const int64_t blocks = tasks[j].m() > 0 ? (tasks[j].rows() + kBlockN - 1) / kBlockN : 0;
     starts[j + 1] = starts[j] + blocks;
   }
+  const bool amx = CpuHasAmx();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
+    bool tiles = false;  // this thread's tile configuration loaded (it is per thread)
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].bf16.xb != nullptr) {
+      if (tasks[j].amx.xp != nullptr) {
+        if (!amx) {
+          AmxBlockEmulated(tasks[j].amx, b - starts[j]);
+          continue;
+        }
+        if (!tiles) AmxThreadBegin();
+        tiles = true;
+        AmxBlockHardware(tasks[j].amx, b - starts[j]);
+      } else if (tasks[j].bf16.xb != nullptr) {
         bf16_fn(tasks[j].bf16, b - starts[j]);
       } else {
         exact_fn(tasks[j].exact, b - starts[j], &panel);
       }
     }
+    // Released tiles are not saved at a context switch, and other code on this pool thread
+    // never finds them configured.
+    if (tiles) AmxThreadEnd();
   });
 }
 
@@ -163,7 +191,7 @@ BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlock
 }  // namespace
 
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}}}, LinearBlockGeneric);
+  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}, {}}}, LinearBlockGeneric);
 }
 
 }  // namespace internal
@@ -178,27 +206,41 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     if (w.format == WeightFormat::kInt8Groups) return true;
     return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
   };
+  // kBf16Amx: dense bf16 weights (int8 keeps its own kernel above; FP8 the exact one).
+  auto takes_amx = [math](const LinearJob& job) {
+    const Matrix& w = *job.w;
+    return job.m > 0 && math == CpuMath::kBf16Amx && w.format == WeightFormat::kDense &&
+           w.dtype == DType::kBF16;
+  };
   // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
   // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
+  // kBf16Amx packs them (linear_amx.h) instead: `amx` tells the two apart.
   struct Rounded {
     const float* x;
     int64_t m, k;
+    bool amx;
     std::vector<uint16_t> xb;
+    bool Serves(const LinearJob& job, bool job_amx) const {
+      return x == job.x && m == job.m && k == job.w->cols && amx == job_amx;
+    }
   };
   std::vector<Rounded> rounded;
   for (size_t j = 0; j < jobs.size(); ++j) {
     tasks[j].exact = jobs[j];
-    if (!takes_bf16(jobs[j])) continue;
-    const int64_t k = jobs[j].w->cols;
-    auto same = [&](const Rounded& r) { return r.x == jobs[j].x && r.m == jobs[j].m && r.k == k; };
+    const bool amx = takes_amx(jobs[j]);
+    if (!amx && !takes_bf16(jobs[j])) continue;
+    auto same = [&](const Rounded& r) { return r.Serves(jobs[j], amx); };
     if (std::find_if(rounded.begin(), rounded.end(), same) == rounded.end()) {
-      rounded.push_back({jobs[j].x, jobs[j].m, k, {}});
+      rounded.push_back({jobs[j].x, jobs[j].m, jobs[j].w->cols, amx, {}});
     }
   }
   if (!rounded.empty()) {
     std::vector<int64_t> row_starts(rounded.size() + 1, 0);
     for (size_t r = 0; r < rounded.size(); ++r) {
-      rounded[r].xb.resize(rounded[r].m * rounded[r].k);
+      // The packed layout's padding must read as +0.
+      rounded[r].xb.assign(rounded[r].amx ? internal::AmxPackedSize(rounded[r].m, rounded[r].k)
+                                          : rounded[r].m * rounded[r].k,
+                           0);
       row_starts[r + 1] = row_starts[r] + rounded[r].m;
     }
     // Decode-sized activations are rounded on the caller: waking the pool costs more.
@@ -210,12 +252,21 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
         const size_t r =
             std::upper_bound(row_starts.begin(), row_starts.end(), row) - row_starts.begin() - 1;
         const int64_t i = row - row_starts[r], k = rounded[r].k;
-        internal::RoundToBf16(rounded[r].x + i * k, k, rounded[r].xb.data() + i * k);
+        if (rounded[r].amx) {
+          internal::PackAmxActivations(rounded[r].x, rounded[r].m, k, i, i + 1,
+                                       rounded[r].xb.data());
+        } else {
+          internal::RoundToBf16(rounded[r].x + i * k, k, rounded[r].xb.data() + i * k);
+        }
       }
     });
     for (size_t j = 0; j < jobs.size(); ++j) {
+      const bool amx = takes_amx(jobs[j]);
       for (const Rounded& r : rounded) {
-        if (r.x == jobs[j].x && r.m == jobs[j].m && r.k == jobs[j].w->cols && takes_bf16(jobs[j])) {
+        if (!r.Serves(jobs[j], amx)) continue;
+        if (amx) {
+          tasks[j].amx = {r.xb.data(), jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
+        } else if (takes_bf16(jobs[j])) {
           tasks[j].bf16 = {r.xb.data(), jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
         }
       }
@@ -231,6 +282,7 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
 }
 
 const char* LinearKernelName(CpuMath math) {
+  if (math == CpuMath::kBf16Amx) return internal::CpuHasAmx() ? "amx_bf16" : "generic_amx_bf16";
   if (math == CpuMath::kBf16) {
     return internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
   }

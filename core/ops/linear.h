@@ -1,6 +1,6 @@
 // Linear layers: y[m, N] = x[m, K] W^T (+ bias), for W [N, K] in its stored dtype.
 //
-// Two arithmetic modes (CpuMath), chosen once per model at load:
+// Three arithmetic modes (CpuMath), chosen once per model at load:
 //  * kExact: activations are fp32; bf16/f16 weights are widened exactly to fp32 on the fly
 //    and every product is accumulated in fp32 (16 lanes strided over k, a fixed lane tree,
 //    fixed 512-wide K blocks whose sums are added in order).
@@ -9,6 +9,11 @@
 //    of AVX512_BF16's vdpbf16ps: lane j (of 16) takes k = 32s + 2j + 1, then 32s + 2j, for
 //    s = 0, 1, ... over all of K, each step one fp32 rounding; then the same lane tree. fp32
 //    and f16 weights, which vdpbf16ps cannot take, run the exact arithmetic in this mode too.
+//  * kBf16Amx: for bf16 weights, the activations rounded to bf16 as in kBf16 and multiplied
+//    by Intel AMX's TDPBF16PS (core/ops/linear_amx.h has the layout and the arithmetic, which
+//    sums in a different order than kBf16, so the two give different bits); a portable
+//    emulation gives the same bits where the CPU or the OS lacks AMX (much slower). Other
+//    weight dtypes run the exact arithmetic, as in kBf16.
 // Int8 weights (WeightFormat::kInt8Groups, core/quantize.h) always take the bf16 arithmetic
 // with one more step: per 32-wide group, the lane's pair sum starts from zero and is then
 // added to the lane times the row's group scale, as one FMA (the int8 values are exact in
@@ -32,9 +37,9 @@
 
 namespace glmserve {
 
-enum class CpuMath { kExact, kBf16 };
-const char* CpuMathName(CpuMath math);  // "exact" or "bf16"
-// "exact" or "bf16"; INVALID_ARGUMENT naming the accepted values otherwise.
+enum class CpuMath { kExact, kBf16, kBf16Amx };
+const char* CpuMathName(CpuMath math);  // "exact", "bf16" or "bf16_amx"
+// "exact", "bf16" or "bf16_amx"; INVALID_ARGUMENT naming the accepted values otherwise.
 absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name);
 
 // x: [m, w.cols] row-major; y: [m, w.rows]; bias: [w.rows] or nullptr. Uses the thread
@@ -56,7 +61,8 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 
 // Which kernel Linear dispatches bf16 weights to on this machine in `math`: "avx512" or
 // "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an exact emulation
-// of the former, bit for bit, and much slower).
+// of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16" (kBf16Amx,
+// likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 
 namespace internal {

@@ -149,12 +149,14 @@ void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-// "exact", "bf16" (CpuMath), "int8" (bf16 math on int8 weights) or "fp8_kv" (exact math, FP8
-// KV cache: its per-token scales keep every invariant bit-exact).
+// "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights) or "fp8_kv"
+// (exact math, FP8 KV cache: its per-token scales keep every invariant bit-exact).
 class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    g_math = GetParam() == "exact" ? CpuMath::kExact : CpuMath::kBf16;
+    g_math = GetParam() == "exact"      ? CpuMath::kExact
+             : GetParam() == "bf16_amx" ? CpuMath::kBf16Amx
+                                        : CpuMath::kBf16;
     g_int8 = GetParam() == "int8";
     g_kv_fp8 = GetParam() == "fp8_kv";
   }
@@ -335,7 +337,7 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
-                         ::testing::Values("exact", "bf16", "int8", "fp8_kv"),
+                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {

@@ -1,5 +1,5 @@
-// The CPU backend's bf16 fast mode (CpuMath::kBf16) against the Hugging Face goldens (the
-// exact mode, on every runner, is golden_test.cc's).
+// The CPU backend's bf16 fast modes (CpuMath::kBf16 and kBf16Amx, same bounds) against the Hugging
+// Face goldens (the exact mode, on every runner, is golden_test.cc's).
 //
 // Tolerances: fp32 checkpoints, and bf16 checkpoints against the reference's fp32 compute on
 // the same bf16 weights, must agree to a relative error under 1e-5 (the two differ only in
@@ -52,7 +52,7 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
                                    : expected.weights_dtype == "bfloat16" ? DType::kBF16
                                                                           : DType::kF32)
       << "weights must stay in their stored precision";
-  const bool rounded = math == CpuMath::kBf16 && weights->weight_dtype == DType::kBF16;
+  const bool rounded = math != CpuMath::kExact && weights->weight_dtype == DType::kBF16;
   // GLM-5's block rounds more linear inputs per layer (q_a, q_b, kv_a, the absorbed W_uk and
   // W_uv products, the indexer's projections): measured 3.75e-2 against the fp32-compute
   // reference and 4.0e-2 against the native bf16 forward (greedy identical), so its bounds
@@ -130,20 +130,23 @@ TEST_P(GoldenCpuMathTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenCpuMathTest,
                          ::testing::Combine(::testing::ValuesIn(GoldenCases()),
-                                            ::testing::Values(CpuMath::kBf16)),
+                                            ::testing::Values(CpuMath::kBf16, CpuMath::kBf16Amx)),
                          [](const auto& info) {
                            return absl::StrCat(std::get<0>(info.param), "_",
                                                CpuMathName(std::get<1>(info.param)));
                          });
 
-// The portable kBf16 kernel (an emulation of vdpbf16ps) gives the dispatched kernel's bits on
-// a whole forward, prefill and decode: a machine without AVX512_BF16 computes what one with
-// it does.
-TEST(GoldenCpuMath, PortableBf16KernelGivesTheDispatchedBits) {
-  auto run = [](bool generic) {
+// The portable kBf16 and kBf16Amx kernels (emulations of vdpbf16ps and of TDPBF16PS) give
+// the dispatched kernel's bits on a whole forward, prefill and decode: a machine without
+// AVX512_BF16 (or AMX) computes what one with it does.
+class PortableKernelTest : public ::testing::TestWithParam<CpuMath> {};
+
+TEST_P(PortableKernelTest, GivesTheDispatchedBits) {
+  const CpuMath math = GetParam();
+  auto run = [math](bool generic) {
     absl::StatusOr<ModelWeights> weights = LoadCheckpoint(testing::GoldenDir("bf16"));
     EXPECT_TRUE(weights.ok()) << weights.status();
-    CpuModel model(*std::move(weights), CpuMath::kBf16);
+    CpuModel model(*std::move(weights), math);
     const Expected expected = ReadExpected(testing::GoldenDir("bf16"));
     const int64_t n = static_cast<int64_t>(expected.prompt.size());
     KvCache cache(model.CacheShape(8, 4));
@@ -165,12 +168,16 @@ TEST(GoldenCpuMath, PortableBf16KernelGivesTheDispatchedBits) {
     prefill.logits.insert(prefill.logits.end(), decode.logits.begin(), decode.logits.end());
     return prefill.logits;
   };
-  std::printf("dispatched kBf16 kernel: %s\n", LinearKernelName(CpuMath::kBf16));
+  std::printf("dispatched %s kernel: %s\n", CpuMathName(math), LinearKernelName(math));
   const std::vector<float> dispatched = run(false);
   const std::vector<float> generic = run(true);
   ASSERT_FALSE(dispatched.empty());
   EXPECT_EQ(dispatched, generic);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, PortableKernelTest,
+                         ::testing::Values(CpuMath::kBf16, CpuMath::kBf16Amx),
+                         [](const auto& info) { return std::string(CpuMathName(info.param)); });
 
 }  // namespace
 }  // namespace glmserve

@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "core/model_runner.h"
+#include "core/ops/linear.h"
 #include "tests/core/cuda/cuda_test_util.h"
 
 namespace glmserve::testing {
@@ -17,6 +18,7 @@ struct RunnerCase {
   DeviceKind device;
   DType dtype;  // the weights' precision (the CUDA runner computes in bf16 either way)
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
+  CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/ops/linear.h)
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
   bool exact() const { return device == DeviceKind::kCpu; }
@@ -35,7 +37,10 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path.
     {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3},
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
-    {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"}};
+    {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
+    // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
+    {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
+    {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

@@ -58,7 +58,7 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
     EXPECT_TRUE(w.ok()) << w.status();
     if (!w.ok()) return nullptr;
     absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-        CreateModelRunner(*std::move(w), GetParam().device);
+        CreateModelRunner(*std::move(w), GetParam().device, GetParam().cpu_math);
     EXPECT_TRUE(runner.ok()) << runner.status();
     return runner.ok() ? *std::move(runner) : nullptr;
   }

@@ -63,9 +63,9 @@ TEST_P(GlmRunGoldenTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, GlmRunGoldenTest,
                          ::testing::Values("qknorm_bias_fp32", "glm5_fp32"));
-// Both CPU math modes on the bf16 golden: each says which it ran and reproduces the
+// Every CPU math mode on the bf16 golden: each says which it ran and reproduces the
 // reference's greedy tokens (the mode's logits tolerances are in tests/core/golden_test.cc).
-TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
+TEST(GlmRunTest, EveryCpuMathModeReproducesTheBf16GoldenGreedy) {
   const std::string dir = testing::GoldenDir("bf16");
   std::ifstream in(dir + "/expected.json");
   std::stringstream text;
@@ -73,7 +73,7 @@ TEST(GlmRunTest, BothCpuMathModesReproduceTheBf16GoldenGreedy) {
   const nlohmann::json expected = nlohmann::json::parse(text.str());
   const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
   const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
-  for (const std::string mode : {"exact", "bf16"}) {
+  for (const std::string mode : {"exact", "bf16", "bf16_amx"}) {
     const RunResult r = RunGlmRun(absl::StrCat("--model=", dir, " --cpu_math=", mode,
                                                " --prompt=", absl::StrJoin(prompt, ","),
                                                " --max_new_tokens=", greedy.size()));
