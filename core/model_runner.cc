@@ -27,16 +27,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
         ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
         "span at a 'full' layer (indexer_types in config.json)"));
   }
-  const bool quantized = weights.linear_format != WeightFormat::kDense;
-  if (quantized && device == DeviceKind::kCuda) {
+  // FP8 checkpoints run on both backends (docs/fp8.md); int8 weights quantized at load only
+  // on the CPU.
+  const bool int8 = weights.linear_format == WeightFormat::kInt8Groups;
+  if (int8 && device == DeviceKind::kCuda) {
     return absl::FailedPreconditionError(
-        weights.linear_format == WeightFormat::kFp8Scaled
-            ? "FP8 weights are not yet served by the CUDA backend (docs/fp8.md): use --device=cpu"
-            : "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
+        "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 and FP8 weights
-  // stay on the CPU).
-  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !quantized;
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights stay on
+  // the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8;
   if (device == DeviceKind::kCuda ||
       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
     return CreateCudaRunner(std::move(weights));
