@@ -58,6 +58,12 @@ struct RandomWeightOptions {
   uint64_t seed = 0;
   DType dtype = DType::kBF16;  // dtype of the large matrices
   double stddev = 0.02;
+  // FP8 presets for the CUDA backend: the e4m3 codes are not generated (nor allocated) on the
+  // host; each FP8 matrix keeps its shape and scales with null data and is listed in
+  // ModelWeights::device_generated_fp8, and the CUDA uploader generates its codes on the
+  // device, bit for bit the host's (so a 110 GB preset needs no host copy). Only the CUDA
+  // runner accepts such weights.
+  bool fp8_codes_on_device = false;
 };
 // What RandomWeights fills an FP8 matrix named `name` with, for generators elsewhere (the
 // device, core/cuda/kernels.h's LaunchRandomFp8): element i is FloatToE4m3(v * value_scale)

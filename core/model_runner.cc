@@ -14,9 +14,9 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
       absl::StrCat("device '", name, "' is not one of auto, cpu, cuda"));
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device,
-                                                               CpuMath cpu_math) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
+    ModelWeights weights, DeviceKind device, CpuMath cpu_math,
+    const LoadProgressCallback& upload_progress) {
   // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
   // span must start at a full layer (refused here, at start-up, rather than at every step).
   const ModelConfig& c = weights.config;
@@ -37,10 +37,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
   // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights stay on
   // the CPU).
   const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8;
-  if (device == DeviceKind::kCuda ||
-      (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
-    return CreateCudaRunner(std::move(weights));
+  const bool to_cuda = device == DeviceKind::kCuda ||
+                       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable());
+  if (!weights.device_generated_fp8.empty() && !to_cuda) {
+    // Their codes exist only once the CUDA uploader generates them.
+    return absl::FailedPreconditionError(
+        "the FP8 preset's codes are generated on the CUDA device (RandomWeightOptions::"
+        "fp8_codes_on_device): run it with --device=cuda");
   }
+  if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress);
   return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
 }
 

@@ -1,11 +1,14 @@
 #include "core/cuda/device_weights.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
 #include "core/ops/rope.h"
@@ -44,9 +47,22 @@ struct Piece {
   Target target = Target::kBf16;
 };
 
+// An FP8 preset matrix's codes generated on the device (LaunchRandomFp8) at `offset`.
+struct GeneratedCodes {
+  int64_t offset = 0;
+  int64_t count = 0;
+  uint64_t key = 0;
+  float value_scale = 0;
+};
+
 // Plans the device image: byte offsets of every tensor, in upload order.
 class ImagePlan {
  public:
+  explicit ImagePlan(const ModelWeights& w) {
+    for (const ModelWeights::DeviceGeneratedFp8& g : w.device_generated_fp8) {
+      generated_[g.matrix] = &g;
+    }
+  }
   // Starts a new tensor at an aligned offset; pieces added until the next Begin() follow it
   // contiguously (fused matrices).
   int64_t Begin() {
@@ -73,7 +89,11 @@ class ImagePlan {
     Fp8Offsets out;
     const Matrix& first = *ms.front();
     for (const Matrix* m : ms) {
-      if (!IsFp8(*m) || m->dtype != DType::kF8E4M3 || m->empty() || m->scales == nullptr ||
+      if (m->empty() && generated_.count(m) == 0) {
+        Fail(absl::StrCat(what, ": an FP8 matrix without codes"));
+        return out;
+      }
+      if (!IsFp8(*m) || m->dtype != DType::kF8E4M3 || m->scales == nullptr ||
           m->rows != rows || m->cols != cols || m->scale_block_rows <= 0 ||
           m->scale_block_cols <= 0 || m->scale_block_rows != first.scale_block_rows ||
           m->scale_block_cols != first.scale_block_cols) {
@@ -88,7 +108,16 @@ class ImagePlan {
       }
     }
     out.codes = Begin();
-    for (const Matrix* m : ms) Add(m->data, DType::kF8E4M3, rows * cols, Target::kU8, per_step);
+    for (const Matrix* m : ms) {
+      if (auto g = generated_.find(m); g != generated_.end()) {
+        // No piece to copy: the device fills these bytes after the copies.
+        generated_codes_.push_back({size_, rows * cols, g->second->key, g->second->value_scale});
+        size_ += rows * cols;
+        if (per_step) step_bytes_ += rows * cols;
+        continue;
+      }
+      Add(m->data, DType::kF8E4M3, rows * cols, Target::kU8, per_step);
+    }
     out.scales = Begin();
     for (const Matrix* m : ms) {
       Add(m->scales, DType::kF32, m->scale_rows() * m->scale_cols(), Target::kF32, per_step);
@@ -121,9 +150,12 @@ class ImagePlan {
   int64_t size() const { return size_; }
   int64_t step_bytes() const { return step_bytes_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
+  const std::vector<GeneratedCodes>& generated_codes() const { return generated_codes_; }
 
  private:
   std::vector<Piece> pieces_;
+  std::unordered_map<const Matrix*, const ModelWeights::DeviceGeneratedFp8*> generated_;
+  std::vector<GeneratedCodes> generated_codes_;
   int64_t size_ = 0;
   int64_t step_bytes_ = 0;
   bool bad_shapes_ = false;
@@ -160,7 +192,20 @@ void ConvertChunk(const Piece& p, int64_t first, int64_t n, void* out) {
 
 // Streams the pieces through two pinned buffers: the host fills one while the other's copy
 // is in flight.
-absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stream) {
+absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stream,
+                     const LoadProgressCallback& progress) {
+  LoadProgress prog;
+  prog.tensors_total = static_cast<int64_t>(plan.pieces().size());
+  for (const Piece& piece : plan.pieces()) prog.bytes_total += piece.count * TargetSize(piece.target);
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int64_t kReportEvery = int64_t{256} << 20;
+  int64_t next_report = kReportEvery;
+  const auto report = [&] {
+    if (!progress) return;
+    prog.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress(prog);
+  };
+  report();
   absl::StatusOr<PinnedBuffer> staging[2] = {PinnedBuffer::Create(kStagingBytes),
                                              PinnedBuffer::Create(kStagingBytes)};
   absl::StatusOr<Event> done[2] = {CreateEvent(false), CreateEvent(false)};
@@ -180,9 +225,21 @@ absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stre
           n * TargetSize(p.target), cudaMemcpyHostToDevice, stream));
       GLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(done[which]->get(), stream));
       which ^= 1;
+      prog.bytes_done += n * TargetSize(p.target);
+      if (prog.bytes_done >= next_report && prog.bytes_done < prog.bytes_total) {
+        report();
+        next_report = (prog.bytes_done / kReportEvery + 1) * kReportEvery;
+      }
     }
+    ++prog.tensors_done;
+  }
+  // FP8 preset codes: generated in place, after (and ordered behind) the copies.
+  for (const GeneratedCodes& g : plan.generated_codes()) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchRandomFp8(reinterpret_cast<uint8_t*>(device_base + g.offset),
+                                             g.count, g.key, g.value_scale, stream));
   }
   GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  report();  // every byte on the device
   return absl::OkStatus();
 }
 
@@ -265,8 +322,11 @@ void PlanMla(const ModelConfig& c, const MlaWeights& m, ImagePlan& plan, LayerOf
   plan.AddMatrix(x.weights_proj, c.index_n_heads, hidden, Target::kF32);
 }
 
+// Absent: neither values nor (for an FP8 preset's device-generated codes) scales.
+bool Absent(const Matrix& m) { return m.empty() && m.scales == nullptr; }
+
 absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
-  if (f.gate.empty() || f.up.empty() || f.down.empty() || f.gate.cols != hidden ||
+  if (Absent(f.gate) || Absent(f.up) || Absent(f.down) || f.gate.cols != hidden ||
       f.up.rows != f.gate.rows || f.up.cols != hidden || f.down.rows != hidden ||
       f.down.cols != f.gate.rows) {
     return absl::InvalidArgumentError(absl::StrCat("inconsistent ", what, " weights"));
@@ -276,10 +336,11 @@ absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream) {
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
+                                            const LoadProgressCallback& progress) {
   const ModelConfig& c = w.config;
   const int64_t hidden = c.hidden_size;
-  ImagePlan plan;
+  ImagePlan plan(w);
   int64_t embed = -1, final_norm = -1, lm_head = -1, inv_freq = -1;
   int64_t routed_bytes = 0;
 
@@ -379,7 +440,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
       for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
       routed_bytes = 3 * width * hidden * 2;
     }
-    if (m.has_shared()) {
+    if (!Absent(m.shared.gate)) {
       RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
       RETURN_IF_ERROR(PlanFfn(m.shared, plan,
                               absl::StrCat("layer ", l.layer_index, " shared expert"),
@@ -410,11 +471,21 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     return absl::InvalidArgumentError("weights do not match the config's shapes");
   }
   if (!plan.error().empty()) return absl::UnimplementedError(plan.error());
+  // Refused with the numbers before anything is allocated (an FP8 GLM-4.5 on one GPU:
+  // docs/fp8.md plans it over several).
+  size_t free_bytes = 0, total_bytes = 0;
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (plan.size() > static_cast<int64_t>(free_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the weights need %.2f GB of device memory, but only %.2f GB of the device's %.2f GB "
+        "are free (docs/fp8.md: a model this size needs several GPUs)",
+        plan.size() / 1e9, free_bytes / 1e9, total_bytes / 1e9));
+  }
   DeviceWeights out;
   ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(plan.size())));
   out.memory = std::move(memory);
   char* base = static_cast<char*>(out.memory.get());
-  RETURN_IF_ERROR(Execute(plan, base, stream));
+  RETURN_IF_ERROR(Execute(plan, base, stream, progress));
 
   const auto bf16 = [base](int64_t off) -> const uint16_t* {
     return off < 0 ? nullptr : reinterpret_cast<const uint16_t*>(base + off);
@@ -464,7 +535,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
       d.experts_gate8 = fp8(o.experts_gate8);
       d.experts_up8 = fp8(o.experts_up8);
       d.experts_down8 = fp8(o.experts_down8);
-      if (l.moe.has_shared()) {
+      if (!Absent(l.moe.shared.gate)) {  // has_shared(), device-generated codes included
         d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows,
                     fp8(o.shared_gate8),      fp8(o.shared_up8),    fp8(o.shared_down8)};
       }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/cuda/device_memory.h"
+#include "core/checkpoint.h"
 #include "core/cuda/kernels.h"
 #include "core/weights.h"
 
@@ -92,7 +93,11 @@ struct DeviceWeights {
   int64_t routed_expert_bytes = 0;
 };
 
-// Uploads `w` through pinned staging buffers on `stream` and waits for the copies.
-absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream);
+// Uploads `w` through two pinned staging buffers on `stream` (the host converts or copies the
+// next chunk, from the checkpoint's file mapping or memory, while the previous chunk's async
+// copy runs) and waits for the copies. `progress` (may be null) gets the bytes copied so far:
+// at the start, about every 256 MiB and at the end; `seconds` counts from the start.
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
+                                            const LoadProgressCallback& progress = nullptr);
 
 }  // namespace glmserve::cuda

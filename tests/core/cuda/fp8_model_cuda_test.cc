@@ -6,10 +6,13 @@
 // (the fp8_* fixtures).
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/checkpoint.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/model.h"
 #include "core/model.h"
 #include "tests/core/cuda/cuda_test_util.h"
@@ -28,6 +31,21 @@ ModelWeights Random(const std::string& preset, DType dtype) {
   absl::StatusOr<ModelWeights> w = RandomWeights(*config, options);
   EXPECT_TRUE(w.ok()) << w.status();
   return *std::move(w);
+}
+
+std::vector<float> PromptLogits(CudaModel& m) {
+  const std::vector<int32_t> ids = {3, 17, 100, 42, 7};
+  std::unique_ptr<KvCache> cache = *m.CreateCache(4, 4);
+  BlockTable table;
+  EXPECT_TRUE(cache->Reserve(&table, 5).ok());
+  ForwardBatch batch;
+  batch.sequences = {{5, 0, &table}};
+  batch.token_ids = ids;
+  ForwardOptions options;
+  options.logits = LogitsRows::kAll;
+  ForwardResult result;
+  EXPECT_TRUE(m.Forward(batch, cache.get(), options, &result).ok());
+  return result.logits;
 }
 
 TEST(Fp8ModelCudaTest, WeightsStayFp8OnTheDevice) {
@@ -116,6 +134,120 @@ TEST(Fp8ModelCudaTest, MixedGroupsAndAnFp8HeadAreRefused) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->device_weights().layers[0].o8.codes, nullptr);
   EXPECT_NE((*m)->device_weights().layers[0].o, nullptr);
+}
+
+// The FP8 presets on the device: the codes generated there (no host copy) give the very image
+// the host-generated preset uploads, byte for byte, hence the same logits bit for bit.
+TEST(Fp8ModelCudaTest, DeviceGeneratedPresetEqualsTheHostPreset) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  RandomWeightOptions on_device;
+  on_device.fp8_codes_on_device = true;
+  absl::StatusOr<ModelWeights> host = LoadModel("tiny-fp8:layers=2");
+  absl::StatusOr<ModelWeights> device = LoadModel("tiny-fp8:layers=2", {}, on_device);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_TRUE(host->device_generated_fp8.empty());
+  // Every FP8 matrix deferred, none with host codes; the host arena shrank accordingly.
+  ASSERT_FALSE(device->device_generated_fp8.empty());
+  for (const auto& g : device->device_generated_fp8) {
+    EXPECT_EQ(g.matrix->data, nullptr);
+    EXPECT_EQ(g.matrix->format, WeightFormat::kFp8Scaled);
+  }
+  EXPECT_EQ(device->layers[1].attn.q_proj.data, nullptr);
+  {
+    // Only the CUDA runner can hold such weights.
+    absl::StatusOr<ModelWeights> again = LoadModel("tiny-fp8:layers=2", {}, on_device);
+    ASSERT_TRUE(again.ok());
+    absl::StatusOr<std::unique_ptr<ModelRunner>> cpu =
+        CreateModelRunner(*std::move(again), DeviceKind::kCpu);
+    ASSERT_FALSE(cpu.ok());
+    EXPECT_EQ(cpu.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  absl::StatusOr<std::unique_ptr<CudaModel>> a = CudaModel::Create(*std::move(host));
+  absl::StatusOr<std::unique_ptr<CudaModel>> b = CudaModel::Create(*std::move(device));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const DeviceWeights& wa = (*a)->device_weights();
+  const DeviceWeights& wb = (*b)->device_weights();
+  ASSERT_EQ(wa.bytes, wb.bytes);
+  EXPECT_EQ(wa.dense_step_bytes, wb.dense_step_bytes);
+  std::vector<char> image_a(wa.bytes), image_b(wb.bytes);
+  ASSERT_TRUE(CopyToHost(image_a.data(), wa.memory.get(), wa.bytes).ok());
+  ASSERT_TRUE(CopyToHost(image_b.data(), wb.memory.get(), wb.bytes).ok());
+  // Alignment gaps are never written (NaN-filled under emulation): compare the tensors.
+  const auto same = [&](const void* pa, const void* pb, int64_t n) {
+    const int64_t oa = static_cast<const char*>(pa) - static_cast<const char*>(wa.memory.get());
+    const int64_t ob = static_cast<const char*>(pb) - static_cast<const char*>(wb.memory.get());
+    return oa == ob && std::memcmp(image_a.data() + oa, image_b.data() + ob, n) == 0;
+  };
+  for (size_t i = 0; i < wa.layers.size(); ++i) {
+    const DeviceLayer &la = wa.layers[i], &lb = wb.layers[i];
+    EXPECT_TRUE(same(la.q8.codes, lb.q8.codes, la.q8.rows * la.q8.cols)) << "layer " << i;
+    EXPECT_TRUE(same(la.o8.codes, lb.o8.codes, la.o8.rows * la.o8.cols)) << "layer " << i;
+    EXPECT_TRUE(same(la.q8.scales, lb.q8.scales, la.q8.rows * 4)) << "layer " << i;
+    if (la.is_moe) {
+      const int64_t n = la.experts_down8.rows * la.experts_down8.cols * (*a)->config().n_routed_experts;
+      EXPECT_TRUE(same(la.experts_down8.codes, lb.experts_down8.codes, n)) << "layer " << i;
+    } else {
+      EXPECT_TRUE(same(la.dense.up8.codes, lb.dense.up8.codes, la.dense.up8.rows * la.dense.up8.cols));
+    }
+  }
+  // And so the same logits, bit for bit.
+  EXPECT_EQ(PromptLogits(**a), PromptLogits(**b));
+}
+
+// A model whose weights exceed the device's free memory is refused before any allocation,
+// with the numbers (GLM-4.5-FP8 on one GPU; here 37 of its layers against the emulated
+// device's or the real GPU's memory; the codes are never generated on the host).
+TEST(Fp8ModelCudaTest, WeightsBeyondTheDeviceAreRefusedWithTheNumbers) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  RandomWeightOptions on_device;
+  on_device.fp8_codes_on_device = true;
+  absl::StatusOr<ModelWeights> w = LoadModel("glm-4.5-fp8", LayerSpan{3, 40}, on_device);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+  EXPECT_NE(m.status().message().find("GB of device memory, but only"), std::string::npos) << m.status();
+}
+
+// A checkpoint on disk (mmap'd safetensors shards) streamed to the device through the pinned
+// double buffer, with its progress reports, gives the same device weights as the plain path
+// (the same weights uploaded from memory): FP8 and bf16.
+TEST(Fp8ModelCudaTest, StreamedCheckpointEqualsThePlainPathWithProgress) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const std::string preset : {"tiny-fp8:layers=2", "tiny:layers=2"}) {
+    absl::StatusOr<ModelWeights> plain = LoadModel(preset);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const std::string dir = glmserve::testing::MakeTempDir("fp8_stream_");
+    ASSERT_TRUE(SaveCheckpoint(*plain, dir).ok());
+    absl::StatusOr<ModelWeights> mapped = LoadCheckpoint(dir);
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    std::vector<LoadProgress> reports;
+    CudaModelOptions options;
+    options.upload_progress = [&](const LoadProgress& p) { reports.push_back(p); };
+    absl::StatusOr<std::unique_ptr<CudaModel>> streamed =
+        CudaModel::Create(*std::move(mapped), options);
+    absl::StatusOr<std::unique_ptr<CudaModel>> direct = CudaModel::Create(*std::move(plain));
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ((*streamed)->weight_bytes(), (*direct)->weight_bytes()) << preset;
+    EXPECT_EQ(PromptLogits(**streamed), PromptLogits(**direct)) << preset;
+    // Progress: from 0, never backwards, to every byte.
+    ASSERT_GE(reports.size(), 2u);
+    EXPECT_EQ(reports.front().bytes_done, 0);
+    EXPECT_GT(reports.back().bytes_total, 0);
+    EXPECT_EQ(reports.back().bytes_done, reports.back().bytes_total);
+    EXPECT_EQ(reports.back().tensors_done, reports.back().tensors_total);
+    for (size_t i = 1; i < reports.size(); ++i) {
+      EXPECT_GE(reports[i].bytes_done, reports[i - 1].bytes_done);
+      EXPECT_GE(reports[i].seconds, reports[i - 1].seconds);
+    }
+    // The line the server prints: "<done> of <total> MB (100.0%), <rate> MB/s" at the end.
+    const std::string line = DescribeLoadProgress(reports.back());
+    EXPECT_NE(line.find("(100.0%)"), std::string::npos) << line;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace
