@@ -406,9 +406,8 @@ int main(int argc, char** argv) {
                 glmserve::WeightQuantName(*quant), stored_bytes / 1e9,
                 weights->ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
   }
-  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
-      glmserve::CreateModelRunner(*std::move(weights), *device, *cpu_math,
-                                  on_cuda ? upload_progress : nullptr);
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner = glmserve::CreateModelRunner(
+      *std::move(weights), *device, *cpu_math, on_cuda ? upload_progress : nullptr);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {

@@ -24,9 +24,7 @@ constexpr size_t kStagingBytes = size_t{32} << 20;
 // kU8: bytes copied as they are (FP8 codes).
 enum class Target { kBf16, kF32, kU8 };
 
-int64_t TargetSize(Target t) {
-  return t == Target::kBf16 ? 2 : t == Target::kF32 ? 4 : 1;
-}
+int64_t TargetSize(Target t) { return t == Target::kBf16 ? 2 : t == Target::kF32 ? 4 : 1; }
 
 bool IsFp8(const Matrix& m) { return m.format == WeightFormat::kFp8Scaled; }
 
@@ -77,15 +75,16 @@ class ImagePlan {
   void AddMatrix(const Matrix& m, Target target, bool per_step = true) {
     // Widening needs the dense values: an FP8 or int8 matrix here would be read as raw codes.
     if (m.format != WeightFormat::kDense) {
-      Fail("an FP8 or int8 matrix where the CUDA backend reads bf16 (the embedding, lm_head, "
-           "a router, or GLM-5's attention): not supported on the device");
+      Fail(
+          "an FP8 or int8 matrix where the CUDA backend reads bf16 (the embedding, lm_head, "
+          "a router, or GLM-5's attention): not supported on the device");
     }
     Add(m.data, m.dtype, m.rows * m.cols, target, per_step);
   }
   // FP8 matrices of one shape, [rows, cols] each (one, or a layer's routed experts: stacked),
   // with the same scale blocks: codes as they are at one offset, fp32 scales at another.
-  Fp8Offsets AddFp8(const std::vector<const Matrix*>& ms, int64_t rows, int64_t cols,
-                    bool per_step, const std::string& what) {
+  Fp8Offsets AddFp8(const std::vector<const Matrix*>& ms, int64_t rows, int64_t cols, bool per_step,
+                    const std::string& what) {
     Fp8Offsets out;
     const Matrix& first = *ms.front();
     for (const Matrix* m : ms) {
@@ -93,9 +92,9 @@ class ImagePlan {
         Fail(absl::StrCat(what, ": an FP8 matrix without codes"));
         return out;
       }
-      if (!IsFp8(*m) || m->dtype != DType::kF8E4M3 || m->scales == nullptr ||
-          m->rows != rows || m->cols != cols || m->scale_block_rows <= 0 ||
-          m->scale_block_cols <= 0 || m->scale_block_rows != first.scale_block_rows ||
+      if (!IsFp8(*m) || m->dtype != DType::kF8E4M3 || m->scales == nullptr || m->rows != rows ||
+          m->cols != cols || m->scale_block_rows <= 0 || m->scale_block_cols <= 0 ||
+          m->scale_block_rows != first.scale_block_rows ||
           m->scale_block_cols != first.scale_block_cols) {
         Fail(absl::StrCat(what, ": FP8 matrix shape or scale blocks do not match [", rows, ", ",
                           cols, "]"));
@@ -196,7 +195,8 @@ absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stre
                      const LoadProgressCallback& progress) {
   LoadProgress prog;
   prog.tensors_total = static_cast<int64_t>(plan.pieces().size());
-  for (const Piece& piece : plan.pieces()) prog.bytes_total += piece.count * TargetSize(piece.target);
+  for (const Piece& piece : plan.pieces())
+    prog.bytes_total += piece.count * TargetSize(piece.target);
   const auto start = std::chrono::steady_clock::now();
   constexpr int64_t kReportEvery = int64_t{256} << 20;
   int64_t next_report = kReportEvery;
@@ -262,10 +262,10 @@ absl::StatusOr<bool> GroupIsFp8(const std::vector<const Matrix*>& ms, const std:
   size_t fp8 = 0;
   for (const Matrix* m : ms) fp8 += IsFp8(*m) ? 1 : 0;
   if (fp8 != 0 && fp8 != ms.size()) {
-    return absl::UnimplementedError(absl::StrCat(
-        what, ": ", fp8, " of ", ms.size(),
-        " matrices are FP8 and the rest unquantized; the CUDA backend runs a group of "
-        "projections all FP8 or all unquantized"));
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": ", fp8, " of ", ms.size(),
+                     " matrices are FP8 and the rest unquantized; the CUDA backend runs a group of "
+                     "projections all FP8 or all unquantized"));
   }
   return fp8 != 0;
 }
@@ -442,10 +442,9 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     }
     if (!Absent(m.shared.gate)) {
       RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
-      RETURN_IF_ERROR(PlanFfn(m.shared, plan,
-                              absl::StrCat("layer ", l.layer_index, " shared expert"),
-                              o.shared_gate_up, o.shared_down, o.shared_gate8, o.shared_up8,
-                              o.shared_down8));
+      RETURN_IF_ERROR(
+          PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"),
+                  o.shared_gate_up, o.shared_down, o.shared_gate8, o.shared_up8, o.shared_down8));
     }
   }
   if (w.has_head()) {
@@ -526,7 +525,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     d.is_moe = l.is_moe;
     if (!l.is_moe) {
       d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows,
-                 fp8(o.dense_gate8), fp8(o.dense_up8),          fp8(o.dense_down8)};
+                 fp8(o.dense_gate8),    fp8(o.dense_up8),   fp8(o.dense_down8)};
     } else {
       d.router = f32(o.router);
       d.router_bias = f32(o.router_bias);
@@ -537,7 +536,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
       d.experts_down8 = fp8(o.experts_down8);
       if (!Absent(l.moe.shared.gate)) {  // has_shared(), device-generated codes included
         d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows,
-                    fp8(o.shared_gate8),      fp8(o.shared_up8),    fp8(o.shared_down8)};
+                    fp8(o.shared_gate8),    fp8(o.shared_up8),   fp8(o.shared_down8)};
       }
     }
     out.layers.push_back(d);

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/cuda/device_memory.h"
 #include "core/checkpoint.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/weights.h"
 
@@ -74,7 +74,7 @@ struct DeviceLayer {
   // FP8 routed experts instead (codes set): expert 0's gate, up [I, hidden] and down
   // [hidden, I]; expert e's follow at e times the codes' and the scales' sizes.
   Fp8DeviceMatrix experts_gate8, experts_up8, experts_down8;
-  DeviceFfn shared;                           // width 0 without a shared expert
+  DeviceFfn shared;  // width 0 without a shared expert
 };
 
 struct DeviceWeights {

@@ -7,6 +7,9 @@
 //  * tiled GEMM (larger m, prefill): 32x32 output tiles, K in steps of 32 through shared
 //    memory, the weight tile widened once into shared memory and reused by 32 rows.
 // Both CUDA-core kernels of our own (no tensor cores yet: docs/fp8.md says what is missing).
+// The activations are fp32 (the kernel tests) or bf16 (the CUDA runner's GEMM inputs), and the
+// outputs may be a column slice of wider rows (y_ld). A third kernel runs the routed experts
+// from device-side row offsets (graph-capturable decode).
 // The value of a weight is the CPU's (e4m3 x scale, one fp32 rounding); only the summation
 // order differs from core/ops/linear.cc, so results agree to fp32 rounding (1e-5 relative).
 #include "core/cuda/device_util.cuh"

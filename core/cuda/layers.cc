@@ -1,8 +1,8 @@
 // CudaModel's per-step work: the embedding, each decoder layer (attention and FFN / MoE
 // blocks) and the logits head, enqueued on the model's stream. FP8 projections (docs/fp8.md)
 // take fp8_linear.cu's kernels on the same bf16 inputs and fp32 outputs as the cuBLAS GEMMs
-// of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits for the
-// device except the large-batch MoE path, which reads the per-expert row counts back to
+// of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits
+// for the device except the large-batch MoE path, which reads the per-expert row counts back to
 // size its cuBLAS GEMMs (steps captured as CUDA graphs never take it).
 #include <cmath>
 
@@ -112,13 +112,13 @@ absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
   if (ffn.fp8()) {
     cudaStream_t stream = stream_.get();
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width,
-                                                 stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width, stream));
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchFp8LinearBf16(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream));
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.act, rows, ffn.down8, a_.delta, hidden,
-                                                 stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.act, rows, ffn.down8, a_.delta, hidden, stream));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
@@ -152,8 +152,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_up8, n_experts, offsets, a_.xp,
                                                  a_.gate_up + width, 2 * width, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_down8, n_experts, offsets, a_.act,
-                                                 a_.yp, hidden, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8ExpertGemv(l.experts_down8, n_experts, offsets, a_.act, a_.yp, hidden, stream));
   } else if (device_path) {
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemv(l.experts_gate_up, 2 * width, hidden, n_experts,
                                               offsets, a_.xp, a_.gate_up, stream));

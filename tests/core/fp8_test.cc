@@ -495,7 +495,8 @@ TEST(Fp8KernelTest, MatchesTheDequantizedMatrixAndIsBatchInvariant) {
       for (int64_t c = 0; c < cols; ++c) deq[r * cols + c] = f.At(r, c);
     const Matrix dense{DType::kF32, rows, cols, deq.data()};
     // 9 rows: weights widened in registers (the AVX-512 kernel's direct path); 130: through
-    // the widened panel (above kDirectMaxRowsFp8). Either must give the dense bits, and every row alone the same.
+    // the widened panel (above kDirectMaxRowsFp8). Either must give the dense bits, and every row
+    // alone the same.
     for (const int64_t m : {int64_t{9}, int64_t{130}}) {
       const std::vector<float> x = testing::RandomVector(m * cols, 3, 1.0f);
       for (CpuMath math : {CpuMath::kExact, CpuMath::kBf16}) {

@@ -106,9 +106,7 @@ std::vector<RunnerCase> OnePerDevice() {
 
 class GoldenTest : public ::testing::TestWithParam<std::tuple<RunnerCase, std::string>> {
  protected:
-  void SetUp() override {
-    GLM_REQUIRE_RUNNER(std::get<0>(GetParam()));
-  }
+  void SetUp() override { GLM_REQUIRE_RUNNER(std::get<0>(GetParam())); }
 };
 
 TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {

@@ -143,8 +143,10 @@ TEST(Fp8CudaTest, Bf16InputsIntoAStridedOutput) {
   struct Shape {
     int64_t n, k, br, bc, m;
   };
-  for (const Shape& s : std::vector<Shape>{
-           {37, 300, 128, 128, 1}, {48, 160, 128, 128, 8}, {65, 129, 1, 129, 9}, {20, 33, 1, 33, 40}}) {
+  for (const Shape& s : std::vector<Shape>{{37, 300, 128, 128, 1},
+                                           {48, 160, 128, 128, 8},
+                                           {65, 129, 1, 129, 9},
+                                           {20, 33, 1, 33, 40}}) {
     Fp8Pair w(s.n, s.k, s.br, s.bc, static_cast<uint32_t>(s.n * 7 + s.k));
     std::vector<float> x = RandomVector(s.m * s.k, 11, 1.0f);
     std::vector<uint16_t> x16(x.size());

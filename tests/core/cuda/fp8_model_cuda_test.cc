@@ -61,8 +61,7 @@ TEST(Fp8ModelCudaTest, WeightsStayFp8OnTheDevice) {
   }();
   absl::StatusOr<std::unique_ptr<CudaModel>> fp8 = CudaModel::Create(std::move(w));
   ASSERT_TRUE(fp8.ok()) << fp8.status();
-  absl::StatusOr<std::unique_ptr<CudaModel>> bf16 =
-      CudaModel::Create(Random("tiny", DType::kBF16));
+  absl::StatusOr<std::unique_ptr<CudaModel>> bf16 = CudaModel::Create(Random("tiny", DType::kBF16));
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   const DeviceWeights& d = (*fp8)->device_weights();
   for (const DeviceLayer& l : d.layers) {
@@ -186,10 +185,12 @@ TEST(Fp8ModelCudaTest, DeviceGeneratedPresetEqualsTheHostPreset) {
     EXPECT_TRUE(same(la.o8.codes, lb.o8.codes, la.o8.rows * la.o8.cols)) << "layer " << i;
     EXPECT_TRUE(same(la.q8.scales, lb.q8.scales, la.q8.rows * 4)) << "layer " << i;
     if (la.is_moe) {
-      const int64_t n = la.experts_down8.rows * la.experts_down8.cols * (*a)->config().n_routed_experts;
+      const int64_t n =
+          la.experts_down8.rows * la.experts_down8.cols * (*a)->config().n_routed_experts;
       EXPECT_TRUE(same(la.experts_down8.codes, lb.experts_down8.codes, n)) << "layer " << i;
     } else {
-      EXPECT_TRUE(same(la.dense.up8.codes, lb.dense.up8.codes, la.dense.up8.rows * la.dense.up8.cols));
+      EXPECT_TRUE(
+          same(la.dense.up8.codes, lb.dense.up8.codes, la.dense.up8.rows * la.dense.up8.cols));
     }
   }
   // And so the same logits, bit for bit.
@@ -208,7 +209,8 @@ TEST(Fp8ModelCudaTest, WeightsBeyondTheDeviceAreRefusedWithTheNumbers) {
   absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w));
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
-  EXPECT_NE(m.status().message().find("GB of device memory, but only"), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find("GB of device memory, but only"), std::string::npos)
+      << m.status();
 }
 
 // A checkpoint on disk (mmap'd safetensors shards) streamed to the device through the pinned

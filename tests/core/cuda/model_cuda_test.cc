@@ -285,7 +285,7 @@ TEST_P(CudaModelTest, BackendsRefuseEachOthersCaches) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest,
                          ::testing::Values(DType::kBF16, DType::kF32, DType::kF8E4M3),
                          [](const auto& info) {
-                           return info.param == DType::kBF16   ? "bf16"
+                           return info.param == DType::kBF16  ? "bf16"
                                   : info.param == DType::kF32 ? "f32"
                                                               : "fp8";
                          });
