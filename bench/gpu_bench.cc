@@ -8,7 +8,16 @@
 //   prefill: tokens/s and the fraction of the GEMM rate achieved by the step's GEMM FLOPs.
 // Prints one table at the end. Built only with the CUDA backend.
 //
+// FP8 presets (glm-4.5-air-fp8, glm-4.5-fp8, tiny-fp8; docs/fp8.md) generate their codes on
+// the device (no host copy) and also measure our FP8 tiled kernel's rate. Bytes per decode step
+// (the copy-bandwidth fraction): every non-routed matrix of the span (FP8: 1 byte per weight
+// + 4 per fp32 scale; bf16: 2) incl. the bf16 lm_head, norms and fp32 routers, + the routed
+// experts the step used x one expert's bytes (FP8: 3 I hidden + scales), + the KV cache of
+// every sequence (kv_bytes_per_token x context). The prefill fraction is of the bf16 cuBLAS
+// GEMM rate: the FP8 kernels run on CUDA cores (no tensor-core FP8 yet).
+//
 //   gpu_bench --model=glm-4.5-air:layers=2 --batches=1,8,64 --context=512
+//   gpu_bench --model=glm-4.5-air-fp8 --batches=1,8,64 --prefill_tokens=2048
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,7 +38,8 @@
 #include "core/cuda/model.h"
 #include "core/cuda/runner.h"
 
-ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2", "preset with seeded random bf16 weights");
+ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2",
+          "preset with seeded random weights (bf16; FP8 for the -fp8 presets)");
 ABSL_FLAG(std::string, batches, "1,8,64", "decode batch sizes");
 ABSL_FLAG(int, context, 512, "prompt tokens per sequence before the timed decode steps");
 ABSL_FLAG(int, decode_steps, 32, "timed decode steps per batch size");
@@ -135,6 +145,32 @@ double GemmRate(int64_t size) {
   return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
 }
 
+// Our FP8 tiled kernel (fp8_linear.cu, the prefill path of FP8 weights) at m = n = k = size,
+// per-channel scales, bf16 activations: FLOP/s.
+double Fp8GemmRate(int64_t size) {
+  cuda::DeviceBuffer codes = Check(cuda::DeviceBuffer::Create(size * size), "alloc");
+  cuda::DeviceBuffer scales = Check(cuda::DeviceBuffer::Create(size * 4), "alloc");
+  cuda::DeviceBuffer x = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
+  cuda::DeviceBuffer y = Check(cuda::DeviceBuffer::Create(size * size * 4), "alloc");
+  BENCH_CHECK(cuda::FillDevice(codes.get(), 0x30, size * size));  // e4m3 0x30 = 0.5
+  BENCH_CHECK(cuda::FillDevice(scales.get(), 0x3c, size * 4));    // fp32 ~0.0115
+  BENCH_CHECK(cuda::FillDevice(x.get(), 0x3c, size * size * 2));
+  const cuda::Fp8DeviceMatrix w{codes.as<uint8_t>(), scales.as<float>(), size, size, 1, size};
+  const auto run = [&] {
+    CudaOk(cuda::LaunchFp8LinearBf16(x.as<uint16_t>(), size, w, y.as<float>(), size, nullptr),
+           "LaunchFp8LinearBf16");
+  };
+  run();
+  cuda::Event start = Check(cuda::CreateEvent(true), "event");
+  cuda::Event stop = Check(cuda::CreateEvent(true), "event");
+  const int reps = 3;
+  CudaOk(cudaEventRecord(start.get()), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) run();
+  CudaOk(cudaEventRecord(stop.get()), "cudaEventRecord");
+  BENCH_CHECK(cuda::SynchronizeDevice());
+  return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
+}
+
 // Attention FLOPs of an n-token prefill from position 0: QK and PV over the causal keys
 // (GLM-4.5); for GLM-5 the latent scores and sums (2 (2R + dr) per head and attended key,
 // at most index_topk keys) plus the indexer's scoring (2 Hi Di per causal key, full layers).
@@ -222,10 +258,19 @@ int Main() {
   std::printf("gpu_bench: copy %.0f GB/s, GEMM %.0f TFLOP/s\n", bandwidth / 1e9, gemm_rate / 1e12);
 
   const std::string spec = absl::GetFlag(FLAGS_model);
+  const bool fp8 = PresetIsFp8(spec);
+  if (fp8) {
+    const double fp8_rate = Fp8GemmRate(gemm_size);
+    rows.push_back({absl::StrFormat("FP8 tiled kernel %d^3", gemm_size),
+                    absl::StrFormat("%.1f TFLOP/s", fp8_rate / 1e12),
+                    "LaunchFp8LinearBf16, CUDA cores (no tensor-core FP8)",
+                    absl::StrFormat("%.1f%% of bf16 GEMM", 100.0 * fp8_rate / gemm_rate)});
+  }
   ModelConfig config = Check(PresetConfig(spec), "preset");
   auto t0 = Clock::now();
   RandomWeightOptions random;
-  random.dtype = DType::kBF16;
+  random.dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  random.fp8_codes_on_device = fp8;  // generated on the device: no host copy of the codes
   ModelWeights weights = Check(RandomWeights(config, random), "random weights");
   const double gen_s = Since(t0);
   t0 = Clock::now();

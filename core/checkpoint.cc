@@ -520,8 +520,11 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
   // One arena for every matrix, each at a 64-byte aligned offset; FP8 scales after them.
   std::vector<int64_t> offsets(slots.size(), -1), scale_offsets(slots.size(), -1);
   int64_t total = 0;
+  const auto on_device = [&](const WeightSlot& slot) {
+    return options.fp8_codes_on_device && slot_dtype(slot) == DType::kF8E4M3;
+  };
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].matrix == nullptr) continue;
+    if (slots[i].matrix == nullptr || on_device(slots[i])) continue;
     offsets[i] = total;
     total +=
         (slots[i].shape[0] * slots[i].shape[1] * DTypeSize(slot_dtype(slots[i])) + 63) / 64 * 64;
@@ -557,7 +560,7 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
     }
     const int64_t rows = slot.shape[0], cols = slot.shape[1];
     const DType dtype = slot_dtype(slot);
-    *slot.matrix = Matrix{dtype, rows, cols, base + offsets[i]};
+    *slot.matrix = Matrix{dtype, rows, cols, on_device(slot) ? nullptr : base + offsets[i]};
     float job_scale = scale;
     if (dtype == DType::kF8E4M3) {
       float* scales = reinterpret_cast<float*>(base + scale_offsets[i]);
@@ -570,6 +573,10 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
       w.linear_format = WeightFormat::kFp8Scaled;
     }
     const uint64_t key = Mix64(options.seed ^ Mix64(HashName(slot.name)));
+    if (on_device(slot)) {
+      w.device_generated_fp8.push_back({slot.matrix, key, job_scale});
+      continue;
+    }
     for (int64_t first = 0; first < rows * cols; first += kChunk) {
       jobs.push_back(
           {key, base + offsets[i], dtype, first, std::min(kChunk, rows * cols - first), job_scale});

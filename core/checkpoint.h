@@ -58,6 +58,12 @@ struct RandomWeightOptions {
   uint64_t seed = 0;
   DType dtype = DType::kBF16;  // dtype of the large matrices
   double stddev = 0.02;
+  // FP8 presets for the CUDA backend: the e4m3 codes are not generated (nor allocated) on the
+  // host; each FP8 matrix keeps its shape and scales with null data and is listed in
+  // ModelWeights::device_generated_fp8, and the CUDA uploader generates its codes on the
+  // device, bit for bit the host's (so a 110 GB preset needs no host copy). Only the CUDA
+  // runner accepts such weights.
+  bool fp8_codes_on_device = false;
 };
 // FP8 presets (docs/fp8.md): whether the matrix `name` stays bf16 (embedding, head, routers,
 // and GLM-5's indexer weights_proj), and how many fp32 scales an FP8 matrix [rows, cols] has

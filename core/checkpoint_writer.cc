@@ -212,6 +212,11 @@ absl::Status SaveCheckpoint(const ModelWeights& weights, const std::string& dir,
     return absl::FailedPreconditionError(
         "weights quantized at load cannot be saved as a checkpoint; save before quantizing");
   }
+  if (!weights.device_generated_fp8.empty()) {
+    return absl::FailedPreconditionError(
+        "an FP8 preset generated for the device has no host codes to save; load it without "
+        "--device=cuda to save it");
+  }
   RETURN_IF_ERROR(ValidateConfig(weights.config));
   // Slots point into the weights they list; a shallow copy (views and small vectors) keeps
   // `weights` const.

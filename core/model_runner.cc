@@ -21,9 +21,9 @@ absl::Status ModelRunner::SetKvCacheDType(KvCacheDType dtype) {
       device_name(), " backend keeps its KV cache in its own format (docs/kv_cache.md)"));
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device,
-                                                               CpuMath cpu_math) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
+    ModelWeights weights, DeviceKind device, CpuMath cpu_math,
+    const LoadProgressCallback& upload_progress) {
   // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
   // span must start at a full layer (refused here, at start-up, rather than at every step).
   const ModelConfig& c = weights.config;
@@ -36,26 +36,31 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weig
   }
   // FP8 GLM-5 runs on the CPU only, whatever the CUDA runner serves for GLM-4.5: the device's
   // latent attention reads kv_b_proj as bf16/fp32 (docs/glm5.md). The one place that says so.
-  if (c.is_mla() && weights.linear_format == WeightFormat::kFp8Scaled &&
-      device == DeviceKind::kCuda) {
+  const bool fp8_mla = c.is_mla() && weights.linear_format == WeightFormat::kFp8Scaled;
+  if (fp8_mla && device == DeviceKind::kCuda) {
     return absl::FailedPreconditionError(
         "FP8 GLM-5 (glm_moe_dsa) weights are served by the CPU backend only: use --device=cpu "
         "(docs/glm5.md)");
   }
-  const bool quantized = weights.linear_format != WeightFormat::kDense;
-  if (quantized && device == DeviceKind::kCuda) {
+  // FP8 checkpoints run on both backends (docs/fp8.md); int8 weights quantized at load only
+  // on the CPU.
+  const bool int8 = weights.linear_format == WeightFormat::kInt8Groups;
+  if (int8 && device == DeviceKind::kCuda) {
     return absl::FailedPreconditionError(
-        weights.linear_format == WeightFormat::kFp8Scaled
-            ? "FP8 weights are not yet served by the CUDA backend (docs/fp8.md): use --device=cpu"
-            : "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
+        "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 and FP8 weights
-  // stay on the CPU).
-  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !quantized;
-  if (device == DeviceKind::kCuda ||
-      (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable())) {
-    return CreateCudaRunner(std::move(weights));
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights and FP8
+  // GLM-5 stay on the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8 && !fp8_mla;
+  const bool to_cuda = device == DeviceKind::kCuda ||
+                       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable());
+  if (!weights.device_generated_fp8.empty() && !to_cuda) {
+    // Their codes exist only once the CUDA uploader generates them.
+    return absl::FailedPreconditionError(
+        "the FP8 preset's codes are generated on the CUDA device (RandomWeightOptions::"
+        "fp8_codes_on_device): run it with --device=cuda");
   }
+  if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress);
   return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checkpoint.h"
 #include "core/forward_types.h"
 #include "core/kv_cache.h"
 #include "core/ops/linear.h"
@@ -61,8 +62,10 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 // with FAILED_PRECONDITION when the build has no CUDA backend or no GPU is present.
 // cpu_math: the CPU backend's linear arithmetic (core/ops/linear.h); the CUDA backend has its
 // own and ignores it.
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(ModelWeights weights,
-                                                               DeviceKind device,
-                                                               CpuMath cpu_math = CpuMath::kExact);
+// upload_progress: called as the CUDA backend streams the weights to the device (the bytes
+// copied so far; core/checkpoint.h's DescribeLoadProgress words it); ignored on the CPU.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
+    ModelWeights weights, DeviceKind device, CpuMath cpu_math = CpuMath::kExact,
+    const LoadProgressCallback& upload_progress = nullptr);
 
 }  // namespace glmserve

@@ -163,6 +163,17 @@ struct ModelWeights {
   // used (Transformers 5.x): lm_head is then not a view of the embedding.
   bool head_stored_despite_tie = false;
 
+  // FP8 preset matrices whose codes the device generates (RandomWeightOptions::
+  // fp8_codes_on_device): `matrix` (a layer's, so its address survives moves of this struct)
+  // has null data; element i of its codes is core/checkpoint.h's RandomFp8Stream (key,
+  // value_scale). Empty for every other source of weights.
+  struct DeviceGeneratedFp8 {
+    const Matrix* matrix = nullptr;
+    uint64_t key = 0;
+    float value_scale = 0;
+  };
+  std::vector<DeviceGeneratedFp8> device_generated_fp8;
+
   // Owners of the memory the matrices point into (file mappings, random-weight buffers).
   std::vector<std::shared_ptr<const void>> storage;
 

@@ -367,6 +367,11 @@ int main(int argc, char** argv) {
   const absl::Time t_load = absl::Now();
   glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
+  // --device=cuda: an FP8 preset's codes are generated on the device (no host copy), and a
+  // checkpoint's mapped shards are read once, by the streaming upload (its progress line),
+  // rather than paged in first.
+  const bool on_cuda = *device == glmserve::DeviceKind::kCuda;
+  random.fp8_codes_on_device = on_cuda;
   glmserve::LoadOptions load;
   load.verify = *glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
   // A progress line at the start, every 2 s and at the end of reading the checkpoint.
@@ -378,10 +383,12 @@ int main(int argc, char** argv) {
       return;
     }
     last_progress = now;
-    std::printf("glm-server: loading %s: %s\n", absl::GetFlag(FLAGS_model).c_str(),
-                glmserve::DescribeLoadProgress(p).c_str());
+    std::printf("glm-server: %s %s: %s\n", on_cuda ? "uploading" : "loading",
+                absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeLoadProgress(p).c_str());
     std::fflush(stdout);
   };
+  const glmserve::LoadProgressCallback upload_progress = load.progress;
+  if (on_cuda) load.progress = nullptr;
   glmserve::TextAssets text;
   if (const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model)); !dir.empty()) {
     if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && !IsDirectory(dir)) {
@@ -408,8 +415,8 @@ int main(int argc, char** argv) {
                 glmserve::WeightQuantName(*quant), stored_bytes / 1e9,
                 weights->ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
   }
-  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner =
-      glmserve::CreateModelRunner(*std::move(weights), *device, *cpu_math);
+  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner = glmserve::CreateModelRunner(
+      *std::move(weights), *device, *cpu_math, on_cuda ? upload_progress : nullptr);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {

@@ -15,8 +15,8 @@
 # (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
-# and .xml, gpu_bench.log, gpu_bench_glm5.log, server.log, client_bench_c<N>.log, sampler_bench.log,
-# host_bench.log. Exit status: 0 when every step passed.
+# and .xml, gpu_bench.log, gpu_bench_glm5.log, gpu_bench_fp8.log, server.log,
+# client_bench_c<N>.log, sampler_bench.log, host_bench.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -111,6 +111,10 @@ if [ "$gpu" = 1 ]; then
   # index_topk (2048), so decode runs the indexer's selection.
   run_step gpu_bench_glm5 "$out/gpu_bench_glm5.log" "$here/bin/gpu_bench" \
     --model=glm-5:layers=2 --batches=1,8 --context=3000 --decode_steps=8 --prefill_tokens=1024
+  # The whole GLM-4.5-Air in FP8 (issue 14; docs/fp8.md): all 46 layers, codes generated on
+  # the device, CUDA-core FP8 kernels (never timed on hardware).
+  run_step gpu_bench_fp8 "$out/gpu_bench_fp8.log" "$here/bin/gpu_bench" \
+    --model=glm-4.5-air-fp8 --batches=1,8,64 --context=256 --decode_steps=16 --prefill_tokens=2048
 
   # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures).
   port=$((20000 + ($$ % 20000)))

@@ -3,6 +3,14 @@
 // in fp32, as the reference). Projections that read the same input are fused at upload:
 // q|k|v into one [q_dim + 2 kv_dim, hidden] matrix, gate|up into one [2 width, hidden], and
 // the routed experts of a layer into contiguous [E, 2I, hidden] and [E, hidden, I] arrays.
+//
+// FP8 matrices (WeightFormat::kFp8Scaled, docs/fp8.md) stay FP8: their e4m3 codes (one byte
+// per weight) and fp32 block scales are copied as they are, each matrix on its own (a 128x128
+// block never straddles q and k, or gate and up, when a width is not a multiple of 128); the
+// routed experts' codes of a layer are stacked [E, rows, cols] and their scales
+// [E, scale_rows, scale_cols]. Projections run FP8 or bf16 by group: q/k/v, o, each FFN's
+// gate/up/down, a layer's routed experts; a group mixing FP8 and unquantized matrices is
+// refused (no released checkpoint does that), as is an FP8 lm_head.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +19,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/checkpoint.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/kernels.h"
 #include "core/weights.h"
 
 namespace glmserve::cuda {
@@ -20,7 +30,10 @@ struct DeviceFfn {
   const uint16_t* gate_up = nullptr;  // [2 width, hidden]: gate rows, then up rows
   const uint16_t* down = nullptr;     // [hidden, width]
   int64_t width = 0;
-  bool present() const { return gate_up != nullptr; }
+  // FP8 instead of gate_up / down (codes set): gate, up [width, hidden], down [hidden, width].
+  Fp8DeviceMatrix gate8, up8, down8;
+  bool fp8() const { return gate8.codes != nullptr; }
+  bool present() const { return gate_up != nullptr || fp8(); }
 };
 
 // GLM-5's attention (docs/glm5.md); the indexer pointers are null on "shared" layers.
@@ -49,13 +62,19 @@ struct DeviceLayer {
   const uint16_t* o = nullptr;        // [hidden, q_dim]
   const float* q_norm = nullptr;      // [head_dim] or null
   const float* k_norm = nullptr;      // [head_dim] or null
+  // FP8 attention instead of qkv / o (codes set): q [q_dim, hidden], k and v [kv_dim, hidden],
+  // o [hidden, q_dim].
+  Fp8DeviceMatrix q8, k8, v8, o8;
   bool is_moe = false;
   DeviceFfn dense;                            // !is_moe
   const float* router = nullptr;              // [E, hidden] fp32
   const float* router_bias = nullptr;         // [E] fp32
   const uint16_t* experts_gate_up = nullptr;  // [E, 2 I, hidden]
   const uint16_t* experts_down = nullptr;     // [E, hidden, I]
-  DeviceFfn shared;                           // width 0 without a shared expert
+  // FP8 routed experts instead (codes set): expert 0's gate, up [I, hidden] and down
+  // [hidden, I]; expert e's follow at e times the codes' and the scales' sizes.
+  Fp8DeviceMatrix experts_gate8, experts_up8, experts_down8;
+  DeviceFfn shared;  // width 0 without a shared expert
 };
 
 struct DeviceWeights {
@@ -68,12 +87,17 @@ struct DeviceWeights {
 
   int64_t bytes = 0;
   // What one decode step reads besides embedding rows and routed experts: every other matrix
-  // and vector of the span. And the bytes of one routed expert (gate, up, down).
+  // and vector of the span. And the bytes of one routed expert (gate, up, down; FP8: codes
+  // and fp32 scales).
   int64_t dense_step_bytes = 0;
   int64_t routed_expert_bytes = 0;
 };
 
-// Uploads `w` through pinned staging buffers on `stream` and waits for the copies.
-absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream);
+// Uploads `w` through two pinned staging buffers on `stream` (the host converts or copies the
+// next chunk, from the checkpoint's file mapping or memory, while the previous chunk's async
+// copy runs) and waits for the copies. `progress` (may be null) gets the bytes copied so far:
+// at the start, about every 256 MiB and at the end; `seconds` counts from the start.
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
+                                            const LoadProgressCallback& progress = nullptr);
 
 }  // namespace glmserve::cuda

@@ -41,6 +41,19 @@ inline constexpr int64_t kFp8GemvMaxRows = 8;
 // y [m, w.rows] = x [m, w.cols] W^T, fp32 in and out.
 cudaError_t LaunchFp8Linear(const float* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
                             cudaStream_t stream);
+// The CUDA runner's form: bf16 activations x [m, w.cols] (its GEMM inputs), fp32 results at
+// y[i * y_ld + n] (y_ld >= w.rows: q, k and v write their columns of the fused qkv rows,
+// gate and up theirs of gate_up).
+cudaError_t LaunchFp8LinearBf16(const uint16_t* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
+                                int64_t y_ld, cudaStream_t stream);
+// Routed experts driven by device-side offsets (moe.cu's LaunchMoeSort): for every expert e and
+// row i in [offsets[e], offsets[e + 1]): out[i * out_ld + n] = in[i, :] . W_e[n, :], n <
+// expert0.rows; in: [pairs, expert0.cols] bf16. W_e's codes and scales follow expert0's at e
+// times their sizes (the device weights stack a layer's experts so). No host synchronisation:
+// capturable in a CUDA graph.
+cudaError_t LaunchFp8ExpertGemv(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                const int32_t* offsets, const uint16_t* in, float* out,
+                                int64_t out_ld, cudaStream_t stream);
 // Routed experts: rows [row_offsets[e], row_offsets[e + 1]) of x (sorted by expert) through
 // experts[e] into the same rows of y. row_offsets (num_experts + 1) and experts are host
 // arrays; every expert has the same shape.

@@ -1,6 +1,8 @@
 // CudaModel's per-step work: the embedding, each decoder layer (attention and FFN / MoE
-// blocks) and the logits head, enqueued on the model's stream. Nothing here waits for the
-// device except the large-batch MoE path, which reads the per-expert row counts back to
+// blocks) and the logits head, enqueued on the model's stream. FP8 projections (docs/fp8.md)
+// take fp8_linear.cu's kernels on the same bf16 inputs and fp32 outputs as the cuBLAS GEMMs
+// of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits
+// for the device except the large-batch MoE path, which reads the per-expert row counts back to
 // size its cuBLAS GEMMs (steps captured as CUDA graphs never take it).
 #include <cmath>
 
@@ -15,6 +17,15 @@ namespace {
 
 GemmOperand Bf16(const uint16_t* data, int64_t ld) { return {data, CUDA_R_16BF, ld}; }
 GemmOperand F32(const float* data, int64_t ld) { return {data, CUDA_R_32F, ld}; }
+
+// Routed expert e of a layer's stacked FP8 experts (expert 0's matrix, device_weights.h).
+Fp8DeviceMatrix Expert(Fp8DeviceMatrix m, int64_t e) {
+  const int64_t scale_rows = (m.rows + m.block_rows - 1) / m.block_rows;
+  const int64_t scale_cols = (m.cols + m.block_cols - 1) / m.block_cols;
+  m.codes += e * m.rows * m.cols;
+  m.scales += e * scale_rows * scale_cols;
+  return m;
+}
 
 }  // namespace
 
@@ -55,8 +66,16 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   const DeviceLayer& l = weights_.layers[layer];
   const int64_t t = plan_.tokens;
   const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
-                       Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
+  if (l.q8.codes != nullptr) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.q8, a_.qkv, qkv_width, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(),
+                                                 qkv_width, stream_.get()));
+  } else {
+    RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
+                         Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
+  }
   uint16_t* cache_layer =
       static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
   QkvShape qkv_shape;
@@ -79,6 +98,11 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
       LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
                            meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
                            attn_scratch_, a_.attn, stream_.get()));
+  if (l.o8.codes != nullptr) {
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.attn, t, l.o8, a_.delta, c.hidden_size, stream_.get()));
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
                        Bf16(a_.attn, c.q_dim()), t, a_.delta, CUDA_R_32F, c.hidden_size));
   return absl::OkStatus();
@@ -86,6 +110,17 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
 
 absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
+  if (ffn.fp8()) {
+    cudaStream_t stream = stream_.get();
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8LinearBf16(a_.act, rows, ffn.down8, a_.delta, hidden, stream));
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
                        Bf16(a_.x, hidden), rows, a_.gate_up, CUDA_R_32F, 2 * width));
   GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream_.get()));
@@ -110,7 +145,16 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   GLM_CUDA_RETURN_IF_ERROR(
       LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
-  if (device_path) {
+  const bool fp8 = l.experts_gate8.codes != nullptr;
+  if (device_path && fp8) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_gate8, n_experts, offsets, a_.xp,
+                                                 a_.gate_up, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_up8, n_experts, offsets, a_.xp,
+                                                 a_.gate_up + width, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8ExpertGemv(l.experts_down8, n_experts, offsets, a_.act, a_.yp, hidden, stream));
+  } else if (device_path) {
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemv(l.experts_gate_up, 2 * width, hidden, n_experts,
                                               offsets, a_.xp, a_.gate_up, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
@@ -126,7 +170,18 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       return absl::InternalError(absl::StrCat("MoE grouping placed ", host[n_experts], " of ",
                                               pairs, " (token, expert) pairs"));
     }
-    for (int64_t e = 0; e < n_experts; ++e) {
+    for (int64_t e = 0; fp8 && e < n_experts; ++e) {
+      // One expert's FP8 rows through the GEMV (<= 8 rows) or the tiled kernel.
+      const int64_t first = host[e], rows = host[e + 1] - host[e];
+      if (rows == 0) continue;
+      const uint16_t* xe = a_.xp + first * hidden;
+      float* ge = a_.gate_up + first * 2 * width;
+      GLM_CUDA_RETURN_IF_ERROR(
+          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width, stream));
+      GLM_CUDA_RETURN_IF_ERROR(
+          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width, stream));
+    }
+    for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
       RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_gate_up + e * 2 * width * hidden, hidden),
@@ -134,7 +189,14 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
                            a_.gate_up + first * 2 * width, CUDA_R_32F, 2 * width));
     }
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
-    for (int64_t e = 0; e < n_experts; ++e) {
+    for (int64_t e = 0; fp8 && e < n_experts; ++e) {
+      const int64_t first = host[e], rows = host[e + 1] - host[e];
+      if (rows == 0) continue;
+      GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.act + first * width, rows,
+                                                   Expert(l.experts_down8, e),
+                                                   a_.yp + first * hidden, hidden, stream));
+    }
+    for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
       RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_down + e * hidden * width, width), hidden,

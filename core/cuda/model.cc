@@ -135,7 +135,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   GLM_CUBLAS_RETURN_IF_ERROR(
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
 
-  ASSIGN_OR_RETURN(DeviceWeights uploaded, UploadWeights(weights, stream_.get()));
+  ASSIGN_OR_RETURN(DeviceWeights uploaded,
+                   UploadWeights(weights, stream_.get(), options_.upload_progress));
   weights_ = std::move(uploaded);
   weights = ModelWeights{};  // release the host copies (file mappings, random buffers)
 

@@ -50,6 +50,8 @@ struct CudaModelOptions {
   // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
   // row counts back to the host and run one cuBLAS GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
+  // Called while the weights stream to the device (UploadWeights), or null.
+  LoadProgressCallback upload_progress;
 };
 
 class CudaModel final : public ModelRunner {

@@ -70,7 +70,8 @@ absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
   return GpuMemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
+    ModelWeights weights, const LoadProgressCallback& upload_progress) {
   // Refused before the device probe, so the answer is the same with or without a GPU.
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);
@@ -78,8 +79,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weigh
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
   }
+  cuda::CudaModelOptions options;
+  options.upload_progress = upload_progress;
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
-                   cuda::CudaModel::Create(std::move(weights)));
+                   cuda::CudaModel::Create(std::move(weights), options));
   return std::unique_ptr<ModelRunner>(std::move(model));
 }
 

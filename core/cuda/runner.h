@@ -31,7 +31,9 @@ inline std::string CudaUnsupportedReason(const ModelConfig& config) {
 }
 
 // A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable, UNIMPLEMENTED
-// for a model the backend has no kernels for (CudaUnsupportedReason).
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights);
+// for a model the backend has no kernels for (CudaUnsupportedReason). `upload_progress`
+// follows the weights' copy to the device (CudaModelOptions::upload_progress).
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
+    ModelWeights weights, const LoadProgressCallback& upload_progress = nullptr);
 
 }  // namespace glmserve

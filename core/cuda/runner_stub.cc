@@ -12,7 +12,8 @@ absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
   return absl::FailedPreconditionError("built without the CUDA backend");
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(ModelWeights weights) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
+    ModelWeights weights, const LoadProgressCallback& /*upload_progress*/) {
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);
   }

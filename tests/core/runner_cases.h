@@ -24,7 +24,6 @@ struct RunnerCase {
   bool exact() const { return device == DeviceKind::kCpu; }
 };
 
-// FP8 weights run on the CPU only so far (the CUDA backend refuses them: Fp8Test.CudaRefusesFp8).
 inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_f32", DeviceKind::kCpu, DType::kF32},
     {"cpu_bf16", DeviceKind::kCpu, DType::kBF16},
@@ -34,8 +33,10 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_bf16_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5"},
     {"cuda_bf16_glm5", DeviceKind::kCuda, DType::kBF16, "tiny-glm5"},
     {"cuda_f32_glm5", DeviceKind::kCuda, DType::kF32, "tiny-glm5"},
-    // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path.
+    // FP8 weights (e4m3, per-channel scales; docs/fp8.md): the CPU's exact FP8 path and the
+    // CUDA runner's FP8 kernels (bf16 activations, as its bf16 GEMMs).
     {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3},
+    {"cuda_fp8", DeviceKind::kCuda, DType::kF8E4M3},
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.

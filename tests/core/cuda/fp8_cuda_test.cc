@@ -136,5 +136,109 @@ TEST(Fp8CudaTest, ManyExpertsMatchTheCpu) {
   EXPECT_LT(RelativeError(got, want), 1e-5);
 }
 
+// The runner's form: bf16 activations, results written with a row stride (a column slice of
+// a fused output). Reference: the CPU FP8 path on the same bf16-rounded activations.
+TEST(Fp8CudaTest, Bf16InputsIntoAStridedOutput) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  struct Shape {
+    int64_t n, k, br, bc, m;
+  };
+  for (const Shape& s : std::vector<Shape>{{37, 300, 128, 128, 1},
+                                           {48, 160, 128, 128, 8},
+                                           {65, 129, 1, 129, 9},
+                                           {20, 33, 1, 33, 40}}) {
+    Fp8Pair w(s.n, s.k, s.br, s.bc, static_cast<uint32_t>(s.n * 7 + s.k));
+    std::vector<float> x = RandomVector(s.m * s.k, 11, 1.0f);
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x16[i] = FloatToBf16(x[i]);
+      x[i] = Bf16ToFloat(x16[i]);
+    }
+    std::vector<float> want(s.m * s.n);
+    Linear(x.data(), s.m, w.host, nullptr, want.data());
+    // Columns [3, 3 + n) of rows of width n + 5: the rest must stay untouched.
+    const int64_t ld = s.n + 5;
+    std::vector<float> init(s.m * ld);
+    for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i);
+    DeviceBuffer dx = Upload(x16);
+    DeviceBuffer dy = Upload(init);
+    ASSERT_EQ(LaunchFp8LinearBf16(static_cast<const uint16_t*>(dx.get()), s.m, w.device,
+                                  static_cast<float*>(dy.get()) + 3, ld, nullptr),
+              cudaSuccess);
+    const std::vector<float> all = Download<float>(dy, init.size());
+    std::vector<float> got;
+    for (int64_t r = 0; r < s.m; ++r) {
+      for (int64_t c = 0; c < ld; ++c) {
+        if (c >= 3 && c < 3 + s.n) {
+          got.push_back(all[r * ld + c]);
+        } else {
+          ASSERT_EQ(all[r * ld + c], init[r * ld + c]) << "wrote outside its columns";
+        }
+      }
+    }
+    EXPECT_LT(RelativeError(got, want), 1e-5) << s.n << "x" << s.k << " m=" << s.m;
+  }
+}
+
+// The graph-capturable expert kernel: device-side offsets, the experts stacked as the device
+// weights hold them, bf16 inputs, a strided output; uneven rows (0 to 19: several passes of 8).
+TEST(Fp8CudaTest, ExpertGemvWithDeviceOffsetsMatchesTheCpu) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  constexpr int64_t kExperts = 40, kWidth = 48, kHidden = 160, kLd = 2 * kWidth;
+  for (const int64_t bc : {int64_t{128}, kHidden}) {
+    const int64_t br = bc == kHidden ? 1 : 128;  // 128x128 blocks, or per output channel
+    std::vector<std::unique_ptr<Fp8Pair>> experts;
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      experts.push_back(std::make_unique<Fp8Pair>(kWidth, kHidden, br, bc, 2000 + e));
+      codes.insert(codes.end(), experts.back()->codes.begin(), experts.back()->codes.end());
+      scales.insert(scales.end(), experts.back()->scales.begin(), experts.back()->scales.end());
+    }
+    std::vector<int32_t> offsets = {0};
+    for (int64_t e = 0; e < kExperts; ++e) {
+      offsets.push_back(offsets.back() + static_cast<int32_t>(e % 4 ? (e * 7) % 20 : 0));
+    }
+    const int64_t rows = offsets.back();
+    std::vector<float> x = RandomVector(rows * kHidden, 5, 1.0f);
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x16[i] = FloatToBf16(x[i]);
+      x[i] = Bf16ToFloat(x16[i]);
+    }
+    std::vector<float> want(rows * kWidth);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const int64_t r = offsets[e + 1] - offsets[e];
+      if (r > 0) {
+        Linear(x.data() + offsets[e] * kHidden, r, experts[e]->host, nullptr,
+               want.data() + offsets[e] * kWidth);
+      }
+    }
+    DeviceBuffer d_codes = Upload(codes), d_scales = Upload(scales), d_off = Upload(offsets);
+    DeviceBuffer dx = Upload(x16);
+    DeviceBuffer dy = Upload(std::vector<float>(rows * kLd, std::nanf("")));
+    const Fp8DeviceMatrix expert0{static_cast<const uint8_t*>(d_codes.get()),
+                                  static_cast<const float*>(d_scales.get()),
+                                  kWidth,
+                                  kHidden,
+                                  br,
+                                  bc};
+    ASSERT_EQ(LaunchFp8ExpertGemv(expert0, kExperts, static_cast<const int32_t*>(d_off.get()),
+                                  static_cast<const uint16_t*>(dx.get()),
+                                  static_cast<float*>(dy.get()) + kWidth, kLd, nullptr),
+              cudaSuccess);
+    const std::vector<float> all = Download<float>(dy, rows * kLd);
+    std::vector<float> got;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < kWidth; ++c) {
+        ASSERT_TRUE(std::isnan(all[r * kLd + c])) << "wrote outside its columns";
+        got.push_back(all[r * kLd + kWidth + c]);
+      }
+    }
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
+    EXPECT_LT(RelativeError(got, want), 1e-5) << "block cols " << bc;
+  }
+}
+
 }  // namespace
 }  // namespace glmserve::cuda

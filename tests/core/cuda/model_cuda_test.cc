@@ -280,9 +280,14 @@ TEST_P(CudaModelTest, BackendsRefuseEachOthersCaches) {
   EXPECT_TRUE(gpu->Forward(batch, cache.get(), options, &result).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest, ::testing::Values(DType::kBF16, DType::kF32),
+// kF8E4M3: the same model with FP8 weights (e4m3 + per-channel scales, docs/fp8.md) on both
+// backends: the device's FP8 kernels against the CPU's exact FP8 path.
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest,
+                         ::testing::Values(DType::kBF16, DType::kF32, DType::kF8E4M3),
                          [](const auto& info) {
-                           return info.param == DType::kBF16 ? "bf16" : "f32";
+                           return info.param == DType::kBF16  ? "bf16"
+                                  : info.param == DType::kF32 ? "f32"
+                                                              : "fp8";
                          });
 
 TEST(CudaModelMini, RealVocabularyAndWidthsMatchCpu) {
