@@ -17,6 +17,7 @@
 
 #include "core/ops/linear.h"
 #include "core/parallel.h"
+#include "tests/core/ops/bf16_reference.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -184,28 +185,7 @@ TEST(LinearAmx, EmulationSumsEvenAndOddProductsInTwoChains) {
   EXPECT_EQ(OneElement(0x1p-140f, {0x1p-63f}, {0x1p-63f}), 0x1p-126f);
 }
 
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
-  return out;
-}
-
-// float64 y = round_bf16(x) W^T + b: the product kBf16Amx computes, up to fp32 summation.
-std::vector<float> Reference(const std::vector<float>& x, int64_t m, const std::vector<uint16_t>& w,
-                             int64_t n, int64_t k, const float* bias) {
-  std::vector<float> y(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = bias ? bias[j] : 0.0;
-      for (int64_t c = 0; c < k; ++c) {
-        acc +=
-            static_cast<double>(Bf16ToFloat(FloatToBf16(x[i * k + c]))) * Bf16ToFloat(w[j * k + c]);
-      }
-      y[i * n + j] = static_cast<float>(acc);
-    }
-  }
-  return y;
-}
+using testing::ToBf16;
 
 TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
   // K tails (odd, below 32, just over), N off the 16-row tile and the 32-row task, m off the
@@ -223,7 +203,7 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
     const std::vector<float> bias = RandomVector(s.n, seed++);
     for (bool with_bias : {false, true}) {
       const float* b = with_bias ? bias.data() : nullptr;
-      const std::vector<float> ref = Reference(x, s.m, wb, s.n, s.k, b);
+      const std::vector<float> ref = testing::Bf16ActivationReference(x, s.m, wb, s.n, s.k, b);
       std::vector<float> y(s.m * s.n, NAN), g(s.m * s.n, NAN);  // poisoned: unwritten show
       Linear(x.data(), s.m, w, b, y.data(), CpuMath::kBf16Amx);
       {
