@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/text/unicode.h"
 #include "google/protobuf/descriptor.h"
 
 namespace glmserve::cli {
@@ -35,12 +34,8 @@ nlohmann::json ScalarJson(const Message& m, const FieldDescriptor* f, int index)
       return (rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name();
     case FieldDescriptor::CPPTYPE_STRING: {
       std::string value = rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
-      // Request text is `bytes` holding UTF-8 (glmserve.proto): shown as text; binary data
-      // (Tensor.raw_data) and anything not UTF-8 as its size.
-      if (f->type() == FieldDescriptor::TYPE_BYTES &&
-          (f->containing_type()->name() == "Tensor" || !ValidateUtf8(value, f->name()).ok())) {
+      if (f->type() == FieldDescriptor::TYPE_BYTES)
         return absl::StrCat("<", value.size(), " bytes>");
-      }
       return value;
     }
     case FieldDescriptor::CPPTYPE_MESSAGE:

@@ -12,12 +12,10 @@
 namespace glmserve::cli {
 
 // "name: value" lines, nested messages indented by two spaces under "name:", repeated
-// fields as "[a, b]", enums by name. Bytes fields print as text when they hold UTF-8 (the
-// request text fields), else their size only (Tensor.raw_data).
+// fields as "[a, b]", enums by name. Bytes fields print their size only.
 std::string MessageText(const google::protobuf::Message& message, int indent = 0);
 
-// Every field, by proto field name. Bytes fields: as MessageText prints them (text, or
-// "<n bytes>").
+// Every field, by proto field name. Bytes fields: their size ("<n bytes>").
 nlohmann::json MessageJson(const google::protobuf::Message& message);
 
 }  // namespace glmserve::cli

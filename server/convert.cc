@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "core/text/unicode.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/tensor_codec.h"
@@ -16,44 +15,7 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// CheckWireText's walk; `path` names `message` ("" at the top).
-absl::Status CheckTextFields(const google::protobuf::Message& message, const std::string& path) {
-  using google::protobuf::FieldDescriptor;
-  if (message.GetDescriptor() == v1::Tensor::descriptor()) return absl::OkStatus();  // binary
-  const google::protobuf::Reflection& r = *message.GetReflection();
-  std::vector<const FieldDescriptor*> fields;
-  r.ListFields(message, &fields);  // the set ones only
-  for (const FieldDescriptor* f : fields) {
-    const bool text = f->type() == FieldDescriptor::TYPE_BYTES;
-    if (!text && f->type() != FieldDescriptor::TYPE_MESSAGE) continue;
-    const std::string name = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
-    if (!f->is_repeated()) {
-      if (text) {
-        std::string scratch;
-        RETURN_IF_ERROR(ValidateUtf8(r.GetStringReference(message, f, &scratch), name));
-      } else {
-        RETURN_IF_ERROR(CheckTextFields(r.GetMessage(message, f), name));
-      }
-      continue;
-    }
-    for (int i = 0; i < r.FieldSize(message, f); ++i) {
-      const std::string item = absl::StrCat(name, "[", i, "]");
-      if (text) {
-        std::string scratch;
-        RETURN_IF_ERROR(ValidateUtf8(r.GetRepeatedStringReference(message, f, i, &scratch), item));
-      } else {
-        RETURN_IF_ERROR(CheckTextFields(r.GetRepeatedMessage(message, f, i), item));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status CheckWireText(const google::protobuf::Message& request) {
-  return CheckTextFields(request, "");
-}
 
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
                                                            const glmserve::ModelRunner& model,

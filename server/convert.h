@@ -9,7 +9,6 @@
 #include "absl/status/statusor.h"
 #include "core/engine.h"
 #include "glmserve/v1/glmserve.pb.h"
-#include "google/protobuf/message.h"
 
 namespace glmserve {
 
@@ -36,11 +35,7 @@ ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
 // layer span and its input kind, logits needing the last layer, sampling values,
 // top_logprobs, Generate needing the whole model) are checked once, by Engine::Submit.
 //
-// The UTF-8 of a request's text: every `bytes` field outside Tensor (prompt_text, messages,
-// stop_strings, tools_json, tool_choice, Tokenize's text, ...; glmserve.proto says so), at
-// any depth. INVALID_ARGUMENT naming the field (e.g. "messages[1].content") and the bad
-// byte's offset. Called first by every RPC that takes text, before anything reads it.
-absl::Status CheckWireText(const google::protobuf::Message& request);
+// The UTF-8 of request text is checked before these, on the wire bytes (server/wire_utf8.h).
 
 // GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
 // a prompt longer than max_prompt_tokens, max_new_tokens outside [1, max_new_tokens],

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/forward_call.h"
+#include "server/raw_call.h"
 #include "server/status.h"
 #include "server/text_convert.h"
 
@@ -66,20 +67,24 @@ class SimpleReactor final : public grpc::ServerUnaryReactor {
 
 // ---- Generate ------------------------------------------------------------------------------
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), arrival_(Clock::now()) {}
 
   // Runs inside the handler: OnDone cannot run before the handler returns, so `this` is
   // safe here even if the engine finishes the request before Submit returns.
-  void Start(const v1::GenerateRequest& request) {
-    request_id_ = request.request_id();  // logged whatever happens next
+  void Start(const grpc::ByteBuffer& raw) {
+    // Decoded before the admission checks, so that a refused call is logged with its
+    // request_id as before (gRPC parsed typed requests before the handler ran), but reported
+    // after them: an unauthenticated caller learns nothing about its request.
+    const absl::Status decoded = ParseRawRequest(raw, &request_);
+    if (decoded.ok()) request_id_ = request_.request_id();  // logged whatever happens next
     grpc::Status status;
     const Backend* backend = service_->Admit(context_, &status);
     if (backend == nullptr) return FinishEarly(status);
-    const absl::Status text = CheckWireText(request);
-    if (!text.ok()) return FinishEarly(ToGrpcStatus(text));
+    if (!decoded.ok()) return FinishEarly(ToGrpcStatus(decoded));
+    const v1::GenerateRequest& request = request_;
     absl::StatusOr<glmserve::GenerateRequest> body = PrepareText(request, *backend);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
     if (!service_->AcquireStream()) {
@@ -280,6 +285,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void Pump() {
     enum class Action { kNone, kWrite, kWriteAndFinish, kFinish } action = Action::kNone;
     grpc::Status status;
+    glmserve::RequestId cancel = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (write_in_flight_ || finish_called_) return;
@@ -299,23 +305,36 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
             response_.mutable_finished()->set_stop_string(stop_string_);
           }
           action = Action::kWriteAndFinish;
+          if (const absl::Status s = SerializeRawReply(response_, &wire_); !s.ok()) {
+            status = ToGrpcStatus(s);
+            action = Action::kFinish;
+          }
         }
         status_ = status;
       } else if (!pending_.empty() && !broken_) {
         // Every token produced while the previous write was in flight goes in this one.
         FillPending();
-        write_in_flight_ = true;
         action = Action::kWrite;
+        if (const absl::Status s = SerializeRawReply(response_, &wire_); !s.ok()) {
+          // Not reachable within the reply limits; if it were, the call ends here.
+          finish_called_ = true;
+          status_ = status = ToGrpcStatus(s);
+          cancel = id_;
+          action = Action::kFinish;
+        } else {
+          write_in_flight_ = true;
+        }
       }
     }
+    if (cancel != 0) engine_->Cancel(cancel);  // before Finish: OnDone may delete `this`
     switch (action) {
       case Action::kNone:
         break;
       case Action::kWrite:
-        StartWrite(&response_);
+        StartWrite(&wire_);
         break;
       case Action::kWriteAndFinish:
-        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+        StartWriteAndFinish(&wire_, grpc::WriteOptions(), grpc::Status::OK);
         break;
       case Action::kFinish:
         Finish(status);
@@ -347,6 +366,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::string stop_string_;                                // guarded by mu_
   grpc::Status status_;                                    // the final status; read in OnDone
   v1::GenerateResponse response_;  // owned by the thread that claimed the write
+  grpc::ByteBuffer wire_;          // response_ serialized: what that write sends
+  v1::GenerateRequest request_;    // parsed in Start; read-only afterwards
 };
 
 // ---- Forward -------------------------------------------------------------------------------
@@ -535,8 +556,8 @@ std::optional<glmserve::SteadyTime> GlmServiceImpl::EngineDeadline(
   return Clock::now() + absl::ToChronoNanoseconds(std::max(*remaining, absl::ZeroDuration()));
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GlmServiceImpl::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GlmServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   CallStarted();
   auto* reactor = new GenerateReactor(this, context);
   reactor->Start(*request);
@@ -553,16 +574,20 @@ grpc::ServerUnaryReactor* GlmServiceImpl::Forward(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* GlmServiceImpl::CloseSession(grpc::CallbackServerContext* context,
-                                                       const v1::CloseSessionRequest* request,
-                                                       v1::CloseSessionResponse* response) {
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* raw_response) {
   CallStarted();
   auto* reactor = new SimpleReactor(this, context, Rpc::kCloseSession);
+  v1::CloseSessionRequest request;
+  const absl::Status decoded = ParseRawRequest(*raw_request, &request);  // reported after Admit
   grpc::Status status;
-  const Backend* backend = Admit(context, &status);
-  if (backend != nullptr) {
+  if (const Backend* backend = Admit(context, &status)) {
     // A mutex and a map lookup on the engine's session registry: no waiting on compute.
-    status =
-        ToGrpcStatus(backend->engine->CloseSession(request->session_id(), CallerIdentity(context)));
+    status = ToGrpcStatus([&]() -> absl::Status {
+      RETURN_IF_ERROR(decoded);
+      RETURN_IF_ERROR(backend->engine->CloseSession(request.session_id(), CallerIdentity(context)));
+      return SerializeRawReply(v1::CloseSessionResponse(), raw_response);
+    }());
   }
   reactor->Reply(std::move(status));
   return reactor;
@@ -581,17 +606,21 @@ grpc::ServerUnaryReactor* GlmServiceImpl::GetModelInfo(grpc::CallbackServerConte
 }
 
 grpc::ServerUnaryReactor* GlmServiceImpl::Tokenize(grpc::CallbackServerContext* context,
-                                                   const v1::TokenizeRequest* request,
-                                                   v1::TokenizeResponse* response) {
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
   CallStarted();
   auto* reactor = new SimpleReactor(this, context, Rpc::kTokenize);
+  v1::TokenizeRequest parsed;
+  const absl::Status decoded = ParseRawRequest(*raw_request, &parsed);  // reported after Admit
+  const v1::TokenizeRequest* request = &parsed;
   grpc::Status status;
-  if (const Backend* backend = Admit(context, &status)) {
+  if (const Backend* backend = Admit(context, &status); backend != nullptr && !decoded.ok()) {
+    status = ToGrpcStatus(decoded);
+  } else if (backend != nullptr) {
     // Tokenizing is bounded by the message size and the prompt limit, and fast (docs/text.md):
     // done here, as Generate's prompt is.
     const auto start = Clock::now();
     absl::StatusOr<TextPrompt> prompt = [&]() -> absl::StatusOr<TextPrompt> {
-      RETURN_IF_ERROR(CheckWireText(*request));
       ASSIGN_OR_RETURN(TextInput input, TextInputFromTokenize(*request));
       return BuildTextPrompt(
           *backend->text, input,
@@ -601,11 +630,13 @@ grpc::ServerUnaryReactor* GlmServiceImpl::Tokenize(grpc::CallbackServerContext* 
       metrics_->RecordTokenizer(request->messages_size() > 0 ? "chat" : "encode",
                                 Seconds(start, Clock::now()));
     }
-    status = ToGrpcStatus(prompt.status());
-    if (prompt.ok()) {
-      response->mutable_token_ids()->Add(prompt->ids.begin(), prompt->ids.end());
-      response->set_text(std::move(prompt->text));
-    }
+    status = ToGrpcStatus([&]() -> absl::Status {
+      RETURN_IF_ERROR(prompt.status());
+      v1::TokenizeResponse response;
+      response.mutable_token_ids()->Add(prompt->ids.begin(), prompt->ids.end());
+      response.set_text(std::move(prompt->text));
+      return SerializeRawReply(response, raw_response);
+    }());
   }
   reactor->Reply(std::move(status));
   return reactor;

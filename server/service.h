@@ -53,7 +53,17 @@ struct Backend {
   std::shared_ptr<const TextAssets> text;
 };
 
-class GlmServiceImpl final : public v1::GlmService::CallbackService {
+// Generate, Tokenize and CloseSession take `string` fields a client fills: they are raw
+// methods (grpc::ByteBuffer in and out), so that their requests' UTF-8 is checked on the wire
+// bytes before parsing (server/raw_call.h, server/wire_utf8.h) and invalid text is
+// INVALID_ARGUMENT naming the field instead of the gRPC library's generic parse failure.
+// Everything else about a call (authentication, deadlines, cancellation, the receive size
+// limit, metrics, the access log, status mapping) is the same as for the typed methods.
+using GlmServiceBase = v1::GlmService::WithRawCallbackMethod_Generate<
+    v1::GlmService::WithRawCallbackMethod_Tokenize<
+        v1::GlmService::WithRawCallbackMethod_CloseSession<v1::GlmService::CallbackService>>>;
+
+class GlmServiceImpl final : public GlmServiceBase {
  public:
   GlmServiceImpl(ServiceOptions options, Metrics* metrics);
   ~GlmServiceImpl() override;
@@ -71,20 +81,20 @@ class GlmServiceImpl final : public v1::GlmService::CallbackService {
   // Waits until no call is in flight or `deadline` passes; true when idle.
   bool WaitIdle(absl::Time deadline);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
                                     const v1::ForwardRequest* request,
                                     v1::ForwardResponse* response) override;
   grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
-                                         const v1::CloseSessionRequest* request,
-                                         v1::CloseSessionResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
                                        const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;

@@ -118,15 +118,23 @@ def proto_seeds():
         write("request_convert", "generate", b"\x01" + g.SerializeToString())
         g2 = pb.GenerateRequest(prompt_token_ids=[300])
         write("request_convert", "generate_bad_id", b"\x01" + g2.SerializeToString())
-        g3 = pb.GenerateRequest(tools_json=[b'{"type": "function", "function": {"name": "get_weather"}}'],
-                                enable_thinking=False, tool_choice_function=b"get_weather")
-        g3.messages.add(role=b"user", content=b"Weather in Paris?")
+        g3 = pb.GenerateRequest(tools_json=['{"type": "function", "function": {"name": "get_weather"}}'],
+                                enable_thinking=False, tool_choice_function="get_weather")
+        g3.messages.add(role="user", content="Weather in Paris?")
         write("request_convert", "generate_tool_choice", b"\x01" + g3.SerializeToString())
-        # Request text is bytes on the wire: invalid UTF-8 parses and must be refused by
-        # CheckWireText, not crash what reads it later.
-        g4 = pb.GenerateRequest(prompt_text=b"ok \xff\xfe")
-        g4.stop.stop_strings.append(b"\xc3")
-        write("request_convert", "generate_bad_utf8", b"\x01" + g4.SerializeToString())
+        # Invalid UTF-8 in `string` fields, hand-encoded (protobuf will not serialize it):
+        # stop {stop_strings: "\xc3"} (field 3 holding field 4), prompt_text (field 6)
+        # "ok \xff\xfe". The server's wire walk (server/wire_utf8.h) must refuse it naming the
+        # field, not crash what reads it later.
+        write("request_convert", "generate_bad_utf8",
+              b"\x01" + b"\x1a\x03\x22\x01\xc3" + b"\x32\x05ok \xff\xfe")
+        # The wire walk's edges: a bad tool call in the second message, unknown groups nested
+        # to the bound and past it, a length past the end inside a message.
+        write("request_convert", "walk_tool_call_bad_utf8",
+              b"\x01" + b"\x3a\x03\x12\x01x" + b"\x3a\x08\x22\x06\x12\x04\xed\xa0\x80!")
+        write("request_convert", "walk_groups_100", b"\x01" + b"\xd3\x05" * 100 + b"\xd4\x05" * 100)
+        write("request_convert", "walk_groups_101", b"\x01" + b"\xd3\x05" * 101 + b"\xd4\x05" * 101)
+        write("request_convert", "walk_truncated", b"\x01" + b"\x3a\x04\x12\x09ab")
         f = pb.ForwardRequest()
         f.token_ids.ids.extend([4, 5, 6])
         f.return_hidden_states = True

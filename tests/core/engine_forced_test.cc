@@ -6,13 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <map>
-#include <mutex>
 
 #include "core/checkpoint.h"
 #include "core/engine.h"
 #include "core/model.h"
+#include "tests/core/engine_harness.h"
 
 namespace glmserve {
 namespace {
@@ -33,57 +31,15 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}) {
   return *std::move(engine);
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<TokenLogprob>> top;
-  FinishEvent finish;
-  bool SameTokens(const Outcome& o) const { return tokens == o.tokens && logprobs == o.logprobs; }
-};
+using testing::Collector;
+using testing::Outcome;
 
-class Collector {
- public:
-  EventCallback For(int key) {
-    return [this, key](Event&& e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Outcome& o = outcomes_[key];
-      if (auto* t = std::get_if<TokenEvent>(&e.body)) {
-        o.tokens.push_back(t->token);
-        o.logprobs.push_back(t->logprob);
-        o.top.push_back(t->top);
-      } else if (auto* f = std::get_if<FinishEvent>(&e.body)) {
-        o.finish = *f;
-        ++finished_;
-        cv_.notify_all();
-      }
-    };
-  }
-  void Wait(int count) {
-    std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(60), [&] { return finished_ >= count; }));
-  }
-  Outcome& operator[](int key) { return outcomes_[key]; }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int, Outcome> outcomes_;
-  int finished_ = 0;
-};
-
+// engine_harness.h's request with 4 alternatives and (when sampling) no top-p, as these tests
+// were written with.
 GenerateRequest MakeGenerate(int key, int prompt_len, int max_new, bool sample) {
-  GenerateRequest g;
-  for (int i = 0; i < prompt_len; ++i) g.prompt.push_back((key * 31 + i * 17 + 5) % 250);
-  g.stop.max_new_tokens = max_new;
-  g.stop.ignore_eos = true;
-  g.logprobs = true;
+  GenerateRequest g = testing::MakeGenerate(key, prompt_len, max_new, sample);
   g.top_logprobs = 4;
-  if (sample) {
-    g.sampling.temperature = 0.9f;
-    g.sampling.top_k = 40;
-    g.sampling.repetition_penalty = 1.1f;
-    g.sampling.seed = 1000 + key;
-  }
+  g.sampling.top_p = SamplingParams().top_p;
   return g;
 }
 

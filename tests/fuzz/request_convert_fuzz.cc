@@ -4,11 +4,17 @@
 // limit) or are refused with a client-error status; a Generate request's text fields
 // (server/text_convert.h, with the embedded default model's tokenizer) likewise give a
 // bounded prompt (and bounded forced tokens for a tool_choice) or a client error, after the
-// server's UTF-8 check of the request text. The first byte picks the message type.
+// server's wire walk (server/wire_utf8.h: the UTF-8 of every string field, checked on the raw
+// bytes before the parse). The walk itself is checked against protobuf's own parser on every
+// input, as each raw method's request type: it refuses nothing protobuf accepts (short of its
+// nesting bound), and what it accepts parses with valid UTF-8 in every string field. The
+// first byte picks the message type for the conversion.
 #include "core/checkpoint.h"
 #include "core/model.h"
+#include "core/text/unicode.h"
 #include "server/convert.h"
 #include "server/text_convert.h"
+#include "server/wire_utf8.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -38,6 +44,45 @@ bool ClientError(absl::StatusCode code) {
          code == absl::StatusCode::kFailedPrecondition;
 }
 
+// An independent oracle for the walk: every string field of the parsed message, by reflection.
+bool AllTextValid(const google::protobuf::Message& message) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection& r = *message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r.ListFields(message, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const int n = f->is_repeated() ? r.FieldSize(message, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      if (f->type() == FieldDescriptor::TYPE_STRING) {
+        std::string scratch;
+        const std::string& v = f->is_repeated() ? r.GetRepeatedStringReference(message, f, i, &scratch)
+                                                : r.GetStringReference(message, f, &scratch);
+        if (!glmserve::ValidateUtf8(v, "").ok()) return false;
+      } else if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+        if (!AllTextValid(f->is_repeated() ? r.GetRepeatedMessage(message, f, i)
+                                           : r.GetMessage(message, f))) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// ParseCheckedMessage as `prototype`'s type, against protobuf's parser and the oracle above.
+void CheckWalk(const google::protobuf::Message& prototype, std::string_view wire) {
+  std::unique_ptr<google::protobuf::Message> checked(prototype.New());
+  std::unique_ptr<google::protobuf::Message> plain(prototype.New());
+  const absl::Status s = glmserve::ParseCheckedMessage(wire, checked.get());
+  const bool protobuf_ok = plain->ParseFromArray(wire.data(), static_cast<int>(wire.size()));
+  if (!s.ok()) {
+    GLM_FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    GLM_FUZZ_CHECK(!protobuf_ok || s.message().find("nested deeper") != std::string::npos);
+    return;
+  }
+  GLM_FUZZ_CHECK(protobuf_ok && AllTextValid(*checked));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -49,15 +94,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_new_tokens = 64;
   limits.default_max_new_tokens = 16;
   limits.max_reply_bytes = 1 << 16;
+  const std::string_view wire(reinterpret_cast<const char*>(data + 1), size - 1);
+  CheckWalk(glmserve::v1::GenerateRequest::default_instance(), wire);
+  CheckWalk(glmserve::v1::TokenizeRequest::default_instance(), wire);
+  CheckWalk(glmserve::v1::CloseSessionRequest::default_instance(), wire);
   if (data[0] & 1) {
+    // As the raw Generate method decodes it (server/raw_call.h).
     glmserve::v1::GenerateRequest request;
-    if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
-    // The server's first check (request text is bytes on the wire: any bytes parse).
-    const absl::Status wire = glmserve::CheckWireText(request);
-    if (!wire.ok()) {
-      GLM_FUZZ_CHECK(wire.code() == absl::StatusCode::kInvalidArgument);
-      return 0;
-    }
+    if (!glmserve::ParseCheckedMessage(wire, &request).ok()) return 0;
     absl::StatusOr<std::optional<glmserve::TextInput>> text =
         glmserve::TextInputFromGenerate(request);
     if (!text.ok()) {
