@@ -94,7 +94,7 @@ void ForwardCallReactor::OnEvent(glmserve::Event&& event) {
 
 void ForwardCallReactor::Complete() {
   grpc::Status status = ToGrpcStatus(finish_.status);
-  if (status.ok()) Encode(output_, finish_, engine_->model().config());
+  if (status.ok()) status = ToGrpcStatus(Encode(output_, finish_, engine_->model().config()));
   Reply(std::move(status));  // last: OnDone may delete `this`
 }
 

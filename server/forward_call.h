@@ -34,9 +34,10 @@ class ForwardCallReactor : public grpc::ServerUnaryReactor {
   void Reply(grpc::Status status);
 
   // On an encoder thread, after a successful engine call: writes the reply from `output`
-  // (the subclass may move from it) and the engine's `finish` (timings).
-  virtual void Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent& finish,
-                      const ModelConfig& config) = 0;
+  // (the subclass may move from it) and the engine's `finish` (timings). An error (a reply
+  // that does not serialize) finishes the call instead.
+  virtual absl::Status Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent& finish,
+                              const ModelConfig& config) = 0;
 
   GlmServiceImpl* const glm_;
   grpc::CallbackServerContext* const context_;

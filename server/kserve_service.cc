@@ -79,12 +79,13 @@ class ModelInferReactor final : public ForwardCallReactor {
   }
 
  private:
-  void Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent&,
-              const ModelConfig& config) override {
+  absl::Status Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent&,
+                      const ModelConfig& config) override {
     v1::ForwardResponse forward;
     FillForwardResponse(output, config, call_.forward, &forward);
     output = glmserve::ForwardOutput();  // the floats are encoded: free them now
     FillKServeInferResponse(std::move(forward), call_, *request_, model_, response_);
+    return absl::OkStatus();
   }
 
   inference::ModelInferResponse* const response_;

@@ -14,7 +14,8 @@ namespace glmserve {
 // size limit and any decompression).
 absl::Status ParseRawRequest(const grpc::ByteBuffer& raw, google::protobuf::Message* message);
 
-// Replaces what `raw` held. INTERNAL if the message does not serialize (beyond 2 GiB; replies are bounded far below).
+// Replaces what `raw` held. INTERNAL if the message does not serialize (beyond 2 GiB; replies are
+// bounded far below).
 absl::Status SerializeRawReply(const google::protobuf::Message& reply, grpc::ByteBuffer* raw);
 
 }  // namespace glmserve

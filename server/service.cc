@@ -375,31 +375,39 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 class ForwardReactor final : public ForwardCallReactor {
  public:
   ForwardReactor(GlmServiceImpl* service, grpc::CallbackServerContext* context,
-                 v1::ForwardResponse* response)
+                 grpc::ByteBuffer* raw_response)
       : ForwardCallReactor(service, &service->encoder_, Rpc::kForward, context),
-        response_(response) {}
+        raw_response_(raw_response) {}
 
-  void Start(const v1::ForwardRequest& request) {
-    request_id_ = request.request_id();  // logged whatever happens next
+  void Start(const grpc::ByteBuffer& raw) {
+    // As Generate's: decoded first (for the log's request_id), reported after admission.
+    const absl::Status decoded = ParseRawRequest(raw, &request_);
+    if (decoded.ok()) request_id_ = request_.request_id();  // logged whatever happens next
     grpc::Status status;
     const Backend* backend = glm_->Admit(context_, &status);
     if (backend == nullptr) return Reply(status);
+    if (!decoded.ok()) return Reply(ToGrpcStatus(decoded));
     absl::StatusOr<glmserve::ForwardRequest> body =
-        ToEngineForward(request, backend->engine->model(), backend->limits);
+        ToEngineForward(request_, backend->engine->model(), backend->limits);
     if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
-    request_ = &request;  // valid until Finish
-    Submit(*backend, *std::move(body), request.output_dtype(), request.request_id());
+    // The engine has its own copy of the input now: the request's tensor can go.
+    request_.clear_hidden_states();
+    request_.clear_token_ids();
+    Submit(*backend, *std::move(body), request_.output_dtype(), request_.request_id());
   }
 
  private:
-  void Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent& finish,
-              const ModelConfig& config) override {
-    FillForwardResponse(output, config, *request_, response_);
-    FillTimings(finish.times, arrival_, response_->mutable_timings());
+  absl::Status Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent& finish,
+                      const ModelConfig& config) override {
+    v1::ForwardResponse response;
+    FillForwardResponse(output, config, request_, &response);
+    FillTimings(finish.times, arrival_, response.mutable_timings());
+    output = glmserve::ForwardOutput();  // the floats are encoded: free them now
+    return SerializeRawReply(response, raw_response_);
   }
 
-  v1::ForwardResponse* const response_;
-  const v1::ForwardRequest* request_ = nullptr;
+  grpc::ByteBuffer* const raw_response_;
+  v1::ForwardRequest request_;  // parsed in Start
 };
 
 // ---- The service -----------------------------------------------------------------------------
@@ -565,8 +573,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GlmServiceImpl::Generate(
 }
 
 grpc::ServerUnaryReactor* GlmServiceImpl::Forward(grpc::CallbackServerContext* context,
-                                                  const v1::ForwardRequest* request,
-                                                  v1::ForwardResponse* response) {
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
   CallStarted();
   auto* reactor = new ForwardReactor(this, context, response);
   reactor->Start(*request);

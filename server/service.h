@@ -53,15 +53,15 @@ struct Backend {
   std::shared_ptr<const TextAssets> text;
 };
 
-// Generate, Tokenize and CloseSession take `string` fields a client fills: they are raw
+// Generate, Forward, Tokenize and CloseSession take `string` fields a client fills: they are raw
 // methods (grpc::ByteBuffer in and out), so that their requests' UTF-8 is checked on the wire
 // bytes before parsing (server/raw_call.h, server/wire_utf8.h) and invalid text is
 // INVALID_ARGUMENT naming the field instead of the gRPC library's generic parse failure.
 // Everything else about a call (authentication, deadlines, cancellation, the receive size
 // limit, metrics, the access log, status mapping) is the same as for the typed methods.
 using GlmServiceBase = v1::GlmService::WithRawCallbackMethod_Generate<
-    v1::GlmService::WithRawCallbackMethod_Tokenize<
-        v1::GlmService::WithRawCallbackMethod_CloseSession<v1::GlmService::CallbackService>>>;
+    v1::GlmService::WithRawCallbackMethod_Forward<v1::GlmService::WithRawCallbackMethod_Tokenize<
+        v1::GlmService::WithRawCallbackMethod_CloseSession<v1::GlmService::CallbackService>>>>;
 
 class GlmServiceImpl final : public GlmServiceBase {
  public:
@@ -82,10 +82,10 @@ class GlmServiceImpl final : public GlmServiceBase {
   bool WaitIdle(absl::Time deadline);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
-                                                      const grpc::ByteBuffer* request) override;
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
-                                    const v1::ForwardRequest* request,
-                                    v1::ForwardResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;

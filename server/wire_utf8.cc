@@ -46,11 +46,14 @@ class Walker {
                        uint32_t group = 0) {
     while (*pos < end) {
       const size_t tag_at = *pos;
-      uint64_t tag;
-      if (!Varint(pos, end, &tag)) return Malformed(tag_at, "a truncated field tag");
-      if (tag > UINT32_MAX || (tag >> 3) == 0) return Malformed(tag_at, "an invalid field tag");
-      const uint32_t number = static_cast<uint32_t>(tag >> 3);
-      switch (static_cast<uint32_t>(tag & 7)) {
+      uint64_t varint;
+      if (!Varint(pos, end, &varint)) return Malformed(tag_at, "a truncated field tag");
+      // As protobuf's parser reads a tag: at most 5 bytes, bits past 32 dropped (so that the
+      // walk sees the field numbers the parse will see).
+      const uint32_t tag = static_cast<uint32_t>(varint);
+      if (*pos - tag_at > 5 || (tag >> 3) == 0) return Malformed(tag_at, "an invalid field tag");
+      const uint32_t number = tag >> 3;
+      switch (tag & 7) {
         case kVarint: {
           uint64_t ignored;
           if (!Varint(pos, end, &ignored)) return Malformed(tag_at, "a truncated varint");
@@ -153,15 +156,15 @@ class Walker {
   }
 
   absl::Status TooDeep(size_t at) const {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the request is not a valid %s: fields nested deeper than %d at byte %d",
-        top_.full_name(), kMaxWireDepth, at));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the request is not a valid %s: fields nested deeper than %d at byte %d",
+                        top_.full_name(), kMaxWireDepth, at));
   }
 
   const Descriptor& top_;
   const std::string_view wire_;
   std::vector<std::pair<const FieldDescriptor*, int>> path_;  // -1: not repeated
-  absl::flat_hash_map<std::string, int> next_index_;           // see NextIndex
+  absl::flat_hash_map<std::string, int> next_index_;          // see NextIndex
 };
 
 }  // namespace

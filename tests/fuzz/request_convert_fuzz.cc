@@ -55,8 +55,9 @@ bool AllTextValid(const google::protobuf::Message& message) {
     for (int i = 0; i < n; ++i) {
       if (f->type() == FieldDescriptor::TYPE_STRING) {
         std::string scratch;
-        const std::string& v = f->is_repeated() ? r.GetRepeatedStringReference(message, f, i, &scratch)
-                                                : r.GetStringReference(message, f, &scratch);
+        const std::string& v = f->is_repeated()
+                                   ? r.GetRepeatedStringReference(message, f, i, &scratch)
+                                   : r.GetStringReference(message, f, &scratch);
         if (!glmserve::ValidateUtf8(v, "").ok()) return false;
       } else if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
         if (!AllTextValid(f->is_repeated() ? r.GetRepeatedMessage(message, f, i)
@@ -96,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_reply_bytes = 1 << 16;
   const std::string_view wire(reinterpret_cast<const char*>(data + 1), size - 1);
   CheckWalk(glmserve::v1::GenerateRequest::default_instance(), wire);
+  CheckWalk(glmserve::v1::ForwardRequest::default_instance(), wire);
   CheckWalk(glmserve::v1::TokenizeRequest::default_instance(), wire);
   CheckWalk(glmserve::v1::CloseSessionRequest::default_instance(), wire);
   if (data[0] & 1) {
@@ -138,7 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   glmserve::v1::ForwardRequest request;
-  if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+  if (!glmserve::ParseCheckedMessage(wire, &request).ok()) return 0;
   absl::StatusOr<glmserve::ForwardRequest> out = glmserve::ToEngineForward(request, model, limits);
   if (!out.ok()) {
     GLM_FUZZ_CHECK(ClientError(out.status().code()));

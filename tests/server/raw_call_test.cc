@@ -82,6 +82,7 @@ RawResult RawCall(const std::string& target, const std::string& method, const st
 }
 
 constexpr char kGenerate[] = "/glmserve.v1.GlmService/Generate";
+constexpr char kForward[] = "/glmserve.v1.GlmService/Forward";
 constexpr char kTokenize[] = "/glmserve.v1.GlmService/Tokenize";
 constexpr char kCloseSession[] = "/glmserve.v1.GlmService/CloseSession";
 
@@ -144,6 +145,8 @@ TEST_F(RawCallTest, InvalidUtf8InEveryTextFieldIsInvalidArgumentNamingIt) {
       {kGenerate, Chat("user", "hi") + WireLen(8, kBadUtf8), "tools_json[0] is not"},
       {kGenerate, Chat("user", "hi") + WireLen(13, kBadUtf8), "tool_choice is not"},
       {kGenerate, Chat("user", "hi") + WireLen(14, kBadUtf8), "tool_choice_function is not"},
+      {kForward, WireLen(1, WireInt(1, 3)) + WireLen(10, kBadUtf8), "request_id is not valid"},
+      {kForward, WireLen(1, WireInt(1, 3)) + WireLen(5, kBadUtf8), "session_id is not valid"},
       {kTokenize, WireLen(1, kBadUtf8), "text is not valid UTF-8"},
       {kTokenize, WireLen(2, WireLen(1, "user") + WireLen(2, kBadUtf8)),
        "messages[0].content is not"},
@@ -163,6 +166,7 @@ TEST_F(RawCallTest, InvalidUtf8InEveryTextFieldIsInvalidArgumentNamingIt) {
   EXPECT_EQ(server_->engine()->Stats().steps, steps);  // no engine work for any of them
   // Counted like any refused call.
   EXPECT_EQ(Requests(R"({api="glmserve",code="INVALID_ARGUMENT",rpc="Generate"})"), 11);
+  EXPECT_EQ(Requests(R"({api="glmserve",code="INVALID_ARGUMENT",rpc="Forward"})"), 2);
   EXPECT_EQ(Requests(R"({api="glmserve",code="INVALID_ARGUMENT",rpc="Tokenize"})"), 3);
   EXPECT_EQ(Requests(R"({api="glmserve",code="INVALID_ARGUMENT",rpc="CloseSession"})"), 1);
 }
@@ -198,8 +202,32 @@ TEST_F(RawCallTest, ValidTextIncludingFourByteUtf8IsServed) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(ids->SerializeAsString(), tokenized.SerializeAsString());
 
-  // CloseSession: the engine's own answer for an unknown session (the raw path reached it).
-  const RawResult c = Call(kCloseSession, WireLen(1, "s\xC3\xA9ssion"));
+  // Forward with a UTF-8 session id: the reply equals the typed client's for the same input.
+  v1::ForwardRequest forward;
+  forward.mutable_token_ids()->add_ids(1);
+  forward.mutable_token_ids()->add_ids(2);
+  forward.set_return_logits(true);
+  forward.set_last_position_only(true);
+  forward.set_request_id("f\xC3\xA9");
+  absl::StatusOr<v1::ForwardResponse> typed_forward = client->Forward(forward);
+  ASSERT_TRUE(typed_forward.ok()) << typed_forward.status();
+  forward.set_session_id("s\xC3\xA9ssion \xF0\x9F\x98\x80");
+  forward.set_create_session(true);
+  const RawResult f = Call(kForward, forward.SerializeAsString());
+  ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+  ASSERT_EQ(f.replies.size(), 1u);
+  v1::ForwardResponse raw_forward;
+  ASSERT_TRUE(raw_forward.ParseFromString(f.replies[0]));
+  EXPECT_EQ(raw_forward.request_id(), "f\xC3\xA9");
+  EXPECT_EQ(raw_forward.logits().raw_data(), typed_forward->logits().raw_data());
+  EXPECT_GT(raw_forward.logits().raw_data().size(), 0u);
+  // CloseSession of it: OK with an empty reply; again: the engine's NOT_FOUND.
+  const std::string close = WireLen(1, "s\xC3\xA9ssion \xF0\x9F\x98\x80");
+  RawResult c = Call(kCloseSession, close);
+  EXPECT_TRUE(c.status.ok()) << c.status.error_message();
+  ASSERT_EQ(c.replies.size(), 1u);
+  EXPECT_TRUE(c.replies[0].empty());
+  c = Call(kCloseSession, close);
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::NOT_FOUND) << c.status.error_message();
 }
 
@@ -208,10 +236,12 @@ TEST_F(RawCallTest, MalformedAndOversizedRequestsAreRefusedCleanly) {
   options.max_message_bytes = 1 << 20;
   Start(options);
   const int64_t steps = server_->engine()->Stats().steps;
-  for (const char* method : {kGenerate, kTokenize, kCloseSession}) {
-    for (const std::string& wire :
-         {std::string("\x80", 1), std::string("\x32\x05" "abc", 5), std::string("\x07", 1),
-          std::string("\x0c", 1)}) {
+  for (const char* method : {kGenerate, kForward, kTokenize, kCloseSession}) {
+    for (const std::string& wire : {std::string("\x80", 1),
+                                    std::string("\x32\x05"
+                                                "abc",
+                                                5),
+                                    std::string("\x07", 1), std::string("\x0c", 1)}) {
       const RawResult r = Call(method, wire);
       EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
           << method << ": " << r.status.error_message();
@@ -264,11 +294,12 @@ TEST_F(RawCallTest, DeadlinesAndDrainingApplyToRawMethods) {
   ServerOptions options = TinyOptions();
   options.service.max_deadline = absl::Milliseconds(60);
   Start(options);
-  const RawResult r = Call(kGenerate, WireLen(6, "hello") + WireLen(3, WireInt(1, 1000) + WireInt(3, 1)));
+  const RawResult r =
+      Call(kGenerate, WireLen(6, "hello") + WireLen(3, WireInt(1, 1000) + WireInt(3, 1)));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << r.status.error_message();
   EXPECT_TRUE(WaitUntil([&] { return testing::EngineDrained(server_->engine()); }));
   server_->service().StartDraining();
-  for (const char* method : {kGenerate, kTokenize, kCloseSession}) {
+  for (const char* method : {kGenerate, kForward, kTokenize, kCloseSession}) {
     const RawResult d = Call(method, TextGenerate("x"));
     EXPECT_EQ(d.status.error_code(), grpc::StatusCode::UNAVAILABLE) << d.status.error_message();
   }

@@ -46,7 +46,8 @@ void CollectStringFields(const Descriptor& d, const std::string& prefix,
         absl::StrCat(prefix, prefix.empty() ? "" : ".", f->name(), f->is_repeated() ? "[0]" : "");
     const uint32_t number = static_cast<uint32_t>(f->number());
     if (f->type() == FieldDescriptor::TYPE_STRING) {
-      out->push_back({name, [wrap, number](const std::string& v) { return wrap(WireLen(number, v)); }});
+      out->push_back(
+          {name, [wrap, number](const std::string& v) { return wrap(WireLen(number, v)); }});
     } else if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
       CollectStringFields(
           *f->message_type(), name,
@@ -58,14 +59,16 @@ void CollectStringFields(const Descriptor& d, const std::string& prefix,
 
 std::vector<StringField> StringFields(const Descriptor& d) {
   std::vector<StringField> out;
-  CollectStringFields(d, "", [](const std::string& s) { return s; }, 0, &out);
+  CollectStringFields(
+      d, "", [](const std::string& s) { return s; }, 0, &out);
   return out;
 }
 
 TEST(WireUtf8Test, EveryStringFieldOfTheRawRequestsIsCheckedAndNamed) {
   int fields = 0;
-  for (const Descriptor* d : {v1::GenerateRequest::descriptor(), v1::TokenizeRequest::descriptor(),
-                              v1::CloseSessionRequest::descriptor()}) {
+  for (const Descriptor* d :
+       {v1::GenerateRequest::descriptor(), v1::ForwardRequest::descriptor(),
+        v1::TokenizeRequest::descriptor(), v1::CloseSessionRequest::descriptor()}) {
     for (const StringField& f : StringFields(*d)) {
       ++fields;
       // Valid text, 4-byte UTF-8 included, passes and parses as protobuf parses it.
@@ -74,14 +77,15 @@ TEST(WireUtf8Test, EveryStringFieldOfTheRawRequestsIsCheckedAndNamed) {
       const absl::Status bad = CheckWireUtf8(*d, f.encode(kBadUtf8));
       EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << f.path;
       EXPECT_EQ(bad.message(),
-                absl::StrCat(f.path, " is not valid UTF-8: an ill-formed sequence starts with "
-                                     "byte 0xFF at offset 3"))
+                absl::StrCat(f.path,
+                             " is not valid UTF-8: an ill-formed sequence starts with "
+                             "byte 0xFF at offset 3"))
           << f.path;
     }
   }
-  // Generate 11 (with the chat message's 5), Tokenize 7, CloseSession 1: a schema change
-  // shows here (a new field is covered by construction; a dropped one should be noticed).
-  EXPECT_EQ(fields, 19);
+  // Generate 11 (with the chat message's 5), Forward 2, Tokenize 7, CloseSession 1: a schema
+  // change shows here (a new field is covered by construction; a dropped one should be noticed).
+  EXPECT_EQ(fields, 21);
   std::vector<std::string> paths;
   for (const StringField& f : StringFields(*v1::GenerateRequest::descriptor())) {
     paths.push_back(f.path);
@@ -146,6 +150,18 @@ TEST(WireUtf8Test, UnknownFieldsAreSkippedUnchecked) {
   EXPECT_TRUE(parsed.ParseFromString(wire));  // protobuf agrees
 }
 
+TEST(WireUtf8Test, TagsAreReadAsProtobufReadsThem) {
+  // A 5-byte tag's bits past 32 are dropped by protobuf's parser: this is prompt_text (6).
+  const std::string tag = WireVarint((uint64_t{7} << 32) | (6 << 3) | 2);
+  ASSERT_EQ(tag.size(), 5u);
+  v1::GenerateRequest parsed;
+  ASSERT_TRUE(ParseCheckedMessage(tag + WireVarint(2) + "hi", &parsed).ok());
+  EXPECT_EQ(parsed.prompt_text(), "hi");
+  EXPECT_TRUE(absl::StartsWith(
+      CheckWireUtf8(*v1::GenerateRequest::descriptor(), tag + WireVarint(9) + kBadUtf8).message(),
+      "prompt_text is not valid UTF-8"));
+}
+
 TEST(WireUtf8Test, ProtobufItselfRefusesWhatTheWalkNames) {
   // Why the walk exists: protobuf's parser fails the whole message, naming nothing.
   const std::string wire = WireLen(6, kBadUtf8);
@@ -165,7 +181,7 @@ TEST(WireUtf8Test, MalformedWireDataIsRefusedNamingTheByte) {
   } cases[] = {
       {"truncated tag", std::string("\x80", 1), "a truncated field tag at byte 0 of 1"},
       {"field number 0", WireTag(0, 0) + WireVarint(1), "an invalid field tag at byte 0"},
-      {"tag beyond 32 bits", WireVarint(uint64_t{1} << 40), "an invalid field tag"},
+      {"6-byte tag", WireVarint(uint64_t{1} << 40), "an invalid field tag"},
       {"wire type 7", WireTag(6, 7), "wire type 7, which does not exist"},
       {"truncated varint", WireTag(1, 0) + std::string("\xff\xff", 2), "a truncated varint"},
       {"11-byte varint", WireTag(1, 0) + std::string(10, '\xff') + "\x01", "a truncated varint"},
