@@ -287,6 +287,19 @@ TEST_F(RawCallTest, AuthenticationComesBeforeTheRequestIsJudged) {
   EXPECT_TRUE(Call(kGenerate, TextGenerate("ok"), "raw-token").status.ok());
 }
 
+TEST_F(RawCallTest, TypedMethodsKeepGrpcsGenericRefusal) {
+  // What the raw methods avoid, shown on the KServe service (the standard `inference` proto,
+  // typed): protobuf's parser refuses the message before any handler runs, and gRPC 1.51
+  // answers with a code that names nothing. The same name, valid, gets the handler's answer.
+  Start();
+  const char* method = "/inference.GRPCInferenceService/ModelMetadata";
+  const RawResult bad = Call(method, WireLen(1, kBadUtf8));
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(bad.status.error_message(), "");
+  const RawResult good = Call(method, WireLen(1, "no-such-model"));
+  EXPECT_EQ(good.status.error_code(), grpc::StatusCode::NOT_FOUND) << good.status.error_message();
+}
+
 TEST_F(RawCallTest, DeadlinesAndDrainingApplyToRawMethods) {
   // (The typed client's tests in service_test.cc and text_test.cc run on the raw Generate too:
   // cancellation, stream limits and deadlines there exercise this path.)
