@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "server/convert.h"
 #include "server/forward_call.h"
+#include "server/raw_call.h"
 #include "server/status.h"
 
 namespace glmserve {
@@ -50,15 +52,19 @@ KServeModel KServeModelOf(const Backend& backend) {
 class ModelInferReactor final : public ForwardCallReactor {
  public:
   ModelInferReactor(KServeServiceImpl* service, grpc::CallbackServerContext* context,
-                    inference::ModelInferResponse* response)
+                    grpc::ByteBuffer* raw_response)
       : ForwardCallReactor(service->glm_, &service->encoder_, Rpc::kModelInfer, context),
-        response_(response) {}
+        raw_response_(raw_response) {}
 
-  void Start(const inference::ModelInferRequest& request) {
-    request_id_ = request.id();
+  void Start(const grpc::ByteBuffer& raw) {
+    // As GlmService's raw methods: decoded first (for the log's id), reported after admission.
+    const absl::Status decoded = ParseRawRequest(raw, &request_);
+    if (decoded.ok()) request_id_ = request_.id();
+    const inference::ModelInferRequest& request = request_;
     grpc::Status status;
     const Backend* backend = glm_->Admit(context_, &status);
     if (backend == nullptr) return Reply(status);
+    if (!decoded.ok()) return Reply(ToGrpcStatus(decoded));
     model_ = KServeModelOf(*backend);
     if (absl::Status s = CheckKServeModel(request.model_name(), request.model_version(), model_);
         !s.ok()) {
@@ -74,7 +80,6 @@ class ModelInferReactor final : public ForwardCallReactor {
     // The tensors are in `body` now; the wire copy is no longer needed.
     call_.forward.clear_token_ids();
     call_.forward.clear_hidden_states();
-    request_ = &request;  // valid until Finish
     Submit(*backend, *std::move(body), call_.forward.output_dtype(), request.id());
   }
 
@@ -84,12 +89,13 @@ class ModelInferReactor final : public ForwardCallReactor {
     v1::ForwardResponse forward;
     FillForwardResponse(output, config, call_.forward, &forward);
     output = glmserve::ForwardOutput();  // the floats are encoded: free them now
-    FillKServeInferResponse(std::move(forward), call_, *request_, model_, response_);
-    return absl::OkStatus();
+    inference::ModelInferResponse response;
+    FillKServeInferResponse(std::move(forward), call_, request_, model_, &response);
+    return SerializeRawReply(response, raw_response_);
   }
 
-  inference::ModelInferResponse* const response_;
-  const inference::ModelInferRequest* request_ = nullptr;
+  grpc::ByteBuffer* const raw_response_;
+  inference::ModelInferRequest request_;  // parsed in Start
   KServeModel model_;
   KServeForward call_;
 };
@@ -121,21 +127,31 @@ grpc::ServerUnaryReactor* KServeServiceImpl::ServerReady(grpc::CallbackServerCon
 }
 
 grpc::ServerUnaryReactor* KServeServiceImpl::ModelReady(grpc::CallbackServerContext* context,
-                                                        const inference::ModelReadyRequest* request,
-                                                        inference::ModelReadyResponse* response) {
+                                                        const grpc::ByteBuffer* raw_request,
+                                                        grpc::ByteBuffer* raw_response) {
   glm_->CallStarted();
+  inference::ModelReadyRequest request;
+  const absl::Status decoded = ParseRawRequest(*raw_request, &request);
   grpc::Status status;
   const Backend* backend = glm_->Admit(context, &status);
+  // Unauthenticated callers get the error whatever they sent.
+  if (backend == nullptr && status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    return Reply(context, status);
+  }
+  if (!decoded.ok()) return Reply(context, ToGrpcStatus(decoded));
+  inference::ModelReadyResponse response;
   if (backend == nullptr) {
     // Authenticated callers learn "not ready" while loading or draining, as the protocol
-    // expects of a readiness check; unauthenticated ones get the error.
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return Reply(context, status);
-    response->set_ready(false);
-    return Reply(context, grpc::Status::OK);
+    // expects of a readiness check.
+    status = grpc::Status::OK;
+    response.set_ready(false);
+  } else {
+    status =
+        ToGrpcStatus(CheckKServeModel(request.name(), request.version(), KServeModelOf(*backend)));
+    response.set_ready(status.ok());
   }
-  status =
-      ToGrpcStatus(CheckKServeModel(request->name(), request->version(), KServeModelOf(*backend)));
-  response->set_ready(status.ok());
+  // An error status sends no reply message: only an OK one is serialized.
+  if (status.ok()) status = ToGrpcStatus(SerializeRawReply(response, raw_response));
   return Reply(context, status);
 }
 
@@ -154,23 +170,29 @@ grpc::ServerUnaryReactor* KServeServiceImpl::ServerMetadata(
   return Reply(context, status);
 }
 
-grpc::ServerUnaryReactor* KServeServiceImpl::ModelMetadata(
-    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
-    inference::ModelMetadataResponse* response) {
+grpc::ServerUnaryReactor* KServeServiceImpl::ModelMetadata(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* raw_request,
+                                                           grpc::ByteBuffer* raw_response) {
   glm_->CallStarted();
+  inference::ModelMetadataRequest request;
+  const absl::Status decoded = ParseRawRequest(*raw_request, &request);  // reported after Admit
   grpc::Status status;
-  const Backend* backend = glm_->Admit(context, &status);
-  if (backend != nullptr) {
+  if (const Backend* backend = glm_->Admit(context, &status)) {
     const KServeModel model = KServeModelOf(*backend);
-    status = ToGrpcStatus(CheckKServeModel(request->name(), request->version(), model));
-    if (status.ok()) FillKServeModelMetadata(model, response);
+    status = ToGrpcStatus([&]() -> absl::Status {
+      RETURN_IF_ERROR(decoded);
+      RETURN_IF_ERROR(CheckKServeModel(request.name(), request.version(), model));
+      inference::ModelMetadataResponse response;
+      FillKServeModelMetadata(model, &response);
+      return SerializeRawReply(response, raw_response);
+    }());
   }
   return Reply(context, status);
 }
 
 grpc::ServerUnaryReactor* KServeServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
-                                                        const inference::ModelInferRequest* request,
-                                                        inference::ModelInferResponse* response) {
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
   glm_->CallStarted();
   auto* reactor = new ModelInferReactor(this, context, response);
   reactor->Start(*request);

@@ -16,7 +16,15 @@
 
 namespace glmserve {
 
-class KServeServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+// ModelReady, ModelMetadata and ModelInfer take `string` fields (model names, tensor names,
+// datatypes, parameters): raw methods, as GlmService's (server/service.h), so that invalid
+// UTF-8 in them is INVALID_ARGUMENT naming the field rather than gRPC's generic refusal.
+using KServeServiceBase = inference::GRPCInferenceService::WithRawCallbackMethod_ModelReady<
+    inference::GRPCInferenceService::WithRawCallbackMethod_ModelMetadata<
+        inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+            inference::GRPCInferenceService::CallbackService>>>;
+
+class KServeServiceImpl final : public KServeServiceBase {
  public:
   // `glm` must outlive this service; `server_version` is what ServerMetadata reports.
   KServeServiceImpl(GlmServiceImpl* glm, std::string server_version);
@@ -29,17 +37,17 @@ class KServeServiceImpl final : public inference::GRPCInferenceService::Callback
                                         const inference::ServerReadyRequest* request,
                                         inference::ServerReadyResponse* response) override;
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
-                                       const inference::ModelReadyRequest* request,
-                                       inference::ModelReadyResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
                                            const inference::ServerMetadataRequest* request,
                                            inference::ServerMetadataResponse* response) override;
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
-                                          const inference::ModelMetadataRequest* request,
-                                          inference::ModelMetadataResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
   friend class ModelInferReactor;

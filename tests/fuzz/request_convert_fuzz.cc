@@ -12,6 +12,7 @@
 #include "core/checkpoint.h"
 #include "core/model.h"
 #include "core/text/unicode.h"
+#include "inference/grpc_service.pb.h"
 #include "server/convert.h"
 #include "server/text_convert.h"
 #include "server/wire_utf8.h"
@@ -100,6 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckWalk(glmserve::v1::ForwardRequest::default_instance(), wire);
   CheckWalk(glmserve::v1::TokenizeRequest::default_instance(), wire);
   CheckWalk(glmserve::v1::CloseSessionRequest::default_instance(), wire);
+  CheckWalk(inference::ModelInferRequest::default_instance(), wire);
   if (data[0] & 1) {
     // As the raw Generate method decodes it (server/raw_call.h).
     glmserve::v1::GenerateRequest request;

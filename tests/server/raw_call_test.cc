@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
+#include "inference/grpc_service.pb.h"
 #include "tests/server/test_server.h"
 #include "tests/server/wire_encode.h"
 
@@ -287,17 +288,43 @@ TEST_F(RawCallTest, AuthenticationComesBeforeTheRequestIsJudged) {
   EXPECT_TRUE(Call(kGenerate, TextGenerate("ok"), "raw-token").status.ok());
 }
 
-TEST_F(RawCallTest, TypedMethodsKeepGrpcsGenericRefusal) {
-  // What the raw methods avoid, shown on the KServe service (the standard `inference` proto,
-  // typed): protobuf's parser refuses the message before any handler runs, and gRPC 1.51
-  // answers with a code that names nothing. The same name, valid, gets the handler's answer.
+TEST_F(RawCallTest, KServeNamesAreCheckedToo) {
+  // The KServe service's methods with string fields are raw as well (server/kserve_service.h).
   Start();
-  const char* method = "/inference.GRPCInferenceService/ModelMetadata";
-  const RawResult bad = Call(method, WireLen(1, kBadUtf8));
-  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_EQ(bad.status.error_message(), "");
-  const RawResult good = Call(method, WireLen(1, "no-such-model"));
-  EXPECT_EQ(good.status.error_code(), grpc::StatusCode::NOT_FOUND) << good.status.error_message();
+  const char* ready = "/inference.GRPCInferenceService/ModelReady";
+  const char* metadata = "/inference.GRPCInferenceService/ModelMetadata";
+  const char* infer = "/inference.GRPCInferenceService/ModelInfer";
+  const struct {
+    const char* method;
+    std::string request;
+    const char* field;
+  } cases[] = {
+      {ready, WireLen(1, kBadUtf8), "name is not valid UTF-8"},
+      {metadata, WireLen(2, kBadUtf8), "version is not valid UTF-8"},
+      {infer, WireLen(1, kBadUtf8), "model_name is not valid UTF-8"},
+      {infer, WireLen(1, "m") + WireLen(5, WireLen(1, "input_ids") + WireLen(2, kBadUtf8)),
+       "inputs[0].datatype is not valid UTF-8"},
+      {infer, WireLen(1, "m") + WireLen(6, WireLen(1, "logits")) + WireLen(6, WireLen(1, kBadUtf8)),
+       "outputs[1].name is not valid UTF-8"},
+      {infer, WireLen(1, "m") + WireLen(4, WireLen(1, "k") + WireLen(2, WireLen(3, kBadUtf8))),
+       "parameters[0].value.string_param is not valid UTF-8"},
+  };
+  for (const auto& c : cases) {
+    const RawResult r = Call(c.method, c.request);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.field << ": " << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.field), std::string::npos)
+        << r.status.error_message();
+  }
+  // The same names, valid: the handlers' own answers (the served model is named "tiny").
+  RawResult r = Call(metadata, WireLen(1, "no-such-model"));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND) << r.status.error_message();
+  r = Call(ready, WireLen(1, "tiny"));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.replies.size(), 1u);
+  inference::ModelReadyResponse ready_reply;
+  ASSERT_TRUE(ready_reply.ParseFromString(r.replies[0]));
+  EXPECT_TRUE(ready_reply.ready());
 }
 
 TEST_F(RawCallTest, DeadlinesAndDrainingApplyToRawMethods) {

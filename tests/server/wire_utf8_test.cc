@@ -16,6 +16,7 @@
 #include "glmserve/v1/glmserve.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "inference/grpc_service.pb.h"
 #include "tests/server/wire_encode.h"
 
 namespace glmserve {
@@ -89,6 +90,17 @@ TEST(WireUtf8Test, EveryStringFieldOfTheRawRequestsIsCheckedAndNamed) {
   std::vector<std::string> paths;
   for (const StringField& f : StringFields(*v1::GenerateRequest::descriptor())) {
     paths.push_back(f.path);
+  }
+  // The KServe service's raw requests: map entries too (`parameters[0].value.string_param`).
+  for (const Descriptor* d :
+       {inference::ModelInferRequest::descriptor(), inference::ModelReadyRequest::descriptor(),
+        inference::ModelMetadataRequest::descriptor()}) {
+    for (const StringField& f : StringFields(*d)) {
+      EXPECT_TRUE(CheckWireUtf8(*d, f.encode("\xF0\x9F\x98\x80")).ok()) << f.path;
+      EXPECT_TRUE(absl::StartsWith(CheckWireUtf8(*d, f.encode(kBadUtf8)).message(),
+                                   f.path + " is not valid UTF-8"))
+          << f.path;
+    }
   }
   for (const char* p : {"prompt_text", "messages[0].role", "messages[0].content",
                         "messages[0].reasoning_content", "messages[0].tool_calls[0].name",
