@@ -10,8 +10,9 @@
 namespace glmserve {
 
 absl::Status ParseRawRequest(const grpc::ByteBuffer& raw, google::protobuf::Message* message) {
-  // One contiguous view for the walk and the parse (a request arrives in several slices when
-  // large; text requests are small next to the work they ask for).
+  // One contiguous view for the walk and the parse: a copy when gRPC received the message in
+  // several slices (a large one does), small next to the work a request asks for (even a
+  // Forward's 64 MiB tensor: a memcpy beside the parse's own, docs/api.md).
   grpc::Slice slice;
   if (raw.Valid() && !raw.DumpToSingleSlice(&slice).ok()) {
     return absl::InternalError("the request's bytes could not be read");

@@ -3,10 +3,11 @@
 // Request text is `string` in glmserve.proto (so that proto3's JSON mapping and generated stubs
 // treat it as text), and protobuf's parser refuses a proto3 string holding invalid UTF-8 by
 // failing the whole message, which gRPC reports as a generic error before any handler runs.
-// The RPCs that take text are registered as raw methods instead (server/service.h): their
-// bytes are walked here with the message's Descriptor first, so that invalid UTF-8 becomes
-// INVALID_ARGUMENT naming the field (`messages[1].content`, `stop.stop_strings[3]`), and only
-// then parsed. No transport types: the walk takes the serialized message.
+// The RPCs whose requests have string fields are raw methods instead (server/service.h,
+// server/kserve_service.h): their bytes are walked here with the message's Descriptor first,
+// so that invalid UTF-8 becomes INVALID_ARGUMENT naming the field (`messages[1].content`,
+// `stop.stop_strings[3]`), and only then parsed. No transport types: the walk takes the
+// serialized message.
 #pragma once
 
 #include <string_view>
