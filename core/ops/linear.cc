@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,15 @@ bool CpuHasAvx512() {
 bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && CpuHasAvx512();
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512vnni");
   return has && CpuHasAvx512();
 #else
   return false;
@@ -126,19 +136,21 @@ void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* pa
 
 namespace {
 
-// One job of a LinearMany call, in the arithmetic it runs: exact (bf16.xb == nullptr) or
-// kBf16.
+// One job of a LinearMany call, in the arithmetic it runs: int8 (int8.x set), kBf16
+// (bf16.xb set) or exact.
 struct Task {
   LinearJob exact;
   Bf16Job bf16;
-  int64_t rows() const { return bf16.xb != nullptr ? bf16.w->rows : exact.w->rows; }
-  int64_t m() const { return bf16.xb != nullptr ? bf16.m : exact.m; }
+  Int8Job int8;
+  int64_t rows() const { return exact.w->rows; }
+  int64_t m() const { return exact.m; }
 };
 
 using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
+  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni : Int8BlockGeneric;
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
@@ -149,7 +161,9 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     thread_local std::vector<float> panel;
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].bf16.xb != nullptr) {
+      if (tasks[j].int8.x != nullptr) {
+        int8_fn(tasks[j].int8, b - starts[j]);
+      } else if (tasks[j].bf16.xb != nullptr) {
         bf16_fn(tasks[j].bf16, b - starts[j]);
       } else {
         exact_fn(tasks[j].exact, b - starts[j], &panel);
@@ -163,21 +177,41 @@ BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlock
 }  // namespace
 
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}}}, LinearBlockGeneric);
+  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}, {}}}, LinearBlockGeneric);
 }
 
 }  // namespace internal
 
 void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<internal::Task> tasks(jobs.size());
-  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16, and int8 weights always
-  // (their kernel is a vdpbf16ps one; glm-server refuses int8 with --cpu_math=exact).
+  for (size_t j = 0; j < jobs.size(); ++j) tasks[j].exact = jobs[j];
+  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16 (int8 weights take their own,
+  // below, in either mode).
   auto takes_bf16 = [math](const LinearJob& job) {
     const Matrix& w = *job.w;
-    if (job.m <= 0) return false;
-    if (w.format == WeightFormat::kInt8Groups) return true;
-    return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
+    return job.m > 0 && w.format == WeightFormat::kDense && math == CpuMath::kBf16 &&
+           w.dtype == DType::kBF16;
   };
+  // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs);
+  // a deque keeps the addresses the tasks hold.
+  struct Quantized {
+    const float* x;
+    internal::Int8Activation a;
+  };
+  std::deque<Quantized> quantized;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const LinearJob& job = jobs[j];
+    if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
+    const int64_t k = job.w->cols;
+    auto same = [&](const Quantized& q) { return q.x == job.x && q.a.m == job.m && q.a.k == k; };
+    auto it = std::find_if(quantized.begin(), quantized.end(), same);
+    if (it == quantized.end()) {
+      quantized.push_back({job.x, {}});
+      it = quantized.end() - 1;
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a);
+    }
+    tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
+  }
   // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
   // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
   struct Rounded {
@@ -187,7 +221,6 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   };
   std::vector<Rounded> rounded;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    tasks[j].exact = jobs[j];
     if (!takes_bf16(jobs[j])) continue;
     const int64_t k = jobs[j].w->cols;
     auto same = [&](const Rounded& r) { return r.x == jobs[j].x && r.m == jobs[j].m && r.k == k; };
@@ -228,6 +261,10 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
   if (m <= 0 || w.rows <= 0) return;
   const LinearJob job{x, m, &w, bias, y};
   LinearMany({job}, math);
+}
+
+const char* LinearInt8KernelName() {
+  return internal::CpuHasAvx512Vnni() ? "avx512_vnni" : "generic_int8";
 }
 
 const char* LinearKernelName(CpuMath math) {
