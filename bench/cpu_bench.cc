@@ -31,8 +31,8 @@ ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");
 ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)");
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,int8",
-          "modes to measure, comma-separated: exact, bf16 (--cpu_math) and int8 (bf16 math on "
-          "linear layers quantized to int8 at load, --weight_dtype=int8)");
+          "modes to measure, comma-separated: exact, bf16 (--cpu_math) and int8 (linear "
+          "layers quantized to int8 at load, --weight_dtype=int8; int8 activations)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
 namespace {
@@ -133,11 +133,13 @@ int main(int argc, char** argv) {
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf("threads %d\n", glmserve::NumThreads());
   std::printf(
-      "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, read bandwidth "
-      "%.1f GB/s (%d streams per thread; 1 stream: %.1f GB/s), OpenBLAS sgemm 2048^3 %.0f "
-      "GFLOP/s\n",
-      limits.fma_gflops, limits.bf16_gflops, limits.read_gbs, limits.read_best_streams,
-      limits.read_one_stream_gbs, MeasureBlasGflops());
+      "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, int8 "
+      "dot-product peak %.0f GOP/s, read bandwidth "
+      "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
+      "decode kernels over 1 GiB: bf16 %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
+      limits.fma_gflops, limits.bf16_gflops, limits.int8_gops, limits.read_gbs, limits.read_sum_gbs,
+      limits.read_best_streams, limits.read_one_stream_gbs, limits.read_bf16_kernel_gbs,
+      limits.read_int8_kernel_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =
@@ -174,14 +176,16 @@ int main(int argc, char** argv) {
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
     const char* mode = mode_name.c_str();
     const bool bf16_math = math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
-    const double peak = bf16_math ? limits.bf16_gflops : limits.fma_gflops;
+    const bool int8 = mode_name == "int8" && limits.int8_gops > 0;
+    const double peak =
+        int8 ? limits.int8_gops : bf16_math ? limits.bf16_gflops : limits.fma_gflops;
     const glmserve::bench::StepCost prefill_cost =
         glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts);
     const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-        bf16_math ? "bf16 dot" : "fp32 FMA", peak > 0 ? prefill_gflops / peak : 0.0);
+        int8 ? "int8 dot" : bf16_math ? "bf16 dot" : "fp32 FMA", peak > 0 ? prefill_gflops / peak : 0.0);
     const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
         model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;

@@ -1,6 +1,6 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,int8), parsed and
-// applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16) and int8 (bf16 math
-// on weights quantized at load, --weight_dtype=int8).
+// applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16) and int8 (weights
+// quantized at load, --weight_dtype=int8, with their own int8 arithmetic, core/ops/linear.h).
 #pragma once
 
 #include <string>
