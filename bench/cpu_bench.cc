@@ -177,15 +177,19 @@ int main(int argc, char** argv) {
     const char* mode = mode_name.c_str();
     const bool bf16_math = math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
     const bool int8 = mode_name == "int8" && limits.int8_gops > 0;
-    const double peak =
-        int8 ? limits.int8_gops : bf16_math ? limits.bf16_gflops : limits.fma_gflops;
+    const double peak = int8        ? limits.int8_gops
+                        : bf16_math ? limits.bf16_gflops
+                                    : limits.fma_gflops;
     const glmserve::bench::StepCost prefill_cost =
         glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts);
     const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-        int8 ? "int8 dot" : bf16_math ? "bf16 dot" : "fp32 FMA", peak > 0 ? prefill_gflops / peak : 0.0);
+        int8        ? "int8 dot"
+        : bf16_math ? "bf16 dot"
+                    : "fp32 FMA",
+        peak > 0 ? prefill_gflops / peak : 0.0);
     const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
         model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;

@@ -76,7 +76,8 @@ __attribute__((target("avx512f,avx512bf16"))) inline float DpBf16Loop(float seed
 
 __attribute__((target("avx512f,avx512vnni"))) inline float DpBusdLoop(float seed) {
   __m512i acc[kPeakAccumulators];
-  for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_set1_epi32(static_cast<int>(seed) + i);
+  for (int i = 0; i < kPeakAccumulators; ++i)
+    acc[i] = _mm512_set1_epi32(static_cast<int>(seed) + i);
   const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
   for (int64_t it = 0; it < kPeakIterations; ++it) {
     for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);

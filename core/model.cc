@@ -44,7 +44,7 @@ std::string CpuModel::compute_description() const {
     return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
                         ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
                         std::string(DTypeName(weights_.weight_dtype)),
-                        "; activations int8 per group, kernel ", LinearInt8KernelName(), ")");
+                        "), activations int8 per group (kernel ", LinearInt8KernelName(), ")");
   }
   if (weights_.linear_format == WeightFormat::kFp8Scaled) {
     // FP8 matrices always run the exact arithmetic (linear.h); the unquantized rest as math_.

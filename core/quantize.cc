@@ -48,7 +48,8 @@ void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
     for (int64_t c = 0; c < m.cols; ++c) row[c] = LoadAsFloat(m.data, m.dtype, r * m.cols + c);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = g * kInt8Group, end = std::min(m.cols, begin + kInt8Group);
-      scales[r * groups + g] = QuantizeGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
+      scales[r * groups + g] =
+          QuantizeGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
     }
   }
 }

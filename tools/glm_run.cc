@@ -90,7 +90,8 @@ absl::Status Run() {
                    glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
   if (quant == glmserve::WeightQuant::kInt8 && math != glmserve::CpuMath::kBf16) {
     return absl::InvalidArgumentError(
-        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it");
+        "--weight_dtype=int8 is a choice within the approximate arithmetic: pass --cpu_math=bf16 "
+        "with it");
   }
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");

@@ -33,7 +33,8 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
     for (int64_t g = 0; g * kInt8Group < k; ++g) {
       const int64_t begin = g * kInt8Group, n = std::min(kInt8Group, k - begin);
       // The 8 slots of 4 of this group share its scale; past-the-end groups keep 0.
-      std::fill_n(scale + begin / 4, kInt8Group / 4, QuantizeGroupInt8(x + i * k + begin, n, q + begin));
+      std::fill_n(scale + begin / 4, kInt8Group / 4,
+                  QuantizeGroupInt8(x + i * k + begin, n, q + begin));
     }
     for (int64_t s = 0; s < slots; ++s) {
       minus[s] = -128 * (q[4 * s] + q[4 * s + 1] + q[4 * s + 2] + q[4 * s + 3]);

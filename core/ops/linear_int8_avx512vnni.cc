@@ -62,8 +62,8 @@ void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t
     for (int n = 0; n < NR; ++n) {
       // Past-the-end bytes load as 0 and become 128, against activation zeros.
       wv[n] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w.q + n * w.ld + k), bias128);
-      ws[n] = _mm512_permutexvar_ps(halves,
-                                    _mm512_maskz_loadu_ps(gmask, w.scales + n * w.groups + g));
+      ws[n] =
+          _mm512_permutexvar_ps(halves, _mm512_maskz_loadu_ps(gmask, w.scales + n * w.groups + g));
     }
     for (int i = 0; i < MR; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.q + i * x.kp + k);

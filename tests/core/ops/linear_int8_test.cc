@@ -67,7 +67,7 @@ std::vector<float> Reference(const std::vector<float>& x, int64_t m, const Quant
 }
 
 std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const Quantized& w,
-                       const float* bias, bool generic, CpuMath math = CpuMath::kBf16) {
+                             const float* bias, bool generic, CpuMath math = CpuMath::kBf16) {
   std::vector<float> y(m * w.view.rows, NAN);
   internal::ForceGenericKernels(generic);
   Linear(x.data(), m, w.view, bias, y.data(), math);
