@@ -22,7 +22,6 @@
 # MODES: the glmserve modes (cpu_bench --modes) to measure; LLAMA_TYPES: BF16 and/or Q8_0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 PRESET=${PRESET:-glm-4.5-air:layers=2}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
