@@ -121,17 +121,25 @@ glmserve_round() {
       sub(/prefill [0-9]+/, "prefill 128", phase)
       print "glmserve " mode "\t" phase "\t" tps }' >> "$results"
 }
+# Q8_0 with weight repacking takes ggml's AMX int8 path for prefill on CPUs that list
+# amx_int8, which died with SIGILL on the development VM: Q8_0 runs unrepacked unless
+# LLAMA_Q8_REPACK=1.
+LLAMA_Q8_REPACK=${LLAMA_Q8_REPACK:-0}
 llama_round() {
-  local name=$1 gguf=$2
+  local name=$1 gguf=$2 repack=1
+  [ "$name" = Q8_0 ] && repack=$LLAMA_Q8_REPACK
+  local no_repack=()
+  [ "$repack" = 1 ] || no_repack=(--no-repack)
   # llama-bench: pp128 (prefill) and tg16 (decode batch 1), CSV.
-  "$lbuild/bin/llama-bench" -m "$gguf" -t "$THREADS" -p 128 -n 16 -r 1 -o csv 2>/dev/null |
+  "$lbuild/bin/llama-bench" -m "$gguf" -t "$THREADS" -p 128 -n 16 -r 1 --repack "$repack" \
+    -o csv 2>/dev/null |
     python3 -c 'import csv, sys
 for row in csv.DictReader(sys.stdin):
     phase = "prefill 128" if int(row["n_gen"]) == 0 else "decode batch 1"
     print("llama.cpp '"$name"'\t%s\t%.2f" % (phase, float(row["avg_ts"])))' >> "$results"
   # llama-batched-bench: 8 parallel sequences of 16 prompt + 16 generated tokens; S_TG t/s.
   "$lbuild/bin/llama-batched-bench" -m "$gguf" -t "$THREADS" -c 4096 -npp 16 -ntg 16 -npl 8 \
-    --output-format jsonl 2>/dev/null |
+    "${no_repack[@]}" --output-format jsonl 2>/dev/null |
     python3 -c 'import json, sys
 for line in sys.stdin:
     line = line.strip()
