@@ -138,9 +138,8 @@ int main(int argc, char** argv) {
       "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
       "decode kernels over 1 GiB: bf16 %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
       limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops, limits.read_gbs,
-      limits.read_sum_gbs,
-      limits.read_best_streams, limits.read_one_stream_gbs, limits.read_bf16_kernel_gbs,
-      limits.read_int8_kernel_gbs, MeasureBlasGflops());
+      limits.read_sum_gbs, limits.read_best_streams, limits.read_one_stream_gbs,
+      limits.read_bf16_kernel_gbs, limits.read_int8_kernel_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =

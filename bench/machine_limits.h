@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ops/linear_amx.h"
 #include "core/ops/linear.h"
+#include "core/ops/linear_amx.h"
 #include "core/parallel.h"
 
 namespace glmserve::bench {
@@ -163,6 +163,8 @@ inline double AmxBf16PeakGflops() {
     });
   });
   return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 32 * 2) / s / 1e9;
+}
+
 // int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The int8 kernel
 // spends 4 instructions per vpdpbusd (conversion, scale product, FMA), so a quarter of this
 // is its practical ceiling.
