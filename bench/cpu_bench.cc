@@ -31,9 +31,8 @@ ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");
 ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)");
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
-          "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 (bf16 "
-          "math on "
-          "linear layers quantized to int8 at load, --weight_dtype=int8)");
+          "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 "
+          "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
 namespace {
@@ -135,10 +134,12 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", glmserve::NumThreads());
   std::printf(
       "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, AMX bf16 peak "
-      "%.0f GFLOP/s, read bandwidth %.1f GB/s (%d streams per thread; 1 stream: %.1f GB/s), "
-      "OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
-      limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.read_gbs,
-      limits.read_best_streams, limits.read_one_stream_gbs, MeasureBlasGflops());
+      "%.0f GFLOP/s, int8 dot-product peak %.0f GOP/s, read bandwidth "
+      "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
+      "decode kernels over 1 GiB: bf16 %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
+      limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops, limits.read_gbs,
+      limits.read_sum_gbs, limits.read_best_streams, limits.read_one_stream_gbs,
+      limits.read_bf16_kernel_gbs, limits.read_int8_kernel_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =
@@ -173,13 +174,18 @@ int main(int argc, char** argv) {
     glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
-    const std::string mode_label = mode_name + " (" + glmserve::LinearKernelName(math) + ")";
+    const bool int8 = mode_name == "int8";
+    const std::string mode_label =
+        mode_name + " (" +
+        (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
     const char* mode = mode_label.c_str();
-    // The peak of the arithmetic the mode runs (int8: vdpbf16ps; AMX or vdpbf16ps missing:
+    // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
     // their emulation is fp32 scalar code, so the FMA peak).
-    const bool amx_math = math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
-    const bool bf16_math = !amx_math && math != glmserve::CpuMath::kExact && limits.bf16_gflops > 0;
-    const double peak = amx_math    ? limits.amx_gflops
+    const bool int8_math = int8 && limits.int8_gops > 0;
+    const bool amx_math = !int8 && math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
+    const bool bf16_math = !int8 && math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
+    const double peak = int8_math   ? limits.int8_gops
+                        : amx_math  ? limits.amx_gflops
                         : bf16_math ? limits.bf16_gflops
                                     : limits.fma_gflops;
     const glmserve::bench::StepCost prefill_cost =
@@ -188,7 +194,8 @@ int main(int argc, char** argv) {
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-        amx_math    ? "AMX bf16"
+        int8_math   ? "int8 dot"
+        : amx_math  ? "AMX bf16"
         : bf16_math ? "bf16 dot"
                     : "fp32 FMA",
         peak > 0 ? prefill_gflops / peak : 0.0);

@@ -1,6 +1,7 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
-// (--cpu_math=bf16_amx) and int8 (bf16 math on weights quantized at load, --weight_dtype=int8).
+// (--cpu_math=bf16_amx) and int8 (weights quantized at load, --weight_dtype=int8, with their
+// own int8 arithmetic in every --cpu_math, core/ops/linear.h).
 #pragma once
 
 #include <string>

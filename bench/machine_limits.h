@@ -1,7 +1,11 @@
 // This machine's limits, measured in the bench's own run so that the kernels' figures can be
 // read as fractions of them on shared, noisy machines: the fp32 FMA peak, the bf16
-// dot-product (vdpbf16ps) peak, the AMX bf16 tile (TDPBF16PS) peak and the memory read
-// bandwidth, all on the thread pool's threads (core/parallel.h), as the kernels run.
+// dot-product (vdpbf16ps) peak, the AMX bf16 tile (TDPBF16PS) peak, the int8 dot-product
+// (vpdpbusd) peak and the memory read bandwidth, all on the thread pool's
+// threads (core/parallel.h), as the kernels run. The read ceiling is the best of a plain
+// streaming sum (1, 2, 4, 8 streams per thread) and the engine's own decode-shaped kernels
+// over a 1 GiB matrix (bf16 in the bf16 mode, int8): a kernel that streams faster than the
+// plain sum shows that the sum was not the ceiling, so the ceiling is calibrated to it.
 #pragma once
 
 #include <immintrin.h>
@@ -12,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/ops/linear.h"
 #include "core/ops/linear_amx.h"
 #include "core/parallel.h"
 
@@ -69,6 +74,24 @@ __attribute__((target("avx512f,avx512bf16"))) inline float DpBf16Loop(float seed
     for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
   return Sum(acc);
+}
+
+__attribute__((target("avx512f,avx512vnni"))) inline float DpBusdLoop(float seed) {
+  __m512i acc[kPeakAccumulators];
+  for (int i = 0; i < kPeakAccumulators; ++i)
+    acc[i] = _mm512_set1_epi32(static_cast<int>(seed) + i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  // Summed in scalar (GCC 12's 512-bit conversion intrinsics raise false -Wuninitialized).
+  alignas(64) int32_t lanes[16];
+  float total = 0;
+  for (int i = 0; i < kPeakAccumulators; ++i) {
+    _mm512_store_si512(lanes, acc[i]);
+    for (int32_t v : lanes) total += static_cast<float>(v);
+  }
+  return total;
 }
 
 // GFLOP/s of `loop` (flops_per_op per instruction) on every pool thread; 0 if unsupported.
@@ -142,6 +165,14 @@ inline double AmxBf16PeakGflops() {
   return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 32 * 2) / s / 1e9;
 }
 
+// int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The int8 kernel
+// spends 4 instructions per vpdpbusd (conversion, scale product, FMA), so a quarter of this
+// is its practical ceiling.
+inline double Int8DotPeakGops() {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) return 0;
+  return PeakGflops(DpBusdLoop, 128.0);
+}
+
 // Sums `streams` equal parts of [b, e) in lockstep, 64 bytes of each per iteration: several
 // independent sequential streams per thread, as the linear kernels read 4 weight rows at once.
 __attribute__((target("avx512f"))) inline uint64_t SumStreams(const uint64_t* p, int64_t b,
@@ -186,13 +217,40 @@ inline double ReadBandwidth(int streams) {
   return n * sizeof(uint64_t) / s / 1e9;
 }
 
+// GB/s of weights that Linear reads at m = 1 (a decode step's shape) over a 1 GiB matrix of
+// 8192 columns, best of 5: bf16 weights in the bf16 mode (int8 = false) or int8 weights with
+// their scales (int8 = true).
+inline double KernelReadBandwidth(bool int8) {
+  const int64_t k = 8192, rows = (int64_t{1} << 30) / k / (int8 ? 1 : 2);
+  std::vector<float> x(k, 0.5f), y(rows);
+  std::vector<uint16_t> wb;
+  std::vector<int8_t> wq;
+  std::vector<float> scales;
+  Matrix w;
+  if (int8) {
+    wq.assign(rows * k, 3);
+    scales.assign(rows * (k / kInt8Group), 0.01f);
+    w = Matrix{DType::kBF16, rows, k, wq.data(), WeightFormat::kInt8Groups, scales.data()};
+  } else {
+    wb.assign(rows * k, FloatToBf16(0.01f));
+    w = Matrix{DType::kBF16, rows, k, wb.data()};
+  }
+  const double s = BestOf(5, [&] { Linear(x.data(), 1, w, nullptr, y.data(), CpuMath::kBf16); });
+  if (y[0] != y[rows - 1]) std::abort();  // keeps the results alive
+  return w.bytes() / s / 1e9;
+}
+
 struct MachineLimits {
   double fma_gflops = 0;   // fp32 FMA peak
   double bf16_gflops = 0;  // vdpbf16ps peak (0: no AVX512_BF16)
   double amx_gflops = 0;   // TDPBF16PS peak (0: no usable AMX)
-  double read_gbs = 0;     // best read bandwidth over 1, 2, 4 and 8 streams per thread
+  double int8_gops = 0;    // vpdpbusd peak (0: no AVX512_VNNI)
+  double read_gbs = 0;     // the read ceiling: the best of the figures below
   int read_best_streams = 0;
+  double read_sum_gbs = 0;  // best plain streaming sum over 1, 2, 4 and 8 streams per thread
   double read_one_stream_gbs = 0;
+  double read_bf16_kernel_gbs = 0;  // KernelReadBandwidth(false)
+  double read_int8_kernel_gbs = 0;  // KernelReadBandwidth(true)
 };
 
 inline MachineLimits MeasureMachine() {
@@ -200,14 +258,18 @@ inline MachineLimits MeasureMachine() {
   m.fma_gflops = FmaPeakGflops();
   m.bf16_gflops = Bf16DotPeakGflops();
   m.amx_gflops = AmxBf16PeakGflops();
+  m.int8_gops = Int8DotPeakGops();
   for (int streams : {1, 2, 4, 8}) {
     const double gbs = ReadBandwidth(streams);
     if (streams == 1) m.read_one_stream_gbs = gbs;
-    if (gbs > m.read_gbs) {
-      m.read_gbs = gbs;
+    if (gbs > m.read_sum_gbs) {
+      m.read_sum_gbs = gbs;
       m.read_best_streams = streams;
     }
   }
+  m.read_bf16_kernel_gbs = KernelReadBandwidth(false);
+  m.read_int8_kernel_gbs = KernelReadBandwidth(true);
+  m.read_gbs = std::max({m.read_sum_gbs, m.read_bf16_kernel_gbs, m.read_int8_kernel_gbs});
   return m;
 }
 

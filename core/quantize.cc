@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -19,6 +20,27 @@ absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
       absl::StrCat("weight dtype '", name.substr(0, 64), "' is not one of stored, int8"));
 }
 
+float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t c = 0; c < n; ++c) {
+    finite = finite && std::isfinite(v[c]);
+    amax = std::max(amax, std::fabs(v[c]));
+  }
+  if (!finite) {
+    std::fill_n(q, n, int8_t{0});
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = amax / 127.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    // nearbyint: ties to even in the default rounding mode; |v / scale| <= 127 up to
+    // rounding, so the clamp only guards that last ulp.
+    const float r = scale > 0 ? std::nearbyint(v[c] / scale) : 0.0f;
+    q[c] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
 void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
   const int64_t groups = m.scale_cols();
   std::vector<float> row(m.cols);
@@ -26,16 +48,8 @@ void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
     for (int64_t c = 0; c < m.cols; ++c) row[c] = LoadAsFloat(m.data, m.dtype, r * m.cols + c);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = g * kInt8Group, end = std::min(m.cols, begin + kInt8Group);
-      float amax = 0;
-      for (int64_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
-      const float scale = amax / 127.0f;
-      scales[r * groups + g] = scale;
-      for (int64_t c = begin; c < end; ++c) {
-        // nearbyint: ties to even in the default rounding mode; |w / scale| <= 127 up to
-        // rounding, so the clamp only guards that last ulp.
-        const float v = scale > 0 ? std::nearbyint(row[c] / scale) : 0.0f;
-        q[r * m.cols + c] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-      }
+      scales[r * groups + g] =
+          QuantizeGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
     }
   }
 }

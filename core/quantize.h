@@ -28,6 +28,12 @@ absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name);
 // FAILED_PRECONDITION if the matrices are already quantized.
 absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant);
 
+// One group of n (<= kInt8Group) values: q[i] = round(v[i] / scale) (ties to even), returns
+// scale = amax / 127 (0 for an all-zero group). A non-finite value makes the scale NaN and q
+// zero, so that the NaN reaches every product of the group instead of vanishing. The weights
+// and (linear_int8.cc) the activations of the int8 arithmetic are quantized by this one rule.
+float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q);
+
 // One matrix: q [rows, cols] and scales [rows, ceil(cols / kInt8Group)] (exposed for tests).
 void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales);
 

@@ -330,8 +330,9 @@ int main(int argc, char** argv) {
       glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype));
   if (!quant.ok()) return BadFlag(quant.status());
   if (*quant == glmserve::WeightQuant::kInt8 && *cpu_math != glmserve::CpuMath::kBf16) {
-    return BadFlag(absl::InvalidArgumentError(
-        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it"));
+    return BadFlag(
+        absl::InvalidArgumentError("--weight_dtype=int8 is a choice within the approximate "
+                                   "arithmetic: pass --cpu_math=bf16 with it"));
   }
   absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return BadFlag(span.status());

@@ -94,7 +94,8 @@ absl::Status Run() {
                    glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
   if (quant == glmserve::WeightQuant::kInt8 && math != glmserve::CpuMath::kBf16) {
     return absl::InvalidArgumentError(
-        "--weight_dtype=int8 runs the bf16 arithmetic: pass --cpu_math=bf16 with it");
+        "--weight_dtype=int8 is a choice within the approximate arithmetic: pass --cpu_math=bf16 "
+        "with it");
   }
   ASSIGN_OR_RETURN(const glmserve::KvCacheDType kv_dtype,
                    glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,15 @@ bool CpuHasAvx512Bf16() {
 }
 
 bool CpuHasAmx() { return AmxPermitted() && !force_generic.load(); }
+
+bool CpuHasAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has && CpuHasAvx512();
+#else
+  return false;
+#endif
+}
 
 void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(x[i]);
@@ -140,12 +150,13 @@ void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* pa
 
 namespace {
 
-// One job of a LinearMany call, in the arithmetic it runs: kBf16 (bf16.xb set), kBf16Amx
-// (amx.xp set) or exact (neither).
+// One job of a LinearMany call, in the arithmetic it runs: int8 (int8.x set), kBf16
+// (bf16.xb set), kBf16Amx (amx.xp set) or exact (none).
 struct Task {
   LinearJob exact;
   Bf16Job bf16;
   AmxJob amx;
+  Int8Job int8;
   int64_t rows() const { return exact.w->rows; }
   int64_t m() const { return exact.m; }
 };
@@ -154,6 +165,7 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
+  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni : Int8BlockGeneric;
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
@@ -166,7 +178,9 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     bool tiles = false;  // this thread's tile configuration loaded (it is per thread)
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].amx.xp != nullptr) {
+      if (tasks[j].int8.x != nullptr) {
+        int8_fn(tasks[j].int8, b - starts[j]);
+      } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxBlockEmulated(tasks[j].amx, b - starts[j]);
           continue;
@@ -198,20 +212,40 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
 
 void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<internal::Task> tasks(jobs.size());
-  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16, and int8 weights always
-  // (their kernel is a vdpbf16ps one; glm-server refuses int8 with --cpu_math=exact).
+  for (size_t j = 0; j < jobs.size(); ++j) tasks[j].exact = jobs[j];
+  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16 (int8 weights take their own,
+  // below, in either mode).
   auto takes_bf16 = [math](const LinearJob& job) {
     const Matrix& w = *job.w;
-    if (job.m <= 0) return false;
-    if (w.format == WeightFormat::kInt8Groups) return true;
-    return math == CpuMath::kBf16 && w.dtype == DType::kBF16;
+    return job.m > 0 && w.format == WeightFormat::kDense && math == CpuMath::kBf16 &&
+           w.dtype == DType::kBF16;
   };
-  // kBf16Amx: dense bf16 weights (int8 keeps its own kernel above; FP8 the exact one).
+  // kBf16Amx: dense bf16 weights (int8 keeps its own kernel below; FP8 the exact one).
   auto takes_amx = [math](const LinearJob& job) {
     const Matrix& w = *job.w;
     return job.m > 0 && math == CpuMath::kBf16Amx && w.format == WeightFormat::kDense &&
            w.dtype == DType::kBF16;
   };
+  // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs);
+  // a deque keeps the addresses the tasks hold.
+  struct Quantized {
+    const float* x;
+    internal::Int8Activation a;
+  };
+  std::deque<Quantized> quantized;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const LinearJob& job = jobs[j];
+    if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
+    const int64_t k = job.w->cols;
+    auto same = [&](const Quantized& q) { return q.x == job.x && q.a.m == job.m && q.a.k == k; };
+    auto it = std::find_if(quantized.begin(), quantized.end(), same);
+    if (it == quantized.end()) {
+      quantized.push_back({job.x, {}});
+      it = quantized.end() - 1;
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a);
+    }
+    tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
+  }
   // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
   // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
   // kBf16Amx packs them (linear_amx.h) instead: `amx` tells the two apart.
@@ -226,7 +260,6 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   };
   std::vector<Rounded> rounded;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    tasks[j].exact = jobs[j];
     const bool amx = takes_amx(jobs[j]);
     if (!amx && !takes_bf16(jobs[j])) continue;
     auto same = [&](const Rounded& r) { return r.Serves(jobs[j], amx); };
@@ -279,6 +312,10 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
   if (m <= 0 || w.rows <= 0) return;
   const LinearJob job{x, m, &w, bias, y};
   LinearMany({job}, math);
+}
+
+const char* LinearInt8KernelName() {
+  return internal::CpuHasAvx512Vnni() ? "avx512_vnni" : "generic_int8";
 }
 
 const char* LinearKernelName(CpuMath math) {

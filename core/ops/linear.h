@@ -14,10 +14,15 @@
 //    sums in a different order than kBf16, so the two give different bits); a portable
 //    emulation gives the same bits where the CPU or the OS lacks AMX (much slower). Other
 //    weight dtypes run the exact arithmetic, as in kBf16.
-// Int8 weights (WeightFormat::kInt8Groups, core/quantize.h) always take the bf16 arithmetic
-// with one more step: per 32-wide group, the lane's pair sum starts from zero and is then
-// added to the lane times the row's group scale, as one FMA (the int8 values are exact in
-// bf16); same lane tree.
+// Int8 weights (WeightFormat::kInt8Groups, core/quantize.h) take their own arithmetic in every
+// mode (linear_int8.cc), the scheme of llama.cpp's Q8_0 dot product: each activation row is
+// quantized per 32-wide group exactly as the weights are (int8, scale amax / 127), and the
+// products of the two int8 vectors are summed exactly in int32. Lane l (of 16) takes, for
+// s = 0, 1, ..., the 4 products k = 64 s + 4 l .. + 3 as one exact integer d, then
+// lane += float(d) * (x_scale * w_scale) as one FMA (the scales' product one rounding), over
+// all of K (past-the-end elements and groups read as zero); same lane tree, then the bias.
+// On AVX512-VNNI that is vpdpbusd (weights biased to unsigned in registers, the bias taken
+// back by a per-lane correction of the activation), a conversion and an FMA per 64 weights.
 // FP8 weights (WeightFormat::kFp8Scaled, core/fp8.h) take the exact arithmetic in both modes:
 // each K block of 512 of a task's rows is widened from one byte per weight to fp32 (e4m3 x
 // its block's scale, one rounding) into an L2-resident panel, then the exact tiles run over it.
@@ -64,6 +69,8 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16" (kBf16Amx,
 // likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
+// The kernel int8 weights run on (either mode): "avx512_vnni" or "generic_int8".
+const char* LinearInt8KernelName();
 
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
@@ -95,6 +102,27 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
                 float* out);
 // The 256 values of e4m3 (E4m3ToFloat), for table lookups.
 const float* E4m3Table();
+// Int8 weights: the activation rows quantized once per LinearMany (shared by every job that
+// reads the same activation). kp = k rounded up to 64; past-the-end values are zero.
+struct Int8Activation {
+  int64_t m = 0, k = 0, kp = 0;
+  std::vector<int8_t> q;            // [m, kp]: round(x / scale) per 32-wide group
+  std::vector<float> lane_scale;    // [m, kp / 4]: the scale of 4-wide lane slot l's group
+  std::vector<int32_t> lane_minus;  // [m, kp / 4]: -128 * (sum of slot l's 4 values of q)
+};
+// Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many).
+void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a);
+struct Int8Job {
+  const Int8Activation* x = nullptr;
+  const Matrix* w = nullptr;  // WeightFormat::kInt8Groups, w->cols == x->k
+  const float* bias = nullptr;
+  float* y = nullptr;  // [x->m, w->rows]
+};
+// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job: the portable kernel and the
+// AVX512-VNNI one, bit-identical.
+void Int8BlockGeneric(const Int8Job& job, int64_t nb);
+void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
+bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task

@@ -1,6 +1,5 @@
 // The kBf16 Linear kernel on AVX512_BF16: activations already rounded to bf16 (LinearMany
-// does that once per activation), bf16 weights read in place or int8 weights widened to bf16
-// in registers, vdpbf16ps into fp32 lanes.
+// does that once per activation), bf16 weights read in place, vdpbf16ps into fp32 lanes.
 // Register tiles of up to 4 activation rows x 4 weight rows; every element's lanes run
 // through all of K in the same order whatever the tile, the K blocking or m (linear.h), so
 // blocking only decides where the lanes wait between blocks (registers or a scratch buffer).
@@ -34,58 +33,20 @@ inline __m512bh Load32(const uint16_t* p, int64_t count) {
 
 // Weight rows in bf16, read in place.
 struct Bf16Rows {
-  static constexpr bool kScaled = false;
   const uint16_t* p;
   int64_t ld;
   __m512bh Load(int n, int64_t k, int64_t count) const { return Load32(p + n * ld + k, count); }
-  __m512 Scale(int, int64_t) const { return _mm512_setzero_ps(); }
 };
 
-// Int8 rows with a scale per 32-wide group (core/quantize.h), widened to bf16 in registers:
-// exact, since |q| <= 127 has at most 7 significant bits.
-struct Int8Rows {
-  static constexpr bool kScaled = true;
-  const int8_t* q;
-  int64_t ld;
-  const float* scales;
-  int64_t lds;
-  __m512bh Load(int n, int64_t k, int64_t count) const {
-    const int8_t* src = q + n * ld + k;
-    alignas(32) int8_t tail[32] = {};
-    if (count < 32) {
-      std::copy_n(src, count, tail);
-      src = tail;
-    }
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-    // cvtne2ps_pbh(a, b): elements 0-15 from b, 16-31 from a.
-    return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)),
-                               _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
-  }
-  __m512 Scale(int n, int64_t k) const { return _mm512_set1_ps(scales[n * lds + k / kInt8Group]); }
-};
-
-// One 32-wide step of K for an MR x NR tile: plain rows accumulate in the lanes directly;
-// scaled rows take the step's pair sums from zero and add them times the group scale.
+// One 32-wide step of K for an MR x NR tile, accumulated in the lanes directly.
 template <int MR, int NR, typename W>
 inline void Step(__m512 (&acc)[MR][NR], const uint16_t* x, int64_t ldx, const W& w, int64_t k,
                  int64_t count) {
   __m512bh wv[NR];
-  __m512 sv[NR];
-  for (int n = 0; n < NR; ++n) {
-    wv[n] = w.Load(n, k, count);
-    if constexpr (W::kScaled) sv[n] = w.Scale(n, k);
-  }
+  for (int n = 0; n < NR; ++n) wv[n] = w.Load(n, k, count);
   for (int i = 0; i < MR; ++i) {
     const __m512bh xv = Load32(x + i * ldx + k, count);
-    for (int n = 0; n < NR; ++n) {
-      if constexpr (W::kScaled) {
-        const __m512 pair = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv, wv[n]);
-        acc[i][n] = _mm512_fmadd_ps(pair, sv[n], acc[i][n]);
-      } else {
-        acc[i][n] = _mm512_dpbf16_ps(acc[i][n], xv, wv[n]);
-      }
-    }
+    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_dpbf16_ps(acc[i][n], xv, wv[n]);
   }
 }
 
@@ -154,15 +115,8 @@ void Block(const Bf16Job& job, int64_t n0, int64_t nn, RowsAt rows_at) {
 void Bf16BlockAvx512(const Bf16Job& job, int64_t nb) {
   const Matrix& w = *job.w;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0), k_total = w.cols;
-  if (w.format == WeightFormat::kInt8Groups) {
-    const int8_t* q = static_cast<const int8_t*>(w.data);
-    Block<Int8Rows>(job, n0, nn, [&](int64_t n) {
-      return Int8Rows{q + n * k_total, k_total, w.scales + n * w.scale_cols(), w.scale_cols()};
-    });
-  } else {
-    const uint16_t* p = static_cast<const uint16_t*>(w.data);
-    Block<Bf16Rows>(job, n0, nn, [&](int64_t n) { return Bf16Rows{p + n * k_total, k_total}; });
-  }
+  const uint16_t* p = static_cast<const uint16_t*>(w.data);
+  Block<Bf16Rows>(job, n0, nn, [&](int64_t n) { return Bf16Rows{p + n * k_total, k_total}; });
 }
 
 }  // namespace glmserve::internal

@@ -39,40 +39,16 @@ float DotBf16(const uint16_t* x, const uint16_t* w, int64_t k_total) {
   return lane[0];
 }
 
-// Int8 weights: per group of 32 (one step), the pair sums start from zero, then each lane adds
-// its sum times the group's scale with one FMA (IEEE, no flushing: a plain vfmadd).
-float DotInt8(const uint16_t* x, const int8_t* q, const float* scales, int64_t k_total) {
-  float lane[16] = {};
-  for (int64_t k0 = 0; k0 < k_total; k0 += kInt8Group) {
-    const float scale = scales[k0 / kInt8Group];
-    for (int j = 0; j < 16; ++j) {
-      const int64_t k = k0 + 2 * j;
-      const uint16_t x0 = k < k_total ? x[k] : 0, x1 = k + 1 < k_total ? x[k + 1] : 0;
-      const float w0 = k < k_total ? q[k] : 0, w1 = k + 1 < k_total ? q[k + 1] : 0;
-      float pair = Ftz(std::fma(DazBf16(x1), w1, 0.0f));
-      pair = Ftz(std::fma(DazBf16(x0), w0, pair));
-      lane[j] = std::fma(pair, scale, lane[j]);
-    }
-  }
-  for (int width = 8; width >= 1; width /= 2) {
-    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
-  }
-  return lane[0];
-}
-
 }  // namespace
 
 void Bf16BlockGeneric(const Bf16Job& job, int64_t nb) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-  const bool int8 = w.format == WeightFormat::kInt8Groups;
   for (int64_t i = 0; i < job.m; ++i) {
     for (int64_t n = n0; n < n0 + nn; ++n) {
       const uint16_t* x = job.xb + i * k_total;
-      float v = int8 ? DotInt8(x, static_cast<const int8_t*>(w.data) + n * k_total,
-                               w.scales + n * w.scale_cols(), k_total)
-                     : DotBf16(x, static_cast<const uint16_t*>(w.data) + n * k_total, k_total);
+      float v = DotBf16(x, static_cast<const uint16_t*>(w.data) + n * k_total, k_total);
       if (job.bias != nullptr) v += job.bias[n];
       job.y[i * n_rows + n] = v;
     }

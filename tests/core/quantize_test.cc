@@ -1,7 +1,6 @@
-// Int8 weights quantized at load (core/quantize.h) and their kernels (core/ops/linear.h):
-// the quantizer's error bound, the kernels against a float64 reference of what they compute,
-// bit equality of the AVX512_BF16 kernel and its portable emulation, batch invariance, and
-// the accuracy against the Transformers goldens (logits error and greedy agreement).
+// Int8 weights quantized at load (core/quantize.h): the quantizer's error bound, the model's
+// quantized matrices, and the accuracy against the Transformers goldens (logits error and
+// greedy agreement). The kernels are tested in tests/core/ops/linear_int8_test.cc.
 #include "core/quantize.h"
 
 #include <gtest/gtest.h>
@@ -69,67 +68,19 @@ TEST(QuantizeInt8, ErrorWithinHalfAScalePerElement) {
   EXPECT_EQ(qm.view.bytes(), rows * cols + rows * groups * 4);
 }
 
-// float64 y = round_bf16(x) (q * scale)^T + b: what the int8 kernels compute up to fp32 sums.
-std::vector<float> Reference(const std::vector<float>& x, int64_t m, const Quantized& w,
-                             const float* bias) {
-  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
-  std::vector<float> y(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = bias ? bias[j] : 0.0;
-      for (int64_t c = 0; c < k; ++c) {
-        acc += static_cast<double>(Bf16ToFloat(FloatToBf16(x[i * k + c]))) * w.q[j * k + c] *
-               w.scales[j * groups + c / 32];
-      }
-      y[i * n + j] = static_cast<float>(acc);
-    }
-  }
-  return y;
-}
-
-TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
-  std::printf("int8 kernel on this machine: %s\n", LinearKernelName(CpuMath::kBf16));
-  struct Shape {
-    int64_t m, n, k;
-  };
-  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {3, 33, 64},  {4, 40, 1030},
-                          {6, 37, 2100}, {17, 70, 513}, {1, 96, 4096}};
-  uint32_t seed = 40;
-  for (const Shape& s : shapes) {
-    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const Quantized w = Quantize(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
-    const std::vector<float> bias = RandomVector(s.n, seed++);
-    const std::vector<float> ref = Reference(x, s.m, w, bias.data());
-    for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact}) {  // int8 ignores the mode
-      std::vector<float> y(s.m * s.n, NAN);
-      Linear(x.data(), s.m, w.view, bias.data(), y.data(), math);
-      EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
-      std::vector<float> g(s.m * s.n, NAN);
-      internal::ForceGenericKernels(true);
-      Linear(x.data(), s.m, w.view, bias.data(), g.data(), math);
-      internal::ForceGenericKernels(false);
-      for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(y[i], g[i]) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
-      }
-    }
-  }
-}
-
-TEST(LinearInt8, RowResultIndependentOfBatch) {
-  const int64_t n = 45, k = 2100, m = 11;
-  const std::vector<float> x = RandomVector(m * k, 50);
-  const Quantized w = Quantize(RandomVector(n * k, 51, 0.05f), n, k);
-  std::vector<float> all(m * n);
-  Linear(x.data(), m, w.view, nullptr, all.data(), CpuMath::kBf16);
-  for (int64_t start = 0; start < m; ++start) {
-    for (int64_t count = 1; start + count <= m; count += 2) {
-      std::vector<float> part(count * n);
-      Linear(x.data() + start * k, count, w.view, nullptr, part.data(), CpuMath::kBf16);
-      for (int64_t i = 0; i < count * n; ++i) {
-        ASSERT_EQ(part[i], all[start * n + i]) << "start " << start << " count " << count;
-      }
-    }
-  }
+TEST(QuantizeInt8, NonFiniteGroupGetsANanScale) {
+  std::vector<float> v = RandomVector(32, 4);
+  std::vector<int8_t> q(32, 5);
+  v[7] = NAN;
+  EXPECT_TRUE(std::isnan(QuantizeGroupInt8(v.data(), 32, q.data())));
+  for (int8_t e : q) EXPECT_EQ(e, 0);
+  v[7] = -INFINITY;
+  EXPECT_TRUE(std::isnan(QuantizeGroupInt8(v.data(), 32, q.data())));
+  v[7] = 0;
+  EXPECT_EQ(QuantizeGroupInt8(v.data(), 32, q.data()) > 0, true);
+  const std::vector<float> zeros(32, 0.0f);
+  EXPECT_EQ(QuantizeGroupInt8(zeros.data(), 32, q.data()), 0.0f);
+  for (int8_t e : q) EXPECT_EQ(e, 0);
 }
 
 TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
@@ -161,6 +112,7 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
 // Accuracy against the Transformers goldens: prompt logits against the reference's fp32
 // compute on the stored weights, and greedy continuation through the KV cache.
 TEST(QuantizeWeights, GoldenAccuracy) {
+  size_t greedy_agree = 0, greedy_total = 0;
   for (const std::string name :
        {"bf16", "qknorm_bias_fp32", "grouped_router_fp32", "dense2_tied_fp32"}) {
     const std::string dir = testing::GoldenDir(name);
@@ -217,12 +169,21 @@ TEST(QuantizeWeights, GoldenAccuracy) {
         "[ %s int8 ] logits relative error %.3g, prompt top-1 agreement %d/%lld, greedy "
         "prefix %zu/%zu\n",
         name.c_str(), err, top1_agree, static_cast<long long>(n), same_prefix, greedy.size());
-    // Measured 1.2e-2 to 1.6e-2 (transformers 5.24 goldens); greedy identical in all four.
+    // Measured 1.5e-2 to 2.5e-2 (transformers 5.24 goldens; the activations' int8 rounding,
+    // llama.cpp Q8_0's scheme, adds about as much as the weights'). Greedy: the whole
+    // continuation on three cases; qknorm_bias_fp32 leaves it at step 3 (the random-weight
+    // fixtures' top logits are close, and the result is deterministic, so the bound is the
+    // measured value: any change to the arithmetic shows here).
     EXPECT_LT(err, 3e-2) << name;
-    EXPECT_EQ(generated, greedy) << name;
+    EXPECT_GE(same_prefix, 2u) << name;
+    greedy_agree += same_prefix;
+    greedy_total += greedy.size();
     EXPECT_GT(err, 1e-4) << name << ": quantization changed nothing?";
     EXPECT_GE(top1_agree, n - 1) << name;
   }
+  std::printf("int8 greedy agreement over the four cases: %zu/%zu steps\n", greedy_agree,
+              greedy_total);
+  EXPECT_GE(greedy_agree, 26u);
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+// The prefill GEMMs of glm-4.5-air alone, in one CPU math mode, as fractions of the same-run
+// peak of the arithmetic the mode runs and of the read bandwidth: a dense projection at m =
+// --tokens (q_proj's shape) and the routed experts' gate/up/down as one LinearMany with m =
+// --tokens * top-8 / 128 rows per expert (what a 128-token prefill gives each expert on
+// average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
+// anything. Run by hand while tuning a kernel (not in CI):
+//   build/bench/linear_bench --threads=2 --modes=bf16_amx,bf16 --rounds=5
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "bench/cpu_modes.h"
+#include "bench/machine_limits.h"
+#include "core/ops/linear.h"
+#include "core/parallel.h"
+
+ABSL_FLAG(std::string, modes, "bf16_amx", "CPU math modes (exact, bf16, bf16_amx), interleaved");
+ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");
+ABSL_FLAG(int, experts, 128, "routed experts (each gate/up [1408, 4096], down [4096, 1408])");
+ABSL_FLAG(int, rounds, 5, "interleaved rounds; medians are printed");
+ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+
+namespace {
+
+using glmserve::bench::Clock;
+using glmserve::bench::Since;
+
+std::vector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 0.02f);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) x = glmserve::FloatToBf16(dist(rng));
+  return v;
+}
+
+glmserve::Matrix Bf16Matrix(const std::vector<uint16_t>& data, int64_t rows, int64_t cols) {
+  glmserve::Matrix m;
+  m.dtype = glmserve::DType::kBF16;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = data.data();
+  return m;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  absl::StatusOr<std::vector<std::string>> modes =
+      glmserve::bench::ParseModes(absl::GetFlag(FLAGS_modes));
+  if (!modes.ok() || std::count(modes->begin(), modes->end(), "int8") > 0) {
+    std::fprintf(stderr, "--modes: exact, bf16 or bf16_amx\n");
+    return 1;
+  }
+  const int64_t hidden = 4096, q_dim = 12288, inter = 1408;
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens), n_experts = absl::GetFlag(FLAGS_experts);
+  const int64_t m_expert = std::max<int64_t>(1, tokens * 8 / 128);
+
+  const std::vector<uint16_t> q_data = RandomBf16(q_dim * hidden, 1);
+  const glmserve::Matrix q = Bf16Matrix(q_data, q_dim, hidden);
+  std::vector<std::vector<uint16_t>> expert_data;
+  std::vector<glmserve::Matrix> expert_w;
+  expert_data.reserve(3 * n_experts);
+  for (int64_t e = 0; e < n_experts; ++e) {
+    expert_data.push_back(RandomBf16(inter * hidden, 10 + 3 * e));
+    expert_data.push_back(RandomBf16(inter * hidden, 11 + 3 * e));
+    expert_data.push_back(RandomBf16(hidden * inter, 12 + 3 * e));
+  }
+  for (int64_t e = 0; e < n_experts; ++e) {
+    expert_w.push_back(Bf16Matrix(expert_data[3 * e], inter, hidden));
+    expert_w.push_back(Bf16Matrix(expert_data[3 * e + 1], inter, hidden));
+    expert_w.push_back(Bf16Matrix(expert_data[3 * e + 2], hidden, inter));
+  }
+  std::vector<float> x(tokens * hidden), y(tokens * q_dim);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (float& v : x) v = dist(rng);
+  // Each expert its own activations (gate/up share theirs, down takes its own), as in MoeFfn.
+  std::vector<float> xe(n_experts * m_expert * hidden), he(n_experts * m_expert * inter);
+  for (float& v : xe) v = dist(rng);
+  for (float& v : he) v = dist(rng);
+  std::vector<float> ye(n_experts * 3 * m_expert * hidden);
+
+  const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
+  std::printf(
+      "threads %d; peaks: fp32 FMA %.0f, bf16 dot %.0f, AMX bf16 %.0f GFLOP/s; read %.1f "
+      "GB/s\n",
+      glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
+      limits.read_gbs);
+  std::printf("dense [%lld x %lld] at m = %lld; %lld experts x 3 matrices at m = %lld\n",
+              static_cast<long long>(q_dim), static_cast<long long>(hidden),
+              static_cast<long long>(tokens), static_cast<long long>(n_experts),
+              static_cast<long long>(m_expert));
+
+  const size_t n_modes = modes->size();
+  std::vector<std::vector<double>> dense_s(n_modes), moe_s(n_modes);
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    for (size_t i = 0; i < n_modes; ++i) {
+      const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
+      auto t = Clock::now();
+      glmserve::Linear(x.data(), tokens, q, nullptr, y.data(), math);
+      dense_s[i].push_back(Since(t));
+      std::vector<glmserve::LinearJob> jobs;
+      for (int64_t j = 0; j < 3 * n_experts; ++j) {
+        const int64_t e = j / 3;
+        const float* xj =
+            j % 3 == 2 ? he.data() + e * m_expert * inter : xe.data() + e * m_expert * hidden;
+        jobs.push_back({xj, m_expert, &expert_w[j], nullptr, ye.data() + j * m_expert * hidden});
+      }
+      t = Clock::now();
+      glmserve::LinearMany(jobs, math);
+      moe_s[i].push_back(Since(t));
+    }
+  }
+  const double dense_flops = 2.0 * tokens * q_dim * hidden;
+  const double moe_flops = 2.0 * m_expert * 3 * inter * hidden * n_experts;
+  const double moe_bytes = 2.0 * 3 * inter * hidden * n_experts;
+  std::printf(
+      "\n| mode | dense GFLOP/s | of peak | experts GFLOP/s | of peak | experts GB/s | of "
+      "read |\n|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < n_modes; ++i) {
+    const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
+    const double peak =
+        math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0 ? limits.amx_gflops
+        : math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0 ? limits.bf16_gflops
+                                                                     : limits.fma_gflops;
+    const double d = dense_flops / Median(dense_s[i]) / 1e9;
+    const double e = moe_flops / Median(moe_s[i]) / 1e9;
+    const double gbs = moe_bytes / Median(moe_s[i]) / 1e9;
+    std::printf("| %s (%s) | %.0f | %.2f | %.0f | %.2f | %.1f | %.2f |\n", (*modes)[i].c_str(),
+                glmserve::LinearKernelName(math), d, d / peak, e, e / peak, gbs,
+                gbs / limits.read_gbs);
+  }
+  return 0;
+}
