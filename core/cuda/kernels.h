@@ -99,6 +99,22 @@ cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape
                                const int32_t* slots, uint16_t* cache_layer, int64_t block_size,
                                cudaStream_t stream);
 
+// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/kv_fp8.h, docs/kv_cache.md) of one layer:
+// codes [num_blocks, 2, block_size, kv_heads * head_dim] e4m3 (the bf16 cache's layout, a
+// byte per value) and scales [num_blocks, 2, block_size, kv_heads] fp32, one per token slot,
+// kind (K, V) and KV head: amax / 448 of that head's row (the CPU's codec, bit for bit).
+struct Fp8KvLayer {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+// LaunchQkNormRopeKv writing k and v into an FP8 cache: each (token, KV head) row of fp32 k
+// (after norm and RoPE) and v is encoded from its own values (EncodeKvRow's arithmetic).
+cudaError_t LaunchQkNormRopeKvFp8(float* qkv, int64_t tokens, const QkvShape& shape,
+                                  const float* bias, const float* q_norm, const float* k_norm,
+                                  float eps, const float* inv_freq, const int32_t* positions,
+                                  const int32_t* slots, Fp8KvLayer cache_layer,
+                                  int64_t block_size, cudaStream_t stream);
+
 // ---- attention.cu ---------------------------------------------------------------------
 // A tile of consecutive query tokens of one sequence, as 5 int32 in device memory:
 // row0 (first batch row), num_q, pos0 (position of row0), bt_offset (start of the sequence's
@@ -126,6 +142,12 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
                                  const int32_t* block_tables, const uint16_t* cache_layer,
                                  const AttentionShape& shape, int num_splits, float* scratch,
                                  uint16_t* out, cudaStream_t stream);
+// The same over an FP8 cache: each key and value is decoded as e4m3 x its head's scale (the
+// CPU's DecodeKvHead values) when its chunk is staged in shared memory.
+cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int num_tiles,
+                                    const int32_t* block_tables, Fp8KvLayer cache_layer,
+                                    const AttentionShape& shape, int num_splits, float* scratch,
+                                    uint16_t* out, cudaStream_t stream);
 
 // ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
 // The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,

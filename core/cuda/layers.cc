@@ -76,17 +76,29 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
     RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
                          Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
   }
+  // The cache is bf16 or FP8 (--kv_cache_dtype=fp8_e4m3: codes and per-head scales).
+  const bool fp8_kv = cache->shape().fp8;
   uint16_t* cache_layer =
-      static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+      fp8_kv ? nullptr
+             : static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+  const Fp8KvLayer fp8_layer = fp8_kv ? Fp8Layer(cache, layer) : Fp8KvLayer{};
   QkvShape qkv_shape;
   qkv_shape.heads = c.num_attention_heads;
   qkv_shape.kv_heads = c.num_key_value_heads;
   qkv_shape.head_dim = c.head_dim;
   qkv_shape.rotary_dim = c.rotary_dim();
-  GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKv(
-      a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, static_cast<float>(c.rms_norm_eps),
-      weights_.inv_freq, meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer,
-      cache->shape().block_size, stream_.get()));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (fp8_kv) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKvFp8(
+        a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, eps, weights_.inv_freq,
+        meta(meta_layout_.positions()), meta(meta_layout_.slots()), fp8_layer,
+        cache->shape().block_size, stream_.get()));
+  } else {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKv(
+        a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, eps, weights_.inv_freq,
+        meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer,
+        cache->shape().block_size, stream_.get()));
+  }
   AttentionShape shape;
   shape.heads = c.num_attention_heads;
   shape.kv_heads = c.num_key_value_heads;
@@ -94,10 +106,17 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   shape.block_size = cache->shape().block_size;
   shape.q_stride = qkv_width;
   shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  GLM_CUDA_RETURN_IF_ERROR(
-      LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-                           meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
-                           attn_scratch_, a_.attn, stream_.get()));
+  if (fp8_kv) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchPagedAttentionFp8(
+        a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), fp8_layer, shape, num_splits_, attn_scratch_, a_.attn,
+        stream_.get()));
+  } else {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchPagedAttention(
+        a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_, attn_scratch_,
+        a_.attn, stream_.get()));
+  }
   if (l.o8.codes != nullptr) {
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchFp8LinearBf16(a_.attn, t, l.o8, a_.delta, c.hidden_size, stream_.get()));

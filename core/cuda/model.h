@@ -68,7 +68,10 @@ class CudaModel final : public ModelRunner {
   std::string device_name() const override { return device_name_; }
   int64_t weight_bytes() const override { return weights_.bytes; }
   int64_t kv_bytes_per_token() const override;
-  // A cache in device memory (bf16, zero-filled).
+  // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the
+  // CPU's format (core/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
+  absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  // A cache in device memory (bf16, or FP8 codes then scales after SetKvCacheDType; zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
   // As CpuModel::Forward; `cache` must come from a CudaModel's CreateCache.
@@ -156,6 +159,15 @@ class CudaModel final : public ModelRunner {
   absl::Status Capture(KvCache* cache, bool logits, GraphExec* exec);
 
   const int32_t* meta(int64_t offset) const { return meta_device_.as<int32_t>() + offset; }
+  // An FP8 cache's storage: codes [num_elements] bytes, then the fp32 scales
+  // [num_elements / head_dim] from this byte offset (256-aligned).
+  static int64_t Fp8KvScalesOffset(const KvCacheShape& shape) {
+    const int64_t codes = shape.num_layers * shape.num_blocks * shape.kinds() * shape.block_size *
+                          shape.kv_heads * shape.head_dim;
+    return (codes + 255) / 256 * 256;
+  }
+  // Layer `layer` (of the span) of an FP8 cache (cache->dtype() kF8E4M3).
+  static Fp8KvLayer Fp8Layer(KvCache* cache, int64_t layer);
 
   // Model facts.
   ModelConfig config_;
@@ -166,6 +178,7 @@ class CudaModel final : public ModelRunner {
   bool has_moe_ = false;
   bool is_mla_ = false;       // GLM-5: latent cache, MLA and the DSA indexer
   bool has_indexer_ = false;  // some span layer is a "full" indexer layer
+  bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3): caches created from now on are FP8
   rowmath::RouterRowParams router_;
   int tile_tokens_ = 1;
 
