@@ -48,6 +48,8 @@ ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decod
 ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
 ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
 ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element format: auto (bf16) or fp8_e4m3 (GLM-4.5; docs/kv_cache.md)");
 
 namespace glmserve {
 namespace {
@@ -277,6 +279,11 @@ int Main() {
   std::unique_ptr<cuda::CudaModel> model =
       Check(cuda::CudaModel::Create(std::move(weights)), "upload");
   model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  const KvCacheDType kv_dtype = Check(ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)), "flag");
+  BENCH_CHECK(model->SetKvCacheDType(kv_dtype));
+  std::printf("gpu_bench: KV cache %s, %lld bytes per token\n",
+              kv_dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3 (codes + per-head scales)" : "bf16",
+              static_cast<long long>(model->kv_bytes_per_token()));
   std::printf("gpu_bench: %s weights %.2f GB (generated %.1f s, uploaded %.1f s)\n", spec.c_str(),
               model->weight_bytes() / 1e9, gen_s, Since(t0));
   const int64_t layers = model->num_span_layers();
@@ -343,6 +350,14 @@ int Main() {
     const double kv_bytes =
         static_cast<double>(model->kv_bytes_per_token()) * batch_size * (context + steps / 2.0);
     const double bytes = dw.dense_step_bytes + experts * dw.routed_expert_bytes + kv_bytes;
+    // The exact byte count behind the fraction (the expert count is a mean over 4 steps).
+    std::printf(
+        "gpu_bench: decode batch %lld bytes/step = %lld (non-routed weights incl. head) + "
+        "%.2f experts x %lld + KV %lld bytes/token x %.1f tokens = %.0f\n",
+        static_cast<long long>(batch_size), static_cast<long long>(dw.dense_step_bytes), experts,
+        static_cast<long long>(dw.routed_expert_bytes),
+        static_cast<long long>(model->kv_bytes_per_token()), batch_size * (context + steps / 2.0),
+        bytes);
     rows.push_back({absl::StrFormat("decode batch %d", batch_size),
                     absl::StrFormat("%.0f tok/s", batch_size / step_s),
                     absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",
