@@ -67,6 +67,17 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
 
+// ---- fp8_quant.cu (around the tensor-core FP8 GEMM, core/cuda/fp8_gemm.h) ----------------
+// Per-token FP8 quantization of bf16 activations x [m, k]: scales[i] = amax of row i's finite
+// values / 448 (at least FLT_MIN; 1 for a zero row), codes[i, c] = e4m3(x[i, c] / scales[i])
+// (round to nearest even, saturating; core/dtype.h's FloatToE4m3).
+cudaError_t LaunchQuantizeRowsFp8(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
+                                  float* scales, cudaStream_t stream);
+// The GEMM's epilogue: y[i * y_ld + n] *= row_scales[i] * col_scales[n] for i < m, n < cols.
+cudaError_t LaunchScaleRowsCols(float* y, int64_t m, int64_t cols, int64_t y_ld,
+                                const float* row_scales, const float* col_scales,
+                                cudaStream_t stream);
+
 // ---- norm.cu --------------------------------------------------------------------------
 // For each output row r (source row i = row_index ? row_index[r] : r):
 //   if delta: h[i] += delta[i] (written back, fp32)

@@ -67,11 +67,10 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   const int64_t t = plan_.tokens;
   const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
   if (l.q8.codes != nullptr) {
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.q8, a_.qkv, qkv_width, stream_.get()));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width, stream_.get()));
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(),
-                                                 qkv_width, stream_.get()));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.q8, a_.qkv, qkv_width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(),
+                                                 qkv_width));
   } else {
     RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
                          Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
@@ -118,8 +117,7 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
         a_.attn, stream_.get()));
   }
   if (l.o8.codes != nullptr) {
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.attn, t, l.o8, a_.delta, c.hidden_size, stream_.get()));
+    RETURN_IF_ERROR(Fp8Linear(a_.attn, t, l.o8, a_.delta, c.hidden_size));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
@@ -131,13 +129,10 @@ absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
   if (ffn.fp8()) {
     cudaStream_t stream = stream_.get();
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width, stream));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width, stream));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.act, rows, ffn.down8, a_.delta, hidden, stream));
+    RETURN_IF_ERROR(Fp8Linear(a_.act, rows, ffn.down8, a_.delta, hidden));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
@@ -195,10 +190,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       if (rows == 0) continue;
       const uint16_t* xe = a_.xp + first * hidden;
       float* ge = a_.gate_up + first * 2 * width;
-      GLM_CUDA_RETURN_IF_ERROR(
-          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width, stream));
-      GLM_CUDA_RETURN_IF_ERROR(
-          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width, stream));
+      RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width));
+      RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width));
     }
     for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
@@ -211,9 +204,9 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     for (int64_t e = 0; fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
-      GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.act + first * width, rows,
+      RETURN_IF_ERROR(Fp8Linear(a_.act + first * width, rows,
                                                    Expert(l.experts_down8, e),
-                                                   a_.yp + first * hidden, hidden, stream));
+                                                   a_.yp + first * hidden, hidden));
     }
     for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];

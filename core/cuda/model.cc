@@ -167,6 +167,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * offsets_count));
     offsets_host_ = std::move(host);
   }
+  InitFp8TensorCores();
   return EnsureCapacity(256, 1024);
 }
 
@@ -339,6 +340,7 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
     Carver carver(static_cast<char*>(arena_memory_.get()));
     carve(carver);
     token_cap_ = t;
+    RETURN_IF_ERROR(EnsureFp8Scratch(t));
   }
   MetaLayout layout;
   layout.token_cap = token_cap_;

@@ -35,6 +35,7 @@
 #include "absl/types/span.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
@@ -86,6 +87,13 @@ class CudaModel final : public ModelRunner {
   // Why graphs were switched off after a failed capture (empty if they were not).
   const std::string& graph_error() const { return graph_error_; }
   const DeviceWeights& device_weights() const { return weights_; }
+  // FP8 GEMMs beyond the GEMV's rows: tensor cores (cuBLASLt) when available and allowed
+  // (set_fp8_tensor_cores(false) or GLMSERVE_FP8_TENSOR_CORES=0 keep the CUDA-core kernel),
+  // and how many each path enqueued (layers_fp8.cc).
+  void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
+  const std::string& fp8_tensor_core_status() const { return fp8_tc_status_; }
+  int64_t fp8_tensor_core_gemms() const { return fp8_tc_gemms_; }
+  int64_t fp8_cuda_core_gemms() const { return fp8_fallback_gemms_; }
   // Distinct (MoE layer, routed expert) pairs the last Forward ran. Synchronises.
   absl::StatusOr<int64_t> LastStepActiveExperts();
   // Runs only the FFN block of span layer `layer` on x ([tokens, hidden], the block's normed
@@ -152,6 +160,12 @@ class CudaModel final : public ModelRunner {
   static constexpr int64_t kIndexerTiles = 64;
   absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShapeDev& mla);
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
+  // FP8 linear layers (layers_fp8.cc): y[i * y_ld + c] = x[i] . W[c] through the GEMV, the
+  // tensor-core GEMM or the tiled kernel.
+  void InitFp8TensorCores();
+  absl::Status EnsureFp8Scratch(int64_t tokens);
+  absl::Status Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w, float* y,
+                         int64_t y_ld);
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
@@ -210,6 +224,19 @@ class CudaModel final : public ModelRunner {
   PinnedBuffer io_host_;               // hidden states in and out (grows)
   bool last_step_valid_ = false;
   DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * max_kv_len floats (grows)
+
+  // FP8 on tensor cores (layers_fp8.cc).
+  std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
+  std::string fp8_tc_status_ = "no FP8 weights";
+  bool fp8_tensor_cores_ = true;
+  bool fp8_fallback_logged_ = false;
+  int64_t fp8_max_cols_ = 0;     // widest FP8 matrix (k of its GEMMs)
+  int64_t fp8_scratch_rows_ = 0;  // activation rows the scratch holds
+  DeviceBuffer fp8_scratch_;     // x codes [rows, fp8_max_cols_], then x scales [rows]
+  uint8_t* fp8_x_codes_ = nullptr;
+  float* fp8_x_scales_ = nullptr;
+  int64_t fp8_tc_gemms_ = 0;
+  int64_t fp8_fallback_gemms_ = 0;
 
   // CUDA graphs.
   std::map<GraphKey, GraphEntry> graphs_;
