@@ -67,6 +67,19 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
 
+// ---- fp8_gemv_vec.cu (the decode GEMVs with 16-byte loads) ----------------------------
+// LaunchFp8LinearBf16's GEMV (m <= kFp8GemvMaxRows) and LaunchFp8ExpertGemv with vectorised
+// weight and activation loads, several rows per warp, the scale once per row (per channel) or
+// per 16-code chunk (blocks). Supported when w.cols and block_cols are multiples of 16 (or one
+// block per row) and codes and activations are 16-byte aligned (Fp8GemvVecSupported);
+// cudaErrorNotSupported otherwise.
+bool Fp8GemvVecSupported(const Fp8DeviceMatrix& w, const uint16_t* x);
+cudaError_t LaunchFp8GemvVec(const uint16_t* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
+                             int64_t y_ld, cudaStream_t stream);
+cudaError_t LaunchFp8ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                   const int32_t* offsets, const uint16_t* in, float* out,
+                                   int64_t out_ld, cudaStream_t stream);
+
 // ---- fp8_quant.cu (around the tensor-core FP8 GEMM, core/cuda/fp8_gemm.h) ----------------
 // Per-token FP8 quantization of bf16 activations x [m, k]: scales[i] = amax of row i's finite
 // values / 448 (at least FLT_MIN; 1 for a zero row), codes[i, c] = e4m3(x[i, c] / scales[i])

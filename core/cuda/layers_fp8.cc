@@ -1,5 +1,6 @@
 // CudaModel's FP8 linear layers (docs/cuda.md "FP8 on tensor cores"): decode-sized steps
-// (m <= kFp8GemvMaxRows) take the bandwidth-bound GEMV kernel; larger ones the tensor-core
+// (m <= kFp8GemvMaxRows) take the bandwidth-bound GEMV kernel (the 16-byte-load one of
+// fp8_gemv_vec.cu where the shape and alignment allow); larger ones the tensor-core
 // GEMM through cuBLASLt (core/cuda/fp8_gemm.h) when the device, the library, the weight form
 // and the shape allow it, else the CUDA-core tiled kernel (fp8_linear.cu), the first time with
 // one line on stderr saying why.
@@ -56,8 +57,25 @@ absl::Status CudaModel::EnsureFp8Scratch(int64_t tokens) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
+                                      const uint16_t* in, float* out, int64_t out_ld) {
+  const int64_t n_experts = config_.n_routed_experts;
+  if (fp8_vec_gemv_ && Fp8GemvVecSupported(expert0, in)) {
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8ExpertGemvVec(expert0, n_experts, offsets, in, out, out_ld, stream_.get()));
+    return absl::OkStatus();
+  }
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchFp8ExpertGemv(expert0, n_experts, offsets, in, out, out_ld, stream_.get()));
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w,
                                   float* y, int64_t y_ld) {
+  if (rows <= kFp8GemvMaxRows && fp8_vec_gemv_ && Fp8GemvVecSupported(w, x)) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVec(x, rows, w, y, y_ld, stream_.get()));
+    return absl::OkStatus();
+  }
   if (rows > kFp8GemvMaxRows && fp8_tc_ != nullptr && fp8_tensor_cores_ &&
       rows <= fp8_scratch_rows_) {
     bool ran = false;

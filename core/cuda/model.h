@@ -91,6 +91,8 @@ class CudaModel final : public ModelRunner {
   // (set_fp8_tensor_cores(false) or GLMSERVE_FP8_TENSOR_CORES=0 keep the CUDA-core kernel),
   // and how many each path enqueued (layers_fp8.cc).
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
+  // The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) where supported; false: byte loads.
+  void set_fp8_vec_gemv(bool on) { fp8_vec_gemv_ = on; }
   const std::string& fp8_tensor_core_status() const { return fp8_tc_status_; }
   int64_t fp8_tensor_core_gemms() const { return fp8_tc_gemms_; }
   int64_t fp8_cuda_core_gemms() const { return fp8_fallback_gemms_; }
@@ -166,6 +168,9 @@ class CudaModel final : public ModelRunner {
   absl::Status EnsureFp8Scratch(int64_t tokens);
   absl::Status Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w, float* y,
                          int64_t y_ld);
+  // The routed experts' device-offset GEMV (graph-capturable), vectorised where supported.
+  absl::Status Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
+                             const uint16_t* in, float* out, int64_t out_ld);
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
@@ -229,6 +234,7 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
   std::string fp8_tc_status_ = "no FP8 weights";
   bool fp8_tensor_cores_ = true;
+  bool fp8_vec_gemv_ = true;
   bool fp8_fallback_logged_ = false;
   int64_t fp8_max_cols_ = 0;     // widest FP8 matrix (k of its GEMMs)
   int64_t fp8_scratch_rows_ = 0;  // activation rows the scratch holds

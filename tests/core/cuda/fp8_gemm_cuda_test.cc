@@ -4,7 +4,8 @@
 // arithmetic (1e-5) and against the CPU FP8 path with fp32 activations (the activation
 // rounding's error, bounded), the cases it declines (block-scaled weights, k not a multiple of
 // 16, no FP8 algorithm) and, in the model, that prefill takes it and stays close to the CUDA-core
-// kernel. Under the emulation cuBLASLt is tools/cuda_emu/cublaslt_emu.cc.
+// kernel. Under the emulation cuBLASLt is tools/cuda_emu/cublaslt_emu.cc. Also the decode
+// GEMVs with 16-byte loads (fp8_gemv_vec.cu), against a float64 host product.
 #include "core/cuda/fp8_gemm.h"
 
 #include <gtest/gtest.h>
@@ -162,6 +163,101 @@ TEST_F(Fp8GemmCuda, DeclinesWhatItDoesNotServe) {
   // The output left as it was: nothing was enqueued.
   const std::vector<float> y = Download<float>(dy, m * n);
   EXPECT_TRUE(std::isnan(y[0]));
+}
+
+// The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) against a float64 host product of the
+// same bf16 activations and e4m3 x scale weights: per-channel and 128x128 blocks cut short
+// (cols 400: a 16-wide last block; rows 300: a 44-row last block), 1 / 3 / 8 rows, output rows
+// not a multiple of the 8 a block covers, a strided output whose other columns stay untouched;
+// and the device-offset expert form (experts with 0, 1, 3 and 9 rows: two passes).
+std::vector<float> HostFp8Product(const std::vector<float>& x, int64_t m,
+                                  const std::vector<uint8_t>& codes,
+                                  const std::vector<float>& scales, int64_t rows, int64_t cols,
+                                  int64_t br, int64_t bc) {
+  const int64_t scale_cols = (cols + bc - 1) / bc;
+  std::vector<float> y(m * rows);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double acc = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        acc += static_cast<double>(x[i * cols + c]) *
+               (E4m3ToFloat(codes[r * cols + c]) * scales[(r / br) * scale_cols + c / bc]);
+      }
+      y[i * rows + r] = static_cast<float>(acc);
+    }
+  }
+  return y;
+}
+
+TEST_F(Fp8GemmCuda, VectorisedGemvMatchesTheHostProduct) {
+  struct Case {
+    int64_t rows, cols, br, bc;
+  };
+  for (const Case c : {Case{37, 1024, 1, 1024}, Case{300, 400, 128, 128}}) {
+    std::vector<uint8_t> codes(c.rows * c.cols);
+    const std::vector<float> v = RandomVector(c.rows * c.cols, 21, 100.0f);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = FloatToE4m3(v[i]);
+    const int64_t n_scales = ((c.rows + c.br - 1) / c.br) * ((c.cols + c.bc - 1) / c.bc);
+    std::vector<float> scales(n_scales);
+    for (int64_t i = 0; i < n_scales; ++i) scales[i] = 1e-3f * (1 + i % 7);
+    DeviceBuffer dw = Upload(codes), ds = Upload(scales);
+    const Fp8DeviceMatrix w{dw.as<uint8_t>(), ds.as<float>(), c.rows, c.cols, c.br, c.bc};
+    for (const int64_t m : {1, 3, 8}) {
+      const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * c.cols, 22)));
+      DeviceBuffer dx = Upload(ToBf16(x));
+      ASSERT_TRUE(Fp8GemvVecSupported(w, dx.as<uint16_t>()));
+      const int64_t y_ld = c.rows + 5;
+      DeviceBuffer dy = Poisoned<float>(m * y_ld);
+      ASSERT_EQ(LaunchFp8GemvVec(dx.as<uint16_t>(), m, w, dy.as<float>(), y_ld, nullptr),
+                cudaSuccess);
+      const std::vector<float> y = Download<float>(dy, m * y_ld);
+      std::vector<float> got(m * c.rows);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t r = 0; r < c.rows; ++r) got[i * c.rows + r] = y[i * y_ld + r];
+        ASSERT_TRUE(std::isnan(y[i * y_ld + c.rows])) << "a column outside the output";
+      }
+      EXPECT_LT(RelativeError(got, HostFp8Product(x, m, codes, scales, c.rows, c.cols, c.br, c.bc)),
+                1e-5)
+          << "rows " << c.rows << " cols " << c.cols << " m " << m;
+    }
+  }
+  // Unsupported shapes are refused, not computed wrongly.
+  DeviceBuffer dw = Poisoned<uint8_t>(40 * 40), ds = Poisoned<float>(40);
+  DeviceBuffer dx = Poisoned<uint16_t>(40);
+  const Fp8DeviceMatrix odd{dw.as<uint8_t>(), ds.as<float>(), 40, 40, 1, 40};
+  EXPECT_FALSE(Fp8GemvVecSupported(odd, dx.as<uint16_t>()));
+  EXPECT_EQ(LaunchFp8GemvVec(dx.as<uint16_t>(), 1, odd, ds.as<float>(), 40, nullptr),
+            cudaErrorNotSupported);
+}
+
+TEST_F(Fp8GemmCuda, VectorisedExpertGemvMatchesTheHostProduct) {
+  const int64_t rows = 40, cols = 64, n_experts = 5;
+  std::vector<uint8_t> codes(n_experts * rows * cols);
+  const std::vector<float> v = RandomVector(codes.size(), 31, 100.0f);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = FloatToE4m3(v[i]);
+  std::vector<float> scales(n_experts * rows);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1 + i % 5);
+  const std::vector<int32_t> offsets = {0, 0, 3, 3, 12, 13};  // 0, 3, 0, 9, 1 rows
+  const int64_t pairs = offsets.back();
+  const std::vector<float> x = FromBf16(ToBf16(RandomVector(pairs * cols, 32)));
+  DeviceBuffer dw = Upload(codes), ds = Upload(scales), dx = Upload(ToBf16(x));
+  DeviceBuffer doff = Upload(offsets), dy = Poisoned<float>(pairs * rows);
+  const Fp8DeviceMatrix w0{dw.as<uint8_t>(), ds.as<float>(), rows, cols, 1, cols};
+  ASSERT_EQ(LaunchFp8ExpertGemvVec(w0, n_experts, doff.as<int32_t>(), dx.as<uint16_t>(),
+                                   dy.as<float>(), rows, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = Download<float>(dy, pairs * rows);
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const int64_t first = offsets[e], n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    const std::vector<float> xe(x.begin() + first * cols, x.begin() + (first + n) * cols);
+    const std::vector<uint8_t> ce(codes.begin() + e * rows * cols,
+                                  codes.begin() + (e + 1) * rows * cols);
+    const std::vector<float> se(scales.begin() + e * rows, scales.begin() + (e + 1) * rows);
+    const std::vector<float> want = HostFp8Product(xe, n, ce, se, rows, cols, 1, cols);
+    const std::vector<float> ge(got.begin() + first * rows, got.begin() + (first + n) * rows);
+    EXPECT_LT(RelativeError(ge, want), 1e-5) << "expert " << e;
+  }
 }
 
 ModelWeights RandomFp8Tiny() {

@@ -16,6 +16,7 @@ enum cudaError_t {
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
 };
 typedef struct EmuStream* cudaStream_t;
 typedef struct EmuEvent* cudaEvent_t;
