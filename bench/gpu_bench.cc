@@ -199,8 +199,8 @@ double Fp8TensorCoreRate(int64_t size, std::string* why) {
   const cuda::Fp8DeviceMatrix w{codes.as<uint8_t>(), scales.as<float>(), size, size, 1, size};
   bool ran = false;
   const auto run = [&] {
-    BENCH_CHECK((*gemm)->Run(x.as<uint16_t>(), size, w, y.as<float>(), size,
-                             x_codes.as<uint8_t>(), x_scales.as<float>(), nullptr, &ran, why));
+    BENCH_CHECK((*gemm)->Run(x.as<uint16_t>(), size, w, y.as<float>(), size, x_codes.as<uint8_t>(),
+                             x_scales.as<float>(), nullptr, &ran, why));
   };
   run();
   if (!ran) return 0;
@@ -336,7 +336,8 @@ int Main() {
   std::unique_ptr<cuda::CudaModel> model =
       Check(cuda::CudaModel::Create(std::move(weights)), "upload");
   model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
-  const KvCacheDType kv_dtype = Check(ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)), "flag");
+  const KvCacheDType kv_dtype =
+      Check(ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)), "flag");
   BENCH_CHECK(model->SetKvCacheDType(kv_dtype));
   std::printf("gpu_bench: KV cache %s, %lld bytes per token\n",
               kv_dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3 (codes + per-head scales)" : "bf16",
@@ -360,12 +361,11 @@ int Main() {
     const double step = Since(t0) / reps;
     const double flops = GemmFlopsPerToken(model->config(), layers) * n;
     const double attn_flops = AttentionFlops(model->config(), n, layers);
-    rows.push_back({absl::StrFormat("prefill %d tokens", n),
-                    absl::StrFormat("%.0f tok/s", n / step),
-                    absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP",
-                                    step * 1e3, flops / 1e12, attn_flops / 1e12),
-                    absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / prefill_rate,
-                                    prefill_rate_name)});
+    rows.push_back(
+        {absl::StrFormat("prefill %d tokens", n), absl::StrFormat("%.0f tok/s", n / step),
+         absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP", step * 1e3,
+                         flops / 1e12, attn_flops / 1e12),
+         absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / prefill_rate, prefill_rate_name)});
   }
 
   // Decode at each batch size.

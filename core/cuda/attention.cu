@@ -38,8 +38,7 @@ __device__ __forceinline__ int64_t PartialStride(int rows_cap, int hd) {
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                          const int32_t* __restrict__ block_tables,
-                         const uint16_t* __restrict__ cache,
-                         const uint8_t* __restrict__ kv_codes,
+                         const uint16_t* __restrict__ cache, const uint8_t* __restrict__ kv_codes,
                          const float* __restrict__ kv_scales, AttentionShape shape, int rows_cap,
                          float* __restrict__ scratch, uint16_t* __restrict__ out) {
   extern __shared__ float smem[];
@@ -283,8 +282,8 @@ cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int nu
                                     const AttentionShape& shape, int num_splits, float* scratch,
                                     uint16_t* out, cudaStream_t stream) {
   if (cache_layer.codes == nullptr || cache_layer.scales == nullptr) return cudaErrorInvalidValue;
-  return PagedAttention(q, tiles, num_tiles, block_tables, nullptr, cache_layer, shape,
-                        num_splits, scratch, out, stream);
+  return PagedAttention(q, tiles, num_tiles, block_tables, nullptr, cache_layer, shape, num_splits,
+                        scratch, out, stream);
 }
 
 }  // namespace glmserve::cuda

@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> Fp8TensorCoreGemm::Create(int
       lt.desc_set(g->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
   GLM_CUBLAS_RETURN_IF_ERROR(lt.pref_create(&g->pref_));
   const uint64_t workspace = kWorkspaceBytes;
-  GLM_CUBLAS_RETURN_IF_ERROR(
-      lt.pref_set(g->pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  GLM_CUBLAS_RETURN_IF_ERROR(lt.pref_set(g->pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace, sizeof workspace));
   GLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, kWorkspaceBytes));
   return g;
 }
@@ -63,7 +63,7 @@ absl::StatusOr<const Fp8TensorCoreGemm::Plan*> Fp8TensorCoreGemm::PlanFor(int64_
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasStatus_t s = lt.layout_create(&a, CUDA_R_8F_E4M3, k, n, k);  // W: k x n, ld k
   if (s == CUBLAS_STATUS_SUCCESS) s = lt.layout_create(&b, CUDA_R_8F_E4M3, k, m, k);  // x codes
-  if (s == CUBLAS_STATUS_SUCCESS) s = lt.layout_create(&d, CUDA_R_32F, n, m, y_ld);  // y^T
+  if (s == CUBLAS_STATUS_SUCCESS) s = lt.layout_create(&d, CUDA_R_32F, n, m, y_ld);   // y^T
   if (s == CUBLAS_STATUS_SUCCESS) {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;

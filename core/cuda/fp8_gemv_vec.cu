@@ -35,12 +35,12 @@ __device__ __forceinline__ void RowsDot(const Fp8DeviceMatrix& w, int64_t row0, 
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
       uint4 raw{0, 0, 0, 0};
-      if (row0 + j < rows) raw = *reinterpret_cast<const uint4*>(w.codes + (row0 + j) * w.cols + c0);
+      if (row0 + j < rows)
+        raw = *reinterpret_cast<const uint4*>(w.codes + (row0 + j) * w.cols + c0);
       const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      const float s =
-          per_channel || row0 + j >= rows
-              ? 1.f
-              : w.scales[((row0 + j) / w.block_rows) * scale_cols + c0 / w.block_cols];
+      const float s = per_channel || row0 + j >= rows
+                          ? 1.f
+                          : w.scales[((row0 + j) / w.block_rows) * scale_cols + c0 / w.block_cols];
 #pragma unroll
       for (int b = 0; b < 16; ++b) {
         wv[j][b] = dev::E4m3ToFloat(static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4)))) * s;

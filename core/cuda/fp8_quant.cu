@@ -56,7 +56,7 @@ cudaError_t LaunchQuantizeRowsFp8(const uint16_t* x, int64_t m, int64_t k, uint8
   if (m <= 0) return cudaSuccess;
   if (k <= 0 || m > 2147483647) return cudaErrorInvalidValue;
   QuantizeRowsFp8Kernel<<<static_cast<unsigned>(m), kQuantThreads, 0, stream>>>(x, k, codes,
-                                                                                 scales);
+                                                                                scales);
   return cudaGetLastError();
 }
 
@@ -66,7 +66,7 @@ cudaError_t LaunchScaleRowsCols(float* y, int64_t m, int64_t cols, int64_t y_ld,
   if (m <= 0 || cols <= 0) return cudaSuccess;
   if (y_ld < cols) return cudaErrorInvalidValue;
   ScaleRowsColsKernel<<<GridStrideBlocks(m * cols, 256), 256, 0, stream>>>(y, m, cols, y_ld,
-                                                                          row_scales, col_scales);
+                                                                           row_scales, col_scales);
   return cudaGetLastError();
 }
 

@@ -136,8 +136,8 @@ struct Fp8KvLayer {
 cudaError_t LaunchQkNormRopeKvFp8(float* qkv, int64_t tokens, const QkvShape& shape,
                                   const float* bias, const float* q_norm, const float* k_norm,
                                   float eps, const float* inv_freq, const int32_t* positions,
-                                  const int32_t* slots, Fp8KvLayer cache_layer,
-                                  int64_t block_size, cudaStream_t stream);
+                                  const int32_t* slots, Fp8KvLayer cache_layer, int64_t block_size,
+                                  cudaStream_t stream);
 
 // ---- attention.cu ---------------------------------------------------------------------
 // A tile of consecutive query tokens of one sequence, as 5 int32 in device memory:

@@ -69,8 +69,7 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   if (l.q8.codes != nullptr) {
     RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.q8, a_.qkv, qkv_width));
     RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width));
-    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(),
-                                                 qkv_width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(), qkv_width));
   } else {
     RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
                          Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
@@ -111,10 +110,10 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
         meta(meta_layout_.block_tables()), fp8_layer, shape, num_splits_, attn_scratch_, a_.attn,
         stream_.get()));
   } else {
-    GLM_CUDA_RETURN_IF_ERROR(LaunchPagedAttention(
-        a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-        meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_, attn_scratch_,
-        a_.attn, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+                             meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
+                             attn_scratch_, a_.attn, stream_.get()));
   }
   if (l.o8.codes != nullptr) {
     RETURN_IF_ERROR(Fp8Linear(a_.attn, t, l.o8, a_.delta, c.hidden_size));
@@ -162,8 +161,7 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   const bool fp8 = l.experts_gate8.codes != nullptr;
   if (device_path && fp8) {
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, a_.gate_up, 2 * width));
-    RETURN_IF_ERROR(
-        Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, a_.gate_up + width, 2 * width));
+    RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_down8, offsets, a_.act, a_.yp, hidden));
   } else if (device_path) {
@@ -202,9 +200,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     for (int64_t e = 0; fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
-      RETURN_IF_ERROR(Fp8Linear(a_.act + first * width, rows,
-                                                   Expert(l.experts_down8, e),
-                                                   a_.yp + first * hidden, hidden));
+      RETURN_IF_ERROR(Fp8Linear(a_.act + first * width, rows, Expert(l.experts_down8, e),
+                                a_.yp + first * hidden, hidden));
     }
     for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/model.h"
 
@@ -20,9 +21,8 @@ void CudaModel::InitFp8TensorCores() {
   };
   for (const DeviceLayer& l : weights_.layers) {
     for (const Fp8DeviceMatrix* m : {&l.q8, &l.k8, &l.v8, &l.o8, &l.experts_gate8, &l.experts_up8,
-                                     &l.experts_down8, &l.dense.gate8, &l.dense.up8,
-                                     &l.dense.down8, &l.shared.gate8, &l.shared.up8,
-                                     &l.shared.down8}) {
+                                     &l.experts_down8, &l.dense.gate8, &l.dense.up8, &l.dense.down8,
+                                     &l.shared.gate8, &l.shared.up8, &l.shared.down8}) {
       note(*m);
     }
   }
@@ -49,7 +49,8 @@ absl::Status CudaModel::EnsureFp8Scratch(int64_t tokens) {
   if (rows <= fp8_scratch_rows_) return absl::OkStatus();
   const int64_t code_bytes = (rows * fp8_max_cols_ + 255) / 256 * 256;
   fp8_scratch_.Reset();
-  ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(static_cast<size_t>(code_bytes + 4 * rows)));
+  ASSIGN_OR_RETURN(DeviceBuffer b,
+                   DeviceBuffer::Create(static_cast<size_t>(code_bytes + 4 * rows)));
   fp8_scratch_ = std::move(b);
   fp8_x_codes_ = fp8_scratch_.as<uint8_t>();
   fp8_x_scales_ = reinterpret_cast<float*>(fp8_x_codes_ + code_bytes);
@@ -80,8 +81,8 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
       rows <= fp8_scratch_rows_) {
     bool ran = false;
     std::string why;
-    RETURN_IF_ERROR(fp8_tc_->Run(x, rows, w, y, y_ld, fp8_x_codes_, fp8_x_scales_, stream_.get(),
-                                 &ran, &why));
+    RETURN_IF_ERROR(
+        fp8_tc_->Run(x, rows, w, y, y_ld, fp8_x_codes_, fp8_x_scales_, stream_.get(), &ran, &why));
     if (ran) {
       ++fp8_tc_gemms_;
       return absl::OkStatus();

@@ -145,10 +145,9 @@ __global__ void __launch_bounds__(kRopeThreads)
 }
 
 cudaError_t QkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape, const float* bias,
-                         const float* q_norm, const float* k_norm, float eps,
-                         const float* inv_freq, const int32_t* positions, const int32_t* slots,
-                         uint16_t* cache_layer, Fp8KvLayer fp8, int64_t block_size,
-                         cudaStream_t stream) {
+                         const float* q_norm, const float* k_norm, float eps, const float* inv_freq,
+                         const int32_t* positions, const int32_t* slots, uint16_t* cache_layer,
+                         Fp8KvLayer fp8, int64_t block_size, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim || shape.rotary_dim > shape.head_dim ||
       (q_norm == nullptr) != (k_norm == nullptr) ||
@@ -167,8 +166,8 @@ cudaError_t QkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape, cons
 cudaError_t LaunchQkNormRopeKvFp8(float* qkv, int64_t tokens, const QkvShape& shape,
                                   const float* bias, const float* q_norm, const float* k_norm,
                                   float eps, const float* inv_freq, const int32_t* positions,
-                                  const int32_t* slots, Fp8KvLayer cache_layer,
-                                  int64_t block_size, cudaStream_t stream) {
+                                  const int32_t* slots, Fp8KvLayer cache_layer, int64_t block_size,
+                                  cudaStream_t stream) {
   if (cache_layer.codes == nullptr) return cudaErrorInvalidValue;
   return QkNormRopeKv(qkv, tokens, shape, bias, q_norm, k_norm, eps, inv_freq, positions, slots,
                       nullptr, cache_layer, block_size, stream);

@@ -182,8 +182,7 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
     EXPECT_LT(err, device_tolerance) << "logits vs the CPU backend";
     ASSERT_EQ(result.layer_hidden.size(), cpu_result.layer_hidden.size());
     for (size_t l = 0; l < cpu_result.layer_hidden.size(); ++l) {
-      EXPECT_LT(RelativeError(result.layer_hidden[l], cpu_result.layer_hidden[l]),
-                device_tolerance)
+      EXPECT_LT(RelativeError(result.layer_hidden[l], cpu_result.layer_hidden[l]), device_tolerance)
           << "hidden state " << l << " vs the CPU backend";
     }
   }

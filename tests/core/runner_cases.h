@@ -19,7 +19,7 @@ struct RunnerCase {
   DType dtype;  // the weights' precision (the CUDA runner computes in bf16 either way)
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
   CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/ops/linear.h)
-  bool kv_fp8 = false;  // --kv_cache_dtype=fp8_e4m3 (core/kv_fp8.h; GLM-4.5 only)
+  bool kv_fp8 = false;                 // --kv_cache_dtype=fp8_e4m3 (core/kv_fp8.h; GLM-4.5 only)
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
   bool exact() const { return device == DeviceKind::kCpu; }

@@ -44,9 +44,7 @@ struct EmuLtPref {
 
 namespace {
 
-size_t ElementBytes(cudaDataType t) {
-  return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2;
-}
+size_t ElementBytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2; }
 float LoadAt(const void* p, cudaDataType t, size_t i) {
   if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
   if (t == CUDA_R_8F_E4M3) return glmserve::E4m3ToFloat(static_cast<const uint8_t*>(p)[i]);
@@ -67,8 +65,8 @@ bool ScaleModeOk(int32_t mode) {
 
 // Whether the operation is one the emulated library runs (see the top of the file); m, n, k
 // from the layouts.
-bool Supported(const EmuLtDesc& d, const EmuLtLayout& a, const EmuLtLayout& b,
-               const EmuLtLayout& c, const EmuLtLayout& dl, int64_t* m, int64_t* n, int64_t* k) {
+bool Supported(const EmuLtDesc& d, const EmuLtLayout& a, const EmuLtLayout& b, const EmuLtLayout& c,
+               const EmuLtLayout& dl, int64_t* m, int64_t* n, int64_t* k) {
   *m = static_cast<int64_t>(d.transa == CUBLAS_OP_T ? a.cols : a.rows);
   *k = static_cast<int64_t>(d.transa == CUBLAS_OP_T ? a.rows : a.cols);
   const int64_t kb = static_cast<int64_t>(d.transb == CUBLAS_OP_T ? b.cols : b.rows);
@@ -214,10 +212,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (beta_v != 0.f) emu::CheckDeviceRange(C, span(*cl), "cublasLtMatmul C");
   const auto check_scale = [](const float* s, int32_t mode, int64_t len, const char* what) {
     if (s != nullptr) {
-      emu::CheckDeviceRange(s, sizeof(float) * (mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                                                    ? len
-                                                    : 1),
-                            what);
+      emu::CheckDeviceRange(
+          s, sizeof(float) * (mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? len : 1), what);
     }
   };
   check_scale(d.a_scale, d.a_mode, m, "A scale");
@@ -230,22 +226,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                          d.transa == CUBLAS_OP_T ? static_cast<size_t>(i * a.ld + l)
                                                  : static_cast<size_t>(l * a.ld + i));
       }
-      const float sa = d.a_scale == nullptr ? 1.f
-                       : d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                           ? d.a_scale[i]
-                           : d.a_scale[0];
+      const float sa = d.a_scale == nullptr                                     ? 1.f
+                       : d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? d.a_scale[i]
+                                                                                : d.a_scale[0];
       for (int64_t j = 0; j < n; ++j) {
         double sum = 0;
         for (int64_t l = 0; l < k; ++l) {
-          sum += static_cast<double>(arow[l]) *
-                 LoadAt(B, b.type,
-                        d.transb == CUBLAS_OP_N ? static_cast<size_t>(j * b.ld + l)
-                                                : static_cast<size_t>(l * b.ld + j));
+          sum += static_cast<double>(arow[l]) * LoadAt(B, b.type,
+                                                       d.transb == CUBLAS_OP_N
+                                                           ? static_cast<size_t>(j * b.ld + l)
+                                                           : static_cast<size_t>(l * b.ld + j));
         }
-        const float sb = d.b_scale == nullptr ? 1.f
-                         : d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                             ? d.b_scale[j]
-                             : d.b_scale[0];
+        const float sb = d.b_scale == nullptr                                     ? 1.f
+                         : d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? d.b_scale[j]
+                                                                                  : d.b_scale[0];
         const size_t di = static_cast<size_t>(j * dd.ld + i);
         const float old = beta_v != 0.f ? LoadAt(C, dd.type, di) : 0.f;
         StoreAt(D, dd.type, di, static_cast<float>(alpha_v * sa * sb * sum + beta_v * old));

@@ -6,8 +6,6 @@
 // 16, no FP8 algorithm) and, in the model, that prefill takes it and stays close to the CUDA-core
 // kernel. Under the emulation cuBLASLt is tools/cuda_emu/cublaslt_emu.cc. Also the decode
 // GEMVs with 16-byte loads (fp8_gemv_vec.cu), against a float64 host product.
-#include "core/cuda/fp8_gemm.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +15,7 @@
 
 #include "core/checkpoint.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/model.h"
 #include "core/dtype.h"
@@ -52,14 +51,14 @@ void QuantizeRows(const std::vector<float>& x, int64_t m, int64_t k, std::vector
 TEST_F(Fp8GemmCuda, QuantizerEqualsTheCpuCodec) {
   const int64_t m = 5, k = 300;
   std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 3, 20.0f)));
-  for (int64_t c = 0; c < k; ++c) x[1 * k + c] = 0.f;                   // a zero row
-  x[2 * k + 7] = std::numeric_limits<float>::infinity();               // inf: saturates
-  x[3 * k + 9] = 1e30f;                                                // far above 448
+  for (int64_t c = 0; c < k; ++c) x[1 * k + c] = 0.f;     // a zero row
+  x[2 * k + 7] = std::numeric_limits<float>::infinity();  // inf: saturates
+  x[3 * k + 9] = 1e30f;                                   // far above 448
   x = FromBf16(ToBf16(x));
   DeviceBuffer dx = Upload(ToBf16(x));
   DeviceBuffer codes = Poisoned<uint8_t>(m * k), scales = Poisoned<float>(m);
-  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, codes.as<uint8_t>(),
-                                  scales.as<float>(), nullptr),
+  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, codes.as<uint8_t>(), scales.as<float>(),
+                                  nullptr),
             cudaSuccess);
   std::vector<uint8_t> want_codes;
   std::vector<float> want_scales;
@@ -97,8 +96,9 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
     const Fp8DeviceMatrix w{dw.as<uint8_t>(), dws.as<float>(), s.n, s.k, 1, s.k};
     bool ran = false;
     std::string why;
-    ASSERT_TRUE((*gemm)->Run(dx.as<uint16_t>(), s.m, w, dy.as<float>(), s.y_ld,
-                             xc.as<uint8_t>(), xs.as<float>(), nullptr, &ran, &why)
+    ASSERT_TRUE((*gemm)
+                    ->Run(dx.as<uint16_t>(), s.m, w, dy.as<float>(), s.y_ld, xc.as<uint8_t>(),
+                          xs.as<float>(), nullptr, &ran, &why)
                     .ok());
     ASSERT_TRUE(ran) << why;
     const std::vector<float> y = Download<float>(dy, s.m * s.y_ld);
@@ -113,7 +113,8 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
         for (int64_t l = 0; l < s.k; ++l) {
           const double wv = E4m3ToFloat(w_codes[c * s.k + l]);
           q += E4m3ToFloat(x_codes[i * s.k + l]) * wv;
-          f += x[i * s.k + l] * static_cast<double>(E4m3ToFloat(w_codes[c * s.k + l]) * w_scales[c]);
+          f +=
+              x[i * s.k + l] * static_cast<double>(E4m3ToFloat(w_codes[c * s.k + l]) * w_scales[c]);
         }
         same[i * s.n + c] = static_cast<float>(q * x_scales[i] * w_scales[c]);
         cpu[i * s.n + c] = static_cast<float>(f);
@@ -147,16 +148,18 @@ TEST_F(Fp8GemmCuda, DeclinesWhatItDoesNotServe) {
   std::string why;
   // 128x128 blocks: scales vary along k, no per-channel epilogue can apply them.
   const Fp8DeviceMatrix block{dw.as<uint8_t>(), dws.as<float>(), n, k, 128, 128};
-  ASSERT_TRUE((*gemm)->Run(dx.as<uint16_t>(), m, block, dy.as<float>(), n, xc.as<uint8_t>(),
-                           xs.as<float>(), nullptr, &ran, &why)
+  ASSERT_TRUE((*gemm)
+                  ->Run(dx.as<uint16_t>(), m, block, dy.as<float>(), n, xc.as<uint8_t>(),
+                        xs.as<float>(), nullptr, &ran, &why)
                   .ok());
   EXPECT_FALSE(ran);
   EXPECT_NE(why.find("block"), std::string::npos) << why;
   // k not a multiple of 16.
   const Fp8DeviceMatrix odd{dw.as<uint8_t>(), dws.as<float>(), n, 200, 1, 200};
   ran = true;
-  ASSERT_TRUE((*gemm)->Run(dx.as<uint16_t>(), m, odd, dy.as<float>(), n, xc.as<uint8_t>(),
-                           xs.as<float>(), nullptr, &ran, &why)
+  ASSERT_TRUE((*gemm)
+                  ->Run(dx.as<uint16_t>(), m, odd, dy.as<float>(), n, xc.as<uint8_t>(),
+                        xs.as<float>(), nullptr, &ran, &why)
                   .ok());
   EXPECT_FALSE(ran);
   EXPECT_NE(why.find("multiple of 16"), std::string::npos) << why;
@@ -303,10 +306,11 @@ TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   EXPECT_EQ((*cores)->fp8_tensor_core_gemms(), 0);
   EXPECT_GT((*cores)->fp8_cuda_core_gemms(), 0);
   const double rel = RelativeError(a, b);
-  std::printf("tiny-fp8, 24 tokens: tensor-core vs CUDA-core FP8 logits %.4f (%lld GEMMs on "
-              "tensor cores, %lld on CUDA cores)\n",
-              rel, static_cast<long long>((*tc)->fp8_tensor_core_gemms()),
-              static_cast<long long>((*tc)->fp8_cuda_core_gemms()));
+  std::printf(
+      "tiny-fp8, 24 tokens: tensor-core vs CUDA-core FP8 logits %.4f (%lld GEMMs on "
+      "tensor cores, %lld on CUDA cores)\n",
+      rel, static_cast<long long>((*tc)->fp8_tensor_core_gemms()),
+      static_cast<long long>((*tc)->fp8_cuda_core_gemms()));
   EXPECT_GT(rel, 0);
   EXPECT_LT(rel, 0.3);
   const int64_t before = (*tc)->fp8_tensor_core_gemms();

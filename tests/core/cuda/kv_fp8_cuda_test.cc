@@ -67,11 +67,10 @@ TEST_F(KvFp8Cuda, KvWriteEqualsTheCpuEncoder) {
   DeviceBuffer dpos = Upload(positions), dslot = Upload(slots);
   DeviceBuffer codes = Poisoned<uint8_t>(rows * kv_dim), scales = Poisoned<float>(rows * kv_heads);
   QkvShape shape{heads, kv_heads, hd, /*rotary_dim=*/0};
-  ASSERT_EQ(LaunchQkNormRopeKvFp8(dqkv.as<float>(), tokens, shape, db.as<float>(), nullptr,
-                                  nullptr, 1e-5f, dfreq.as<float>(), dpos.as<int32_t>(),
-                                  dslot.as<int32_t>(),
-                                  Fp8KvLayer{codes.as<uint8_t>(), scales.as<float>()},
-                                  block_size, nullptr),
+  ASSERT_EQ(LaunchQkNormRopeKvFp8(dqkv.as<float>(), tokens, shape, db.as<float>(), nullptr, nullptr,
+                                  1e-5f, dfreq.as<float>(), dpos.as<int32_t>(), dslot.as<int32_t>(),
+                                  Fp8KvLayer{codes.as<uint8_t>(), scales.as<float>()}, block_size,
+                                  nullptr),
             cudaSuccess);
   const std::vector<uint8_t> got_codes = Download<uint8_t>(codes, rows * kv_dim);
   const std::vector<float> got_scales = Download<float>(scales, rows * kv_heads);
@@ -175,7 +174,8 @@ TEST_F(KvFp8Cuda, PagedAttentionMatchesCpuAndTheBf16Kernel) {
       const int64_t scratch_floats =
           AttentionScratchFloats(plan.num_tiles, kv_heads, group, hd, splits);
       DeviceBuffer scratch = Poisoned<float>(scratch_floats);
-      DeviceBuffer out8 = Poisoned<uint16_t>(total * q_dim), out16 = Poisoned<uint16_t>(total * q_dim);
+      DeviceBuffer out8 = Poisoned<uint16_t>(total * q_dim),
+                   out16 = Poisoned<uint16_t>(total * q_dim);
       ASSERT_EQ(LaunchPagedAttentionFp8(
                     dq.as<float>(), dtiles.as<int32_t>(), static_cast<int>(plan.num_tiles),
                     dbt.as<int32_t>(), Fp8KvLayer{dcodes.as<uint8_t>(), dscales.as<float>()},
@@ -208,7 +208,8 @@ ModelWeights RandomTiny(const std::string& preset, DType dtype) {
 // The runner's side: an FP8 cache's dtype and bytes (the CPU's count), the engine reporting
 // it, GLM-5's latent cache refused, and a bf16 cache or a host cache refused by the FP8 path.
 TEST_F(KvFp8Cuda, CacheBytesDTypeAndRefusals) {
-  absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(RandomTiny("tiny", DType::kBF16));
+  absl::StatusOr<std::unique_ptr<CudaModel>> m =
+      CudaModel::Create(RandomTiny("tiny", DType::kBF16));
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig c = (*m)->config();
   const int64_t bf16_bytes = (*m)->kv_bytes_per_token();
@@ -309,10 +310,10 @@ TEST_F(KvFp8Cuda, GoldenFixturesAgreeWithTheCpuFp8Cache) {
     ASSERT_TRUE(gpu16.ok()) << name << ": " << gpu16.status();
     const std::vector<float> c32 = AllLogits(cpu32, ids), g16 = AllLogits(**gpu16, ids);
     const double rel = RelativeError(a, b);
-    std::printf("[ %s ] gpu fp8kv vs cpu fp8kv %.4f; gpu bf16kv vs cpu fp32kv %.4f; cpu fp8kv vs "
-                "cpu fp32kv %.4f; gpu fp8kv vs cpu fp32kv %.4f\n",
-                name.c_str(), rel, RelativeError(g16, c32), RelativeError(b, c32),
-                RelativeError(a, c32));
+    std::printf(
+        "[ %s ] gpu fp8kv vs cpu fp8kv %.4f; gpu bf16kv vs cpu fp32kv %.4f; cpu fp8kv vs "
+        "cpu fp32kv %.4f; gpu fp8kv vs cpu fp32kv %.4f\n",
+        name.c_str(), rel, RelativeError(g16, c32), RelativeError(b, c32), RelativeError(a, c32));
     EXPECT_LT(rel, 0.1) << name;
     EXPECT_LT(RelativeError(a, c32), 0.1) << name << ": GPU FP8 cache vs the CPU fp32 cache";
     worst = std::max(worst, rel);
@@ -332,9 +333,10 @@ TEST_F(KvFp8Cuda, GoldenFixturesAgreeWithTheCpuFp8Cache) {
     }
     ++fixtures;
   }
-  std::printf("CUDA FP8 KV vs CPU FP8 KV over %d fixtures: worst relative logit error %.3g, "
-              "%d greedy steps compared\n",
-              fixtures, worst, compared);
+  std::printf(
+      "CUDA FP8 KV vs CPU FP8 KV over %d fixtures: worst relative logit error %.3g, "
+      "%d greedy steps compared\n",
+      fixtures, worst, compared);
   EXPECT_GE(fixtures, 8);
   EXPECT_GE(compared, fixtures * 4) << "most steps must be clear of near-ties";
 }
