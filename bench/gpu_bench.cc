@@ -52,6 +52,8 @@ ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decod
 ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
 ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
 ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
+ABSL_FLAG(bool, fp8_tensor_cores, true,
+          "FP8 prefill GEMMs on FP8 tensor cores (cuBLASLt; CudaModelOptions::fp8_tensor_cores)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element format: auto (bf16) or fp8_e4m3 (GLM-4.5; docs/kv_cache.md)");
 
@@ -336,6 +338,7 @@ int Main() {
   std::unique_ptr<cuda::CudaModel> model =
       Check(cuda::CudaModel::Create(std::move(weights)), "upload");
   model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  model->set_fp8_tensor_cores(absl::GetFlag(FLAGS_fp8_tensor_cores));
   const KvCacheDType kv_dtype =
       Check(ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)), "flag");
   BENCH_CHECK(model->SetKvCacheDType(kv_dtype));

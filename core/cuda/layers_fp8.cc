@@ -1,9 +1,10 @@
 // CudaModel's FP8 linear layers (docs/cuda.md "FP8 on tensor cores"): decode-sized steps
 // (m <= kFp8GemvMaxRows) take the bandwidth-bound GEMV kernel (the 16-byte-load one of
-// fp8_gemv_vec.cu where the shape and alignment allow); larger ones the tensor-core
-// GEMM through cuBLASLt (core/cuda/fp8_gemm.h) when the device, the library, the weight form
-// and the shape allow it, else the CUDA-core tiled kernel (fp8_linear.cu), the first time with
-// one line on stderr saying why.
+// fp8_gemv_vec.cu where the shape and alignment allow); larger ones, when FP8 tensor cores are
+// turned on (CudaModelOptions::fp8_tensor_cores), the tensor-core GEMM through cuBLASLt
+// (core/cuda/fp8_gemm.h) where the device, the library, the weight form and the shape allow
+// it, else the CUDA-core tiled kernel (fp8_linear.cu), the first time with one line on stderr
+// saying why.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,11 +28,10 @@ void CudaModel::InitFp8TensorCores() {
     }
   }
   if (fp8_max_cols_ == 0) return;  // no FP8 matrices
+  fp8_tensor_cores_ = options_.fp8_tensor_cores;
   const char* env = std::getenv("GLMSERVE_FP8_TENSOR_CORES");
-  if (env != nullptr && env[0] == '0') {
-    fp8_tc_status_ = "off (GLMSERVE_FP8_TENSOR_CORES=0)";
-    return;
-  }
+  if (env != nullptr && (env[0] == '0' || env[0] == '1')) fp8_tensor_cores_ = env[0] == '1';
+  // Created even when off, so that set_fp8_tensor_cores(true) can turn it on later.
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm =
       Fp8TensorCoreGemm::Create(options_.device);
   if (!gemm.ok()) {
@@ -91,7 +91,8 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
       fp8_fallback_logged_ = true;
       std::fprintf(stderr, "glmserve: FP8 GEMM on CUDA cores for %s (logged once)\n", why.c_str());
     }
-  } else if (rows > kFp8GemvMaxRows && fp8_tc_ == nullptr && !fp8_fallback_logged_) {
+  } else if (rows > kFp8GemvMaxRows && fp8_tensor_cores_ && fp8_tc_ == nullptr &&
+             !fp8_fallback_logged_) {
     fp8_fallback_logged_ = true;
     std::fprintf(stderr, "glmserve: FP8 tensor cores %s: FP8 GEMMs on CUDA cores (logged once)\n",
                  fp8_tc_status_.c_str());

@@ -51,6 +51,12 @@ struct CudaModelOptions {
   // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
   // row counts back to the host and run one cuBLAS GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
+  // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows, per-channel weights) on FP8 tensor
+  // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h). Off by
+  // default: decode steps keep bf16 activations (the GEMV), so with it on a token's logits
+  // differ by the activation rounding (~3% relative) between prefill and decode (docs/cuda.md).
+  // GLMSERVE_FP8_TENSOR_CORES=1 turns it on, =0 off, overriding this.
+  bool fp8_tensor_cores = false;
   // Called while the weights stream to the device (UploadWeights), or null.
   LoadProgressCallback upload_progress;
 };
@@ -87,9 +93,9 @@ class CudaModel final : public ModelRunner {
   // Why graphs were switched off after a failed capture (empty if they were not).
   const std::string& graph_error() const { return graph_error_; }
   const DeviceWeights& device_weights() const { return weights_; }
-  // FP8 GEMMs beyond the GEMV's rows: tensor cores (cuBLASLt) when available and allowed
-  // (set_fp8_tensor_cores(false) or GLMSERVE_FP8_TENSOR_CORES=0 keep the CUDA-core kernel),
-  // and how many each path enqueued (layers_fp8.cc).
+  // FP8 GEMMs beyond the GEMV's rows: tensor cores (cuBLASLt) when turned on
+  // (CudaModelOptions::fp8_tensor_cores) and available, else the CUDA-core kernel; and how
+  // many each path enqueued (layers_fp8.cc).
   void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
   // The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) where supported; false: byte loads.
   void set_fp8_vec_gemv(bool on) { fp8_vec_gemv_ = on; }
@@ -233,7 +239,7 @@ class CudaModel final : public ModelRunner {
   // FP8 on tensor cores (layers_fp8.cc).
   std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
   std::string fp8_tc_status_ = "no FP8 weights";
-  bool fp8_tensor_cores_ = true;
+  bool fp8_tensor_cores_ = false;  // options_.fp8_tensor_cores or the environment
   bool fp8_vec_gemv_ = true;
   bool fp8_fallback_logged_ = false;
   int64_t fp8_max_cols_ = 0;      // widest FP8 matrix (k of its GEMMs)
