@@ -13,8 +13,10 @@
 // (the copy-bandwidth fraction): every non-routed matrix of the span (FP8: 1 byte per weight
 // + 4 per fp32 scale; bf16: 2) incl. the bf16 lm_head, norms and fp32 routers, + the routed
 // experts the step used x one expert's bytes (FP8: 3 I hidden + scales), + the KV cache of
-// every sequence (kv_bytes_per_token x context). The prefill fraction is of the bf16 cuBLAS
-// GEMM rate: the FP8 kernels run on CUDA cores (no tensor-core FP8 yet).
+// every sequence (kv_bytes_per_token x context, --kv_cache_dtype=fp8_e4m3 for the FP8 cache),
+// printed as an exact byte count per batch size. The prefill fraction of an FP8 model is of
+// the FP8 tensor-core GEMM rate measured in the same run (cuBLASLt, core/cuda/fp8_gemm.h;
+// the bf16 cuBLAS rate where the device has no FP8 tensor cores).
 //
 //   gpu_bench --model=glm-4.5-air:layers=2 --batches=1,8,64 --context=512
 //   gpu_bench --model=glm-4.5-air-fp8 --batches=1,8,64 --prefill_tokens=2048
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,7 @@
 #include "core/checkpoint.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/model.h"
 #include "core/cuda/runner.h"
@@ -48,6 +52,10 @@ ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decod
 ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
 ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
 ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
+ABSL_FLAG(bool, fp8_tensor_cores, true,
+          "FP8 prefill GEMMs on FP8 tensor cores (cuBLASLt; CudaModelOptions::fp8_tensor_cores)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element format: auto (bf16) or fp8_e4m3 (GLM-4.5; docs/kv_cache.md)");
 
 namespace glmserve {
 namespace {
@@ -171,6 +179,43 @@ double Fp8GemmRate(int64_t size) {
   return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
 }
 
+// The tensor-core FP8 GEMM (core/cuda/fp8_gemm.h: per-token quantization of bf16 x, the
+// cuBLASLt E4M3 x E4M3 matmul, the scale epilogue) at m = n = k = size: FLOP/s, or 0 with the
+// reason when the device or library has no FP8 tensor-core path.
+double Fp8TensorCoreRate(int64_t size, std::string* why) {
+  absl::StatusOr<std::unique_ptr<cuda::Fp8TensorCoreGemm>> gemm =
+      cuda::Fp8TensorCoreGemm::Create(0);
+  if (!gemm.ok()) {
+    *why = std::string(gemm.status().message());
+    return 0;
+  }
+  cuda::DeviceBuffer codes = Check(cuda::DeviceBuffer::Create(size * size), "alloc");
+  cuda::DeviceBuffer scales = Check(cuda::DeviceBuffer::Create(size * 4), "alloc");
+  cuda::DeviceBuffer x = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
+  cuda::DeviceBuffer y = Check(cuda::DeviceBuffer::Create(size * size * 4), "alloc");
+  cuda::DeviceBuffer x_codes = Check(cuda::DeviceBuffer::Create(size * size), "alloc");
+  cuda::DeviceBuffer x_scales = Check(cuda::DeviceBuffer::Create(size * 4), "alloc");
+  BENCH_CHECK(cuda::FillDevice(codes.get(), 0x30, size * size));  // e4m3 0x30 = 0.5
+  BENCH_CHECK(cuda::FillDevice(scales.get(), 0x3c, size * 4));
+  BENCH_CHECK(cuda::FillDevice(x.get(), 0x3c, size * size * 2));
+  const cuda::Fp8DeviceMatrix w{codes.as<uint8_t>(), scales.as<float>(), size, size, 1, size};
+  bool ran = false;
+  const auto run = [&] {
+    BENCH_CHECK((*gemm)->Run(x.as<uint16_t>(), size, w, y.as<float>(), size, x_codes.as<uint8_t>(),
+                             x_scales.as<float>(), nullptr, &ran, why));
+  };
+  run();
+  if (!ran) return 0;
+  cuda::Event start = Check(cuda::CreateEvent(true), "event");
+  cuda::Event stop = Check(cuda::CreateEvent(true), "event");
+  const int reps = 10;
+  CudaOk(cudaEventRecord(start.get()), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) run();
+  CudaOk(cudaEventRecord(stop.get()), "cudaEventRecord");
+  BENCH_CHECK(cuda::SynchronizeDevice());
+  return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
+}
+
 // Attention FLOPs of an n-token prefill from position 0: QK and PV over the causal keys
 // (GLM-4.5); for GLM-5 the latent scores and sums (2 (2R + dr) per head and attended key,
 // at most index_topk keys) plus the indexer's scoring (2 Hi Di per causal key, full layers).
@@ -259,12 +304,28 @@ int Main() {
 
   const std::string spec = absl::GetFlag(FLAGS_model);
   const bool fp8 = PresetIsFp8(spec);
+  // The prefill fraction's denominator: the FP8 tensor-core rate for FP8 models when the
+  // device has it, else the bf16 GEMM rate.
+  double prefill_rate = gemm_rate;
+  std::string prefill_rate_name = "bf16 GEMM rate";
   if (fp8) {
     const double fp8_rate = Fp8GemmRate(gemm_size);
     rows.push_back({absl::StrFormat("FP8 tiled kernel %d^3", gemm_size),
                     absl::StrFormat("%.1f TFLOP/s", fp8_rate / 1e12),
-                    "LaunchFp8LinearBf16, CUDA cores (no tensor-core FP8)",
+                    "LaunchFp8LinearBf16, CUDA cores (the fallback)",
                     absl::StrFormat("%.1f%% of bf16 GEMM", 100.0 * fp8_rate / gemm_rate)});
+    std::string why;
+    const double tc_rate = Fp8TensorCoreRate(gemm_size, &why);
+    if (tc_rate > 0) {
+      rows.push_back({absl::StrFormat("cuBLASLt FP8 GEMM %d^3", gemm_size),
+                      absl::StrFormat("%.0f TFLOP/s", tc_rate / 1e12),
+                      "E4M3 x E4M3 -> fp32 incl. per-token quantize + scale epilogue",
+                      absl::StrFormat("%.1fx bf16 GEMM", tc_rate / gemm_rate)});
+      prefill_rate = tc_rate;
+      prefill_rate_name = "FP8 GEMM rate";
+    } else {
+      std::printf("gpu_bench: no FP8 tensor-core GEMM: %s\n", why.c_str());
+    }
   }
   ModelConfig config = Check(PresetConfig(spec), "preset");
   auto t0 = Clock::now();
@@ -277,6 +338,13 @@ int Main() {
   std::unique_ptr<cuda::CudaModel> model =
       Check(cuda::CudaModel::Create(std::move(weights)), "upload");
   model->set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  model->set_fp8_tensor_cores(absl::GetFlag(FLAGS_fp8_tensor_cores));
+  const KvCacheDType kv_dtype =
+      Check(ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)), "flag");
+  BENCH_CHECK(model->SetKvCacheDType(kv_dtype));
+  std::printf("gpu_bench: KV cache %s, %lld bytes per token\n",
+              kv_dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3 (codes + per-head scales)" : "bf16",
+              static_cast<long long>(model->kv_bytes_per_token()));
   std::printf("gpu_bench: %s weights %.2f GB (generated %.1f s, uploaded %.1f s)\n", spec.c_str(),
               model->weight_bytes() / 1e9, gen_s, Since(t0));
   const int64_t layers = model->num_span_layers();
@@ -296,11 +364,11 @@ int Main() {
     const double step = Since(t0) / reps;
     const double flops = GemmFlopsPerToken(model->config(), layers) * n;
     const double attn_flops = AttentionFlops(model->config(), n, layers);
-    rows.push_back({absl::StrFormat("prefill %d tokens", n),
-                    absl::StrFormat("%.0f tok/s", n / step),
-                    absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP",
-                                    step * 1e3, flops / 1e12, attn_flops / 1e12),
-                    absl::StrFormat("%.1f%% of GEMM rate", 100.0 * flops / step / gemm_rate)});
+    rows.push_back(
+        {absl::StrFormat("prefill %d tokens", n), absl::StrFormat("%.0f tok/s", n / step),
+         absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP", step * 1e3,
+                         flops / 1e12, attn_flops / 1e12),
+         absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / prefill_rate, prefill_rate_name)});
   }
 
   // Decode at each batch size.
@@ -343,6 +411,14 @@ int Main() {
     const double kv_bytes =
         static_cast<double>(model->kv_bytes_per_token()) * batch_size * (context + steps / 2.0);
     const double bytes = dw.dense_step_bytes + experts * dw.routed_expert_bytes + kv_bytes;
+    // The exact byte count behind the fraction (the expert count is a mean over 4 steps).
+    std::printf(
+        "gpu_bench: decode batch %lld bytes/step = %lld (non-routed weights incl. head) + "
+        "%.2f experts x %lld + KV %lld bytes/token x %.1f tokens = %.0f\n",
+        static_cast<long long>(batch_size), static_cast<long long>(dw.dense_step_bytes), experts,
+        static_cast<long long>(dw.routed_expert_bytes),
+        static_cast<long long>(model->kv_bytes_per_token()), batch_size * (context + steps / 2.0),
+        bytes);
     rows.push_back({absl::StrFormat("decode batch %d", batch_size),
                     absl::StrFormat("%.0f tok/s", batch_size / step_s),
                     absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",

@@ -51,7 +51,7 @@ inline int64_t BlocksFor(int64_t positions, int64_t block_size) {
 
 // The KV cache's element format (EngineOptions::kv_cache_dtype, --kv_cache_dtype): the
 // backend's own (fp32 on the CPU, bf16 on the GPU) or FP8 e4m3 with a scale per token and KV
-// head (core/kv_fp8.h; CPU backend, GLM-4.5 K/V only; docs/kv_cache.md).
+// head (core/kv_fp8.h; CPU and CUDA backends, GLM-4.5 K/V only; docs/kv_cache.md).
 enum class KvCacheDType : uint8_t { kAuto, kFp8E4M3 };
 // "auto" or "fp8_e4m3"; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<KvCacheDType> ParseKvCacheDType(absl::string_view name);
@@ -67,8 +67,9 @@ struct KvCacheShape {
   // (kv_heads 1, head_dim the row width: the normed latent, the rotary key and the DSA
   // indexer key; core/ops/mla.h), no separate values. False: the GQA key and value rows.
   bool latent = false;
-  // Host only: e4m3 codes (one byte per value) plus one fp32 scale per token slot, kind and KV
-  // head (core/kv_fp8.h) instead of fp32 values. GQA layout only (not `latent`).
+  // E4m3 codes (one byte per value) plus one fp32 scale per token slot, kind and KV head
+  // (core/kv_fp8.h) instead of fp32 values: host arrays on the CPU, one device allocation
+  // (codes, then scales) on the GPU (core/cuda/model.h). GQA layout only (not `latent`).
   bool fp8 = false;
 
   // Rows per token slot and layer: 2 (keys, values) or 1 (the latent row).

@@ -421,6 +421,9 @@ int main(int argc, char** argv) {
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {
+    // The cache's element format first (Engine::Create sets it again): the plan counts the
+    // bytes per token of the cache the engine will make (an FP8 cache: about a quarter).
+    if (absl::Status s = (*runner)->SetKvCacheDType(*kv_dtype); !s.ok()) return Fail(s);
     if (absl::Status s = PlanKvCache(**runner, fraction, server->get()); !s.ok()) return Fail(s);
   }
   if (!stop.HasBeenNotified()) {

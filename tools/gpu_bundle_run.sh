@@ -15,7 +15,7 @@
 # (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
-# and .xml, gpu_bench.log, gpu_bench_glm5.log, gpu_bench_fp8.log, server.log,
+# and .xml, gpu_bench.log, gpu_bench_glm5.log, gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log,
 # client_bench_c<N>.log, sampler_bench.log, host_bench.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
@@ -115,6 +115,11 @@ if [ "$gpu" = 1 ]; then
   # the device, CUDA-core FP8 kernels (never timed on hardware).
   run_step gpu_bench_fp8 "$out/gpu_bench_fp8.log" "$here/bin/gpu_bench" \
     --model=glm-4.5-air-fp8 --batches=1,8,64 --context=256 --decode_steps=16 --prefill_tokens=2048
+  # The same with the FP8 KV cache on the device (--kv_cache_dtype=fp8_e4m3, docs/kv_cache.md),
+  # at a longer context where the cache's bytes matter.
+  run_step gpu_bench_fp8_kv "$out/gpu_bench_fp8_kv.log" "$here/bin/gpu_bench" \
+    --model=glm-4.5-air-fp8 --kv_cache_dtype=fp8_e4m3 --batches=1,8,64 --context=2048 \
+    --decode_steps=16 --prefill_tokens=2048
 
   # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures).
   port=$((20000 + ($$ % 20000)))

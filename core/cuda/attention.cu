@@ -6,8 +6,11 @@
 // sequence times the `group` query heads that share one kv head), one kv head and one split
 // of the KV range. Keys and values come in chunks of 32 (one key per lane when scoring), are
 // widened to fp32 in shared memory and shared by all rows of the tile: GQA and prefill tiles
-// read each K/V chunk once per block.
+// read each K/V chunk once per block. The cache is bf16 (`cache`) or FP8 (`kv_codes` and
+// `kv_scales`, cache null: core/kv_fp8.h's codes and per-head scales, decoded to the CPU's
+// fp32 values as the chunk is staged).
 #include "core/cuda/device_util.cuh"
+#include "core/cuda/fp8_util.cuh"
 #include "core/cuda/kernels.h"
 
 namespace glmserve::cuda {
@@ -35,7 +38,8 @@ __device__ __forceinline__ int64_t PartialStride(int rows_cap, int hd) {
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                          const int32_t* __restrict__ block_tables,
-                         const uint16_t* __restrict__ cache, AttentionShape shape, int rows_cap,
+                         const uint16_t* __restrict__ cache, const uint8_t* __restrict__ kv_codes,
+                         const float* __restrict__ kv_scales, AttentionShape shape, int rows_cap,
                          float* __restrict__ scratch, uint16_t* __restrict__ out) {
   extern __shared__ float smem[];
   const int hd = static_cast<int>(shape.head_dim);
@@ -86,9 +90,16 @@ __global__ void __launch_bounds__(kAttnThreads)
       float kf = 0.f, vf = 0.f;
       if (p < kv_end) {
         const int64_t block = block_tables[bt_offset + p / bs];
-        const int64_t at = (block * 2 * bs + p % bs) * kv_dim + static_cast<int64_t>(kvh) * hd + d;
-        kf = dev::Bf16ToFloat(cache[at]);
-        vf = dev::Bf16ToFloat(cache[at + bs * kv_dim]);
+        const int64_t key_row = block * 2 * bs + p % bs;  // the value row is bs later
+        const int64_t at = key_row * kv_dim + static_cast<int64_t>(kvh) * hd + d;
+        if (kv_codes != nullptr) {
+          kf = dev::E4m3ToFloat(kv_codes[at]) * kv_scales[key_row * shape.kv_heads + kvh];
+          vf = dev::E4m3ToFloat(kv_codes[at + bs * kv_dim]) *
+               kv_scales[(key_row + bs) * shape.kv_heads + kvh];
+        } else {
+          kf = dev::Bf16ToFloat(cache[at]);
+          vf = dev::Bf16ToFloat(cache[at + bs * kv_dim]);
+        }
       }
       k_s[j * (hd + 1) + d] = kf;
       v_s[j * hd + d] = vf;
@@ -227,10 +238,12 @@ cudaError_t PrepareKernels() {
                               wanted < optin ? wanted : optin);
 }
 
-cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_tiles,
-                                 const int32_t* block_tables, const uint16_t* cache_layer,
-                                 const AttentionShape& shape, int num_splits, float* scratch,
-                                 uint16_t* out, cudaStream_t stream) {
+namespace {
+
+cudaError_t PagedAttention(const float* q, const int32_t* tiles, int num_tiles,
+                           const int32_t* block_tables, const uint16_t* cache_layer,
+                           const Fp8KvLayer& fp8, const AttentionShape& shape, int num_splits,
+                           float* scratch, uint16_t* out, cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;
   if (shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0 || shape.head_dim <= 0 ||
       shape.head_dim > kMaxHeadDim || shape.heads / shape.kv_heads > kMaxGqaGroup ||
@@ -244,7 +257,7 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
   const dim3 grid(static_cast<unsigned>(num_tiles), static_cast<unsigned>(shape.kv_heads),
                   static_cast<unsigned>(num_splits));
   PagedAttentionKernel<<<grid, kAttnThreads, AttentionSmemBytes(rows_cap, hd), stream>>>(
-      q, tiles, block_tables, cache_layer, shape, rows_cap, scratch, out);
+      q, tiles, block_tables, cache_layer, fp8.codes, fp8.scales, shape, rows_cap, scratch, out);
   if (num_splits > 1) {
     const dim3 combine_grid(static_cast<unsigned>(num_tiles),
                             static_cast<unsigned>(shape.kv_heads));
@@ -252,6 +265,25 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
                                                                    num_splits, out);
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_tiles,
+                                 const int32_t* block_tables, const uint16_t* cache_layer,
+                                 const AttentionShape& shape, int num_splits, float* scratch,
+                                 uint16_t* out, cudaStream_t stream) {
+  return PagedAttention(q, tiles, num_tiles, block_tables, cache_layer, Fp8KvLayer{}, shape,
+                        num_splits, scratch, out, stream);
+}
+
+cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int num_tiles,
+                                    const int32_t* block_tables, Fp8KvLayer cache_layer,
+                                    const AttentionShape& shape, int num_splits, float* scratch,
+                                    uint16_t* out, cudaStream_t stream) {
+  if (cache_layer.codes == nullptr || cache_layer.scales == nullptr) return cudaErrorInvalidValue;
+  return PagedAttention(q, tiles, num_tiles, block_tables, nullptr, cache_layer, shape, num_splits,
+                        scratch, out, stream);
 }
 
 }  // namespace glmserve::cuda

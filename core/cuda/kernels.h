@@ -67,6 +67,30 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
 
+// ---- fp8_gemv_vec.cu (the decode GEMVs with 16-byte loads) ----------------------------
+// LaunchFp8LinearBf16's GEMV (m <= kFp8GemvMaxRows) and LaunchFp8ExpertGemv with vectorised
+// weight and activation loads, several rows per warp, the scale once per row (per channel) or
+// per 16-code chunk (blocks). Supported when w.cols and block_cols are multiples of 16 (or one
+// block per row) and codes and activations are 16-byte aligned (Fp8GemvVecSupported);
+// cudaErrorNotSupported otherwise.
+bool Fp8GemvVecSupported(const Fp8DeviceMatrix& w, const uint16_t* x);
+cudaError_t LaunchFp8GemvVec(const uint16_t* x, int64_t m, const Fp8DeviceMatrix& w, float* y,
+                             int64_t y_ld, cudaStream_t stream);
+cudaError_t LaunchFp8ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                   const int32_t* offsets, const uint16_t* in, float* out,
+                                   int64_t out_ld, cudaStream_t stream);
+
+// ---- fp8_quant.cu (around the tensor-core FP8 GEMM, core/cuda/fp8_gemm.h) ----------------
+// Per-token FP8 quantization of bf16 activations x [m, k]: scales[i] = amax of row i's finite
+// values / 448 (at least FLT_MIN; 1 for a zero row), codes[i, c] = e4m3(x[i, c] / scales[i])
+// (round to nearest even, saturating; core/dtype.h's FloatToE4m3).
+cudaError_t LaunchQuantizeRowsFp8(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
+                                  float* scales, cudaStream_t stream);
+// The GEMM's epilogue: y[i * y_ld + n] *= row_scales[i] * col_scales[n] for i < m, n < cols.
+cudaError_t LaunchScaleRowsCols(float* y, int64_t m, int64_t cols, int64_t y_ld,
+                                const float* row_scales, const float* col_scales,
+                                cudaStream_t stream);
+
 // ---- norm.cu --------------------------------------------------------------------------
 // For each output row r (source row i = row_index ? row_index[r] : r):
 //   if delta: h[i] += delta[i] (written back, fp32)
@@ -99,6 +123,22 @@ cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape
                                const int32_t* slots, uint16_t* cache_layer, int64_t block_size,
                                cudaStream_t stream);
 
+// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/kv_fp8.h, docs/kv_cache.md) of one layer:
+// codes [num_blocks, 2, block_size, kv_heads * head_dim] e4m3 (the bf16 cache's layout, a
+// byte per value) and scales [num_blocks, 2, block_size, kv_heads] fp32, one per token slot,
+// kind (K, V) and KV head: amax / 448 of that head's row (the CPU's codec, bit for bit).
+struct Fp8KvLayer {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+// LaunchQkNormRopeKv writing k and v into an FP8 cache: each (token, KV head) row of fp32 k
+// (after norm and RoPE) and v is encoded from its own values (EncodeKvRow's arithmetic).
+cudaError_t LaunchQkNormRopeKvFp8(float* qkv, int64_t tokens, const QkvShape& shape,
+                                  const float* bias, const float* q_norm, const float* k_norm,
+                                  float eps, const float* inv_freq, const int32_t* positions,
+                                  const int32_t* slots, Fp8KvLayer cache_layer, int64_t block_size,
+                                  cudaStream_t stream);
+
 // ---- attention.cu ---------------------------------------------------------------------
 // A tile of consecutive query tokens of one sequence, as 5 int32 in device memory:
 // row0 (first batch row), num_q, pos0 (position of row0), bt_offset (start of the sequence's
@@ -126,6 +166,12 @@ cudaError_t LaunchPagedAttention(const float* q, const int32_t* tiles, int num_t
                                  const int32_t* block_tables, const uint16_t* cache_layer,
                                  const AttentionShape& shape, int num_splits, float* scratch,
                                  uint16_t* out, cudaStream_t stream);
+// The same over an FP8 cache: each key and value is decoded as e4m3 x its head's scale (the
+// CPU's DecodeKvHead values) when its chunk is staged in shared memory.
+cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int num_tiles,
+                                    const int32_t* block_tables, Fp8KvLayer cache_layer,
+                                    const AttentionShape& shape, int num_splits, float* scratch,
+                                    uint16_t* out, cudaStream_t stream);
 
 // ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
 // The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,

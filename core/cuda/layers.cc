@@ -67,26 +67,36 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   const int64_t t = plan_.tokens;
   const int64_t qkv_width = c.q_dim() + 2 * c.kv_dim();
   if (l.q8.codes != nullptr) {
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.q8, a_.qkv, qkv_width, stream_.get()));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width, stream_.get()));
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(),
-                                                 qkv_width, stream_.get()));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.q8, a_.qkv, qkv_width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.k8, a_.qkv + c.q_dim(), qkv_width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, t, l.v8, a_.qkv + c.q_dim() + c.kv_dim(), qkv_width));
   } else {
     RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.qkv, c.hidden_size), qkv_width, c.hidden_size,
                          Bf16(a_.x, c.hidden_size), t, a_.qkv, CUDA_R_32F, qkv_width));
   }
+  // The cache is bf16 or FP8 (--kv_cache_dtype=fp8_e4m3: codes and per-head scales).
+  const bool fp8_kv = cache->shape().fp8;
   uint16_t* cache_layer =
-      static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+      fp8_kv ? nullptr
+             : static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
+  const Fp8KvLayer fp8_layer = fp8_kv ? Fp8Layer(cache, layer) : Fp8KvLayer{};
   QkvShape qkv_shape;
   qkv_shape.heads = c.num_attention_heads;
   qkv_shape.kv_heads = c.num_key_value_heads;
   qkv_shape.head_dim = c.head_dim;
   qkv_shape.rotary_dim = c.rotary_dim();
-  GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKv(
-      a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, static_cast<float>(c.rms_norm_eps),
-      weights_.inv_freq, meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer,
-      cache->shape().block_size, stream_.get()));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (fp8_kv) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKvFp8(
+        a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, eps, weights_.inv_freq,
+        meta(meta_layout_.positions()), meta(meta_layout_.slots()), fp8_layer,
+        cache->shape().block_size, stream_.get()));
+  } else {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQkNormRopeKv(
+        a_.qkv, t, qkv_shape, l.qkv_bias, l.q_norm, l.k_norm, eps, weights_.inv_freq,
+        meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer,
+        cache->shape().block_size, stream_.get()));
+  }
   AttentionShape shape;
   shape.heads = c.num_attention_heads;
   shape.kv_heads = c.num_key_value_heads;
@@ -94,13 +104,19 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
   shape.block_size = cache->shape().block_size;
   shape.q_stride = qkv_width;
   shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  GLM_CUDA_RETURN_IF_ERROR(
-      LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-                           meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
-                           attn_scratch_, a_.attn, stream_.get()));
-  if (l.o8.codes != nullptr) {
+  if (fp8_kv) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchPagedAttentionFp8(
+        a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), fp8_layer, shape, num_splits_, attn_scratch_, a_.attn,
+        stream_.get()));
+  } else {
     GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.attn, t, l.o8, a_.delta, c.hidden_size, stream_.get()));
+        LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+                             meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
+                             attn_scratch_, a_.attn, stream_.get()));
+  }
+  if (l.o8.codes != nullptr) {
+    RETURN_IF_ERROR(Fp8Linear(a_.attn, t, l.o8, a_.delta, c.hidden_size));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
@@ -112,13 +128,10 @@ absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
   if (ffn.fp8()) {
     cudaStream_t stream = stream_.get();
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width, stream));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width, stream));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width));
+    RETURN_IF_ERROR(Fp8Linear(a_.x, rows, ffn.up8, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, rows, width, a_.act, stream));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8LinearBf16(a_.act, rows, ffn.down8, a_.delta, hidden, stream));
+    RETURN_IF_ERROR(Fp8Linear(a_.act, rows, ffn.down8, a_.delta, hidden));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(ffn.gate_up, hidden), 2 * width, hidden,
@@ -147,13 +160,10 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
   const bool fp8 = l.experts_gate8.codes != nullptr;
   if (device_path && fp8) {
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_gate8, n_experts, offsets, a_.xp,
-                                                 a_.gate_up, 2 * width, stream));
-    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemv(l.experts_up8, n_experts, offsets, a_.xp,
-                                                 a_.gate_up + width, 2 * width, stream));
+    RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, a_.gate_up, 2 * width));
+    RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8ExpertGemv(l.experts_down8, n_experts, offsets, a_.act, a_.yp, hidden, stream));
+    RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_down8, offsets, a_.act, a_.yp, hidden));
   } else if (device_path) {
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemv(l.experts_gate_up, 2 * width, hidden, n_experts,
                                               offsets, a_.xp, a_.gate_up, stream));
@@ -176,10 +186,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       if (rows == 0) continue;
       const uint16_t* xe = a_.xp + first * hidden;
       float* ge = a_.gate_up + first * 2 * width;
-      GLM_CUDA_RETURN_IF_ERROR(
-          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width, stream));
-      GLM_CUDA_RETURN_IF_ERROR(
-          LaunchFp8LinearBf16(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width, stream));
+      RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width));
+      RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width));
     }
     for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
@@ -192,9 +200,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     for (int64_t e = 0; fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
-      GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(a_.act + first * width, rows,
-                                                   Expert(l.experts_down8, e),
-                                                   a_.yp + first * hidden, hidden, stream));
+      RETURN_IF_ERROR(Fp8Linear(a_.act + first * width, rows, Expert(l.experts_down8, e),
+                                a_.yp + first * hidden, hidden));
     }
     for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];

@@ -167,12 +167,33 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * offsets_count));
     offsets_host_ = std::move(host);
   }
+  InitFp8TensorCores();
   return EnsureCapacity(256, 1024);
 }
 
 int64_t CudaModel::kv_bytes_per_token() const {
+  if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
+    return (layer_end_ - layer_begin_) * 2 * config_.num_key_value_heads * (config_.head_dim + 4);
+  }
   // bf16: K and V rows (GLM-4.5) or the latent row (GLM-5).
   return (layer_end_ - layer_begin_) * config_.cache_values_per_token_layer() * 2;
+}
+
+absl::Status CudaModel::SetKvCacheDType(KvCacheDType dtype) {
+  if (dtype == KvCacheDType::kFp8E4M3 && is_mla_) {
+    return absl::FailedPreconditionError(
+        "--kv_cache_dtype=fp8_e4m3 covers GLM-4.5's keys and values; GLM-5's latent cache "
+        "(glm_moe_dsa) stays bf16 on the CUDA backend (docs/kv_cache.md)");
+  }
+  kv_fp8_ = dtype == KvCacheDType::kFp8E4M3;
+  return absl::OkStatus();
+}
+
+Fp8KvLayer CudaModel::Fp8Layer(KvCache* cache, int64_t layer) {
+  uint8_t* base = static_cast<uint8_t*>(cache->storage());
+  const int64_t offset = cache->ElementOffset(layer, 0, 0);  // codes: one byte per value
+  float* scales = reinterpret_cast<float*>(base + Fp8KvScalesOffset(cache->shape()));
+  return Fp8KvLayer{base + offset, scales + offset / cache->shape().head_dim};
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_blocks,
@@ -183,13 +204,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
   if (num_blocks * block_size > int64_t{1} << 30) {
     return absl::InvalidArgumentError("CUDA KV cache: at most 2^30 token slots (int32 slot ids)");
   }
-  const KvCacheShape shape =
-      CacheShapeFor(config_, layer_end_ - layer_begin_, num_blocks, block_size);
-  absl::StatusOr<int64_t> checked_bytes = KvCacheBytes(shape, 2);  // bf16
-  if (!checked_bytes.ok()) return checked_bytes.status();
+  KvCacheShape shape = CacheShapeFor(config_, layer_end_ - layer_begin_, num_blocks, block_size);
+  shape.fp8 = kv_fp8_;
+  // bf16, or FP8: a byte per value, then (aligned) a 4-byte scale per head_dim values. The
+  // checked byte count bounds every product below (the scales are 4 / head_dim of the codes).
+  ASSIGN_OR_RETURN(int64_t checked_bytes, KvCacheBytes(shape, kv_fp8_ ? 1 : 2));
+  if (kv_fp8_) checked_bytes = Fp8KvScalesOffset(shape) + checked_bytes / shape.head_dim * 4;
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   void* storage = nullptr;
-  const size_t bytes = static_cast<size_t>(*checked_bytes);
+  const size_t bytes = static_cast<size_t>(checked_bytes);
   if (cudaMalloc(&storage, bytes) != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
@@ -203,7 +226,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
     cudaFree(storage);
     return CudaError(e, "cudaMemsetAsync(kv cache)", __FILE__, __LINE__);
   }
-  return std::make_unique<KvCache>(shape, storage, DType::kBF16, [](void* p) { cudaFree(p); });
+  return std::make_unique<KvCache>(shape, storage, kv_fp8_ ? DType::kF8E4M3 : DType::kBF16,
+                                   [](void* p) { cudaFree(p); });
 }
 
 // The engine asks for logits per sequence (a decode wants its last row, a prefill chunk
@@ -243,8 +267,13 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
 }
 
 absl::Status CudaModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache) const {
-  if (cache.host_fp32() || cache.dtype() != DType::kBF16) {
+  if (cache.host_fp32() || cache.host_fp8() ||
+      (cache.dtype() != DType::kBF16 && cache.dtype() != DType::kF8E4M3) ||
+      cache.shape().fp8 != (cache.dtype() == DType::kF8E4M3)) {
     return absl::InvalidArgumentError("KV cache was not created by the CUDA backend");
+  }
+  if (cache.shape().fp8 && is_mla_) {  // the latent kernels read bf16 rows
+    return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
   }
   if (cache.shape().num_layers != layer_end_ - layer_begin_) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
@@ -311,6 +340,7 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
     Carver carver(static_cast<char*>(arena_memory_.get()));
     carve(carver);
     token_cap_ = t;
+    RETURN_IF_ERROR(EnsureFp8Scratch(t));
   }
   MetaLayout layout;
   layout.token_cap = token_cap_;

@@ -35,6 +35,7 @@
 #include "absl/types/span.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
+#include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
 #include "core/model_runner.h"
@@ -50,6 +51,12 @@ struct CudaModelOptions {
   // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
   // row counts back to the host and run one cuBLAS GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
+  // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows, per-channel weights) on FP8 tensor
+  // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h). Off by
+  // default: decode steps keep bf16 activations (the GEMV), so with it on a token's logits
+  // differ by the activation rounding (~3% relative) between prefill and decode (docs/cuda.md).
+  // GLMSERVE_FP8_TENSOR_CORES=1 turns it on, =0 off, overriding this.
+  bool fp8_tensor_cores = false;
   // Called while the weights stream to the device (UploadWeights), or null.
   LoadProgressCallback upload_progress;
 };
@@ -68,7 +75,10 @@ class CudaModel final : public ModelRunner {
   std::string device_name() const override { return device_name_; }
   int64_t weight_bytes() const override { return weights_.bytes; }
   int64_t kv_bytes_per_token() const override;
-  // A cache in device memory (bf16, zero-filled).
+  // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the
+  // CPU's format (core/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
+  absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  // A cache in device memory (bf16, or FP8 codes then scales after SetKvCacheDType; zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
   // As CpuModel::Forward; `cache` must come from a CudaModel's CreateCache.
@@ -83,6 +93,15 @@ class CudaModel final : public ModelRunner {
   // Why graphs were switched off after a failed capture (empty if they were not).
   const std::string& graph_error() const { return graph_error_; }
   const DeviceWeights& device_weights() const { return weights_; }
+  // FP8 GEMMs beyond the GEMV's rows: tensor cores (cuBLASLt) when turned on
+  // (CudaModelOptions::fp8_tensor_cores) and available, else the CUDA-core kernel; and how
+  // many each path enqueued (layers_fp8.cc).
+  void set_fp8_tensor_cores(bool on) { fp8_tensor_cores_ = on; }
+  // The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) where supported; false: byte loads.
+  void set_fp8_vec_gemv(bool on) { fp8_vec_gemv_ = on; }
+  const std::string& fp8_tensor_core_status() const { return fp8_tc_status_; }
+  int64_t fp8_tensor_core_gemms() const { return fp8_tc_gemms_; }
+  int64_t fp8_cuda_core_gemms() const { return fp8_fallback_gemms_; }
   // Distinct (MoE layer, routed expert) pairs the last Forward ran. Synchronises.
   absl::StatusOr<int64_t> LastStepActiveExperts();
   // Runs only the FFN block of span layer `layer` on x ([tokens, hidden], the block's normed
@@ -149,6 +168,15 @@ class CudaModel final : public ModelRunner {
   static constexpr int64_t kIndexerTiles = 64;
   absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShapeDev& mla);
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
+  // FP8 linear layers (layers_fp8.cc): y[i * y_ld + c] = x[i] . W[c] through the GEMV, the
+  // tensor-core GEMM or the tiled kernel.
+  void InitFp8TensorCores();
+  absl::Status EnsureFp8Scratch(int64_t tokens);
+  absl::Status Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w, float* y,
+                         int64_t y_ld);
+  // The routed experts' device-offset GEMV (graph-capturable), vectorised where supported.
+  absl::Status Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
+                             const uint16_t* in, float* out, int64_t out_ld);
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
@@ -156,6 +184,15 @@ class CudaModel final : public ModelRunner {
   absl::Status Capture(KvCache* cache, bool logits, GraphExec* exec);
 
   const int32_t* meta(int64_t offset) const { return meta_device_.as<int32_t>() + offset; }
+  // An FP8 cache's storage: codes [num_elements] bytes, then the fp32 scales
+  // [num_elements / head_dim] from this byte offset (256-aligned).
+  static int64_t Fp8KvScalesOffset(const KvCacheShape& shape) {
+    const int64_t codes = shape.num_layers * shape.num_blocks * shape.kinds() * shape.block_size *
+                          shape.kv_heads * shape.head_dim;
+    return (codes + 255) / 256 * 256;
+  }
+  // Layer `layer` (of the span) of an FP8 cache (cache->dtype() kF8E4M3).
+  static Fp8KvLayer Fp8Layer(KvCache* cache, int64_t layer);
 
   // Model facts.
   ModelConfig config_;
@@ -166,6 +203,7 @@ class CudaModel final : public ModelRunner {
   bool has_moe_ = false;
   bool is_mla_ = false;       // GLM-5: latent cache, MLA and the DSA indexer
   bool has_indexer_ = false;  // some span layer is a "full" indexer layer
+  bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3): caches created from now on are FP8
   rowmath::RouterRowParams router_;
   int tile_tokens_ = 1;
 
@@ -197,6 +235,20 @@ class CudaModel final : public ModelRunner {
   PinnedBuffer io_host_;               // hidden states in and out (grows)
   bool last_step_valid_ = false;
   DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * max_kv_len floats (grows)
+
+  // FP8 on tensor cores (layers_fp8.cc).
+  std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
+  std::string fp8_tc_status_ = "no FP8 weights";
+  bool fp8_tensor_cores_ = false;  // options_.fp8_tensor_cores or the environment
+  bool fp8_vec_gemv_ = true;
+  bool fp8_fallback_logged_ = false;
+  int64_t fp8_max_cols_ = 0;      // widest FP8 matrix (k of its GEMMs)
+  int64_t fp8_scratch_rows_ = 0;  // activation rows the scratch holds
+  DeviceBuffer fp8_scratch_;      // x codes [rows, fp8_max_cols_], then x scales [rows]
+  uint8_t* fp8_x_codes_ = nullptr;
+  float* fp8_x_scales_ = nullptr;
+  int64_t fp8_tc_gemms_ = 0;
+  int64_t fp8_fallback_gemms_ = 0;
 
   // CUDA graphs.
   std::map<GraphKey, GraphEntry> graphs_;

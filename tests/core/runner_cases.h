@@ -19,6 +19,7 @@ struct RunnerCase {
   DType dtype;  // the weights' precision (the CUDA runner computes in bf16 either way)
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
   CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/ops/linear.h)
+  bool kv_fp8 = false;                 // --kv_cache_dtype=fp8_e4m3 (core/kv_fp8.h; GLM-4.5 only)
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
   bool exact() const { return device == DeviceKind::kCpu; }
@@ -41,7 +42,10 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
     {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
-    {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx}};
+    {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},
+    // The FP8 KV cache (docs/kv_cache.md) on both backends, in the same format.
+    {"cpu_f32_kvfp8", DeviceKind::kCpu, DType::kF32, "tiny", CpuMath::kExact, true},
+    {"cuda_bf16_kvfp8", DeviceKind::kCuda, DType::kBF16, "tiny", CpuMath::kExact, true}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

@@ -60,7 +60,12 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
     absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
         CreateModelRunner(*std::move(w), GetParam().device, GetParam().cpu_math);
     EXPECT_TRUE(runner.ok()) << runner.status();
-    return runner.ok() ? *std::move(runner) : nullptr;
+    if (!runner.ok()) return nullptr;
+    if (GetParam().kv_fp8) {
+      const absl::Status s = (*runner)->SetKvCacheDType(KvCacheDType::kFp8E4M3);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    return *std::move(runner);
   }
 
   std::unique_ptr<KvCache> Cache(ModelRunner& runner, int64_t num_blocks, int64_t block_size = 4) {

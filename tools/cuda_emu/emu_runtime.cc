@@ -290,6 +290,11 @@ namespace emu {
 
 void* DynamicSmemRaw() { return g_block.dyn_smem.data(); }
 
+cudaError_t EnqueueHostOp(cudaStream_t stream, std::function<void()> op) {
+  return Enqueue(stream, std::move(op));
+}
+void CheckDeviceRange(const void* p, size_t n, const char* what) { CheckDevice(p, n, what); }
+
 void SetFuncMaxSmem(const void* func, int bytes) { g_func_smem[func] = bytes; }
 
 void RunKernel(const void* func, const LaunchConfig& cfg, std::function<void()> body) {

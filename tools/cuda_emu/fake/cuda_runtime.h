@@ -16,6 +16,7 @@ enum cudaError_t {
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
 };
 typedef struct EmuStream* cudaStream_t;
 typedef struct EmuEvent* cudaEvent_t;
@@ -35,7 +36,7 @@ enum cudaStreamCaptureMode {
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
-enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 };
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDefault = 0;
 constexpr unsigned cudaEventDisableTiming = 2;

@@ -17,6 +17,10 @@ struct LaunchConfig {
 void RunKernel(const void* func, const LaunchConfig& cfg, std::function<void()> body);
 void SetFuncMaxSmem(const void* func, int bytes);
 void* DynamicSmemRaw();
+// For emulated libraries (cublaslt_emu.cc): runs `op` now, or records it into a capturing
+// stream, as a kernel; and the range check of device accesses (dies outside an allocation).
+cudaError_t EnqueueHostOp(cudaStream_t stream, std::function<void()> op);
+void CheckDeviceRange(const void* p, size_t n, const char* what);
 
 class Launcher {
  public:
