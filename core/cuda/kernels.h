@@ -152,16 +152,17 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
                                      cudaStream_t stream);
 // Absorbed attention over the latent cache, per tile (kTileInts, tile_tokens 1 or more) and
 // head: q_lat = W_uk[h]^T q_nope (kv_b: [H * (dn + dv), R] bf16; per head dn key rows then dv
-// value rows), score[p] = (q_lat . latent[p] + q_rot . k_rot[p]) * scale over the token's
-// positions (every p <= pos when sel_count[t] < 0, else sel_pos[t * sel_stride + i], i <
-// sel_count[t], ascending), online softmax in fp32, o_lat = sum_p w_p latent[p], out[t, h] =
-// W_uv[h] o_lat as bf16 ([tokens, H * dv]). sel_count null: every causal key. A tile with
-// kv_len 0 (padding) writes zeros.
+// value rows; or, FP8 GLM-5, kv_b null and kv_b8 that matrix's codes and block scales), score[p] =
+// (q_lat . latent[p] + q_rot . k_rot[p]) * scale over the token's positions (every p <= pos when
+// sel_count[t] < 0, else sel_pos[t * sel_stride + i], i < sel_count[t], ascending), online softmax
+// in fp32, o_lat = sum_p w_p latent[p], out[t, h] = W_uv[h] o_lat as bf16 ([tokens, H * dv]).
+// sel_count null: every causal key. A tile with kv_len 0 (padding) writes zeros.
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
-                               const uint16_t* kv_b, const MlaShapeDev& shape,
-                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
-                               uint16_t* out, cudaStream_t stream);
+                               const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
+                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
+                               cudaStream_t stream);
 
 // ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
 struct IndexerShapeDev {

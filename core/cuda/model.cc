@@ -82,7 +82,10 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
   is_mla_ = c.is_mla();
-  for (const LayerWeights& l : weights.layers) has_indexer_ |= is_mla_ && !l.mla.indexer.empty();
+  // The config's word, not the weights': an FP8 preset's device-generated wq_b has no host data.
+  for (const LayerWeights& l : weights.layers) {
+    has_indexer_ |= is_mla_ && c.has_indexer(l.layer_index);
+  }
   const int64_t group = is_mla_ ? 1 : c.num_attention_heads / c.num_key_value_heads;
   if (is_mla_) {
     // The indexer kernel stages one token's queries and head weights in 48 KiB of shared
