@@ -102,8 +102,9 @@ absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer,
   GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerPrepare(
       a_.iq, a_.ik, a_.iw, t, shape, mla, m.k_norm, m.k_norm_bias, kLatentEps, weights_.inv_freq,
       meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
-  // Scores of at most kIndexerTiles tiles at a time: scratch bounded by that x max_kv_len.
-  const int64_t max_kv = std::max<int64_t>(plan_.max_kv_len, 1);
+  // Scores of at most kIndexerTiles tiles at a time: scratch bounded by that x the stride
+  // (the longest context, or a graph's fixed bound: Forward).
+  const int64_t max_kv = std::max<int64_t>(index_stride_, 1);
   for (int64_t first = 0; first < plan_.num_tiles; first += kIndexerTiles) {
     const int64_t last = std::min(plan_.num_tiles, first + kIndexerTiles);
     GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerTopk(

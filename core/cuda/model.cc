@@ -100,7 +100,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     }
     // A shared indexer layer reads the selection of the full layer before it in the same
     // step (CreateModelRunner refuses such spans too; CudaModel::Create is public).
-    if (!weights.layers.empty() && weights.layers[0].mla.indexer.empty()) {
+    if (!weights.layers.empty() && !c.has_indexer(weights.layers[0].layer_index)) {
       return absl::InvalidArgumentError(
           "the layer span starts at a 'shared' DSA indexer layer; start it at a 'full' layer");
     }
@@ -341,9 +341,9 @@ absl::Status CudaModel::UploadPlan() {
 
 bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
   if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden) return false;
-  // GLM-5 steps run eagerly: the indexer's score scratch grows with the context, which a
-  // captured graph could not follow (docs/cuda.md).
-  if (is_mla_) return false;
+  // GLM-5 decode steps are graphs too: the indexer's score rows take a fixed stride
+  // (max_position_embeddings, Forward), its selection and the attention's key counts are
+  // device data, nothing waits for the host.
   const int64_t tokens = batch.total_tokens();
   if (tokens > kMaxGraphTokens) return false;
   for (const SequenceSlice& s : batch.sequences) {
@@ -403,10 +403,15 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
   RETURN_IF_ERROR(UploadPlan());  // waits for the previous step: buffers may be replaced
-  if (has_indexer_ && plan_.max_kv_len > c.index_topk) {
+  // A graph replays one score stride: max_position_embeddings, which CheckBatch holds every
+  // context to (GLM-5: 64 tiles x 202752 x 4 bytes, 52 MB). Eager steps take their longest.
+  index_stride_ = graph && has_indexer_ ? c.max_position_embeddings : plan_.max_kv_len;
+  if (has_indexer_ && (graph || plan_.max_kv_len > c.index_topk)) {
     const size_t need = sizeof(float) * std::min(plan_.num_tiles, kIndexerTiles) *
-                        static_cast<size_t>(plan_.max_kv_len);
+                        static_cast<size_t>(index_stride_);
     if (index_scores_.bytes() < need) {
+      // Captured graphs point at the old buffer (UploadPlan waited: nothing queued reads it).
+      graphs_.clear();
       index_scores_.Reset();
       ASSIGN_OR_RETURN(DeviceBuffer scores, DeviceBuffer::Create(need));
       index_scores_ = std::move(scores);

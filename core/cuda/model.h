@@ -196,7 +196,10 @@ class CudaModel final : public ModelRunner {
   PinnedBuffer offsets_host_;          // [span layers, E + 1]
   PinnedBuffer io_host_;               // hidden states in and out (grows)
   bool last_step_valid_ = false;
-  DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * max_kv_len floats (grows)
+  DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * index_stride_ floats (grows)
+  // The step's score row stride: its longest context eagerly, max_position_embeddings in a
+  // graph step (a graph replays one value).
+  int64_t index_stride_ = 0;
 
   // CUDA graphs.
   std::map<GraphKey, GraphEntry> graphs_;
