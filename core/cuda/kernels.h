@@ -164,6 +164,42 @@ cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_til
                                const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
                                cudaStream_t stream);
 
+// ---- mla_tc.cu (the same attention on tensor cores: WMMA bf16, flash-decoding splits) -----
+// Attended keys per split block (a multiple of 16).
+inline constexpr int64_t kMlaTcChunk = 64;
+// The tensor-core path's padded widths and per-token scratch sizes for a shape and a bound on
+// the keys any token attends (index_topk with an indexer; else the longest context). Not
+// `supported`: the shape needs mla.cu's kernel (latent > 512, or Kp's tiles beyond 48 KiB of
+// shared memory).
+struct MlaTcLayout {
+  bool supported = false;
+  int64_t kp = 0;      // R + dr rounded up to 16: the score MMAs' K
+  int64_t rp = 0;      // R rounded up to 16: the value MMAs' N
+  int64_t hp = 0;      // H rounded up to 16: the MMAs' M, in head tiles
+  int64_t splits = 0;  // ceil(max_keys / kMlaTcChunk)
+  // Per token: q_cat bf16 elements, partial O floats, (m, l) floats.
+  int64_t q_cat_elems = 0, o_part_floats = 0, ml_part_floats = 0;
+};
+MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& shape, int64_t max_keys);
+// Device scratch for `tokens` tokens: q_cat [tokens, q_cat_elems], o_part [tokens,
+// o_part_floats], ml_part [tokens, ml_part_floats] (256-bit aligned).
+struct MlaTcScratch {
+  uint16_t* q_cat = nullptr;
+  float* o_part = nullptr;
+  float* ml_part = nullptr;
+};
+// LaunchMlaAttention's result on tensor cores, for tiles of ONE token each (the runner's MLA
+// plan) over `tokens` rows of q: each token attends to at most layout's splits x
+// kMlaTcChunk keys. Scores and P x V in WMMA bf16 x bf16 -> fp32 (q_lat and P rounded to bf16),
+// softmax, split merge and W_uv in fp32. Nothing waits for the host: graph-capturable.
+cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
+                                 int num_tiles, const int32_t* block_tables,
+                                 const uint16_t* cache_layer, const uint16_t* kv_b,
+                                 const Fp8DeviceMatrix& kv_b8, const MlaShapeDev& shape,
+                                 const int32_t* sel_count, const int32_t* sel_pos,
+                                 int64_t sel_stride, const MlaTcLayout& layout,
+                                 const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream);
+
 // ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
 struct IndexerShapeDev {
   int64_t heads = 0;       // Hi

@@ -70,11 +70,20 @@ absl::Status CudaModel::EnqueueMla(int64_t layer, KvCache* cache) {
       a_.mla_q, a_.kv_a, t, shape, m.kv_a_norm, kLatentEps, weights_.inv_freq,
       meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
   if (m.has_indexer()) RETURN_IF_ERROR(EnqueueIndexer(layer, cache_layer, shape));
-  // Without any indexer layer in the span every token attends to all its causal keys.
-  GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttention(
-      a_.mla_q, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-      meta(meta_layout_.block_tables()), cache_layer, m.kv_b, m.kv_b8, shape,
-      has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, a_.attn, stream));
+  // Without any indexer layer in the span every token attends to all its causal keys. Steps
+  // the tensor-core scratch covers take mla_tc.cu's kernels, larger ones mla.cu's.
+  if (plan_.tokens <= mla_tc_tokens()) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttentionTc(
+        a_.mla_q, plan_.tokens, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), cache_layer, m.kv_b, m.kv_b8, shape,
+        has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, mla_tc_layout_,
+        mla_tc_scratch_, a_.attn, stream));
+  } else {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttention(
+        a_.mla_q, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), cache_layer, m.kv_b, m.kv_b8, shape,
+        has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, a_.attn, stream));
+  }
   RETURN_IF_ERROR(
       Project(cublas_.get(), m.o, m.o8, hidden, out_width, a_.attn, t, a_.delta, hidden, stream));
   return absl::OkStatus();

@@ -11,14 +11,6 @@ namespace {
 
 constexpr int kMlaThreads = 256;
 
-// kv_b_proj[row, c]: bf16, or (kv_b8's codes set: FP8 GLM-5) e4m3 x its block's scale, the
-// value the CPU widens W_uk^T to at load. A run-time choice: uniform across the grid.
-__device__ __forceinline__ float KvB(const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
-                                     int64_t row, int64_t c) {
-  if (kv_b8.codes != nullptr) return dev::Fp8At(kv_b8, row, c);
-  return dev::Bf16ToFloat(kv_b[row * kv_b8.cols + c]);
-}
-
 // Cache row of `slot` (block * block_size + offset) in a latent layer: one row kind, so the
 // layer is [num_blocks * block_size, row_width].
 __device__ __forceinline__ int64_t RowBase(int64_t slot, const MlaShapeDev& s) {
@@ -113,7 +105,8 @@ __global__ void __launch_bounds__(kMlaThreads)
     // q_lat[c] = sum_i W_uk[i, c] q_nope[i]: threads over c read rows of W_uk coalesced.
     for (int64_t c = threadIdx.x; c < r; c += blockDim.x) {
       float acc = 0.f;
-      for (int64_t d = 0; d < dn; ++d) acc += KvB(kv_b, kv_b8, uk_row + d, c) * q_nope[d];
+      for (int64_t d = 0; d < dn; ++d)
+        acc += dev::Bf16OrFp8At(kv_b, kv_b8, uk_row + d, c) * q_nope[d];
       q_lat[c] = acc;
       o_lat[c] = 0.f;
     }
@@ -149,7 +142,8 @@ __global__ void __launch_bounds__(kMlaThreads)
     // out[j] = W_uv[j, :] . o_lat
     for (int64_t j = threadIdx.x; j < dv; j += blockDim.x) {
       float acc = 0.f;
-      for (int64_t c = 0; c < r; ++c) acc += KvB(kv_b, kv_b8, uk_row + dn + j, c) * o_lat[c];
+      for (int64_t c = 0; c < r; ++c)
+        acc += dev::Bf16OrFp8At(kv_b, kv_b8, uk_row + dn + j, c) * o_lat[c];
       o[j] = dev::FloatToBf16(acc);
     }
   }

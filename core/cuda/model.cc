@@ -22,6 +22,9 @@ constexpr int64_t kMaxGraphTokens = 128;  // largest decode batch captured as a 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kMaxSplits = 16;
 constexpr int64_t kMinSplitKeys = 256;
+// GLM-5's tensor-core attention scratch (partial outputs per token, head and key split):
+// GLM-5 needs 4.3 MB per token, so 256 MiB covers decode steps of up to 32 tokens.
+constexpr int64_t kMlaTcScratchBytes = int64_t{256} << 20;
 
 static_assert(kAttentionTileInts == kTileInts, "step_plan.h and kernels.h tile layouts differ");
 
@@ -78,6 +81,9 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   options_ = options;
   if (const char* env = std::getenv("GLMSERVE_CUDA_GRAPHS"); env != nullptr && env[0] == '0') {
     options_.cuda_graphs = false;
+  }
+  if (const char* env = std::getenv("GLMSERVE_MLA_TC"); env != nullptr && env[0] == '0') {
+    options_.mla_tensor_cores = false;
   }
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
@@ -149,7 +155,28 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   const int64_t offsets_count = has_moe_ ? span_layers * (c.n_routed_experts + 1) : 0;
   const int64_t scratch_floats =
       AttentionScratchFloats(2 * sm_count_, 1, group, c.head_dim, /*num_splits=*/2);
+  if (is_mla_ && options_.mla_tensor_cores) {
+    // Every token attends to at most index_topk keys when the span has an indexer (a shorter
+    // context is dense), else to its whole context.
+    MlaShapeDev shape;
+    shape.heads = c.num_attention_heads;
+    shape.nope_dim = c.qk_nope_head_dim;
+    shape.rope_dim = c.qk_rope_head_dim;
+    shape.v_dim = c.v_head_dim;
+    shape.latent_dim = c.kv_lora_rank;
+    mla_tc_layout_ =
+        MlaTcLayoutFor(shape, has_indexer_ ? c.index_topk : c.max_position_embeddings);
+    const int64_t per_token = mla_tc_layout_.q_cat_elems * 2 +
+                              4 * (mla_tc_layout_.o_part_floats + mla_tc_layout_.ml_part_floats);
+    // A power of two, so that every graph bucket up to it fits.
+    const int64_t fit = std::min(kMaxGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
+    mla_tc_tokens_ = mla_tc_layout_.supported && fit >= 1 ? 1 : 0;
+    while (mla_tc_tokens_ > 0 && mla_tc_tokens_ * 2 <= fit) mla_tc_tokens_ *= 2;
+  }
   const auto carve = [&](Carver& cv) {
+    mla_tc_scratch_.q_cat = cv.Take<uint16_t>(mla_tc_tokens_ * mla_tc_layout_.q_cat_elems);
+    mla_tc_scratch_.o_part = cv.Take<float>(mla_tc_tokens_ * mla_tc_layout_.o_part_floats);
+    mla_tc_scratch_.ml_part = cv.Take<float>(mla_tc_tokens_ * mla_tc_layout_.ml_part_floats);
     attn_scratch_ = cv.Take<float>(scratch_floats);
     expert_offsets_ = cv.Take<int32_t>(offsets_count);
     head_x_ = cv.Take<uint16_t>(has_head_ ? kLogitChunk * c.hidden_size : 0);
@@ -171,6 +198,12 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     offsets_host_ = std::move(host);
   }
   return EnsureCapacity(256, 1024);
+}
+
+void CudaModel::set_mla_tensor_cores(bool on) {
+  cudaStreamSynchronize(stream_.get());  // no captured graph is in flight when dropped
+  graphs_.clear();
+  options_.mla_tensor_cores = on;
 }
 
 int64_t CudaModel::kv_bytes_per_token() const {
