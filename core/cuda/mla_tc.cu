@@ -263,8 +263,7 @@ MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& s, int64_t max_keys) {
   l.hp = RoundUp16(s.heads);
   l.splits = std::max<int64_t>(1, (max_keys + kMlaTcChunk - 1) / kMlaTcChunk);
   l.supported = s.heads > 0 && s.latent_dim > 0 && l.rp / kM <= kTcWarps * kMaxAccPerWarp &&
-                SplitSmemBytes(l.kp) <= 48 * 1024 && l.splits <= 65535 && l.hp / kM <= 65535 &&
-                s.block_size > 0;
+                SplitSmemBytes(l.kp) <= 48 * 1024 && l.splits <= 65535 && l.hp / kM <= 65535;
   l.q_cat_elems = s.heads * l.kp;
   l.o_part_floats = l.hp * l.splits * l.rp;
   l.ml_part_floats = l.hp * l.splits * 2;

@@ -166,11 +166,12 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     shape.latent_dim = c.kv_lora_rank;
     mla_tc_layout_ =
         MlaTcLayoutFor(shape, has_indexer_ ? c.index_topk : c.max_position_embeddings);
-    const int64_t per_token = mla_tc_layout_.q_cat_elems * 2 +
-                              4 * (mla_tc_layout_.o_part_floats + mla_tc_layout_.ml_part_floats);
+    const MlaTcLayout& l = mla_tc_layout_;
+    const int64_t per_token = l.q_cat_elems * 2 + 4 * (l.o_part_floats + l.ml_part_floats);
     // A power of two, so that every graph bucket up to it fits.
-    const int64_t fit = std::min(kMaxGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
-    mla_tc_tokens_ = mla_tc_layout_.supported && fit >= 1 ? 1 : 0;
+    const int64_t fit =
+        std::min(kMaxGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
+    mla_tc_tokens_ = l.supported && fit >= 1 ? 1 : 0;
     while (mla_tc_tokens_ > 0 && mla_tc_tokens_ * 2 <= fit) mla_tc_tokens_ *= 2;
   }
   const auto carve = [&](Carver& cv) {

@@ -167,6 +167,47 @@ TEST(CudaGlm5Fp8, MixedMlaGroupIsRefused) {
       << m.status();
 }
 
+// The tensor-core attention (mla_tc.cu) serves every step of these shapes up to 128 tokens;
+// switched off, mla.cu's CUDA-core kernel runs instead. A 40-token prompt, every query dense
+// (index_topk 64): with tensor cores every row within 3e-2 of the CPU (bf16 and FP8 weights);
+// the two kernels differ by their own roundings (q_lat and P in bf16 on the tensor cores),
+// which on random weights may flip an expert route of a near-tie (model_cuda_test.cc): at
+// most 2 of 40 rows apart (measured: 1, the CUDA-core run's, FP8 weights).
+TEST(CudaGlm5TensorCores, MatchCpuAndTheCudaCoreKernel) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+    CpuModel cpu(RandomGlm5(dtype, 64));
+    std::unique_ptr<CudaModel> gpu = Gpu(RandomGlm5(dtype, 64));
+    ASSERT_NE(gpu, nullptr);
+    EXPECT_EQ(gpu->mla_tc_tokens(), 128) << "tiny-glm5's scratch covers every graph bucket";
+    const std::vector<int32_t> ids = Tokens(40, 5);
+    const std::vector<float> tc = FullForward(*gpu, ids);
+    gpu->set_mla_tensor_cores(false);
+    EXPECT_EQ(gpu->mla_tc_tokens(), 0);
+    const std::vector<float> cores = FullForward(*gpu, ids);
+    const std::vector<float> want = FullForward(cpu, ids);
+    const int64_t vocab = cpu.config().vocab_size;
+    double worst_tc = 0;
+    int64_t apart = 0;  // rows where the two kernels' roundings flipped an expert route
+    for (int64_t r = 0; r < 40; ++r) {
+      const double e_tc = RelativeError(tc.data() + r * vocab, want.data() + r * vocab, vocab);
+      EXPECT_LT(e_tc, kModelTolerance) << "row " << r;
+      worst_tc = std::max(worst_tc, e_tc);
+      apart +=
+          RelativeError(tc.data() + r * vocab, cores.data() + r * vocab, vocab) > kModelTolerance
+              ? 1
+              : 0;
+    }
+    EXPECT_NE(tc, cores) << "both runs took the same kernel";
+    EXPECT_LE(apart, 2) << "rows where the tensor-core and CUDA-core kernels disagree";
+    std::printf(
+        "[ GLM-5 %s, dense ] worst row vs the CPU with tensor cores: %.3g; rows beyond "
+        "%.0e between the two kernels: %ld of 40\n",
+        dtype == DType::kBF16 ? "bf16" : "fp8", worst_tc, kModelTolerance,
+        static_cast<long>(apart));
+  }
+}
+
 // Four sequences (ragged prompts of 3 to 12 tokens) decode 10 steps together, their contexts
 // crossing index_topk 8 (dense, then sparse selections; shared layers reuse them), once
 // through captured graphs and once eagerly on a fresh cache: every logit identical.
