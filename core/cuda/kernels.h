@@ -177,7 +177,8 @@ struct MlaTcLayout {
   int64_t rp = 0;      // R rounded up to 16: the value MMAs' N
   int64_t hp = 0;      // H rounded up to 16: the MMAs' M, in head tiles
   int64_t splits = 0;  // ceil(max_keys / kMlaTcChunk)
-  // Per token: q_cat bf16 elements, partial O floats, (m, l) floats.
+  // Per token: q_cat bf16 elements (hi and lo rows per padded head), partial O floats,
+  // (m, l) floats.
   int64_t q_cat_elems = 0, o_part_floats = 0, ml_part_floats = 0;
 };
 MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& shape, int64_t max_keys);
@@ -190,8 +191,8 @@ struct MlaTcScratch {
 };
 // LaunchMlaAttention's result on tensor cores, for tiles of ONE token each (the runner's MLA
 // plan) over `tokens` rows of q: each token attends to at most layout's splits x
-// kMlaTcChunk keys. Scores and P x V in WMMA bf16 x bf16 -> fp32 (q_lat and P rounded to bf16),
-// softmax, split merge and W_uv in fp32. Nothing waits for the host: graph-capturable.
+// kMlaTcChunk keys. Scores and P x V in WMMA bf16 x bf16 -> fp32 (q_lat and P each as a bf16
+// hi + lo pair), softmax, split merge and W_uv in fp32. Nothing waits for the host.
 cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
                                  int num_tiles, const int32_t* block_tables,
                                  const uint16_t* cache_layer, const uint16_t* kv_b,

@@ -1,22 +1,27 @@
 // GLM-5's absorbed MLA attention on tensor cores (FlashMLA-style decode; docs/cuda.md, "GLM-5
 // on the device"), WMMA bf16 16x16x16 fragments with fp32 accumulation (sm_80+). Three
 // kernels per layer:
-//  1. absorb (grid tokens x H): q_cat[t, h] = bf16([W_uk[h]^T q_nope | q_rot | 0]), Kp wide
-//     (Kp = R + dr rounded up to 16; GLM-5: 576);
+//  1. absorb (grid tokens x Hp): q = [W_uk[h]^T q_nope | q_rot | 0] (Kp = R + dr rounded up to
+//     16; GLM-5: 576) in fp32, stored as two bf16 rows: hi = bf16(q), lo = bf16(q - hi) (zeros
+//     for the padding heads up to Hp, a multiple of 16);
 //  2. split (grid tiles x head tiles x splits; flash-decoding over the attended keys): a block
 //     takes 16 query heads (the MMA's M) and one chunk of kMlaTcChunk attended keys (the
 //     selection's positions, or every causal key), gathers 16 key rows of the latent cache at
 //     a time into shared memory and forms
-//        S [16 heads, 64 keys] = Q [16, Kp] K^T [Kp, 64]   (tensor cores, 4 warps over Kp),
-//     the chunk's row max m and P = exp(S - m) (bf16), l = sum P, then
-//        O [16 heads, Rp] = P [16, 64] V [64, Rp]           (V: the keys' latent columns)
+//        S [16 heads, 64 keys] = (Q_hi + Q_lo) [16, Kp] K^T [Kp, 64]   (tensor cores, the
+//                                4 warps splitting Kp; Q's fragments read from global memory),
+//     the chunk's row max m and P = exp(S - m) (fp32, split as P_hi + P_lo), l = sum P, then
+//        O [16 heads, Rp] = (P_hi + P_lo) [16, 64] V [64, Rp]   (V: the keys' latent columns)
 //     in accumulator fragments (no rescaling inside a chunk: m is the chunk's final max);
 //     O, m and l go to fp32 scratch per (token, head, split);
 //  3. combine (grid tokens x H): o_lat = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s, then
 //     out = W_uv[h] o_lat (bf16), as mla.cu's kernel ends.
-// Precision: q_cat and P are rounded to bf16 for the MMAs (FlashMLA does the same); the keys
-// are bf16 already (the cache); sums are fp32. Every token's result depends only on its own
-// keys: batch-invariant like mla.cu's kernel, not bit-equal to it.
+// Precision: the keys are bf16 already (the cache); q and P enter the bf16 MMAs as hi + lo
+// pairs (two MMAs each: about 16 significant bits, against FlashMLA's single bf16 rounding,
+// which moved routes and selections past the golden fixtures' margins), products exact and
+// sums fp32. Decode reads each key row once per pass either way, so the doubled MMAs cost
+// tensor-core time, not bandwidth. Every token's result depends only on its own keys:
+// batch-invariant like mla.cu's kernel, not bit-equal to it.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -46,11 +51,18 @@ using FragAcc = wmma::fragment<wmma::accumulator, kM, kM, kM, float>;
 
 GLM_HD constexpr int64_t RoundUp16(int64_t v) { return (v + 15) / 16 * 16; }
 
-// Split kernel's shared memory (bytes, after aligning the base): Q and K tiles [16, Kp] bf16,
-// S [16, 64] fp32, the 4 warps' partial S tiles [4, 16, 16] fp32, P [16, 64] bf16, m and l.
+// Split kernel's shared memory (bytes, after aligning the base): the K tile [16, Kp] bf16,
+// S [16, 64] fp32, the 4 warps' partial S tiles [4, 16, 16] fp32, P_hi and P_lo [16, 64]
+// bf16, m and l.
 GLM_HD constexpr int64_t SplitSmemBytes(int64_t kp) {
-  return 2 * kM * kp * 2 + kM * kMlaTcChunk * 4 + kTcWarps * kM * kM * 4 + kM * kMlaTcChunk * 2 +
+  return kM * kp * 2 + kM * kMlaTcChunk * 4 + kTcWarps * kM * kM * 4 + 2 * kM * kMlaTcChunk * 2 +
          2 * kM * 4 + static_cast<int64_t>(kSmemAlign);
+}
+
+// v as hi + lo, both bf16: hi the nearest bf16, lo the nearest bf16 to the remainder.
+__device__ __forceinline__ void SplitBf16(float v, uint16_t* hi, uint16_t* lo) {
+  *hi = dev::FloatToBf16(v);
+  *lo = dev::FloatToBf16(v - dev::Bf16ToFloat(*hi));
 }
 
 // Attended keys of token t: the selection (count >= 0) or every causal key up to pos.
@@ -59,19 +71,24 @@ __device__ __forceinline__ int64_t AttendedKeys(const int32_t* sel_count, int64_
   return count < 0 ? static_cast<int64_t>(pos) + 1 : count;
 }
 
-// grid (tokens, H). smem: q_nope [dn].
+// grid (tokens, Hp). smem: q_nope [dn]. q_cat [tokens, Hp, 2 (hi, lo), Kp].
 __global__ void __launch_bounds__(kTcThreads)
     MlaTcAbsorbKernel(const float* __restrict__ q, const uint16_t* __restrict__ kv_b,
                       Fp8DeviceMatrix kv_b8, MlaShapeDev s, int64_t kp,
                       uint16_t* __restrict__ q_cat) {
   extern __shared__ float smem[];
-  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hp = gridDim.y;
   const int64_t dn = s.nope_dim, dr = s.rope_dim, r = s.latent_dim;
+  uint16_t* hi = q_cat + (t * hp + h) * 2 * kp;
+  uint16_t* lo = hi + kp;
+  if (h >= s.heads) {  // padding head of the last tile: zeros (the whole block returns)
+    for (int64_t c = threadIdx.x; c < kp; c += blockDim.x) hi[c] = lo[c] = 0;
+    return;
+  }
   const float* qt = q + (t * s.heads + h) * s.qk_dim();
   for (int64_t c = threadIdx.x; c < dn; c += blockDim.x) smem[c] = qt[c];
   __syncthreads();
   const int64_t uk_row = h * (dn + s.v_dim);  // W_uk[h]: rows [uk_row, uk_row + dn)
-  uint16_t* out = q_cat + (t * s.heads + h) * kp;
   for (int64_t c = threadIdx.x; c < kp; c += blockDim.x) {
     float v = 0.f;
     if (c < r) {
@@ -79,7 +96,7 @@ __global__ void __launch_bounds__(kTcThreads)
     } else if (c < r + dr) {
       v = qt[dn + c - r];
     }
-    out[c] = dev::FloatToBf16(v);
+    SplitBf16(v, &hi[c], &lo[c]);
   }
 }
 
@@ -115,15 +132,15 @@ __global__ void __launch_bounds__(kTcThreads)
   extern __shared__ float smem_raw[];
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) &
                                        ~(uintptr_t{kSmemAlign} - 1));
-  uint16_t* qs = reinterpret_cast<uint16_t*>(base);                       // [16, kp]
-  uint16_t* ks = qs + kM * kp;                                            // [16, kp]
-  float* sc = reinterpret_cast<float*>(ks + kM * kp);                     // [16, 64]
-  float* part = sc + kM * kMlaTcChunk;                                    // [4, 16, 16]
-  uint16_t* pb = reinterpret_cast<uint16_t*>(part + kTcWarps * kM * kM);  // [16, 64]
-  float* stats = reinterpret_cast<float*>(pb + kM * kMlaTcChunk);         // m [16], l [16]
-  const auto* qs_b = reinterpret_cast<const __nv_bfloat16*>(qs);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(base);                         // [16, kp]
+  float* sc = reinterpret_cast<float*>(ks + kM * kp);                       // [16, 64]
+  float* part = sc + kM * kMlaTcChunk;                                      // [4, 16, 16]
+  uint16_t* p_hi = reinterpret_cast<uint16_t*>(part + kTcWarps * kM * kM);  // [16, 64]
+  uint16_t* p_lo = p_hi + kM * kMlaTcChunk;                                 // [16, 64]
+  float* stats = reinterpret_cast<float*>(p_lo + kM * kMlaTcChunk);         // m [16], l [16]
   const auto* ks_b = reinterpret_cast<const __nv_bfloat16*>(ks);
-  const auto* pb_b = reinterpret_cast<const __nv_bfloat16*>(pb);
+  const auto* p_hi_b = reinterpret_cast<const __nv_bfloat16*>(p_hi);
+  const auto* p_lo_b = reinterpret_cast<const __nv_bfloat16*>(p_lo);
 
   const int32_t* tile = tiles + blockIdx.x * kTileInts;
   const int32_t row0 = tile[0], pos0 = tile[2], bt_offset = tile[3], kv_len = tile[4];
@@ -137,10 +154,10 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kM;
   const int warp = static_cast<int>(threadIdx.x / 32);
 
-  for (int64_t i = threadIdx.x; i < kM * kp; i += blockDim.x) {
-    const int64_t h = h0 + i / kp;
-    qs[i] = h < s.heads ? q_cat[(t * s.heads + h) * kp + i % kp] : 0;  // padding heads: zeros
-  }
+  // The head tile's q rows straight from global memory: hi rows at stride 2 Kp, lo after.
+  const auto* q_hi = reinterpret_cast<const __nv_bfloat16*>(q_cat + (t * hp + h0) * 2 * kp);
+  const auto* q_lo = q_hi + kp;
+  const unsigned q_ld = static_cast<unsigned>(2 * kp);
   // Scores, 16 keys at a time; each warp sums a quarter of the Kp steps, the quarters are
   // added in warp order.
   for (int kt = 0; kt < kChunkTiles; ++kt) {
@@ -150,11 +167,13 @@ __global__ void __launch_bounds__(kTcThreads)
     FragAcc acc;
     wmma::fill_fragment(acc, 0.f);
     for (int64_t step = warp; step < kp / kM; step += kTcWarps) {
-      Frag16A a;
+      Frag16A a_hi, a_lo;
       Frag16BCol b;  // B = K^T: key j's row is column j
-      wmma::load_matrix_sync(a, qs_b + step * kM, static_cast<unsigned>(kp));
+      wmma::load_matrix_sync(a_hi, q_hi + step * kM, q_ld);
+      wmma::load_matrix_sync(a_lo, q_lo + step * kM, q_ld);
       wmma::load_matrix_sync(b, ks_b + step * kM, static_cast<unsigned>(kp));
-      wmma::mma_sync(acc, a, b, acc);
+      wmma::mma_sync(acc, a_hi, b, acc);
+      wmma::mma_sync(acc, a_lo, b, acc);
     }
     wmma::store_matrix_sync(part + warp * kM * kM, acc, kM, wmma::mem_row_major);
     __syncthreads();
@@ -173,9 +192,9 @@ __global__ void __launch_bounds__(kTcThreads)
     float m = -INFINITY, l = 0.f;
     for (int j = 0; j < kMlaTcChunk; ++j) m = fmaxf(m, sc[h * kMlaTcChunk + j]);
     for (int j = 0; j < kMlaTcChunk; ++j) {
-      const uint16_t p = dev::FloatToBf16(expf(sc[h * kMlaTcChunk + j] - m));
-      pb[h * kMlaTcChunk + j] = p;
-      l += dev::Bf16ToFloat(p);  // the weights the MMA applies
+      const float p = expf(sc[h * kMlaTcChunk + j] - m);
+      SplitBf16(p, &p_hi[h * kMlaTcChunk + j], &p_lo[h * kMlaTcChunk + j]);
+      l += p;
     }
     stats[h] = m;
     stats[kM + h] = l;
@@ -185,18 +204,20 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int a = 0; a < kMaxAccPerWarp; ++a) wmma::fill_fragment(o[a], 0.f);
   const int64_t col_tiles = rp / kM;
   for (int kt = 0; kt < kChunkTiles; ++kt) {
-    __syncthreads();                  // pb written; the previous tile's readers of ks are done
+    __syncthreads();                  // P written; the previous tile's readers of ks are done
     if (first + kt * kM >= n) break;  // uniform: no key left in this or later tiles
     GatherKeys(ks, first + kt * kM, n, count, list, block_tables, bt_offset, cache_layer, s, kp);
     __syncthreads();
-    Frag16A pa;
-    wmma::load_matrix_sync(pa, pb_b + kt * kM, kMlaTcChunk);
+    Frag16A pa_hi, pa_lo;
+    wmma::load_matrix_sync(pa_hi, p_hi_b + kt * kM, kMlaTcChunk);
+    wmma::load_matrix_sync(pa_lo, p_lo_b + kt * kM, kMlaTcChunk);
     for (int a = 0; a < kMaxAccPerWarp; ++a) {
       const int64_t nt = warp + static_cast<int64_t>(a) * kTcWarps;
       if (nt >= col_tiles) break;  // uniform within the warp
       Frag16BRow v;
       wmma::load_matrix_sync(v, ks_b + nt * kM, static_cast<unsigned>(kp));
-      wmma::mma_sync(o[a], pa, v, o[a]);
+      wmma::mma_sync(o[a], pa_hi, v, o[a]);
+      wmma::mma_sync(o[a], pa_lo, v, o[a]);
     }
   }
   // O rows are heads: row stride splits x Rp in the scratch [token, Hp, split, Rp].
@@ -264,7 +285,7 @@ MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& s, int64_t max_keys) {
   l.splits = std::max<int64_t>(1, (max_keys + kMlaTcChunk - 1) / kMlaTcChunk);
   l.supported = s.heads > 0 && s.latent_dim > 0 && l.rp / kM <= kTcWarps * kMaxAccPerWarp &&
                 SplitSmemBytes(l.kp) <= 48 * 1024 && l.splits <= 65535 && l.hp / kM <= 65535;
-  l.q_cat_elems = s.heads * l.kp;
+  l.q_cat_elems = l.hp * 2 * l.kp;
   l.o_part_floats = l.hp * l.splits * l.rp;
   l.ml_part_floats = l.hp * l.splits * 2;
   return l;
@@ -292,9 +313,9 @@ cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* 
     return cudaErrorInvalidValue;
   }
   const unsigned heads = static_cast<unsigned>(shape.heads);
-  MlaTcAbsorbKernel<<<dim3(static_cast<unsigned>(tokens), heads), kTcThreads,
-                      sizeof(float) * shape.nope_dim, stream>>>(q, kv_b, w, shape, layout.kp,
-                                                                scratch.q_cat);
+  MlaTcAbsorbKernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(layout.hp)),
+                      kTcThreads, sizeof(float) * shape.nope_dim, stream>>>(
+      q, kv_b, w, shape, layout.kp, scratch.q_cat);
   const dim3 split_grid(static_cast<unsigned>(num_tiles), static_cast<unsigned>(layout.hp / kM),
                         static_cast<unsigned>(layout.splits));
   MlaTcSplitKernel<<<split_grid, kTcThreads, SplitSmemBytes(layout.kp), stream>>>(
