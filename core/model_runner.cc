@@ -34,24 +34,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
         ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
         "span at a 'full' layer (indexer_types in config.json)"));
   }
-  // FP8 GLM-5 runs on the CPU only, whatever the CUDA runner serves for GLM-4.5: the device's
-  // latent attention reads kv_b_proj as bf16/fp32 (docs/glm5.md). The one place that says so.
-  const bool fp8_mla = c.is_mla() && weights.linear_format == WeightFormat::kFp8Scaled;
-  if (fp8_mla && device == DeviceKind::kCuda) {
-    return absl::FailedPreconditionError(
-        "FP8 GLM-5 (glm_moe_dsa) weights are served by the CPU backend only: use --device=cpu "
-        "(docs/glm5.md)");
-  }
-  // FP8 checkpoints run on both backends (docs/fp8.md); int8 weights quantized at load only
-  // on the CPU.
+  // FP8 checkpoints, GLM-4.5's and GLM-5's, run on both backends (docs/fp8.md); int8 weights
+  // quantized at load only on the CPU.
   const bool int8 = weights.linear_format == WeightFormat::kInt8Groups;
   if (int8 && device == DeviceKind::kCuda) {
     return absl::FailedPreconditionError(
         "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
   }
-  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights and FP8
-  // GLM-5 stay on the CPU).
-  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8 && !fp8_mla;
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights stay on
+  // the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8;
   const bool to_cuda = device == DeviceKind::kCuda ||
                        (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable());
   if (!weights.device_generated_fp8.empty() && !to_cuda) {

@@ -77,7 +77,7 @@ class ImagePlan {
     if (m.format != WeightFormat::kDense) {
       Fail(
           "an FP8 or int8 matrix where the CUDA backend reads bf16 (the embedding, lm_head, "
-          "a router, or GLM-5's attention): not supported on the device");
+          "a router, or GLM-5's indexer weights_proj): not supported on the device");
     }
     Add(m.data, m.dtype, m.rows * m.cols, target, per_step);
   }
@@ -252,6 +252,7 @@ struct LayerOffsets {
   int64_t q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1, mla_o = -1,
           wq_b = -1, wk = -1, ik_norm = -1, ik_norm_bias = -1, weights_proj = -1;
   // FP8 projections (codes -1: the bf16 ones above)
+  Fp8Offsets q_a8, q_b8, kv_a8, kv_b8, mla_o8, wq_b8, wk8;  // GLM-5 (FP8)
   Fp8Offsets q8, k8, v8, o8, dense_gate8, dense_up8, dense_down8, shared_gate8, shared_up8,
       shared_down8, experts_gate8, experts_up8, experts_down8;
 };
@@ -289,37 +290,63 @@ absl::Status PlanFfn(const FfnWeights& f, ImagePlan& plan, const std::string& wh
   return absl::OkStatus();
 }
 
-// GLM-5's attention tensors, checked against the config's widths.
-void PlanMla(const ModelConfig& c, const MlaWeights& m, ImagePlan& plan, LayerOffsets& o) {
+// GLM-5's attention tensors, checked against the config's widths. FP8 by group (q_a, q_b,
+// kv_a, kv_b, o; the indexer's wq_b, wk): codes and block scales as stored, kv_b included
+// (the attention kernel reads its codes: the CPU's exact fp32 values, at a quarter of an fp32
+// copy's bytes). Whether a layer has an indexer is the config's word: an FP8 preset's
+// device-generated wq_b has no host data.
+absl::Status PlanMla(const ModelConfig& c, int64_t layer, const MlaWeights& m, ImagePlan& plan,
+                     LayerOffsets& o) {
   const int64_t hidden = c.hidden_size, q_rank = c.q_lora_rank, r = c.kv_lora_rank;
   const int64_t dr = c.qk_rope_head_dim, heads = c.num_attention_heads;
-  o.q_a = plan.Begin();
-  plan.AddMatrix(m.q_a_proj, q_rank, hidden, Target::kBf16);
+  const int64_t kv_b_rows = heads * (c.qk_nope_head_dim + c.v_head_dim);
+  const std::string where = absl::StrCat("layer ", layer, " MLA attention");
+  ASSIGN_OR_RETURN(
+      const bool fp8,
+      GroupIsFp8({&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}, where));
+  if (fp8) {
+    o.q_a8 = plan.AddFp8(m.q_a_proj, q_rank, hidden, where);
+    o.q_b8 = plan.AddFp8(m.q_b_proj, heads * c.qk_head_dim(), q_rank, where);
+    o.kv_a8 = plan.AddFp8(m.kv_a_proj, r + dr, hidden, where);
+    o.kv_b8 = plan.AddFp8(m.kv_b_proj, kv_b_rows, r, where);
+    o.mla_o8 = plan.AddFp8(m.o_proj, hidden, heads * c.v_head_dim, where);
+  } else {
+    o.q_a = plan.Begin();
+    plan.AddMatrix(m.q_a_proj, q_rank, hidden, Target::kBf16);
+    o.q_b = plan.Begin();
+    plan.AddMatrix(m.q_b_proj, heads * c.qk_head_dim(), q_rank, Target::kBf16);
+    o.kv_a = plan.Begin();
+    plan.AddMatrix(m.kv_a_proj, r + dr, hidden, Target::kBf16);
+    o.kv_b = plan.Begin();
+    plan.AddMatrix(m.kv_b_proj, kv_b_rows, r, Target::kBf16);
+    o.mla_o = plan.Begin();
+    plan.AddMatrix(m.o_proj, hidden, heads * c.v_head_dim, Target::kBf16);
+  }
   o.q_a_norm = plan.Begin();
   plan.AddVector(m.q_a_norm, q_rank);
-  o.q_b = plan.Begin();
-  plan.AddMatrix(m.q_b_proj, heads * c.qk_head_dim(), q_rank, Target::kBf16);
-  o.kv_a = plan.Begin();
-  plan.AddMatrix(m.kv_a_proj, r + dr, hidden, Target::kBf16);
   o.kv_a_norm = plan.Begin();
   plan.AddVector(m.kv_a_norm, r);
-  o.kv_b = plan.Begin();
-  plan.AddMatrix(m.kv_b_proj, heads * (c.qk_nope_head_dim + c.v_head_dim), r, Target::kBf16);
-  o.mla_o = plan.Begin();
-  plan.AddMatrix(m.o_proj, hidden, heads * c.v_head_dim, Target::kBf16);
-  if (m.indexer.empty()) return;
+  if (!c.has_indexer(layer)) return absl::OkStatus();
   const IndexerWeights& x = m.indexer;
   const int64_t di = c.index_head_dim;
-  o.wq_b = plan.Begin();
-  plan.AddMatrix(x.wq_b, c.index_n_heads * di, q_rank, Target::kBf16);
-  o.wk = plan.Begin();
-  plan.AddMatrix(x.wk, di, hidden, Target::kBf16);
+  const std::string iwhere = absl::StrCat("layer ", layer, " DSA indexer");
+  ASSIGN_OR_RETURN(const bool ifp8, GroupIsFp8({&x.wq_b, &x.wk}, iwhere));
+  if (ifp8) {
+    o.wq_b8 = plan.AddFp8(x.wq_b, c.index_n_heads * di, q_rank, iwhere);
+    o.wk8 = plan.AddFp8(x.wk, di, hidden, iwhere);
+  } else {
+    o.wq_b = plan.Begin();
+    plan.AddMatrix(x.wq_b, c.index_n_heads * di, q_rank, Target::kBf16);
+    o.wk = plan.Begin();
+    plan.AddMatrix(x.wk, di, hidden, Target::kBf16);
+  }
   o.ik_norm = plan.Begin();
   plan.AddVector(x.k_norm, di);
   o.ik_norm_bias = plan.Begin();
   plan.AddVector(x.k_norm_bias, di);
   o.weights_proj = plan.Begin();
   plan.AddMatrix(x.weights_proj, c.index_n_heads, hidden, Target::kF32);
+  return absl::OkStatus();
 }
 
 // Absent: neither values nor (for an FP8 preset's device-generated codes) scales.
@@ -359,7 +386,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     o.post_norm = plan.Begin();
     plan.AddVector(l.post_attention_norm, hidden);
     if (c.is_mla()) {
-      PlanMla(c, l.mla, plan, o);
+      RETURN_IF_ERROR(PlanMla(c, l.layer_index, l.mla, plan, o));
     } else {
       const std::string where = absl::StrCat("layer ", l.layer_index, " attention");
       ASSIGN_OR_RETURN(const bool qkv8, GroupIsFp8({&a.q_proj, &a.k_proj, &a.v_proj}, where));
@@ -522,6 +549,13 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     d.mla = {bf16(o.q_a),      f32(o.q_a_norm), bf16(o.q_b),         bf16(o.kv_a),
              f32(o.kv_a_norm), bf16(o.kv_b),    bf16(o.mla_o),       bf16(o.wq_b),
              bf16(o.wk),       f32(o.ik_norm),  f32(o.ik_norm_bias), f32(o.weights_proj)};
+    d.mla.q_a8 = fp8(o.q_a8);
+    d.mla.q_b8 = fp8(o.q_b8);
+    d.mla.kv_a8 = fp8(o.kv_a8);
+    d.mla.kv_b8 = fp8(o.kv_b8);
+    d.mla.o8 = fp8(o.mla_o8);
+    d.mla.wq_b8 = fp8(o.wq_b8);
+    d.mla.wk8 = fp8(o.wk8);
     d.is_moe = l.is_moe;
     if (!l.is_moe) {
       d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows,

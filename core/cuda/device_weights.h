@@ -10,7 +10,8 @@
 // routed experts' codes of a layer are stacked [E, rows, cols] and their scales
 // [E, scale_rows, scale_cols]. Projections run FP8 or bf16 by group: q/k/v, o, each FFN's
 // gate/up/down, a layer's routed experts; a group mixing FP8 and unquantized matrices is
-// refused (no released checkpoint does that), as is an FP8 lm_head.
+// refused (no released checkpoint does that), as is an FP8 lm_head. GLM-5's attention
+// projections run FP8 by group likewise (DeviceMla).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,7 +51,12 @@ struct DeviceMla {
   const float* k_norm = nullptr;        // [Di] LayerNorm gain
   const float* k_norm_bias = nullptr;   // [Di]
   const float* weights_proj = nullptr;  // [Hi, hidden] fp32 (kept fp32, as the reference)
-  bool has_indexer() const { return wq_b != nullptr; }
+  // FP8 GLM-5 (codes set) instead of the bf16 matrices above, same shapes, 128x128 block
+  // scales: q_a, q_b, kv_a, kv_b, o as one group; the indexer's wq_b, wk as another.
+  // kv_b stays FP8 too: the attention kernel widens its codes where it reads them.
+  Fp8DeviceMatrix q_a8, q_b8, kv_a8, kv_b8, o8, wq_b8, wk8;
+  bool fp8() const { return q_a8.codes != nullptr; }
+  bool has_indexer() const { return wq_b != nullptr || wq_b8.codes != nullptr; }
 };
 
 struct DeviceLayer {

@@ -198,16 +198,54 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
                                      cudaStream_t stream);
 // Absorbed attention over the latent cache, per tile (kTileInts, tile_tokens 1 or more) and
 // head: q_lat = W_uk[h]^T q_nope (kv_b: [H * (dn + dv), R] bf16; per head dn key rows then dv
-// value rows), score[p] = (q_lat . latent[p] + q_rot . k_rot[p]) * scale over the token's
-// positions (every p <= pos when sel_count[t] < 0, else sel_pos[t * sel_stride + i], i <
-// sel_count[t], ascending), online softmax in fp32, o_lat = sum_p w_p latent[p], out[t, h] =
-// W_uv[h] o_lat as bf16 ([tokens, H * dv]). sel_count null: every causal key. A tile with
-// kv_len 0 (padding) writes zeros.
+// value rows; or, FP8 GLM-5, kv_b null and kv_b8 that matrix's codes and block scales), score[p] =
+// (q_lat . latent[p] + q_rot . k_rot[p]) * scale over the token's positions (every p <= pos when
+// sel_count[t] < 0, else sel_pos[t * sel_stride + i], i < sel_count[t], ascending), online softmax
+// in fp32, o_lat = sum_p w_p latent[p], out[t, h] = W_uv[h] o_lat as bf16 ([tokens, H * dv]).
+// sel_count null: every causal key. A tile with kv_len 0 (padding) writes zeros.
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
-                               const uint16_t* kv_b, const MlaShapeDev& shape,
-                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
-                               uint16_t* out, cudaStream_t stream);
+                               const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
+                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
+                               cudaStream_t stream);
+
+// ---- mla_tc.cu (the same attention on tensor cores: WMMA bf16, flash-decoding splits) -----
+// Attended keys per split block (a multiple of 16).
+inline constexpr int64_t kMlaTcChunk = 64;
+// The tensor-core path's padded widths and per-token scratch sizes for a shape and a bound on
+// the keys any token attends (index_topk with an indexer; else the longest context). Not
+// `supported`: the shape needs mla.cu's kernel (latent > 512, or Kp's tiles beyond 48 KiB of
+// shared memory).
+struct MlaTcLayout {
+  bool supported = false;
+  int64_t kp = 0;      // R + dr rounded up to 16: the score MMAs' K
+  int64_t rp = 0;      // R rounded up to 16: the value MMAs' N
+  int64_t hp = 0;      // H rounded up to 16: the MMAs' M, in head tiles
+  int64_t splits = 0;  // ceil(max_keys / kMlaTcChunk)
+  // Per token: q_cat bf16 elements (hi and lo rows per padded head), partial O floats,
+  // (m, l) floats.
+  int64_t q_cat_elems = 0, o_part_floats = 0, ml_part_floats = 0;
+};
+MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& shape, int64_t max_keys);
+// Device scratch for `tokens` tokens: q_cat [tokens, q_cat_elems], o_part [tokens,
+// o_part_floats], ml_part [tokens, ml_part_floats] (256-bit aligned).
+struct MlaTcScratch {
+  uint16_t* q_cat = nullptr;
+  float* o_part = nullptr;
+  float* ml_part = nullptr;
+};
+// LaunchMlaAttention's result on tensor cores, for tiles of ONE token each (the runner's MLA
+// plan) over `tokens` rows of q: each token attends to at most layout's splits x
+// kMlaTcChunk keys. Scores and P x V in WMMA bf16 x bf16 -> fp32 (q_lat and P each as a bf16
+// hi + lo pair), softmax, split merge and W_uv in fp32. Nothing waits for the host.
+cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
+                                 int num_tiles, const int32_t* block_tables,
+                                 const uint16_t* cache_layer, const uint16_t* kv_b,
+                                 const Fp8DeviceMatrix& kv_b8, const MlaShapeDev& shape,
+                                 const int32_t* sel_count, const int32_t* sel_pos,
+                                 int64_t sel_stride, const MlaTcLayout& layout,
+                                 const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream);
 
 // ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
 struct IndexerShapeDev {

@@ -1,6 +1,8 @@
 // CudaModel's GLM-5 attention sub-block (docs/glm5.md): the MLA projections through cuBLAS,
 // the latent-cache write, the DSA indexer on "full" layers and the absorbed attention over
-// the selected keys (kernels in mla.cu and dsa_indexer.cu). A "shared" layer reuses the
+// the selected keys (kernels in mla.cu and dsa_indexer.cu). FP8 GLM-5: the projections through
+// fp8_linear.cu's kernels from the same bf16 inputs (as GLM-4.5's FP8 layers), kv_b read as
+// FP8 by the attention kernel. A "shared" layer reuses the
 // selection (a_.sel_count / a_.sel_pos) the previous full layer of the same step left.
 #include <algorithm>
 #include <cmath>
@@ -20,6 +22,18 @@ GemmOperand F32(const float* data, int64_t ld) { return {data, CUDA_R_32F, ld}; 
 // q_a_layernorm, kv_a_layernorm and the indexer's k_norm use fixed eps 1e-6 in the reference
 // (GlmMoeDsaRMSNorm's class default, nn.LayerNorm(eps=1e-6)), not rms_norm_eps.
 constexpr float kLatentEps = 1e-6f;
+
+// y[t, :rows] (row stride ldy) = x [t, cols] (bf16) W^T, W [rows, cols]: bf16 through cuBLAS,
+// or FP8 (w8's codes set) through LaunchFp8LinearBf16.
+absl::Status Project(cublasHandle_t cublas, const uint16_t* w, const Fp8DeviceMatrix& w8,
+                     int64_t rows, int64_t cols, const uint16_t* x, int64_t t, float* y,
+                     int64_t ldy, cudaStream_t stream) {
+  if (w8.codes != nullptr) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8LinearBf16(x, t, w8, y, ldy, stream));
+    return absl::OkStatus();
+  }
+  return Gemm(cublas, Bf16(w, cols), rows, cols, Bf16(x, cols), t, y, CUDA_R_32F, ldy);
+}
 
 }  // namespace
 
@@ -43,26 +57,35 @@ absl::Status CudaModel::EnqueueMla(int64_t layer, KvCache* cache) {
   shape.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
 
   // q_resid = RMSNorm(x q_a^T) (bf16 for the next GEMMs); q = q_resid q_b^T  [T, H, dn + dr]
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.q_a, hidden), q_rank, hidden, Bf16(a_.x, hidden), t,
-                       a_.q_a, CUDA_R_32F, q_rank));
+  RETURN_IF_ERROR(
+      Project(cublas_.get(), m.q_a, m.q_a8, q_rank, hidden, a_.x, t, a_.q_a, q_rank, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.q_a, nullptr, m.q_a_norm, t, q_rank, kLatentEps,
                                             nullptr, a_.q_resid, nullptr, stream));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.q_b, q_rank), q_width, q_rank,
-                       Bf16(a_.q_resid, q_rank), t, a_.mla_q, CUDA_R_32F, q_width));
+  RETURN_IF_ERROR(Project(cublas_.get(), m.q_b, m.q_b8, q_width, q_rank, a_.q_resid, t, a_.mla_q,
+                          q_width, stream));
   // kv = x kv_a^T  [T, R + dr]; RoPE on q_rot and k_rot, RMSNorm on the latent, cache write.
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.kv_a, hidden), r + dr, hidden, Bf16(a_.x, hidden), t,
-                       a_.kv_a, CUDA_R_32F, r + dr));
+  RETURN_IF_ERROR(
+      Project(cublas_.get(), m.kv_a, m.kv_a8, r + dr, hidden, a_.x, t, a_.kv_a, r + dr, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchMlaRopeLatentWrite(
       a_.mla_q, a_.kv_a, t, shape, m.kv_a_norm, kLatentEps, weights_.inv_freq,
       meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
   if (m.has_indexer()) RETURN_IF_ERROR(EnqueueIndexer(layer, cache_layer, shape));
-  // Without any indexer layer in the span every token attends to all its causal keys.
-  GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttention(
-      a_.mla_q, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-      meta(meta_layout_.block_tables()), cache_layer, m.kv_b, shape,
-      has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, a_.attn, stream));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.o, out_width), hidden, out_width,
-                       Bf16(a_.attn, out_width), t, a_.delta, CUDA_R_32F, hidden));
+  // Without any indexer layer in the span every token attends to all its causal keys. Steps
+  // the tensor-core scratch covers take mla_tc.cu's kernels, larger ones mla.cu's.
+  if (plan_.tokens <= mla_tc_tokens()) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttentionTc(
+        a_.mla_q, plan_.tokens, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), cache_layer, m.kv_b, m.kv_b8, shape,
+        has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, mla_tc_layout_,
+        mla_tc_scratch_, a_.attn, stream));
+  } else {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchMlaAttention(
+        a_.mla_q, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
+        meta(meta_layout_.block_tables()), cache_layer, m.kv_b, m.kv_b8, shape,
+        has_indexer_ ? a_.sel_count : nullptr, a_.sel_pos, c.index_topk, a_.attn, stream));
+  }
+  RETURN_IF_ERROR(
+      Project(cublas_.get(), m.o, m.o8, hidden, out_width, a_.attn, t, a_.delta, hidden, stream));
   return absl::OkStatus();
 }
 
@@ -80,17 +103,17 @@ absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer,
   shape.topk = c.index_topk;
   shape.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
   // iq = q_resid wq_b^T [T, Hi * Di]; ik = x wk^T [T, Di]; w = x32 weights_proj^T [T, Hi] (fp32)
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.wq_b, q_rank), hi * di, q_rank,
-                       Bf16(a_.q_resid, q_rank), t, a_.iq, CUDA_R_32F, hi * di));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(m.wk, hidden), di, hidden, Bf16(a_.x, hidden), t, a_.ik,
-                       CUDA_R_32F, di));
+  RETURN_IF_ERROR(Project(cublas_.get(), m.wq_b, m.wq_b8, hi * di, q_rank, a_.q_resid, t, a_.iq,
+                          hi * di, stream));
+  RETURN_IF_ERROR(Project(cublas_.get(), m.wk, m.wk8, di, hidden, a_.x, t, a_.ik, di, stream));
   RETURN_IF_ERROR(Gemm(cublas_.get(), F32(m.weights_proj, hidden), hi, hidden, F32(a_.x32, hidden),
                        t, a_.iw, CUDA_R_32F, hi));
   GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerPrepare(
       a_.iq, a_.ik, a_.iw, t, shape, mla, m.k_norm, m.k_norm_bias, kLatentEps, weights_.inv_freq,
       meta(meta_layout_.positions()), meta(meta_layout_.slots()), cache_layer, stream));
-  // Scores of at most kIndexerTiles tiles at a time: scratch bounded by that x max_kv_len.
-  const int64_t max_kv = std::max<int64_t>(plan_.max_kv_len, 1);
+  // Scores of at most kIndexerTiles tiles at a time: scratch bounded by that x the stride
+  // (the longest context, or a graph's fixed bound: Forward).
+  const int64_t max_kv = std::max<int64_t>(index_stride_, 1);
   for (int64_t first = 0; first < plan_.num_tiles; first += kIndexerTiles) {
     const int64_t last = std::min(plan_.num_tiles, first + kIndexerTiles);
     GLM_CUDA_RETURN_IF_ERROR(LaunchIndexerTopk(

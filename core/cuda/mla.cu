@@ -3,6 +3,7 @@
 // paged latent cache. Plain CUDA-core kernels (one block per token and head); a FlashMLA-style
 // tensor-core decode is a follow-up (docs/cuda.md).
 #include "core/cuda/device_util.cuh"
+#include "core/cuda/fp8_device.cuh"
 #include "core/cuda/kernels.h"
 
 namespace glmserve::cuda {
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kMlaThreads)
     MlaAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                        const int32_t* __restrict__ block_tables,
                        const uint16_t* __restrict__ cache_layer, const uint16_t* __restrict__ kv_b,
-                       MlaShapeDev s, const int32_t* __restrict__ sel_count,
+                       Fp8DeviceMatrix kv_b8, MlaShapeDev s, const int32_t* __restrict__ sel_count,
                        const int32_t* __restrict__ sel_pos, int64_t sel_stride,
                        uint16_t* __restrict__ out) {
   extern __shared__ float smem[];
@@ -82,8 +83,7 @@ __global__ void __launch_bounds__(kMlaThreads)
   const int32_t* tile = tiles + blockIdx.x * kTileInts;
   const int32_t row0 = tile[0], num_q = tile[1], pos0 = tile[2], bt_offset = tile[3];
   const int32_t kv_len = tile[4];
-  const uint16_t* w_uk = kv_b + h * (dn + dv) * r;  // [dn, R]
-  const uint16_t* w_uv = w_uk + dn * r;             // [dv, R]
+  const int64_t uk_row = h * (dn + dv);  // W_uk[h]: rows [uk_row, + dn); W_uv[h]: the dv after
   for (int32_t i = 0; i < num_q; ++i) {
     const int64_t t = row0 + i;
     uint16_t* o = out + (t * s.heads + h) * dv;
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kMlaThreads)
     // q_lat[c] = sum_i W_uk[i, c] q_nope[i]: threads over c read rows of W_uk coalesced.
     for (int64_t c = threadIdx.x; c < r; c += blockDim.x) {
       float acc = 0.f;
-      for (int64_t d = 0; d < dn; ++d) acc += dev::Bf16ToFloat(w_uk[d * r + c]) * q_nope[d];
+      for (int64_t d = 0; d < dn; ++d)
+        acc += dev::Bf16OrFp8At(kv_b, kv_b8, uk_row + d, c) * q_nope[d];
       q_lat[c] = acc;
       o_lat[c] = 0.f;
     }
@@ -140,9 +141,9 @@ __global__ void __launch_bounds__(kMlaThreads)
     __syncthreads();
     // out[j] = W_uv[j, :] . o_lat
     for (int64_t j = threadIdx.x; j < dv; j += blockDim.x) {
-      const uint16_t* wr = w_uv + j * r;
       float acc = 0.f;
-      for (int64_t c = 0; c < r; ++c) acc += dev::Bf16ToFloat(wr[c]) * o_lat[c];
+      for (int64_t c = 0; c < r; ++c)
+        acc += dev::Bf16OrFp8At(kv_b, kv_b8, uk_row + dn + j, c) * o_lat[c];
       o[j] = dev::FloatToBf16(acc);
     }
   }
@@ -165,18 +166,29 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
-                               const uint16_t* kv_b, const MlaShapeDev& shape,
-                               const int32_t* sel_count, const int32_t* sel_pos, int64_t sel_stride,
-                               uint16_t* out, cudaStream_t stream) {
+                               const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
+                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
+                               cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;
   if (shape.heads <= 0 || shape.heads > 65535 || shape.block_size <= 0 ||
-      (sel_count != nullptr && sel_pos == nullptr)) {
+      (sel_count != nullptr && sel_pos == nullptr) ||
+      (kv_b == nullptr) == (kv_b8.codes == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // The kernel indexes kv_b's rows by kv_b8.cols (the bf16 form passes a shape-only matrix).
+  Fp8DeviceMatrix w = kv_b8;
+  if (w.codes == nullptr) {
+    w.rows = shape.heads * (shape.nope_dim + shape.v_dim);
+    w.cols = shape.latent_dim;
+  } else if (w.rows != shape.heads * (shape.nope_dim + shape.v_dim) || w.cols != shape.latent_dim ||
+             w.block_rows <= 0 || w.block_cols <= 0) {
     return cudaErrorInvalidValue;
   }
   const size_t smem = sizeof(float) * (shape.nope_dim + shape.rope_dim + 2 * shape.latent_dim);
   const dim3 grid(static_cast<unsigned>(num_tiles), static_cast<unsigned>(shape.heads));
   MlaAttentionKernel<<<grid, kMlaThreads, smem, stream>>>(
-      q, tiles, block_tables, cache_layer, kv_b, shape, sel_count, sel_pos, sel_stride, out);
+      q, tiles, block_tables, cache_layer, kv_b, w, shape, sel_count, sel_pos, sel_stride, out);
   return cudaGetLastError();
 }
 

@@ -22,6 +22,9 @@ constexpr int64_t kMaxGraphTokens = 128;  // largest decode batch captured as a 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kMaxSplits = 16;
 constexpr int64_t kMinSplitKeys = 256;
+// GLM-5's tensor-core attention scratch (partial outputs per token, head and key split):
+// GLM-5 needs 4.3 MB per token, so 256 MiB covers decode steps of up to 32 tokens.
+constexpr int64_t kMlaTcScratchBytes = int64_t{256} << 20;
 
 static_assert(kAttentionTileInts == kTileInts, "step_plan.h and kernels.h tile layouts differ");
 
@@ -79,10 +82,16 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   if (const char* env = std::getenv("GLMSERVE_CUDA_GRAPHS"); env != nullptr && env[0] == '0') {
     options_.cuda_graphs = false;
   }
+  if (const char* env = std::getenv("GLMSERVE_MLA_TC"); env != nullptr && env[0] == '0') {
+    options_.mla_tensor_cores = false;
+  }
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
   is_mla_ = c.is_mla();
-  for (const LayerWeights& l : weights.layers) has_indexer_ |= is_mla_ && !l.mla.indexer.empty();
+  // The config's word, not the weights': an FP8 preset's device-generated wq_b has no host data.
+  for (const LayerWeights& l : weights.layers) {
+    has_indexer_ |= is_mla_ && c.has_indexer(l.layer_index);
+  }
   const int64_t group = is_mla_ ? 1 : c.num_attention_heads / c.num_key_value_heads;
   if (is_mla_) {
     // The indexer kernel stages one token's queries and head weights in 48 KiB of shared
@@ -97,7 +106,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     }
     // A shared indexer layer reads the selection of the full layer before it in the same
     // step (CreateModelRunner refuses such spans too; CudaModel::Create is public).
-    if (!weights.layers.empty() && weights.layers[0].mla.indexer.empty()) {
+    if (!weights.layers.empty() && !c.has_indexer(weights.layers[0].layer_index)) {
       return absl::InvalidArgumentError(
           "the layer span starts at a 'shared' DSA indexer layer; start it at a 'full' layer");
     }
@@ -146,7 +155,29 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   const int64_t offsets_count = has_moe_ ? span_layers * (c.n_routed_experts + 1) : 0;
   const int64_t scratch_floats =
       AttentionScratchFloats(2 * sm_count_, 1, group, c.head_dim, /*num_splits=*/2);
+  if (is_mla_ && options_.mla_tensor_cores) {
+    // Every token attends to at most index_topk keys when the span has an indexer (a shorter
+    // context is dense), else to its whole context.
+    MlaShapeDev shape;
+    shape.heads = c.num_attention_heads;
+    shape.nope_dim = c.qk_nope_head_dim;
+    shape.rope_dim = c.qk_rope_head_dim;
+    shape.v_dim = c.v_head_dim;
+    shape.latent_dim = c.kv_lora_rank;
+    mla_tc_layout_ =
+        MlaTcLayoutFor(shape, has_indexer_ ? c.index_topk : c.max_position_embeddings);
+    const MlaTcLayout& l = mla_tc_layout_;
+    const int64_t per_token = l.q_cat_elems * 2 + 4 * (l.o_part_floats + l.ml_part_floats);
+    // A power of two, so that every graph bucket up to it fits.
+    const int64_t fit =
+        std::min(kMaxGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
+    mla_tc_tokens_ = l.supported && fit >= 1 ? 1 : 0;
+    while (mla_tc_tokens_ > 0 && mla_tc_tokens_ * 2 <= fit) mla_tc_tokens_ *= 2;
+  }
   const auto carve = [&](Carver& cv) {
+    mla_tc_scratch_.q_cat = cv.Take<uint16_t>(mla_tc_tokens_ * mla_tc_layout_.q_cat_elems);
+    mla_tc_scratch_.o_part = cv.Take<float>(mla_tc_tokens_ * mla_tc_layout_.o_part_floats);
+    mla_tc_scratch_.ml_part = cv.Take<float>(mla_tc_tokens_ * mla_tc_layout_.ml_part_floats);
     attn_scratch_ = cv.Take<float>(scratch_floats);
     expert_offsets_ = cv.Take<int32_t>(offsets_count);
     head_x_ = cv.Take<uint16_t>(has_head_ ? kLogitChunk * c.hidden_size : 0);
@@ -169,6 +200,12 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   }
   InitFp8TensorCores();
   return EnsureCapacity(256, 1024);
+}
+
+void CudaModel::set_mla_tensor_cores(bool on) {
+  cudaStreamSynchronize(stream_.get());  // no captured graph is in flight when dropped
+  graphs_.clear();
+  options_.mla_tensor_cores = on;
 }
 
 int64_t CudaModel::kv_bytes_per_token() const {
@@ -368,9 +405,9 @@ absl::Status CudaModel::UploadPlan() {
 
 bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
   if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden) return false;
-  // GLM-5 steps run eagerly: the indexer's score scratch grows with the context, which a
-  // captured graph could not follow (docs/cuda.md).
-  if (is_mla_) return false;
+  // GLM-5 decode steps are graphs too: the indexer's score rows take a fixed stride
+  // (max_position_embeddings, Forward), its selection and the attention's key counts are
+  // device data, nothing waits for the host.
   const int64_t tokens = batch.total_tokens();
   if (tokens > kMaxGraphTokens) return false;
   for (const SequenceSlice& s : batch.sequences) {
@@ -430,10 +467,15 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
   RETURN_IF_ERROR(UploadPlan());  // waits for the previous step: buffers may be replaced
-  if (has_indexer_ && plan_.max_kv_len > c.index_topk) {
+  // A graph replays one score stride: max_position_embeddings, which CheckBatch holds every
+  // context to (GLM-5: 64 tiles x 202752 x 4 bytes, 52 MB). Eager steps take their longest.
+  index_stride_ = graph && has_indexer_ ? c.max_position_embeddings : plan_.max_kv_len;
+  if (has_indexer_ && (graph || plan_.max_kv_len > c.index_topk)) {
     const size_t need = sizeof(float) * std::min(plan_.num_tiles, kIndexerTiles) *
-                        static_cast<size_t>(plan_.max_kv_len);
+                        static_cast<size_t>(index_stride_);
     if (index_scores_.bytes() < need) {
+      // Captured graphs point at the old buffer (UploadPlan waited: nothing queued reads it).
+      graphs_.clear();
       index_scores_.Reset();
       ASSIGN_OR_RETURN(DeviceBuffer scores, DeviceBuffer::Create(need));
       index_scores_ = std::move(scores);

@@ -59,6 +59,9 @@ struct CudaModelOptions {
   bool fp8_tensor_cores = false;
   // Called while the weights stream to the device (UploadWeights), or null.
   LoadProgressCallback upload_progress;
+  // GLM-5: steps of at most mla_tc_tokens() tokens run the tensor-core absorbed attention
+  // (mla_tc.cu), larger ones mla.cu's CUDA-core kernel. GLMSERVE_MLA_TC=0 overrides.
+  bool mla_tensor_cores = true;
 };
 
 class CudaModel final : public ModelRunner {
@@ -90,6 +93,10 @@ class CudaModel final : public ModelRunner {
   void set_device_moe_max_pairs(int64_t pairs) { options_.device_moe_max_pairs = pairs; }
   int64_t graphs_captured() const { return graphs_captured_; }
   int64_t graph_launches() const { return graph_launches_; }
+  // GLM-5's attention kernel choice (CudaModelOptions::mla_tensor_cores); captured graphs are
+  // dropped. mla_tc_tokens(): the largest step that takes the tensor cores (0: none).
+  void set_mla_tensor_cores(bool on);
+  int64_t mla_tc_tokens() const { return options_.mla_tensor_cores ? mla_tc_tokens_ : 0; }
   // Why graphs were switched off after a failed capture (empty if they were not).
   const std::string& graph_error() const { return graph_error_; }
   const DeviceWeights& device_weights() const { return weights_; }
@@ -234,7 +241,14 @@ class CudaModel final : public ModelRunner {
   PinnedBuffer offsets_host_;          // [span layers, E + 1]
   PinnedBuffer io_host_;               // hidden states in and out (grows)
   bool last_step_valid_ = false;
-  DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * max_kv_len floats (grows)
+  DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * index_stride_ floats (grows)
+  // The step's score row stride: its longest context eagerly, max_position_embeddings in a
+  // graph step (a graph replays one value).
+  int64_t index_stride_ = 0;
+  // GLM-5's tensor-core attention: its layout and fixed scratch for mla_tc_tokens_ tokens.
+  MlaTcLayout mla_tc_layout_;
+  MlaTcScratch mla_tc_scratch_;
+  int64_t mla_tc_tokens_ = 0;
 
   // FP8 on tensor cores (layers_fp8.cc).
   std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;

@@ -138,11 +138,6 @@ TEST_P(GoldenTest, LogitsHiddenStatesAndGreedyMatchTransformers) {
                                                                           : DType::kF32)
       << "weights must stay in their stored precision";
   const ModelConfig c = weights->config;
-  if (runner_case.device == DeviceKind::kCuda && expected.fp8 && c.is_mla()) {
-    // Not a hidden gap: the CUDA runner refuses FP8 GLM-5 by design for now (docs/glm5.md;
-    // the refusal itself is tested in model_glm5_fp8_test), the CPU case runs this fixture.
-    GTEST_SKIP() << name << ": FP8 GLM-5 is served by the CPU backend only";
-  }
   const int64_t n = static_cast<int64_t>(expected.prompt.size());
   const int64_t total = n + static_cast<int64_t>(expected.greedy.size());
   RunnerRun run = Start(*std::move(weights), runner_case.device, total);

@@ -40,6 +40,7 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cuda_fp8", DeviceKind::kCuda, DType::kF8E4M3},
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
+    {"cuda_fp8_glm5", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5"},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
     {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
     {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},

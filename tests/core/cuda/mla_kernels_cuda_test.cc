@@ -15,6 +15,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
+#include "core/dtype.h"
 #include "core/kv_cache.h"
 #include "core/ops/dsa_indexer.h"
 #include "core/ops/mla.h"
@@ -34,41 +35,52 @@ using ::glmserve::testing::RoundBf16;
 using ::glmserve::testing::ToBf16;
 
 // Small widths with the real structure: 4 heads, a 32-wide latent, 8 rotary dims, an
-// indexer of 4 heads x 16 and index_topk 8; blocks of 4 token slots.
+// indexer of 4 heads x 16 and index_topk 8; blocks of 4 token slots. The tensor-core test
+// widens it (more heads, longer sequences, GLM-5's latent and rotary widths).
+struct LatentShape {
+  std::vector<int64_t> lengths = {30, 13};  // sequences, prefilled from position 0
+  int64_t heads = 4, latent = 32, rope = 8, topk = 8;
+};
+
 struct LatentFixture {
   MlaShape mla;
   IndexerShape idx;
   int64_t block_size = 4;
-  std::vector<int64_t> lengths = {30, 13};  // two sequences, prefilled from position 0
+  std::vector<int64_t> lengths;
   std::vector<BlockTable> tables;
   std::unique_ptr<KvCache> host;  // fp32, the CPU ops' cache
   ForwardBatch batch;
   StepPlan plan;
   int64_t tokens = 0;
 
-  LatentFixture() {
-    mla.heads = 4;
+  explicit LatentFixture(const LatentShape& ls = {}) : lengths(ls.lengths) {
+    mla.heads = ls.heads;
     mla.nope_dim = 16;
-    mla.rope_dim = 8;
+    mla.rope_dim = ls.rope;
     mla.v_dim = 12;
-    mla.latent_dim = 32;
+    mla.latent_dim = ls.latent;
     mla.index_dim = 16;
-    mla.scale = 1.0f / std::sqrt(24.0f);
+    mla.scale = 1.0f / std::sqrt(static_cast<float>(16 + ls.rope));
     idx.heads = 4;
     idx.head_dim = 16;
     idx.rope_dim = 8;
-    idx.topk = 8;
+    idx.topk = ls.topk;
+    int64_t max_blocks = 0, blocks = 0;
+    for (int64_t n : lengths) {
+      max_blocks = std::max(max_blocks, (n + block_size - 1) / block_size);
+      blocks += (n + block_size - 1) / block_size;
+    }
     KvCacheShape shape;
     shape.num_layers = 1;
     shape.kv_heads = 1;
     shape.head_dim = mla.row_width();
     shape.block_size = block_size;
-    shape.num_blocks = 16;
+    shape.num_blocks = std::max<int64_t>(16, blocks);
     shape.latent = true;
     host = std::make_unique<KvCache>(shape);
     tables.resize(lengths.size());
     // Interleave the sequences' blocks, so that block tables matter.
-    for (int64_t step = 0; step < 8; ++step) {
+    for (int64_t step = 0; step < max_blocks; ++step) {
       for (size_t s = 0; s < lengths.size(); ++s) {
         const int64_t want = std::min<int64_t>(lengths[s], (step + 1) * block_size);
         EXPECT_TRUE(host->Reserve(&tables[s], want).ok());
@@ -189,51 +201,196 @@ TEST_F(CudaMlaKernels, IndexerTopkMatchesCpuIncludingTies) {
       static_cast<long>(sparse), static_cast<long>(tie_rows), static_cast<long>(zero_ties));
 }
 
+// kv_b_proj as FP8 (GLM-5-FP8's form): e4m3 codes with block scales of br x bc (partial edge
+// blocks when they do not divide the shape), and the fp32 values the CPU widens it to.
+struct Fp8KvB {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<float> values;  // e4m3 x scale, one fp32 rounding: the CPU's W_uk^T / W_uv
+  Fp8DeviceMatrix shape;
+  Fp8KvB(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    scales = RandomVector(sr * sc, 31, 0.01f);
+    for (float& x : scales) x = std::abs(x) + 1e-3f;  // positive, distinct per block
+    codes.resize(rows * cols);
+    values.resize(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float scale = scales[(r / br) * sc + c / bc];
+        codes[r * cols + c] = FloatToE4m3(w[r * cols + c] / scale);
+        values[r * cols + c] = E4m3ToFloat(codes[r * cols + c]) * scale;
+      }
+    }
+    shape.rows = rows;
+    shape.cols = cols;
+    shape.block_rows = br;
+    shape.block_cols = bc;
+  }
+};
+
 TEST_F(CudaMlaKernels, AbsorbedAttentionMatchesCpu) {
   LatentFixture s;
   const MlaShape& m = s.mla;
   const int64_t t = s.tokens, k = s.idx.topk;
+  const int64_t kv_b_rows = m.heads * (m.nope_dim + m.v_dim);
   const std::vector<float> q = RandomVector(t * m.heads * m.qk_dim(), 11);
-  const std::vector<float> kv_b =
-      RoundBf16(RandomVector(m.heads * (m.nope_dim + m.v_dim) * m.latent_dim, 12, 0.2f));
-  const Matrix w{DType::kF32, m.heads * (m.nope_dim + m.v_dim), m.latent_dim, kv_b.data()};
+  const std::vector<float> kv_b16 = RoundBf16(RandomVector(kv_b_rows * m.latent_dim, 12, 0.2f));
+  // 24 x 12 blocks over [112, 32]: the last block row and column are cut short.
+  const Fp8KvB kv_b8(kv_b16, kv_b_rows, m.latent_dim, 24, 12);
   // A selection from the CPU indexer (sparse rows) and every causal key (dense rows).
   const std::vector<float> iq = RandomVector(t * s.idx.heads * s.idx.head_dim, 13);
   const std::vector<float> iw = RandomVector(t * s.idx.heads, 14);
   TopkSelection sel;
   IndexerSelect(iq.data(), iw.data(), s.batch.sequences, *s.host, 0, m, s.idx, &sel);
-  for (const bool dense : {false, true}) {
-    TopkSelection use = sel;
-    if (dense) std::fill(use.count.begin(), use.count.end(), -1);
-    const AbsorbedKey absorbed = AbsorbedKeyWeights(w, m);
-    std::vector<float> q_lat(m.heads * t * m.latent_dim), out_lat(q_lat.size());
-    std::vector<float> want(t * m.heads * m.v_dim);
-    AbsorbQuery(q.data(), t, absorbed, m, q_lat.data());
-    LatentAttention(q_lat.data(), q.data(), s.batch.sequences, *s.host, 0, use, m, out_lat.data());
-    ExpandValues(out_lat.data(), t, w, m, want.data());
+  for (const bool fp8 : {false, true}) {
+    const std::vector<float>& kv_b = fp8 ? kv_b8.values : kv_b16;
+    const Matrix w{DType::kF32, kv_b_rows, m.latent_dim, kv_b.data()};
+    for (const bool dense : {false, true}) {
+      TopkSelection use = sel;
+      if (dense) std::fill(use.count.begin(), use.count.end(), -1);
+      const AbsorbedKey absorbed = AbsorbedKeyWeights(w, m);
+      std::vector<float> q_lat(m.heads * t * m.latent_dim), out_lat(q_lat.size());
+      std::vector<float> want(t * m.heads * m.v_dim);
+      AbsorbQuery(q.data(), t, absorbed, m, q_lat.data());
+      LatentAttention(q_lat.data(), q.data(), s.batch.sequences, *s.host, 0, use, m,
+                      out_lat.data());
+      ExpandValues(out_lat.data(), t, w, m, want.data());
 
-    std::vector<int32_t> count(t, -1), positions(t * k, 0);
-    for (int64_t row = 0; row < t; ++row) {
-      count[row] = use.count[row];
-      for (int32_t i = 0; i < use.count[row]; ++i)
-        positions[row * k + i] = use.positions[use.offset[row] + i];
+      std::vector<int32_t> count(t, -1), positions(t * k, 0);
+      for (int64_t row = 0; row < t; ++row) {
+        count[row] = use.count[row];
+        for (int32_t i = 0; i < use.count[row]; ++i)
+          positions[row * k + i] = use.positions[use.offset[row] + i];
+      }
+      DeviceBuffer cache = s.DeviceCache();
+      DeviceBuffer d_q = Upload(q), d_w = Upload(ToBf16(kv_b16));
+      DeviceBuffer d_codes = Upload(kv_b8.codes), d_scales = Upload(kv_b8.scales);
+      Fp8DeviceMatrix w8;  // the bf16 form: none
+      if (fp8) {
+        w8 = kv_b8.shape;
+        w8.codes = d_codes.as<uint8_t>();
+        w8.scales = d_scales.as<float>();
+      }
+      DeviceBuffer tiles = Upload(s.plan.tiles), tables = Upload(s.plan.block_tables);
+      DeviceBuffer d_count = Upload(count), d_pos = Upload(positions);
+      DeviceBuffer out = Poisoned<uint16_t>(t * m.heads * m.v_dim);
+      ASSERT_EQ(LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(),
+                                   static_cast<int>(s.plan.num_tiles), tables.as<int32_t>(),
+                                   cache.as<uint16_t>(), fp8 ? nullptr : d_w.as<uint16_t>(), w8,
+                                   s.Dev(), dense ? nullptr : d_count.as<int32_t>(),
+                                   d_pos.as<int32_t>(), k, out.as<uint16_t>(), nullptr),
+                cudaSuccess);
+      const std::vector<float> got = FromBf16(Download<uint16_t>(out, want.size()));
+      const double err = RelativeError(got, want);
+      const char* what = fp8 ? (dense ? "fp8 dense" : "fp8 sparse") : dense ? "dense" : "sparse";
+      EXPECT_LT(err, 1e-2) << what;
+      std::printf("[ MLA attention %s ] relative error vs CPU: %.3g\n", what, err);
     }
-    DeviceBuffer cache = s.DeviceCache();
-    DeviceBuffer d_q = Upload(q), d_w = Upload(ToBf16(kv_b));
-    DeviceBuffer tiles = Upload(s.plan.tiles), tables = Upload(s.plan.block_tables);
-    DeviceBuffer d_count = Upload(count), d_pos = Upload(positions);
-    DeviceBuffer out = Poisoned<uint16_t>(t * m.heads * m.v_dim);
-    ASSERT_EQ(
-        LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(), static_cast<int>(s.plan.num_tiles),
-                           tables.as<int32_t>(), cache.as<uint16_t>(), d_w.as<uint16_t>(), s.Dev(),
-                           dense ? nullptr : d_count.as<int32_t>(), d_pos.as<int32_t>(), k,
-                           out.as<uint16_t>(), nullptr),
-        cudaSuccess);
-    const std::vector<float> got = FromBf16(Download<uint16_t>(out, want.size()));
-    const double err = RelativeError(got, want);
-    EXPECT_LT(err, 1e-2) << (dense ? "dense" : "sparse");
-    std::printf("[ MLA attention %s ] relative error vs CPU: %.3g\n", dense ? "dense" : "sparse",
-                err);
+  }
+  // Both forms or neither: refused.
+  DeviceBuffer d_codes = Upload(kv_b8.codes), d_scales = Upload(kv_b8.scales);
+  Fp8DeviceMatrix w8 = kv_b8.shape;
+  w8.codes = d_codes.as<uint8_t>();
+  w8.scales = d_scales.as<float>();
+  DeviceBuffer tiles = Upload(s.plan.tiles), tables = Upload(s.plan.block_tables);
+  DeviceBuffer d_q = Upload(q), cache = s.DeviceCache(), d_w = Upload(ToBf16(kv_b16));
+  DeviceBuffer out = Poisoned<uint16_t>(t * m.heads * m.v_dim);
+  EXPECT_EQ(LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(), 1, tables.as<int32_t>(),
+                               cache.as<uint16_t>(), d_w.as<uint16_t>(), w8, s.Dev(), nullptr,
+                               nullptr, k, out.as<uint16_t>(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchMlaAttention(d_q.as<float>(), tiles.as<int32_t>(), 1, tables.as<int32_t>(),
+                               cache.as<uint16_t>(), nullptr, Fp8DeviceMatrix{}, s.Dev(), nullptr,
+                               nullptr, k, out.as<uint16_t>(), nullptr),
+            cudaErrorInvalidValue);
+}
+
+// The tensor-core kernels (mla_tc.cu) against the same CPU ops: a ragged batch whose contexts
+// run below and above index_topk (dense rows, then selections of topk keys), several splits of
+// kMlaTcChunk keys per token, a partial head tile, kv_b as bf16 and as FP8; and GLM-5's
+// widths (latent 512 + rope 64: Kp 576, the shared-memory limit, 8 accumulators per warp).
+// The only roundings besides the CPU's: q_lat and the softmax weights to bf16 for the MMAs
+// and the bf16 output: 1e-2 relative, as the CUDA-core kernel.
+TEST_F(CudaMlaKernels, TensorCoreAttentionMatchesCpu) {
+  struct Case {
+    const char* name;
+    LatentShape shape;
+    bool fp8;
+  };
+  const Case cases[] = {
+      {"ragged, 20 heads, topk 100", {{150, 70}, 20, 32, 8, 100}, false},
+      {"ragged fp8 kv_b", {{150, 70}, 20, 32, 8, 100}, true},
+      {"GLM-5 widths", {{70}, 16, 512, 64, 40}, false},
+  };
+  for (const Case& cs : cases) {
+    LatentFixture s(cs.shape);
+    const MlaShape& m = s.mla;
+    const int64_t t = s.tokens, k = s.idx.topk;
+    const int64_t kv_b_rows = m.heads * (m.nope_dim + m.v_dim);
+    const std::vector<float> q = RandomVector(t * m.heads * m.qk_dim(), 41);
+    const std::vector<float> kv_b16 = RoundBf16(RandomVector(kv_b_rows * m.latent_dim, 42, 0.2f));
+    const Fp8KvB kv_b8(kv_b16, kv_b_rows, m.latent_dim, 24, 12);
+    const std::vector<float>& kv_b = cs.fp8 ? kv_b8.values : kv_b16;
+    const Matrix w{DType::kF32, kv_b_rows, m.latent_dim, kv_b.data()};
+    const std::vector<float> iq = RandomVector(t * s.idx.heads * s.idx.head_dim, 43);
+    const std::vector<float> iw = RandomVector(t * s.idx.heads, 44);
+    TopkSelection sel;
+    IndexerSelect(iq.data(), iw.data(), s.batch.sequences, *s.host, 0, m, s.idx, &sel);
+    for (const bool dense : {false, true}) {
+      TopkSelection use = sel;
+      if (dense) std::fill(use.count.begin(), use.count.end(), -1);
+      const AbsorbedKey absorbed = AbsorbedKeyWeights(w, m);
+      std::vector<float> q_lat(m.heads * t * m.latent_dim), out_lat(q_lat.size());
+      std::vector<float> want(t * m.heads * m.v_dim);
+      AbsorbQuery(q.data(), t, absorbed, m, q_lat.data());
+      LatentAttention(q_lat.data(), q.data(), s.batch.sequences, *s.host, 0, use, m,
+                      out_lat.data());
+      ExpandValues(out_lat.data(), t, w, m, want.data());
+      std::vector<int32_t> count(t, -1), positions(t * k, 0);
+      for (int64_t row = 0; row < t; ++row) {
+        count[row] = use.count[row];
+        for (int32_t i = 0; i < use.count[row]; ++i)
+          positions[row * k + i] = use.positions[use.offset[row] + i];
+      }
+      // Without a selection a token attends to its whole context.
+      const int64_t max_len = *std::max_element(s.lengths.begin(), s.lengths.end());
+      const MlaTcLayout layout = MlaTcLayoutFor(s.Dev(), dense ? max_len : k);
+      ASSERT_TRUE(layout.supported) << cs.name;
+      EXPECT_GE(layout.splits, dense ? 2 : 1) << cs.name;
+      DeviceBuffer q_cat = Poisoned<uint16_t>(t * layout.q_cat_elems);
+      DeviceBuffer o_part = Poisoned<float>(t * layout.o_part_floats);
+      DeviceBuffer ml_part = Poisoned<float>(t * layout.ml_part_floats);
+      MlaTcScratch scratch{q_cat.as<uint16_t>(), o_part.as<float>(), ml_part.as<float>()};
+      DeviceBuffer cache = s.DeviceCache();
+      DeviceBuffer d_q = Upload(q), d_w = Upload(ToBf16(kv_b16));
+      DeviceBuffer d_codes = Upload(kv_b8.codes), d_scales = Upload(kv_b8.scales);
+      Fp8DeviceMatrix w8;
+      if (cs.fp8) {
+        w8 = kv_b8.shape;
+        w8.codes = d_codes.as<uint8_t>();
+        w8.scales = d_scales.as<float>();
+      }
+      DeviceBuffer tiles = Upload(s.plan.tiles), tables = Upload(s.plan.block_tables);
+      DeviceBuffer d_count = Upload(count), d_pos = Upload(positions);
+      DeviceBuffer out = Poisoned<uint16_t>(t * m.heads * m.v_dim);
+      ASSERT_EQ(LaunchMlaAttentionTc(d_q.as<float>(), t, tiles.as<int32_t>(),
+                                     static_cast<int>(s.plan.num_tiles), tables.as<int32_t>(),
+                                     cache.as<uint16_t>(), cs.fp8 ? nullptr : d_w.as<uint16_t>(),
+                                     w8, s.Dev(), dense ? nullptr : d_count.as<int32_t>(),
+                                     d_pos.as<int32_t>(), k, layout, scratch, out.as<uint16_t>(),
+                                     nullptr),
+                cudaSuccess);
+      const std::vector<float> got = FromBf16(Download<uint16_t>(out, want.size()));
+      double worst = 0;
+      for (int64_t row = 0; row < t; ++row) {
+        const int64_t width = m.heads * m.v_dim;
+        worst = std::max(worst,
+                         RelativeError(got.data() + row * width, want.data() + row * width, width));
+      }
+      EXPECT_LT(worst, 1e-2) << cs.name << (dense ? " dense" : " sparse");
+      std::printf("[ MLA tensor cores %s, %s, %ld splits ] worst row relative error vs CPU: %.3g\n",
+                  cs.name, dense ? "dense" : "sparse", static_cast<long>(layout.splits), worst);
+    }
   }
 }
 
