@@ -6,13 +6,15 @@
 //    once for all m activation rows: bandwidth-bound, one read of each weight byte per step;
 //  * tiled GEMM (larger m, prefill): 32x32 output tiles, K in steps of 32 through shared
 //    memory, the weight tile widened once into shared memory and reused by 32 rows.
-// Both CUDA-core kernels of our own (no tensor cores yet: docs/fp8.md says what is missing).
+// Both CUDA-core kernels of our own; per-channel prefill GEMMs may instead take FP8 tensor
+// cores through cuBLASLt (fp8_gemm.cc, opt-in; docs/cuda.md "FP8 on tensor cores").
 // The activations are fp32 (the kernel tests) or bf16 (the CUDA runner's GEMM inputs), and the
 // outputs may be a column slice of wider rows (y_ld). A third kernel runs the routed experts
 // from device-side row offsets (graph-capturable decode).
 // The value of a weight is the CPU's (e4m3 x scale, one fp32 rounding); only the summation
 // order differs from core/ops/linear.cc, so results agree to fp32 rounding (1e-5 relative).
 #include "core/cuda/device_util.cuh"
+#include "core/cuda/fp8_device.cuh"
 #include "core/cuda/kernels.h"
 
 namespace glmserve::cuda {
@@ -21,21 +23,6 @@ namespace {
 constexpr int kGemvThreads = 128;
 constexpr int kTile = 32;     // GEMM output tile side and K step
 constexpr int kTileRows = 8;  // threads per tile column: each computes 4 outputs
-
-// e4m3 to fp32: the code's bits moved to fp32's exponent/mantissa read as value x 2^-120
-// (subnormals included, as fp32 denormals), fixed by an exact multiply; S.1111.111 is NaN.
-__device__ __forceinline__ float E4m3(uint8_t v) {
-  const uint32_t mag = v & 0x7fu;
-  if (mag == 0x7fu) return __uint_as_float(0x7fc00000u);
-  const float x = __uint_as_float(mag << 20) * 0x1p120f;
-  return (v & 0x80u) ? -x : x;
-}
-
-__device__ __forceinline__ float Fp8Weight(const Fp8DeviceMatrix& w, int64_t r, int64_t c) {
-  const int64_t scale_cols = (w.cols + w.block_cols - 1) / w.block_cols;
-  return E4m3(w.codes[r * w.cols + c]) *
-         w.scales[(r / w.block_rows) * scale_cols + c / w.block_cols];
-}
 
 // Activation element i: fp32 (x32) or bf16 (x16, the CUDA runner's GEMM inputs); exactly one
 // is set. A run-time choice rather than a template: the branch is uniform across the grid.
@@ -51,7 +38,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int64_t n = blockIdx.x;
   float acc[kFp8GemvMaxRows] = {};
   for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) {
-    const float wv = Fp8Weight(w, n, c);
+    const float wv = dev::Fp8At(w, n, c);
 #pragma unroll
     for (int i = 0; i < kFp8GemvMaxRows; ++i) {
       if (i < m) acc[i] += LoadX(x32, x16, i * w.cols + c) * wv;
@@ -78,7 +65,7 @@ __global__ void __launch_bounds__(kTile* kTileRows)
     for (int j = ty; j < kTile; j += kTileRows) {
       const int64_t k = k0 + tx;
       xs[j][tx] = (row0 + j < m && k < w.cols) ? LoadX(x32, x16, (row0 + j) * w.cols + k) : 0.f;
-      ws[j][tx] = (n0 + j < w.rows && k < w.cols) ? Fp8Weight(w, n0 + j, k) : 0.f;
+      ws[j][tx] = (n0 + j < w.rows && k < w.cols) ? dev::Fp8At(w, n0 + j, k) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -116,7 +103,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     const int nt = min(static_cast<int>(kFp8GemvMaxRows), end - t0);
     float acc[kFp8GemvMaxRows] = {};
     for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) {
-      const float wv = Fp8Weight(w, n, c);
+      const float wv = dev::Fp8At(w, n, c);
 #pragma unroll
       for (int i = 0; i < kFp8GemvMaxRows; ++i) {
         if (i < nt) acc[i] += dev::Bf16ToFloat(in[(t0 + i) * w.cols + c]) * wv;
@@ -127,17 +114,6 @@ __global__ void __launch_bounds__(kGemvThreads)
       if (threadIdx.x == 0) out[(t0 + i) * out_ld + n] = s;
     }
   }
-}
-
-// FloatToE4m3 (core/dtype.cc), the same bit operations: round to nearest even, saturating.
-__device__ __forceinline__ uint8_t ToE4m3(float f) {
-  if (f != f) return 0x7f;
-  const uint8_t sign = (__float_as_uint(f) >> 31) != 0 ? 0x80 : 0x00;
-  const float a = fminf(fabsf(f), 448.0f);
-  if (a < 0.015625f) return static_cast<uint8_t>(sign | static_cast<uint8_t>(rintf(a * 512.0f)));
-  uint32_t bits = __float_as_uint(a);
-  bits += 0x7ffffu + ((bits >> 20) & 1u);
-  return static_cast<uint8_t>(sign | (((bits >> 23) - 120u) << 3) | ((bits >> 20) & 7u));
 }
 
 // RandomWeights' generator (core/checkpoint.cc: splitmix64 output, Irwin-Hall sum of four
@@ -152,7 +128,7 @@ __global__ void RandomFp8Kernel(uint8_t* __restrict__ codes, int64_t n, uint64_t
     z ^= z >> 31;
     const int64_t sum = static_cast<int64_t>((z & 0xffff) + ((z >> 16) & 0xffff) +
                                              ((z >> 32) & 0xffff) + (z >> 48));
-    codes[i] = ToE4m3(static_cast<float>(sum - 2 * 65535) * value_scale);
+    codes[i] = dev::FloatToE4m3(static_cast<float>(sum - 2 * 65535) * value_scale);
   }
 }
 
