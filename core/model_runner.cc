@@ -14,6 +14,14 @@ absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
       absl::StrCat("device '", name, "' is not one of auto, cpu, cuda"));
 }
 
+absl::StatusOr<Fp8TensorCores> ParseFp8TensorCores(absl::string_view name) {
+  if (name == "auto") return Fp8TensorCores::kAuto;
+  if (name == "on") return Fp8TensorCores::kOn;
+  if (name == "off") return Fp8TensorCores::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fp8_tensor_cores '", name, "' is not one of auto, on, off"));
+}
+
 absl::Status ModelRunner::SetKvCacheDType(KvCacheDType dtype) {
   if (dtype == KvCacheDType::kAuto) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -23,7 +31,7 @@ absl::Status ModelRunner::SetKvCacheDType(KvCacheDType dtype) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
     ModelWeights weights, DeviceKind device, CpuMath cpu_math,
-    const LoadProgressCallback& upload_progress) {
+    const LoadProgressCallback& upload_progress, Fp8TensorCores fp8_tensor_cores) {
   // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
   // span must start at a full layer (refused here, at start-up, rather than at every step).
   const ModelConfig& c = weights.config;
@@ -52,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
         "the FP8 preset's codes are generated on the CUDA device (RandomWeightOptions::"
         "fp8_codes_on_device): run it with --device=cuda");
   }
-  if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress);
+  if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress, fp8_tensor_cores);
   return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
 }
 

@@ -58,14 +58,24 @@ class ModelRunner {
 enum class DeviceKind { kAuto, kCpu, kCuda };
 absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 
+// FP8 tensor cores on the CUDA backend (docs/cuda.md "FP8 on tensor cores"): kAuto uses them
+// where the device and cuBLASLt support them, else the CUDA-core kernels (one line on stderr);
+// kOn refuses to start without them (a model with FP8 weights only); kOff never uses them.
+enum class Fp8TensorCores { kAuto, kOn, kOff };
+// "auto", "on", "off"; INVALID_ARGUMENT naming the three otherwise.
+absl::StatusOr<Fp8TensorCores> ParseFp8TensorCores(absl::string_view name);
+
 // kAuto picks CUDA when a usable GPU is present (run-time check), else the CPU; kCuda fails
 // with FAILED_PRECONDITION when the build has no CUDA backend or no GPU is present.
 // cpu_math: the CPU backend's linear arithmetic (core/ops/linear.h); the CUDA backend has its
 // own and ignores it.
 // upload_progress: called as the CUDA backend streams the weights to the device (the bytes
 // copied so far; core/checkpoint.h's DescribeLoadProgress words it); ignored on the CPU.
+// fp8_tensor_cores: the CUDA backend's FP8 GEMMs (glm-server --fp8_tensor_cores; docs/cuda.md
+// "FP8 on tensor cores"); ignored on the CPU.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
     ModelWeights weights, DeviceKind device, CpuMath cpu_math = CpuMath::kExact,
-    const LoadProgressCallback& upload_progress = nullptr);
+    const LoadProgressCallback& upload_progress = nullptr,
+    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kAuto);
 
 }  // namespace glmserve

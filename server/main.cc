@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "weights times activations rounded to bf16, as Transformers' bf16 forward; faster "
           "where vdpbf16ps is fast) or bf16_amx (the same rounding, Intel AMX tile products; "
           "emulated, slowly, without AMX); docs/cpu_math.md and docs/performance.md");
+ABSL_FLAG(std::string, fp8_tensor_cores, "auto",
+          "CUDA FP8 GEMMs on FP8 tensor cores: auto (where the GPU supports them, else CUDA "
+          "cores), on (refuse to start without them), off (docs/cuda.md)");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
           "32 with fp32 scales; CPU backend, needs --cpu_math=bf16)");
@@ -326,6 +329,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<glmserve::CpuMath> cpu_math =
       glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math));
   if (!cpu_math.ok()) return BadFlag(cpu_math.status());
+  absl::StatusOr<glmserve::Fp8TensorCores> fp8_tc =
+      glmserve::ParseFp8TensorCores(absl::GetFlag(FLAGS_fp8_tensor_cores));
+  if (!fp8_tc.ok()) return BadFlag(fp8_tc.status());
   absl::StatusOr<glmserve::WeightQuant> quant =
       glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype));
   if (!quant.ok()) return BadFlag(quant.status());
@@ -417,7 +423,7 @@ int main(int argc, char** argv) {
                 weights->ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
   }
   absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner = glmserve::CreateModelRunner(
-      *std::move(weights), *device, *cpu_math, on_cuda ? upload_progress : nullptr);
+      *std::move(weights), *device, *cpu_math, on_cuda ? upload_progress : nullptr, *fp8_tc);
   if (!runner.ok()) return Fail(runner.status());
   const std::string device_name = (*runner)->device_name();
   if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {

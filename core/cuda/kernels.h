@@ -79,6 +79,19 @@ cudaError_t LaunchFp8GemvVec(const uint16_t* x, int64_t m, const Fp8DeviceMatrix
 cudaError_t LaunchFp8ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_experts,
                                    const int32_t* offsets, const uint16_t* in, float* out,
                                    int64_t out_ld, cudaStream_t stream);
+// The same GEMVs on quantized activations (FP8 tensor cores on; docs/cuda.md): x_codes
+// [m, w.cols] e4m3 and x_scales [m] from LaunchQuantizeRowsFp8, per-channel weights only:
+// y[i * y_ld + n] = (sum_c e4m3(x_codes[i, c]) * e4m3(W[n, c])) * (x_scales[i] * w.scales[n]),
+// the tensor-core GEMM's arithmetic up to the fp32 summation order. Supported when
+// Fp8GemvVecQSupported(w) and the codes are 16-byte aligned; cudaErrorNotSupported otherwise.
+bool Fp8GemvVecQSupported(const Fp8DeviceMatrix& w);
+cudaError_t LaunchFp8GemvVecQ(const uint8_t* x_codes, const float* x_scales, int64_t m,
+                              const Fp8DeviceMatrix& w, float* y, int64_t y_ld,
+                              cudaStream_t stream);
+cudaError_t LaunchFp8ExpertGemvVecQ(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                    const int32_t* offsets, const uint8_t* in_codes,
+                                    const float* in_scales, float* out, int64_t out_ld,
+                                    cudaStream_t stream);
 
 // ---- fp8_quant.cu (around the tensor-core FP8 GEMM, core/cuda/fp8_gemm.h) ----------------
 // Per-token FP8 quantization of bf16 activations x [m, k]: scales[i] = amax of row i's finite

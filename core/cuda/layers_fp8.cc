@@ -15,7 +15,7 @@
 
 namespace glmserve::cuda {
 
-void CudaModel::InitFp8TensorCores() {
+absl::Status CudaModel::InitFp8TensorCores() {
   fp8_max_cols_ = 0;
   const auto note = [&](const Fp8DeviceMatrix& m) {
     if (m.codes != nullptr) fp8_max_cols_ = std::max(fp8_max_cols_, m.cols);
@@ -27,7 +27,7 @@ void CudaModel::InitFp8TensorCores() {
       note(*m);
     }
   }
-  if (fp8_max_cols_ == 0) return;  // no FP8 matrices
+  if (fp8_max_cols_ == 0) return absl::OkStatus();  // no FP8 matrices
   fp8_tensor_cores_ = options_.fp8_tensor_cores;
   const char* env = std::getenv("GLMSERVE_FP8_TENSOR_CORES");
   if (env != nullptr && (env[0] == '0' || env[0] == '1')) fp8_tensor_cores_ = env[0] == '1';
@@ -36,10 +36,21 @@ void CudaModel::InitFp8TensorCores() {
       Fp8TensorCoreGemm::Create(options_.device);
   if (!gemm.ok()) {
     fp8_tc_status_ = absl::StrCat("unavailable: ", gemm.status().message());
-    return;
+    if (options_.fp8_tensor_cores_required) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--fp8_tensor_cores=on: FP8 tensor cores ", fp8_tc_status_,
+                       " (--fp8_tensor_cores=auto falls back to CUDA cores)"));
+    }
+    if (fp8_tensor_cores_) {
+      std::fprintf(stderr, "glmserve: FP8 tensor cores %s: FP8 GEMMs on CUDA cores\n",
+                   fp8_tc_status_.c_str());
+      fp8_fallback_logged_ = true;
+    }
+    return absl::OkStatus();
   }
   fp8_tc_ = *std::move(gemm);
   fp8_tc_status_ = "cuBLASLt FP8 (per-token activations x per-channel weights)";
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::EnsureFp8Scratch(int64_t tokens) {
@@ -58,9 +69,23 @@ absl::Status CudaModel::EnsureFp8Scratch(int64_t tokens) {
   return absl::OkStatus();
 }
 
+bool CudaModel::Fp8QuantizedActs(const Fp8DeviceMatrix& w, int64_t rows) const {
+  return fp8_tc_ != nullptr && fp8_tensor_cores_ && Fp8TensorCoreGemm::Serves(w) &&
+         Fp8GemvVecQSupported(w) && rows <= fp8_scratch_rows_ && w.cols <= fp8_max_cols_;
+}
+
 absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
-                                      const uint16_t* in, float* out, int64_t out_ld) {
+                                      const uint16_t* in, int64_t rows, float* out,
+                                      int64_t out_ld) {
   const int64_t n_experts = config_.n_routed_experts;
+  if (Fp8QuantizedActs(expert0, rows)) {
+    // The prefill GEMM's activation arithmetic (per-token e4m3, fp8_quant.cu) for every row.
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeRowsFp8(in, rows, expert0.cols, fp8_x_codes_,
+                                                   fp8_x_scales_, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemvVecQ(expert0, n_experts, offsets, fp8_x_codes_,
+                                                     fp8_x_scales_, out, out_ld, stream_.get()));
+    return absl::OkStatus();
+  }
   if (fp8_vec_gemv_ && Fp8GemvVecSupported(expert0, in)) {
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchFp8ExpertGemvVec(expert0, n_experts, offsets, in, out, out_ld, stream_.get()));
@@ -73,6 +98,16 @@ absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int3
 
 absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w,
                                   float* y, int64_t y_ld) {
+  if (rows <= kFp8GemvMaxRows && Fp8QuantizedActs(w, rows)) {
+    // Tensor cores on: the decode GEMV multiplies the same e4m3 activation codes as the
+    // prefill GEMM (docs/cuda.md "One activation arithmetic"), so a token's logits do not
+    // depend on whether it was computed in a prefill chunk or a decode step.
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeRowsFp8(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchFp8GemvVecQ(fp8_x_codes_, fp8_x_scales_, rows, w, y, y_ld, stream_.get()));
+    return absl::OkStatus();
+  }
   if (rows <= kFp8GemvMaxRows && fp8_vec_gemv_ && Fp8GemvVecSupported(w, x)) {
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVec(x, rows, w, y, y_ld, stream_.get()));
     return absl::OkStatus();
@@ -85,6 +120,28 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
         fp8_tc_->Run(x, rows, w, y, y_ld, fp8_x_codes_, fp8_x_scales_, stream_.get(), &ran, &why));
     if (ran) {
       ++fp8_tc_gemms_;
+      return absl::OkStatus();
+    }
+    if (Fp8QuantizedActs(w, rows)) {
+      // Declined at run time (an output slice of the host-grouped MoE path not 256-byte
+      // aligned, no algorithm for this m): keep the quantized arithmetic, which decode uses
+      // too, through the quantizing GEMV in passes of kFp8GemvMaxRows rows (each pass reads
+      // the weights again: slower, but the same result up to the fp32 summation order).
+      if (!fp8_fallback_logged_) {
+        fp8_fallback_logged_ = true;
+        std::fprintf(stderr,
+                     "glmserve: FP8 GEMM as quantized GEMV passes on CUDA cores for %s (logged "
+                     "once)\n",
+                     why.c_str());
+      }
+      ++fp8_fallback_gemms_;
+      GLM_CUDA_RETURN_IF_ERROR(
+          LaunchQuantizeRowsFp8(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
+      for (int64_t i0 = 0; i0 < rows; i0 += kFp8GemvMaxRows) {
+        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(
+            fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0, std::min(kFp8GemvMaxRows, rows - i0),
+            w, y + i0 * y_ld, y_ld, stream_.get()));
+      }
       return absl::OkStatus();
     }
     if (!fp8_fallback_logged_) {

@@ -198,7 +198,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(sizeof(int32_t) * offsets_count));
     offsets_host_ = std::move(host);
   }
-  InitFp8TensorCores();
+  RETURN_IF_ERROR(InitFp8TensorCores());
   return EnsureCapacity(256, 1024);
 }
 

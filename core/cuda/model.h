@@ -52,11 +52,16 @@ struct CudaModelOptions {
   // row counts back to the host and run one cuBLAS GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
   // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows, per-channel weights) on FP8 tensor
-  // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h). Off by
-  // default: decode steps keep bf16 activations (the GEMV), so with it on a token's logits
-  // differ by the activation rounding (~3% relative) between prefill and decode (docs/cuda.md).
+  // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h), and the
+  // decode GEMVs then quantize their activations the same way (fp8_gemv_vec.cu's Q form), so
+  // prefill and decode share one activation arithmetic (docs/cuda.md). On by default; used
+  // where the device supports it (compute capability 8.9+, libcublasLt), else the CUDA-core
+  // kernels with bf16 activations (logged once). glm-server --fp8_tensor_cores;
   // GLMSERVE_FP8_TENSOR_CORES=1 turns it on, =0 off, overriding this.
-  bool fp8_tensor_cores = false;
+  bool fp8_tensor_cores = true;
+  // With FP8 weights: FAILED_PRECONDITION from Create when tensor cores are unavailable
+  // (glm-server --fp8_tensor_cores=on) instead of the fallback.
+  bool fp8_tensor_cores_required = false;
   // Called while the weights stream to the device (UploadWeights), or null.
   LoadProgressCallback upload_progress;
   // GLM-5: steps of at most mla_tc_tokens() tokens run the tensor-core absorbed attention
@@ -177,13 +182,17 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
   // FP8 linear layers (layers_fp8.cc): y[i * y_ld + c] = x[i] . W[c] through the GEMV, the
   // tensor-core GEMM or the tiled kernel.
-  void InitFp8TensorCores();
+  absl::Status InitFp8TensorCores();
   absl::Status EnsureFp8Scratch(int64_t tokens);
   absl::Status Fp8Linear(const uint16_t* x, int64_t rows, const Fp8DeviceMatrix& w, float* y,
                          int64_t y_ld);
   // The routed experts' device-offset GEMV (graph-capturable), vectorised where supported.
+  // in: [rows, expert0.cols] bf16 (rows: the step's (token, expert) pairs).
   absl::Status Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
-                             const uint16_t* in, float* out, int64_t out_ld);
+                             const uint16_t* in, int64_t rows, float* out, int64_t out_ld);
+  // Whether w's GEMV takes quantized activations (tensor cores on, per-channel weights the
+  // quantizing GEMV supports, `rows` within the scratch): the prefill GEMM's arithmetic.
+  bool Fp8QuantizedActs(const Fp8DeviceMatrix& w, int64_t rows) const;
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);

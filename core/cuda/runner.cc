@@ -71,7 +71,8 @@ absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
-    ModelWeights weights, const LoadProgressCallback& upload_progress) {
+    ModelWeights weights, const LoadProgressCallback& upload_progress,
+    Fp8TensorCores fp8_tensor_cores) {
   // Refused before the device probe, so the answer is the same with or without a GPU.
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);
@@ -81,6 +82,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
   }
   cuda::CudaModelOptions options;
   options.upload_progress = upload_progress;
+  options.fp8_tensor_cores = fp8_tensor_cores != Fp8TensorCores::kOff;
+  options.fp8_tensor_cores_required = fp8_tensor_cores == Fp8TensorCores::kOn;
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
                    cuda::CudaModel::Create(std::move(weights), options));
   return std::unique_ptr<ModelRunner>(std::move(model));

@@ -32,8 +32,10 @@ inline std::string CudaUnsupportedReason(const ModelConfig& config) {
 
 // A ModelRunner on the first GPU; FAILED_PRECONDITION when none is usable, UNIMPLEMENTED
 // for a model the backend has no kernels for (CudaUnsupportedReason). `upload_progress`
-// follows the weights' copy to the device (CudaModelOptions::upload_progress).
+// follows the weights' copy to the device (CudaModelOptions::upload_progress);
+// fp8_tensor_cores: CudaModelOptions::fp8_tensor_cores (kOn: fp8_tensor_cores_required).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
-    ModelWeights weights, const LoadProgressCallback& upload_progress = nullptr);
+    ModelWeights weights, const LoadProgressCallback& upload_progress = nullptr,
+    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kAuto);
 
 }  // namespace glmserve

@@ -13,7 +13,8 @@ absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo() {
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
-    ModelWeights weights, const LoadProgressCallback& /*upload_progress*/) {
+    ModelWeights weights, const LoadProgressCallback& /*upload_progress*/,
+    Fp8TensorCores /*fp8_tensor_cores*/) {
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);
   }

@@ -265,6 +265,122 @@ TEST_F(Fp8GemmCuda, VectorisedExpertGemvMatchesTheHostProduct) {
   }
 }
 
+// The quantizing decode GEMVs (fp8_gemv_vec.cu's Q form, tensor cores on): the activations
+// through the prefill GEMM's quantizer, then against a host product of the same arithmetic
+// (exact e4m3 x e4m3 products, y = sum * (x_scale * w_scale)) to fp32 summation order, and
+// against the tensor-core GEMM itself on the same rows (the prefill / decode contract).
+TEST_F(Fp8GemmCuda, QuantizingGemvIsThePrefillArithmetic) {
+  absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const int64_t n = 37, k = 272;  // n not a multiple of the 8 rows a block covers
+  std::vector<uint8_t> w_codes;
+  std::vector<float> w_scales;
+  RandomFp8(n, k, 41, &w_codes, &w_scales);
+  DeviceBuffer dw = Upload(w_codes), dws = Upload(w_scales);
+  const Fp8DeviceMatrix w{dw.as<uint8_t>(), dws.as<float>(), n, k, 1, k};
+  ASSERT_TRUE(Fp8GemvVecQSupported(w));
+  for (const int64_t m : {1, 3, 8}) {
+    const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 42 + m, 3.0f)));
+    DeviceBuffer dx = Upload(ToBf16(x));
+    DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m);
+    ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(),
+                                    nullptr),
+              cudaSuccess);
+    const int64_t y_ld = n + 3;
+    DeviceBuffer dy = Poisoned<float>(m * y_ld);
+    ASSERT_EQ(LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), m, w, dy.as<float>(), y_ld,
+                                nullptr),
+              cudaSuccess);
+    const std::vector<float> y = Download<float>(dy, m * y_ld);
+    std::vector<uint8_t> x_codes;
+    std::vector<float> x_scales;
+    QuantizeRows(x, m, k, &x_codes, &x_scales);
+    std::vector<float> got(m * n), want(m * n), cpu(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      ASSERT_TRUE(std::isnan(y[i * y_ld + n])) << "a column outside the output";
+      for (int64_t c = 0; c < n; ++c) {
+        double q = 0, f = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          const double wv = E4m3ToFloat(w_codes[c * k + l]);
+          q += E4m3ToFloat(x_codes[i * k + l]) * wv;
+          f += x[i * k + l] * wv * w_scales[c];
+        }
+        want[i * n + c] = static_cast<float>(q) * (x_scales[i] * w_scales[c]);
+        cpu[i * n + c] = static_cast<float>(f);
+        got[i * n + c] = y[i * y_ld + c];
+      }
+    }
+    EXPECT_LT(RelativeError(got, want), 1e-5) << "m " << m;
+    EXPECT_GT(RelativeError(got, cpu), 0) << "m " << m << ": the activations must be quantized";
+    // The tensor-core GEMM on the same rows: the same codes and scales, only the summation
+    // order differs.
+    DeviceBuffer dt = Poisoned<float>(m * y_ld);
+    DeviceBuffer xc2 = Poisoned<uint8_t>(m * k), xs2 = Poisoned<float>(m);
+    bool ran = false;
+    std::string why;
+    ASSERT_TRUE((*gemm)
+                    ->Run(dx.as<uint16_t>(), m, w, dt.as<float>(), y_ld, xc2.as<uint8_t>(),
+                          xs2.as<float>(), nullptr, &ran, &why)
+                    .ok());
+    ASSERT_TRUE(ran) << why;
+    const std::vector<float> t = Download<float>(dt, m * y_ld);
+    std::vector<float> tc(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t c = 0; c < n; ++c) tc[i * n + c] = t[i * y_ld + c];
+    }
+    EXPECT_LT(RelativeError(got, tc), 1e-6) << "m " << m << ": GEMV vs tensor-core GEMM";
+  }
+  // Block-scaled weights are not served (their scales vary along k).
+  const Fp8DeviceMatrix block{dw.as<uint8_t>(), dws.as<float>(), n, k, 128, 128};
+  EXPECT_FALSE(Fp8GemvVecQSupported(block));
+  DeviceBuffer xc = Poisoned<uint8_t>(k), xs = Upload(std::vector<float>{1.f});
+  DeviceBuffer dy = Poisoned<float>(n);
+  EXPECT_EQ(LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), 1, block, dy.as<float>(), n,
+                              nullptr),
+            cudaErrorNotSupported);
+}
+
+TEST_F(Fp8GemmCuda, QuantizingExpertGemvMatchesTheHostProduct) {
+  const int64_t rows = 40, cols = 64, n_experts = 5;
+  std::vector<uint8_t> codes(n_experts * rows * cols);
+  const std::vector<float> v = RandomVector(codes.size(), 51, 100.0f);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = FloatToE4m3(v[i]);
+  std::vector<float> scales(n_experts * rows);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 1e-3f * (1 + i % 5);
+  const std::vector<int32_t> offsets = {0, 0, 3, 3, 12, 13};  // 0, 3, 0, 9 (two passes), 1
+  const int64_t pairs = offsets.back();
+  const std::vector<float> x = FromBf16(ToBf16(RandomVector(pairs * cols, 52, 4.0f)));
+  DeviceBuffer dw = Upload(codes), ds = Upload(scales), dx = Upload(ToBf16(x));
+  DeviceBuffer xc = Poisoned<uint8_t>(pairs * cols), xs = Poisoned<float>(pairs);
+  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), pairs, cols, xc.as<uint8_t>(),
+                                  xs.as<float>(), nullptr),
+            cudaSuccess);
+  DeviceBuffer doff = Upload(offsets), dy = Poisoned<float>(pairs * rows);
+  const Fp8DeviceMatrix w0{dw.as<uint8_t>(), ds.as<float>(), rows, cols, 1, cols};
+  ASSERT_EQ(LaunchFp8ExpertGemvVecQ(w0, n_experts, doff.as<int32_t>(), xc.as<uint8_t>(),
+                                    xs.as<float>(), dy.as<float>(), rows, nullptr),
+            cudaSuccess);
+  const std::vector<float> got = Download<float>(dy, pairs * rows);
+  std::vector<uint8_t> x_codes;
+  std::vector<float> x_scales;
+  QuantizeRows(x, pairs, cols, &x_codes, &x_scales);
+  for (int64_t e = 0; e < n_experts; ++e) {
+    for (int64_t p = offsets[e]; p < offsets[e + 1]; ++p) {
+      std::vector<float> want(rows), ge(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        double q = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          q += static_cast<double>(E4m3ToFloat(x_codes[p * cols + c])) *
+               E4m3ToFloat(codes[(e * rows + r) * cols + c]);
+        }
+        want[r] = static_cast<float>(q) * (x_scales[p] * scales[e * rows + r]);
+        ge[r] = got[p * rows + r];
+      }
+      EXPECT_LT(RelativeError(ge, want), 1e-5) << "expert " << e << " pair " << p;
+    }
+  }
+}
+
 ModelWeights RandomFp8Tiny() {
   RandomWeightOptions options;
   options.seed = 42;
@@ -293,15 +409,15 @@ std::vector<float> PromptLogits(CudaModel& m, int64_t n) {
 }
 
 // A 24-token prefill of the FP8 tiny model takes the tensor-core GEMM (the emulated device is
-// sm_90) and agrees with the CUDA-core kernel to the activation rounding's error; decode-sized
-// steps keep the GEMV. This random model (stddev 0.1) is deliberately sensitive (its FP8 KV
+// sm_90, tensor cores on by default) and agrees with the CUDA-core kernel (tensor cores off) to
+// the activation rounding's error; decode-sized steps keep the (quantizing) GEMV. This random model (stddev 0.1) is deliberately sensitive (its FP8 KV
 // cache moves its logits by 0.14 too, kv_fp8_test.cc): measured 0.144, bound 0.3; the golden
 // fixtures' bound is golden_test.cc's kFp8TensorCoreTolerance.
 TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   absl::StatusOr<std::unique_ptr<CudaModel>> tc = CudaModel::Create(RandomFp8Tiny());
   absl::StatusOr<std::unique_ptr<CudaModel>> cores = CudaModel::Create(RandomFp8Tiny());
   ASSERT_TRUE(tc.ok() && cores.ok());
-  (*tc)->set_fp8_tensor_cores(true);  // off by default (CudaModelOptions::fp8_tensor_cores)
+  (*cores)->set_fp8_tensor_cores(false);  // on by default (CudaModelOptions::fp8_tensor_cores)
   std::printf("FP8 tensor cores: %s\n", (*tc)->fp8_tensor_core_status().c_str());
   const std::vector<float> a = PromptLogits(**tc, 24), b = PromptLogits(**cores, 24);
   EXPECT_GT((*tc)->fp8_tensor_core_gemms(), 0);
