@@ -232,7 +232,7 @@ const glmserve::cli::ProgramHelp& Help() {
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
       {{"Model and device",
         {"model", "tokenizer_dir", "device", "layers", "threads", "seed", "verify_weights",
-         "cpu_math", "weight_dtype"}},
+         "cpu_math", "weight_dtype", "fp8_tensor_cores"}},
        {"Network",
         {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
          "http_threads", "max_http_body_bytes"}},
