@@ -68,5 +68,15 @@ TEST(CudaRunner, ParsesDeviceNames) {
   EXPECT_FALSE(ParseDeviceKind("gpu").ok());
 }
 
+TEST(CudaRunner, ParsesFp8TensorCoreModes) {
+  EXPECT_EQ(*ParseFp8TensorCores("auto"), Fp8TensorCores::kAuto);
+  EXPECT_EQ(*ParseFp8TensorCores("on"), Fp8TensorCores::kOn);
+  EXPECT_EQ(*ParseFp8TensorCores("off"), Fp8TensorCores::kOff);
+  const absl::StatusOr<Fp8TensorCores> bad = ParseFp8TensorCores("true");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("auto, on, off"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace glmserve
