@@ -76,6 +76,6 @@ absl::StatusOr<Fp8TensorCores> ParseFp8TensorCores(absl::string_view name);
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
     ModelWeights weights, DeviceKind device, CpuMath cpu_math = CpuMath::kExact,
     const LoadProgressCallback& upload_progress = nullptr,
-    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kAuto);
+    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff);
 
 }  // namespace glmserve

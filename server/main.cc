@@ -49,9 +49,10 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "weights times activations rounded to bf16, as Transformers' bf16 forward; faster "
           "where vdpbf16ps is fast) or bf16_amx (the same rounding, Intel AMX tile products; "
           "emulated, slowly, without AMX); docs/cpu_math.md and docs/performance.md");
-ABSL_FLAG(std::string, fp8_tensor_cores, "auto",
-          "CUDA FP8 GEMMs on FP8 tensor cores: auto (where the GPU supports them, else CUDA "
-          "cores), on (refuse to start without them), off (docs/cuda.md)");
+ABSL_FLAG(std::string, fp8_tensor_cores, "off",
+          "CUDA FP8 GEMMs on FP8 tensor cores, activations quantized per token: auto (where the "
+          "GPU supports them, else CUDA cores), on (refuse to start without them), off "
+          "(docs/cuda.md)");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
           "32 with fp32 scales; CPU backend, needs --cpu_math=bf16)");

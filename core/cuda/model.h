@@ -54,11 +54,13 @@ struct CudaModelOptions {
   // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows, per-channel weights) on FP8 tensor
   // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h), and the
   // decode GEMVs then quantize their activations the same way (fp8_gemv_vec.cu's Q form), so
-  // prefill and decode share one activation arithmetic (docs/cuda.md). On by default; used
+  // prefill and decode share one activation arithmetic (docs/cuda.md). Off by default: with it
+  // on, fp8_channel_fp32's teacher-forced greedy token at decode step 3 differs from the
+  // reference (the e4m3 activation rounding exceeds that step's margin; docs/cuda.md). Used
   // where the device supports it (compute capability 8.9+, libcublasLt), else the CUDA-core
   // kernels with bf16 activations (logged once). glm-server --fp8_tensor_cores;
   // GLMSERVE_FP8_TENSOR_CORES=1 turns it on, =0 off, overriding this.
-  bool fp8_tensor_cores = true;
+  bool fp8_tensor_cores = false;
   // With FP8 weights: FAILED_PRECONDITION from Create when tensor cores are unavailable
   // (glm-server --fp8_tensor_cores=on) instead of the fallback.
   bool fp8_tensor_cores_required = false;

@@ -36,6 +36,6 @@ inline std::string CudaUnsupportedReason(const ModelConfig& config) {
 // fp8_tensor_cores: CudaModelOptions::fp8_tensor_cores (kOn: fp8_tensor_cores_required).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
     ModelWeights weights, const LoadProgressCallback& upload_progress = nullptr,
-    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kAuto);
+    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff);
 
 }  // namespace glmserve
