@@ -20,6 +20,9 @@ struct RunnerCase {
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
   CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/ops/linear.h)
   bool kv_fp8 = false;                 // --kv_cache_dtype=fp8_e4m3 (core/kv_fp8.h; GLM-4.5 only)
+  // --fp8_tensor_cores=auto: FP8 GEMMs on tensor cores, activations quantized per token in
+  // prefill and decode alike (docs/cuda.md "One activation arithmetic").
+  bool fp8_tensor_cores = false;
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
   bool exact() const { return device == DeviceKind::kCpu; }
@@ -38,6 +41,7 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // CUDA runner's FP8 kernels (bf16 activations, as its bf16 GEMMs).
     {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3},
     {"cuda_fp8", DeviceKind::kCuda, DType::kF8E4M3},
+    {"cuda_fp8_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny", CpuMath::kExact, false, true},
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     {"cuda_fp8_glm5", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5"},

@@ -59,7 +59,9 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
     EXPECT_TRUE(w.ok()) << w.status();
     if (!w.ok()) return nullptr;
     absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-        CreateModelRunner(*std::move(w), GetParam().device, GetParam().cpu_math);
+        CreateModelRunner(*std::move(w), GetParam().device, GetParam().cpu_math, nullptr,
+                          GetParam().fp8_tensor_cores ? Fp8TensorCores::kAuto
+                                                      : Fp8TensorCores::kOff);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return nullptr;
     if (GetParam().kv_fp8) {
