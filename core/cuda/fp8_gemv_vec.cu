@@ -91,8 +91,8 @@ __device__ __forceinline__ void RowsDot(const Fp8DeviceMatrix& w, int64_t row0, 
 __device__ __forceinline__ void WriteRows(const Fp8DeviceMatrix& w, int64_t row0, int nx,
                                           bool per_channel,
                                           float (&acc)[kRowsPerWarp][kFp8GemvMaxRows],
-                                          const float* __restrict__ x_scales,
-                                          float* __restrict__ y, int64_t y_ld) {
+                                          const float* __restrict__ x_scales, float* __restrict__ y,
+                                          int64_t y_ld) {
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
 #pragma unroll
@@ -171,9 +171,9 @@ cudaError_t GemvVec(const XT* x, const float* x_scales, int64_t m, const Fp8Devi
 }
 
 template <typename XT>
-cudaError_t ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_experts,
-                          const int32_t* offsets, const XT* in, const float* in_scales, float* out,
-                          int64_t out_ld, cudaStream_t stream) {
+cudaError_t ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_experts, const int32_t* offsets,
+                          const XT* in, const float* in_scales, float* out, int64_t out_ld,
+                          cudaStream_t stream) {
   if (expert0.rows <= 0 || expert0.cols <= 0 || n_experts <= 0) return cudaSuccess;
   if (n_experts > 65535 || out_ld < expert0.rows || expert0.block_rows <= 0 ||
       expert0.block_cols <= 0) {

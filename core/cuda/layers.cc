@@ -161,7 +161,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   const bool fp8 = l.experts_gate8.codes != nullptr;
   if (device_path && fp8) {
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, pairs, a_.gate_up, 2 * width));
-    RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, pairs, a_.gate_up + width, 2 * width));
+    RETURN_IF_ERROR(
+        Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, pairs, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_down8, offsets, a_.act, pairs, a_.yp, hidden));
   } else if (device_path) {

@@ -80,8 +80,8 @@ absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int3
   const int64_t n_experts = config_.n_routed_experts;
   if (Fp8QuantizedActs(expert0, rows)) {
     // The prefill GEMM's activation arithmetic (per-token e4m3, fp8_quant.cu) for every row.
-    GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeRowsFp8(in, rows, expert0.cols, fp8_x_codes_,
-                                                   fp8_x_scales_, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeRowsFp8(in, rows, expert0.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemvVecQ(expert0, n_experts, offsets, fp8_x_codes_,
                                                      fp8_x_scales_, out, out_ld, stream_.get()));
     return absl::OkStatus();
@@ -138,9 +138,9 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
       GLM_CUDA_RETURN_IF_ERROR(
           LaunchQuantizeRowsFp8(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
       for (int64_t i0 = 0; i0 < rows; i0 += kFp8GemvMaxRows) {
-        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(
-            fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0, std::min(kFp8GemvMaxRows, rows - i0),
-            w, y + i0 * y_ld, y_ld, stream_.get()));
+        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0,
+                                                   std::min(kFp8GemvMaxRows, rows - i0), w,
+                                                   y + i0 * y_ld, y_ld, stream_.get()));
       }
       return absl::OkStatus();
     }

@@ -58,10 +58,9 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
     absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
     EXPECT_TRUE(w.ok()) << w.status();
     if (!w.ok()) return nullptr;
-    absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-        CreateModelRunner(*std::move(w), GetParam().device, GetParam().cpu_math, nullptr,
-                          GetParam().fp8_tensor_cores ? Fp8TensorCores::kAuto
-                                                      : Fp8TensorCores::kOff);
+    absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(
+        *std::move(w), GetParam().device, GetParam().cpu_math, nullptr,
+        GetParam().fp8_tensor_cores ? Fp8TensorCores::kAuto : Fp8TensorCores::kOff);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return nullptr;
     if (GetParam().kv_fp8) {

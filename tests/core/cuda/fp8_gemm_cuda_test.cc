@@ -283,14 +283,14 @@ TEST_F(Fp8GemmCuda, QuantizingGemvIsThePrefillArithmetic) {
     const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 42 + m, 3.0f)));
     DeviceBuffer dx = Upload(ToBf16(x));
     DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m);
-    ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(),
-                                    nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(), nullptr),
+        cudaSuccess);
     const int64_t y_ld = n + 3;
     DeviceBuffer dy = Poisoned<float>(m * y_ld);
-    ASSERT_EQ(LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), m, w, dy.as<float>(), y_ld,
-                                nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), m, w, dy.as<float>(), y_ld, nullptr),
+        cudaSuccess);
     const std::vector<float> y = Download<float>(dy, m * y_ld);
     std::vector<uint8_t> x_codes;
     std::vector<float> x_scales;
@@ -335,9 +335,9 @@ TEST_F(Fp8GemmCuda, QuantizingGemvIsThePrefillArithmetic) {
   EXPECT_FALSE(Fp8GemvVecQSupported(block));
   DeviceBuffer xc = Poisoned<uint8_t>(k), xs = Upload(std::vector<float>{1.f});
   DeviceBuffer dy = Poisoned<float>(n);
-  EXPECT_EQ(LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), 1, block, dy.as<float>(), n,
-                              nullptr),
-            cudaErrorNotSupported);
+  EXPECT_EQ(
+      LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), 1, block, dy.as<float>(), n, nullptr),
+      cudaErrorNotSupported);
 }
 
 TEST_F(Fp8GemmCuda, QuantizingExpertGemvMatchesTheHostProduct) {
@@ -352,8 +352,8 @@ TEST_F(Fp8GemmCuda, QuantizingExpertGemvMatchesTheHostProduct) {
   const std::vector<float> x = FromBf16(ToBf16(RandomVector(pairs * cols, 52, 4.0f)));
   DeviceBuffer dw = Upload(codes), ds = Upload(scales), dx = Upload(ToBf16(x));
   DeviceBuffer xc = Poisoned<uint8_t>(pairs * cols), xs = Poisoned<float>(pairs);
-  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), pairs, cols, xc.as<uint8_t>(),
-                                  xs.as<float>(), nullptr),
+  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), pairs, cols, xc.as<uint8_t>(), xs.as<float>(),
+                                  nullptr),
             cudaSuccess);
   DeviceBuffer doff = Upload(offsets), dy = Poisoned<float>(pairs * rows);
   const Fp8DeviceMatrix w0{dw.as<uint8_t>(), ds.as<float>(), rows, cols, 1, cols};
@@ -410,9 +410,10 @@ std::vector<float> PromptLogits(CudaModel& m, int64_t n) {
 
 // A 24-token prefill of the FP8 tiny model takes the tensor-core GEMM (the emulated device is
 // sm_90, tensor cores turned on) and agrees with the CUDA-core kernel (tensor cores off) to
-// the activation rounding's error; decode-sized steps keep the (quantizing) GEMV. This random model (stddev 0.1) is deliberately sensitive (its FP8 KV
-// cache moves its logits by 0.14 too, kv_fp8_test.cc): measured 0.144, bound 0.3; the golden
-// fixtures' bound is golden_test.cc's kFp8TensorCoreTolerance.
+// the activation rounding's error; decode-sized steps keep the (quantizing) GEMV. This random model
+// (stddev 0.1) is deliberately sensitive (its FP8 KV cache moves its logits by 0.14 too,
+// kv_fp8_test.cc): measured 0.144, bound 0.3; the golden fixtures' bound is golden_test.cc's
+// kFp8TensorCoreTolerance.
 TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   absl::StatusOr<std::unique_ptr<CudaModel>> tc = CudaModel::Create(RandomFp8Tiny());
   absl::StatusOr<std::unique_ptr<CudaModel>> cores = CudaModel::Create(RandomFp8Tiny());
