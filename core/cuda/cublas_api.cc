@@ -1,10 +1,10 @@
-#include <dlfcn.h>
+#include "core/cuda/cublas_api.h"
 
 #include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/cuda/cublas_api.h"
+#include "core/cuda/shared_library.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -13,26 +13,14 @@ CublasApi api;
 absl::Status load_status = absl::UnknownError("not loaded");
 std::once_flag once;
 
-template <typename Fn>
-bool Resolve(void* library, const char* name, Fn* out) {
-  *out = reinterpret_cast<Fn>(dlsym(library, name));
-  return *out != nullptr;
-}
-
 void Load() {
   const std::string soname = absl::StrCat("libcublas.so.", CUBLAS_VER_MAJOR);
-  // The loader's search path first (LD_LIBRARY_PATH, ld.so.conf), then the toolkit this
-  // binary was built against.
-  void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    library =
-        dlopen(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/", soname).c_str(), RTLD_NOW | RTLD_LOCAL);
-  }
-  if (library == nullptr) {
-    load_status = absl::FailedPreconditionError(
-        absl::StrCat("cannot load cuBLAS (", soname, "): ", dlerror()));
+  absl::StatusOr<void*> opened = OpenCudaLibrary(soname, GLM_CUDA_LIBRARY_DIR, "cuBLAS");
+  if (!opened.ok()) {
+    load_status = opened.status();
     return;
   }
+  void* library = *opened;
   const bool ok = Resolve(library, "cublasCreate_v2", &api.create) &&
                   Resolve(library, "cublasDestroy_v2", &api.destroy) &&
                   Resolve(library, "cublasSetStream_v2", &api.set_stream) &&

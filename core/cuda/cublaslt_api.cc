@@ -1,11 +1,10 @@
 #include "core/cuda/cublaslt_api.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/shared_library.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -14,25 +13,14 @@ CublasLtApi api;
 absl::Status load_status = absl::UnknownError("not loaded");
 std::once_flag once;
 
-template <typename Fn>
-bool Resolve(void* library, const char* name, Fn* out) {
-  *out = reinterpret_cast<Fn>(dlsym(library, name));
-  return *out != nullptr;
-}
-
 void Load() {
   const std::string soname = absl::StrCat("libcublasLt.so.", CUBLAS_VER_MAJOR);
-  // The loader's search path first, then the toolkit this binary was built against.
-  void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    library =
-        dlopen(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/", soname).c_str(), RTLD_NOW | RTLD_LOCAL);
-  }
-  if (library == nullptr) {
-    load_status = absl::FailedPreconditionError(
-        absl::StrCat("cannot load cuBLASLt (", soname, "): ", dlerror()));
+  absl::StatusOr<void*> opened = OpenCudaLibrary(soname, GLM_CUDA_LIBRARY_DIR, "cuBLASLt");
+  if (!opened.ok()) {
+    load_status = opened.status();
     return;
   }
+  void* library = *opened;
   const bool ok = Resolve(library, "cublasLtCreate", &api.create) &&
                   Resolve(library, "cublasLtDestroy", &api.destroy) &&
                   Resolve(library, "cublasLtMatmulDescCreate", &api.desc_create) &&
