@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
+#include "core/aligned_vector.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
 
@@ -29,15 +30,16 @@ namespace {
 using glmserve::bench::Clock;
 using glmserve::bench::Since;
 
-std::vector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
+glmserve::AlignedVector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 0.02f);
-  std::vector<uint16_t> v(n);
+  glmserve::AlignedVector<uint16_t> v(n);
   for (uint16_t& x : v) x = glmserve::FloatToBf16(dist(rng));
   return v;
 }
 
-glmserve::Matrix Bf16Matrix(const std::vector<uint16_t>& data, int64_t rows, int64_t cols) {
+glmserve::Matrix Bf16Matrix(const glmserve::AlignedVector<uint16_t>& data, int64_t rows,
+                            int64_t cols) {
   glmserve::Matrix m;
   m.dtype = glmserve::DType::kBF16;
   m.rows = rows;
@@ -66,9 +68,9 @@ int main(int argc, char** argv) {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), n_experts = absl::GetFlag(FLAGS_experts);
   const int64_t m_expert = std::max<int64_t>(1, tokens * 8 / 128);
 
-  const std::vector<uint16_t> q_data = RandomBf16(q_dim * hidden, 1);
+  const glmserve::AlignedVector<uint16_t> q_data = RandomBf16(q_dim * hidden, 1);
   const glmserve::Matrix q = Bf16Matrix(q_data, q_dim, hidden);
-  std::vector<std::vector<uint16_t>> expert_data;
+  std::vector<glmserve::AlignedVector<uint16_t>> expert_data;
   std::vector<glmserve::Matrix> expert_w;
   expert_data.reserve(3 * n_experts);
   for (int64_t e = 0; e < n_experts; ++e) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/aligned_vector.h"
 #include "core/ops/linear.h"
 
 #if defined(__x86_64__)
@@ -53,13 +54,29 @@ int64_t AmxPackedSize(int64_t m, int64_t k) {
   return (m + kAmxTileRows - 1) / kAmxTileRows * Chunks(k) * kAmxTileElems;
 }
 
-void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin, int64_t row_end,
-                        uint16_t* out) {
-  (void)m;
+void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out) {
   const int64_t chunks = Chunks(k);
-  for (int64_t i = row_begin; i < row_end; ++i) {
-    const float* row = x + i * k;
-    for (int64_t j = 0; j < k; ++j) out[PackedIndex(i, j, chunks)] = FloatToBf16(row[j]);
+  // Tile (block, kc) element (i, 32 kc + 2p + j) sits at pair row p, slot 2i + j: one row's 32
+  // values of a chunk are 16 pairs spread over the tile's 16 pair rows, written as uint32.
+  uint32_t* tiles = reinterpret_cast<uint32_t*>(out + block * chunks * kAmxTileElems);
+  thread_local std::vector<uint16_t> row;  // one row rounded, zero-padded to whole chunks
+  row.resize(chunks * kAmxTileK);
+  for (int64_t i = 0; i < kAmxTileRows; ++i) {
+    const int64_t r = block * kAmxTileRows + i;
+    if (r < m) {
+      const float* src = x + r * k;
+      for (int64_t j = 0; j < k; ++j) row[j] = FloatToBf16(src[j]);
+      std::fill(row.begin() + k, row.end(), uint16_t{0});
+    } else {
+      std::fill(row.begin(), row.end(), uint16_t{0});
+    }
+    for (int64_t kc = 0; kc < chunks; ++kc) {
+      uint32_t* tile = tiles + kc * (kAmxTileElems / 2) + i;
+      const uint16_t* v = row.data() + kc * kAmxTileK;
+      for (int64_t p = 0; p < kAmxTileK / 2; ++p) {
+        tile[p * kAmxTileRows] = uint32_t{v[2 * p]} | (uint32_t{v[2 * p + 1]} << 16);
+      }
+    }
   }
 }
 
@@ -129,7 +146,7 @@ struct ASource {
   alignas(64) uint16_t tail[kAmxTileElems];
 };
 
-void MakeSource(const Matrix& w, int64_t row0, std::vector<uint16_t>* padded, ASource* s) {
+void MakeSource(const Matrix& w, int64_t row0, AlignedVector<uint16_t>* padded, ASource* s) {
   const int64_t k_total = w.cols, rows = std::min<int64_t>(kAmxTileRows, w.rows - row0);
   const uint16_t* src = static_cast<const uint16_t*>(w.data) + row0 * k_total;
   s->ld = k_total;
@@ -217,7 +234,7 @@ void AmxBlockHardware(const AmxJob& job, int64_t nb) {
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
   const int nt = nn > kAmxTileRows ? 2 : 1;
   thread_local ASource a[2];
-  thread_local std::vector<uint16_t> padded[2];
+  thread_local AlignedVector<uint16_t> padded[2];
   for (int t = 0; t < nt; ++t) MakeSource(w, n0 + t * kAmxTileRows, &padded[t], &a[t]);
   const int64_t m_tiles = (job.m + kAmxTileRows - 1) / kAmxTileRows;
   const int64_t b_next = chunks * kAmxTileElems;  // from one activation tile to the next

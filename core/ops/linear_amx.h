@@ -12,11 +12,12 @@
 // Arithmetic of one TDPBF16PS, per C element (measured on an Intel Xeon of family 6 model 207,
 // Emerald Rapids, bit for bit, on millions of random tiles incl. subnormals, signed zeros,
 // infinities, NaNs and extreme exponents; docs/cpu_math.md; the emulation below defines the
-// mode, and linear_amx_test checks any AMX CPU it runs on against it): two fp32 chains over the 16 pairs in k order, the
-// even one e over products a[2p] b[2p] and the odd one o over a[2p+1] b[2p+1], each step one
-// fused multiply-add (one rounding, to nearest even) starting from +0; then c + (e + o), two
-// more roundings. bf16 subnormal inputs and a subnormal c read as zero (DAZ); every result is
-// flushed to zero when subnormal (FTZ), whatever MXCSR says. NaN payloads are not specified.
+// mode, and linear_amx_test checks any AMX CPU it runs on against it): two fp32 chains over the 16
+// pairs in k order, the even one e over products a[2p] b[2p] and the odd one o over a[2p+1]
+// b[2p+1], each step one fused multiply-add (one rounding, to nearest even) starting from +0; then
+// c + (e + o), two more roundings. bf16 subnormal inputs and a subnormal c read as zero (DAZ);
+// every result is flushed to zero when subnormal (FTZ), whatever MXCSR says. NaN payloads are not
+// specified.
 //
 // Order per output element: C starts at +0 and takes the 32-wide K chunks kc = 0, 1, ... in
 // order (the last padded with +0), then the bias is added. That depends only on K: never on
@@ -46,11 +47,11 @@ inline constexpr int64_t kAmxTileElems = kAmxTileRows * kAmxTileK;  // 512 bf16 
 // Elements of the packed B operand for m activation rows of width k: one 1 KiB tile per
 // (16-row block, 32-wide K chunk).
 int64_t AmxPackedSize(int64_t m, int64_t k);
-// Rounds x [m, k] to bf16 (FloatToBf16) and packs rows [row_begin, row_end) into
-// out [ceil(m/16)][ceil(k/32)][16 pairs][16 rows][2]; padding stays as the caller set it
-// (zero-fill `out` once first). Elementwise, so any split of rows gives the same bits.
-void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t row_begin, int64_t row_end,
-                        uint16_t* out);
+// Rounds x [m, k] to bf16 (FloatToBf16) and packs the 16-row block `block` (rows
+// [16 block, 16 block + 16)) into out [ceil(m/16)][ceil(k/32)][16 pairs][16 rows][2], padding
+// included: rows past m and columns past k are written as +0. Elementwise, so any split of
+// blocks gives the same bits.
+void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out);
 
 // kBf16Amx on one bf16 matrix. xp: the packed activations (PackAmxActivations).
 struct AmxJob {

@@ -271,6 +271,43 @@ TEST(LinearAmx, ManyJobsMatchSingleCallsAndNonBf16WeightsStayExact) {
   EXPECT_LT(RelativeError(a, bf16), 1e-5);
 }
 
+// The packed activations live in a per-thread arena reused from call to call (linear.cc),
+// never cleared: the packing must write every padding zero itself. A call that leaves large
+// values (and NaNs) in the arena is followed by smaller ones whose padding rows and K tail
+// fall where those values were; each must equal the emulation, which packs nothing.
+TEST(LinearAmx, ReusedScratchLeavesNoStaleValuesInThePadding) {
+  const int64_t n = 40, k = 77;  // K tail of 13 in the last chunk
+  std::vector<float> big = RandomVector(64 * 200, 61, 1e30f);
+  for (size_t i = 0; i < big.size(); i += 7) big[i] = std::nanf("");
+  const std::vector<uint16_t> w_big_data = ToBf16(RandomVector(n * 200, 62, 0.05f));
+  const Matrix w_big{DType::kBF16, n, 200, w_big_data.data()};
+  const std::vector<uint16_t> wb = ToBf16(RandomVector(n * k, 63, 0.05f));
+  const Matrix w{DType::kBF16, n, k, wb.data()};
+  for (int64_t m : {1, 5, 17}) {
+    std::vector<float> scratch(64 * n);
+    Linear(big.data(), 64, w_big, nullptr, scratch.data(), CpuMath::kBf16Amx);
+    const std::vector<float> x = RandomVector(m * k, 64 + m);
+    std::vector<float> got(m * n);
+    Linear(x.data(), m, w, nullptr, got.data(), CpuMath::kBf16Amx);
+    // The reference packs nothing: one emulated tile product per K chunk, the weight row as
+    // A row 0 and the activation row as B column 0, everything else +0.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t r = 0; r < n; ++r) {
+        float c[256] = {};
+        for (int64_t k0 = 0; k0 < k; k0 += 32) {
+          uint16_t a[512] = {}, b[512] = {};
+          for (int64_t j = 0; j < 32 && k0 + j < k; ++j) {
+            a[j] = wb[r * k + k0 + j];
+            b[(j / 2) * 32 + j % 2] = FloatToBf16(x[i * k + k0 + j]);
+          }
+          internal::AmxTileDpEmulated(c, a, b);
+        }
+        ASSERT_EQ(Bits(got[i * n + r]), Bits(c[0])) << "m " << m << " row " << i << " out " << r;
+      }
+    }
+  }
+}
+
 TEST(LinearAmx, ParsesAndNamesTheMode) {
   EXPECT_EQ(*ParseCpuMath("bf16_amx"), CpuMath::kBf16Amx);
   EXPECT_STREQ(CpuMathName(CpuMath::kBf16Amx), "bf16_amx");

@@ -1,0 +1,40 @@
+// std::vector storage on 64-byte (cache-line) boundaries.
+//
+// Why: an AMX tile load reads 16 rows of 64 bytes; a row that straddles two cache lines costs
+// two L1 accesses, and on the Xeons measured (docs/performance.md) a misaligned operand made
+// the whole tile loop ~3x slower. malloc only promises 16 bytes, so buffers that kernels read
+// as tiles or full vectors (packed activations, padded weight rows) use this allocator.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <vector>
+
+namespace glmserve {
+
+inline constexpr std::size_t kCacheLine = 64;
+
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding is implicit
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{kCacheLine}));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{kCacheLine}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const {
+    return false;
+  }
+};
+
+template <typename T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
+}  // namespace glmserve
