@@ -199,6 +199,18 @@ int main(int argc, char** argv) {
         : bf16_math ? "bf16 dot"
                     : "fp32 FMA",
         peak > 0 ? prefill_gflops / peak : 0.0);
+    // The prefill's roofline: it must both do its FLOPs and read every weight it touches
+    // once (a 128-token prompt reaches nearly every expert), so its least possible time is
+    // the larger of the two; which one binds says where the mode stands.
+    const double t_compute = peak > 0 ? prefill_cost.flops / (peak * 1e9) : 0.0;
+    const double prefill_gb = (prefill_cost.weight_bytes + prefill_cost.kv_bytes) / 1e9;
+    const double t_read = prefill_gb / limits.read_gbs;
+    const double t_floor = std::max(t_compute, t_read);
+    std::printf(
+        "| %s | prefill %d roofline | %.3f s | | %.2f GB read, %.0f GFLOP | %.3f s (%s-bound; "
+        "compute %.3f s, read %.3f s) | %.2f |\n",
+        mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
+        t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
     const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
         model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;

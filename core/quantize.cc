@@ -20,6 +20,15 @@ absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
       absl::StrCat("weight dtype '", name.substr(0, 64), "' is not one of stored, int8"));
 }
 
+absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math) {
+  if (quant == WeightQuant::kInt8 && math == CpuMath::kExact) {
+    return absl::InvalidArgumentError(
+        "--weight_dtype=int8 is a choice within the approximate arithmetic: pass "
+        "--cpu_math=bf16 (or bf16_amx) with it");
+  }
+  return absl::OkStatus();
+}
+
 float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q) {
   float amax = 0;
   bool finite = true;

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/ops/linear.h"
 #include "core/weights.h"
 
 namespace glmserve {
@@ -19,6 +20,11 @@ enum class WeightQuant { kStored, kInt8 };
 const char* WeightQuantName(WeightQuant q);  // "stored" or "int8"
 // "stored" or "int8"; INVALID_ARGUMENT naming the accepted values otherwise.
 absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name);
+// The one rule for combining the two flags: int8 weights are a choice within the approximate
+// arithmetic (--cpu_math=bf16 or bf16_amx; the int8 matrices run their own int32-dot kernel in
+// either, the unquantized ones the mode's), never a silent change of the exact mode.
+// INVALID_ARGUMENT naming the fix otherwise.
+absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
 
 // kInt8: quantizes every linear layer's matrix (q/k/v/o, dense FFN, experts, shared expert;
 // and lm_head unless it is a view of the embedding) to WeightFormat::kInt8Groups, in parallel;

@@ -55,7 +55,7 @@ ABSL_FLAG(std::string, fp8_tensor_cores, "off",
           "(docs/cuda.md)");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
-          "32 with fp32 scales; CPU backend, needs --cpu_math=bf16)");
+          "32 with fp32 scales; CPU backend, needs --cpu_math=bf16 or bf16_amx)");
 ABSL_FLAG(std::string, layers, "", "serve only layers BEGIN:END of the model (default: all)");
 ABSL_FLAG(std::string, address, "127.0.0.1",
           "address to listen on (0.0.0.0 or :: for every interface, e.g. in a container)");
@@ -336,10 +336,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<glmserve::WeightQuant> quant =
       glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype));
   if (!quant.ok()) return BadFlag(quant.status());
-  if (*quant == glmserve::WeightQuant::kInt8 && *cpu_math != glmserve::CpuMath::kBf16) {
-    return BadFlag(
-        absl::InvalidArgumentError("--weight_dtype=int8 is a choice within the approximate "
-                                   "arithmetic: pass --cpu_math=bf16 with it"));
+  if (absl::Status s = glmserve::CheckWeightQuantMath(*quant, *cpu_math); !s.ok()) {
+    return BadFlag(s);
   }
   absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
   if (!span.ok()) return BadFlag(span.status());

@@ -42,7 +42,7 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, Intel AMX "
           "tile order); see docs/cpu_math.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
-          "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16)");
+          "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16 or bf16_amx)");
 ABSL_FLAG(std::string, save, "",
           "write the loaded model (e.g. a preset's seeded random weights in --dtype) to this "
           "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
@@ -92,11 +92,7 @@ absl::Status Run() {
                    glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
   ASSIGN_OR_RETURN(const glmserve::WeightQuant quant,
                    glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
-  if (quant == glmserve::WeightQuant::kInt8 && math != glmserve::CpuMath::kBf16) {
-    return absl::InvalidArgumentError(
-        "--weight_dtype=int8 is a choice within the approximate arithmetic: pass --cpu_math=bf16 "
-        "with it");
-  }
+  RETURN_IF_ERROR(glmserve::CheckWeightQuantMath(quant, math));
   ASSIGN_OR_RETURN(const glmserve::KvCacheDType kv_dtype,
                    glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);

@@ -107,6 +107,13 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   EXPECT_EQ(*ParseWeightQuant("int8"), WeightQuant::kInt8);
   EXPECT_EQ(*ParseWeightQuant("stored"), WeightQuant::kStored);
   EXPECT_EQ(ParseWeightQuant("int4").status().code(), absl::StatusCode::kInvalidArgument);
+  // int8 with the approximate arithmetic only (both bf16 modes), never a silent change of exact.
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kBf16).ok());
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kBf16Amx).ok());
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kStored, CpuMath::kExact).ok());
+  const absl::Status exact = CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kExact);
+  EXPECT_EQ(exact.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(exact.message().find("--cpu_math=bf16 (or bf16_amx)"), std::string::npos);
 }
 
 // Accuracy against the Transformers goldens: prompt logits against the reference's fp32

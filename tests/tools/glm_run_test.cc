@@ -92,6 +92,16 @@ TEST(GlmRunTest, EveryCpuMathModeReproducesTheBf16GoldenGreedy) {
       << q8.output;
   EXPECT_NE(q8.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
       << q8.output;
+  // The int8 matrices run their own kernel in either bf16 mode: with bf16_amx the same
+  // greedy tokens, and the compute string names both.
+  const RunResult q8_amx =
+      RunGlmRun(absl::StrCat("--model=", dir, " --cpu_math=bf16_amx --weight_dtype=int8 --prompt=",
+                             absl::StrJoin(prompt, ","), " --max_new_tokens=", greedy.size()));
+  ASSERT_EQ(q8_amx.exit_code, 0) << q8_amx.output;
+  EXPECT_NE(q8_amx.output.find("cpu math bf16_amx"), std::string::npos) << q8_amx.output;
+  EXPECT_NE(q8_amx.output.find("weights int8"), std::string::npos) << q8_amx.output;
+  EXPECT_NE(q8_amx.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
+      << q8_amx.output;
   const RunResult q8_exact = RunGlmRun("--model=tiny --weight_dtype=int8");
   EXPECT_NE(q8_exact.exit_code, 0);
   EXPECT_NE(q8_exact.output.find("pass --cpu_math=bf16"), std::string::npos) << q8_exact.output;
