@@ -9,6 +9,7 @@
 #include "core/ops/linear.h"
 #include "core/ops/norm.h"
 #include "core/status_macros.h"
+#include "core/weight_align.h"
 
 namespace glmserve {
 
@@ -17,6 +18,9 @@ CpuModel::CpuModel(ModelWeights weights, CpuMath math)
       math_(math),
       rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
       router_(RouterParams::FromConfig(weights_.config)) {
+  // The AMX kernel reads weights in place as tiles, which must sit on cache lines
+  // (core/weight_align.h); a checkpoint's tensors usually do not.
+  if (math_ == CpuMath::kBf16Amx) AlignLinearMatrices(&weights_);
   const ModelConfig& c = weights_.config;
   if (!c.is_mla()) return;
   mla_shape_.heads = c.num_attention_heads;

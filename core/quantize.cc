@@ -68,24 +68,7 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
   if (weights->linear_format != WeightFormat::kDense) {
     return absl::FailedPreconditionError("weights are already quantized");
   }
-  std::vector<Matrix*> matrices;
-  for (LayerWeights& l : weights->layers) {
-    AttentionWeights& a = l.attn;
-    for (Matrix* m : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) matrices.push_back(m);
-    std::vector<FfnWeights*> ffns;
-    if (l.is_moe) {
-      for (FfnWeights& e : l.moe.experts) ffns.push_back(&e);
-      if (l.moe.has_shared()) ffns.push_back(&l.moe.shared);
-    } else {
-      ffns.push_back(&l.dense);
-    }
-    for (FfnWeights* f : ffns) {
-      for (Matrix* m : {&f->gate, &f->up, &f->down}) matrices.push_back(m);
-    }
-  }
-  if (weights->has_head() && weights->lm_head.data != weights->embed_tokens.data) {
-    matrices.push_back(&weights->lm_head);
-  }
+  std::vector<Matrix*> matrices = weights->LinearMatrices();
   // One buffer for all: [q of every matrix][scales of every matrix], each part 64-byte aligned.
   auto align = [](int64_t n) { return (n + 63) / 64 * 64; };
   int64_t total = 0;

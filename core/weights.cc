@@ -42,4 +42,26 @@ int64_t ModelWeights::ParameterBytes() const {
   return total;
 }
 
+std::vector<Matrix*> ModelWeights::LinearMatrices() {
+  std::vector<Matrix*> matrices;
+  auto add = [&](Matrix* m) {
+    if (!m->empty()) matrices.push_back(m);
+  };
+  for (LayerWeights& l : layers) {
+    for (Matrix* m : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) add(m);
+    std::vector<FfnWeights*> ffns;
+    if (l.is_moe) {
+      for (FfnWeights& e : l.moe.experts) ffns.push_back(&e);
+      if (l.moe.has_shared()) ffns.push_back(&l.moe.shared);
+    } else {
+      ffns.push_back(&l.dense);
+    }
+    for (FfnWeights* f : ffns) {
+      for (Matrix* m : {&f->gate, &f->up, &f->down}) add(m);
+    }
+  }
+  if (has_head() && lm_head.data != embed_tokens.data) add(&lm_head);
+  return matrices;
+}
+
 }  // namespace glmserve

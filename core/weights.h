@@ -181,6 +181,9 @@ struct ModelWeights {
   bool has_head() const { return !lm_head.empty(); }
   // Bytes of every matrix and vector this span holds (tied lm_head counted once).
   int64_t ParameterBytes() const;
+  // The linear layers' matrices: q/k/v/o, the dense FFN, every expert and the shared one, and
+  // lm_head unless it is a view of the embedding; empty ones (another attention form's) left out.
+  std::vector<Matrix*> LinearMatrices();
 };
 
 }  // namespace glmserve
