@@ -18,10 +18,13 @@
 #include "core/ops/mla.h"
 #include "core/weight_layout.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/all_logits.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
 namespace {
+
+using testing::AllLogits;
 
 using Json = nlohmann::json;
 
@@ -44,22 +47,6 @@ void Dequantize(ModelWeights* w) {
     w->storage.push_back(values);
   }
   w->linear_format = WeightFormat::kDense;
-}
-
-std::vector<float> AllLogits(CpuModel& model, const std::vector<int32_t>& ids) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  KvCache cache(model.CacheShape((n + 3) / 4, 4));
-  BlockTable table;
-  EXPECT_TRUE(cache.Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  absl::Status s = model.Forward(batch, &cache, options, &result);
-  EXPECT_TRUE(s.ok()) << s;
-  return result.logits;
 }
 
 // Longer than tiny-glm5's index_topk (8), so the sparse selection runs too.

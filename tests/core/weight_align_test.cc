@@ -10,6 +10,7 @@
 
 #include "core/checkpoint.h"
 #include "core/model.h"
+#include "tests/core/all_logits.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -27,22 +28,6 @@ void Misalign(ModelWeights* weights) {
     m->data = base;
     weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
   }
-}
-
-std::vector<float> Forward(CpuModel& model, const std::vector<int32_t>& prompt) {
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  KvCache cache(model.CacheShape((n + 3) / 4, 4));
-  BlockTable table;
-  EXPECT_TRUE(cache.Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = prompt;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  const absl::Status status = model.Forward(batch, &cache, options, &result);
-  EXPECT_TRUE(status.ok()) << status;
-  return result.logits;
 }
 
 TEST(WeightAlign, CopiesMisalignedMatricesOnceWithTheirValues) {
@@ -83,9 +68,9 @@ TEST(WeightAlign, Bf16AmxModelAlignsAtLoadWithIdenticalLogits) {
   CpuModel got(*std::move(shifted), CpuMath::kBf16Amx);
   ModelWeights view = got.weights();  // a shallow copy: the same matrices' data
   for (const Matrix* m : view.LinearMatrices()) EXPECT_TRUE(Aligned(m->data));
-  const std::vector<float> logits = Forward(got, prompt);
+  const std::vector<float> logits = testing::AllLogits(got, prompt);
   ASSERT_FALSE(logits.empty());
-  EXPECT_EQ(logits, Forward(want, prompt));
+  EXPECT_EQ(logits, testing::AllLogits(want, prompt));
 
   absl::StatusOr<ModelWeights> exact_weights = LoadCheckpoint(testing::GoldenDir("bf16"));
   ASSERT_TRUE(exact_weights.ok());

@@ -1,0 +1,34 @@
+// Test helper: the logits of every token of a prompt, from one forward over a fresh cache.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/model_runner.h"
+
+namespace glmserve::testing {
+
+// [ids.size(), vocab] logits of `ids` run as one prefill through `runner` (any backend); an
+// empty vector, with a test failure, if the cache or the forward is refused.
+inline std::vector<float> AllLogits(ModelRunner& runner, const std::vector<int32_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  absl::StatusOr<std::unique_ptr<KvCache>> cache = runner.CreateCache(n / 4 + 2, 4);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  if (!cache.ok()) return {};
+  BlockTable table;
+  EXPECT_TRUE((*cache)->Reserve(&table, n).ok());
+  ForwardBatch batch;
+  batch.sequences = {{n, 0, &table}};
+  batch.token_ids = ids;
+  ForwardOptions options;
+  options.logits = LogitsRows::kAll;
+  ForwardResult result;
+  const absl::Status s = runner.Forward(batch, cache->get(), options, &result);
+  EXPECT_TRUE(s.ok()) << s;
+  return result.logits;
+}
+
+}  // namespace glmserve::testing
