@@ -269,7 +269,7 @@ class CudaModel final : public ModelRunner {
   bool fp8_fallback_logged_ = false;
   int64_t fp8_max_cols_ = 0;      // widest FP8 matrix (k of its GEMMs)
   int64_t fp8_scratch_rows_ = 0;  // activation rows the scratch holds
-  DeviceBuffer fp8_scratch_;      // x codes [rows, fp8_max_cols_], then x scales [rows]
+  DeviceBuffer fp8_scratch_;      // x codes [rows, fp8_max_cols_], then x scales [G, rows]
   uint8_t* fp8_x_codes_ = nullptr;
   float* fp8_x_scales_ = nullptr;
   int64_t fp8_tc_gemms_ = 0;
