@@ -565,6 +565,41 @@ TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   EXPECT_EQ((*tc)->fp8_tensor_core_gemms(), before);
 }
 
+// Prompts whose token count is not a multiple of 4 (23: cuBLASLt takes 20 rows, the last 3
+// go through the quantizing GEMV) and a cuBLASLt without the block-scaled modes
+// (EMU_CUBLASLT_BLOCK=0: every prefill GEMM then runs as quantized GEMV passes, logged once):
+// the same activation arithmetic, so the logits agree to the fp32 summation order (then
+// bf16-rounded GEMM inputs downstream: bound 1e-2, the prefill / decode contract's).
+TEST_F(Fp8GemmCuda, TailRowsAndTheDeclinedFallbackKeepTheArithmetic) {
+  if (!Emulated()) GTEST_SKIP() << "EMU_CUBLASLT_BLOCK is the emulated cuBLASLt's switch";
+  absl::StatusOr<std::unique_ptr<CudaModel>> tc = CudaModel::Create(RandomFp8Tiny());
+  ASSERT_TRUE(tc.ok()) << tc.status();
+  (*tc)->set_fp8_tensor_cores(true);
+  const std::vector<float> a = PromptLogits(**tc, 23);
+  EXPECT_GT((*tc)->fp8_tensor_core_gemms(), 0);
+  std::vector<float> b;
+  int64_t tc_gemms = -1, fallback = -1;
+  {
+    ScopedEnv no_block("EMU_CUBLASLT_BLOCK", "0");
+    absl::StatusOr<std::unique_ptr<CudaModel>> lt = CudaModel::Create(RandomFp8Tiny());
+    ASSERT_TRUE(lt.ok()) << lt.status();
+    (*lt)->set_fp8_tensor_cores(true);
+    ::testing::internal::CaptureStderr();
+    b = PromptLogits(**lt, 23);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("no FP8 algorithm"), std::string::npos) << log;
+    EXPECT_EQ(log.find("logged once"), log.rfind("logged once")) << "one line: " << log;
+    tc_gemms = (*lt)->fp8_tensor_core_gemms();
+    fallback = (*lt)->fp8_cuda_core_gemms();
+  }
+  EXPECT_EQ(tc_gemms, 0);
+  EXPECT_GT(fallback, 0);
+  const double rel = RelativeError(a, b);
+  std::printf("tiny-fp8, 23 tokens: tensor cores (20 rows + 3 GEMV rows) vs declined fallback %.2e\n",
+              rel);
+  EXPECT_LT(rel, 1e-2);
+}
+
 // The FP8 golden fixtures with tensor cores on, against the Transformers reference. Both
 // forms' prefill runs on tensor cores now (activations e4m3 per 1x128 group, about 2.5e-2 per
 // GEMM, compounding over the layers), measured 0.075 (fp8_channel_fp32) and 0.139
