@@ -57,8 +57,10 @@ absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> Fp8TensorCoreGemm::Create(int
   GLM_CUBLAS_RETURN_IF_ERROR(lt.pref_set(g->pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &workspace, sizeof workspace));
   GLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&g->workspace_, kWorkspaceBytes));
-  GLM_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&g->ones_), kMaxScaleFloats * sizeof(float)));
-  GLM_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&g->padded_), kMaxScaleFloats * sizeof(float)));
+  GLM_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&g->ones_), kMaxScaleFloats * sizeof(float)));
+  GLM_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&g->padded_), kMaxScaleFloats * sizeof(float)));
   const std::vector<float> ones(kMaxScaleFloats, 1.f);
   GLM_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(g->ones_, ones.data(), kMaxScaleFloats * sizeof(float), cudaMemcpyHostToDevice));
@@ -118,8 +120,8 @@ absl::Status Fp8TensorCoreGemm::Run(const uint16_t* x, int64_t m, const Fp8Devic
                         " (the block-scaled matmul takes 128x128 blocks)");
     return absl::OkStatus();
   }
-  if (k <= 0 || k % 16 != 0 || m % 4 != 0 || n % 4 != 0 || m > std::numeric_limits<int32_t>::max() || n > kMaxDim ||
-      k > kMaxDim || y_ld < n) {
+  if (k <= 0 || k % 16 != 0 || m % 4 != 0 || n % 4 != 0 ||
+      m > std::numeric_limits<int32_t>::max() || n > kMaxDim || k > kMaxDim || y_ld < n) {
     *why = absl::StrCat("shape m ", m, ", n ", n, ", k ", k,
                         " (k must be a multiple of 16, m and n of 4, n and k at most 65536)");
     return absl::OkStatus();

@@ -77,8 +77,8 @@ class Fp8TensorCoreGemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatmulPreference_t pref_ = nullptr;
   void* workspace_ = nullptr;  // device memory, kWorkspaceBytes
-  float* ones_ = nullptr;    // kMaxScaleFloats ones: the per-channel form's A block scales
-  float* padded_ = nullptr;  // kMaxScaleFloats: block scales with a k stride padded to 4
+  float* ones_ = nullptr;      // kMaxScaleFloats ones: the per-channel form's A block scales
+  float* padded_ = nullptr;    // kMaxScaleFloats: block scales with a k stride padded to 4
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
 };
 

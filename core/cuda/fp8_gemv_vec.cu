@@ -112,9 +112,8 @@ __device__ __forceinline__ void WriteRows(const Fp8DeviceMatrix& w, int64_t row0
 
 template <typename XT>
 __global__ void __launch_bounds__(kVecThreads)
-    Fp8GemvVecKernel(const XT* __restrict__ x, const float* __restrict__ x_scales,
-                     int64_t scale_ld, int m, Fp8DeviceMatrix w, float* __restrict__ y,
-                     int64_t y_ld) {
+    Fp8GemvVecKernel(const XT* __restrict__ x, const float* __restrict__ x_scales, int64_t scale_ld,
+                     int m, Fp8DeviceMatrix w, float* __restrict__ y, int64_t y_ld) {
   const bool per_channel = w.block_rows == 1 && w.block_cols >= w.cols;
   const int64_t row0 =
       (static_cast<int64_t>(blockIdx.x) * kVecWarps + (threadIdx.x >> 5)) * kRowsPerWarp;

@@ -105,8 +105,8 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
     // Tensor cores on: the decode GEMV multiplies the same e4m3 activation codes as the
     // prefill GEMM (docs/cuda.md "One activation arithmetic"), so a token's logits do not
     // depend on whether it was computed in a prefill chunk or a decode step.
-    GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_,
-                                                     rows, stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, rows, stream_.get()));
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchFp8GemvVecQ(fp8_x_codes_, fp8_x_scales_, rows, rows, w, y, y_ld, stream_.get()));
     return absl::OkStatus();
@@ -153,12 +153,12 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
                      why.c_str());
       }
       ++fp8_fallback_gemms_;
-      GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_,
-                                                       fp8_x_scales_, rows, stream_.get()));
+      GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_,
+                                                       rows, stream_.get()));
       for (int64_t i0 = 0; i0 < rows; i0 += kFp8GemvMaxRows) {
-        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(
-            fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0, rows,
-            std::min(kFp8GemvMaxRows, rows - i0), w, y + i0 * y_ld, y_ld, stream_.get()));
+        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0,
+                                                   rows, std::min(kFp8GemvMaxRows, rows - i0), w,
+                                                   y + i0 * y_ld, y_ld, stream_.get()));
       }
       return absl::OkStatus();
     }

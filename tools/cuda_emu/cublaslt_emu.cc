@@ -96,12 +96,10 @@ bool DeviceIs90() {
 // Floats a block-mode scale tensor spans for an outer dimension `outer` (M or N) and k.
 size_t BlockScaleFloats(int32_t mode, int64_t outer, int64_t k) {
   const int64_t l = (k + 127) / 128, l4 = (l + 3) / 4 * 4;
-  return static_cast<size_t>(mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-                                 ? outer * l
-                                 : ((outer + 127) / 128) * l4);
+  return static_cast<size_t>(
+      mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? outer * l : ((outer + 127) / 128) * l4);
 }
-float BlockScale(const float* s, int32_t mode, int64_t outer_dim, int64_t i, int64_t b,
-                 int64_t k) {
+float BlockScale(const float* s, int32_t mode, int64_t outer_dim, int64_t i, int64_t b, int64_t k) {
   const int64_t l = (k + 127) / 128, l4 = (l + 3) / 4 * 4;
   return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? s[b * outer_dim + i]
                                                          : s[(i / 128) * l4 + b];
@@ -249,8 +247,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   const bool block = BlockModes(*desc);
-  if (block && (desc->a_scale == nullptr || desc->b_scale == nullptr ||
-                !Aligned16(desc->a_scale) || !Aligned16(desc->b_scale))) {
+  if (block && (desc->a_scale == nullptr || desc->b_scale == nullptr || !Aligned16(desc->a_scale) ||
+                !Aligned16(desc->b_scale))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const auto span = [](const EmuLtLayout& l) {

@@ -186,9 +186,8 @@ std::vector<float> HostFp32ActProduct(const std::vector<float>& x, int64_t m,
     for (int64_t c = 0; c < n; ++c) {
       double f = 0;
       for (int64_t l = 0; l < k; ++l) {
-        f += x[i * k + l] *
-             static_cast<double>(E4m3ToFloat(w_codes[c * k + l]) *
-                                 WeightScale(w_scales, k, block, c, l));
+        f += x[i * k + l] * static_cast<double>(E4m3ToFloat(w_codes[c * k + l]) *
+                                                WeightScale(w_scales, k, block, c, l));
       }
       y[i * n + c] = static_cast<float>(f);
     }
@@ -201,9 +200,9 @@ std::vector<float> HostFp32ActProduct(const std::vector<float>& x, int64_t m,
 TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  for (const Shape s : {Shape{8, 48, 64, 48, 0}, Shape{32, 40, 128, 64, 0},
-                        Shape{16, 132, 272, 160, 0}, Shape{12, 300, 272, 300, 128},
-                        Shape{8, 256, 400, 260, 128}, Shape{4, 48, 64, 48, 128}}) {
+  for (const Shape s :
+       {Shape{8, 48, 64, 48, 0}, Shape{32, 40, 128, 64, 0}, Shape{16, 132, 272, 160, 0},
+        Shape{12, 300, 272, 300, 128}, Shape{8, 256, 400, 260, 128}, Shape{4, 48, 64, 48, 128}}) {
     const std::vector<float> x = FromBf16(ToBf16(RandomVector(s.m * s.k, 5, 2.0f)));
     std::vector<uint8_t> w_codes;
     std::vector<float> w_scales;
@@ -211,9 +210,12 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
     DeviceBuffer dx = Upload(ToBf16(x)), dw = Upload(w_codes), dws = Upload(w_scales);
     DeviceBuffer dy = Poisoned<float>(s.m * s.y_ld);
     DeviceBuffer xc = Poisoned<uint8_t>(s.m * s.k), xs = Poisoned<float>(s.m * Fp8ActGroups(s.k));
-    const Fp8DeviceMatrix w{dw.as<uint8_t>(),  dws.as<float>(),
-                            s.n,               s.k,
-                            s.block == 0 ? 1 : s.block, s.block == 0 ? s.k : s.block};
+    const Fp8DeviceMatrix w{dw.as<uint8_t>(),
+                            dws.as<float>(),
+                            s.n,
+                            s.k,
+                            s.block == 0 ? 1 : s.block,
+                            s.block == 0 ? s.k : s.block};
     bool ran = false;
     std::string why;
     ASSERT_TRUE((*gemm)
@@ -239,8 +241,7 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
     const double vs_cpu = RelativeError(got, cpu);
     std::printf("m %lld n %lld k %lld %s: tensor-core FP8 vs fp32-activation FP8: %.4f\n",
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
-                static_cast<long long>(s.k), s.block == 0 ? "per-channel" : "128x128",
-                vs_cpu);
+                static_cast<long long>(s.k), s.block == 0 ? "per-channel" : "128x128", vs_cpu);
     EXPECT_LT(vs_cpu, 3e-2);
     EXPECT_GT(vs_cpu, 0) << "the activations must actually be quantized";
     // Columns past n of each y row (y_ld > n) are untouched.
@@ -409,15 +410,15 @@ TEST_F(Fp8GemmCuda, QuantizingGemvIsThePrefillArithmetic) {
     std::vector<float> w_scales;
     RandomFp8(n, k, 41, &w_codes, &w_scales, block);
     DeviceBuffer dw = Upload(w_codes), dws = Upload(w_scales);
-    const Fp8DeviceMatrix w{dw.as<uint8_t>(), dws.as<float>(), n,
-                            k, block == 0 ? 1 : block,     block == 0 ? k : block};
+    const Fp8DeviceMatrix w{dw.as<uint8_t>(),       dws.as<float>(),       n, k,
+                            block == 0 ? 1 : block, block == 0 ? k : block};
     ASSERT_TRUE(Fp8GemvVecQSupported(w));
     for (const int64_t m : {1, 3, 4, 8}) {
       const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 42 + m, 3.0f)));
       DeviceBuffer dx = Upload(ToBf16(x));
       DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m * 3);
-      ASSERT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(),
-                                        xs.as<float>(), m, nullptr),
+      ASSERT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(),
+                                        m, nullptr),
                 cudaSuccess);
       const int64_t y_ld = n + 4;  // a multiple of 4 floats, as the GEMM's output needs
       DeviceBuffer dy = Poisoned<float>(m * y_ld);
@@ -595,8 +596,8 @@ TEST_F(Fp8GemmCuda, TailRowsAndTheDeclinedFallbackKeepTheArithmetic) {
   EXPECT_EQ(tc_gemms, 0);
   EXPECT_GT(fallback, 0);
   const double rel = RelativeError(a, b);
-  std::printf("tiny-fp8, 23 tokens: tensor cores (20 rows + 3 GEMV rows) vs declined fallback %.2e\n",
-              rel);
+  std::printf(
+      "tiny-fp8, 23 tokens: tensor cores (20 rows + 3 GEMV rows) vs declined fallback %.2e\n", rel);
   EXPECT_LT(rel, 1e-2);
 }
 
@@ -652,8 +653,8 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
     }
     for (size_t k = 0; k < got.size(); ++k) {
       if (name == "fp8_channel_fp32" && k == 0) {
-        std::printf("[ %s ] after the prompt on tensor cores: %lld (reference %d)\n",
-                    name.c_str(), static_cast<long long>(got[k]), e.greedy[k]);
+        std::printf("[ %s ] after the prompt on tensor cores: %lld (reference %d)\n", name.c_str(),
+                    static_cast<long long>(got[k]), e.greedy[k]);
         continue;
       }
       EXPECT_EQ(got[k], e.greedy[k]) << name << (k == 0 ? " after the prompt" : " decode step ")
