@@ -45,8 +45,9 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     {"cuda_fp8_glm5", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5"},
-    // The same with tensor cores on: 128x128 block weights through cuBLASLt's block-scaled
-    // matmul (its FFN and experts; MLA's projections keep fp8_linear.cu's kernels).
+    // The same with tensor cores on: 128x128 block weights, quantized activations in its FFN
+    // and experts (cuBLASLt's block-scaled matmul, or quantized GEMV passes where it declines,
+    // e.g. unaligned MoE output slices); MLA's projections keep fp8_linear.cu's kernels.
     {"cuda_fp8_glm5_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5", CpuMath::kExact, false,
      true},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
