@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/checkpoint.h"
+#include "core/cuda/cublaslt_api.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
@@ -298,6 +299,74 @@ TEST_F(Fp8GemmCuda, DeclinesWhatItDoesNotServe) {
   // The output left as it was: nothing was enqueued.
   const std::vector<float> y = Download<float>(dy, m * n);
   EXPECT_TRUE(std::isnan(y[0]));
+}
+
+// The emulated cuBLASLt's block-scaled rules, which the tests above are verified against,
+// as the cuBLAS documentation states them: (A, B) scale modes (BLK128x128, VEC128),
+// (VEC128, BLK128x128) and (VEC128, VEC128) have an algorithm, (BLK128x128, BLK128x128) none;
+// M or N not a multiple of 4 none; a block mode with a non-FP8 operand none; a scale pointer
+// not 16-byte aligned is refused by cublasLtMatmul. Emulation only: on a GPU the library is
+// the real one (whose answers gpu_check.sh's FP8 tests exercise through the GEMM).
+TEST_F(Fp8GemmCuda, EmulatedCublasLtFollowsTheDocumentedBlockRules) {
+  if (!Emulated()) GTEST_SKIP() << "checks tools/cuda_emu's cuBLASLt";
+  ASSERT_TRUE(LoadCublasLt().ok());
+  const CublasLtApi& lt = CublasLt();
+  cublasLtHandle_t h = nullptr;
+  ASSERT_EQ(lt.create(&h), CUBLAS_STATUS_SUCCESS);
+  const auto found = [&](int32_t a_mode, int32_t b_mode, int64_t m, int64_t n,
+                         cudaDataType b_type) {
+    cublasLtMatmulDesc_t d = nullptr;
+    EXPECT_EQ(lt.desc_create(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode);
+    const int64_t k = 256;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, dl = nullptr;
+    lt.layout_create(&a, CUDA_R_8F_E4M3, k, m, k);
+    lt.layout_create(&b, b_type, k, n, k);
+    lt.layout_create(&dl, CUDA_R_32F, m, n, m);
+    cublasLtMatmulPreference_t p = nullptr;
+    lt.pref_create(&p);
+    cublasLtMatmulHeuristicResult_t r{};
+    int count = 0;
+    lt.heuristic(h, d, a, b, dl, dl, p, 1, &r, &count);
+    lt.pref_destroy(p);
+    lt.layout_destroy(a);
+    lt.layout_destroy(b);
+    lt.layout_destroy(dl);
+    lt.desc_destroy(d);
+    return count > 0;
+  };
+  constexpr int32_t kVec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  constexpr int32_t kBlk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  EXPECT_TRUE(found(kBlk, kVec, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_TRUE(found(kVec, kBlk, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_TRUE(found(kVec, kVec, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_FALSE(found(kBlk, kBlk, 32, 16, CUDA_R_8F_E4M3)) << "not a documented combination";
+  EXPECT_FALSE(found(kBlk, kVec, 30, 16, CUDA_R_8F_E4M3)) << "M must be a multiple of 4";
+  EXPECT_FALSE(found(kBlk, kVec, 32, 18, CUDA_R_8F_E4M3)) << "N must be a multiple of 4";
+  EXPECT_FALSE(found(kBlk, kVec, 32, 16, CUDA_R_16BF)) << "block scaling is for FP8 tensors";
+  lt.destroy(h);
+  // cublasLtMatmul with a scale pointer off 16 bytes: through the GEMM, a weight whose block
+  // scales start 4 bytes into their buffer is declined before the call (not 256-aligned
+  // operands), so nothing reaches the library misaligned.
+  absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  DeviceBuffer dx = Upload(ToBf16(RandomVector(8 * 256, 3))), dw = Upload(std::vector<uint8_t>(
+                                                                   32 * 256, 0x30));
+  DeviceBuffer ds = Upload(std::vector<float>(8, 1.f)), dy = Poisoned<float>(8 * 32);
+  DeviceBuffer xc = Poisoned<uint8_t>(8 * 256), xs = Poisoned<float>(8 * 2);
+  const Fp8DeviceMatrix off{dw.as<uint8_t>(), ds.as<float>() + 1, 32, 256, 128, 128};
+  bool ran = true;
+  std::string why;
+  ASSERT_TRUE((*gemm)
+                  ->Run(dx.as<uint16_t>(), 8, off, dy.as<float>(), 32, xc.as<uint8_t>(),
+                        xs.as<float>(), nullptr, &ran, &why)
+                  .ok());
+  EXPECT_FALSE(ran);
+  EXPECT_NE(why.find("aligned"), std::string::npos) << why;
 }
 
 // The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) against a float64 host product of the
