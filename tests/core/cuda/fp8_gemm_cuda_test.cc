@@ -354,8 +354,8 @@ TEST_F(Fp8GemmCuda, EmulatedCublasLtFollowsTheDocumentedBlockRules) {
   // operands), so nothing reaches the library misaligned.
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  DeviceBuffer dx = Upload(ToBf16(RandomVector(8 * 256, 3))), dw = Upload(std::vector<uint8_t>(
-                                                                   32 * 256, 0x30));
+  DeviceBuffer dx = Upload(ToBf16(RandomVector(8 * 256, 3))),
+               dw = Upload(std::vector<uint8_t>(32 * 256, 0x30));
   DeviceBuffer ds = Upload(std::vector<float>(8, 1.f)), dy = Poisoned<float>(8 * 32);
   DeviceBuffer xc = Poisoned<uint8_t>(8 * 256), xs = Poisoned<float>(8 * 2);
   const Fp8DeviceMatrix off{dw.as<uint8_t>(), ds.as<float>() + 1, 32, 256, 128, 128};
