@@ -179,9 +179,10 @@ double Fp8GemmRate(int64_t size) {
   return 2.0 * size * size * size * reps / (ElapsedMs(start.get(), stop.get()) * 1e-3);
 }
 
-// The tensor-core FP8 GEMM (core/cuda/fp8_gemm.h: per-token quantization of bf16 x, the
-// cuBLASLt E4M3 x E4M3 matmul, the scale epilogue) at m = n = k = size: FLOP/s, or 0 with the
-// reason when the device or library has no FP8 tensor-core path.
+// The tensor-core FP8 GEMM (core/cuda/fp8_gemm.h: per-1x128-group quantization of bf16 x,
+// cuBLASLt's block-scaled E4M3 x E4M3 matmul, the per-channel scale epilogue) at
+// m = n = k = size: FLOP/s, or 0 with the reason when the device or library has no FP8
+// tensor-core path for it.
 double Fp8TensorCoreRate(int64_t size, std::string* why) {
   absl::StatusOr<std::unique_ptr<cuda::Fp8TensorCoreGemm>> gemm =
       cuda::Fp8TensorCoreGemm::Create(0);
@@ -194,7 +195,8 @@ double Fp8TensorCoreRate(int64_t size, std::string* why) {
   cuda::DeviceBuffer x = Check(cuda::DeviceBuffer::Create(size * size * 2), "alloc");
   cuda::DeviceBuffer y = Check(cuda::DeviceBuffer::Create(size * size * 4), "alloc");
   cuda::DeviceBuffer x_codes = Check(cuda::DeviceBuffer::Create(size * size), "alloc");
-  cuda::DeviceBuffer x_scales = Check(cuda::DeviceBuffer::Create(size * 4), "alloc");
+  cuda::DeviceBuffer x_scales =
+      Check(cuda::DeviceBuffer::Create(size * cuda::Fp8ActGroups(size) * 4), "alloc");
   BENCH_CHECK(cuda::FillDevice(codes.get(), 0x30, size * size));  // e4m3 0x30 = 0.5
   BENCH_CHECK(cuda::FillDevice(scales.get(), 0x3c, size * 4));
   BENCH_CHECK(cuda::FillDevice(x.get(), 0x3c, size * size * 2));
@@ -319,7 +321,7 @@ int Main() {
     if (tc_rate > 0) {
       rows.push_back({absl::StrFormat("cuBLASLt FP8 GEMM %d^3", gemm_size),
                       absl::StrFormat("%.0f TFLOP/s", tc_rate / 1e12),
-                      "E4M3 x E4M3 -> fp32 incl. per-token quantize + scale epilogue",
+                      "E4M3 x E4M3 -> fp32 incl. 1x128-group quantize + scale epilogue",
                       absl::StrFormat("%.1fx bf16 GEMM", tc_rate / gemm_rate)});
       prefill_rate = tc_rate;
       prefill_rate_name = "FP8 GEMM rate";

@@ -6,8 +6,9 @@
 //    once for all m activation rows: bandwidth-bound, one read of each weight byte per step;
 //  * tiled GEMM (larger m, prefill): 32x32 output tiles, K in steps of 32 through shared
 //    memory, the weight tile widened once into shared memory and reused by 32 rows.
-// Both CUDA-core kernels of our own; per-channel prefill GEMMs may instead take FP8 tensor
-// cores through cuBLASLt (fp8_gemm.cc, opt-in; docs/cuda.md "FP8 on tensor cores").
+// Both CUDA-core kernels of our own; prefill GEMMs (per-channel or 128x128 weights) may
+// instead take FP8 tensor cores through cuBLASLt (fp8_gemm.cc, opt-in; docs/cuda.md "FP8 on
+// tensor cores").
 // The activations are fp32 (the kernel tests) or bf16 (the CUDA runner's GEMM inputs), and the
 // outputs may be a column slice of wider rows (y_ld). A third kernel runs the routed experts
 // from device-side row offsets (graph-capturable decode).

@@ -80,29 +80,41 @@ cudaError_t LaunchFp8ExpertGemvVec(const Fp8DeviceMatrix& expert0, int64_t n_exp
                                    const int32_t* offsets, const uint16_t* in, float* out,
                                    int64_t out_ld, cudaStream_t stream);
 // The same GEMVs on quantized activations (FP8 tensor cores on; docs/cuda.md): x_codes
-// [m, w.cols] e4m3 and x_scales [m] from LaunchQuantizeRowsFp8, per-channel weights only:
-// y[i * y_ld + n] = (sum_c e4m3(x_codes[i, c]) * e4m3(W[n, c])) * (x_scales[i] * w.scales[n]),
-// the tensor-core GEMM's arithmetic up to the fp32 summation order. Supported when
+// [m, w.cols] e4m3 and x_scales from LaunchQuantizeFp8Groups (row i's group g at
+// x_scales[g * scale_ld + i]; the expert form indexes rows globally, as `in_codes`):
+//   y[i * y_ld + n] = (sum_g x_scale[i, g] * sum_{c in g} e4m3(x[i, c]) * W[n, c]) * ws[n]
+// with W[n, c] the e4m3 code (per-channel form, ws its row scale) or code x block scale (128x128
+// form, ws 1): the tensor-core GEMM's arithmetic up to the fp32 summation order. Supported when
 // Fp8GemvVecQSupported(w) and the codes are 16-byte aligned; cudaErrorNotSupported otherwise.
 bool Fp8GemvVecQSupported(const Fp8DeviceMatrix& w);
-cudaError_t LaunchFp8GemvVecQ(const uint8_t* x_codes, const float* x_scales, int64_t m,
-                              const Fp8DeviceMatrix& w, float* y, int64_t y_ld,
+cudaError_t LaunchFp8GemvVecQ(const uint8_t* x_codes, const float* x_scales, int64_t scale_ld,
+                              int64_t m, const Fp8DeviceMatrix& w, float* y, int64_t y_ld,
                               cudaStream_t stream);
 cudaError_t LaunchFp8ExpertGemvVecQ(const Fp8DeviceMatrix& expert0, int64_t n_experts,
                                     const int32_t* offsets, const uint8_t* in_codes,
-                                    const float* in_scales, float* out, int64_t out_ld,
-                                    cudaStream_t stream);
+                                    const float* in_scales, int64_t scale_ld, float* out,
+                                    int64_t out_ld, cudaStream_t stream);
 
 // ---- fp8_quant.cu (around the tensor-core FP8 GEMM, core/cuda/fp8_gemm.h) ----------------
-// Per-token FP8 quantization of bf16 activations x [m, k]: scales[i] = amax of row i's finite
-// values / 448 (at least FLT_MIN; 1 for a zero row), codes[i, c] = e4m3(x[i, c] / scales[i])
-// (round to nearest even, saturating; core/dtype.h's FloatToE4m3).
-cudaError_t LaunchQuantizeRowsFp8(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
-                                  float* scales, cudaStream_t stream);
-// The GEMM's epilogue: y[i * y_ld + n] *= row_scales[i] * col_scales[n] for i < m, n < cols.
-cudaError_t LaunchScaleRowsCols(float* y, int64_t m, int64_t cols, int64_t y_ld,
-                                const float* row_scales, const float* col_scales,
-                                cudaStream_t stream);
+// Activations are quantized per token and per 1x128 group along k (the last group of a row
+// cut short when k is not a multiple of 128): the granularity of cuBLASLt's VEC128_32F scale
+// mode, and DeepSeek-V3's / Transformers' fine-grained FP8 activation scheme.
+inline constexpr int64_t kFp8ActGroup = 128;
+inline constexpr int64_t Fp8ActGroups(int64_t k) { return (k + kFp8ActGroup - 1) / kFp8ActGroup; }
+// x [m, k] bf16 -> codes [m, k] e4m3 and scales[g * scale_ld + i] (scale_ld >= m): per group,
+// scale = amax of its finite values / 448 (at least FLT_MIN; 1 for an all-zero group), code =
+// e4m3(x / scale) (round to nearest even, saturating; core/dtype.h's FloatToE4m3). Group-major
+// scales with the tokens contiguous: cuBLASLt's VEC128_32F layout for B ("N-major, N x L").
+cudaError_t LaunchQuantizeFp8Groups(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
+                                    float* scales, int64_t scale_ld, cudaStream_t stream);
+// The per-channel GEMM's epilogue: y[i * y_ld + n] *= col_scales[n] for i < m, n < cols.
+cudaError_t LaunchScaleCols(float* y, int64_t m, int64_t cols, int64_t y_ld,
+                            const float* col_scales, cudaStream_t stream);
+// dst [rows, ld] = src [rows, cols] (row-major) with columns [cols, ld) set to 1: 128x128
+// block scales with their k-block stride rounded up to a multiple of 4, as cuBLASLt's
+// BLK128x128_32F mode requires.
+cudaError_t LaunchPadBlockScales(const float* src, int64_t rows, int64_t cols, float* dst,
+                                 int64_t ld, cudaStream_t stream);
 
 // ---- norm.cu --------------------------------------------------------------------------
 // For each output row r (source row i = row_index ? row_index[r] : r):

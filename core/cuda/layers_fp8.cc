@@ -49,7 +49,8 @@ absl::Status CudaModel::InitFp8TensorCores() {
     return absl::OkStatus();
   }
   fp8_tc_ = *std::move(gemm);
-  fp8_tc_status_ = "cuBLASLt FP8 (per-token activations x per-channel weights)";
+  fp8_tc_status_ =
+      "cuBLASLt block-scaled FP8 (1x128-group activations x per-channel or 128x128 weights)";
   return absl::OkStatus();
 }
 
@@ -60,8 +61,8 @@ absl::Status CudaModel::EnsureFp8Scratch(int64_t tokens) {
   if (rows <= fp8_scratch_rows_) return absl::OkStatus();
   const int64_t code_bytes = (rows * fp8_max_cols_ + 255) / 256 * 256;
   fp8_scratch_.Reset();
-  ASSIGN_OR_RETURN(DeviceBuffer b,
-                   DeviceBuffer::Create(static_cast<size_t>(code_bytes + 4 * rows)));
+  ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Create(static_cast<size_t>(
+                                       code_bytes + 4 * rows * Fp8ActGroups(fp8_max_cols_))));
   fp8_scratch_ = std::move(b);
   fp8_x_codes_ = fp8_scratch_.as<uint8_t>();
   fp8_x_scales_ = reinterpret_cast<float*>(fp8_x_codes_ + code_bytes);
@@ -79,11 +80,13 @@ absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int3
                                       int64_t out_ld) {
   const int64_t n_experts = config_.n_routed_experts;
   if (Fp8QuantizedActs(expert0, rows)) {
-    // The prefill GEMM's activation arithmetic (per-token e4m3, fp8_quant.cu) for every row.
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchQuantizeRowsFp8(in, rows, expert0.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
+    // The prefill GEMM's activation arithmetic (e4m3 per 1x128 group, fp8_quant.cu) for every
+    // row.
+    GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(in, rows, expert0.cols, fp8_x_codes_,
+                                                     fp8_x_scales_, rows, stream_.get()));
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemvVecQ(expert0, n_experts, offsets, fp8_x_codes_,
-                                                     fp8_x_scales_, out, out_ld, stream_.get()));
+                                                     fp8_x_scales_, rows, out, out_ld,
+                                                     stream_.get()));
     return absl::OkStatus();
   }
   if (fp8_vec_gemv_ && Fp8GemvVecSupported(expert0, in)) {
@@ -103,9 +106,9 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
     // prefill GEMM (docs/cuda.md "One activation arithmetic"), so a token's logits do not
     // depend on whether it was computed in a prefill chunk or a decode step.
     GLM_CUDA_RETURN_IF_ERROR(
-        LaunchQuantizeRowsFp8(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
+        LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, rows, stream_.get()));
     GLM_CUDA_RETURN_IF_ERROR(
-        LaunchFp8GemvVecQ(fp8_x_codes_, fp8_x_scales_, rows, w, y, y_ld, stream_.get()));
+        LaunchFp8GemvVecQ(fp8_x_codes_, fp8_x_scales_, rows, rows, w, y, y_ld, stream_.get()));
     return absl::OkStatus();
   }
   if (rows <= kFp8GemvMaxRows && fp8_vec_gemv_ && Fp8GemvVecSupported(w, x)) {
@@ -114,12 +117,27 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
   }
   if (rows > kFp8GemvMaxRows && fp8_tc_ != nullptr && fp8_tensor_cores_ &&
       rows <= fp8_scratch_rows_) {
+    // cuBLASLt's block-scaled matmul takes a token count that is a multiple of 4: the first
+    // rows & ~3 rows go to it, the last (up to 3) through the quantizing GEMV, in the same
+    // arithmetic (their codes and scales after the GEMM's in the scratch).
+    const int64_t main_rows = rows & ~int64_t{3}, tail = rows - main_rows;
     bool ran = false;
     std::string why;
-    RETURN_IF_ERROR(
-        fp8_tc_->Run(x, rows, w, y, y_ld, fp8_x_codes_, fp8_x_scales_, stream_.get(), &ran, &why));
+    RETURN_IF_ERROR(fp8_tc_->Run(x, main_rows, w, y, y_ld, fp8_x_codes_, fp8_x_scales_,
+                                 stream_.get(), &ran, &why));
+    if (ran && tail > 0 && !Fp8QuantizedActs(w, rows)) {
+      return absl::InternalError("FP8 GEMM tail rows without the quantizing GEMV");
+    }
     if (ran) {
       ++fp8_tc_gemms_;
+      if (tail > 0) {
+        uint8_t* codes = fp8_x_codes_ + main_rows * w.cols;
+        float* scales = fp8_x_scales_ + main_rows * Fp8ActGroups(w.cols);
+        GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(x + main_rows * w.cols, tail, w.cols,
+                                                         codes, scales, tail, stream_.get()));
+        GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(codes, scales, tail, tail, w,
+                                                   y + main_rows * y_ld, y_ld, stream_.get()));
+      }
       return absl::OkStatus();
     }
     if (Fp8QuantizedActs(w, rows)) {
@@ -135,11 +153,11 @@ absl::Status CudaModel::Fp8Linear(const uint16_t* x, int64_t rows, const Fp8Devi
                      why.c_str());
       }
       ++fp8_fallback_gemms_;
-      GLM_CUDA_RETURN_IF_ERROR(
-          LaunchQuantizeRowsFp8(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_, stream_.get()));
+      GLM_CUDA_RETURN_IF_ERROR(LaunchQuantizeFp8Groups(x, rows, w.cols, fp8_x_codes_, fp8_x_scales_,
+                                                       rows, stream_.get()));
       for (int64_t i0 = 0; i0 < rows; i0 += kFp8GemvMaxRows) {
         GLM_CUDA_RETURN_IF_ERROR(LaunchFp8GemvVecQ(fp8_x_codes_ + i0 * w.cols, fp8_x_scales_ + i0,
-                                                   std::min(kFp8GemvMaxRows, rows - i0), w,
+                                                   rows, std::min(kFp8GemvMaxRows, rows - i0), w,
                                                    y + i0 * y_ld, y_ld, stream_.get()));
       }
       return absl::OkStatus();

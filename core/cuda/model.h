@@ -51,12 +51,13 @@ struct CudaModelOptions {
   // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
   // row counts back to the host and run one cuBLAS GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
-  // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows, per-channel weights) on FP8 tensor
-  // cores through cuBLASLt, activations quantized per token (core/cuda/fp8_gemm.h), and the
-  // decode GEMVs then quantize their activations the same way (fp8_gemv_vec.cu's Q form), so
-  // prefill and decode share one activation arithmetic (docs/cuda.md). Off by default: with it
-  // on, fp8_channel_fp32's teacher-forced greedy token at decode step 3 differs from the
-  // reference (the e4m3 activation rounding exceeds that step's margin; docs/cuda.md). Used
+  // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows; per-channel or 128x128 weights) on FP8
+  // tensor cores through cuBLASLt's block-scaled matmul, activations quantized per token and
+  // 1x128 group (core/cuda/fp8_gemm.h), and the decode GEMVs then quantize their activations
+  // the same way (fp8_gemv_vec.cu's Q form), so prefill and decode share one activation
+  // arithmetic (docs/cuda.md). Off by default: with it on, fp8_channel_fp32's greedy token
+  // after the prompt differs from the reference (the e4m3 activation rounding exceeds that
+  // step's margin; per-token scales flipped decode step 3 instead; docs/cuda.md). Used
   // where the device supports it (compute capability 8.9+, libcublasLt), else the CUDA-core
   // kernels with bf16 activations (logged once). glm-server --fp8_tensor_cores;
   // GLMSERVE_FP8_TENSOR_CORES=1 turns it on, =0 off, overriding this.
@@ -269,7 +270,7 @@ class CudaModel final : public ModelRunner {
   bool fp8_fallback_logged_ = false;
   int64_t fp8_max_cols_ = 0;      // widest FP8 matrix (k of its GEMMs)
   int64_t fp8_scratch_rows_ = 0;  // activation rows the scratch holds
-  DeviceBuffer fp8_scratch_;      // x codes [rows, fp8_max_cols_], then x scales [rows]
+  DeviceBuffer fp8_scratch_;      // x codes [rows, fp8_max_cols_], then x scales [G, rows]
   uint8_t* fp8_x_codes_ = nullptr;
   float* fp8_x_scales_ = nullptr;
   int64_t fp8_tc_gemms_ = 0;

@@ -20,8 +20,8 @@ struct RunnerCase {
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
   CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/ops/linear.h)
   bool kv_fp8 = false;                 // --kv_cache_dtype=fp8_e4m3 (core/kv_fp8.h; GLM-4.5 only)
-  // --fp8_tensor_cores=auto: FP8 GEMMs on tensor cores, activations quantized per token in
-  // prefill and decode alike (docs/cuda.md "One activation arithmetic").
+  // --fp8_tensor_cores=auto: FP8 GEMMs on tensor cores, activations quantized per token and
+  // 1x128 group in prefill and decode alike (docs/cuda.md "One activation arithmetic").
   bool fp8_tensor_cores = false;
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
@@ -45,6 +45,11 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     {"cuda_fp8_glm5", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5"},
+    // The same with tensor cores on: 128x128 block weights, quantized activations in its FFN
+    // and experts (cuBLASLt's block-scaled matmul, or quantized GEMV passes where it declines,
+    // e.g. unaligned MoE output slices); MLA's projections keep fp8_linear.cu's kernels.
+    {"cuda_fp8_glm5_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5", CpuMath::kExact, false,
+     true},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
     {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
     {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},

@@ -8,11 +8,22 @@
 // FP8 (CUDA_R_8F_E4M3) operands are accepted as cuBLASLt accepts them on Ada / Hopper: both A
 // and B FP8, the "TN" form (A transposed, B not), leading dimensions and k multiples of 16,
 // 16-byte aligned pointers, fp32 compute and scale type, D (= C) fp32 or bf16; anything else
-// finds no algorithm (heuristic) or is CUBLAS_STATUS_NOT_SUPPORTED (matmul). The 128-element
-// block scale modes are not emulated (not used). EMU_CUBLASLT_FP8=0 makes the heuristic find
-// nothing for FP8, as a device without FP8 tensor cores does (tests the fallback).
+// finds no algorithm (heuristic) or is CUBLAS_STATUS_NOT_SUPPORTED (matmul).
+// The Hopper block-scaled modes (cuBLAS documentation, "128-element 1D and 128x128 2D Block
+// Scaling For FP8 Data Types"): A and B scale modes VEC128_32F or BLK128x128_32F in the three
+// listed combinations (not both BLK128x128), FP8 operands only, the device of compute capability
+// 9.0, M and N multiples of 4, scale pointers 16-byte aligned;
+//   D[i, j] = alpha * sum_b sa(i, b) sb(j, b) sum_{l in block b} op(A)[i, l] op(B)[l, j],
+//   b < L = ceil(K / 128) (the last block cut short), with
+//   VEC128_32F:     sa(i, b) = a_scale[b * M + i] (M-major M x L), sb(j, b) = b_scale[b * N + j];
+//   BLK128x128_32F: sa(i, b) = a_scale[(i / 128) * L4 + b] (K-major, L4 = L rounded up to a
+//                   multiple of 4), sb likewise with j.
+// EMU_CUBLASLT_FP8=0 makes the heuristic find nothing for FP8, as a device without FP8 tensor
+// cores does; EMU_CUBLASLT_BLOCK=0 nothing for the block-scaled modes only (a library before
+// 12.9, or a device other than 9.0): both test the fallbacks.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -62,6 +73,37 @@ bool ScaleModeOk(int32_t mode) {
   return mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
          mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
 }
+bool BlockMode(int32_t mode) {
+  return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+         mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+bool BlockModes(const EmuLtDesc& d) { return BlockMode(d.a_mode) || BlockMode(d.b_mode); }
+// The documented combinations: both block modes, not both BLK128x128.
+bool BlockModesOk(const EmuLtDesc& d) {
+  return BlockMode(d.a_mode) && BlockMode(d.b_mode) &&
+         !(d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+           d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+}
+bool DeviceIs90() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+// Floats a block-mode scale tensor spans for an outer dimension `outer` (M or N) and k.
+size_t BlockScaleFloats(int32_t mode, int64_t outer, int64_t k) {
+  const int64_t l = (k + 127) / 128, l4 = (l + 3) / 4 * 4;
+  return static_cast<size_t>(
+      mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? outer * l : ((outer + 127) / 128) * l4);
+}
+float BlockScale(const float* s, int32_t mode, int64_t outer_dim, int64_t i, int64_t b, int64_t k) {
+  const int64_t l = (k + 127) / 128, l4 = (l + 3) / 4 * 4;
+  return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? s[b * outer_dim + i]
+                                                         : s[(i / 128) * l4 + b];
+}
 
 // Whether the operation is one the emulated library runs (see the top of the file); m, n, k
 // from the layouts.
@@ -80,8 +122,14 @@ bool Supported(const EmuLtDesc& d, const EmuLtLayout& a, const EmuLtLayout& b, c
   }
   if (d.compute != CUBLAS_COMPUTE_32F || d.scale_type != CUDA_R_32F) return false;
   if (dl.type != CUDA_R_32F && dl.type != CUDA_R_16BF) return false;
-  if (!ScaleModeOk(d.a_mode) || !ScaleModeOk(d.b_mode)) return false;
   const bool fp8 = a.type == CUDA_R_8F_E4M3 || b.type == CUDA_R_8F_E4M3;
+  if (BlockModes(d)) {
+    const char* env = std::getenv("EMU_CUBLASLT_BLOCK");
+    if (env != nullptr && env[0] == '0') return false;
+    if (!BlockModesOk(d) || !fp8 || !DeviceIs90() || *m % 4 != 0 || *n % 4 != 0) return false;
+  } else if (!ScaleModeOk(d.a_mode) || !ScaleModeOk(d.b_mode)) {
+    return false;
+  }
   if (fp8) {
     if (a.type != CUDA_R_8F_E4M3 || b.type != CUDA_R_8F_E4M3) return false;
     if (d.transa != CUBLAS_OP_T || d.transb != CUBLAS_OP_N) return false;
@@ -198,6 +246,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (al->type == CUDA_R_8F_E4M3 && (!Aligned16(A) || !Aligned16(B) || !Aligned16(D))) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
+  const bool block = BlockModes(*desc);
+  if (block && (desc->a_scale == nullptr || desc->b_scale == nullptr || !Aligned16(desc->a_scale) ||
+                !Aligned16(desc->b_scale))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   const auto span = [](const EmuLtLayout& l) {
     return (static_cast<size_t>(l.cols - 1) * l.ld + l.rows) * ElementBytes(l.type);
   };
@@ -216,9 +269,37 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
           s, sizeof(float) * (mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F ? len : 1), what);
     }
   };
-  check_scale(d.a_scale, d.a_mode, m, "A scale");
-  check_scale(d.b_scale, d.b_mode, n, "B scale");
+  if (block) {
+    emu::CheckDeviceRange(d.a_scale, sizeof(float) * BlockScaleFloats(d.a_mode, m, k),
+                          "A block scales");
+    emu::CheckDeviceRange(d.b_scale, sizeof(float) * BlockScaleFloats(d.b_mode, n, k),
+                          "B block scales");
+  } else {
+    check_scale(d.a_scale, d.a_mode, m, "A scale");
+    check_scale(d.b_scale, d.b_mode, n, "B scale");
+  }
   const cudaError_t e = emu::EnqueueHostOp(stream, [=] {
+    if (block) {
+      // Per 128-wide k block: the block's double sum times both scales, summed over blocks.
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = 0;
+          for (int64_t b0 = 0; b0 < k; b0 += 128) {
+            double part = 0;
+            for (int64_t l = b0; l < std::min(k, b0 + 128); ++l) {
+              part += static_cast<double>(LoadAt(A, a.type, static_cast<size_t>(i * a.ld + l))) *
+                      LoadAt(B, b.type, static_cast<size_t>(j * b.ld + l));
+            }
+            sum += part * BlockScale(d.a_scale, d.a_mode, m, i, b0 / 128, k) *
+                   BlockScale(d.b_scale, d.b_mode, n, j, b0 / 128, k);
+          }
+          const size_t di = static_cast<size_t>(j * dd.ld + i);
+          const float old = beta_v != 0.f ? LoadAt(C, dd.type, di) : 0.f;
+          StoreAt(D, dd.type, di, static_cast<float>(alpha_v * sum + beta_v * old));
+        }
+      }
+      return;
+    }
     std::vector<float> arow(k);
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t l = 0; l < k; ++l) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/checkpoint.h"
+#include "core/cuda/cublaslt_api.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
@@ -34,68 +35,188 @@ using ::glmserve::testing::RandomVector;
 using ::glmserve::testing::RelativeError;
 using ::glmserve::testing::ToBf16;
 
+// Sets an environment variable for a scope (the emulated cuBLASLt reads EMU_CUBLASLT_* at each
+// heuristic query; on a real GPU they mean nothing and the tests using them skip).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Whether this binary runs under tools/cuda_emu (whose cuBLASLt honours EMU_CUBLASLT_*).
+bool Emulated() {
+#ifdef GLMSERVE_CUDA_EMU
+  return true;
+#else
+  return false;
+#endif
+}
+
 class Fp8GemmCuda : public ::testing::Test {
  protected:
   void SetUp() override { GLM_REQUIRE_CUDA_DEVICE(); }
 };
 
-// Per-token quantization on the host, as the kernel documents it (the KV codec's arithmetic
-// over a whole row: one "head" of k values).
-void QuantizeRows(const std::vector<float>& x, int64_t m, int64_t k, std::vector<uint8_t>* codes,
-                  std::vector<float>* scales) {
+// Quantization per token and 1x128 group on the host, as the kernel documents it (the KV
+// codec's arithmetic over each group: one "head" of up to 128 values, the last cut short);
+// scales[g * ld + i], ld = m unless given.
+void QuantizeGroups(const std::vector<float>& x, int64_t m, int64_t k, std::vector<uint8_t>* codes,
+                    std::vector<float>* scales, int64_t ld = 0) {
+  if (ld == 0) ld = m;
+  const int64_t groups = Fp8ActGroups(k);
   codes->resize(m * k);
-  scales->resize(m);
+  scales->assign(groups * ld, 0.f);
   for (int64_t i = 0; i < m; ++i) {
-    EncodeKvRow(x.data() + i * k, 1, k, codes->data() + i * k, scales->data() + i);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * 128, len = std::min<int64_t>(128, k - c0);
+      EncodeKvRow(x.data() + i * k + c0, 1, len, codes->data() + i * k + c0,
+                  scales->data() + g * ld + i);
+    }
   }
 }
 
 TEST_F(Fp8GemmCuda, QuantizerEqualsTheCpuCodec) {
-  const int64_t m = 5, k = 300;
+  // k 300: groups of 128, 128 and 44 (the last cut short); scale_ld 7 > m leaves a gap.
+  const int64_t m = 5, k = 300, ld = 7;
   std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 3, 20.0f)));
-  for (int64_t c = 0; c < k; ++c) x[1 * k + c] = 0.f;     // a zero row
-  x[2 * k + 7] = std::numeric_limits<float>::infinity();  // inf: saturates
-  x[3 * k + 9] = 1e30f;                                   // far above 448
+  for (int64_t c = 0; c < k; ++c) x[1 * k + c] = 0.f;      // a zero row
+  for (int64_t c = 128; c < 256; ++c) x[4 * k + c] = 0.f;  // a zero group
+  x[2 * k + 7] = std::numeric_limits<float>::infinity();   // inf: saturates
+  x[3 * k + 260] = 1e30f;                                  // far above 448, in the short group
+  x[0 * k + 130] = 1e-3f;                                  // one group's scale far below others
   x = FromBf16(ToBf16(x));
   DeviceBuffer dx = Upload(ToBf16(x));
-  DeviceBuffer codes = Poisoned<uint8_t>(m * k), scales = Poisoned<float>(m);
-  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, codes.as<uint8_t>(), scales.as<float>(),
-                                  nullptr),
+  DeviceBuffer codes = Poisoned<uint8_t>(m * k), scales = Poisoned<float>(3 * ld);
+  ASSERT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), m, k, codes.as<uint8_t>(),
+                                    scales.as<float>(), ld, nullptr),
             cudaSuccess);
   std::vector<uint8_t> want_codes;
   std::vector<float> want_scales;
-  QuantizeRows(x, m, k, &want_codes, &want_scales);
+  QuantizeGroups(x, m, k, &want_codes, &want_scales, ld);
   EXPECT_EQ(Download<uint8_t>(codes, m * k), want_codes);
-  EXPECT_EQ(Download<float>(scales, m), want_scales);
+  const std::vector<float> got = Download<float>(scales, 3 * ld);
+  for (int64_t g = 0; g < 3; ++g) {
+    for (int64_t i = 0; i < ld; ++i) {
+      if (i < m) {
+        EXPECT_EQ(got[g * ld + i], want_scales[g * ld + i]) << "group " << g << " row " << i;
+      } else {
+        EXPECT_TRUE(std::isnan(got[g * ld + i])) << "the gap past m is untouched";
+      }
+    }
+  }
+  EXPECT_EQ(got[1 * ld + 4], 1.f) << "a zero group's scale";
+  EXPECT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), m, k, codes.as<uint8_t>(),
+                                    scales.as<float>(), m - 1, nullptr),
+            cudaErrorInvalidValue);
 }
 
 struct Shape {
   int64_t m, n, k, y_ld;
+  int64_t block;  // 0: per-channel weights; 128: 128x128 blocks
 };
 
-// A random per-channel FP8 matrix [n, k]: codes and one positive scale per row.
+// A random FP8 matrix [n, k]: codes and positive scales, one per row (block 0) or per 128x128
+// block (cut short at the edges).
 void RandomFp8(int64_t n, int64_t k, uint32_t seed, std::vector<uint8_t>* codes,
-               std::vector<float>* scales) {
+               std::vector<float>* scales, int64_t block = 0) {
   const std::vector<float> v = RandomVector(n * k, seed, 300.0f);
   codes->resize(n * k);
   for (int64_t i = 0; i < n * k; ++i) (*codes)[i] = FloatToE4m3(v[i]);
-  const std::vector<float> s = RandomVector(n, seed + 1, 1.0f);
-  scales->resize(n);
-  for (int64_t i = 0; i < n; ++i) (*scales)[i] = 1e-3f * (1.5f + std::fabs(s[i]));
+  const int64_t count = block == 0 ? n : ((n + block - 1) / block) * ((k + block - 1) / block);
+  const std::vector<float> s = RandomVector(count, seed + 1, 1.0f);
+  scales->resize(count);
+  for (int64_t i = 0; i < count; ++i) (*scales)[i] = 1e-3f * (1.5f + std::fabs(s[i]));
 }
 
+// The weight value's scale: per row, or per 128x128 block.
+float WeightScale(const std::vector<float>& scales, int64_t k, int64_t block, int64_t c,
+                  int64_t l) {
+  return block == 0 ? scales[c] : scales[(c / block) * ((k + block - 1) / block) + l / block];
+}
+
+// The tensor-core GEMM's arithmetic on the host (block-scaled matmul): per 128-wide k group,
+// the exact e4m3 x e4m3 products' sum times the activation group's scale and (128x128 form)
+// the weight block's, summed over groups; per-channel weights times their row scale at the end.
+std::vector<float> HostQuantizedProduct(const std::vector<uint8_t>& x_codes,
+                                        const std::vector<float>& x_scales, int64_t m,
+                                        const std::vector<uint8_t>& w_codes,
+                                        const std::vector<float>& w_scales, int64_t n, int64_t k,
+                                        int64_t block) {
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < n; ++c) {
+      double sum = 0;
+      for (int64_t g = 0; g * 128 < k; ++g) {
+        double part = 0;
+        for (int64_t l = g * 128; l < std::min(k, g * 128 + 128); ++l) {
+          part += static_cast<double>(E4m3ToFloat(x_codes[i * k + l])) *
+                  E4m3ToFloat(w_codes[c * k + l]);
+        }
+        sum += part * x_scales[g * m + i] *
+               (block == 0 ? 1.0 : WeightScale(w_scales, k, block, c, g * 128));
+      }
+      y[i * n + c] = static_cast<float>(block == 0 ? sum * w_scales[c] : sum);
+    }
+  }
+  return y;
+}
+
+// The CPU FP8 path's value: fp32 activations times the dequantized weights.
+std::vector<float> HostFp32ActProduct(const std::vector<float>& x, int64_t m,
+                                      const std::vector<uint8_t>& w_codes,
+                                      const std::vector<float>& w_scales, int64_t n, int64_t k,
+                                      int64_t block) {
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < n; ++c) {
+      double f = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        f += x[i * k + l] * static_cast<double>(E4m3ToFloat(w_codes[c * k + l]) *
+                                                WeightScale(w_scales, k, block, c, l));
+      }
+      y[i * n + c] = static_cast<float>(f);
+    }
+  }
+  return y;
+}
+
+// Both weight forms; k 272 (3 groups, the last of 16: A's block scales padded to 4 per row of
+// blocks), 400 (4 groups) and 64 (one short group); n 300 (a 44-row last block).
 TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  for (const Shape s : {Shape{9, 48, 64, 48}, Shape{33, 40, 128, 64}, Shape{17, 130, 272, 160}}) {
+  for (const Shape s :
+       {Shape{8, 48, 64, 48, 0}, Shape{32, 40, 128, 64, 0}, Shape{16, 132, 272, 160, 0},
+        Shape{12, 300, 272, 300, 128}, Shape{8, 256, 400, 260, 128}, Shape{4, 48, 64, 48, 128}}) {
     const std::vector<float> x = FromBf16(ToBf16(RandomVector(s.m * s.k, 5, 2.0f)));
     std::vector<uint8_t> w_codes;
     std::vector<float> w_scales;
-    RandomFp8(s.n, s.k, 7, &w_codes, &w_scales);
+    RandomFp8(s.n, s.k, 7, &w_codes, &w_scales, s.block);
     DeviceBuffer dx = Upload(ToBf16(x)), dw = Upload(w_codes), dws = Upload(w_scales);
     DeviceBuffer dy = Poisoned<float>(s.m * s.y_ld);
-    DeviceBuffer xc = Poisoned<uint8_t>(s.m * s.k), xs = Poisoned<float>(s.m);
-    const Fp8DeviceMatrix w{dw.as<uint8_t>(), dws.as<float>(), s.n, s.k, 1, s.k};
+    DeviceBuffer xc = Poisoned<uint8_t>(s.m * s.k), xs = Poisoned<float>(s.m * Fp8ActGroups(s.k));
+    const Fp8DeviceMatrix w{dw.as<uint8_t>(),
+                            dws.as<float>(),
+                            s.n,
+                            s.k,
+                            s.block == 0 ? 1 : s.block,
+                            s.block == 0 ? s.k : s.block};
     bool ran = false;
     std::string why;
     ASSERT_TRUE((*gemm)
@@ -104,32 +225,24 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
                     .ok());
     ASSERT_TRUE(ran) << why;
     const std::vector<float> y = Download<float>(dy, s.m * s.y_ld);
-    // The same arithmetic on the host: quantized x, exact products, both scales.
     std::vector<uint8_t> x_codes;
     std::vector<float> x_scales;
-    QuantizeRows(x, s.m, s.k, &x_codes, &x_scales);
-    std::vector<float> got(s.m * s.n), same(s.m * s.n), cpu(s.m * s.n);
+    QuantizeGroups(x, s.m, s.k, &x_codes, &x_scales);
+    EXPECT_EQ(Download<uint8_t>(xc, s.m * s.k), x_codes);
+    const std::vector<float> same =
+        HostQuantizedProduct(x_codes, x_scales, s.m, w_codes, w_scales, s.n, s.k, s.block);
+    const std::vector<float> cpu = HostFp32ActProduct(x, s.m, w_codes, w_scales, s.n, s.k, s.block);
+    std::vector<float> got(s.m * s.n);
     for (int64_t i = 0; i < s.m; ++i) {
-      for (int64_t c = 0; c < s.n; ++c) {
-        double q = 0, f = 0;
-        for (int64_t l = 0; l < s.k; ++l) {
-          const double wv = E4m3ToFloat(w_codes[c * s.k + l]);
-          q += E4m3ToFloat(x_codes[i * s.k + l]) * wv;
-          f +=
-              x[i * s.k + l] * static_cast<double>(E4m3ToFloat(w_codes[c * s.k + l]) * w_scales[c]);
-        }
-        same[i * s.n + c] = static_cast<float>(q * x_scales[i] * w_scales[c]);
-        cpu[i * s.n + c] = static_cast<float>(f);
-        got[i * s.n + c] = y[i * s.y_ld + c];
-      }
+      for (int64_t c = 0; c < s.n; ++c) got[i * s.n + c] = y[i * s.y_ld + c];
     }
     EXPECT_LT(RelativeError(got, same), 1e-5) << "m " << s.m << " n " << s.n << " k " << s.k;
     // Against fp32 activations (the CPU FP8 path): the activations' e4m3 rounding, a relative
     // error of at most 2^-4 per element, averaging down over k.
     const double vs_cpu = RelativeError(got, cpu);
-    std::printf("m %lld n %lld k %lld: tensor-core FP8 vs fp32-activation FP8: %.4f\n",
+    std::printf("m %lld n %lld k %lld %s: tensor-core FP8 vs fp32-activation FP8: %.4f\n",
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
-                static_cast<long long>(s.k), vs_cpu);
+                static_cast<long long>(s.k), s.block == 0 ? "per-channel" : "128x128", vs_cpu);
     EXPECT_LT(vs_cpu, 3e-2);
     EXPECT_GT(vs_cpu, 0) << "the activations must actually be quantized";
     // Columns past n of each y row (y_ld > n) are untouched.
@@ -139,35 +252,121 @@ TEST_F(Fp8GemmCuda, MatchesTheSameArithmeticAndTheCpuFp8Path) {
   }
 }
 
+// What the documentation excludes is declined, with nothing enqueued: blocks other than
+// 128x128, k not a multiple of 16, m or n not a multiple of 4; and the heuristic's "no
+// algorithm" for the block-scaled modes (EMU_CUBLASLT_BLOCK=0: a cuBLASLt before 12.9 or a
+// device other than compute capability 9.0).
 TEST_F(Fp8GemmCuda, DeclinesWhatItDoesNotServe) {
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   const int64_t m = 16, n = 32, k = 256;
   DeviceBuffer dx = Upload(ToBf16(RandomVector(m * k, 1))), dw = Poisoned<uint8_t>(n * k);
-  DeviceBuffer dws = Upload(std::vector<float>(n * 2, 1.f)), dy = Poisoned<float>(m * n);
-  DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m);
-  bool ran = true;
+  DeviceBuffer dws = Upload(std::vector<float>(n * 4, 1.f)), dy = Poisoned<float>(m * n);
+  DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m * 2);
+  const auto run = [&](const Fp8DeviceMatrix& w, int64_t rows, std::string* why) {
+    bool ran = true;
+    EXPECT_TRUE((*gemm)
+                    ->Run(dx.as<uint16_t>(), rows, w, dy.as<float>(), n, xc.as<uint8_t>(),
+                          xs.as<float>(), nullptr, &ran, why)
+                    .ok());
+    return ran;
+  };
   std::string why;
-  // 128x128 blocks: scales vary along k, no per-channel epilogue can apply them.
-  const Fp8DeviceMatrix block{dw.as<uint8_t>(), dws.as<float>(), n, k, 128, 128};
-  ASSERT_TRUE((*gemm)
-                  ->Run(dx.as<uint16_t>(), m, block, dy.as<float>(), n, xc.as<uint8_t>(),
-                        xs.as<float>(), nullptr, &ran, &why)
-                  .ok());
-  EXPECT_FALSE(ran);
-  EXPECT_NE(why.find("block"), std::string::npos) << why;
-  // k not a multiple of 16.
+  const Fp8DeviceMatrix block64{dw.as<uint8_t>(), dws.as<float>(), n, k, 64, 64};
+  EXPECT_FALSE(run(block64, m, &why));
+  EXPECT_NE(why.find("128x128 blocks"), std::string::npos) << why;
   const Fp8DeviceMatrix odd{dw.as<uint8_t>(), dws.as<float>(), n, 200, 1, 200};
-  ran = true;
-  ASSERT_TRUE((*gemm)
-                  ->Run(dx.as<uint16_t>(), m, odd, dy.as<float>(), n, xc.as<uint8_t>(),
-                        xs.as<float>(), nullptr, &ran, &why)
-                  .ok());
-  EXPECT_FALSE(ran);
+  EXPECT_FALSE(run(odd, m, &why));
   EXPECT_NE(why.find("multiple of 16"), std::string::npos) << why;
+  const Fp8DeviceMatrix channel{dw.as<uint8_t>(), dws.as<float>(), n, k, 1, k};
+  EXPECT_FALSE(run(channel, 6, &why));
+  EXPECT_NE(why.find("m and n of 4"), std::string::npos) << why;
+  const Fp8DeviceMatrix n30{dw.as<uint8_t>(), dws.as<float>(), 30, k, 1, k};
+  EXPECT_FALSE(run(n30, m, &why));
+  EXPECT_NE(why.find("m and n of 4"), std::string::npos) << why;
+  if (Emulated()) {
+    ScopedEnv no_block("EMU_CUBLASLT_BLOCK", "0");
+    absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> g2 = Fp8TensorCoreGemm::Create(0);
+    ASSERT_TRUE(g2.ok()) << g2.status();
+    bool ran = true;
+    ASSERT_TRUE((*g2)
+                    ->Run(dx.as<uint16_t>(), m, channel, dy.as<float>(), n, xc.as<uint8_t>(),
+                          xs.as<float>(), nullptr, &ran, &why)
+                    .ok());
+    EXPECT_FALSE(ran);
+    EXPECT_NE(why.find("no FP8 algorithm"), std::string::npos) << why;
+  }
   // The output left as it was: nothing was enqueued.
   const std::vector<float> y = Download<float>(dy, m * n);
   EXPECT_TRUE(std::isnan(y[0]));
+}
+
+// The emulated cuBLASLt's block-scaled rules, which the tests above are verified against,
+// as the cuBLAS documentation states them: (A, B) scale modes (BLK128x128, VEC128),
+// (VEC128, BLK128x128) and (VEC128, VEC128) have an algorithm, (BLK128x128, BLK128x128) none;
+// M or N not a multiple of 4 none; a block mode with a non-FP8 operand none; a scale pointer
+// not 16-byte aligned is refused by cublasLtMatmul. Emulation only: on a GPU the library is
+// the real one (whose answers gpu_check.sh's FP8 tests exercise through the GEMM).
+TEST_F(Fp8GemmCuda, EmulatedCublasLtFollowsTheDocumentedBlockRules) {
+  if (!Emulated()) GTEST_SKIP() << "checks tools/cuda_emu's cuBLASLt";
+  ASSERT_TRUE(LoadCublasLt().ok());
+  const CublasLtApi& lt = CublasLt();
+  cublasLtHandle_t h = nullptr;
+  ASSERT_EQ(lt.create(&h), CUBLAS_STATUS_SUCCESS);
+  const auto found = [&](int32_t a_mode, int32_t b_mode, int64_t m, int64_t n,
+                         cudaDataType b_type) {
+    cublasLtMatmulDesc_t d = nullptr;
+    EXPECT_EQ(lt.desc_create(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode);
+    lt.desc_set(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode);
+    const int64_t k = 256;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, dl = nullptr;
+    lt.layout_create(&a, CUDA_R_8F_E4M3, k, m, k);
+    lt.layout_create(&b, b_type, k, n, k);
+    lt.layout_create(&dl, CUDA_R_32F, m, n, m);
+    cublasLtMatmulPreference_t p = nullptr;
+    lt.pref_create(&p);
+    cublasLtMatmulHeuristicResult_t r{};
+    int count = 0;
+    lt.heuristic(h, d, a, b, dl, dl, p, 1, &r, &count);
+    lt.pref_destroy(p);
+    lt.layout_destroy(a);
+    lt.layout_destroy(b);
+    lt.layout_destroy(dl);
+    lt.desc_destroy(d);
+    return count > 0;
+  };
+  constexpr int32_t kVec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  constexpr int32_t kBlk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  EXPECT_TRUE(found(kBlk, kVec, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_TRUE(found(kVec, kBlk, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_TRUE(found(kVec, kVec, 32, 16, CUDA_R_8F_E4M3));
+  EXPECT_FALSE(found(kBlk, kBlk, 32, 16, CUDA_R_8F_E4M3)) << "not a documented combination";
+  EXPECT_FALSE(found(kBlk, kVec, 30, 16, CUDA_R_8F_E4M3)) << "M must be a multiple of 4";
+  EXPECT_FALSE(found(kBlk, kVec, 32, 18, CUDA_R_8F_E4M3)) << "N must be a multiple of 4";
+  EXPECT_FALSE(found(kBlk, kVec, 32, 16, CUDA_R_16BF)) << "block scaling is for FP8 tensors";
+  lt.destroy(h);
+  // cublasLtMatmul with a scale pointer off 16 bytes: through the GEMM, a weight whose block
+  // scales start 4 bytes into their buffer is declined before the call (not 256-aligned
+  // operands), so nothing reaches the library misaligned.
+  absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  DeviceBuffer dx = Upload(ToBf16(RandomVector(8 * 256, 3))),
+               dw = Upload(std::vector<uint8_t>(32 * 256, 0x30));
+  DeviceBuffer ds = Upload(std::vector<float>(8, 1.f)), dy = Poisoned<float>(8 * 32);
+  DeviceBuffer xc = Poisoned<uint8_t>(8 * 256), xs = Poisoned<float>(8 * 2);
+  const Fp8DeviceMatrix off{dw.as<uint8_t>(), ds.as<float>() + 1, 32, 256, 128, 128};
+  bool ran = true;
+  std::string why;
+  ASSERT_TRUE((*gemm)
+                  ->Run(dx.as<uint16_t>(), 8, off, dy.as<float>(), 32, xc.as<uint8_t>(),
+                        xs.as<float>(), nullptr, &ran, &why)
+                  .ok());
+  EXPECT_FALSE(ran);
+  EXPECT_NE(why.find("aligned"), std::string::npos) << why;
 }
 
 // The decode GEMVs with 16-byte loads (fp8_gemv_vec.cu) against a float64 host product of the
@@ -266,82 +465,84 @@ TEST_F(Fp8GemmCuda, VectorisedExpertGemvMatchesTheHostProduct) {
 }
 
 // The quantizing decode GEMVs (fp8_gemv_vec.cu's Q form, tensor cores on): the activations
-// through the prefill GEMM's quantizer, then against a host product of the same arithmetic
-// (exact e4m3 x e4m3 products, y = sum * (x_scale * w_scale)) to fp32 summation order, and
-// against the tensor-core GEMM itself on the same rows (the prefill / decode contract).
+// through the prefill GEMM's quantizer (1x128 groups), then against a host product of the same
+// arithmetic (HostQuantizedProduct) to fp32 summation order, and against the tensor-core GEMM
+// itself on the same rows where it takes them (m a multiple of 4): the prefill / decode
+// contract. Both weight forms; k 272: three groups, the last of 16.
 TEST_F(Fp8GemmCuda, QuantizingGemvIsThePrefillArithmetic) {
   absl::StatusOr<std::unique_ptr<Fp8TensorCoreGemm>> gemm = Fp8TensorCoreGemm::Create(0);
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  const int64_t n = 37, k = 272;  // n not a multiple of the 8 rows a block covers
-  std::vector<uint8_t> w_codes;
-  std::vector<float> w_scales;
-  RandomFp8(n, k, 41, &w_codes, &w_scales);
-  DeviceBuffer dw = Upload(w_codes), dws = Upload(w_scales);
-  const Fp8DeviceMatrix w{dw.as<uint8_t>(), dws.as<float>(), n, k, 1, k};
-  ASSERT_TRUE(Fp8GemvVecQSupported(w));
-  for (const int64_t m : {1, 3, 8}) {
-    const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 42 + m, 3.0f)));
-    DeviceBuffer dx = Upload(ToBf16(x));
-    DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m);
-    ASSERT_EQ(
-        LaunchQuantizeRowsFp8(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(), nullptr),
-        cudaSuccess);
-    const int64_t y_ld = n + 3;
-    DeviceBuffer dy = Poisoned<float>(m * y_ld);
-    ASSERT_EQ(
-        LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), m, w, dy.as<float>(), y_ld, nullptr),
-        cudaSuccess);
-    const std::vector<float> y = Download<float>(dy, m * y_ld);
-    std::vector<uint8_t> x_codes;
-    std::vector<float> x_scales;
-    QuantizeRows(x, m, k, &x_codes, &x_scales);
-    std::vector<float> got(m * n), want(m * n), cpu(m * n);
-    for (int64_t i = 0; i < m; ++i) {
-      ASSERT_TRUE(std::isnan(y[i * y_ld + n])) << "a column outside the output";
-      for (int64_t c = 0; c < n; ++c) {
-        double q = 0, f = 0;
-        for (int64_t l = 0; l < k; ++l) {
-          const double wv = E4m3ToFloat(w_codes[c * k + l]);
-          q += E4m3ToFloat(x_codes[i * k + l]) * wv;
-          f += x[i * k + l] * wv * w_scales[c];
-        }
-        want[i * n + c] = static_cast<float>(q) * (x_scales[i] * w_scales[c]);
-        cpu[i * n + c] = static_cast<float>(f);
-        got[i * n + c] = y[i * y_ld + c];
+  for (const int64_t block : {0, 128}) {
+    // n 36 (the GEMM's multiple of 4, not of the 8 rows a GEMV block covers) or 300.
+    const int64_t n = block == 0 ? 36 : 300, k = 272;
+    std::vector<uint8_t> w_codes;
+    std::vector<float> w_scales;
+    RandomFp8(n, k, 41, &w_codes, &w_scales, block);
+    DeviceBuffer dw = Upload(w_codes), dws = Upload(w_scales);
+    const Fp8DeviceMatrix w{dw.as<uint8_t>(),       dws.as<float>(),       n, k,
+                            block == 0 ? 1 : block, block == 0 ? k : block};
+    ASSERT_TRUE(Fp8GemvVecQSupported(w));
+    for (const int64_t m : {1, 3, 4, 8}) {
+      const std::vector<float> x = FromBf16(ToBf16(RandomVector(m * k, 42 + m, 3.0f)));
+      DeviceBuffer dx = Upload(ToBf16(x));
+      DeviceBuffer xc = Poisoned<uint8_t>(m * k), xs = Poisoned<float>(m * 3);
+      ASSERT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), m, k, xc.as<uint8_t>(), xs.as<float>(),
+                                        m, nullptr),
+                cudaSuccess);
+      const int64_t y_ld = n + 4;  // a multiple of 4 floats, as the GEMM's output needs
+      DeviceBuffer dy = Poisoned<float>(m * y_ld);
+      ASSERT_EQ(LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), m, m, w, dy.as<float>(), y_ld,
+                                  nullptr),
+                cudaSuccess);
+      const std::vector<float> y = Download<float>(dy, m * y_ld);
+      std::vector<uint8_t> x_codes;
+      std::vector<float> x_scales;
+      QuantizeGroups(x, m, k, &x_codes, &x_scales);
+      const std::vector<float> want =
+          HostQuantizedProduct(x_codes, x_scales, m, w_codes, w_scales, n, k, block);
+      const std::vector<float> cpu = HostFp32ActProduct(x, m, w_codes, w_scales, n, k, block);
+      std::vector<float> got(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        ASSERT_TRUE(std::isnan(y[i * y_ld + n])) << "a column outside the output";
+        for (int64_t c = 0; c < n; ++c) got[i * n + c] = y[i * y_ld + c];
       }
+      EXPECT_LT(RelativeError(got, want), 1e-5) << "block " << block << " m " << m;
+      EXPECT_GT(RelativeError(got, cpu), 0) << "m " << m << ": the activations must be quantized";
+      if (m % 4 != 0) continue;
+      // The tensor-core GEMM on the same rows: the same codes and scales, only the summation
+      // order differs.
+      DeviceBuffer dt = Poisoned<float>(m * y_ld);
+      DeviceBuffer xc2 = Poisoned<uint8_t>(m * k), xs2 = Poisoned<float>(m * 3);
+      bool ran = false;
+      std::string why;
+      ASSERT_TRUE((*gemm)
+                      ->Run(dx.as<uint16_t>(), m, w, dt.as<float>(), y_ld, xc2.as<uint8_t>(),
+                            xs2.as<float>(), nullptr, &ran, &why)
+                      .ok());
+      ASSERT_TRUE(ran) << why;
+      const std::vector<float> t = Download<float>(dt, m * y_ld);
+      std::vector<float> tc(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t c = 0; c < n; ++c) tc[i * n + c] = t[i * y_ld + c];
+      }
+      EXPECT_LT(RelativeError(got, tc), 1e-6)
+          << "block " << block << " m " << m << ": GEMV vs tensor-core GEMM";
     }
-    EXPECT_LT(RelativeError(got, want), 1e-5) << "m " << m;
-    EXPECT_GT(RelativeError(got, cpu), 0) << "m " << m << ": the activations must be quantized";
-    // The tensor-core GEMM on the same rows: the same codes and scales, only the summation
-    // order differs.
-    DeviceBuffer dt = Poisoned<float>(m * y_ld);
-    DeviceBuffer xc2 = Poisoned<uint8_t>(m * k), xs2 = Poisoned<float>(m);
-    bool ran = false;
-    std::string why;
-    ASSERT_TRUE((*gemm)
-                    ->Run(dx.as<uint16_t>(), m, w, dt.as<float>(), y_ld, xc2.as<uint8_t>(),
-                          xs2.as<float>(), nullptr, &ran, &why)
-                    .ok());
-    ASSERT_TRUE(ran) << why;
-    const std::vector<float> t = Download<float>(dt, m * y_ld);
-    std::vector<float> tc(m * n);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t c = 0; c < n; ++c) tc[i * n + c] = t[i * y_ld + c];
-    }
-    EXPECT_LT(RelativeError(got, tc), 1e-6) << "m " << m << ": GEMV vs tensor-core GEMM";
   }
-  // Block-scaled weights are not served (their scales vary along k).
-  const Fp8DeviceMatrix block{dw.as<uint8_t>(), dws.as<float>(), n, k, 128, 128};
-  EXPECT_FALSE(Fp8GemvVecQSupported(block));
-  DeviceBuffer xc = Poisoned<uint8_t>(k), xs = Upload(std::vector<float>{1.f});
-  DeviceBuffer dy = Poisoned<float>(n);
+  // A scale stride below the row count is refused.
+  DeviceBuffer dw = Poisoned<uint8_t>(32 * 64), ds = Upload(std::vector<float>(32, 1.f));
+  DeviceBuffer xc = Poisoned<uint8_t>(2 * 64), xs = Upload(std::vector<float>{1.f, 1.f});
+  DeviceBuffer dy = Poisoned<float>(2 * 32);
+  const Fp8DeviceMatrix w{dw.as<uint8_t>(), ds.as<float>(), 32, 64, 1, 64};
   EXPECT_EQ(
-      LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), 1, block, dy.as<float>(), n, nullptr),
-      cudaErrorNotSupported);
+      LaunchFp8GemvVecQ(xc.as<uint8_t>(), xs.as<float>(), 1, 2, w, dy.as<float>(), 32, nullptr),
+      cudaErrorInvalidValue);
 }
 
+// The expert form: rows indexed globally (the scale of pair p, group g at g * pairs + p); cols
+// 160: two groups, the last of 32.
 TEST_F(Fp8GemmCuda, QuantizingExpertGemvMatchesTheHostProduct) {
-  const int64_t rows = 40, cols = 64, n_experts = 5;
+  const int64_t rows = 40, cols = 160, n_experts = 5;
   std::vector<uint8_t> codes(n_experts * rows * cols);
   const std::vector<float> v = RandomVector(codes.size(), 51, 100.0f);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = FloatToE4m3(v[i]);
@@ -351,32 +552,29 @@ TEST_F(Fp8GemmCuda, QuantizingExpertGemvMatchesTheHostProduct) {
   const int64_t pairs = offsets.back();
   const std::vector<float> x = FromBf16(ToBf16(RandomVector(pairs * cols, 52, 4.0f)));
   DeviceBuffer dw = Upload(codes), ds = Upload(scales), dx = Upload(ToBf16(x));
-  DeviceBuffer xc = Poisoned<uint8_t>(pairs * cols), xs = Poisoned<float>(pairs);
-  ASSERT_EQ(LaunchQuantizeRowsFp8(dx.as<uint16_t>(), pairs, cols, xc.as<uint8_t>(), xs.as<float>(),
-                                  nullptr),
+  DeviceBuffer xc = Poisoned<uint8_t>(pairs * cols), xs = Poisoned<float>(pairs * 2);
+  ASSERT_EQ(LaunchQuantizeFp8Groups(dx.as<uint16_t>(), pairs, cols, xc.as<uint8_t>(),
+                                    xs.as<float>(), pairs, nullptr),
             cudaSuccess);
   DeviceBuffer doff = Upload(offsets), dy = Poisoned<float>(pairs * rows);
   const Fp8DeviceMatrix w0{dw.as<uint8_t>(), ds.as<float>(), rows, cols, 1, cols};
   ASSERT_EQ(LaunchFp8ExpertGemvVecQ(w0, n_experts, doff.as<int32_t>(), xc.as<uint8_t>(),
-                                    xs.as<float>(), dy.as<float>(), rows, nullptr),
+                                    xs.as<float>(), pairs, dy.as<float>(), rows, nullptr),
             cudaSuccess);
   const std::vector<float> got = Download<float>(dy, pairs * rows);
   std::vector<uint8_t> x_codes;
   std::vector<float> x_scales;
-  QuantizeRows(x, pairs, cols, &x_codes, &x_scales);
+  QuantizeGroups(x, pairs, cols, &x_codes, &x_scales);
   for (int64_t e = 0; e < n_experts; ++e) {
+    const std::vector<uint8_t> ce(codes.begin() + e * rows * cols,
+                                  codes.begin() + (e + 1) * rows * cols);
+    const std::vector<float> se(scales.begin() + e * rows, scales.begin() + (e + 1) * rows);
+    const std::vector<float> want = HostQuantizedProduct(x_codes, x_scales, pairs, ce, se, rows,
+                                                         cols, 0);  // every pair vs expert e
     for (int64_t p = offsets[e]; p < offsets[e + 1]; ++p) {
-      std::vector<float> want(rows), ge(rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        double q = 0;
-        for (int64_t c = 0; c < cols; ++c) {
-          q += static_cast<double>(E4m3ToFloat(x_codes[p * cols + c])) *
-               E4m3ToFloat(codes[(e * rows + r) * cols + c]);
-        }
-        want[r] = static_cast<float>(q) * (x_scales[p] * scales[e * rows + r]);
-        ge[r] = got[p * rows + r];
-      }
-      EXPECT_LT(RelativeError(ge, want), 1e-5) << "expert " << e << " pair " << p;
+      const std::vector<float> we(want.begin() + p * rows, want.begin() + (p + 1) * rows);
+      const std::vector<float> ge(got.begin() + p * rows, got.begin() + (p + 1) * rows);
+      EXPECT_LT(RelativeError(ge, we), 1e-5) << "expert " << e << " pair " << p;
     }
   }
 }
@@ -412,8 +610,8 @@ std::vector<float> PromptLogits(CudaModel& m, int64_t n) {
 // sm_90, tensor cores turned on) and agrees with the CUDA-core kernel (tensor cores off) to
 // the activation rounding's error; decode-sized steps keep the (quantizing) GEMV. This random model
 // (stddev 0.1) is deliberately sensitive (its FP8 KV cache moves its logits by 0.14 too,
-// kv_fp8_test.cc): measured 0.144, bound 0.3; the golden fixtures' bound is golden_test.cc's
-// kFp8TensorCoreTolerance.
+// kv_fp8_test.cc): measured 0.111 with 1x128-group activation scales (0.144 per token),
+// bound 0.3.
 TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   absl::StatusOr<std::unique_ptr<CudaModel>> tc = CudaModel::Create(RandomFp8Tiny());
   absl::StatusOr<std::unique_ptr<CudaModel>> cores = CudaModel::Create(RandomFp8Tiny());
@@ -437,15 +635,58 @@ TEST_F(Fp8GemmCuda, ModelPrefillUsesTensorCores) {
   EXPECT_EQ((*tc)->fp8_tensor_core_gemms(), before);
 }
 
-// The FP8 golden fixtures with tensor cores on, against the Transformers reference: the
-// per-channel fixture's prefill runs on tensor cores (activations quantized per token: about
-// 2.5e-2 per GEMM, compounding over its layers; measured 0.127 relative on the prompt's
-// logits, bound 0.2), the block fixture keeps the CUDA-core kernel (measured 6.8e-3, bound
-// 3e-2 as for bf16); the greedy token after the prompt must be the reference's, and every
-// teacher-forced decode step's too, except that with the decode GEMV quantizing its
-// activations as well (one arithmetic for prefill and decode) fp8_channel_fp32's step 3
-// gives 201 for the reference's 64 (measured under emulation): the one known flip, allowed
-// by name and step so that any other is a failure. This is why tensor cores stay opt-in.
+// Prompts whose token count is not a multiple of 4: 23 tokens, cuBLASLt takes 20 rows and
+// the last 3 go through the quantizing GEMV; the same tokens as the first 23 of a 24-token
+// prompt (all 24 rows through cuBLASLt; causal, so the same logits). And, under emulation, a
+// cuBLASLt without the block-scaled modes (EMU_CUBLASLT_BLOCK=0: every prefill GEMM then runs
+// as quantized GEMV passes, logged once). The same activation arithmetic throughout, so the
+// logits agree to the fp32 summation order (then bf16-rounded GEMM inputs downstream: bound
+// 1e-2, the prefill / decode contract's).
+TEST_F(Fp8GemmCuda, TailRowsAndTheDeclinedFallbackKeepTheArithmetic) {
+  absl::StatusOr<std::unique_ptr<CudaModel>> tc = CudaModel::Create(RandomFp8Tiny());
+  ASSERT_TRUE(tc.ok()) << tc.status();
+  (*tc)->set_fp8_tensor_cores(true);
+  const std::vector<float> a = PromptLogits(**tc, 23);
+  EXPECT_GT((*tc)->fp8_tensor_core_gemms(), 0);
+  std::vector<float> a24 = PromptLogits(**tc, 24);
+  a24.resize(a.size());  // the first 23 tokens' rows
+  const double rel24 = RelativeError(a, a24);
+  std::printf("tiny-fp8: 23 tokens (20 GEMM rows + 3 GEMV rows) vs the first 23 of 24: %.2e\n",
+              rel24);
+  EXPECT_LT(rel24, 1e-2);
+  if (!Emulated()) return;  // EMU_CUBLASLT_BLOCK is the emulated cuBLASLt's switch
+  std::vector<float> b;
+  int64_t tc_gemms = -1, fallback = -1;
+  {
+    ScopedEnv no_block("EMU_CUBLASLT_BLOCK", "0");
+    absl::StatusOr<std::unique_ptr<CudaModel>> lt = CudaModel::Create(RandomFp8Tiny());
+    ASSERT_TRUE(lt.ok()) << lt.status();
+    (*lt)->set_fp8_tensor_cores(true);
+    ::testing::internal::CaptureStderr();
+    b = PromptLogits(**lt, 23);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("no FP8 algorithm"), std::string::npos) << log;
+    EXPECT_EQ(log.find("logged once"), log.rfind("logged once")) << "one line: " << log;
+    tc_gemms = (*lt)->fp8_tensor_core_gemms();
+    fallback = (*lt)->fp8_cuda_core_gemms();
+  }
+  EXPECT_EQ(tc_gemms, 0);
+  EXPECT_GT(fallback, 0);
+  const double rel = RelativeError(a, b);
+  std::printf("tiny-fp8, 23 tokens: tensor cores vs the declined fallback %.2e\n", rel);
+  EXPECT_LT(rel, 1e-2);
+}
+
+// The FP8 golden fixtures with tensor cores on, against the Transformers reference. Both
+// forms' prefill runs on tensor cores now (activations e4m3 per 1x128 group, about 2.5e-2 per
+// GEMM, compounding over the layers), measured 0.075 (fp8_channel_fp32) and 0.139
+// (fp8_block_fp32) relative on the prompt's logits, bound 0.2. The greedy token after the
+// prompt and every teacher-forced decode step's must be the reference's, except one known
+// flip: fp8_channel_fp32's token after the prompt is 167 for the reference's 27 (reference
+// top-2 margin 0.57; the activation rounding moves the logits by more). Per-token scales
+// (before) flipped its decode step 3 instead (201 for 64), and the host experiment of
+// docs/cuda.md predicted both. Allowed by name and step so that any other flip is a failure;
+// this is why FP8 tensor cores stay opt-in.
 TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
   int fixtures = 0;
   for (const std::string& name : testing::GoldenCases()) {
@@ -454,7 +695,6 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
     absl::StatusOr<ModelWeights> w = LoadCheckpoint(dir);
     ASSERT_TRUE(w.ok()) << name;
     if (w->weight_dtype != DType::kF8E4M3 || w->config.is_mla()) continue;
-    const bool per_channel = w->layers[0].attn.q_proj.scale_block_rows == 1;
     absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w));
     ASSERT_TRUE(m.ok()) << m.status();
     (*m)->set_fp8_tensor_cores(true);
@@ -472,24 +712,29 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
     absl::StatusOr<NpyArray> ref = ReadNpy(dir + "/logits.npy");
     ASSERT_TRUE(ref.ok()) << ref.status();
     const double err = RelativeError(r.logits, ref->data);
-    std::printf("[ %s ] FP8 tensor cores %s: prompt logits vs the reference %.4f\n", name.c_str(),
-                per_channel ? "on" : "declined (block form)", err);
-    EXPECT_LT(err, per_channel ? 0.2 : 3e-2) << name;
-    EXPECT_EQ((*m)->fp8_tensor_core_gemms() > 0, per_channel) << name;
+    std::printf("[ %s ] FP8 tensor cores: prompt logits vs the reference %.4f\n", name.c_str(),
+                err);
+    EXPECT_LT(err, 0.2) << name;
+    EXPECT_GT((*m)->fp8_tensor_core_gemms(), 0) << name;
+    // got[0]: after the prompt; got[k + 1]: teacher-forced decode step k.
+    std::vector<int64_t> got;
     const float* last = r.logits.data() + (n - 1) * v;
-    EXPECT_EQ(std::max_element(last, last + v) - last, e.greedy[0]) << name << " after the prompt";
+    got.push_back(std::max_element(last, last + v) - last);
     options.logits = LogitsRows::kLast;
     for (size_t k = 0; k + 1 < e.greedy.size(); ++k) {
       batch.sequences = {{1, n + static_cast<int64_t>(k), &table}};
       batch.token_ids = absl::MakeConstSpan(&e.greedy[k], 1);
       ASSERT_TRUE((*m)->Forward(batch, cache.get(), options, &r).ok());
-      const int64_t got = std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin();
-      if (per_channel && name == "fp8_channel_fp32" && k == 3) {
-        std::printf("[ %s ] step 3 on tensor cores: %lld (reference %d)\n", name.c_str(),
-                    static_cast<long long>(got), e.greedy[k + 1]);
+      got.push_back(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin());
+    }
+    for (size_t k = 0; k < got.size(); ++k) {
+      if (name == "fp8_channel_fp32" && k == 0) {
+        std::printf("[ %s ] after the prompt on tensor cores: %lld (reference %d)\n", name.c_str(),
+                    static_cast<long long>(got[k]), e.greedy[k]);
         continue;
       }
-      EXPECT_EQ(got, e.greedy[k + 1]) << name << " step " << k;
+      EXPECT_EQ(got[k], e.greedy[k]) << name << (k == 0 ? " after the prompt" : " decode step ")
+                                     << (k == 0 ? "" : std::to_string(k - 1));
     }
     ++fixtures;
   }
