@@ -1,14 +1,18 @@
-// The request harness shared by the engine's tests (engine_test.cc, engine_forced_test.cc):
-// what a request produced, a collector of many requests' events, and a deterministic
-// generate request.
+// The request harness shared by the engine's tests (engine_test.cc, engine_forced_test.cc,
+// cuda/engine_kv_fp8_cuda_test.cc): what a request produced, a collector of many requests'
+// events, a deterministic generate request, and the preemption and prefix-hit scenarios.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/engine.h"
@@ -91,6 +95,91 @@ inline GenerateRequest MakeGenerate(int key, int prompt_len, int max_new, bool s
     g.sampling.seed = 1000 + key;
   }
   return g;
+}
+
+// Waits for the engine to go idle (the loop publishes stats after each step), then checks
+// that every KV block came back and the invariant checker found nothing.
+inline void ExpectAllBlocksFree(Engine& engine) {
+  for (int i = 0; i < 200 && !engine.Idle(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  const EngineStats s = engine.Stats();
+  EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total) << "blocks leaked";
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.invariant_error, "");
+}
+
+// What the two scenarios below need from a test: an engine with the given options, the
+// request run alone (prefix caching off), and the contract an output is held to against
+// another (`greedy`: the request decodes greedily). The CPU holds every output bit-identical;
+// a real GPU its own, looser contract (cuda/engine_kv_fp8_cuda_test.cc).
+struct EngineScenario {
+  std::function<std::unique_ptr<Engine>(EngineOptions)> make;
+  std::function<Outcome(const GenerateRequest&)> run_alone;
+  std::function<void(const Outcome& got, const Outcome& want, bool greedy, const std::string& what)>
+      expect_same;
+};
+
+// 6 blocks of 16 for 8 requests that start in one block and end needing 3: admission (one
+// spare block per running sequence) lets 3 in, and their growth forces preemptions; every
+// output must still be the request's alone.
+inline void PreemptionScenario(const EngineScenario& t) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 96;
+  options.block_size = 16;
+  options.max_running = 8;
+  std::unique_ptr<Engine> engine = t.make(options);
+  Collector c;
+  std::vector<GenerateRequest> requests;
+  for (int k = 0; k < 8; ++k) {
+    requests.push_back(MakeGenerate(k, 4, 40, /*sample=*/k % 2 == 0));
+    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
+  }
+  c.Wait(8);
+  int64_t preempted = 0;
+  for (int k = 0; k < 8; ++k) {
+    const Outcome& got = c.outcomes()[k];
+    EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
+    EXPECT_EQ(got.tokens.size(), 40u);
+    t.expect_same(got, t.run_alone(requests[k]), k % 2 == 1, "request " + std::to_string(k));
+    preempted += got.finish.preemptions;
+  }
+  EXPECT_GT(engine->Stats().preemptions, 0);
+  EXPECT_EQ(engine->Stats().preemptions, preempted);
+  ExpectAllBlocksFree(*engine);
+}
+
+// A prompt sharing 3 full blocks with an earlier one computes only its tail and gives the
+// output it gives alone; the same prompt again hits all but its last block.
+inline void PrefixHitScenario(const EngineScenario& t) {
+  EngineOptions options;
+  options.block_size = 8;
+  std::unique_ptr<Engine> engine = t.make(options);
+  GenerateRequest a = MakeGenerate(1, 35, 4, false);
+  GenerateRequest b = a;
+  b.prompt.resize(30);  // shares the first 3 full blocks (24 tokens) with a
+  b.prompt.push_back(9);
+  b.sampling.temperature = 0.7f;
+  b.sampling.seed = 5;
+  Collector c;
+  ASSERT_TRUE(engine->Submit({a}, c.For(0)).ok());
+  c.Wait(1);
+  const int64_t computed_before = engine->Stats().prompt_tokens_computed;
+  ASSERT_TRUE(engine->Submit({b}, c.For(1)).ok());
+  c.Wait(2);
+  const EngineStats s = engine->Stats();
+  EXPECT_EQ(c.outcomes()[1].finish.cached_prompt_tokens, 24);
+  EXPECT_EQ(s.prompt_tokens_computed - computed_before, 31 - 24);  // only the tail computed
+  EXPECT_GE(s.prefix_hits, 3);
+  t.expect_same(c.outcomes()[1], t.run_alone(b), /*greedy=*/false, "a prefix hit");
+  ASSERT_TRUE(engine->Submit({a}, c.For(2)).ok());
+  c.Wait(3);
+  EXPECT_EQ(c.outcomes()[2].finish.cached_prompt_tokens, 32);
+  t.expect_same(c.outcomes()[2], c.outcomes()[0], /*greedy=*/true, "the same prompt again");
+  t.expect_same(c.outcomes()[0], t.run_alone(a), /*greedy=*/true, "a alone");
+  ExpectAllBlocksFree(*engine);
 }
 
 }  // namespace glmserve::testing

@@ -57,6 +57,7 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = 
 }
 
 using testing::Collector;
+using testing::ExpectAllBlocksFree;
 using testing::MakeGenerate;
 using testing::Outcome;
 
@@ -69,16 +70,15 @@ Outcome RunAlone(const GenerateRequest& g, EngineOptions options = {}) {
   return c.outcomes()[0];
 }
 
-void ExpectAllBlocksFree(Engine& engine) {
-  // The loop publishes stats after each step; give it a moment to go idle.
-  for (int i = 0; i < 200 && !engine.Idle(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  const EngineStats s = engine.Stats();
-  EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total) << "blocks leaked";
-  EXPECT_EQ(s.running, 0);
-  EXPECT_EQ(s.waiting, 0);
-  EXPECT_EQ(s.invariant_error, "");
+// The shared scenarios (engine_harness.h) on this CPU engine: every output bit-identical.
+testing::EngineScenario CpuScenario() {
+  testing::EngineScenario t;
+  t.make = [](EngineOptions options) { return MakeEngine(options); };
+  t.run_alone = [](const GenerateRequest& g) { return RunAlone(g); };
+  t.expect_same = [](const Outcome& got, const Outcome& want, bool, const std::string& what) {
+    EXPECT_TRUE(got == want) << what << ": not bit-identical";
+  };
+  return t;
 }
 
 // "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights) or "fp8_kv"
@@ -135,59 +135,11 @@ TEST_P(EngineMathTest, ChunkedPrefillEqualsUnchunked) {
 }
 
 TEST_P(EngineMathTest, SmallKvCachePreemptsAndStillMatches) {
-  EngineOptions options;
-  // 6 blocks of 16. Each request starts in one block and ends needing 3: admission (one
-  // spare block per running sequence) lets 3 in, and their growth forces preemptions.
-  options.kv_capacity_tokens = 96;
-  options.block_size = 16;
-  options.max_running = 8;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  Collector c;
-  std::vector<GenerateRequest> requests;
-  for (int k = 0; k < 8; ++k) {
-    requests.push_back(MakeGenerate(k, 4, 40, /*sample=*/k % 2 == 0));
-    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
-  }
-  c.Wait(8);
-  int64_t preempted = 0;
-  for (int k = 0; k < 8; ++k) {
-    const Outcome& got = c.outcomes()[k];
-    EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
-    EXPECT_TRUE(got == RunAlone(requests[k])) << "request " << k;
-    preempted += got.finish.preemptions;
-  }
-  EXPECT_GT(engine->Stats().preemptions, 0);
-  EXPECT_EQ(engine->Stats().preemptions, preempted);
-  ExpectAllBlocksFree(*engine);
+  testing::PreemptionScenario(CpuScenario());
 }
 
 TEST_P(EngineMathTest, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
-  EngineOptions options;
-  options.block_size = 8;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  GenerateRequest a = MakeGenerate(1, 35, 4, false);
-  GenerateRequest b = a;
-  b.prompt.resize(30);  // shares the first 3 full blocks (24 tokens) with a
-  b.prompt.push_back(9);
-  b.sampling.temperature = 0.7f;
-  b.sampling.seed = 5;
-  Collector c;
-  ASSERT_TRUE(engine->Submit({a}, c.For(0)).ok());
-  c.Wait(1);
-  const int64_t computed_before = engine->Stats().prompt_tokens_computed;
-  ASSERT_TRUE(engine->Submit({b}, c.For(1)).ok());
-  c.Wait(2);
-  const EngineStats s = engine->Stats();
-  EXPECT_EQ(c.outcomes()[1].finish.cached_prompt_tokens, 24);
-  EXPECT_EQ(s.prompt_tokens_computed - computed_before, 31 - 24);  // only the tail computed
-  EXPECT_GE(s.prefix_hits, 3);
-  EXPECT_TRUE(c.outcomes()[1] == RunAlone(b)) << "a prefix hit changed the output";
-  // The same prompt again: everything but the last block is a hit, output identical.
-  ASSERT_TRUE(engine->Submit({a}, c.For(2)).ok());
-  c.Wait(3);
-  EXPECT_EQ(c.outcomes()[2].finish.cached_prompt_tokens, 32);
-  EXPECT_TRUE(c.outcomes()[2] == c.outcomes()[0]);
-  ExpectAllBlocksFree(*engine);
+  testing::PrefixHitScenario(CpuScenario());
 }
 
 TEST(EngineTest, CancelAndDeadlinesFreeEverythingAndSpareOthers) {

@@ -14,10 +14,6 @@
 // 1e-2 (sampled requests may legitimately diverge after a near-tie and are not compared).
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cmath>
-#include <thread>
-
 #include "core/checkpoint.h"
 #include "core/cuda/model.h"
 #include "core/engine.h"
@@ -28,7 +24,6 @@ namespace glmserve::cuda {
 namespace {
 
 using ::glmserve::testing::Collector;
-using ::glmserve::testing::MakeGenerate;
 using ::glmserve::testing::Outcome;
 
 bool Emulated() {
@@ -74,89 +69,34 @@ Outcome RunAlone(const GenerateRequest& g) {
   return c.outcomes()[0];
 }
 
-// The contract this device is held to (top of the file).
-void ExpectSameOutput(const Outcome& got, const Outcome& alone, bool greedy, const char* what) {
-  if (Emulated()) {
-    EXPECT_TRUE(got == alone) << what << ": not bit-identical to the request run alone";
-    return;
-  }
-  if (!greedy) return;
-  EXPECT_EQ(got.tokens, alone.tokens) << what;
-  ASSERT_EQ(got.logprobs.size(), alone.logprobs.size()) << what;
-  for (size_t i = 0; i < got.logprobs.size(); ++i) {
-    EXPECT_NEAR(got.logprobs[i], alone.logprobs[i], 1e-2) << what << " token " << i;
-  }
-}
-
-void ExpectAllBlocksFree(Engine& engine) {
-  for (int i = 0; i < 200 && !engine.Idle(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  const EngineStats s = engine.Stats();
-  EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total) << "blocks leaked";
-  EXPECT_EQ(s.running, 0);
-  EXPECT_EQ(s.invariant_error, "");
+// The shared scenarios (engine_harness.h) on the CUDA runner, held to this device's contract
+// (top of the file).
+::glmserve::testing::EngineScenario Scenario() {
+  ::glmserve::testing::EngineScenario t;
+  t.make = [](EngineOptions options) { return MakeEngine(options); };
+  t.run_alone = [](const GenerateRequest& g) { return RunAlone(g); };
+  t.expect_same = [](const Outcome& got, const Outcome& want, bool greedy,
+                     const std::string& what) {
+    if (Emulated()) {
+      EXPECT_TRUE(got == want) << what << ": not bit-identical";
+      return;
+    }
+    if (!greedy) return;
+    EXPECT_EQ(got.tokens, want.tokens) << what;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-2) << what << " token " << i;
+    }
+  };
+  return t;
 }
 
 TEST_F(EngineKvFp8Cuda, SmallKvCachePreemptsAndStillMatches) {
-  EngineOptions options;
-  // 6 blocks of 16. Each request starts in one block and ends needing 3: admission (one
-  // spare block per running sequence) lets 3 in, and their growth forces preemptions.
-  options.kv_capacity_tokens = 96;
-  options.block_size = 16;
-  options.max_running = 8;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  Collector c;
-  std::vector<GenerateRequest> requests;
-  for (int k = 0; k < 8; ++k) {
-    requests.push_back(MakeGenerate(k, 4, 40, /*sample=*/k % 2 == 0));
-    ASSERT_TRUE(engine->Submit({requests.back()}, c.For(k)).ok());
-  }
-  c.Wait(8);
-  int64_t preempted = 0;
-  for (int k = 0; k < 8; ++k) {
-    const Outcome& got = c.outcomes()[k];
-    EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
-    EXPECT_EQ(got.tokens.size(), 40u);
-    const std::string what = "request " + std::to_string(k);
-    ExpectSameOutput(got, RunAlone(requests[k]), k % 2 == 1, what.c_str());
-    preempted += got.finish.preemptions;
-  }
-  EXPECT_GT(engine->Stats().preemptions, 0);
-  EXPECT_EQ(engine->Stats().preemptions, preempted);
-  ExpectAllBlocksFree(*engine);
+  ::glmserve::testing::PreemptionScenario(Scenario());
 }
 
 TEST_F(EngineKvFp8Cuda, PrefixHitGivesIdenticalOutputAndSkipsCompute) {
-  EngineOptions options;
-  options.block_size = 8;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  GenerateRequest a = MakeGenerate(1, 35, 4, false);
-  GenerateRequest b = a;
-  b.prompt.resize(30);  // shares the first 3 full blocks (24 tokens) with a
-  b.prompt.push_back(9);
-  b.sampling.temperature = 0.7f;
-  b.sampling.seed = 5;
-  Collector c;
-  ASSERT_TRUE(engine->Submit({a}, c.For(0)).ok());
-  c.Wait(1);
-  const int64_t computed_before = engine->Stats().prompt_tokens_computed;
-  ASSERT_TRUE(engine->Submit({b}, c.For(1)).ok());
-  c.Wait(2);
-  const EngineStats s = engine->Stats();
-  EXPECT_EQ(c.outcomes()[1].finish.cached_prompt_tokens, 24);
-  EXPECT_EQ(s.prompt_tokens_computed - computed_before, 31 - 24);  // only the tail computed
-  EXPECT_GE(s.prefix_hits, 3);
-  ExpectSameOutput(c.outcomes()[1], RunAlone(b), /*greedy=*/false, "a prefix hit");
-  // The same prompt again: everything but the last block is a hit. Greedy: held to equal
-  // tokens on a GPU too.
-  ASSERT_TRUE(engine->Submit({a}, c.For(2)).ok());
-  c.Wait(3);
-  EXPECT_EQ(c.outcomes()[2].finish.cached_prompt_tokens, 32);
-  ExpectSameOutput(c.outcomes()[2], c.outcomes()[0], /*greedy=*/true, "the same prompt again");
-  ExpectSameOutput(c.outcomes()[0], RunAlone(a), /*greedy=*/true, "a alone");
-  ExpectAllBlocksFree(*engine);
+  ::glmserve::testing::PrefixHitScenario(Scenario());
 }
 
 }  // namespace

@@ -25,12 +25,15 @@
 #include "core/kv_fp8.h"
 #include "core/model.h"
 #include "core/ops/attention.h"
+#include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
+
+using ::glmserve::testing::AllLogits;
 
 using ::glmserve::testing::FromBf16;
 using ::glmserve::testing::RandomVector;
@@ -256,25 +259,6 @@ TEST_F(KvFp8Cuda, CacheBytesDTypeAndRefusals) {
   const absl::Status s = (*glm5)->SetKvCacheDType(KvCacheDType::kFp8E4M3);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("--kv_cache_dtype=fp8_e4m3"), absl::string_view::npos) << s;
-}
-
-// Logits of every token of `ids` in one forward over a fresh cache of `runner`.
-std::vector<float> AllLogits(ModelRunner& runner, const std::vector<int32_t>& ids) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  absl::StatusOr<std::unique_ptr<KvCache>> cache = runner.CreateCache(n / 4 + 2, 4);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  if (!cache.ok()) return {};
-  BlockTable table;
-  EXPECT_TRUE((*cache)->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  const absl::Status s = runner.Forward(batch, cache->get(), options, &result);
-  EXPECT_TRUE(s.ok()) << s;
-  return result.logits;
 }
 
 // The whole model on every GLM-4.5 golden fixture (prompt plus greedy continuation,
