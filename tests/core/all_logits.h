@@ -11,11 +11,14 @@
 
 namespace glmserve::testing {
 
-// [ids.size(), vocab] logits of `ids` run as one prefill through `runner` (any backend); an
-// empty vector, with a test failure, if the cache or the forward is refused.
-inline std::vector<float> AllLogits(ModelRunner& runner, const std::vector<int32_t>& ids) {
+// [ids.size(), vocab] logits of `ids` run as one prefill through `runner` (any backend), over
+// a fresh cache of `block_size`-token blocks; an empty vector, with a test failure, if the
+// cache or the forward is refused.
+inline std::vector<float> AllLogits(ModelRunner& runner, const std::vector<int32_t>& ids,
+                                    int64_t block_size = 4) {
   const int64_t n = static_cast<int64_t>(ids.size());
-  absl::StatusOr<std::unique_ptr<KvCache>> cache = runner.CreateCache(n / 4 + 2, 4);
+  absl::StatusOr<std::unique_ptr<KvCache>> cache =
+      runner.CreateCache((n + block_size - 1) / block_size + 1, block_size);
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return {};
   BlockTable table;

@@ -28,6 +28,16 @@
 
 namespace glmserve::testing {
 
+// Whether this binary runs under tools/cuda_emu (exact single-loop cuBLAS; a cuBLASLt that
+// honours EMU_CUBLASLT_*) rather than on a real device.
+inline bool Emulated() {
+#ifdef GLMSERVE_CUDA_EMU
+  return true;
+#else
+  return false;
+#endif
+}
+
 inline std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);

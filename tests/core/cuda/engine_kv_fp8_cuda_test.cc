@@ -23,16 +23,10 @@
 namespace glmserve::cuda {
 namespace {
 
+using ::glmserve::testing::Emulated;
+
 using ::glmserve::testing::Collector;
 using ::glmserve::testing::Outcome;
-
-bool Emulated() {
-#ifdef GLMSERVE_CUDA_EMU
-  return true;
-#else
-  return false;
-#endif
-}
 
 class EngineKvFp8Cuda : public ::testing::Test {
  protected:

@@ -30,6 +30,8 @@
 namespace glmserve::cuda {
 namespace {
 
+using ::glmserve::testing::Emulated;
+
 using ::glmserve::testing::FromBf16;
 using ::glmserve::testing::RandomVector;
 using ::glmserve::testing::RelativeError;
@@ -58,15 +60,6 @@ class ScopedEnv {
   bool had_ = false;
   std::string old_;
 };
-
-// Whether this binary runs under tools/cuda_emu (whose cuBLASLt honours EMU_CUBLASLT_*).
-bool Emulated() {
-#ifdef GLMSERVE_CUDA_EMU
-  return true;
-#else
-  return false;
-#endif
-}
 
 class Fp8GemmCuda : public ::testing::Test {
  protected:

@@ -23,11 +23,14 @@
 #include "core/model.h"
 #include "core/ops/ffn.h"
 #include "core/ops/moe.h"
+#include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
+
+using ::glmserve::testing::AllLogits;
 
 using ::glmserve::testing::RelativeError;
 
@@ -56,26 +59,6 @@ std::vector<int32_t> Tokens(int64_t n, int32_t salt, int32_t vocab = 256) {
   std::vector<int32_t> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + salt * 11 + 3) % vocab);
   return ids;
-}
-
-// Logits of every position of `ids` in one forward over a fresh cache of `runner`.
-std::vector<float> FullForward(ModelRunner& runner, const std::vector<int32_t>& ids,
-                               int64_t block_size = 4) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  absl::StatusOr<std::unique_ptr<KvCache>> cache =
-      runner.CreateCache((n + block_size - 1) / block_size + 1, block_size);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  BlockTable table;
-  EXPECT_TRUE((*cache)->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  const absl::Status s = runner.Forward(batch, cache->get(), options, &result);
-  EXPECT_TRUE(s.ok()) << s;
-  return result.logits;
 }
 
 // GPU against CPU on seeded random weights. bf16 rounding moves router scores by ~1e-3, which
@@ -117,17 +100,17 @@ TEST_P(CudaModelTest, GpuMatchesCpuOnARandomModel) {
   ASSERT_NE(gpu, nullptr);
   // 300 tokens with 16-token blocks: many key chunks, several prefill tiles.
   const std::vector<int32_t> ids = Tokens(300, 9);
-  const std::vector<float> want = FullForward(cpu, ids, 16);
+  const std::vector<float> want = AllLogits(cpu, ids, 16);
   if (GetParam() == DType::kF8E4M3) {
     gpu->set_fp8_tensor_cores(true);
-    const double rel = RelativeError(FullForward(*gpu, ids, 16), want);
+    const double rel = RelativeError(AllLogits(*gpu, ids, 16), want);
     std::printf("fp8, tensor cores on: GPU vs CPU logits %.4f\n", rel);
     EXPECT_GT(gpu->fp8_tensor_core_gemms(), 0);
     EXPECT_GT(rel, 0);
     EXPECT_LT(rel, kFp8ActivationTolerance);
     gpu->set_fp8_tensor_cores(false);
   }
-  ExpectRowsMatch(FullForward(*gpu, ids, 16), want, cpu.config().vocab_size);
+  ExpectRowsMatch(AllLogits(*gpu, ids, 16), want, cpu.config().vocab_size);
 }
 
 // GLM-5 (MLA over the latent cache + the DSA indexer), bf16 weights, 40 tokens.
@@ -159,7 +142,7 @@ TEST(CudaModelGlm5, DenseMlaMatchesCpuRowByRow) {
   ASSERT_NE(gpu, nullptr);
   EXPECT_EQ(gpu->kv_bytes_per_token(), cpu.kv_bytes_per_token() / 2);  // bf16 latent rows
   const std::vector<int32_t> ids = Tokens(40, 5);
-  const std::vector<float> got = FullForward(*gpu, ids, 4), want = FullForward(cpu, ids, 4);
+  const std::vector<float> got = AllLogits(*gpu, ids, 4), want = AllLogits(cpu, ids, 4);
   const int64_t vocab = cpu.config().vocab_size;
   ASSERT_EQ(got.size(), want.size());
   for (int64_t r = 0; r < 40; ++r) {
@@ -175,7 +158,7 @@ TEST(CudaModelGlm5, SparseSelectionMatchesCpuOnMostRows) {
   std::unique_ptr<CudaModel> gpu = Gpu(RandomGlm5(8));
   ASSERT_NE(gpu, nullptr);
   const std::vector<int32_t> ids = Tokens(40, 5);
-  const std::vector<float> got = FullForward(*gpu, ids, 4), want = FullForward(cpu, ids, 4);
+  const std::vector<float> got = AllLogits(*gpu, ids, 4), want = AllLogits(cpu, ids, 4);
   const int64_t vocab = cpu.config().vocab_size;
   ASSERT_EQ(got.size(), want.size());
   int64_t beyond = 0;
@@ -336,7 +319,7 @@ TEST(CudaModelMini, RealVocabularyAndWidthsMatchCpu) {
   std::unique_ptr<CudaModel> gpu = Gpu(Random("glm-4.5-mini:layers=2"));
   ASSERT_NE(gpu, nullptr);
   const std::vector<int32_t> ids = Tokens(33, 7, 151552);
-  ExpectRowsMatch(FullForward(*gpu, ids, 16), FullForward(cpu, ids, 16), cpu.config().vocab_size);
+  ExpectRowsMatch(AllLogits(*gpu, ids, 16), AllLogits(cpu, ids, 16), cpu.config().vocab_size);
   EXPECT_GT(gpu->weight_bytes(), 0);
   EXPECT_EQ(gpu->kv_bytes_per_token(), 2 * 2 * gpu->config().kv_dim() * 2);
 }
