@@ -14,9 +14,10 @@
 namespace glmserve {
 namespace {
 
-// The rounded activations of one LinearMany call live in a per-thread arena that is reused
-// from call to call: a fresh multi-megabyte buffer per call costs its page faults and zeroing
-// every time (measured: a quarter of a 128-expert MoE step in kBf16Amx). A lease is taken by
+// The rounded activations of one LinearMany call live in a per-thread, cache-line aligned
+// arena reused from call to call: a fresh multi-megabyte buffer per call came back from
+// malloc 16 bytes off a cache line (AMX tile loads then run at a third of their rate:
+// core/aligned_vector.h) and cost its page faults and zeroing every time. A lease is taken by
 // the calling thread for the call's duration; a nested call on the same thread (none today)
 // gets a buffer of its own. Arenas above kKeepBytes are released after the call, so a long
 // prefill does not pin its peak.
