@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "core/dtype.h"
 #include "core/kv_fp8.h"
 #include "core/npy.h"
+#include "nlohmann/json.hpp"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
@@ -670,16 +672,19 @@ TEST_F(Fp8GemmCuda, TailRowsAndTheDeclinedFallbackKeepTheArithmetic) {
   EXPECT_LT(rel, 1e-2);
 }
 
-// The FP8 golden fixtures with tensor cores on, against the Transformers reference. Both
-// forms' prefill runs on tensor cores now (activations e4m3 per 1x128 group, about 2.5e-2 per
-// GEMM, compounding over the layers), measured 0.075 (fp8_channel_fp32) and 0.139
-// (fp8_block_fp32) relative on the prompt's logits, bound 0.2. The greedy token after the
-// prompt and every teacher-forced decode step's must be the reference's, except one known
-// flip: fp8_channel_fp32's token after the prompt is 167 for the reference's 27 (reference
-// top-2 margin 0.57; the activation rounding moves the logits by more). Per-token scales
-// (before) flipped its decode step 3 instead (201 for 64), and the host experiment of
-// docs/cuda.md predicted both. Allowed by name and step so that any other flip is a failure;
-// this is why FP8 tensor cores stay opt-in.
+// The FP8 golden fixtures with tensor cores on, against two Transformers references:
+//  * the fixture's own (the dequantized checkpoint in fp32, activations unquantized): the
+//    prompt's logits within 0.2 (measured 0.075 fp8_channel_fp32, 0.139 fp8_block_fp32; e4m3
+//    activations cost about 2.5e-2 per GEMM, compounding over the layers);
+//  * tools/make_goldens_fp8_tc.py's (the same forward with every FP8 linear's input quantized
+//    as this path does: bf16, then e4m3 per token per 1x128 group; tensor_cores.json and
+//    logits_tensor_cores.npy): the token after the prompt and every teacher-forced decode
+//    step's equal, all 8; the prompt's logits within 0.1 (measured 0.074 and 0.075: no closer
+//    than to the unquantized reference, so what remains is not the activation rounding, and
+//    where it comes from is not yet known). The unquantized reference's tokens
+//    differ in one place, fp8_channel_fp32's token after the prompt (27 there, 167 with
+//    quantized activations: a top-2 margin of 0.57, which e4m3 activations exceed); that is why
+//    FP8 tensor cores stay opt-in (docs/cuda.md).
 TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
   int fixtures = 0;
   for (const std::string& name : testing::GoldenCases()) {
@@ -704,6 +709,7 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
     ASSERT_TRUE((*m)->Forward(batch, cache.get(), options, &r).ok());
     absl::StatusOr<NpyArray> ref = ReadNpy(dir + "/logits.npy");
     ASSERT_TRUE(ref.ok()) << ref.status();
+    const std::vector<float> prompt_logits = r.logits;
     const double err = RelativeError(r.logits, ref->data);
     std::printf("[ %s ] FP8 tensor cores: prompt logits vs the reference %.4f\n", name.c_str(),
                 err);
@@ -720,14 +726,25 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
       ASSERT_TRUE((*m)->Forward(batch, cache.get(), options, &r).ok());
       got.push_back(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin());
     }
+    // The reference with quantized activations: logits and every step's token.
+    std::ifstream tc_file(dir + "/tensor_cores.json");
+    ASSERT_TRUE(tc_file.good()) << name << ": run tools/make_goldens_fp8_tc.py";
+    const nlohmann::json tc = nlohmann::json::parse(tc_file);
+    const auto want = tc["steps"].get<std::vector<int64_t>>();
+    absl::StatusOr<NpyArray> tc_logits = ReadNpy(dir + "/logits_tensor_cores.npy");
+    ASSERT_TRUE(tc_logits.ok()) << tc_logits.status();
+    ASSERT_GE(static_cast<int64_t>(tc_logits->data.size()), n * v);
+    const std::vector<float> tc_prompt(tc_logits->data.begin(), tc_logits->data.begin() + n * v);
+    const double tc_err = RelativeError(prompt_logits, tc_prompt);
+    std::printf("[ %s ] against the quantized-activation reference %.4f; tokens", name.c_str(),
+                tc_err);
+    for (int64_t t : got) std::printf(" %lld", static_cast<long long>(t));
+    std::printf("\n");
+    EXPECT_LT(tc_err, 0.1) << name;
+    ASSERT_EQ(want.size(), got.size()) << name;
     for (size_t k = 0; k < got.size(); ++k) {
-      if (name == "fp8_channel_fp32" && k == 0) {
-        std::printf("[ %s ] after the prompt on tensor cores: %lld (reference %d)\n", name.c_str(),
-                    static_cast<long long>(got[k]), e.greedy[k]);
-        continue;
-      }
-      EXPECT_EQ(got[k], e.greedy[k]) << name << (k == 0 ? " after the prompt" : " decode step ")
-                                     << (k == 0 ? "" : std::to_string(k - 1));
+      EXPECT_EQ(got[k], want[k]) << name << (k == 0 ? " after the prompt" : " decode step ")
+                                 << (k == 0 ? "" : std::to_string(k - 1));
     }
     ++fixtures;
   }
