@@ -17,6 +17,7 @@
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/int8_matrix.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -25,28 +26,13 @@ namespace {
 using testing::RandomVector;
 using testing::RelativeError;
 
-struct Quantized {
-  std::vector<int8_t> q;
-  std::vector<float> scales;
-  Matrix view;
-};
-
-Quantized Quantize(const std::vector<float>& w, int64_t rows, int64_t cols) {
-  Quantized out;
-  const Matrix dense{DType::kF32, rows, cols, w.data()};
-  out.q.resize(rows * cols);
-  out.scales.resize(rows * dense.scale_cols());
-  QuantizeMatrixInt8(dense, out.q.data(), out.scales.data());
-  out.view =
-      Matrix{DType::kF32, rows, cols, out.q.data(), WeightFormat::kInt8Groups, out.scales.data()};
-  return out;
-}
+using testing::QuantizeInt8;
 
 TEST(QuantizeInt8, ErrorWithinHalfAScalePerElement) {
   const int64_t rows = 7, cols = 77;  // a 13-wide last group
   std::vector<float> w = RandomVector(rows * cols, 3, 0.2f);
   for (int64_t c = 0; c < cols; ++c) w[2 * cols + c] = 0;  // an all-zero row
-  const Quantized qm = Quantize(w, rows, cols);
+  const testing::Int8Matrix qm = QuantizeInt8(w, rows, cols);
   const int64_t groups = qm.view.scale_cols();
   ASSERT_EQ(groups, 3);
   for (int64_t r = 0; r < rows; ++r) {

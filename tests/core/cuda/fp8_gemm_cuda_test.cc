@@ -25,12 +25,15 @@
 #include "core/kv_fp8.h"
 #include "core/npy.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
+
+using ::glmserve::testing::AllLogits;
 
 using ::glmserve::testing::Emulated;
 
@@ -584,21 +587,11 @@ ModelWeights RandomFp8Tiny() {
   return *std::move(w);
 }
 
+// The logits of an n-token prompt of fixed ids.
 std::vector<float> PromptLogits(CudaModel& m, int64_t n) {
   std::vector<int32_t> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % 256);
-  std::unique_ptr<KvCache> cache = *m.CreateCache(n / 4 + 2, 4);
-  BlockTable table;
-  EXPECT_TRUE(cache->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  const absl::Status s = m.Forward(batch, cache.get(), options, &result);
-  EXPECT_TRUE(s.ok()) << s;
-  return result.logits;
+  return AllLogits(m, ids);
 }
 
 // A 24-token prefill of the FP8 tiny model takes the tensor-core GEMM (the emulated device is

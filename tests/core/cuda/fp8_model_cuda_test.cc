@@ -15,11 +15,14 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/model.h"
 #include "core/model.h"
+#include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
+
+using ::glmserve::testing::AllLogits;
 
 ModelWeights Random(const std::string& preset, DType dtype) {
   absl::StatusOr<ModelConfig> config = PresetConfig(preset);
@@ -33,20 +36,7 @@ ModelWeights Random(const std::string& preset, DType dtype) {
   return *std::move(w);
 }
 
-std::vector<float> PromptLogits(CudaModel& m) {
-  const std::vector<int32_t> ids = {3, 17, 100, 42, 7};
-  std::unique_ptr<KvCache> cache = *m.CreateCache(4, 4);
-  BlockTable table;
-  EXPECT_TRUE(cache->Reserve(&table, 5).ok());
-  ForwardBatch batch;
-  batch.sequences = {{5, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  EXPECT_TRUE(m.Forward(batch, cache.get(), options, &result).ok());
-  return result.logits;
-}
+std::vector<float> PromptLogits(CudaModel& m) { return AllLogits(m, {3, 17, 100, 42, 7}); }
 
 TEST(Fp8ModelCudaTest, WeightsStayFp8OnTheDevice) {
   GLM_REQUIRE_CUDA_DEVICE();

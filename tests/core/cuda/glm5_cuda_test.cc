@@ -20,11 +20,14 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/model.h"
 #include "core/model.h"
+#include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
 namespace {
+
+using ::glmserve::testing::AllLogits;
 
 using ::glmserve::testing::RelativeError;
 
@@ -53,22 +56,6 @@ std::vector<int32_t> Tokens(int64_t n, int32_t salt) {
   std::vector<int32_t> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + salt * 11 + 3) % 256);
   return ids;
-}
-
-std::vector<float> FullForward(ModelRunner& runner, const std::vector<int32_t>& ids) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  std::unique_ptr<KvCache> cache = *runner.CreateCache(n / 4 + 2, 4);
-  BlockTable table;
-  EXPECT_TRUE(cache->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  ForwardResult result;
-  const absl::Status s = runner.Forward(batch, cache.get(), options, &result);
-  EXPECT_TRUE(s.ok()) << s;
-  return result.logits;
 }
 
 TEST(CudaGlm5Fp8, WeightsStayFp8OnTheDevice) {
@@ -132,7 +119,7 @@ TEST(CudaGlm5Fp8, DeviceGeneratedPresetEqualsTheHostPreset) {
   EXPECT_EQ(codes(ma.kv_b8), codes(mb.kv_b8));
   EXPECT_EQ(codes(ma.wq_b8), codes(mb.wq_b8));
   const std::vector<int32_t> ids = Tokens(12, 3);
-  EXPECT_EQ(FullForward(*a, ids), FullForward(*b, ids));
+  EXPECT_EQ(AllLogits(*a, ids), AllLogits(*b, ids));
 }
 
 // Every query dense (index_topk 64): the FP8 MLA path (FP8 projections, kv_b's codes in the
@@ -143,7 +130,7 @@ TEST(CudaGlm5Fp8, DenseForwardMatchesTheCpuFp8PathRowByRow) {
   std::unique_ptr<CudaModel> gpu = Gpu(RandomGlm5(DType::kF8E4M3, 64));
   ASSERT_NE(gpu, nullptr);
   const std::vector<int32_t> ids = Tokens(24, 5);
-  const std::vector<float> got = FullForward(*gpu, ids), want = FullForward(cpu, ids);
+  const std::vector<float> got = AllLogits(*gpu, ids), want = AllLogits(cpu, ids);
   const int64_t vocab = cpu.config().vocab_size;
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
@@ -181,11 +168,11 @@ TEST(CudaGlm5TensorCores, MatchCpuAndTheCudaCoreKernel) {
     ASSERT_NE(gpu, nullptr);
     EXPECT_EQ(gpu->mla_tc_tokens(), 128) << "tiny-glm5's scratch covers every graph bucket";
     const std::vector<int32_t> ids = Tokens(40, 5);
-    const std::vector<float> tc = FullForward(*gpu, ids);
+    const std::vector<float> tc = AllLogits(*gpu, ids);
     gpu->set_mla_tensor_cores(false);
     EXPECT_EQ(gpu->mla_tc_tokens(), 0);
-    const std::vector<float> cores = FullForward(*gpu, ids);
-    const std::vector<float> want = FullForward(cpu, ids);
+    const std::vector<float> cores = AllLogits(*gpu, ids);
+    const std::vector<float> want = AllLogits(cpu, ids);
     const int64_t vocab = cpu.config().vocab_size;
     double worst_tc = 0;
     int64_t apart = 0;  // rows where the two kernels' roundings flipped an expert route

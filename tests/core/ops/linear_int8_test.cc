@@ -10,6 +10,7 @@
 
 #include "core/ops/linear.h"
 #include "core/quantize.h"
+#include "tests/core/int8_matrix.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -18,27 +19,12 @@ namespace {
 using testing::RandomVector;
 using testing::RelativeError;
 
-struct Quantized {
-  std::vector<int8_t> q;
-  std::vector<float> scales;
-  Matrix view;
-};
-
-Quantized QuantizeWeightsOf(const std::vector<float>& w, int64_t rows, int64_t cols) {
-  Quantized out;
-  const Matrix dense{DType::kF32, rows, cols, w.data()};
-  out.q.resize(rows * cols);
-  out.scales.resize(rows * dense.scale_cols());
-  QuantizeMatrixInt8(dense, out.q.data(), out.scales.data());
-  out.view =
-      Matrix{DType::kF32, rows, cols, out.q.data(), WeightFormat::kInt8Groups, out.scales.data()};
-  return out;
-}
+using testing::QuantizeInt8;
 
 // float64 sum over k of (xq * x_scale) (q * w_scale) + b, x quantized by the weights' rule:
 // what the kernels compute up to their fp32 scale products and sums. `dequantized_only`:
 // the activations unquantized instead (the int8 mode's total error against its weights).
-std::vector<float> Reference(const std::vector<float>& x, int64_t m, const Quantized& w,
+std::vector<float> Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
                              const float* bias, bool dequantized_only = false) {
   const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
   std::vector<float> xd(m * k);
@@ -66,7 +52,7 @@ std::vector<float> Reference(const std::vector<float>& x, int64_t m, const Quant
   return y;
 }
 
-std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const Quantized& w,
+std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
                              const float* bias, bool generic, CpuMath math = CpuMath::kBf16) {
   std::vector<float> y(m * w.view.rows, NAN);
   internal::ForceGenericKernels(generic);
@@ -87,7 +73,7 @@ TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
   uint32_t seed = 40;
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const Quantized w = QuantizeWeightsOf(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     const std::vector<float> ref = Reference(x, s.m, w, bias.data());
     const std::vector<float> unquantized_x = Reference(x, s.m, w, bias.data(), true);
@@ -108,7 +94,7 @@ TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
 // reduction order does not depend on m, the tile or the K blocking (m > 4 blocks K).
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
-  const Quantized w = QuantizeWeightsOf(RandomVector(n * k, 51, 0.05f), n, k);
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
   const std::vector<float> bias = RandomVector(n, 52);
   for (bool generic : {false, true}) {
     for (int64_t m : {1, 3, 16, 17, 128}) {
@@ -130,8 +116,8 @@ TEST(LinearInt8, BatchInvariance) {
 TEST(LinearInt8, LinearManySharesTheActivation) {
   const int64_t m = 5, k = 300;
   const std::vector<float> x = RandomVector(m * k, 70);
-  const Quantized a = QuantizeWeightsOf(RandomVector(33 * k, 71, 0.1f), 33, k);
-  const Quantized b = QuantizeWeightsOf(RandomVector(8 * k, 72, 0.1f), 8, k);
+  const testing::Int8Matrix a = QuantizeInt8(RandomVector(33 * k, 71, 0.1f), 33, k);
+  const testing::Int8Matrix b = QuantizeInt8(RandomVector(8 * k, 72, 0.1f), 8, k);
   std::vector<float> ya(m * 33), yb(m * 8);
   const LinearJob jobs[] = {{x.data(), m, &a.view, nullptr, ya.data()},
                             {x.data(), m, &b.view, nullptr, yb.data()}};
@@ -146,7 +132,7 @@ TEST(LinearInt8, NonFiniteActivationGivesNanInItsRowOnly) {
   const int64_t m = 3, n = 6, k = 100;
   std::vector<float> x = RandomVector(m * k, 80);
   x[1 * k + 40] = INFINITY;
-  const Quantized w = QuantizeWeightsOf(RandomVector(n * k, 81, 0.1f), n, k);
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 81, 0.1f), n, k);
   for (bool generic : {false, true}) {
     const std::vector<float> y = RunLinear(x, m, w, nullptr, generic);
     for (int64_t j = 0; j < n; ++j) {
