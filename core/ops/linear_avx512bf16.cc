@@ -1,12 +1,15 @@
 // The kBf16 Linear kernel on AVX512_BF16: activations already rounded to bf16 (LinearMany
 // does that once per activation), bf16 weights read in place, vdpbf16ps into fp32 lanes.
-// Register tiles of up to 4 activation rows x 4 weight rows; every element's lanes run
-// through all of K in the same order whatever the tile, the K blocking or m (linear.h), so
-// blocking only decides where the lanes wait between blocks (registers or a scratch buffer).
+//
+// Register tiles of up to 3 activation rows x 8 weight rows (24 accumulators). Every tile
+// runs through all of K with its lanes in registers, then reduces them by the one lane tree:
+// so every element's sum has the order linear.h defines whatever the tile, the task or m.
+// The shape is measured, not derived: on the development VM (Emerald Rapids) 3x8 and 2x8
+// tiles over all of K ran the prefill GEMMs at 1.3-1.6x the previous 4x4 tiles over 1024-wide
+// K blocks, whose lanes waited in memory between blocks (docs/performance.md has the bench).
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "core/ops/avx512_lanes.h"
 #include "core/ops/linear.h"
@@ -14,13 +17,10 @@
 namespace glmserve::internal {
 namespace {
 
-using avx512::kTileM;
-using avx512::kTileN;
 using avx512::ReduceLanes;
 
-// K elements per block: the 4 weight rows' block (4 x 2 KiB) and an activation tile's
-// (4 x 2 KiB) stay in L1 while the row tiles pass over it.
-constexpr int64_t kBlockKBf16 = 1024;
+constexpr int kRowsM = 3;  // activation rows per register tile
+constexpr int kRowsN = 8;  // weight rows per register tile
 
 inline __mmask32 TailMask(int64_t count) {
   return count >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << count) - 1);
@@ -31,92 +31,67 @@ inline __m512bh Load32(const uint16_t* p, int64_t count) {
   return (__m512bh)_mm512_maskz_loadu_epi16(TailMask(count), p);
 }
 
-// Weight rows in bf16, read in place.
-struct Bf16Rows {
-  const uint16_t* p;
-  int64_t ld;
-  __m512bh Load(int n, int64_t k, int64_t count) const { return Load32(p + n * ld + k, count); }
-};
-
-// One 32-wide step of K for an MR x NR tile, accumulated in the lanes directly.
-template <int MR, int NR, typename W>
-inline void Step(__m512 (&acc)[MR][NR], const uint16_t* x, int64_t ldx, const W& w, int64_t k,
-                 int64_t count) {
-  __m512bh wv[NR];
-  for (int n = 0; n < NR; ++n) wv[n] = w.Load(n, k, count);
-  for (int i = 0; i < MR; ++i) {
-    const __m512bh xv = Load32(x + i * ldx + k, count);
-    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_dpbf16_ps(acc[i][n], xv, wv[n]);
+// One 32-wide step of K for an MR x NR tile: the activation rows' vectors first, then each
+// weight row's vector meets all of them.
+template <int MR, int NR>
+inline void Step(__m512 (&acc)[MR][NR], const uint16_t* x, int64_t ldx, const uint16_t* w,
+                 int64_t ldw, int64_t k, int64_t count) {
+  __m512bh xv[MR];
+  for (int i = 0; i < MR; ++i) xv[i] = Load32(x + i * ldx + k, count);
+  for (int n = 0; n < NR; ++n) {
+    const __m512bh wv = Load32(w + n * ldw + k, count);
+    for (int i = 0; i < MR; ++i) acc[i][n] = _mm512_dpbf16_ps(acc[i][n], xv[i], wv);
   }
 }
 
-// Lanes of an MR x NR tile over k in [k_begin, k_end): started from zero (first) or from
-// `lanes` (MR * NR vectors); at the end reduced into y (+ bias) (last) or saved to `lanes`.
-template <int MR, int NR, typename W>
-void Tile(const uint16_t* x, int64_t ldx, const W& w, int64_t k_begin, int64_t k_end, bool first,
-          bool last, float* lanes, float* y, int64_t ldy, const float* bias) {
+// y[i, n] (+ bias[n]) for an MR x NR tile: x [MR, k_total] (ldx), w [NR, k_total] (row
+// stride k_total), y [MR, NR] (ldy).
+template <int MR, int NR>
+void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, float* y,
+          int64_t ldy, const float* bias) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n)
-      acc[i][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes + (i * NR + n) * 16);
-  int64_t k = k_begin;
-  for (; k + 32 <= k_end; k += 32) Step<MR, NR>(acc, x, ldx, w, k, 32);
-  if (k < k_end) Step<MR, NR>(acc, x, ldx, w, k, k_end - k);
+    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= k_total; k += 32) Step<MR, NR>(acc, x, ldx, w, k_total, k, 32);
+  if (k < k_total) Step<MR, NR>(acc, x, ldx, w, k_total, k, k_total - k);
   for (int i = 0; i < MR; ++i) {
     for (int n = 0; n < NR; ++n) {
-      if (last) {
-        float v = ReduceLanes(acc[i][n]);
-        if (bias != nullptr) v += bias[n];
-        y[i * ldy + n] = v;
-      } else {
-        _mm512_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n]);
-      }
+      float v = ReduceLanes(acc[i][n]);
+      if (bias != nullptr) v += bias[n];
+      y[i * ldy + n] = v;
     }
   }
 }
 
-template <typename W>
-using TileFn = void (*)(const uint16_t*, int64_t, const W&, int64_t, int64_t, bool, bool, float*,
-                        float*, int64_t, const float*);
-template <typename W, int MR>
-constexpr TileFn<W> kTilesForM[kTileN] = {Tile<MR, 1, W>, Tile<MR, 2, W>, Tile<MR, 3, W>,
-                                          Tile<MR, 4, W>};
-template <typename W>
-constexpr const TileFn<W>* kTiles[kTileM] = {kTilesForM<W, 1>, kTilesForM<W, 2>, kTilesForM<W, 3>,
-                                             kTilesForM<W, 4>};
-
-// Rows [n0, n0 + nn) of the job; rows(n) gives the weight source of the 4-row tile at n.
-template <typename W, typename RowsAt>
-void Block(const Bf16Job& job, int64_t n0, int64_t nn, RowsAt rows_at) {
-  const int64_t m = job.m, n_rows = job.w->rows, k_total = job.w->cols;
-  // One activation tile: its lanes stay in registers through all of K, and each 4-row
-  // weight tile streams through once (decode). More rows: K blocks, so that a block of the
-  // weight tile serves every activation tile from L1; lanes wait in `lanes` between blocks.
-  const int64_t kb = m <= kTileM ? k_total : kBlockKBf16;
-  thread_local std::vector<float> lanes;
-  lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
-  for (int64_t n = 0; n < nn; n += kTileN) {
-    const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-    const W w = rows_at(n0 + n);
-    for (int64_t k0 = 0; k0 < k_total; k0 += kb) {
-      const int64_t k1 = std::min(k_total, k0 + kb);
-      for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
-        const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
-        kTiles<W>[mr - 1][nr - 1](job.xb + i0 * k_total, k_total, w, k0, k1, k0 == 0, k1 == k_total,
-                                  lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
-                                  n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
-      }
-    }
-  }
-}
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t,
+                        const float*);
+template <int MR, int... NR>
+constexpr TileFn kRow[] = {Tile<MR, NR>...};
+// kTiles[mr - 1][nr - 1]: the MR x NR tile.
+constexpr const TileFn* kTiles[kRowsM] = {kRow<1, 1, 2, 3, 4, 5, 6, 7, 8>,
+                                          kRow<2, 1, 2, 3, 4, 5, 6, 7, 8>,
+                                          kRow<3, 1, 2, 3, 4, 5, 6, 7, 8>};
+static_assert(kRowsN == 8, "kTiles lists NR = 1..kRowsN");
 
 }  // namespace
 
 void Bf16BlockAvx512(const Bf16Job& job, int64_t nb) {
   const Matrix& w = *job.w;
-  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0), k_total = w.cols;
+  const int64_t n_rows = w.rows, k_total = w.cols, m = job.m;
+  const int64_t n0 = nb * kBlockN, n1 = std::min(n_rows, n0 + kBlockN);
   const uint16_t* p = static_cast<const uint16_t*>(w.data);
-  Block<Bf16Rows>(job, n0, nn, [&](int64_t n) { return Bf16Rows{p + n * k_total, k_total}; });
+  // Weight tiles outside, activation tiles inside: a weight tile (8 rows, 64 KiB at K = 4096)
+  // stays in L2 while every activation tile passes over it.
+  for (int64_t n = n0; n < n1; n += kRowsN) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRowsN, n1 - n));
+    for (int64_t i = 0; i < m; i += kRowsM) {
+      const int mr = static_cast<int>(std::min<int64_t>(kRowsM, m - i));
+      kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, p + n * k_total, k_total,
+                             job.y + i * n_rows + n, n_rows,
+                             job.bias != nullptr ? job.bias + n : nullptr);
+    }
+  }
 }
 
 }  // namespace glmserve::internal
