@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
       const glmserve::ModelConfig& c = cost_view.config;
       const glmserve::bench::StepCost cost = glmserve::bench::Cost(
           cost_view, level, prompt + new_tokens / 2,
-          std::min<int64_t>(c.n_routed_experts, int64_t{level} * c.num_experts_per_tok));
+          std::min<int64_t>(c.n_routed_experts, int64_t{level} * c.num_experts_per_tok), level);
       const double gb = (cost.weight_bytes + cost.kv_bytes * level) / 1e9;  // KV: per sequence
       const double step_s = r.decode_seconds / r.decode_steps;
       std::printf("| %s | %d | %lld | %.1f | %.1f | %.2fx | <= %.1f GB/s (%.2f) | <= %.2f |\n",

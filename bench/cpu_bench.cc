@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
                         : bf16_math ? limits.bf16_gflops
                                     : limits.fma_gflops;
     const glmserve::bench::StepCost prefill_cost =
-        glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts);
+        glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts, 1);
     const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
         mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
         t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
     const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
-        model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok);
+        model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok, 1);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
     std::printf(
         "| %s | decode batch 1 | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f GB/s (read) "
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
     const int64_t distinct =
         std::min<int64_t>(config->n_routed_experts, batch * config->num_experts_per_tok);
     const glmserve::bench::StepCost db =
-        glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct);
+        glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct, batch);
     const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
     std::printf(
         "| %s | decode batch %d | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) | %.1f GB/s "

@@ -36,21 +36,26 @@ inline void AddMlaCost(const MlaWeights& m, const ModelConfig& c, int64_t tokens
 }
 
 // What one step reads and computes: every matrix is read once per step (the batch shares
-// it), each token multiplies the dense matrices and its top-k experts.
+// it), each token multiplies the dense matrices and its top-k experts. `out_rows` rows leave
+// the step (one per sequence: its logits row): the last layer runs o_proj and the FFN on
+// those alone (CpuModel::Forward), and the head multiplies only them.
 inline StepCost Cost(const ModelWeights& w, int64_t tokens, int64_t context_after,
-                     int64_t distinct_experts) {
+                     int64_t distinct_experts, int64_t out_rows) {
   const ModelConfig& c = w.config;
   StepCost cost;
   auto mat = [&](const Matrix& m, double rows_used_fraction = 1.0) {
     cost.weight_bytes += m.bytes() * rows_used_fraction;
   };
   for (const LayerWeights& l : w.layers) {
+    const bool last = &l == &w.layers.back();
+    const int64_t ffn_tokens = last ? out_rows : tokens;
     if (c.is_mla()) {
       AddMlaCost(l.mla, c, tokens, context_after, &cost);
+      if (last) cost.flops -= 2.0 * (tokens - out_rows) * l.mla.o_proj.rows * l.mla.o_proj.cols;
     } else {
       for (const Matrix* m : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) {
         mat(*m);
-        cost.flops += 2.0 * tokens * m->rows * m->cols;
+        cost.flops += 2.0 * (m == &l.attn.o_proj ? ffn_tokens : tokens) * m->rows * m->cols;
       }
       // Attention reads every cached key and value of the context once per step.
       cost.kv_bytes += 2.0 * context_after * c.kv_dim() * sizeof(float);
@@ -59,20 +64,23 @@ inline StepCost Cost(const ModelWeights& w, int64_t tokens, int64_t context_afte
     const FfnWeights* ffns[] = {&l.dense};
     if (l.is_moe) {
       mat(l.moe.router);
-      cost.flops += 2.0 * tokens * l.moe.router.rows * l.moe.router.cols;
+      cost.flops += 2.0 * ffn_tokens * l.moe.router.rows * l.moe.router.cols;
       const FfnWeights& e = l.moe.experts[0];
       const double expert_bytes = e.gate.bytes() + e.up.bytes() + e.down.bytes();
-      cost.weight_bytes += expert_bytes * distinct_experts;
-      cost.flops += 2.0 * tokens * c.num_experts_per_tok * 3 * e.gate.rows * e.gate.cols;
+      const int64_t distinct =
+          last ? std::min<int64_t>(distinct_experts, out_rows * c.num_experts_per_tok)
+               : distinct_experts;
+      cost.weight_bytes += expert_bytes * distinct;
+      cost.flops += 2.0 * ffn_tokens * c.num_experts_per_tok * 3 * e.gate.rows * e.gate.cols;
       ffns[0] = &l.moe.shared;
     }
     for (const Matrix* m : {&ffns[0]->gate, &ffns[0]->up, &ffns[0]->down}) {
       mat(*m);
-      cost.flops += 2.0 * tokens * m->rows * m->cols;
+      cost.flops += 2.0 * ffn_tokens * m->rows * m->cols;
     }
   }
   mat(w.lm_head);
-  cost.flops += 2.0 * w.lm_head.rows * w.lm_head.cols;  // logits of one row per sequence
+  cost.flops += 2.0 * out_rows * w.lm_head.rows * w.lm_head.cols;
   return cost;
 }
 

@@ -1,5 +1,6 @@
 #include "core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -138,8 +139,21 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
                  attn_.data());
-  Linear(attn_.data(), t, a.o_proj, nullptr, out_.data(), math_);
 }
+
+namespace {
+
+// Moves row rows[r] of a row-major [*, width] buffer to row r, for r = 0, 1, ...; rows ascend,
+// so every move reads a row no earlier move has written.
+void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r] != static_cast<int64_t>(r)) {
+      std::copy_n(data + rows[r] * width, width, data + static_cast<int64_t>(r) * width);
+    }
+  }
+}
+
+}  // namespace
 
 void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens) {
   if (layer.is_moe) {
@@ -200,7 +214,16 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   result->layer_hidden.clear();
   if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
 
-  for (int64_t i = run_begin - layer_begin(); i < run_end - layer_begin(); ++i) {
+  // Which rows of the run's output anyone reads: all when hidden states are returned, else
+  // the logits rows (none for a prefill chunk mid-prompt). The run's last layer needs every
+  // row only up to attention, which writes each token's K/V into the cache; from o_proj on it
+  // runs on the read rows alone (the FFN of the other rows of a prefill is never seen). Each
+  // row's arithmetic does not depend on the others (linear.h), so no bit changes.
+  std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
+  const bool all_rows_read = options.return_hidden || options.return_layer_hidden;
+  const int64_t last = run_end - layer_begin() - 1;
+  int64_t live = t;  // rows of h_ still computed
+  for (int64_t i = run_begin - layer_begin(); i <= last; ++i) {
     const LayerWeights& layer = weights_.layers[i];
     RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
     if (c.is_mla()) {
@@ -208,10 +231,24 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
     } else {
       AttentionBlock(layer, i, batch, positions, cache);
     }
-    for (int64_t j = 0; j < t * hidden; ++j) h_[j] += out_[j];
-    RmsNorm(h_.data(), layer.post_attention_norm.data(), t, hidden, eps, x_.data());
-    FfnBlock(layer, t);
-    for (int64_t j = 0; j < t * hidden; ++j) h_[j] += out_[j];
+    if (i == last && !all_rows_read && static_cast<int64_t>(rows.size()) < t) {
+      live = static_cast<int64_t>(rows.size());
+      if (live == 0) break;
+      const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
+      KeepRows(rows, attn_width, attn_.data());
+      KeepRows(rows, hidden, h_.data());
+      for (int64_t r = 0; r < live; ++r) rows[r] = r;
+    }
+    // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
+    if (c.is_mla()) {
+      Linear(attn_.data(), live, layer.mla.o_proj, nullptr, out_.data());
+    } else {
+      Linear(attn_.data(), live, layer.attn.o_proj, nullptr, out_.data(), math_);
+    }
+    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
+    RmsNorm(h_.data(), layer.post_attention_norm.data(), live, hidden, eps, x_.data());
+    FfnBlock(layer, live);
+    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
     if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
   }
 
@@ -222,7 +259,6 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   result->logits.clear();
   // Only the rows whose logits are wanted go through the final norm and lm_head.
-  const std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
   if (rows.empty()) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<float> normed(n * hidden);

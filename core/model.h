@@ -7,6 +7,10 @@
 //     h += FFN_l(RMSNorm_post(h))           (dense SwiGLU or MoE)
 //   logits = RMSNorm_final(h) lm_head^T     (span ends at the last layer)
 //
+// In the run's last layer every row goes through attention (its K/V enter the cache), but
+// o_proj and the FFN run only on the rows the step returns (its logits rows, or all rows
+// when hidden states are returned): a 128-token prefill finishes one row, not 128.
+//
 // Not thread-safe: one engine thread owns a CpuModel and its KvCache.
 #pragma once
 
@@ -65,6 +69,9 @@ class CpuModel final : public ModelRunner {
  private:
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
                           int64_t run_end) const;
+  // The attention sub-blocks up to o_proj: write every new token's K/V (or latent row) into
+  // the cache and leave the attention output in attn_ [T, heads * v_dim]; Forward applies
+  // o_proj (on the rows it still needs).
   void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                       const std::vector<int32_t>& positions, KvCache* cache);
   // GLM-5's latent attention (model_mla.cc): the DSA indexer on "full" layers, the selection

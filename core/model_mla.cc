@@ -50,7 +50,6 @@ void CpuModel::MlaBlock(const LayerWeights& layer, int64_t span_layer, const For
   LatentAttention(q_lat_.data(), q_.data(), batch.sequences, *cache, span_layer, selection_,
                   mla_shape_, out_lat_.data());
   ExpandValues(out_lat_.data(), t, m.kv_b_proj, mla_shape_, attn_.data());
-  Linear(attn_.data(), t, m.o_proj, nullptr, out_.data());
 }
 
 }  // namespace glmserve

@@ -115,7 +115,7 @@ results="$WORK/results.tsv"
 glmserve_round() {
   "$BUILD_DIR/bench/cpu_bench" --preset="$PRESET" --threads="$THREADS" --modes="$MODES" |
     tee -a "$WORK/cpu_bench.log" |
-    awk -F'|' '$3 ~ /prefill|decode batch/ {
+    awk -F'|' '$3 ~ /prefill|decode batch/ && $3 !~ /roofline/ {
       mode = $2; phase = $3; tps = $5
       gsub(/^ +| +$/, "", mode); gsub(/^ +| +$/, "", phase); gsub(/ /, "", tps)
       sub(/prefill [0-9]+/, "prefill 128", phase)
