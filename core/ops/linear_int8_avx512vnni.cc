@@ -4,8 +4,8 @@
 // 128 in registers (q ^ 0x80 = q + 128), and the accumulator starts from the activation's
 // -128 * (sum of the slot's 4 values): the lane ends at the exact signed dot product. Then
 // one conversion (exact: |d| <= 4 * 127 * 127) and one FMA with the scales' product.
-// Register tiles of up to 4 activation rows x 4 weight rows as in the bf16 kernel; the lanes
-// run through K in the same order whatever the tile, the K blocking or m.
+// Register tiles of up to 4 activation rows x 4 weight rows (avx512_lanes.h); the lanes run
+// through K in the same order whatever the tile, the K blocking or m.
 #include <immintrin.h>
 
 #include <algorithm>
