@@ -719,23 +719,39 @@ TEST_F(Fp8GemmCuda, Fp8GoldensOnTensorCores) {
       ASSERT_TRUE((*m)->Forward(batch, cache.get(), options, &r).ok());
       got.push_back(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin());
     }
-    // The reference with quantized activations: logits and every step's token.
+    // The reference with quantized activations. Its own runs with each quantized input moved
+    // by a bf16-sized relative perturbation (tools/make_goldens_fp8_tc.py) land 0.07 (median)
+    // to 0.18 (max) away on the prompt logits and flip some steps' tokens: e4m3's 3 mantissa
+    // bits turn any input difference into a fresh rounding draw. The device's activations
+    // differ from the reference's by that much (bf16), so it is held to what those runs
+    // agree on: prompt logits within their spread, and the token at every step none of them
+    // flipped.
     std::ifstream tc_file(dir + "/tensor_cores.json");
     ASSERT_TRUE(tc_file.good()) << name << ": run tools/make_goldens_fp8_tc.py";
     const nlohmann::json tc = nlohmann::json::parse(tc_file);
     const auto want = tc["steps"].get<std::vector<int64_t>>();
+    const auto stable = tc["stable_steps"].get<std::vector<bool>>();
+    const double spread = tc["perturbed_prompt_logits_max"].get<double>();
+    ASSERT_EQ(stable.size(), want.size()) << name;
+    ASSERT_GT(std::count(stable.begin(), stable.end(), true), 0) << name;
     absl::StatusOr<NpyArray> tc_logits = ReadNpy(dir + "/logits_tensor_cores.npy");
     ASSERT_TRUE(tc_logits.ok()) << tc_logits.status();
     ASSERT_GE(static_cast<int64_t>(tc_logits->data.size()), n * v);
     const std::vector<float> tc_prompt(tc_logits->data.begin(), tc_logits->data.begin() + n * v);
     const double tc_err = RelativeError(prompt_logits, tc_prompt);
-    std::printf("[ %s ] against the quantized-activation reference %.4f; tokens", name.c_str(),
-                tc_err);
-    for (int64_t t : got) std::printf(" %lld", static_cast<long long>(t));
+    std::printf(
+        "[ %s ] against the quantized-activation reference %.4f (its perturbed runs: up to "
+        "%.4f); tokens",
+        name.c_str(), tc_err, spread);
+    for (size_t k = 0; k < got.size(); ++k) {
+      std::printf(" %lld%s", static_cast<long long>(got[k]),
+                  got[k] == want[k] ? "" : (stable[k] ? "(!)" : "(unstable step)"));
+    }
     std::printf("\n");
-    EXPECT_LT(tc_err, 0.1) << name;
+    EXPECT_LE(tc_err, 1.25 * spread) << name;
     ASSERT_EQ(want.size(), got.size()) << name;
     for (size_t k = 0; k < got.size(); ++k) {
+      if (!stable[k]) continue;
       EXPECT_EQ(got[k], want[k]) << name << (k == 0 ? " after the prompt" : " decode step ")
                                  << (k == 0 ? "" : std::to_string(k - 1));
     }

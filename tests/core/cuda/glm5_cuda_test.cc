@@ -142,6 +142,34 @@ TEST(CudaGlm5Fp8, DenseForwardMatchesTheCpuFp8PathRowByRow) {
   std::printf("[ FP8 GLM-5 dense ] worst row relative error vs the CPU: %.3g\n", worst);
 }
 
+// FP8 tensor cores on (off by default): a 24-token prefill of FP8 GLM-5 sends its FP8
+// GEMMs (the MLA projections, the dense and shared FFNs, the grouped experts) to cuBLASLt's
+// block-scaled matmul, and its logits move only by the activations' e4m3 rounding from the
+// CUDA-core path's (bound 0.3, as model_cuda_test.cc's kFp8ActivationTolerance on this kind of
+// deliberately sensitive random model). Decode-sized steps keep the quantizing GEMV.
+TEST(CudaGlm5Fp8, PrefillRunsOnFp8TensorCores) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  std::unique_ptr<CudaModel> tc = Gpu(RandomGlm5(DType::kF8E4M3, 64));
+  std::unique_ptr<CudaModel> cores = Gpu(RandomGlm5(DType::kF8E4M3, 64));
+  ASSERT_NE(tc, nullptr);
+  ASSERT_NE(cores, nullptr);
+  tc->set_fp8_tensor_cores(true);
+  std::printf("FP8 tensor cores: %s\n", tc->fp8_tensor_core_status().c_str());
+  const std::vector<int32_t> ids = Tokens(24, 5);
+  const std::vector<float> a = AllLogits(*tc, ids), b = AllLogits(*cores, ids);
+  EXPECT_GT(tc->fp8_tensor_core_gemms(), 0) << tc->fp8_tensor_core_status();
+  EXPECT_EQ(cores->fp8_tensor_core_gemms(), 0);
+  const double rel = RelativeError(a, b);
+  std::printf("[ FP8 GLM-5 ] 24 tokens, tensor cores vs CUDA cores: logits %.4f, %lld GEMMs on "
+              "tensor cores\n",
+              rel, static_cast<long long>(tc->fp8_tensor_core_gemms()));
+  EXPECT_GT(rel, 0) << "the activations are quantized on the tensor-core path";
+  EXPECT_LT(rel, 0.3);
+  const int64_t before = tc->fp8_tensor_core_gemms();
+  AllLogits(*tc, Tokens(3, 6));  // decode-sized: the quantizing GEMV
+  EXPECT_EQ(tc->fp8_tensor_core_gemms(), before);
+}
+
 TEST(CudaGlm5Fp8, MixedMlaGroupIsRefused) {
   GLM_REQUIRE_CUDA_DEVICE();
   ModelWeights dense = RandomGlm5(DType::kBF16);
