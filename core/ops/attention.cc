@@ -5,11 +5,32 @@
 #include <vector>
 
 #include "core/kv_fp8.h"
+#include "core/ops/attention_simd.h"
 #include "core/ops/lane_sum.h"
+#include "core/ops/linear.h"
 #include "core/ops/softmax.h"
 #include "core/parallel.h"
 
 namespace glmserve {
+namespace internal {
+
+void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale,
+                            float* scores) {
+  for (int64_t p = 0; p < rows.context; ++p) {
+    scores[p] = LaneDot(q, rows.Key(p), rows.head_dim) * scale;
+  }
+}
+
+void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out) {
+  std::fill_n(out, rows.head_dim, 0.f);
+  for (int64_t p = 0; p < rows.context; ++p) {
+    const float w = probs[p];
+    const float* v = rows.Value(p);
+    for (int64_t d = 0; d < rows.head_dim; ++d) out[d] += w * v[d];
+  }
+}
+
+}  // namespace internal
 
 void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
              KvCache* cache) {
@@ -101,28 +122,24 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
     return;
   }
 
+  // The scores and the weighted sum in the portable code or on AVX-512, the same bits.
+  const bool avx512 = internal::CpuHasAvx512();
+  const auto scores_fn =
+      avx512 ? internal::AttentionScoresAvx512 : internal::AttentionScoresGeneric;
+  const auto sum_fn =
+      avx512 ? internal::AttentionWeightedSumAvx512 : internal::AttentionWeightedSumGeneric;
   ParallelFor(total * heads, 4, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs;
     probs.resize(max_context);
     for (int64_t item = item_begin; item < item_end; ++item) {
       const int64_t t = item / heads, h = item % heads;
-      const SequenceSlice& s = batch[token_seq[t]];
-      const int64_t context = token_pos[t] + 1;  // causal: positions 0..pos
-      const int64_t kv_off = (h / group) * head_dim;
-      const float* qv = q + (t * heads + h) * head_dim;
-
-      for (int64_t p = 0; p < context; ++p) {
-        const float* kv = cache.keys(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
-        probs[p] = LaneDot(qv, kv, head_dim) * scale;
-      }
-      SoftmaxInPlace(probs.data(), context);
-      float* o = out + (t * heads + h) * head_dim;
-      std::fill_n(o, head_dim, 0.f);
-      for (int64_t p = 0; p < context; ++p) {
-        const float w = probs[p];
-        const float* vv = cache.values(layer, (*s.blocks)[p / bs]) + (p % bs) * kv_dim + kv_off;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] += w * vv[d];
-      }
+      const internal::AttentionRows rows{&cache,  batch[token_seq[t]].blocks,
+                                         layer,   (h / group) * head_dim,
+                                         kv_dim,  bs,
+                                         head_dim, token_pos[t] + 1};  // causal: 0..pos
+      scores_fn(rows, q + (t * heads + h) * head_dim, scale, probs.data());
+      SoftmaxInPlace(probs.data(), rows.context);
+      sum_fn(rows, probs.data(), out + (t * heads + h) * head_dim);
     }
   });
 }

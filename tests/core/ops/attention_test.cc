@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
+#include "core/ops/linear.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -81,6 +83,34 @@ TEST(PagedAttentionTest, MatchesFloat64ReferenceOverRaggedBatch) {
       }
     }
     EXPECT_LT(testing::RelativeError(out, ref), 1e-6) << "heads " << c.heads;
+  }
+}
+
+// The fp32 path's AVX-512 loops (attention_avx512.cc) against the portable ones, bit for bit:
+// head dims with an 8-lane tail (7, 13), a masked last 16-wide register (24, 136), more than
+// one 128-wide register chunk (136, 260); contexts across blocks; grouped heads.
+TEST(PagedAttentionTest, Avx512EqualsPortableBitForBit) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  uint32_t seed = 300;
+  for (const int64_t head_dim : {7, 13, 24, 128, 136, 260}) {
+    const int64_t heads = 4, kv_heads = 2, kv_dim = kv_heads * head_dim, tokens = 37;
+    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 16});
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, tokens).ok());
+    const std::vector<float> k = testing::RandomVector(tokens * kv_dim, seed++);
+    const std::vector<float> v = testing::RandomVector(tokens * kv_dim, seed++);
+    const std::vector<SequenceSlice> batch = {{tokens, 0, &table}};
+    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const std::vector<float> q = testing::RandomVector(tokens * heads * head_dim, seed++, 3.f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    std::vector<float> fast(q.size(), NAN), portable(q.size(), NAN);
+    PagedAttention(q.data(), batch, cache, 0, heads, scale, fast.data());
+    internal::ForceGenericKernels(true);
+    PagedAttention(q.data(), batch, cache, 0, heads, scale, portable.data());
+    internal::ForceGenericKernels(false);
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_EQ(fast[i], portable[i]) << "head_dim " << head_dim << " element " << i;
+    }
   }
 }
 
