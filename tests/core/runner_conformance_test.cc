@@ -160,6 +160,27 @@ TEST_P(RunnerConformance, PrefillThenDecodeEqualsFullForward) {
     incremental.insert(incremental.end(), result.logits.begin(), result.logits.end());
   }
   ExpectSame(incremental, full, "prefill 9, then decode one token a step");
+
+  // As the engine prefills: a chunk mid-prompt wants no logits and the last chunk only its
+  // last row, so the run's last layer finishes (o_proj, FFN) on that row alone, or on none.
+  // Every token's K/V must still reach the cache: the decode after it sees the whole prompt.
+  std::unique_ptr<KvCache> cache2 = Cache(*runner, 16);
+  BlockTable table2;
+  ASSERT_TRUE(cache2->Reserve(&table2, 40).ok());
+  const auto step = [&](int64_t start, int64_t n, LogitsRows logits) {
+    batch.sequences = {{n, start, &table2}};
+    batch.token_ids = absl::MakeConstSpan(ids.data() + start, n);
+    options.logits = logits;
+    return runner->Forward(batch, cache2.get(), options, &result);
+  };
+  ASSERT_TRUE(step(0, 9, LogitsRows::kNone).ok());
+  EXPECT_TRUE(result.logits.empty());
+  ASSERT_TRUE(step(9, 10, LogitsRows::kLast).ok());
+  ExpectSame(result.logits, Rows(full, vocab, 18, 1), "a no-logits chunk, then the last row");
+  for (int64_t pos = 19; pos < 24; ++pos) {
+    ASSERT_TRUE(step(pos, 1, LogitsRows::kLast).ok());
+    ExpectSame(result.logits, Rows(full, vocab, pos, 1), "decode at " + std::to_string(pos));
+  }
 }
 
 TEST_P(RunnerConformance, SequenceInRaggedBatchEqualsAlone) {
@@ -237,38 +258,6 @@ TEST_P(RunnerConformance, ChunkedPrefillEqualsUnchunked) {
       logits.insert(logits.end(), result.logits.begin(), result.logits.end());
     }
     ExpectSame(logits, full, "chunk " + std::to_string(chunk));
-  }
-}
-
-// The engine's prefill: chunks mid-prompt want no logits and the last chunk wants only its
-// last row, so the run's last layer finishes (o_proj, FFN) on those rows alone, or on none.
-// Every token's K/V must still reach the cache: the decode after it sees the whole prompt.
-TEST_P(RunnerConformance, ChunksWithoutLogitsStillFillTheCache) {
-  std::unique_ptr<ModelRunner> runner = Make();
-  ASSERT_NE(runner, nullptr);
-  const int64_t vocab = runner->config().vocab_size;
-  const std::vector<int32_t> ids = Tokens(24, 6);
-  const std::vector<float> full = FullForward(*runner, ids);
-  std::unique_ptr<KvCache> cache = Cache(*runner, 64);
-  BlockTable table;
-  ASSERT_TRUE(cache->Reserve(&table, 24).ok());
-  ForwardResult result;
-  const auto step = [&](int64_t start, int64_t n, LogitsRows logits) {
-    ForwardBatch batch;
-    batch.sequences = {{n, start, &table}};
-    batch.token_ids = absl::MakeConstSpan(ids.data() + start, n);
-    ForwardOptions options;
-    options.logits = logits;
-    return runner->Forward(batch, cache.get(), options, &result);
-  };
-  ASSERT_TRUE(step(0, 9, LogitsRows::kNone).ok());
-  EXPECT_TRUE(result.logits.empty());
-  ASSERT_TRUE(step(9, 10, LogitsRows::kLast).ok());
-  ASSERT_EQ(result.logits.size(), static_cast<size_t>(vocab));
-  ExpectSame(result.logits, Rows(full, vocab, 18, 1), "the prompt's last row");
-  for (int64_t pos = 19; pos < 24; ++pos) {
-    ASSERT_TRUE(step(pos, 1, LogitsRows::kLast).ok());
-    ExpectSame(result.logits, Rows(full, vocab, pos, 1), "decode at " + std::to_string(pos));
   }
 }
 
