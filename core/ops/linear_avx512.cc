@@ -17,9 +17,12 @@ using avx512::kTileN;
 using avx512::ReduceLanes;
 
 // Up to this many activation rows, bf16 weights are widened in registers straight from
-// memory; beyond, once into a panel that the row tiles then share (measured on Zen 4: the
-// direct path is 1.5-2.5x faster at 5-16 rows, equal at 64-256, 10% slower at 512).
-constexpr int64_t kDirectMaxRows = 128;
+// memory; beyond, once into a panel that the row tiles then share. Measured on Zen 4: the
+// direct path 1.5-2.5x faster at 5-16 rows, equal at 64-256, 10% slower at 512. Measured on
+// Emerald Rapids (cpu_bench --modes=exact, 2 threads, glm-4.5-air:layers=2, two rounds each):
+// prefill 128 at 116-125 tok/s with the direct path up to 128 rows, 160-180 with it up to 16
+// (the widening shares ports with the FMAs, and a panel row is widened once for 128 rows).
+constexpr int64_t kDirectMaxRows = 16;
 // FP8 decodes in ~9 instructions per 16 weights, repeated for every 4-row activation tile, so
 // the direct path pays off only for a few tiles (measured on glm-4.5-air-fp8:layers=2, 2
 // threads: decode b1 135 -> 113 ms/step, b8 371 -> 276-353 ms; at 128 rows the panel wins).

@@ -113,7 +113,7 @@ TEST_P(LinearTest, RowResultIndependentOfBatchAcrossKernelPaths) {
   std::vector<float> all(m * n);
   Linear(x.data(), m, w.view, nullptr, all.data());
   for (const auto& [start, count] : std::vector<std::pair<int64_t, int64_t>>{
-           {0, 1}, {3, 4}, {5, 9}, {11, 16}, {0, 127}, {2, 129}, {7, 133}}) {
+           {0, 1}, {3, 4}, {5, 9}, {11, 16}, {20, 17}, {0, 127}, {2, 129}, {7, 133}}) {
     std::vector<float> part(count * n);
     Linear(x.data() + start * k, count, w.view, nullptr, part.data());
     for (int64_t i = 0; i < count * n; ++i) {
