@@ -20,15 +20,17 @@ positions) and logits_tensor_cores.npy (float32 [prompt + greedy - 1, vocab]).
 How far can an implementation land from this reference and still be right? e4m3 has 3
 mantissa bits, so an input that moves by far less than a bf16 rounding can change its code,
 and on these tiny random models such changes compound over the layers. The script measures
-it: PERTURB_RUNS more runs in which each quantized input is first multiplied by
-(1 + u), u uniform in [-2^-9, 2^-9] (the size of a bf16 rounding, which is how much the device's
-activations differ from the fp32 reference's), one seed per run. tensor_cores.json records
-the largest relative distance of their prompt logits from the unperturbed run's
-(perturbed_prompt_logits_max) and, per step, whether every run kept its token
-(stable_steps). The CUDA test holds the device to those: tokens at the stable steps, prompt
+it: for each size r in PERTURB_SIZES, PERTURB_RUNS more runs in which each quantized input is
+first multiplied by (1 + u), u uniform in [-r, r], one seed per run. 2^-9 is the size of a
+bf16 rounding, which is how much the device's activations differ from the fp32 reference's;
+2^-12 shows how little it takes. tensor_cores.json records the largest relative distance of
+their prompt logits from the unperturbed run's (perturbed_prompt_logits_max), the median per
+size, and, per step, whether every run of every size kept its token (stable_steps). The CUDA test holds the device to those: tokens at the stable steps, prompt
 logits within the perturbed runs' spread.
+Option --print-only prints the summary lines and writes nothing.
 """
 import json
+import math
 import os
 import sys
 
@@ -43,7 +45,7 @@ GOLDEN = os.path.join(REPO, "tests", "golden")
 GROUP = 128
 E4M3_MAX = 448.0
 PERTURB_RUNS = 16
-PERTURB_RELATIVE = 2.0 ** -9
+PERTURB_SIZES = (2.0 ** -12, 2.0 ** -9)
 SCHEME = ("e4m3 per token per 128-wide K group of the bf16-rounded input, scale amax / 448 "
           "(at least FLT_MIN, 1 for a zero group); weights dequantized in fp32; "
           "Transformers fp32 forward otherwise")
@@ -98,16 +100,16 @@ def quantize_groups(x):
     return out
 
 
-def forward(model, ids, skip, calls, seed=None):
+def forward(model, ids, skip, calls, seed=None, size=0.0):
     """Logits [positions, vocab] with every FP8 linear's input quantized; with a seed, each
-    such input first multiplied by (1 + u), u uniform in [-PERTURB_RELATIVE, PERTURB_RELATIVE]."""
+    such input first multiplied by (1 + u), u uniform in [-size, size]."""
     linear = F.linear
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
 
     def fp8_linear(x, w, b=None):
         if w.data_ptr() not in skip:
             if gen is not None:
-                x = x * (1 + PERTURB_RELATIVE * (2 * torch.rand(x.shape, generator=gen) - 1))
+                x = x * (1 + size * (2 * torch.rand(x.shape, generator=gen) - 1))
             x = quantize_groups(x)
             calls["quantized"] += 1
         return linear(x, w, b)
@@ -124,7 +126,7 @@ def relative(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def run(name):
+def run(name, write=True):
     d = os.path.join(GOLDEN, name)
     expected = json.load(open(os.path.join(d, "expected.json")))
     model = dequantized_model(d)
@@ -139,32 +141,43 @@ def run(name):
     n = len(expected["prompt"])
     steps = logits[n - 1:].argmax(-1).tolist()
     top2 = logits[n - 1:].topk(2, -1).values
-    distances, stable = [], [True] * len(steps)
-    for seed in range(1, PERTURB_RUNS + 1):
-        p = forward(model, ids, skip, {"quantized": 0}, seed)
-        distances.append(relative(p[:n], logits[:n]))
-        for k, t in enumerate(p[n - 1:].argmax(-1).tolist()):
-            stable[k] = stable[k] and t == steps[k]
+    distances, medians, stable = [], {}, [True] * len(steps)
+    for size in PERTURB_SIZES:
+        these = []
+        for seed in range(1, PERTURB_RUNS + 1):
+            p = forward(model, ids, skip, {"quantized": 0}, seed, size)
+            these.append(relative(p[:n], logits[:n]))
+            for k, t in enumerate(p[n - 1:].argmax(-1).tolist()):
+                stable[k] = stable[k] and t == steps[k]
+        medians[f"2^{round(math.log2(size))}"] = round(sorted(these)[len(these) // 2], 6)
+        distances += these
     info = dict(scheme=SCHEME, quantized_linear_calls=calls["quantized"], steps=steps,
                 reference_greedy=expected["greedy"],
                 min_top2_gap=round(float((top2[:, 0] - top2[:, 1]).min()), 6),
-                perturbation=dict(relative=PERTURB_RELATIVE, runs=PERTURB_RUNS),
+                perturbation=dict(relative_sizes=list(PERTURB_SIZES), runs_per_size=PERTURB_RUNS),
                 perturbed_prompt_logits_max=round(max(distances), 6),
-                perturbed_prompt_logits_median=round(sorted(distances)[len(distances) // 2], 6),
+                perturbed_prompt_logits_median=medians,
                 stable_steps=stable)
-    with open(os.path.join(d, "tensor_cores.json"), "w") as f:
-        json.dump(info, f, indent=2)
-    np.save(os.path.join(d, "logits_tensor_cores.npy"), logits.numpy().astype(np.float32))
+    if write:
+        with open(os.path.join(d, "tensor_cores.json"), "w") as f:
+            json.dump(info, f, indent=2)
+        np.save(os.path.join(d, "logits_tensor_cores.npy"), logits.numpy().astype(np.float32))
     print(f"{name}: steps {steps} (unquantized reference {expected['greedy']}), "
           f"min top-2 gap {info['min_top2_gap']}, {calls['quantized']} quantized linears; "
-          f"{PERTURB_RUNS} perturbed runs: prompt logits {info['perturbed_prompt_logits_median']} "
-          f"(median) to {info['perturbed_prompt_logits_max']} (max) away, stable steps {stable}")
+          f"{PERTURB_RUNS} perturbed runs per size: prompt logits "
+          f"{info['perturbed_prompt_logits_median']} (median per size) to "
+          f"{info['perturbed_prompt_logits_max']} (max) away, stable steps {stable}")
 
 
 def main():
+    write = True
+    for arg in sys.argv[1:]:
+        if arg != "--print-only":
+            sys.exit(f"unknown argument {arg}: only --print-only")
+        write = False
     torch.set_num_threads(1)
     for name in ("fp8_block_fp32", "fp8_channel_fp32"):
-        run(name)
+        run(name, write)
 
 
 if __name__ == "__main__":

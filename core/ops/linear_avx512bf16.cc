@@ -4,10 +4,10 @@
 // Register tiles of up to 3 activation rows x 8 weight rows (24 accumulators). Every tile
 // runs through all of K with its lanes in registers, then reduces them by the one lane tree:
 // so every element's sum has the order linear.h defines whatever the tile, the task or m.
-// The shape is measured, not derived: on the development VM (Emerald Rapids) 3x8 and 2x8
-// tiles over all of K ran the prefill GEMMs at 1.3-1.6x the previous 4x4 tiles over 1024-wide
-// K blocks (whose lanes waited in memory between blocks) in a throwaway harness, and at
-// 1.17-1.27x in bench/linear_bench (docs/performance.md, "Against llama.cpp").
+// The shape is measured, not derived: on the development VM (Emerald Rapids) the 3x8 tiles
+// over all of K ran the prefill GEMMs of bench/linear_bench at 1.17-1.27x the previous 4x4
+// tiles over 1024-wide K blocks, whose lanes waited in memory between blocks
+// (docs/performance.md, "Against llama.cpp").
 #include <immintrin.h>
 
 #include <algorithm>
