@@ -14,8 +14,7 @@
 namespace glmserve {
 namespace internal {
 
-void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale,
-                            float* scores) {
+void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores) {
   for (int64_t p = 0; p < rows.context; ++p) {
     scores[p] = LaneDot(q, rows.Key(p), rows.head_dim) * scale;
   }
@@ -133,10 +132,14 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
     probs.resize(max_context);
     for (int64_t item = item_begin; item < item_end; ++item) {
       const int64_t t = item / heads, h = item % heads;
-      const internal::AttentionRows rows{&cache,  batch[token_seq[t]].blocks,
-                                         layer,   (h / group) * head_dim,
-                                         kv_dim,  bs,
-                                         head_dim, token_pos[t] + 1};  // causal: 0..pos
+      const internal::AttentionRows rows{.cache = &cache,
+                                         .blocks = batch[token_seq[t]].blocks,
+                                         .layer = layer,
+                                         .kv_off = (h / group) * head_dim,
+                                         .kv_dim = kv_dim,
+                                         .block_size = bs,
+                                         .head_dim = head_dim,
+                                         .context = token_pos[t] + 1};  // causal: 0..pos
       scores_fn(rows, q + (t * heads + h) * head_dim, scale, probs.data());
       SoftmaxInPlace(probs.data(), rows.context);
       sum_fn(rows, probs.data(), out + (t * heads + h) * head_dim);

@@ -22,7 +22,8 @@ inline float LaneDot8(const float* a, const float* b, int64_t n) {
   }
   if (i < n) {
     const __mmask8 m = static_cast<__mmask8>((1u << (n - i)) - 1);
-    const __m256 p = _mm256_mul_ps(_mm256_maskz_loadu_ps(m, a + i), _mm256_maskz_loadu_ps(m, b + i));
+    const __m256 p =
+        _mm256_mul_ps(_mm256_maskz_loadu_ps(m, a + i), _mm256_maskz_loadu_ps(m, b + i));
     lane = _mm256_mask_add_ps(lane, m, lane, p);
   }
   const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
@@ -33,8 +34,7 @@ inline float LaneDot8(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale,
-                           float* scores) {
+void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores) {
   for (int64_t p = 0; p < rows.context; ++p) {
     scores[p] = LaneDot8(q, rows.Key(p), rows.head_dim) * scale;
   }
@@ -53,8 +53,8 @@ void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, f
       const __m512 w = _mm512_set1_ps(probs[p]);
       const float* v = rows.Value(p) + d0;
       for (int64_t j = 0; j < vecs; ++j) {
-        const __m512 vv = j + 1 < vecs ? _mm512_loadu_ps(v + 16 * j)
-                                       : _mm512_maskz_loadu_ps(last, v + 16 * j);
+        const __m512 vv =
+            j + 1 < vecs ? _mm512_loadu_ps(v + 16 * j) : _mm512_maskz_loadu_ps(last, v + 16 * j);
         acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(w, vv));
       }
     }

@@ -25,10 +25,8 @@ struct AttentionRows {
 };
 
 // scores[p] = LaneDot<8>(q, key p, head_dim) * scale, p < context.
-void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale,
-                            float* scores);
-void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale,
-                           float* scores);
+void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores);
+void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores);
 // out[d] = sum over p in order of probs[p] * value p [d], from +0, d < head_dim.
 void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out);

@@ -48,8 +48,8 @@ inline void Step(__m512 (&acc)[MR][NR], const uint16_t* x, int64_t ldx, const ui
 // y[i, n] (+ bias[n]) for an MR x NR tile: x [MR, k_total] (ldx), w [NR, k_total] (row
 // stride k_total), y [MR, NR] (ldy).
 template <int MR, int NR>
-void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, float* y,
-          int64_t ldy, const float* bias) {
+void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, float* y, int64_t ldy,
+          const float* bias) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();

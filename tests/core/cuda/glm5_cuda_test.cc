@@ -160,9 +160,10 @@ TEST(CudaGlm5Fp8, PrefillRunsOnFp8TensorCores) {
   EXPECT_GT(tc->fp8_tensor_core_gemms(), 0) << tc->fp8_tensor_core_status();
   EXPECT_EQ(cores->fp8_tensor_core_gemms(), 0);
   const double rel = RelativeError(a, b);
-  std::printf("[ FP8 GLM-5 ] 24 tokens, tensor cores vs CUDA cores: logits %.4f, %lld GEMMs on "
-              "tensor cores\n",
-              rel, static_cast<long long>(tc->fp8_tensor_core_gemms()));
+  std::printf(
+      "[ FP8 GLM-5 ] 24 tokens, tensor cores vs CUDA cores: logits %.4f, %lld GEMMs on "
+      "tensor cores\n",
+      rel, static_cast<long long>(tc->fp8_tensor_core_gemms()));
   EXPECT_GT(rel, 0) << "the activations are quantized on the tensor-core path";
   EXPECT_LT(rel, 0.3);
   const int64_t before = tc->fp8_tensor_core_gemms();

@@ -34,10 +34,9 @@ struct Shape {
 TEST(LinearBf16, MatchesFloat64ReferenceOfRoundedActivationsOnAwkwardShapes) {
   // K tails below 32 and odd, long K; m off the 3-row register tile (remainders 1 and 2) and
   // over it; N off the 8-row tile (every remainder 1-7 below) and the 32-row task block.
-  const Shape shapes[] = {{1, 1, 1},     {1, 7, 5},      {3, 33, 17},  {4, 64, 64},
-                          {5, 37, 1030}, {17, 130, 513}, {1, 96, 2048}, {9, 4, 33},
-                          {6, 40, 3000}, {2, 45, 100},   {7, 46, 70},  {8, 59, 1100},
-                          {10, 43, 96},  {11, 60, 64},   {2, 3, 40}};
+  const Shape shapes[] = {{1, 1, 1},      {1, 7, 5},     {3, 33, 17},  {4, 64, 64},   {5, 37, 1030},
+                          {17, 130, 513}, {1, 96, 2048}, {9, 4, 33},   {6, 40, 3000}, {2, 45, 100},
+                          {7, 46, 70},    {8, 59, 1100}, {10, 43, 96}, {11, 60, 64},  {2, 3, 40}};
   std::printf("kBf16 kernel on this machine: %s\n", LinearKernelName(CpuMath::kBf16));
   uint32_t seed = 11;
   for (const Shape& s : shapes) {
