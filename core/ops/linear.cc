@@ -307,10 +307,11 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
       rounded.push_back({jobs[j].x, jobs[j].m, jobs[j].w->cols, amx});
     }
   }
+  // All rounded activations in one cache-line aligned arena, leased until the tasks are done.
+  // Every element is written below (the AMX packing writes its padding zeros itself), so the
+  // arena is reused uninitialised.
+  ScratchLease scratch;
   if (!rounded.empty()) {
-    // All rounded activations in one cache-line aligned arena. Every element is written below
-    // (the AMX packing writes its padding zeros itself), so the arena is reused uninitialised.
-    ScratchLease scratch;
     int64_t total = 0;
     std::vector<int64_t> unit_starts(rounded.size() + 1, 0);
     for (size_t r = 0; r < rounded.size(); ++r) {
@@ -351,8 +352,6 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
         }
       }
     }
-    internal::RunTasks(tasks, internal::ExactBlockFn());
-    return;
   }
   internal::RunTasks(tasks, internal::ExactBlockFn());
 }

@@ -16,17 +16,9 @@ namespace glmserve {
 namespace {
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}) {
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok());
-  config->max_position_embeddings = 512;
-  RandomWeightOptions weights_options;
-  weights_options.seed = 7;
-  weights_options.stddev = 0.1;
-  absl::StatusOr<ModelWeights> w = RandomWeights(*config, weights_options);
-  EXPECT_TRUE(w.ok()) << w.status();
   options.check_invariants = true;
-  absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(std::make_unique<CpuModel>(*std::move(w), CpuMath::kExact), options);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
+      std::make_unique<CpuModel>(testing::EngineTestWeights(), CpuMath::kExact), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return *std::move(engine);
 }
@@ -44,13 +36,7 @@ GenerateRequest MakeGenerate(int key, int prompt_len, int max_new, bool sample) 
 }
 
 Outcome RunAlone(const GenerateRequest& g) {
-  EngineOptions options;
-  options.prefix_caching = false;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  Collector c;
-  EXPECT_TRUE(engine->Submit({g}, c.For(0)).ok());
-  c.Wait(1);
-  return c[0];
+  return testing::RunAlone([](EngineOptions o) { return MakeEngine(o); }, g);
 }
 
 TEST(EngineForcedTest, ForcedTokensComeFirstWithTheModelsLogprobs) {

@@ -1,6 +1,7 @@
 // The request harness shared by the engine's tests (engine_test.cc, engine_forced_test.cc,
-// cuda/engine_kv_fp8_cuda_test.cc): what a request produced, a collector of many requests'
-// events, a deterministic generate request, and the preemption and prefix-hit scenarios.
+// cuda/engine_kv_fp8_cuda_test.cc): their model's weights, what a request produced, a
+// collector of many requests' events, a deterministic generate request, a request run alone,
+// and the preemption and prefix-hit scenarios.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,9 +16,25 @@
 #include <thread>
 #include <vector>
 
+#include "core/checkpoint.h"
+#include "core/config.h"
 #include "core/engine.h"
 
 namespace glmserve::testing {
+
+// The engine tests' weights: `preset` with 512 positions, random bf16 weights (seed 7, stddev
+// 0.1: a model that still decodes deterministic, varied tokens), over `span`.
+inline ModelWeights EngineTestWeights(const std::string& preset = "tiny", LayerSpan span = {}) {
+  absl::StatusOr<ModelConfig> config = PresetConfig(preset);
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->max_position_embeddings = 512;
+  RandomWeightOptions options;
+  options.seed = 7;
+  options.stddev = 0.1;
+  absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return *std::move(w);
+}
 
 // Everything a request produced.
 struct Outcome {
@@ -111,13 +128,26 @@ inline void ExpectAllBlocksFree(Engine& engine) {
   EXPECT_EQ(s.invariant_error, "");
 }
 
-// What the two scenarios below need from a test: an engine with the given options, the
-// request run alone (prefix caching off), and the contract an output is held to against
-// another (`greedy`: the request decodes greedily). The CPU holds every output bit-identical;
-// a real GPU its own, looser contract (cuda/engine_kv_fp8_cuda_test.cc).
+using MakeEngineFn = std::function<std::unique_ptr<Engine>(EngineOptions)>;
+
+// `g` alone on a fresh engine from `make` (prefix caching off): the reference a request's
+// output in a busy engine is held to.
+inline Outcome RunAlone(const MakeEngineFn& make, const GenerateRequest& g,
+                        EngineOptions options = {}) {
+  options.prefix_caching = false;
+  std::unique_ptr<Engine> engine = make(options);
+  Collector c;
+  EXPECT_TRUE(engine->Submit({g}, c.For(0)).ok());
+  c.Wait(1);
+  return c.outcomes()[0];
+}
+
+// What the two scenarios below need from a test: an engine with the given options (a
+// request run alone on one is the reference, RunAlone), and the contract an output is held to
+// against another (`greedy`: the request decodes greedily). The CPU holds every output
+// bit-identical; a real GPU its own, looser contract (cuda/engine_kv_fp8_cuda_test.cc).
 struct EngineScenario {
-  std::function<std::unique_ptr<Engine>(EngineOptions)> make;
-  std::function<Outcome(const GenerateRequest&)> run_alone;
+  MakeEngineFn make;
   std::function<void(const Outcome& got, const Outcome& want, bool greedy, const std::string& what)>
       expect_same;
 };
@@ -143,7 +173,7 @@ inline void PreemptionScenario(const EngineScenario& t) {
     const Outcome& got = c.outcomes()[k];
     EXPECT_TRUE(got.finish.status.ok()) << got.finish.status;
     EXPECT_EQ(got.tokens.size(), 40u);
-    t.expect_same(got, t.run_alone(requests[k]), k % 2 == 1, "request " + std::to_string(k));
+    t.expect_same(got, RunAlone(t.make, requests[k]), k % 2 == 1, "request " + std::to_string(k));
     preempted += got.finish.preemptions;
   }
   EXPECT_GT(engine->Stats().preemptions, 0);
@@ -173,12 +203,12 @@ inline void PrefixHitScenario(const EngineScenario& t) {
   EXPECT_EQ(c.outcomes()[1].finish.cached_prompt_tokens, 24);
   EXPECT_EQ(s.prompt_tokens_computed - computed_before, 31 - 24);  // only the tail computed
   EXPECT_GE(s.prefix_hits, 3);
-  t.expect_same(c.outcomes()[1], t.run_alone(b), /*greedy=*/false, "a prefix hit");
+  t.expect_same(c.outcomes()[1], RunAlone(t.make, b), /*greedy=*/false, "a prefix hit");
   ASSERT_TRUE(engine->Submit({a}, c.For(2)).ok());
   c.Wait(3);
   EXPECT_EQ(c.outcomes()[2].finish.cached_prompt_tokens, 32);
   t.expect_same(c.outcomes()[2], c.outcomes()[0], /*greedy=*/true, "the same prompt again");
-  t.expect_same(c.outcomes()[0], t.run_alone(a), /*greedy=*/true, "a alone");
+  t.expect_same(c.outcomes()[0], RunAlone(t.make, a), /*greedy=*/true, "a alone");
   ExpectAllBlocksFree(*engine);
 }
 

@@ -30,19 +30,12 @@ bool g_int8 = false;
 bool g_kv_fp8 = false;  // engines keep their KV cache in FP8 (--kv_cache_dtype=fp8_e4m3)
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
-  absl::StatusOr<ModelConfig> config = PresetConfig(g_preset);
-  EXPECT_TRUE(config.ok());
-  config->max_position_embeddings = 512;
-  RandomWeightOptions options;
-  options.seed = 7;
-  options.stddev = 0.1;
-  absl::StatusOr<ModelWeights> w = RandomWeights(*config, options, span);
-  EXPECT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(w->weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
+  ModelWeights w = testing::EngineTestWeights(g_preset, span);
+  EXPECT_EQ(w.weight_dtype, DType::kBF16) << "the bf16 mode needs bf16 weights to matter";
   if (g_int8) {
-    EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
+    EXPECT_TRUE(QuantizeWeights(&w, WeightQuant::kInt8).ok());
   }
-  return std::make_unique<CpuModel>(*std::move(w), g_math);
+  return std::make_unique<CpuModel>(std::move(w), g_math);
 }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
@@ -62,19 +55,13 @@ using testing::MakeGenerate;
 using testing::Outcome;
 
 Outcome RunAlone(const GenerateRequest& g, EngineOptions options = {}) {
-  options.prefix_caching = false;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  Collector c;
-  EXPECT_TRUE(engine->Submit({g}, c.For(0)).ok());
-  c.Wait(1);
-  return c.outcomes()[0];
+  return testing::RunAlone([](EngineOptions o) { return MakeEngine(o); }, g, options);
 }
 
 // The shared scenarios (engine_harness.h) on this CPU engine: every output bit-identical.
 testing::EngineScenario CpuScenario() {
   testing::EngineScenario t;
   t.make = [](EngineOptions options) { return MakeEngine(options); };
-  t.run_alone = [](const GenerateRequest& g) { return RunAlone(g); };
   t.expect_same = [](const Outcome& got, const Outcome& want, bool, const std::string& what) {
     EXPECT_TRUE(got == want) << what << ": not bit-identical";
   };

@@ -20,6 +20,7 @@
 
 #include "core/checkpoint.h"
 #include "core/model_runner.h"
+#include "tests/core/all_logits.h"
 #include "tests/core/runner_cases.h"
 #include "tests/test_util.h"
 
@@ -78,24 +79,6 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
     return cache.ok() ? *std::move(cache) : nullptr;
   }
 
-  // Logits of every position of `ids` in one forward over a fresh cache.
-  std::vector<float> FullForward(ModelRunner& runner, const std::vector<int32_t>& ids) {
-    const int64_t n = static_cast<int64_t>(ids.size());
-    std::unique_ptr<KvCache> cache = Cache(runner, (n + 3) / 4 + 1);
-    if (cache == nullptr) return {};
-    BlockTable table;
-    EXPECT_TRUE(cache->Reserve(&table, n).ok());
-    ForwardBatch batch;
-    batch.sequences = {{n, 0, &table}};
-    batch.token_ids = ids;
-    ForwardOptions options;
-    options.logits = LogitsRows::kAll;
-    ForwardResult result;
-    const absl::Status s = runner.Forward(batch, cache.get(), options, &result);
-    EXPECT_TRUE(s.ok()) << s;
-    return result.logits;
-  }
-
   // Bit-identical on the CPU, within kGpuTolerance on the GPU.
   void ExpectSame(const std::vector<float>& got, const std::vector<float>& want,
                   const std::string& what) {
@@ -138,7 +121,7 @@ TEST_P(RunnerConformance, PrefillThenDecodeEqualsFullForward) {
   ASSERT_NE(runner, nullptr);
   const int64_t vocab = runner->config().vocab_size;
   const std::vector<int32_t> ids = Tokens(40, 1);
-  const std::vector<float> full = FullForward(*runner, ids);
+  const std::vector<float> full = testing::AllLogits(*runner, ids);
   std::unique_ptr<KvCache> cache = Cache(*runner, 16);
   BlockTable table;
   ASSERT_TRUE(cache->Reserve(&table, 40).ok());
@@ -213,8 +196,8 @@ TEST_P(RunnerConformance, SequenceInRaggedBatchEqualsAlone) {
   step.token_ids = step_ids;
   ASSERT_TRUE(runner->Forward(step, cache.get(), options, &result).ok());
   ASSERT_EQ(result.logits.size(), static_cast<size_t>(12 * vocab));
-  const std::vector<float> fa = FullForward(*runner, a), fb = FullForward(*runner, b),
-                           fc = FullForward(*runner, c);
+  const std::vector<float> fa = testing::AllLogits(*runner, a), fb = testing::AllLogits(*runner, b),
+                           fc = testing::AllLogits(*runner, c);
   ExpectSame(Rows(result.logits, vocab, 0, 7), Rows(fa, vocab, 0, 7), "fresh prompt a");
   ExpectSame(Rows(result.logits, vocab, 7, 4), Rows(fb, vocab, 8, 4), "b's second chunk");
   ExpectSame(Rows(result.logits, vocab, 11, 1), Rows(fc, vocab, 4, 1), "c's decode");
@@ -240,7 +223,7 @@ TEST_P(RunnerConformance, ChunkedPrefillEqualsUnchunked) {
   std::unique_ptr<ModelRunner> runner = Make();
   ASSERT_NE(runner, nullptr);
   const std::vector<int32_t> ids = Tokens(30, 5);
-  const std::vector<float> full = FullForward(*runner, ids);
+  const std::vector<float> full = testing::AllLogits(*runner, ids);
   for (int64_t chunk : {1, 4, 7, 16}) {
     std::unique_ptr<KvCache> cache = Cache(*runner, 64);
     BlockTable table;
@@ -324,7 +307,7 @@ TEST_P(RunnerConformance, LayerSpansChainToTheWholeStack) {
   std::unique_ptr<ModelRunner> whole = Make();
   ASSERT_NE(whole, nullptr);
   const std::vector<int32_t> ids = Tokens(11, 6);
-  const std::vector<float> want = FullForward(*whole, ids);
+  const std::vector<float> want = testing::AllLogits(*whole, ids);
   for (const int64_t split : {1, 2}) {
     // GLM-5: a span may start only at a layer with its own DSA indexer (a 'shared' layer
     // reuses the previous layer's top-k); CreateModelRunner refuses the others.

@@ -33,17 +33,10 @@ class EngineKvFp8Cuda : public ::testing::Test {
   void SetUp() override { GLM_REQUIRE_CUDA_DEVICE(); }
 };
 
-// engine_test.cc's TinyModel (seed 7, stddev 0.1, bf16 weights) on the CUDA runner.
+// The engine tests' model (engine_harness.h's EngineTestWeights) on the CUDA runner.
 std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
-  EXPECT_TRUE(config.ok());
-  config->max_position_embeddings = 512;
-  RandomWeightOptions w_options;
-  w_options.seed = 7;
-  w_options.stddev = 0.1;
-  absl::StatusOr<ModelWeights> w = RandomWeights(*config, w_options);
-  EXPECT_TRUE(w.ok()) << w.status();
-  absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w));
+  absl::StatusOr<std::unique_ptr<CudaModel>> m =
+      CudaModel::Create(::glmserve::testing::EngineTestWeights());
   EXPECT_TRUE(m.ok()) << m.status();
   options.check_invariants = true;
   options.kv_cache_dtype = KvCacheDType::kFp8E4M3;
@@ -53,22 +46,11 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
   return *std::move(engine);
 }
 
-Outcome RunAlone(const GenerateRequest& g) {
-  EngineOptions options;
-  options.prefix_caching = false;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  Collector c;
-  EXPECT_TRUE(engine->Submit({g}, c.For(0)).ok());
-  c.Wait(1);
-  return c.outcomes()[0];
-}
-
 // The shared scenarios (engine_harness.h) on the CUDA runner, held to this device's contract
 // (top of the file).
 ::glmserve::testing::EngineScenario Scenario() {
   ::glmserve::testing::EngineScenario t;
   t.make = [](EngineOptions options) { return MakeEngine(options); };
-  t.run_alone = [](const GenerateRequest& g) { return RunAlone(g); };
   t.expect_same = [](const Outcome& got, const Outcome& want, bool greedy,
                      const std::string& what) {
     if (Emulated()) {
