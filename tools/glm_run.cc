@@ -1,12 +1,18 @@
-// glm-run: run a GLM-4.5 model (checkpoint directory or preset with seeded random weights) on
-// prompt token ids and print the greedy continuation with timings. Optionally writes the
-// prompt's logits and each layer's hidden states as .npy files.
+// glm-run: run a GLM-4.5-family model (checkpoint directory or preset with seeded random
+// weights) on prompt token ids, on the CPU or the CUDA runner, and print the greedy
+// continuation with timings. Optionally writes the prompt's logits and each layer's hidden
+// states as .npy files, and compares them with files an earlier run wrote: the way to ask
+// "does the GPU path give the CPU path's logits on this checkpoint?" without writing code.
 //
 //   glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16
-//   glm-run --model=path/to/checkpoint --prompt=1,2,3 --logits_out=/tmp/logits.npy
+//   glm-run --model=path/to/checkpoint --prompt=1,2,3 --logits_out=/tmp/cpu.npy
+//   glm-run --model=path/to/checkpoint --prompt=1,2,3 --device=cuda \
+//       --compare_logits=/tmp/cpu.npy --max_relative_error=3e-2
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,10 +22,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/checkpoint.h"
-#include "core/model.h"
+#include "core/cuda/runner.h"
+#include "core/model_runner.h"
 #include "core/npy.h"
 #include "core/ops/linear.h"
 #include "core/parallel.h"
@@ -29,6 +37,9 @@
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
           "checkpoint directory (with config.json) or preset, e.g. glm-4.5-air:layers=2");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu (the reference path), cuda (the CUDA runner: a GPU, or the emulated device in "
+          "a -DGLMSERVE_CUDA_EMU=ON build) or auto (CUDA when a usable GPU is present)");
 ABSL_FLAG(std::string, prompt, "151331,151333,9703,1435,11", "comma-separated prompt token ids");
 ABSL_FLAG(int, max_new_tokens, 16, "greedy tokens to generate after the prompt");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the random weights (presets only)");
@@ -37,19 +48,32 @@ ABSL_FLAG(std::string, logits_out, "", "write the prompt's logits [tokens, vocab
 ABSL_FLAG(std::string, hidden_out, "",
           "write the residual stream after the embedding and each layer "
           "[layers + 1, tokens, hidden] to this .npy");
+ABSL_FLAG(std::string, compare_logits, "",
+          "a .npy of the same prompt's logits (e.g. another device's --logits_out): print the "
+          "relative error of this run's logits against it and how many rows' argmax agree");
+ABSL_FLAG(std::string, compare_hidden, "",
+          "the same for the hidden states (another run's --hidden_out)");
+ABSL_FLAG(double, max_relative_error, 0,
+          "with --compare_logits / --compare_hidden: exit with status 1 when a relative error "
+          "exceeds this (0: report only). The CUDA runner's bf16 bound against the CPU is 3e-2 "
+          "(tests/core/golden_test.cc)");
 ABSL_FLAG(std::string, cpu_math, "exact",
-          "linear-layer arithmetic: exact (fp32 activations), bf16 (activations rounded to "
-          "bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, Intel AMX "
-          "tile order); see docs/cpu_math.md");
+          "CPU runner's linear-layer arithmetic: exact (fp32 activations), bf16 (activations "
+          "rounded to bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, "
+          "Intel AMX tile order); see docs/cpu_math.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
-          "stored or int8 (linear layers quantized at load; needs --cpu_math=bf16 or bf16_amx)");
+          "stored or int8 (linear layers quantized at load; CPU runner only, with "
+          "--cpu_math=bf16 or bf16_amx)");
+ABSL_FLAG(std::string, fp8_tensor_cores, "off",
+          "CUDA runner's FP8 GEMMs on FP8 tensor cores: auto (where the device supports them), "
+          "on (refuse to run without them), off (CUDA-core kernels); docs/cuda.md");
 ABSL_FLAG(std::string, save, "",
           "write the loaded model (e.g. a preset's seeded random weights in --dtype) to this "
           "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
-ABSL_FLAG(int, threads, 0, "worker threads (0: all cores, or GLM_NUM_THREADS)");
+ABSL_FLAG(int, threads, 0, "CPU worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "auto: fp32 KV cache; fp8_e4m3: e4m3 with a scale per token and KV head (GLM-4.5 "
-          "only; docs/kv_cache.md)");
+          "auto: the runner's own KV cache (fp32 on the CPU, bf16 on CUDA); fp8_e4m3: e4m3 with "
+          "a scale per token and KV head (GLM-4.5 only; docs/kv_cache.md)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
 namespace {
@@ -84,102 +108,207 @@ int32_t ArgMax(const float* v, int64_t n) {
   return static_cast<int32_t>(std::max_element(v, v + n) - v);
 }
 
-absl::Status Run() {
-  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(absl::GetFlag(FLAGS_prompt)));
-  ASSIGN_OR_RETURN(glmserve::DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
-  ASSIGN_OR_RETURN(const glmserve::CpuMath math,
-                   glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
-  ASSIGN_OR_RETURN(const glmserve::WeightQuant quant,
-                   glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
-  RETURN_IF_ERROR(glmserve::CheckWeightQuantMath(quant, math));
-  ASSIGN_OR_RETURN(const glmserve::KvCacheDType kv_dtype,
-                   glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
-  const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
-  if (max_new < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
+// Every flag, parsed and checked against the others before anything is loaded.
+struct RunFlags {
+  std::vector<int32_t> prompt;
+  glmserve::DType dtype;
+  glmserve::DeviceKind device;
+  glmserve::CpuMath cpu_math;
+  glmserve::WeightQuant quant;
+  glmserve::KvCacheDType kv_dtype;
+  glmserve::Fp8TensorCores fp8_tensor_cores;
+  int max_new_tokens;
+};
 
-  const auto t_load = Clock::now();
+absl::StatusOr<RunFlags> ParseRunFlags() {
+  RunFlags f;
+  ASSIGN_OR_RETURN(f.prompt, ParseIds(absl::GetFlag(FLAGS_prompt)));
+  ASSIGN_OR_RETURN(f.dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(f.device, glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device)));
+  ASSIGN_OR_RETURN(f.cpu_math, glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
+  ASSIGN_OR_RETURN(f.quant, glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
+  RETURN_IF_ERROR(glmserve::CheckWeightQuantMath(f.quant, f.cpu_math));
+  ASSIGN_OR_RETURN(f.kv_dtype, glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
+  ASSIGN_OR_RETURN(f.fp8_tensor_cores,
+                   glmserve::ParseFp8TensorCores(absl::GetFlag(FLAGS_fp8_tensor_cores)));
+  f.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (f.max_new_tokens < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
+  if (absl::GetFlag(FLAGS_max_relative_error) < 0) {
+    return absl::InvalidArgumentError("--max_relative_error must be >= 0");
+  }
+  // Each runner's own options, refused on the other rather than silently ignored.
+  if (f.device == glmserve::DeviceKind::kCuda && f.cpu_math != glmserve::CpuMath::kExact) {
+    return absl::InvalidArgumentError(
+        "--cpu_math chooses the CPU runner's arithmetic; the CUDA runner has its own (bf16 "
+        "activations, fp32 accumulation; docs/cuda.md): drop it or use --device=cpu");
+  }
+  if (f.device == glmserve::DeviceKind::kCpu &&
+      f.fp8_tensor_cores != glmserve::Fp8TensorCores::kOff) {
+    return absl::InvalidArgumentError(
+        "--fp8_tensor_cores is the CUDA runner's option: use it with --device=cuda or auto");
+  }
+  return f;
+}
+
+// The runner the flags ask for, over the loaded (and, on the CPU, possibly quantized) weights.
+absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> LoadRunner(const RunFlags& f) {
+  const bool on_cuda =
+      f.device == glmserve::DeviceKind::kCuda ||
+      (f.device == glmserve::DeviceKind::kAuto && f.quant == glmserve::WeightQuant::kStored &&
+       glmserve::CudaDeviceAvailable());
   glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
-  random.dtype = dtype;
-  absl::StatusOr<glmserve::ModelWeights> weights =
-      glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random);
-  if (!weights.ok()) return weights.status();
+  random.dtype = f.dtype;
+  // An FP8 preset's codes are generated on the device when the CUDA runner takes it (no host
+  // copy), as glm-server does; --save needs them on the host.
+  random.fp8_codes_on_device = on_cuda && absl::GetFlag(FLAGS_save).empty();
+  const auto t_load = Clock::now();
+  ASSIGN_OR_RETURN(glmserve::ModelWeights weights,
+                   glmserve::LoadModel(absl::GetFlag(FLAGS_model), glmserve::LayerSpan{}, random));
   if (const std::string dir = absl::GetFlag(FLAGS_save); !dir.empty()) {
     // Before any quantization: a checkpoint holds the weights as loaded.
-    RETURN_IF_ERROR(glmserve::SaveCheckpoint(*weights, dir));
+    RETURN_IF_ERROR(glmserve::SaveCheckpoint(weights, dir));
     std::printf("saved     %s (%.2f GB of %s weights) to %s in %.2f s\n",
-                absl::GetFlag(FLAGS_model).c_str(), weights->ParameterBytes() / 1e9,
-                std::string(glmserve::DTypeName(weights->weight_dtype)).c_str(), dir.c_str(),
+                absl::GetFlag(FLAGS_model).c_str(), weights.ParameterBytes() / 1e9,
+                std::string(glmserve::DTypeName(weights.weight_dtype)).c_str(), dir.c_str(),
                 Seconds(t_load, Clock::now()));
-    return absl::OkStatus();
+    return nullptr;
   }
-  RETURN_IF_ERROR(glmserve::QuantizeWeights(&*weights, quant));
-  glmserve::CpuModel model(*std::move(weights), math);
-  RETURN_IF_ERROR(model.SetKvCacheDType(kv_dtype));
-  const glmserve::ModelConfig& c = model.config();
+  RETURN_IF_ERROR(glmserve::QuantizeWeights(&weights, f.quant));
+  const std::string description = glmserve::DescribeConfig(weights.config);
+  const double gigabytes = weights.ParameterBytes() / 1e9;
+  const std::string weight_dtype(glmserve::DTypeName(weights.weight_dtype));
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::ModelRunner> runner,
+                   glmserve::CreateModelRunner(std::move(weights), f.device, f.cpu_math, nullptr,
+                                               f.fp8_tensor_cores));
+  RETURN_IF_ERROR(runner->SetKvCacheDType(f.kv_dtype));
   std::printf("model     %s\n          %s\n          %.2f GB of weights (%s), loaded in %.2f s\n",
-              absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeConfig(c).c_str(),
-              model.weights().ParameterBytes() / 1e9,
-              std::string(glmserve::DTypeName(model.weights().weight_dtype)).c_str(),
-              Seconds(t_load, Clock::now()));
-  std::printf("threads   %d, %s\n", glmserve::NumThreads(), model.compute_description().c_str());
-  std::printf("kv cache  %s, %lld bytes per token\n", glmserve::KvCacheDTypeName(kv_dtype),
-              static_cast<long long>(model.kv_bytes_per_token()));
+              absl::GetFlag(FLAGS_model).c_str(), description.c_str(), gigabytes,
+              weight_dtype.c_str(), Seconds(t_load, Clock::now()));
+  std::printf("device    %s\n", runner->device_name().c_str());
+  // The CUDA runner's description counts the kernels it ran: printed after the run instead.
+  if (runner->device_name() == "cpu") {
+    std::printf("threads   %d, %s\n", glmserve::NumThreads(),
+                runner->compute_description().c_str());
+  }
+  std::printf("kv cache  %s, %lld bytes per token\n", glmserve::KvCacheDTypeName(f.kv_dtype),
+              static_cast<long long>(runner->kv_bytes_per_token()));
+  return runner;
+}
 
-  const int64_t total = static_cast<int64_t>(prompt.size()) + max_new;
+// `what`'s relative error of the norm against the array in `path` (same shape), its largest
+// absolute difference and, for logits, how many rows' argmax agree; false when over the bound.
+absl::StatusOr<bool> Compare(const std::string& what, const std::string& path,
+                             const std::vector<int64_t>& shape, const std::vector<float>& data) {
+  ASSIGN_OR_RETURN(glmserve::NpyArray ref, glmserve::ReadNpy(path));
+  if (ref.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat("--compare_", what, ": ", path, " has shape [",
+                                                   absl::StrJoin(ref.shape, ", "), "], this run's ",
+                                                   what, " [", absl::StrJoin(shape, ", "), "]"));
+  }
+  double diff2 = 0, ref2 = 0, max_abs = 0;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const double d = static_cast<double>(data[i]) - ref.data[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(ref.data[i]) * ref.data[i];
+    max_abs = std::max(max_abs, std::abs(d));
+  }
+  // NaN anywhere makes the error NaN, which fails any bound below.
+  const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  std::string line = absl::StrFormat("compare   %s vs %s: relative error %.3g, max |diff| %.3g",
+                                     what, path, rel, max_abs);
+  if (what == "logits") {
+    const int64_t vocab = shape.back(), rows = static_cast<int64_t>(data.size()) / vocab;
+    int64_t agree = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      agree += ArgMax(&data[r * vocab], vocab) == ArgMax(&ref.data[r * vocab], vocab);
+    }
+    absl::StrAppendFormat(&line, ", argmax %d/%d rows", agree, rows);
+  }
+  const double bound = absl::GetFlag(FLAGS_max_relative_error);
+  const bool ok = bound == 0 || rel <= bound;
+  if (bound > 0) absl::StrAppendFormat(&line, " (bound %.3g: %s)", bound, ok ? "ok" : "EXCEEDED");
+  std::printf("%s\n", line.c_str());
+  return ok;
+}
+
+// Writes and compares the prompt step's outputs; false when a comparison exceeds its bound.
+absl::StatusOr<bool> PromptOutputs(const glmserve::ForwardResult& result, int64_t tokens,
+                                   const glmserve::ModelConfig& c) {
+  bool ok = true;
+  const std::vector<int64_t> logits_shape = {tokens, c.vocab_size};
+  if (const std::string path = absl::GetFlag(FLAGS_logits_out); !path.empty()) {
+    RETURN_IF_ERROR(glmserve::WriteNpy(path, logits_shape, result.logits.data()));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_compare_logits); !path.empty()) {
+    ASSIGN_OR_RETURN(const bool within, Compare("logits", path, logits_shape, result.logits));
+    ok &= within;
+  }
+  if (absl::GetFlag(FLAGS_hidden_out).empty() && absl::GetFlag(FLAGS_compare_hidden).empty()) {
+    return ok;
+  }
+  std::vector<float> stacked;
+  for (const auto& layer : result.layer_hidden)
+    stacked.insert(stacked.end(), layer.begin(), layer.end());
+  const std::vector<int64_t> hidden_shape = {static_cast<int64_t>(result.layer_hidden.size()),
+                                             tokens, c.hidden_size};
+  if (const std::string path = absl::GetFlag(FLAGS_hidden_out); !path.empty()) {
+    RETURN_IF_ERROR(glmserve::WriteNpy(path, hidden_shape, stacked.data()));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_compare_hidden); !path.empty()) {
+    ASSIGN_OR_RETURN(const bool within, Compare("hidden", path, hidden_shape, stacked));
+    ok &= within;
+  }
+  return ok;
+}
+
+absl::Status Run() {
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  ASSIGN_OR_RETURN(const RunFlags f, ParseRunFlags());
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::ModelRunner> runner, LoadRunner(f));
+  if (runner == nullptr) return absl::OkStatus();  // --save
+  const glmserve::ModelConfig& c = runner->config();
+  const std::vector<int32_t>& prompt = f.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t total = n + f.max_new_tokens;
   const int64_t block_size = 16;
-  glmserve::KvCache cache(model.CacheShape((total + block_size - 1) / block_size, block_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::KvCache> cache,
+                   runner->CreateCache((total + block_size - 1) / block_size, block_size));
   glmserve::BlockTable table;
-  RETURN_IF_ERROR(cache.Reserve(&table, total));
+  RETURN_IF_ERROR(cache->Reserve(&table, total));
 
   // Prefill: the whole prompt in one step.
   glmserve::ForwardOptions options;
-  const bool want_prompt_logits = !absl::GetFlag(FLAGS_logits_out).empty();
-  options.logits = want_prompt_logits ? glmserve::LogitsRows::kAll : glmserve::LogitsRows::kLast;
-  options.return_layer_hidden = !absl::GetFlag(FLAGS_hidden_out).empty();
+  const bool all_rows =
+      !absl::GetFlag(FLAGS_logits_out).empty() || !absl::GetFlag(FLAGS_compare_logits).empty();
+  options.logits = all_rows ? glmserve::LogitsRows::kAll : glmserve::LogitsRows::kLast;
+  options.return_layer_hidden =
+      !absl::GetFlag(FLAGS_hidden_out).empty() || !absl::GetFlag(FLAGS_compare_hidden).empty();
   glmserve::ForwardBatch batch;
-  batch.sequences = {{static_cast<int64_t>(prompt.size()), 0, &table}};
+  batch.sequences = {{n, 0, &table}};
   batch.token_ids = prompt;
   glmserve::ForwardResult result;
   const auto t_prefill = Clock::now();
-  RETURN_IF_ERROR(model.Forward(batch, &cache, options, &result));
+  RETURN_IF_ERROR(runner->Forward(batch, cache.get(), options, &result));
   const double prefill_s = Seconds(t_prefill, Clock::now());
-  const int64_t n = static_cast<int64_t>(prompt.size());
   std::printf("prefill   %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(n),
               prefill_s, n / prefill_s);
-
-  if (want_prompt_logits) {
-    if (absl::Status s = glmserve::WriteNpy(absl::GetFlag(FLAGS_logits_out), {n, c.vocab_size},
-                                            result.logits.data());
-        !s.ok())
-      return s;
-  }
-  if (options.return_layer_hidden) {
-    std::vector<float> stacked;
-    for (const auto& layer : result.layer_hidden)
-      stacked.insert(stacked.end(), layer.begin(), layer.end());
-    const int64_t layers = static_cast<int64_t>(result.layer_hidden.size());
-    if (absl::Status s = glmserve::WriteNpy(absl::GetFlag(FLAGS_hidden_out),
-                                            {layers, n, c.hidden_size}, stacked.data());
-        !s.ok())
-      return s;
-  }
+  ASSIGN_OR_RETURN(const bool within_bounds, PromptOutputs(result, n, c));
 
   // Greedy decode, one token per step through the KV cache.
   std::vector<int32_t> generated;
   int32_t next = ArgMax(result.logits.data() + result.logits.size() - c.vocab_size, c.vocab_size);
   options = glmserve::ForwardOptions{};
   const auto t_decode = Clock::now();
-  for (int step = 0; step < max_new; ++step) {
+  for (int step = 0; step < f.max_new_tokens; ++step) {
     generated.push_back(next);
     if (absl::GetFlag(FLAGS_stop_at_eos) &&
         std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end())
       break;
-    if (step + 1 == max_new) break;
+    if (step + 1 == f.max_new_tokens) break;
     batch.sequences = {{1, n + step, &table}};
     batch.token_ids = absl::MakeConstSpan(&next, 1);
-    RETURN_IF_ERROR(model.Forward(batch, &cache, options, &result));
+    RETURN_IF_ERROR(runner->Forward(batch, cache.get(), options, &result));
     next = ArgMax(result.logits.data(), c.vocab_size);
   }
   const double decode_s = Seconds(t_decode, Clock::now());
@@ -187,22 +316,34 @@ absl::Status Run() {
   std::printf("decode    %lld steps in %.3f s (%.1f tokens/s, %.2f ms/token)\n",
               static_cast<long long>(steps), decode_s, steps > 0 ? steps / decode_s : 0.0,
               steps > 0 ? 1e3 * decode_s / steps : 0.0);
+  if (const std::string compute = runner->compute_description();
+      runner->device_name() != "cpu" && !compute.empty()) {
+    std::printf("compute   %s\n", compute.c_str());
+  }
   std::printf("prompt    %s\n", absl::StrJoin(prompt, ",").c_str());
   std::printf("greedy    %s\n", absl::StrJoin(generated, ",").c_str());
+  if (!within_bounds) {
+    return absl::OutOfRangeError("a comparison exceeded --max_relative_error (see 'compare')");
+  }
   return absl::OkStatus();
 }
 
 const glmserve::cli::ProgramHelp& Help() {
   static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
       "glm-run",
-      "runs a GLM-4.5 model on prompt token ids and prints the greedy continuation",
+      "runs a GLM-4.5-family model on prompt token ids (CPU or CUDA runner) and prints the "
+      "greedy continuation",
       {"glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16",
-       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/logits.npy",
+       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/cpu.npy",
+       "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --device=cuda "
+       "--compare_logits=/tmp/cpu.npy --max_relative_error=3e-2",
        "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset"},
-      {{"Model",
-        {"model", "seed", "dtype", "threads", "cpu_math", "weight_dtype", "kv_cache_dtype"}},
+      {{"Model", {"model", "seed", "dtype", "kv_cache_dtype"}},
+       {"Runner", {"device", "threads", "cpu_math", "weight_dtype", "fp8_tensor_cores"}},
        {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
-       {"Outputs", {"logits_out", "hidden_out", "save"}}},
+       {"Outputs", {"logits_out", "hidden_out", "save"}},
+       {"Checking one runner against another",
+        {"compare_logits", "compare_hidden", "max_relative_error"}}},
       "tools/glm_run.cc",
       ""};
   return *help;
@@ -214,7 +355,7 @@ int main(int argc, char** argv) {
   if (std::optional<int> code = glmserve::cli::HandleHelpAndVersion(argc, argv, Help()))
     return *code;
   absl::SetProgramUsageMessage(
-      "Runs a GLM-4.5 model on prompt token ids and prints the greedy continuation.\n"
+      "Runs a GLM-4.5-family model on prompt token ids and prints the greedy continuation.\n"
       "  glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = Run(); !s.ok()) {

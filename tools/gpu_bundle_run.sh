@@ -16,7 +16,8 @@
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
 # and .xml, gpu_bench.log, gpu_bench_glm5.log, gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log,
-# client_bench_c<N>.log, sampler_bench.log, host_bench.log. Exit status: 0 when every step passed.
+# client_bench_c<N>.log, sampler_bench.log, host_bench.log, glm_run_<case>.log. Exit status:
+# 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -103,6 +104,47 @@ run_step() {  # name log command...
   local status=$?
   if [ "$status" = 0 ]; then note "ok   $name"; else fail "$name: exit $status (see $(basename "$log"))"; fi
 }
+
+# glm-run's CUDA runner against its CPU runner on golden checkpoints, the way a user checks a
+# new checkpoint (docs/cuda.md, "Checking a checkpoint"): the CPU run writes its logits and
+# hidden states, the CUDA run compares with them under the runner's bf16 bound (3e-2). Every
+# weight form the CUDA runner serves: bf16, FP8 per-channel and block-scaled (CUDA cores and
+# FP8 tensor cores), GLM-5, the FP8 KV cache. Without a GPU the CUDA half must refuse cleanly.
+glm_run_check() {  # name fixture "options for both" "CUDA-only options"
+  local name="$1" dir="$here/golden/$2" both="$3" cuda_only="$4"
+  local log="$out/glm_run_$name.log" prompt greedy_len
+  prompt=$(sed -n 's/.*"prompt": *\[\([0-9, ]*\)\].*/\1/p' "$dir/expected.json" | tr -d ' ')
+  local args=(--model="$dir" --prompt="$prompt" --max_new_tokens=4)
+  # shellcheck disable=SC2086  # the option strings are word lists
+  if ! timeout "$timeout_s" "$here/bin/glm-run" "${args[@]}" $both --device=cpu \
+    --logits_out="$out/glm_run_$name.cpu_logits.npy" \
+    --hidden_out="$out/glm_run_$name.cpu_hidden.npy" >"$log" 2>&1; then
+    fail "glm-run $name: the CPU run failed (see $(basename "$log"))"
+    return
+  fi
+  # shellcheck disable=SC2086
+  timeout "$timeout_s" "$here/bin/glm-run" "${args[@]}" $both $cuda_only --device=cuda \
+    --compare_logits="$out/glm_run_$name.cpu_logits.npy" \
+    --compare_hidden="$out/glm_run_$name.cpu_hidden.npy" --max_relative_error=3e-2 >>"$log" 2>&1
+  local status=$?
+  if [ "$gpu" = 1 ]; then
+    if [ "$status" = 0 ]; then
+      note "ok   glm-run $name: $(grep '^compare   logits' "$log" | sed 's/ vs [^:]*:/:/')"
+    else
+      fail "glm-run $name --device=cuda: exit $status (see $(basename "$log"))"
+    fi
+  elif [ "$status" = 1 ] && grep -q -- '--device=cuda: ' "$log"; then
+    note "ok   glm-run $name: CPU run, --device=cuda refused without a GPU"
+  else
+    fail "glm-run $name without a GPU: exit $status (see $(basename "$log"))"
+  fi
+}
+glm_run_check bf16 bf16 "" ""
+glm_run_check fp8_channel fp8_channel_fp32 "" ""
+glm_run_check fp8_block fp8_block_fp32 "" ""
+glm_run_check fp8_block_tensor_cores fp8_block_fp32 "" "--fp8_tensor_cores=on"
+glm_run_check glm5 glm5_bf16 "" ""
+glm_run_check kv_fp8 bf16 "--kv_cache_dtype=fp8_e4m3" ""
 
 if [ "$gpu" = 1 ]; then
   run_step gpu_bench "$out/gpu_bench.log" "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 \

@@ -208,6 +208,22 @@ void CudaModel::set_mla_tensor_cores(bool on) {
   options_.mla_tensor_cores = on;
 }
 
+std::string CudaModel::compute_description() const {
+  std::string text = "bf16 activations, fp32 accumulation";
+  if (fp8_max_cols_ > 0) {
+    absl::StrAppend(&text, "; FP8 weights, tensor cores ",
+                    fp8_tensor_cores_ ? (fp8_tc_ != nullptr ? "on" : "unavailable") : "off", " (",
+                    fp8_tc_status_, "): FP8 GEMMs on tensor cores ", fp8_tc_gemms_,
+                    ", on CUDA cores ", fp8_fallback_gemms_);
+  }
+  if (is_mla_) {
+    absl::StrAppend(&text, "; MLA attention on tensor cores for steps of up to ", mla_tc_tokens(),
+                    " tokens");
+  }
+  absl::StrAppend(&text, "; decode CUDA graphs ", options_.cuda_graphs ? "on" : "off");
+  return text;
+}
+
 int64_t CudaModel::kv_bytes_per_token() const {
   if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
     return (layer_end_ - layer_begin_) * 2 * config_.num_key_value_heads * (config_.head_dim + 4);

@@ -84,6 +84,9 @@ class CudaModel final : public ModelRunner {
   int64_t layer_begin() const override { return layer_begin_; }
   int64_t layer_end() const override { return layer_end_; }
   std::string device_name() const override { return device_name_; }
+  // The arithmetic and kernel choices, with how many FP8 GEMMs each path has run so far
+  // (glm-run prints it after a run, so a user sees whether tensor cores took part).
+  std::string compute_description() const override;
   int64_t weight_bytes() const override { return weights_.bytes; }
   int64_t kv_bytes_per_token() const override;
   // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the

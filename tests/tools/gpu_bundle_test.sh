@@ -40,6 +40,10 @@ listed="$(LD_LIBRARY_PATH="$bundle/lib" GLMSERVE_GOLDEN_DIR="$bundle/golden" \
   sort | tr '\n' ' ')"
 [ "$listed" = "carried_bf16 carried_sharded " ] ||
   die "the golden suite listed '$listed', not the bundle's two fixtures"
+# run.sh's glm-run checks read these fixtures by name.
+for f in bf16 fp8_channel_fp32 fp8_block_fp32 glm5_bf16; do
+  cp -r "$root/tests/golden/$f" "$bundle/golden/$f"
+done
 
 # The run script, without a GPU: the GPU tests skip (or, with a GPU, run), nothing fails.
 OUT="$work/logs" bash "$bundle/run.sh" --no-gpu >"$work/run.log" 2>&1 ||
@@ -50,6 +54,10 @@ for t in core_cuda_model_cuda_test core_runner_conformance_test core_golden_test
 done
 grep -q "GLMSERVE_GOLDEN_DIR=$bundle/golden" "$work/logs/environment.txt" ||
   die "run.sh did not point the tests at the bundle's fixtures"
+for c in bf16 fp8_channel fp8_block fp8_block_tensor_cores glm5 kv_fp8; do
+  grep -q "ok   glm-run $c: CPU run, --device=cuda refused without a GPU" "$work/logs/summary.txt" ||
+    die "glm-run check $c not run"
+done
 grep -q '^| greedy | 4 |' "$work/logs/host_bench.log" || die "host_bench printed no table"
 grep -q '^| greedy |' "$work/logs/sampler_bench.log" || die "sampler_bench printed no table"
 # run.sh itself fails a failing step: a test binary that exits non-zero.
