@@ -2,7 +2,7 @@
 # The GPU check, run from a bundle that tools/gpu_bundle.sh made (this file is its run.sh),
 # on a GPU host that has the NVIDIA driver and CUDA (for cuBLAS) but nothing of glmserve's
 # build dependencies. Every GPU test binary with GLMSERVE_REQUIRE_CUDA=1 (a skip is a
-# failure), gpu_bench, glm-server on the GPU under glm-client bench at concurrency 1, 16 and
+# failure), glm-run's CUDA runner against its CPU runner on golden checkpoints, gpu_bench, glm-server on the GPU under glm-client bench at concurrency 1, 16 and
 # 64, and the CPU host benchmarks (sampler_bench, host_bench), each with a timeout; a few
 # minutes in all.
 #
