@@ -15,9 +15,9 @@
 # (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
-# and .xml, gpu_bench.log, gpu_bench_glm5.log, gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log,
-# client_bench_c<N>.log, sampler_bench.log, host_bench.log, glm_run_<case>.log. Exit status:
-# 0 when every step passed.
+# and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_glm5.log,
+# gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log,
+# sampler_bench.log, host_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -149,6 +149,12 @@ glm_run_check kv_fp8 bf16 "--kv_cache_dtype=fp8_e4m3" ""
 if [ "$gpu" = 1 ]; then
   run_step gpu_bench "$out/gpu_bench.log" "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 \
     --batches=1,8,64 --context=512 --decode_steps=32 --prefill_tokens=2048
+  # The same prefill with attention on CUDA cores (attention.cu) instead of tensor cores
+  # (attention_tc.cu, the default): the ratio of the two prefill rows is what the tensor-core
+  # kernel buys (docs/cuda.md, "Attention on tensor cores").
+  run_step gpu_bench_attn_cuda_cores "$out/gpu_bench_attn_cuda_cores.log" env GLMSERVE_ATTN_TC=0 \
+    "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 --batches=1 --context=512 --decode_steps=8 \
+    --prefill_tokens=2048
   # GLM-5's MLA + DSA kernels (plain ones, never timed on hardware): a context past
   # index_topk (2048), so decode runs the indexer's selection.
   run_step gpu_bench_glm5 "$out/gpu_bench_glm5.log" "$here/bin/gpu_bench" \

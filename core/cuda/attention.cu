@@ -29,12 +29,6 @@ size_t AttentionSmemBytes(int rows_cap, int hd) {
                           static_cast<size_t>(kKeys) * (2 * hd + 1));
 }
 
-// Partial results of one (tile, kv head, split): acc [rows_cap, hd], m [rows_cap],
-// l [rows_cap].
-__device__ __forceinline__ int64_t PartialStride(int rows_cap, int hd) {
-  return static_cast<int64_t>(rows_cap) * (hd + 2);
-}
-
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                          const int32_t* __restrict__ block_tables,
@@ -163,7 +157,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     // Every split writes its part, empty or not, so the combine never reads stale scratch.
     float* part =
         scratch + ((static_cast<int64_t>(tile) * shape.kv_heads + kvh) * num_splits + split) *
-                      PartialStride(rows_cap, hd);
+                      AttentionPartialFloats(rows_cap, hd);
 #pragma unroll
     for (int i = 0; i < kAccPerThread; ++i) {
       const int e = tid + i * kAttnThreads;
@@ -186,7 +180,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int tile = blockIdx.x, kvh = blockIdx.y;
   const int32_t* td = tiles + static_cast<int64_t>(tile) * kTileInts;
   const int row0 = td[0], rows = td[1] * group;
-  const int64_t stride = PartialStride(rows_cap, hd);
+  const int64_t stride = AttentionPartialFloats(rows_cap, hd);
   const float* base =
       scratch + (static_cast<int64_t>(tile) * shape.kv_heads + kvh) * num_splits * stride;
   for (int e = threadIdx.x; e < rows * hd; e += blockDim.x) {
@@ -234,8 +228,19 @@ cudaError_t PrepareKernels() {
   e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
   const int wanted = static_cast<int>(AttentionSmemBytes(kMaxRows, kMaxHeadDim));
-  return cudaFuncSetAttribute(PagedAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              wanted < optin ? wanted : optin);
+  e = cudaFuncSetAttribute(PagedAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           wanted < optin ? wanted : optin);
+  if (e != cudaSuccess) return e;
+  return PrepareAttentionTc(optin);
+}
+
+cudaError_t LaunchAttentionCombine(const float* scratch, const int32_t* tiles, int num_tiles,
+                                   const AttentionShape& shape, int num_splits, uint16_t* out,
+                                   cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(num_tiles), static_cast<unsigned>(shape.kv_heads));
+  CombineSplitsKernel<<<grid, kAttnThreads, 0, stream>>>(
+      scratch, tiles, shape, RowsCap(shape.heads / shape.kv_heads), num_splits, out);
+  return cudaGetLastError();
 }
 
 namespace {
@@ -259,10 +264,9 @@ cudaError_t PagedAttention(const float* q, const int32_t* tiles, int num_tiles,
   PagedAttentionKernel<<<grid, kAttnThreads, AttentionSmemBytes(rows_cap, hd), stream>>>(
       q, tiles, block_tables, cache_layer, fp8.codes, fp8.scales, shape, rows_cap, scratch, out);
   if (num_splits > 1) {
-    const dim3 combine_grid(static_cast<unsigned>(num_tiles),
-                            static_cast<unsigned>(shape.kv_heads));
-    CombineSplitsKernel<<<combine_grid, kAttnThreads, 0, stream>>>(scratch, tiles, shape, rows_cap,
-                                                                   num_splits, out);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    return LaunchAttentionCombine(scratch, tiles, num_tiles, shape, num_splits, out, stream);
   }
   return cudaGetLastError();
 }

@@ -172,6 +172,11 @@ cudaError_t LaunchQkNormRopeKvFp8(float* qkv, int64_t tokens, const QkvShape& sh
 inline constexpr int kTileInts = 5;
 // Query tokens per tile for a GQA group size: tiles hold num_q * group <= 32 query rows.
 int AttentionTileTokens(int64_t group);
+// Floats of one (tile, kv head, split) partial in the split scratch: acc [rows_cap, head_dim],
+// then m [rows_cap] and l [rows_cap] (rows_cap: AttentionTileTokens(group) x group).
+GLM_HD inline int64_t AttentionPartialFloats(int64_t rows_cap, int64_t head_dim) {
+  return rows_cap * (head_dim + 2);
+}
 // Floats of split scratch LaunchPagedAttention needs for `num_tiles` tiles with `num_splits`.
 int64_t AttentionScratchFloats(int64_t num_tiles, int64_t kv_heads, int64_t group, int64_t head_dim,
                                int num_splits);
@@ -197,6 +202,26 @@ cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int nu
                                     const int32_t* block_tables, Fp8KvLayer cache_layer,
                                     const AttentionShape& shape, int num_splits, float* scratch,
                                     uint16_t* out, cudaStream_t stream);
+
+// Merges the num_splits partials of every (tile, kv head) in `scratch` into `out` (bf16):
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). Both attention kernels end with it.
+cudaError_t LaunchAttentionCombine(const float* scratch, const int32_t* tiles, int num_tiles,
+                                   const AttentionShape& shape, int num_splits, uint16_t* out,
+                                   cudaStream_t stream);
+
+// ---- attention_tc.cu ------------------------------------------------------------------
+// LaunchPagedAttention's result over the bf16 cache on tensor cores (WMMA, flash-attention
+// style; same tiles, splits and scratch; q and P as hi + lo bf16 pairs, so within the same
+// bound of the CPU as the CUDA-core kernel, not bit-equal to it). The runner's default for
+// GLM-4.5 (CudaModelOptions::attention_tensor_cores); the FP8 cache keeps the kernel above.
+cudaError_t LaunchPagedAttentionTc(const float* q, const int32_t* tiles, int num_tiles,
+                                   const int32_t* block_tables, const uint16_t* cache_layer,
+                                   const AttentionShape& shape, int num_splits, float* scratch,
+                                   uint16_t* out, cudaStream_t stream);
+// Dynamic shared memory of one tensor-core attention block (80 KiB at head_dim 128, 144 KiB
+// at 256), and the opt-in beyond 48 KiB (PrepareKernels calls it).
+size_t AttentionTcSmemBytes(int64_t head_dim);
+cudaError_t PrepareAttentionTc(int max_dynamic_smem);
 
 // ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
 // The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,
@@ -321,6 +346,15 @@ cudaError_t LaunchGatherRows(const uint16_t* x, int64_t width, const int32_t* so
 cudaError_t LaunchExpertGemv(const uint16_t* w, int64_t n, int64_t k, int64_t n_experts,
                              const int32_t* offsets, const uint16_t* in, float* out,
                              cudaStream_t stream);
+// ---- moe_gemm_tc.cu ------------------------------------------------------------------
+// LaunchExpertGemv's result for steps of any size on tensor cores (WMMA bf16, fp32
+// accumulation; 64 x 64 output tiles): for every expert e and row i in
+// [offsets[e], offsets[e + 1]), out[i, :n] = in[i, :k] . w[e]^T. `pairs` (offsets[n_experts],
+// known to the host without reading the offsets) sizes the grid; the counts stay on the
+// device, so no host synchronisation and CUDA-graph capturable.
+cudaError_t LaunchExpertGemmTc(const uint16_t* w, int64_t n, int64_t k, int64_t n_experts,
+                               const int32_t* offsets, int64_t pairs, const uint16_t* in,
+                               float* out, cudaStream_t stream);
 // out[t] = sum_k weights[t, k] * expert_out[pair_pos[t * top_k + k]] (fp32)
 //          (+ out[t] when accumulate: the shared expert's output already there).
 // The k terms are added in ascending expert id (experts [tokens, top_k]), as the CPU backend.

@@ -2,8 +2,9 @@
 // blocks) and the logits head, enqueued on the model's stream. FP8 projections (docs/fp8.md)
 // take fp8_linear.cu's kernels on the same bf16 inputs and fp32 outputs as the cuBLAS GEMMs
 // of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits
-// for the device except the large-batch MoE path, which reads the per-expert row counts back to
-// size its cuBLAS GEMMs (steps captured as CUDA graphs never take it).
+// for the device except the large-batch MoE path of FP8 experts, which reads the per-expert row
+// counts back to size its per-expert FP8 GEMMs (bf16 experts take the grouped tensor-core GEMM
+// over the device-side counts at any size; steps captured as CUDA graphs never take the FP8 one).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,11 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
                                             l.mla.has_indexer() ? a_.x32 : nullptr, stream_.get()));
   *pending = false;
   RETURN_IF_ERROR(is_mla_ ? EnqueueMla(layer, cache) : EnqueueAttention(layer, cache));
+  if (head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_) {
+    RETURN_IF_ERROR(EnqueueHeadRows(layer));
+    *pending = head_rows_ > 0;  // delta's head rows go to head_h_ (EnqueueResolve)
+    return absl::OkStatus();
+  }
   // h += attention output; x = RMSNorm_post(h), in fp32 too for the router.
   GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, a_.delta, l.post_norm, t, c.hidden_size, eps,
                                             nullptr, a_.x, l.is_moe ? a_.x32 : nullptr,
@@ -110,18 +116,51 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
         meta(meta_layout_.block_tables()), fp8_layer, shape, num_splits_, attn_scratch_, a_.attn,
         stream_.get()));
   } else {
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchPagedAttention(a_.qkv, meta(meta_layout_.tiles()), static_cast<int>(plan_.num_tiles),
-                             meta(meta_layout_.block_tables()), cache_layer, shape, num_splits_,
-                             attn_scratch_, a_.attn, stream_.get()));
+    const auto launch =
+        options_.attention_tensor_cores ? LaunchPagedAttentionTc : LaunchPagedAttention;
+    GLM_CUDA_RETURN_IF_ERROR(launch(a_.qkv, meta(meta_layout_.tiles()),
+                                    static_cast<int>(plan_.num_tiles),
+                                    meta(meta_layout_.block_tables()), cache_layer, shape,
+                                    num_splits_, attn_scratch_, a_.attn, stream_.get()));
+  }
+  // o_proj of every row, or of the head rows (gathered into the dead qkv buffer first).
+  const bool head = head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_;
+  const int64_t rows = head ? head_rows_ : t;
+  if (rows == 0) return absl::OkStatus();
+  const uint16_t* attn = a_.attn;
+  if (head) {
+    uint16_t* gathered = reinterpret_cast<uint16_t*>(a_.qkv);
+    GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.attn, c.q_dim(), meta(meta_layout_.logit_index()),
+                                              rows, 1, gathered, stream_.get()));
+    attn = gathered;
   }
   if (l.o8.codes != nullptr) {
-    RETURN_IF_ERROR(Fp8Linear(a_.attn, t, l.o8, a_.delta, c.hidden_size));
+    RETURN_IF_ERROR(Fp8Linear(attn, rows, l.o8, a_.delta, c.hidden_size));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.o, c.q_dim()), c.hidden_size, c.q_dim(),
-                       Bf16(a_.attn, c.q_dim()), t, a_.delta, CUDA_R_32F, c.hidden_size));
+                       Bf16(attn, c.q_dim()), rows, a_.delta, CUDA_R_32F, c.hidden_size));
   return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueHeadRows(int64_t layer) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& l = weights_.layers[layer];
+  const int64_t rows = head_rows_;
+  if (rows == 0) return absl::OkStatus();  // no row is read: K/V were all this layer owed
+  // h's head rows, copied bit for bit (fp32 rows as pairs of 16-bit words) into head_h_, which
+  // overlaps the gathered attention rows: o_proj has read them already (same stream).
+  GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(
+      reinterpret_cast<const uint16_t*>(a_.h), 2 * c.hidden_size, meta(meta_layout_.logit_index()),
+      rows, 1, reinterpret_cast<uint16_t*>(head_h_), stream_.get()));
+  // head_h += attention output; x = RMSNorm_post(head_h), in fp32 too for the router.
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(head_h_, a_.delta, l.post_norm, rows, c.hidden_size,
+                                            static_cast<float>(c.rms_norm_eps), nullptr, a_.x,
+                                            l.is_moe ? a_.x32 : nullptr, stream_.get()));
+  if (l.is_moe) {
+    return EnqueueMoe(layer, rows, rows * c.num_experts_per_tok <= options_.device_moe_max_pairs);
+  }
+  return EnqueueDenseFfn(l.dense, rows);
 }
 
 absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
@@ -171,8 +210,16 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchExpertGemv(l.experts_down, hidden, width, n_experts, offsets, a_.act, a_.yp, stream));
+  } else if (!fp8) {
+    // Any number of rows: grouped tensor-core GEMMs over the device-side offsets.
+    GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_gate_up, 2 * width, hidden, n_experts,
+                                                offsets, pairs, a_.xp, a_.gate_up, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_down, hidden, width, n_experts, offsets,
+                                                pairs, a_.act, a_.yp, stream));
   } else {
-    // Per-expert row counts to the host, then one GEMM per active expert and projection.
+    // FP8 experts: per-expert row counts to the host, then one FP8 GEMM per active expert and
+    // projection (docs/cuda.md: the one MoE path that still synchronises).
     int32_t* host = offsets_host_.as<int32_t>() + layer * (n_experts + 1);
     GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, offsets, sizeof(int32_t) * (n_experts + 1),
                                              cudaMemcpyDeviceToHost, stream));
@@ -181,7 +228,7 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       return absl::InternalError(absl::StrCat("MoE grouping placed ", host[n_experts], " of ",
                                               pairs, " (token, expert) pairs"));
     }
-    for (int64_t e = 0; fp8 && e < n_experts; ++e) {
+    for (int64_t e = 0; e < n_experts; ++e) {
       // One expert's FP8 rows through the GEMV (<= 8 rows) or the tiled kernel.
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
@@ -190,26 +237,12 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_gate8, e), ge, 2 * width));
       RETURN_IF_ERROR(Fp8Linear(xe, rows, Expert(l.experts_up8, e), ge + width, 2 * width));
     }
-    for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
-      const int64_t first = host[e], rows = host[e + 1] - host[e];
-      if (rows == 0) continue;
-      RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_gate_up + e * 2 * width * hidden, hidden),
-                           2 * width, hidden, Bf16(a_.xp + first * hidden, hidden), rows,
-                           a_.gate_up + first * 2 * width, CUDA_R_32F, 2 * width));
-    }
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
-    for (int64_t e = 0; fp8 && e < n_experts; ++e) {
+    for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t first = host[e], rows = host[e + 1] - host[e];
       if (rows == 0) continue;
       RETURN_IF_ERROR(Fp8Linear(a_.act + first * width, rows, Expert(l.experts_down8, e),
                                 a_.yp + first * hidden, hidden));
-    }
-    for (int64_t e = 0; !fp8 && e < n_experts; ++e) {
-      const int64_t first = host[e], rows = host[e + 1] - host[e];
-      if (rows == 0) continue;
-      RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(l.experts_down + e * hidden * width, width), hidden,
-                           width, Bf16(a_.act + first * width, width), rows, a_.yp + first * hidden,
-                           CUDA_R_32F, hidden));
     }
   }
   // The shared expert writes delta (reusing gate_up / act after the routed experts are done
@@ -222,8 +255,9 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
 
 absl::Status CudaModel::EnqueueResolve(bool* pending) {
   if (*pending) {
-    GLM_CUDA_RETURN_IF_ERROR(
-        LaunchAdd(a_.h, a_.delta, plan_.tokens * config_.hidden_size, stream_.get()));
+    float* h = head_rows_ >= 0 ? head_h_ : a_.h;
+    const int64_t rows = head_rows_ >= 0 ? head_rows_ : plan_.tokens;
+    GLM_CUDA_RETURN_IF_ERROR(LaunchAdd(h, a_.delta, rows * config_.hidden_size, stream_.get()));
     *pending = false;
   }
   return absl::OkStatus();
@@ -231,9 +265,13 @@ absl::Status CudaModel::EnqueueResolve(bool* pending) {
 
 absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
   const ModelConfig& c = config_;
-  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(
-      a_.h, nullptr, weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
-      meta(meta_layout_.logit_index() + row_begin), head_x_, nullptr, stream_.get()));
+  // The logits rows of h, or head_h_'s rows in order when the last layer finished only them.
+  const bool compact = head_rows_ >= 0;
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchAddRmsNorm(compact ? head_h_ + row_begin * c.hidden_size : a_.h, nullptr,
+                       weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                       compact ? nullptr : meta(meta_layout_.logit_index() + row_begin), head_x_,
+                       nullptr, stream_.get()));
   RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(weights_.lm_head, c.hidden_size), c.vocab_size,
                        c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
                        c.vocab_size));

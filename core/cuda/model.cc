@@ -85,6 +85,9 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   if (const char* env = std::getenv("GLMSERVE_MLA_TC"); env != nullptr && env[0] == '0') {
     options_.mla_tensor_cores = false;
   }
+  if (const char* env = std::getenv("GLMSERVE_ATTN_TC"); env != nullptr && env[0] == '0') {
+    options_.attention_tensor_cores = false;
+  }
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
   is_mla_ = c.is_mla();
@@ -219,6 +222,10 @@ std::string CudaModel::compute_description() const {
   if (is_mla_) {
     absl::StrAppend(&text, "; MLA attention on tensor cores for steps of up to ", mla_tc_tokens(),
                     " tokens");
+  } else {
+    absl::StrAppend(
+        &text, "; attention on ",
+        options_.attention_tensor_cores ? "tensor cores (bf16 KV cache)" : "CUDA cores");
   }
   absl::StrAppend(&text, "; decode CUDA graphs ", options_.cuda_graphs ? "on" : "off");
   return text;
@@ -518,6 +525,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   result->layer_hidden.clear();
   const bool want_logits = options.logits != LogitsRows::kNone;
 
+  head_rows_ = FinishOnlyHeadRows(options, graph) ? plan_.real_logit_rows : -1;
+  head_h_ = reinterpret_cast<float*>(a_.qkv);
   if (graph) {
     RETURN_IF_ERROR(RunGraph(cache, want_logits));
   } else {
@@ -557,6 +566,16 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   GLM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   last_step_valid_ = true;
   return absl::OkStatus();
+}
+
+bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const {
+  // Graph steps (pure decode) read every row anyway. GLM-5's attention ends in its own
+  // kernels (not done there yet). head_h_ lives in the qkv buffer: it must hold hidden floats
+  // per row.
+  const ModelConfig& c = config_;
+  return !graph && has_head_ && !is_mla_ && !options.return_hidden &&
+         !options.return_layer_hidden && plan_.real_logit_rows < plan_.tokens &&
+         c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
 }
 
 absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {

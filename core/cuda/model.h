@@ -70,6 +70,10 @@ struct CudaModelOptions {
   // GLM-5: steps of at most mla_tc_tokens() tokens run the tensor-core absorbed attention
   // (mla_tc.cu), larger ones mla.cu's CUDA-core kernel. GLMSERVE_MLA_TC=0 overrides.
   bool mla_tensor_cores = true;
+  // GLM-4.5: attention over the bf16 cache on tensor cores (attention_tc.cu, flash-attention
+  // style), else attention.cu's CUDA-core kernel (which the FP8 cache always uses). Both are
+  // within the same bound of the CPU. GLMSERVE_ATTN_TC=0 overrides.
+  bool attention_tensor_cores = true;
 };
 
 class CudaModel final : public ModelRunner {
@@ -180,7 +184,14 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueStepBody(KvCache* cache, bool logits);
   absl::Status EnqueueEmbedding();
   absl::Status EnqueueLayer(int64_t layer, KvCache* cache, bool* pending);
+  // Attention of every row (its K/V enter the cache), then o_proj into delta: of every row, or
+  // (head_rows_ >= 0, the run's last layer) of the head rows only, gathered first.
   absl::Status EnqueueAttention(int64_t layer, KvCache* cache);
+  // The run's last layer, when it finishes only the rows whose logits are read (head_rows_ >= 0,
+  // the CPU runner's rule): after attention and o_proj of those rows, h's rows are gathered
+  // into head_h_ ([head_rows_, hidden]) and the post-norm and FFN run on them alone.
+  absl::Status EnqueueHeadRows(int64_t layer);
+  bool FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const;
   absl::Status EnqueueMla(int64_t layer, KvCache* cache);  // GLM-5 (layers_mla.cc)
   // Tiles scored per indexer launch (bounds index_scores_ to kIndexerTiles x max_kv_len).
   static constexpr int64_t kIndexerTiles = 64;
@@ -251,6 +262,11 @@ class CudaModel final : public ModelRunner {
   float* attn_scratch_ = nullptr;
   int32_t* expert_offsets_ = nullptr;  // [span layers, E + 1], kept for LastStepActiveExperts
   uint16_t* head_x_ = nullptr;         // [kLogitChunk, hidden]
+  // The step's last layer finishes only its logits rows (-1: every row; 0: none, a prefill
+  // chunk whose logits nobody reads). head_h_: their residual rows, compacted (a view of
+  // a_.qkv, free once the last layer's attention is done).
+  int64_t head_rows_ = -1;
+  float* head_h_ = nullptr;
   float* logits_ = nullptr;            // [kLogitChunk, vocab]
   PinnedBuffer logits_host_;           // [kLogitChunk, vocab]
   PinnedBuffer offsets_host_;          // [span layers, E + 1]

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <ostream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,9 @@ const DeviceCase kDeviceCases[] = {
     {"glm5", "glm5_bf16", "", "", "3e-2", true},
     {"kv_fp8", "qknorm_bias_fp32", "--kv_cache_dtype=fp8_e4m3", "", "0.1", false},
 };
+
+// Test names and ctest entries show the case's name, not its bytes.
+void PrintTo(const DeviceCase& c, std::ostream* os) { *os << c.name; }
 
 class GlmRunDeviceTest : public ::testing::TestWithParam<DeviceCase> {};
 

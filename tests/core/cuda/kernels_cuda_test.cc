@@ -227,24 +227,29 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     DeviceBuffer dq = Upload(q_strided), dcache = Upload(image), dtiles = Upload(plan.tiles);
     DeviceBuffer dbt = Upload(plan.block_tables);
     AttentionShape ashape{c.heads, c.kv_heads, c.head_dim, c.block_size, q_stride, scale};
-    for (const int splits : {1, 3, 16}) {
-      const int64_t scratch_floats =
-          AttentionScratchFloats(plan.num_tiles, c.kv_heads, group, c.head_dim, splits);
-      DeviceBuffer scratch = Poisoned<float>(scratch_floats);
-      // Room for the two padding rows, which must come out as zeros.
-      DeviceBuffer out = Poisoned<uint16_t>(plan.tokens * q_dim);
-      ASSERT_EQ(LaunchPagedAttention(dq.as<float>(), dtiles.as<int32_t>(),
-                                     static_cast<int>(plan.num_tiles), dbt.as<int32_t>(),
-                                     dcache.as<uint16_t>(), ashape, splits, scratch.as<float>(),
-                                     out.as<uint16_t>(), nullptr),
-                cudaSuccess);
-      const std::vector<float> got = FromBf16(Download<uint16_t>(out, plan.tokens * q_dim));
-      const std::vector<float> got_real(got.begin(), got.begin() + total * q_dim);
-      EXPECT_LT(RelativeError(got_real, want), 1e-2)
-          << "heads " << c.heads << " kv " << c.kv_heads << " hd " << c.head_dim << " splits "
-          << splits;
-      for (int64_t i = total * q_dim; i < plan.tokens * q_dim; ++i) {
-        ASSERT_EQ(got[i], 0.f) << "padding row element " << i;
+    // The CUDA-core kernel and the tensor-core one (attention_tc.cu), which must agree with
+    // the CPU as closely: its q and P enter the MMAs as hi + lo bf16 pairs.
+    for (const bool tensor_cores : {false, true}) {
+      const auto launch = tensor_cores ? LaunchPagedAttentionTc : LaunchPagedAttention;
+      for (const int splits : {1, 3, 16}) {
+        const int64_t scratch_floats =
+            AttentionScratchFloats(plan.num_tiles, c.kv_heads, group, c.head_dim, splits);
+        DeviceBuffer scratch = Poisoned<float>(scratch_floats);
+        // Room for the two padding rows, which must come out as zeros.
+        DeviceBuffer out = Poisoned<uint16_t>(plan.tokens * q_dim);
+        ASSERT_EQ(launch(dq.as<float>(), dtiles.as<int32_t>(), static_cast<int>(plan.num_tiles),
+                         dbt.as<int32_t>(), dcache.as<uint16_t>(), ashape, splits,
+                         scratch.as<float>(), out.as<uint16_t>(), nullptr),
+                  cudaSuccess);
+        const std::vector<float> got = FromBf16(Download<uint16_t>(out, plan.tokens * q_dim));
+        const std::vector<float> got_real(got.begin(), got.begin() + total * q_dim);
+        // Both round only the output to bf16 (2^-9 relative): far inside 1e-2.
+        EXPECT_LT(RelativeError(got_real, want), 4e-3)
+            << (tensor_cores ? "tensor cores" : "CUDA cores") << ": heads " << c.heads << " kv "
+            << c.kv_heads << " hd " << c.head_dim << " splits " << splits;
+        for (int64_t i = total * q_dim; i < plan.tokens * q_dim; ++i) {
+          ASSERT_EQ(got[i], 0.f) << "padding row element " << i;
+        }
       }
     }
   }
@@ -341,6 +346,43 @@ TEST_F(CudaKernels, ExpertGemvMatchesLinear) {
     const std::vector<float> got = Download<float>(out, rows * n);
     EXPECT_EQ(CountNan(got), 0);
     EXPECT_LT(RelativeError(got, want), 1e-5) << n << "x" << k;
+  }
+}
+
+// The grouped tensor-core GEMM of large MoE steps: row counts around its 64-row tiles (0, 1,
+// 63, 64, 65, 130) and several experts without rows, n and k not multiples of its 64-column
+// or 32-deep tiles. Exact products, fp32 sums: the same 1e-5 as the GEMV. Every output row is
+// written (NaN-poisoned), none past `pairs` (the grid is sized from `pairs` alone, as the
+// runner does, with room for a partial tile per expert).
+TEST_F(CudaKernels, ExpertGemmTcMatchesLinear) {
+  for (const auto& [n, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{50, 64}, {130, 96}, {33, 37}, {64, 200}}) {
+    const std::vector<int64_t> rows_per_expert = {63, 0, 1, 130, 0, 64, 65, 0};
+    const int64_t n_experts = static_cast<int64_t>(rows_per_expert.size());
+    std::vector<int32_t> offsets = {0};
+    for (int64_t r : rows_per_expert) offsets.push_back(offsets.back() + static_cast<int32_t>(r));
+    const int64_t rows = offsets.back();
+    const std::vector<uint16_t> w = ToBf16(RandomVector(n_experts * n * k, 25));
+    const std::vector<uint16_t> in = ToBf16(RandomVector(rows * k, 26));
+    const std::vector<float> in_f = FromBf16(in);
+    std::vector<float> want(rows * n);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      if (rows_per_expert[e] == 0) continue;
+      const Matrix m{DType::kBF16, n, k, w.data() + e * n * k};
+      Linear(in_f.data() + offsets[e] * k, rows_per_expert[e], m, nullptr,
+             want.data() + offsets[e] * n);
+    }
+    DeviceBuffer dw = Upload(w), din = Upload(in), doff = Upload(offsets);
+    const int64_t guard = 3 * n;  // rows past `pairs` must stay untouched (NaN)
+    DeviceBuffer out = Poisoned<float>(rows * n + guard);
+    ASSERT_EQ(LaunchExpertGemmTc(dw.as<uint16_t>(), n, k, n_experts, doff.as<int32_t>(), rows,
+                                 din.as<uint16_t>(), out.as<float>(), nullptr),
+              cudaSuccess);
+    const std::vector<float> all = Download<float>(out, rows * n + guard);
+    const std::vector<float> got(all.begin(), all.begin() + rows * n);
+    EXPECT_EQ(CountNan(got), 0) << n << "x" << k;
+    EXPECT_LT(RelativeError(got, want), 1e-5) << n << "x" << k;
+    EXPECT_EQ(CountNan(std::vector<float>(all.begin() + rows * n, all.end())), guard);
   }
 }
 
