@@ -25,12 +25,10 @@
 #include "grpcpp/server.h"
 #include "server/access_log.h"
 #include "server/http/http_server.h"
+#include "server/http/metrics_server.h"
+#include "server/http/openai_server.h"
 #include "server/metrics.h"
 #include "server/service.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace glmserve {
 
@@ -116,7 +114,6 @@ class GlmServer {
  private:
   GlmServer() = default;
   absl::Status Warmup();
-  void StopExposer();
   void SetReady(bool ready);
 
   ServerOptions options_;
@@ -126,7 +123,7 @@ class GlmServer {
   std::unique_ptr<KServeServiceImpl> kserve_;  // inference.GRPCInferenceService, same port
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // null without metrics_port
   std::unique_ptr<OpenAIHttpServer> http_;  // null without ServerOptions::http.port
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen

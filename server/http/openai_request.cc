@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "server/http/json_body.h"
 
 namespace glmserve {
 namespace {
@@ -60,7 +61,11 @@ absl::StatusOr<int64_t> Int(const Json& v, absl::string_view field, int64_t min,
   return x;
 }
 
-absl::StatusOr<double> Number(const Json& v, absl::string_view field, double min, double max) {
+// A number; bounds only where the OpenAI API has its own (the sampling values' bounds are
+// the engine's, checked once there).
+absl::StatusOr<double> Number(const Json& v, absl::string_view field,
+                              double min = -std::numeric_limits<double>::max(),
+                              double max = std::numeric_limits<double>::max()) {
   if (!v.is_number()) return WrongType(field, "a number", v);
   const double x = v.get<double>();
   if (!(x >= min && x <= max)) {
@@ -166,6 +171,10 @@ absl::StatusOr<std::string> Content(const Json& v, const std::string& field) {
 absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
   if (!v.is_array()) return WrongType("messages", "an array", v);
   if (v.empty()) return Invalid("messages", "is empty");
+  if (v.size() > ChatLimits{}.max_messages) {
+    return Invalid("messages", absl::StrCat("has ", v.size(), " messages; at most ",
+                                            ChatLimits{}.max_messages, " are accepted"));
+  }
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = absl::StrCat("messages[", i, "]");
     const Json& m = v[i];
@@ -185,6 +194,10 @@ absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
     message.role = *parsed;
     if (m.contains("content")) {
       ASSIGN_OR_RETURN(message.content, Content(m["content"], at + ".content"));
+    } else if (message.role != ChatRole::kAssistant || !m.contains("tool_calls") ||
+               m["tool_calls"].is_null()) {
+      // Only an assistant message that calls tools may leave its content out (OpenAI's rule).
+      return Invalid(at, "has no 'content'");
     }
     if (m.contains("name")) RETURN_IF_ERROR(String(m["name"], at + ".name").status());
     if (m.contains("tool_call_id")) {
@@ -230,6 +243,10 @@ absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
 absl::Status ParseTools(const Json& v, OpenAIRequest* out) {
   if (v.is_null()) return absl::OkStatus();
   if (!v.is_array()) return WrongType("tools", "an array", v);
+  if (v.size() > ChatLimits{}.max_tools) {
+    return Invalid("tools", absl::StrCat("has ", v.size(), " tools; at most ",
+                                         ChatLimits{}.max_tools, " are accepted"));
+  }
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = absl::StrCat("tools[", i, "]");
     const Json& t = v[i];
@@ -246,6 +263,9 @@ absl::Status ParseTools(const Json& v, OpenAIRequest* out) {
         OnlyKnown(f, {"name", "description", "parameters", "strict"}, at + ".function"));
     if (!f.contains("name")) return Invalid(at + ".function", "has no 'name'");
     RETURN_IF_ERROR(String(f["name"], at + ".function.name").status());
+    if (f.contains("parameters") && !f["parameters"].is_object()) {
+      return WrongType(at + ".function.parameters", "an object (a JSON Schema)", f["parameters"]);
+    }
     // The template shows the whole tool object, as transformers' apply_chat_template does.
     out->chat_options.tools_json.push_back(t.dump());
   }
@@ -378,7 +398,8 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
       ASSIGN_OR_RETURN(out.logprobs, Bool(body["logprobs"], "logprobs"));
     }
     if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
-      ASSIGN_OR_RETURN(int64_t n, Int(body["top_logprobs"], "top_logprobs", 0, 20));
+      ASSIGN_OR_RETURN(int64_t n, Int(body["top_logprobs"], "top_logprobs", 0,
+                                      std::numeric_limits<int32_t>::max()));
       if (n > 0 && !out.logprobs) return Invalid("top_logprobs", "needs \"logprobs\": true");
       out.top_logprobs = static_cast<int32_t>(n);
     }
@@ -392,7 +413,8 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
     if (!body.contains("prompt")) return Invalid("prompt", "is required");
     RETURN_IF_ERROR(ParsePrompt(body["prompt"], &out));
     if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-      ASSIGN_OR_RETURN(int64_t n, Int(body["logprobs"], "logprobs", 0, 20));
+      ASSIGN_OR_RETURN(int64_t n, Int(body["logprobs"], "logprobs", 0,
+                                      std::numeric_limits<int32_t>::max()));
       out.logprobs = true;
       out.top_logprobs = static_cast<int32_t>(n);
     }
@@ -419,7 +441,7 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
     out.temperature = static_cast<float>(t);
   }
   if (body.contains("top_p") && !body["top_p"].is_null()) {
-    ASSIGN_OR_RETURN(double p, Number(body["top_p"], "top_p", 0, 1));
+    ASSIGN_OR_RETURN(double p, Number(body["top_p"], "top_p"));
     out.top_p = static_cast<float>(p);
   }
   if (body.contains("top_k") && !body["top_k"].is_null()) {
@@ -429,11 +451,11 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
     out.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
   }
   if (body.contains("min_p") && !body["min_p"].is_null()) {
-    ASSIGN_OR_RETURN(double p, Number(body["min_p"], "min_p", 0, 1));
+    ASSIGN_OR_RETURN(double p, Number(body["min_p"], "min_p"));
     out.min_p = static_cast<float>(p);
   }
   if (body.contains("repetition_penalty") && !body["repetition_penalty"].is_null()) {
-    ASSIGN_OR_RETURN(double r, Number(body["repetition_penalty"], "repetition_penalty", 0, 1e6));
+    ASSIGN_OR_RETURN(double r, Number(body["repetition_penalty"], "repetition_penalty"));
     out.repetition_penalty = static_cast<float>(r);
   }
   if (body.contains("seed") && !body["seed"].is_null()) {
@@ -486,19 +508,7 @@ absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
 }
 
 absl::StatusOr<OpenAIRequest> ParseOpenAIBody(std::string_view body, bool chat) {
-  struct TooDeep {};
-  Json json;
-  try {
-    json = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const TooDeep&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
   return ParseOpenAIRequest(json, chat);
 }
 
