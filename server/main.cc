@@ -344,6 +344,7 @@ int main(int argc, char** argv) {
   options.engine.kv_cache_dtype = *kv_dtype;
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  glmserve::ReturnLargeAllocationsToTheSystem();
   // Each HTTP connection is a descriptor: take the hard limit (Debian's soft default, 1024,
   // is below --http_max_connections), as servers built for many connections do.
   if (rlimit nofile; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {

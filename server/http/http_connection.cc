@@ -1,5 +1,7 @@
 #include "server/http/http_connection.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -28,6 +30,18 @@ constexpr size_t kMaxQueuedBytes = 256 << 10;
 // response instead of a reset.
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr size_t kLingerBytes = 1 << 20;
+
+// After a request with a body this large, the allocator gives its free pages back: the
+// copies of a 16 MiB body (read buffer, JSON string, rendered prompt) are allocated by
+// glibc from the handler thread's arena once its mmap threshold has adapted upwards, and would
+// otherwise stay resident per handler thread (50 refused 16 MiB bodies left +1.2 GB).
+constexpr size_t kTrimAfterBytes = 1 << 20;
+
+void ReleaseFreeMemory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 std::string PeerName(const tcp::socket& socket) {
   ErrorCode ec;
@@ -214,9 +228,14 @@ void Connection::Dispatch() {
   std::string body = std::move(parser_->get().body());
   parser_->get().body() = std::string();
   auto self = shared_from_this();
-  const bool submitted = context_->pool->Submit([self, head = head_, body = std::move(body)] {
+  // Mutable: the body moves on into Serve (a const capture would be copied, and kept until
+  // the job is destroyed).
+  const bool submitted = context_->pool->Submit([self, head = head_,
+                                                 body = std::move(body)]() mutable {
     HttpExchange exchange(self, self->head_only_, self->http10_);
+    const size_t body_bytes = body.size();
     self->context_->service->Serve(head, std::move(body), exchange);
+    if (body_bytes >= kTrimAfterBytes) ReleaseFreeMemory();
     if (exchange.http_status() == 0) {
       exchange.SendError(absl::InternalError("the handler sent no response"));
     }

@@ -101,6 +101,12 @@ absl::StatusOr<CheckedHead> CheckRequestHead(const http::request_header<>& head,
     // Beast accepts repeated identical lengths (RFC 9112 allows it); a proxy may not.
     return Refuse(400, "more than one Content-Length field");
   }
+  if (const auto length = head.find(http::field::content_length); length != head.end()) {
+    const absl::string_view v = View(length->value());
+    if (v.empty() || v.find_first_not_of("0123456789") != absl::string_view::npos) {
+      return Refuse(400, "Content-Length must be one decimal number");  // not "2, 2"
+    }
+  }
   RETURN_IF_ERROR(CheckTransferEncoding(head));
   CheckedHead out;
   RETURN_IF_ERROR(CheckTarget(View(head.target()), head.method(), &out));
@@ -127,6 +133,9 @@ absl::Status ParserError(const boost::system::error_code& ec, int64_t max_header
                               "the request body is over the server's limit of ",
                               max_body_bytes, " bytes")),
                           413);
+  }
+  if (ec == http::error::bad_version) {
+    return Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");
   }
   return Refuse(400, absl::StrCat("malformed HTTP request: ", ec.message()));
 }

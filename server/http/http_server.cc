@@ -1,5 +1,7 @@
 #include "server/http/http_server.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -21,6 +23,12 @@ namespace glmserve {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using ErrorCode = boost::system::error_code;
+
+void ReturnLargeAllocationsToTheSystem() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(kLargeAllocationBytes));
+#endif
+}
 
 HttpResponse ErrorResponse(const absl::Status& status) {
   HttpError e = ToHttpError(status);

@@ -61,6 +61,15 @@ struct HttpResponse {
 // The JSON error response for `status` (OpenAI's error shape, server/http/openai_error.h).
 HttpResponse ErrorResponse(const absl::Status& status);
 
+// Makes glibc's malloc serve every allocation of kLargeAllocationBytes or more with its own
+// mapping, returned to the system when freed. Without it glibc raises its mmap threshold
+// (up to 32 MiB) after the first large free, and the copies of a 16 MiB request body (read
+// buffer, JSON string, rendered prompt) stay resident in the heap top of every thread's
+// arena that ever handled one: 50 refused 16 MiB bodies left +400 MB. glm-server calls it
+// at start; a no-op on other C libraries.
+inline constexpr size_t kLargeAllocationBytes = size_t{4} << 20;
+void ReturnLargeAllocationsToTheSystem();
+
 class Connection;
 
 // One request/response exchange, handed to HttpService::Serve on a handler thread.
