@@ -230,9 +230,10 @@ void Connection::Dispatch() {
   auto self = shared_from_this();
   // Mutable: the body moves on into Serve (a const capture would be copied, and kept until
   // the job is destroyed).
-  const bool submitted = context_->pool->Submit([self, head = head_,
-                                                 body = std::move(body)]() mutable {
-    HttpExchange exchange(self, self->head_only_, self->http10_);
+  const bool submitted = context_->pool->Submit([self, head = head_, body = std::move(body),
+                                                 head_only = head_only_, http10 = http10_,
+                                                 close = close_after_]() mutable {
+    HttpExchange exchange(self, head_only, http10, close);
     const size_t body_bytes = body.size();
     self->context_->service->Serve(head, std::move(body), exchange);
     if (body_bytes >= kTrimAfterBytes) ReleaseFreeMemory();

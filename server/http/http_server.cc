@@ -38,16 +38,17 @@ HttpResponse ErrorResponse(const absl::Status& status) {
   return r;
 }
 
-HttpExchange::HttpExchange(std::shared_ptr<Connection> connection, bool head_only, bool http10)
-    : connection_(std::move(connection)), head_only_(head_only), http10_(http10) {}
+HttpExchange::HttpExchange(std::shared_ptr<Connection> connection, bool head_only, bool http10,
+                           bool close)
+    : connection_(std::move(connection)), head_only_(head_only), http10_(http10), close_(close) {}
 
 HttpExchange::~HttpExchange() = default;
 
 void HttpExchange::Send(const HttpResponse& response) {
   status_ = response.status;
   std::string bytes = ResponseHead(response.status, response.content_type,
-                                   static_cast<int64_t>(response.body.size()),
-                                   /*close=*/false, http10_, response.headers);
+                                   static_cast<int64_t>(response.body.size()), close_, http10_,
+                                   response.headers);
   if (!head_only_) bytes += response.body;
   connection_->Queue(std::move(bytes));
 }
@@ -64,8 +65,8 @@ void HttpExchange::SendError(const absl::Status& status) { Send(ErrorResponse(st
 bool HttpExchange::StartEventStream() {
   status_ = 200;
   // HTTP/1.0 has no chunked encoding: the stream ends when the connection does.
-  return connection_->Queue(ResponseHead(200, "text/event-stream", -1, /*close=*/http10_, http10_,
-                                         {{"Cache-Control", "no-cache"}}));
+  return connection_->Queue(ResponseHead(200, "text/event-stream", -1, close_ || http10_,
+                                         http10_, {{"Cache-Control", "no-cache"}}));
 }
 
 bool HttpExchange::SendEvent(const std::string& data) {
@@ -107,7 +108,11 @@ class HttpServer::Core {
     const HttpOptions& o = context_->options;
     ErrorCode ec;
     tcp::resolver resolver(ioc_);
-    const auto results = resolver.resolve(o.address, std::to_string(o.port),
+    std::string host = o.address;  // "[::1]" as well as "::1"
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    const auto results = resolver.resolve(host, std::to_string(o.port),
                                           tcp::resolver::passive | tcp::resolver::numeric_service,
                                           ec);
     const std::string where = absl::StrCat(o.address, ":", o.port);

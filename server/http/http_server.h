@@ -75,7 +75,9 @@ class Connection;
 // One request/response exchange, handed to HttpService::Serve on a handler thread.
 class HttpExchange {
  public:
-  HttpExchange(std::shared_ptr<Connection> connection, bool head_only, bool http10);
+  // `close`: the connection ends after this response (the client asked, or HTTP/1.0
+  // without keep-alive).
+  HttpExchange(std::shared_ptr<Connection> connection, bool head_only, bool http10, bool close);
   ~HttpExchange();
   void Send(const HttpResponse& response);
   void SendJson(int status, const std::string& body);
@@ -96,6 +98,7 @@ class HttpExchange {
   std::shared_ptr<Connection> connection_;
   const bool head_only_;
   const bool http10_;  // no chunked encoding: a stream ends by closing the connection
+  const bool close_;
   int status_ = 0;
   bool must_close_ = false;
 };
