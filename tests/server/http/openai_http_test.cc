@@ -605,7 +605,7 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
   EXPECT_TRUE(WaitUntil([&] {
     return Counter(
                "glmserve_requests_total{api=\"openai\",code=\"INVALID_ARGUMENT\",rpc=\"/v1/"
-               "completions\"}") == 23;
+               "completions\"}") == 22;
   }));
 }
 
