@@ -142,8 +142,8 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
                                 std::pair{"--http_body_timeout", o.http.body_timeout},
                                 std::pair{"--http_idle_timeout", o.http.idle_timeout}}) {
     if (d <= absl::ZeroDuration() || d > absl::Hours(24)) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, "=", absl::FormatDuration(d),
-                                                     " is outside (0, 24h]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, "=", absl::FormatDuration(d), " is outside (0, 24h]"));
     }
   }
   if (o.address.empty()) return absl::InvalidArgumentError("--address is empty");
@@ -217,8 +217,8 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> exposer =
         MetricsHttpServer::Start(metrics_http, s->metrics_.get());
     if (!exposer.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", metrics_address,
-                                                 ": ", exposer.status().message()));
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", metrics_address, ": ",
+                                                 exposer.status().message()));
     }
     s->metrics_http_ = *std::move(exposer);
     s->metrics_port_ = s->metrics_http_->port();

@@ -61,9 +61,9 @@ struct ServerOptions {
   HttpOptions http;
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
-  ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
+  ServiceOptions service;          // streams, deadlines (auth_tokens filled from the file)
   glmserve::EngineOptions engine;  // includes the request limits (engine.limits)
-  std::string model_name;  // what ModelInfo and build_info call the model
+  std::string model_name;          // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;
 };
@@ -124,7 +124,7 @@ class GlmServer {
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // null without metrics_port
-  std::unique_ptr<OpenAIHttpServer> http_;  // null without ServerOptions::http.port
+  std::unique_ptr<OpenAIHttpServer> http_;           // null without ServerOptions::http.port
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve

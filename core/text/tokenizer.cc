@@ -371,8 +371,7 @@ void Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* ids) con
   }
 }
 
-bool Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids,
-                            size_t limit) const {
+bool Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids, size_t limit) const {
   if (ids->size() + text.size() / max_token_bytes_ > limit) return false;
   thread_local std::vector<ByteSpan> spans;
   spans.clear();

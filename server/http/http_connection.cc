@@ -62,8 +62,8 @@ bool PeerWentAway(const ErrorCode& ec) {
 }
 
 absl::Status Timeout(absl::string_view what, absl::Duration limit) {
-  return WithHttpStatus(absl::DeadlineExceededError(absl::StrCat(
-                            what, " did not arrive within ", absl::FormatDuration(limit))),
+  return WithHttpStatus(absl::DeadlineExceededError(absl::StrCat(what, " did not arrive within ",
+                                                                 absl::FormatDuration(limit))),
                         408);
 }
 
@@ -128,8 +128,9 @@ void Connection::ReadRequest() {
 void Connection::ReadHeader() {
   phase_ = Phase::kHeader;
   Arm(options_.header_timeout);
-  http::async_read_header(socket_, buffer_, *parser_,
-                          [self = shared_from_this()](ErrorCode ec, size_t) { self->OnHeader(ec); });
+  http::async_read_header(
+      socket_, buffer_, *parser_,
+      [self = shared_from_this()](ErrorCode ec, size_t) { self->OnHeader(ec); });
 }
 
 void Connection::OnHeader(ErrorCode ec) {
@@ -230,18 +231,18 @@ void Connection::Dispatch() {
   auto self = shared_from_this();
   // Mutable: the body moves on into Serve (a const capture would be copied, and kept until
   // the job is destroyed).
-  const bool submitted = context_->pool->Submit([self, head = head_, body = std::move(body),
-                                                 head_only = head_only_, http10 = http10_,
-                                                 close = close_after_]() mutable {
-    HttpExchange exchange(self, head_only, http10, close);
-    const size_t body_bytes = body.size();
-    self->context_->service->Serve(head, std::move(body), exchange);
-    if (body_bytes >= kTrimAfterBytes) ReleaseFreeMemory();
-    if (exchange.http_status() == 0) {
-      exchange.SendError(absl::InternalError("the handler sent no response"));
-    }
-    self->Finish(exchange.must_close());
-  });
+  const bool submitted =
+      context_->pool->Submit([self, head = head_, body = std::move(body), head_only = head_only_,
+                              http10 = http10_, close = close_after_]() mutable {
+        HttpExchange exchange(self, head_only, http10, close);
+        const size_t body_bytes = body.size();
+        self->context_->service->Serve(head, std::move(body), exchange);
+        if (body_bytes >= kTrimAfterBytes) ReleaseFreeMemory();
+        if (exchange.http_status() == 0) {
+          exchange.SendError(absl::InternalError("the handler sent no response"));
+        }
+        self->Finish(exchange.must_close());
+      });
   if (!submitted) {
     RespondError(absl::ResourceExhaustedError(
         absl::StrCat("too many HTTP requests waiting for a handler (", options_.threads,
@@ -256,10 +257,9 @@ void Connection::Respond(const HttpResponse& response, bool close) {
   phase_ = Phase::kServing;
   finishing_ = true;
   close_after_ = close || !keep_alive_;
-  std::string bytes =
-      ResponseHead(response.status, response.content_type,
-                   static_cast<int64_t>(response.body.size()), close_after_, http10_,
-                   response.headers);
+  std::string bytes = ResponseHead(response.status, response.content_type,
+                                   static_cast<int64_t>(response.body.size()), close_after_,
+                                   http10_, response.headers);
   if (!head_only_) bytes += response.body;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -309,10 +309,9 @@ void Connection::StartWatch() {
   if (watching_ || phase_ != Phase::kServing || gone_.load()) return;
   if (buffer_.size() + kReadChunk > buffer_.max_size()) return;  // pipelined bytes wait
   watching_ = true;
-  socket_.async_read_some(buffer_.prepare(kReadChunk),
-                          [self = shared_from_this()](ErrorCode ec, size_t n) {
-                            self->OnWatch(ec, n);
-                          });
+  socket_.async_read_some(
+      buffer_.prepare(kReadChunk),
+      [self = shared_from_this()](ErrorCode ec, size_t n) { self->OnWatch(ec, n); });
 }
 
 void Connection::OnWatch(ErrorCode ec, size_t n) {

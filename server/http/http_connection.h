@@ -85,10 +85,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   HttpRequestHead head_;
-  bool head_only_ = false;   // HEAD
+  bool head_only_ = false;  // HEAD
   bool http10_ = false;
   bool keep_alive_ = true;
-  bool routed_ = false;      // Route accepted the request: Refused reports a later failure
+  bool routed_ = false;  // Route accepted the request: Refused reports a later failure
 
   // Strand only.
   Phase phase_ = Phase::kIdle;

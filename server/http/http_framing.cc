@@ -129,10 +129,10 @@ absl::Status ParserError(const boost::system::error_code& ec, int64_t max_header
                                     max_header_bytes, " bytes"));
   }
   if (ec == http::error::body_limit) {
-    return WithHttpStatus(absl::ResourceExhaustedError(absl::StrCat(
-                              "the request body is over the server's limit of ",
-                              max_body_bytes, " bytes")),
-                          413);
+    return WithHttpStatus(
+        absl::ResourceExhaustedError(absl::StrCat("the request body is over the server's limit of ",
+                                                  max_body_bytes, " bytes")),
+        413);
   }
   if (ec == http::error::bad_version) {
     return Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served");

@@ -10,11 +10,11 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "boost/beast/http/message.hpp"
 #include "boost/beast/http/string_body.hpp"
 
@@ -28,8 +28,8 @@ struct CheckedHead {
 
 // INVALID_ARGUMENT (400), or a status carrying 431 / 501 / 505 / 417 (WithHttpStatus), naming
 // the rule.
-absl::StatusOr<CheckedHead> CheckRequestHead(
-    const boost::beast::http::request_header<>& head, int max_header_fields);
+absl::StatusOr<CheckedHead> CheckRequestHead(const boost::beast::http::request_header<>& head,
+                                             int max_header_fields);
 
 // The HTTP status and message for an error of Beast's parser (header_limit: 431, body_limit:
 // 413, anything else 400).

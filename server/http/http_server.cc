@@ -46,9 +46,9 @@ HttpExchange::~HttpExchange() = default;
 
 void HttpExchange::Send(const HttpResponse& response) {
   status_ = response.status;
-  std::string bytes = ResponseHead(response.status, response.content_type,
-                                   static_cast<int64_t>(response.body.size()), close_, http10_,
-                                   response.headers);
+  std::string bytes =
+      ResponseHead(response.status, response.content_type,
+                   static_cast<int64_t>(response.body.size()), close_, http10_, response.headers);
   if (!head_only_) bytes += response.body;
   connection_->Queue(std::move(bytes));
 }
@@ -65,8 +65,8 @@ void HttpExchange::SendError(const absl::Status& status) { Send(ErrorResponse(st
 bool HttpExchange::StartEventStream() {
   status_ = 200;
   // HTTP/1.0 has no chunked encoding: the stream ends when the connection does.
-  return connection_->Queue(ResponseHead(200, "text/event-stream", -1, close_ || http10_,
-                                         http10_, {{"Cache-Control", "no-cache"}}));
+  return connection_->Queue(ResponseHead(200, "text/event-stream", -1, close_ || http10_, http10_,
+                                         {{"Cache-Control", "no-cache"}}));
 }
 
 bool HttpExchange::SendEvent(const std::string& data) {
@@ -112,9 +112,8 @@ class HttpServer::Core {
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
       host = host.substr(1, host.size() - 2);
     }
-    const auto results = resolver.resolve(host, std::to_string(o.port),
-                                          tcp::resolver::passive | tcp::resolver::numeric_service,
-                                          ec);
+    const auto results = resolver.resolve(
+        host, std::to_string(o.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
     const std::string where = absl::StrCat(o.address, ":", o.port);
     if (ec || results.empty()) {
       return absl::UnavailableError(absl::StrCat("cannot resolve ", where, ": ", ec.message()));
@@ -125,8 +124,8 @@ class HttpServer::Core {
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", where, ": ",
-                                                 ec.message()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve HTTP on ", where, ": ", ec.message()));
     }
     port_ = acceptor_.local_endpoint(ec).port();
     Accept();

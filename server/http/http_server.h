@@ -30,16 +30,16 @@ namespace glmserve {
 
 struct HttpOptions {
   std::string address = "127.0.0.1";
-  int port = -1;      // < 0: no server; 0: an ephemeral port
-  int threads = 32;   // handler threads: requests doing blocking work at once
-  int io_threads = 1;  // threads owning the sockets (parsing and writing only)
-  int max_connections = 4096;  // open connections; beyond: 503 and close
-  int64_t max_body_bytes = 16 << 20;  // larger request bodies get 413 (before being read)
+  int port = -1;                        // < 0: no server; 0: an ephemeral port
+  int threads = 32;                     // handler threads: requests doing blocking work at once
+  int io_threads = 1;                   // threads owning the sockets (parsing and writing only)
+  int max_connections = 4096;           // open connections; beyond: 503 and close
+  int64_t max_body_bytes = 16 << 20;    // larger request bodies get 413 (before being read)
   int64_t max_header_bytes = 16 << 10;  // request line + header fields; beyond: 431
-  int max_header_fields = 100;  // beyond: 431
+  int max_header_fields = 100;          // beyond: 431
   absl::Duration header_timeout = absl::Seconds(10);  // first byte to the end of the headers
   absl::Duration body_timeout = absl::Seconds(60);    // end of the headers to the end of the body
-  absl::Duration idle_timeout = absl::Seconds(30);  // keep-alive wait; a stalled response write
+  absl::Duration idle_timeout = absl::Seconds(30);    // keep-alive wait; a stalled response write
 };
 
 // What a service sees of a request once its headers are parsed and checked.

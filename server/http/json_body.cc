@@ -104,8 +104,8 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body) {
   const bool ok = Json::sax_parse(body.begin(), body.end(), &builder, Json::input_format_t::json,
                                   /*strict=*/true);
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid JSON: ", builder.error().empty() ? "parse error" : builder.error()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON: ", builder.error().empty() ? "parse error" : builder.error()));
   }
   return std::move(builder.root());
 }

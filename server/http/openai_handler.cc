@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/sampler.h"
 #include "core/status_macros.h"
 #include "core/text/text_generation.h"
 #include "nlohmann/json.hpp"
-#include "core/sampler.h"
 #include "server/convert.h"
 #include "server/http/openai_error.h"
 #include "server/http/openai_request.h"
@@ -287,14 +287,14 @@ absl::StatusOr<std::string> ModelJson(const Backend& backend, const std::string&
   return Dump(ModelObject(backend));
 }
 
-absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r,
-                                                std::vector<int32_t> prompt,
+absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vector<int32_t> prompt,
                                                 const Backend& backend) {
   const ServingLimits& limits = backend.limits;
   const int64_t positions = backend.engine->model().config().max_position_embeddings;
   const char* prompt_field = r.chat ? "messages" : "prompt";
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  if (prompt_len == 0) return absl::InvalidArgumentError(absl::StrCat("'", prompt_field, "' is empty"));
+  if (prompt_len == 0)
+    return absl::InvalidArgumentError(absl::StrCat("'", prompt_field, "' is empty"));
   if (prompt_len > limits.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("'", prompt_field, "' has ", prompt_len,
                                                    " tokens; the limit is ",
@@ -306,15 +306,13 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r,
   if (r.max_tokens) {
     max_new = *r.max_tokens;
     if (max_new < 1 || max_new > limits.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("'max_tokens' = ", max_new,
-                                                     " must be in [1, ", limits.max_new_tokens,
-                                                     "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'max_tokens' = ", max_new, " must be in [1, ", limits.max_new_tokens, "]"));
     }
     if (prompt_len + max_new > positions) {
-      return absl::InvalidArgumentError(absl::StrCat("the prompt (", prompt_len,
-                                                     " tokens) + 'max_tokens' (", max_new,
-                                                     ") exceeds the model's ", positions,
-                                                     " positions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prompt (", prompt_len, " tokens) + 'max_tokens' (", max_new,
+                       ") exceeds the model's ", positions, " positions"));
     }
   } else if (prompt_len + max_new > positions) {
     // The default shrinks to fit rather than failing a request that asked for nothing.

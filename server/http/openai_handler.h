@@ -35,8 +35,7 @@ absl::StatusOr<std::string> ModelJson(const Backend& backend, const std::string&
 // of the gRPC APIs (server/convert.h), with errors naming the OpenAI fields (max_tokens,
 // prompt / messages). Sampling values are checked once, by the engine's own rule
 // (core/sampler.h ValidateSamplingParams, kMaxTopLogprobs), so both APIs accept the same.
-absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r,
-                                                std::vector<int32_t> prompt,
+absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vector<int32_t> prompt,
                                                 const Backend& backend);
 
 // A completion from `body` (already bounded in size; released once parsed). Writes the

@@ -489,8 +489,7 @@ absl::Status OnlyRouteFields(const Json& body, uint8_t route) {
       if ((f.routes & route) != 0) names.push_back(f.name);
     }
     return absl::InvalidArgumentError(absl::StrCat("unknown field '", key.substr(0, 64),
-                                                   "' (fields: ", absl::StrJoin(names, ", "),
-                                                   ")"));
+                                                   "' (fields: ", absl::StrJoin(names, ", "), ")"));
   }
   return absl::OkStatus();
 }

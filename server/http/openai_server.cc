@@ -101,9 +101,8 @@ class OpenAIHttpServer::Service : public HttpService {
       response = ErrorResponse(result.status);
       if (!allowed) response.headers.push_back({"Allow", allow});
     } else {
-      absl::StatusOr<std::string> models = route->model_id.empty()
-                                               ? ModelsJson(*backend)
-                                               : ModelJson(*backend, route->model_id);
+      absl::StatusOr<std::string> models =
+          route->model_id.empty() ? ModelsJson(*backend) : ModelJson(*backend, route->model_id);
       result.status = models.status();
       response = models.ok() ? HttpResponse{200, "application/json", *std::move(models), {}}
                              : ErrorResponse(models.status());
@@ -124,8 +123,8 @@ class OpenAIHttpServer::Service : public HttpService {
     } else if ((backend = glm_->backend()) == nullptr) {
       result.status = absl::UnavailableError("server is loading the model");
     } else {
-      result = ServeCompletion(*glm_, *backend, std::move(body),
-                               rpc == Rpc::kOpenAIChatCompletions, exchange, head.arrival);
+      result = ServeCompletion(*glm_, *backend, std::move(body), rpc == Rpc::kOpenAIChatCompletions,
+                               exchange, head.arrival);
     }
     if (!result.status.ok() && exchange.http_status() == 0 &&
         result.status.code() != absl::StatusCode::kCancelled) {

@@ -1,8 +1,9 @@
 // The standard APIs' request parsers: any bytes as an OpenAI request body (server/http/
 // openai_request.h, first byte: chat or completions; linear strict JSON, server/http/
-// json_body.h) either parse into a request within the wire bounds or are refused with INVALID_ARGUMENT; any bytes as a KServe ModelInferRequest
-// (server/kserve_convert.h) either become a Forward request of at most the position limit or
-// are refused with INVALID_ARGUMENT. Never a crash, never another code.
+// json_body.h) either parse into a request within the wire bounds or are refused with
+// INVALID_ARGUMENT; any bytes as a KServe ModelInferRequest (server/kserve_convert.h) either become
+// a Forward request of at most the position limit or are refused with INVALID_ARGUMENT. Never a
+// crash, never another code.
 #include "inference/grpc_service.pb.h"
 #include "server/http/openai_request.h"
 #include "server/kserve_convert.h"

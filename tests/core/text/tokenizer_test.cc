@@ -176,7 +176,8 @@ TEST(Tokenizer, EncodeStopsOnceTheLimitIsPassed) {
   for (const std::string& text : {std::string(size_t{16} << 20, 'a'),  // one 16 MiB word
                                   [] {
                                     std::string words;  // 16 MiB of short words
-                                    while (words.size() + 6 <= (size_t{16} << 20)) words += "hi yo ";
+                                    while (words.size() + 6 <= (size_t{16} << 20))
+                                      words += "hi yo ";
                                     return words;
                                   }()}) {
     const double start = cpu();

@@ -117,14 +117,14 @@ TEST_F(HttpAttackTest, EveryFramingCaseIsRefusedWithItsStatusAndTheConnectionClo
            "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled,
        400},
       {"two different lengths",
-       "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}" +
-           smuggled,
+       "POST /v1/completions HTTP/1.1\r\n" + h +
+           "Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}" + smuggled,
        400},
       {"the same length twice",
        "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
        400},
-      {"a list of lengths", "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: 2, 2\r\n\r\n{}",
-       400},
+      {"a list of lengths",
+       "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: 2, 2\r\n\r\n{}", 400},
       {"+N", "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: +2\r\n\r\n{}", 400},
       {"a negative length", "POST /v1/completions HTTP/1.1\r\n" + h + "Content-Length: -1\r\n\r\n",
        400},
@@ -139,7 +139,8 @@ TEST_F(HttpAttackTest, EveryFramingCaseIsRefusedWithItsStatusAndTheConnectionClo
        Post("/v1/completions", R"({"model": "tiny", "prompt": "a)" + nul + "\"}"), 400, false},
       {"bytes after the JSON value", Post("/v1/completions", kCompletion + " x"), 400, false},
       {"gzip, chunked",
-       "POST /v1/completions HTTP/1.1\r\n" + h + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+       "POST /v1/completions HTTP/1.1\r\n" + h +
+           "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
        501},
       {"chunked, gzip",
        "POST /v1/completions HTTP/1.1\r\n" + h + "Transfer-Encoding: chunked, gzip\r\n\r\n" +
@@ -150,7 +151,8 @@ TEST_F(HttpAttackTest, EveryFramingCaseIsRefusedWithItsStatusAndTheConnectionClo
       {"Transfer-Encoding on HTTP/1.0",
        "POST /v1/completions HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
       {"a malformed chunk size",
-       "POST /v1/completions HTTP/1.1\r\n" + h + "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+       "POST /v1/completions HTTP/1.1\r\n" + h +
+           "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
        400},
       {"HTTP/2.0 request line", "GET /v1/models HTTP/2.0\r\n" + h + "\r\n", 505},
       {"an obsolete line folding into Content-Length",
@@ -231,8 +233,9 @@ TEST_F(HttpAttackTest, WellFormedEdgeCasesAreAnsweredByTheRfc) {
   // 3.2.2); HTTP/1.0 needs no Host.
   EXPECT_EQ(Exchange("OPTIONS * HTTP/1.1\r\nHost: t\r\n\r\n").field("allow"),
             "GET, HEAD, POST, OPTIONS");
-  EXPECT_EQ(Exchange("GET http://127.0.0.1/v1/models?x=1 HTTP/1.1\r\nHost: elsewhere\r\n\r\n").status,
-            200);
+  EXPECT_EQ(
+      Exchange("GET http://127.0.0.1/v1/models?x=1 HTTP/1.1\r\nHost: elsewhere\r\n\r\n").status,
+      200);
   EXPECT_EQ(Exchange("GET /v1/models HTTP/1.0\r\n\r\n").status, 200);
   // Keep-alive and pipelining: three requests in one write, three answers in order.
   {
@@ -319,7 +322,8 @@ TEST(HttpIdleAndSlowlorisTest, ThousandsOfIdleAndSlowConnectionsDoNotStopTheServ
   const int metrics_port = server->metrics_port();
   std::vector<std::unique_ptr<RawConnection>> idle, slow;
   for (int i = 0; i < kIdle; ++i) idle.push_back(std::make_unique<RawConnection>(port));
-  for (int i = 0; i < kMetricsIdle; ++i) idle.push_back(std::make_unique<RawConnection>(metrics_port));
+  for (int i = 0; i < kMetricsIdle; ++i)
+    idle.push_back(std::make_unique<RawConnection>(metrics_port));
   for (int i = 0; i < kSlow + kMetricsSlow; ++i) {
     slow.push_back(std::make_unique<RawConnection>(i < kSlow ? port : metrics_port));
     slow.back()->Send("GET /v1/models HTTP/1.1\r\nHost: t\r\nX-Slow: ");

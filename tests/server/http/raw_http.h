@@ -23,7 +23,7 @@
 namespace glmserve::testing {
 
 struct RawResponse {
-  int status = 0;  // 0: no complete response in time
+  int status = 0;                             // 0: no complete response in time
   std::map<std::string, std::string> fields;  // names lowercased
   std::string body;
   std::string field(const std::string& name) const {
