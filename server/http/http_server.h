@@ -127,8 +127,9 @@ class HttpServer {
   int port() const;
   int open_connections() const;
   // Stops accepting, closes connections between requests, waits for the handlers in flight
-  // (the engine ends their requests on a drain, so this returns promptly) and for their
-  // responses to be written (at most 2 s). Idempotent.
+  // (the engine ends their requests on a drain, so this returns promptly; a handler whose
+  // client reads nothing waits for it at most idle_timeout) and for their responses to be
+  // written (at most 2 s more). Idempotent.
   void Stop();
 
   class Core;
