@@ -80,6 +80,9 @@ ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(30),
           "an idle keep-alive connection is closed after this; so is one whose client reads "
           "nothing of its response for this long");
 ABSL_FLAG(int64_t, max_http_body_bytes, 16 << 20, "largest HTTP request body (beyond: 413)");
+ABSL_FLAG(int64_t, http_max_body_bytes_in_flight, int64_t{1} << 30,
+          "HTTP request bodies being read or served at once, in bytes (a chunked one counts "
+          "--max_http_body_bytes); a request that would pass it gets 429 before its body");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
@@ -200,6 +203,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
   o.http.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
   o.http.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  o.http.max_body_bytes_in_flight = absl::GetFlag(FLAGS_http_max_body_bytes_in_flight);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
@@ -256,7 +260,8 @@ const glmserve::cli::ProgramHelp& Help() {
        {"Network",
         {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
          "http_threads", "http_io_threads", "http_max_connections", "http_header_timeout",
-         "http_body_timeout", "http_idle_timeout", "max_http_body_bytes"}},
+         "http_body_timeout", "http_idle_timeout", "max_http_body_bytes",
+         "http_max_body_bytes_in_flight"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "kv_cache_dtype", "gpu_memory_fraction", "block_size",
          "max_batch_tokens", "max_running", "max_waiting", "prefix_caching"}},

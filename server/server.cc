@@ -127,6 +127,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       {"--max_http_body_bytes", o.http.max_body_bytes, 4096, int64_t{1} << 30},
       {"--http_io_threads", o.http.io_threads, 1, 256},
       {"--http_max_connections", o.http.max_connections, 1, int64_t{1} << 20},
+      // At least one largest body, or such a request could never be served.
+      {"--http_max_body_bytes_in_flight", o.http.max_body_bytes_in_flight, o.http.max_body_bytes,
+       int64_t{1} << 40},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {

@@ -80,6 +80,7 @@ Connection::Connection(tcp::socket socket, std::shared_ptr<ConnectionContext> co
 }
 
 Connection::~Connection() {
+  ReleaseBody();
   {
     std::lock_guard<std::mutex> lock(context_->mu);
     context_->live.erase(this);
@@ -96,6 +97,7 @@ void Connection::Start() {
 }
 
 void Connection::ReadRequest() {
+  ReleaseBody();
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(options_.max_header_bytes));
   parser_->body_limit(static_cast<uint64_t>(options_.max_body_bytes));
@@ -180,6 +182,12 @@ void Connection::OnHeader(ErrorCode ec) {
     Dispatch();
     return;
   }
+  if (!ReserveBody()) {
+    RespondError(absl::ResourceExhaustedError(
+        absl::StrCat("request bodies in flight are over the server's budget of ",
+                     options_.max_body_bytes_in_flight, " bytes; retry later")));
+    return;
+  }
   phase_ = Phase::kBody;
   Arm(options_.body_timeout);
   if (!checked->expect_continue) {
@@ -230,13 +238,15 @@ void Connection::Dispatch() {
   parser_->get().body() = std::string();
   auto self = shared_from_this();
   // Mutable: the body moves on into Serve (a const capture would be copied, and kept until
-  // the job is destroyed).
+  // the job is destroyed). Its reservation goes with it and ends when Serve is done.
+  const int64_t reserved = std::exchange(body_reserved_, 0);
   const bool submitted =
       context_->pool->Submit([self, head = head_, body = std::move(body), head_only = head_only_,
-                              http10 = http10_, close = close_after_]() mutable {
+                              http10 = http10_, close = close_after_, reserved]() mutable {
         HttpExchange exchange(self, head_only, http10, close);
         const size_t body_bytes = body.size();
         self->context_->service->Serve(head, std::move(body), exchange);
+        self->context_->body_bytes.fetch_sub(reserved);
         if (body_bytes >= kTrimAfterBytes) ReleaseFreeMemory();
         if (exchange.http_status() == 0) {
           exchange.SendError(absl::InternalError("the handler sent no response"));
@@ -244,6 +254,7 @@ void Connection::Dispatch() {
         self->Finish(exchange.must_close());
       });
   if (!submitted) {
+    context_->body_bytes.fetch_sub(reserved);
     RespondError(absl::ResourceExhaustedError(
         absl::StrCat("too many HTTP requests waiting for a handler (", options_.threads,
                      " handler threads); retry later")));
@@ -270,6 +281,7 @@ void Connection::Respond(const HttpResponse& response, bool close) {
 }
 
 void Connection::RespondError(const absl::Status& status) {
+  ReleaseBody();
   if (routed_) {
     routed_ = false;
     context_->service->Refused(head_, status);
@@ -450,9 +462,27 @@ void Connection::MarkGone() {
   cv_.notify_all();
 }
 
+bool Connection::ReserveBody() {
+  const auto length = parser_->content_length();
+  const int64_t need = length ? static_cast<int64_t>(*length) : options_.max_body_bytes;
+  if (context_->body_bytes.fetch_add(need) + need > options_.max_body_bytes_in_flight) {
+    context_->body_bytes.fetch_sub(need);
+    return false;
+  }
+  body_reserved_ = need;
+  return true;
+}
+
+void Connection::ReleaseBody() {
+  if (body_reserved_ == 0) return;
+  context_->body_bytes.fetch_sub(body_reserved_);
+  body_reserved_ = 0;
+}
+
 void Connection::Close() {
   if (phase_ == Phase::kClosed) return;
   phase_ = Phase::kClosed;
+  ReleaseBody();
   MarkGone();
   timer_.cancel();
   ErrorCode ignored;

@@ -31,7 +31,8 @@ struct ConnectionContext {
   HttpService* service = nullptr;
   std::unique_ptr<HandlerPool> pool;
   std::atomic<int> open{0};
-  std::mutex mu;  // guards `live`
+  std::atomic<int64_t> body_bytes{0};  // reserved by the bodies being read or served
+  std::mutex mu;                       // guards `live`
   std::unordered_map<Connection*, std::weak_ptr<Connection>> live;
 };
 
@@ -76,6 +77,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnTimer(boost::system::error_code ec);
   void Close();
   void MarkGone();
+  // Reserves this request's body against max_body_bytes_in_flight; false when over.
+  bool ReserveBody();
+  void ReleaseBody();
 
   boost::asio::ip::tcp::socket socket_;
   boost::asio::steady_timer timer_;
@@ -88,7 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool head_only_ = false;  // HEAD
   bool http10_ = false;
   bool keep_alive_ = true;
-  bool routed_ = false;  // Route accepted the request: Refused reports a later failure
+  bool routed_ = false;        // Route accepted the request: Refused reports a later failure
+  int64_t body_reserved_ = 0;  // this request's share of ConnectionContext::body_bytes
 
   // Strand only.
   Phase phase_ = Phase::kIdle;

@@ -40,6 +40,10 @@ struct HttpOptions {
   absl::Duration header_timeout = absl::Seconds(10);  // first byte to the end of the headers
   absl::Duration body_timeout = absl::Seconds(60);    // end of the headers to the end of the body
   absl::Duration idle_timeout = absl::Seconds(30);    // keep-alive wait; a stalled response write
+  // Request bodies being read or served at once, in bytes (a body counts its Content-Length,
+  // a chunked one max_body_bytes); a request that would pass it gets 429 before its body is
+  // read, so that many slow 16 MiB uploads cannot take the memory.
+  int64_t max_body_bytes_in_flight = int64_t{1} << 30;
 };
 
 // What a service sees of a request once its headers are parsed and checked.

@@ -312,6 +312,37 @@ TEST(HttpDeadlineTest, HeadersBodiesIdleConnectionsAndTheConnectionBound) {
   }
 }
 
+TEST(HttpBodyBudgetTest, BodiesInFlightAreBoundedTogether) {
+  ServerOptions o = AttackOptions();
+  o.http.max_body_bytes = 1 << 20;
+  o.http.max_body_bytes_in_flight = 2 << 20;  // two largest bodies
+  std::unique_ptr<GlmServer> server = testing::StartTextServer(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  const std::string body = kCompletion + std::string((1 << 20) - kCompletion.size(), ' ');
+  const std::string head = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: t\r\n",
+                                        "Content-Length: ", body.size(), "\r\n\r\n");
+  // Two slow uploads of the largest body hold the whole budget...
+  RawConnection first(port), second(port);
+  first.Send(head);
+  second.Send(head);
+  absl::SleepFor(absl::Milliseconds(200));
+  // ...so a third is refused before its body is read (load shedding: 429, retried later).
+  RawConnection third(port);
+  third.Send(head);
+  const RawResponse refused = third.Read(absl::Seconds(5));
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_NE(refused.body.find("over the server's budget"), std::string::npos) << refused.body;
+  // Once one of them is served, its share is free again.
+  first.Send(body);
+  EXPECT_EQ(first.Read().status, 200);
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    RawConnection c(port);
+    c.Send(head + body);
+    return c.Read().status == 200;
+  }));
+}
+
 TEST(HttpIdleAndSlowlorisTest, ThousandsOfIdleAndSlowConnectionsDoNotStopTheService) {
   constexpr int kIdle = 1000, kSlow = 100, kMetricsIdle = 100, kMetricsSlow = 20;
   ASSERT_GE(RaiseDescriptorLimit(), 2 * (kIdle + kSlow + kMetricsIdle + kMetricsSlow) + 200u)
