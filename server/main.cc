@@ -9,6 +9,7 @@
 // SIGTERM / SIGINT drain: readiness goes NOT_SERVING, new calls get UNAVAILABLE, calls in
 // flight get --drain_grace to finish, then the process exits 0.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,8 +65,24 @@ ABSL_FLAG(std::string, metrics_address, "", "address of /metrics (default: --add
 ABSL_FLAG(int, metrics_port, 9090, "port of the Prometheus /metrics endpoint (-1: off, 0: any)");
 ABSL_FLAG(int, http_port, -1,
           "port of the OpenAI-compatible HTTP endpoint on --address (-1: off, 0: any; e.g. 8000)");
-ABSL_FLAG(int, http_threads, 32, "HTTP requests served at once (each waits on its own generation)");
+ABSL_FLAG(int, http_threads, 32,
+          "HTTP handler threads: completions served at once (each parses, tokenizes and waits on "
+          "its own generation); the sockets are on --http_io_threads");
+ABSL_FLAG(int, http_io_threads, 1,
+          "threads that own the HTTP sockets (accept, parse, write; never model work)");
+ABSL_FLAG(int, http_max_connections, 4096,
+          "open connections per HTTP server (OpenAI and /metrics each); beyond: 503 and close");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
+          "a request's headers must arrive within this from its first byte (else 408)");
+ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(60),
+          "a request's whole body must arrive within this after its headers (else 408)");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(30),
+          "an idle keep-alive connection is closed after this; so is one whose client reads "
+          "nothing of its response for this long");
 ABSL_FLAG(int64_t, max_http_body_bytes, 16 << 20, "largest HTTP request body (beyond: 413)");
+ABSL_FLAG(int64_t, http_max_body_bytes_in_flight, int64_t{1} << 30,
+          "HTTP request bodies being read or served at once, in bytes (a chunked one counts "
+          "--max_http_body_bytes); a request that would pass it gets 429 before its body");
 ABSL_FLAG(int64_t, max_batch_tokens, 2048, "new tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences batched together at most");
 ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
@@ -181,6 +198,12 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.http.port = absl::GetFlag(FLAGS_http_port);
   o.http.threads = absl::GetFlag(FLAGS_http_threads);
   o.http.max_body_bytes = absl::GetFlag(FLAGS_max_http_body_bytes);
+  o.http.io_threads = absl::GetFlag(FLAGS_http_io_threads);
+  o.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  o.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
+  o.http.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
+  o.http.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  o.http.max_body_bytes_in_flight = absl::GetFlag(FLAGS_http_max_body_bytes_in_flight);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
@@ -236,7 +259,9 @@ const glmserve::cli::ProgramHelp& Help() {
          "cpu_math", "weight_dtype", "fp8_tensor_cores"}},
        {"Network",
         {"address", "port", "metrics_address", "metrics_port", "max_message_bytes", "http_port",
-         "http_threads", "max_http_body_bytes"}},
+         "http_threads", "http_io_threads", "http_max_connections", "http_header_timeout",
+         "http_body_timeout", "http_idle_timeout", "max_http_body_bytes",
+         "http_max_body_bytes_in_flight"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "kv_cache_dtype", "gpu_memory_fraction", "block_size",
          "max_batch_tokens", "max_running", "max_waiting", "prefix_caching"}},
@@ -324,6 +349,13 @@ int main(int argc, char** argv) {
   options.engine.kv_cache_dtype = *kv_dtype;
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  glmserve::ReturnLargeAllocationsToTheSystem();
+  // Each HTTP connection is a descriptor: take the hard limit (Debian's soft default, 1024,
+  // is below --http_max_connections), as servers built for many connections do.
+  if (rlimit nofile; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   absl::StatusOr<glmserve::DeviceKind> device =
       glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return BadFlag(device.status());

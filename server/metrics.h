@@ -57,8 +57,8 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // What /metrics exposes: refreshes the engine-derived values, then collects the registry.
-  // Hand it to a prometheus::Exposer.
+  // What /metrics exposes: refreshes the engine-derived values, then collects the registry
+  // (Scrape serialises it; server/http/metrics_server.h serves that).
   std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
   // The text exposition format of the same (for tests and debugging).
   std::string Scrape() const;

@@ -23,7 +23,6 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "prometheus/exposer.h"
 #include "server/kserve_service.h"
 #include "server/reflection.h"
 #include "server/text_convert.h"
@@ -54,25 +53,6 @@ std::string HostPort(const std::string& host, int port) {
     return absl::StrCat("[", host, "]:", port);
   }
   return absl::StrCat(host, ":", port);
-}
-
-// Opens and closes a TCP connection to host:port (the wildcard addresses mean this machine).
-void WakeListener(const std::string& host, int port) {
-  std::string h = host == "0.0.0.0" || host.empty() ? "127.0.0.1" : host == "::" ? "::1" : host;
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* addresses = nullptr;
-  if (getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
-  for (addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd < 0) continue;
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
-  }
-  freeaddrinfo(addresses);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const TlsOptions& tls) {
@@ -145,6 +125,11 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       {"--http_port", o.http.port, -1, 65535},
       {"--http_threads", o.http.threads, 1, 4096},
       {"--max_http_body_bytes", o.http.max_body_bytes, 4096, int64_t{1} << 30},
+      {"--http_io_threads", o.http.io_threads, 1, 256},
+      {"--http_max_connections", o.http.max_connections, 1, int64_t{1} << 20},
+      // At least one largest body, or such a request could never be served.
+      {"--http_max_body_bytes_in_flight", o.http.max_body_bytes_in_flight, o.http.max_body_bytes,
+       int64_t{1} << 40},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -155,6 +140,14 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.service.default_deadline < absl::ZeroDuration() ||
       o.service.max_deadline < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--default_deadline and --max_deadline must be >= 0");
+  }
+  for (const auto& [flag, d] : {std::pair{"--http_header_timeout", o.http.header_timeout},
+                                std::pair{"--http_body_timeout", o.http.body_timeout},
+                                std::pair{"--http_idle_timeout", o.http.idle_timeout}}) {
+    if (d <= absl::ZeroDuration() || d > absl::Hours(24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, "=", absl::FormatDuration(d), " is outside (0, 24h]"));
+    }
   }
   if (o.address.empty()) return absl::InvalidArgumentError("--address is empty");
   if (absl::Status s = glmserve::ValidateEngineOptions(o.engine); !s.ok()) {
@@ -217,15 +210,21 @@ absl::StatusOr<std::unique_ptr<GlmServer>> GlmServer::Start(const ServerOptions&
     const std::string metrics_address =
         HostPort(options.metrics_address.empty() ? options.address : options.metrics_address,
                  options.metrics_port);
-    try {
-      s->exposer_ = std::make_unique<prometheus::Exposer>(metrics_address, 2);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve metrics on ", metrics_address, ": ", e.what()));
+    // /metrics: the same HTTP server and limits as the OpenAI endpoint, one handler thread
+    // (a scrape is answered on the I/O thread).
+    HttpOptions metrics_http = options.http;
+    metrics_http.address =
+        options.metrics_address.empty() ? options.address : options.metrics_address;
+    metrics_http.port = options.metrics_port;
+    metrics_http.threads = 1;
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> exposer =
+        MetricsHttpServer::Start(metrics_http, s->metrics_.get());
+    if (!exposer.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", metrics_address, ": ",
+                                                 exposer.status().message()));
     }
-    s->exposer_->RegisterCollectable(s->metrics_->collectable());
-    const std::vector<int> ports = s->exposer_->GetListeningPorts();
-    s->metrics_port_ = ports.empty() ? -1 : ports.front();
+    s->metrics_http_ = *std::move(exposer);
+    s->metrics_port_ = s->metrics_http_->port();
   }
   if (options.http.port >= 0) {
     HttpOptions http = options.http;
@@ -383,25 +382,6 @@ std::string GlmServer::StartupSummary() const {
   return out;
 }
 
-void GlmServer::StopExposer() {
-  if (exposer_ == nullptr) return;
-  // civetweb's accept loop only checks its stop flag between polls of the listening socket,
-  // which time out every 2 s: stopping would take that long. Connecting to the port wakes
-  // the poll, so the stop completes in milliseconds.
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
-    exposer_.reset();
-    stopped.store(true);
-  });
-  const std::string host =
-      options_.metrics_address.empty() ? options_.address : options_.metrics_address;
-  while (!stopped.load()) {
-    WakeListener(host, metrics_port_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  stopper.join();
-}
-
 absl::Status GlmServer::Warmup() {
   const glmserve::ModelRunner& model = engine_->model();
   std::optional<glmserve::Request> request;
@@ -468,7 +448,7 @@ void GlmServer::Drain(absl::Duration grace) {
   // No call can reach the engine any more: detach it from the metrics, then stop it.
   metrics_->SetEngine(nullptr);
   engine_.reset();
-  StopExposer();
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
 }
 
 }  // namespace glmserve

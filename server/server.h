@@ -25,12 +25,10 @@
 #include "grpcpp/server.h"
 #include "server/access_log.h"
 #include "server/http/http_server.h"
+#include "server/http/metrics_server.h"
+#include "server/http/openai_server.h"
 #include "server/metrics.h"
 #include "server/service.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace glmserve {
 
@@ -63,9 +61,9 @@ struct ServerOptions {
   HttpOptions http;
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
-  ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
+  ServiceOptions service;          // streams, deadlines (auth_tokens filled from the file)
   glmserve::EngineOptions engine;  // includes the request limits (engine.limits)
-  std::string model_name;  // what ModelInfo and build_info call the model
+  std::string model_name;          // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;
 };
@@ -116,7 +114,6 @@ class GlmServer {
  private:
   GlmServer() = default;
   absl::Status Warmup();
-  void StopExposer();
   void SetReady(bool ready);
 
   ServerOptions options_;
@@ -126,8 +123,8 @@ class GlmServer {
   std::unique_ptr<KServeServiceImpl> kserve_;  // inference.GRPCInferenceService, same port
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::unique_ptr<OpenAIHttpServer> http_;  // null without ServerOptions::http.port
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // null without metrics_port
+  std::unique_ptr<OpenAIHttpServer> http_;           // null without ServerOptions::http.port
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve

@@ -12,11 +12,11 @@ packages=(
   # OpenBLAS only for the benchmark's GEMM-peak reference (the engine has its own kernels).
   libabsl-dev nlohmann-json3-dev libopenblas-openmp-dev
   # server and client: gRPC (callback API, health, reflection) with protobuf and the code
-  # generators, prometheus-cpp (core + pull exposer) for /metrics
+  # generators, prometheus-cpp (its core: the registry and the text serializer of /metrics)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
-  # the OpenAI-compatible HTTP endpoint's server (civetweb, which prometheus-cpp's exposer
-  # already uses; named because glm-server links it directly)
-  libcivetweb-dev
+  # the HTTP server of the OpenAI-compatible endpoint and /metrics: Boost.Beast on Boost.Asio
+  # (header-only, nothing at run time)
+  libboost-dev
   # tests and benchmarks (openssl: throwaway CA and certificates for the TLS tests; libcurl:
   # the real HTTP client of the OpenAI endpoint's tests)
   libgtest-dev libgmock-dev libbenchmark-dev openssl libcurl4-openssl-dev

@@ -31,6 +31,12 @@ def main():
     models = client.models.list()
     model = models.data[0].id
     check(len(models.data) == 1, f"models.list -> {model!r}")
+    check(client.models.retrieve(model).id == model, f"models.retrieve({model!r})")
+    try:
+        client.models.retrieve("no-such-model")
+        check(False, "unknown model id refused")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "models.retrieve('no-such-model') -> 404")
 
     c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=12,
                                   temperature=0, logprobs=2)
@@ -105,6 +111,14 @@ def main():
         check(False, "10^5 stop strings refused")
     except openai.BadRequestError as e:
         check(e.status_code == 400, f"10^5 stop strings -> 400 {e.body['message']!r}")
+    try:
+        # A structural limit is the request's fault: 400, which the SDK does not retry (429
+        # would be retried).
+        client.chat.completions.create(model=model, max_tokens=1,
+                                       messages=[{"role": "user", "content": "x"}] * 4097)
+        check(False, "4,097 messages refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400, f"4,097 messages -> 400 {e.body['message']!r}")
     print("all checks passed")
 
 

@@ -129,6 +129,8 @@ void Glm45PreTokenize(std::string_view text, std::vector<ByteSpan>* out) {
     emit(i, j);
     i = j;
   }
+  // A huge text's decoding is not kept by the thread for ever (64K code points are).
+  if (d.cp.capacity() > (size_t{1} << 16)) d = Decoded();
 }
 
 }  // namespace glmserve

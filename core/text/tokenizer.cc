@@ -16,6 +16,10 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Per-thread scratch beyond this many elements is released after use, so that one huge text
+// does not leave hundreds of MB with every thread that ever encoded one.
+constexpr size_t kKeptScratch = size_t{1} << 16;
+
 // GLM-4.5's Split pattern, the only one core/text/pretokenizer.cc implements.
 constexpr std::string_view kGlm45Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
@@ -276,6 +280,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
                        return x.content.size() > y.content.size();
                      });
   }
+  for (const TokenInfo& t : tok->tokens_) {
+    tok->max_token_bytes_ = std::max(tok->max_token_bytes_, t.bytes.size());
+  }
   return tok;
 }
 
@@ -357,17 +364,38 @@ void Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* ids) con
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) ids->push_back(sym[i]);
+  if (sym.capacity() > kKeptScratch) {
+    std::vector<int32_t>().swap(sym);
+    std::vector<int32_t>().swap(prev);
+    std::vector<int32_t>().swap(next);
+  }
 }
 
-void Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
+bool Tokenizer::EncodePlain(std::string_view text, std::vector<int32_t>* ids, size_t limit) const {
+  if (ids->size() + text.size() / max_token_bytes_ > limit) return false;
   thread_local std::vector<ByteSpan> spans;
   spans.clear();
   Glm45PreTokenize(text, &spans);
-  for (const ByteSpan& s : spans) EncodeWord(text.substr(s.begin, s.end - s.begin), ids);
+  bool within = true;
+  for (const ByteSpan& s : spans) {
+    const std::string_view word = text.substr(s.begin, s.end - s.begin);
+    if (ids->size() + word.size() / max_token_bytes_ > limit) {
+      within = false;
+      break;
+    }
+    EncodeWord(word, ids);
+    if (ids->size() > limit) {
+      within = false;
+      break;
+    }
+  }
+  // A huge text's scratch is not kept by the thread for ever.
+  if (spans.capacity() > kKeptScratch) std::vector<ByteSpan>().swap(spans);
+  return within;
 }
 
-void Tokenizer::SplitAdded(std::string_view text, bool normalized_pass,
-                           std::vector<int32_t>* ids) const {
+bool Tokenizer::SplitAdded(std::string_view text, bool normalized_pass, std::vector<int32_t>* ids,
+                           size_t limit) const {
   const bool* first = added_first_byte_[normalized_pass];
   size_t plain_begin = 0;
   size_t i = 0;
@@ -389,23 +417,19 @@ void Tokenizer::SplitAdded(std::string_view text, bool normalized_pass,
     }
     std::string_view plain = text.substr(plain_begin, i - plain_begin);
     if (!plain.empty()) {
-      if (!normalized_pass && has_added_[1]) {
-        SplitAdded(plain, true, ids);
-      } else {
-        EncodePlain(plain, ids);
-      }
+      const bool within = !normalized_pass && has_added_[1] ? SplitAdded(plain, true, ids, limit)
+                                                            : EncodePlain(plain, ids, limit);
+      if (!within) return false;
     }
     ids->push_back(hit->id);
+    if (ids->size() > limit) return false;
     i += hit->content.size();
     plain_begin = i;
   }
   std::string_view rest = text.substr(plain_begin);
-  if (rest.empty()) return;
-  if (!normalized_pass && has_added_[1]) {
-    SplitAdded(rest, true, ids);
-  } else {
-    EncodePlain(rest, ids);
-  }
+  if (rest.empty()) return true;
+  return !normalized_pass && has_added_[1] ? SplitAdded(rest, true, ids, limit)
+                                           : EncodePlain(rest, ids, limit);
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
@@ -417,8 +441,13 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   RETURN_IF_ERROR(ValidateUtf8(text, "text"));
   const size_t limit =
       max_tokens == 0 ? limits_.max_tokens : std::min(max_tokens, limits_.max_tokens);
+  // The fewest tokens the text could take already pass the limit: refused before any work.
+  if (text.size() / max_token_bytes_ > limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("text is more than ", limit, " tokens (the limit)"));
+  }
   std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
+  ids.reserve(std::min(text.size() / 3, limit) + 4);
   // Encoded in slices that end at a newline (a pre-token boundary unless inside a run of
   // white space, and added tokens hold no newline in GLM-4.5), so that the token limit stops
   // the work early on huge inputs. Splitting must not change the result: a slice ends just
@@ -437,8 +466,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
       }
       probe = nl + 1;
     }
-    SplitAdded(text.substr(begin, end - begin), false, &ids);
-    if (ids.size() > limit) {
+    if (!SplitAdded(text.substr(begin, end - begin), false, &ids, limit) || ids.size() > limit) {
       return absl::ResourceExhaustedError(
           absl::StrCat("text is more than ", limit, " tokens (the limit)"));
     }

@@ -79,11 +79,14 @@ class Tokenizer {
   Tokenizer() = default;
   // Appends the ids of one pre-token (raw bytes).
   void EncodeWord(std::string_view word, std::vector<int32_t>* ids) const;
-  // Appends the ids of a stretch of text with no added token in it.
-  void EncodePlain(std::string_view text, std::vector<int32_t>* ids) const;
+  // Appends the ids of a stretch of text with no added token in it. False, with the work
+  // stopped, once the ids would pass `limit` (known before any work when even the fewest
+  // tokens the text could take, one per max_token_bytes_, pass it).
+  bool EncodePlain(std::string_view text, std::vector<int32_t>* ids, size_t limit) const;
   // Splits out the added tokens (those with normalized == normalized_pass), leftmost-longest,
-  // and encodes the text between them.
-  void SplitAdded(std::string_view text, bool normalized_pass, std::vector<int32_t>* ids) const;
+  // and encodes the text between them; false as EncodePlain.
+  bool SplitAdded(std::string_view text, bool normalized_pass, std::vector<int32_t>* ids,
+                  size_t limit) const;
 
   TokenizerLimits limits_;
   std::vector<TokenInfo> tokens_;                     // by id
@@ -95,6 +98,8 @@ class Tokenizer {
   bool added_first_byte_[2][256] = {};  // [normalized] may an added token start here
   bool has_added_[2] = {false, false};
   bool added_has_newline_ = false;  // then Encode cannot slice at newlines
+  size_t max_token_bytes_ = 1;      // the longest token's bytes: a text of n bytes takes at
+                                    // least n / max_token_bytes_ tokens
 };
 
 }  // namespace glmserve

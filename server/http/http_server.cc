@@ -1,245 +1,242 @@
 #include "server/http/http_server.h"
 
-#include <chrono>
-#include <utility>
-#include <vector>
+#include <malloc.h>
 
-#include "absl/strings/match.h"
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
-#include "civetweb.h"
-#include "server/http/connection_watch.h"
+#include "boost/asio/executor_work_guard.hpp"
+#include "boost/asio/io_context.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/post.hpp"
+#include "boost/asio/steady_timer.hpp"
+#include "boost/asio/strand.hpp"
+#include "server/http/http_connection.h"
+#include "server/http/http_framing.h"
 #include "server/http/openai_error.h"
-#include "server/http/openai_handler.h"
-#include "server/status.h"
 
 namespace glmserve {
-namespace {
 
-using Clock = std::chrono::steady_clock;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using ErrorCode = boost::system::error_code;
 
-// Token comparison whose time does not depend on where the strings differ.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+void ReturnLargeAllocationsToTheSystem() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(kLargeAllocationBytes));
+#endif
 }
 
-// The same accepted tokens as the gRPC APIs, in the same header form.
-bool Authorized(const ServiceOptions& options, const char* header) {
-  if (options.auth_tokens.empty()) return true;
-  if (header == nullptr) return false;
-  const absl::string_view value(header);
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWith(value, kBearer)) return false;
-  const absl::string_view token = value.substr(kBearer.size());
-  bool ok = false;
-  for (const std::string& accepted : options.auth_tokens) ok |= ConstantTimeEquals(token, accepted);
-  return ok;
+HttpResponse ErrorResponse(const absl::Status& status) {
+  HttpError e = ToHttpError(status);
+  HttpResponse r;
+  r.status = e.status;
+  r.body = std::move(e.body);
+  return r;
 }
 
-// The gRPC code a call's status counts as in glmserve_requests_total (same label values as
-// the gRPC APIs: one dashboard for all three).
-grpc::StatusCode MetricCode(const absl::Status& status) {
-  return ToGrpcStatus(status).error_code();
+HttpExchange::HttpExchange(std::shared_ptr<Connection> connection, bool head_only, bool http10,
+                           bool close)
+    : connection_(std::move(connection)), head_only_(head_only), http10_(http10), close_(close) {}
+
+HttpExchange::~HttpExchange() = default;
+
+void HttpExchange::Send(const HttpResponse& response) {
+  status_ = response.status;
+  std::string bytes =
+      ResponseHead(response.status, response.content_type,
+                   static_cast<int64_t>(response.body.size()), close_, http10_, response.headers);
+  if (!head_only_) bytes += response.body;
+  connection_->Queue(std::move(bytes));
 }
-
-// Reads the body: 413 before reading when the declared length is over the limit, or as soon
-// as a chunked body passes it.
-absl::StatusOr<std::string> ReadBody(mg_connection* conn, int64_t limit) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  const auto too_large = [&](const std::string& size) {
-    return WithHttpStatus(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "the request body (", size, ") is over the server's limit of ", limit, " bytes")),
-        413);
-  };
-  if (info->content_length > limit) return too_large(absl::StrCat(info->content_length, " bytes"));
-  std::string body;
-  if (info->content_length >= 0) body.reserve(static_cast<size_t>(info->content_length));
-  char buffer[16384];
-  for (;;) {
-    const int n = mg_read(conn, buffer, sizeof buffer);
-    if (n < 0) return absl::InvalidArgumentError("the request body could not be read");
-    if (n == 0) break;
-    body.append(buffer, static_cast<size_t>(n));
-    if (static_cast<int64_t>(body.size()) > limit) return too_large("chunked, longer");
-  }
-  return body;
-}
-
-}  // namespace
-
-HttpExchange::HttpExchange(mg_connection* conn) : conn_(conn) {}
 
 void HttpExchange::SendJson(int status, const std::string& body) {
-  status_ = status;
-  mg_response_header_start(conn_, status);
-  mg_response_header_add(conn_, "Content-Type", "application/json", -1);
-  const std::string length = std::to_string(body.size());
-  mg_response_header_add(conn_, "Content-Length", length.c_str(), -1);
-  if (status == 401) mg_response_header_add(conn_, "WWW-Authenticate", "Bearer", -1);
-  mg_response_header_send(conn_);
-  mg_write(conn_, body.data(), body.size());
+  HttpResponse r;
+  r.status = status;
+  r.body = body;
+  Send(r);
 }
 
-void HttpExchange::SendError(const absl::Status& status) {
-  const HttpError e = ToHttpError(status);
-  SendJson(e.status, e.body);
-}
+void HttpExchange::SendError(const absl::Status& status) { Send(ErrorResponse(status)); }
 
 bool HttpExchange::StartEventStream() {
   status_ = 200;
-  return mg_send_http_ok(conn_, "text/event-stream", -1) >= 0;
+  // HTTP/1.0 has no chunked encoding: the stream ends when the connection does.
+  return connection_->Queue(ResponseHead(200, "text/event-stream", -1, close_ || http10_, http10_,
+                                         {{"Cache-Control", "no-cache"}}));
 }
 
 bool HttpExchange::SendEvent(const std::string& data) {
   const std::string event = absl::StrCat("data: ", data, "\n\n");
-  return mg_send_chunk(conn_, event.data(), static_cast<unsigned>(event.size())) > 0;
+  return connection_->Queue(http10_ ? event : Chunk(event));
 }
 
-void HttpExchange::EndEventStream() { mg_send_chunk(conn_, "", 0); }
-
-bool HttpExchange::PeerClosed() {
-  if (!watch_ready_) {
-    // Found once, on the first wait (most calls finish before they ever poll).
-    const mg_request_info* info = mg_get_request_info(conn_);
-    watch_ =
-        std::make_unique<ConnectionWatch>(info->remote_addr, info->remote_port, info->server_port);
-    watch_ready_ = true;
+void HttpExchange::EndEventStream() {
+  if (http10_) {
+    must_close_ = true;
+    return;
   }
-  return watch_->PeerClosed();
+  connection_->Queue(Chunk(""));
 }
 
-std::string HttpExchange::peer() const {
-  const mg_request_info* info = mg_get_request_info(conn_);
-  // As gRPC writes peers in the access log.
-  const absl::string_view addr = info->remote_addr;
-  return addr.find(':') == absl::string_view::npos
-             ? absl::StrCat("ipv4:", addr, ":", info->remote_port)
-             : absl::StrCat("ipv6:[", addr, "]:", info->remote_port);
-}
+bool HttpExchange::PeerClosed() const { return connection_->gone(); }
 
-absl::StatusOr<std::unique_ptr<OpenAIHttpServer>> OpenAIHttpServer::Start(
-    const HttpOptions& options, GlmServiceImpl* glm) {
-  std::unique_ptr<OpenAIHttpServer> s(new OpenAIHttpServer(options, glm));
-  mg_init_library(0);
-  const std::string host =
-      options.address.find(':') != std::string::npos && options.address.front() != '['
-          ? absl::StrCat("[", options.address, "]")
-          : options.address;
-  const std::string listen = absl::StrCat(host, ":", options.port);
-  const std::string threads = std::to_string(options.threads);
-  const char* civet_options[] = {"listening_ports", listen.c_str(), "num_threads", threads.c_str(),
-                                 // A client that stops sending or reading for this
-                                 // long loses its connection (and its generation) and
-                                 // frees its worker.
-                                 "request_timeout_ms", "30000", "enable_keep_alive", "yes",
-                                 nullptr};
-  mg_callbacks callbacks{};
-  s->ctx_ = mg_start(&callbacks, nullptr, civet_options);
-  if (s->ctx_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", listen));
+std::string HttpExchange::peer() const { return connection_->peer(); }
+
+// The listening socket, the I/O threads and the handler pool of one server.
+class HttpServer::Core {
+ public:
+  explicit Core(const HttpOptions& options, HttpService* service)
+      : context_(std::make_shared<ConnectionContext>()),
+        ioc_(options.io_threads),
+        work_(asio::make_work_guard(ioc_)),
+        acceptor_(asio::make_strand(ioc_)),
+        retry_(acceptor_.get_executor()) {
+    context_->options = options;
+    context_->service = service;
+    // Each connection has at most one request in the pool; beyond this many waiting, new
+    // ones are shed (429) rather than queued behind minutes of generations.
+    context_->pool = std::make_unique<HandlerPool>(
+        options.threads, static_cast<size_t>(std::max(64, 4 * options.threads)));
   }
-  mg_set_request_handler(s->ctx_, "/", &OpenAIHttpServer::Handle, s.get());
-  mg_server_port ports[4];
-  const int n = mg_get_server_ports(s->ctx_, 4, ports);
-  s->port_ = n > 0 ? ports[0].port : -1;
-  return s;
-}
+  ~Core() { Stop(); }
 
-OpenAIHttpServer::~OpenAIHttpServer() { Stop(); }
-
-void OpenAIHttpServer::Stop() {
-  if (ctx_ == nullptr) return;
-  mg_stop(ctx_);  // joins the workers: every handler has returned
-  ctx_ = nullptr;
-}
-
-int OpenAIHttpServer::Handle(mg_connection* conn, void* self) {
-  HttpExchange exchange(conn);
-  static_cast<OpenAIHttpServer*>(self)->Route(exchange, conn);
-  return exchange.http_status() == 0 ? 500 : exchange.http_status();
-}
-
-void OpenAIHttpServer::Route(HttpExchange& exchange, mg_connection* conn) {
-  const glmserve::SteadyTime arrival = Clock::now();
-  const mg_request_info* info = mg_get_request_info(conn);
-  const std::string method = info->request_method;
-  const std::string uri = info->local_uri;
-  Rpc rpc;
-  bool post = true;
-  if (uri == "/v1/completions") {
-    rpc = Rpc::kOpenAICompletions;
-  } else if (uri == "/v1/chat/completions") {
-    rpc = Rpc::kOpenAIChatCompletions;
-  } else if (uri == "/v1/models") {
-    rpc = Rpc::kOpenAIModels;
-    post = false;
-  } else {
-    exchange.SendError(
-        absl::NotFoundError(absl::StrCat("no route ", uri.substr(0, 128),
-                                         " (routes: GET /v1/models, POST /v1/completions, "
-                                         "POST /v1/chat/completions)")));
-    return;  // not a call of the API: not counted
+  absl::Status Listen() {
+    const HttpOptions& o = context_->options;
+    ErrorCode ec;
+    tcp::resolver resolver(ioc_);
+    std::string host = o.address;  // "[::1]" as well as "::1"
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    const auto results = resolver.resolve(
+        host, std::to_string(o.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    const std::string where = absl::StrCat(o.address, ":", o.port);
+    if (ec || results.empty()) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve ", where, ": ", ec.message()));
+    }
+    const tcp::endpoint endpoint = results.begin()->endpoint();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve HTTP on ", where, ": ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint(ec).port();
+    Accept();
+    for (int i = 0; i < o.io_threads; ++i) threads_.emplace_back([this] { ioc_.run(); });
+    return absl::OkStatus();
   }
-  glm_->CallStarted();
-  OpenAICallResult result;
-  const Backend* backend = nullptr;
-  if (method != (post ? "POST" : "GET")) {
-    result.status = WithHttpStatus(
-        absl::InvalidArgumentError(absl::StrCat(uri, " takes ", post ? "POST" : "GET")), 405);
-  } else if (!Authorized(glm_->options(), mg_get_header(conn, "Authorization"))) {
-    result.status = absl::UnauthenticatedError(
-        "missing or invalid bearer token (header 'Authorization: Bearer <token>')");
-  } else if (glm_->draining()) {
-    result.status = absl::UnavailableError("server is draining for shutdown");
-  } else if ((backend = glm_->backend()) == nullptr) {
-    result.status = absl::UnavailableError("server is loading the model");
-  } else if (!post) {
-    ServeModels(*backend, exchange);
-  } else {
-    absl::StatusOr<std::string> body = ReadBody(conn, options_.max_body_bytes);
-    if (!body.ok()) {
-      result.status = body.status();
+
+  void Stop() {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    asio::post(acceptor_.get_executor(), [this] {
+      ErrorCode ignored;
+      acceptor_.close(ignored);
+      retry_.cancel();
+    });
+    ForEachConnection([](Connection& c) { c.CloseIfIdle(false); });
+    context_->pool->Stop();  // the handlers in flight finish (a drain ended their requests)
+    // Their responses get a moment to be written; connections between requests close.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (context_->open.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+      ForEachConnection([](Connection& c) { c.CloseIfIdle(false); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ForEachConnection([](Connection& c) { c.CloseIfIdle(true); });
+    work_.reset();
+    ioc_.stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  int port() const { return port_; }
+  int open() const { return context_->open.load(); }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept(asio::make_strand(ioc_), [this](ErrorCode ec, tcp::socket socket) {
+      OnAccept(ec, std::move(socket));
+    });
+  }
+
+  void OnAccept(ErrorCode ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) or a transient failure: retry shortly, never spin.
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this](ErrorCode e) {
+        if (!e && acceptor_.is_open()) Accept();
+      });
+      return;
+    }
+    if (context_->open.load() >= context_->options.max_connections) {
+      Refuse(socket);
     } else {
-      result = ServeCompletion(*glm_, *backend, *body, rpc == Rpc::kOpenAIChatCompletions, exchange,
-                               arrival);
+      ErrorCode ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<Connection>(std::move(socket), context_)->Start();
     }
+    Accept();
   }
-  if (!result.status.ok() && exchange.http_status() == 0 &&
-      result.status.code() != absl::StatusCode::kCancelled) {
-    exchange.SendError(result.status);
+
+  // Over the connection bound: one 503 written without waiting, then closed.
+  void Refuse(tcp::socket& socket) {
+    static const std::string kResponse = [] {
+      const HttpResponse r = ErrorResponse(WithHttpStatus(
+          absl::UnavailableError("too many open connections to this server; retry later"), 503));
+      return ResponseHead(503, r.content_type, static_cast<int64_t>(r.body.size()),
+                          /*close=*/true, /*http10=*/false, {{"Retry-After", "1"}}) +
+             r.body;
+    }();
+    ErrorCode ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(kResponse), ignored);
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
   }
-  // The call's record, as GlmServiceImpl::CallDone writes it for the gRPC APIs.
-  Metrics* metrics = glm_->metrics();
-  const double total = std::chrono::duration<double>(Clock::now() - arrival).count();
-  const grpc::StatusCode code = MetricCode(result.status);
-  metrics->RecordRequest(rpc, code, total);
-  if (code == grpc::StatusCode::OK && result.finish) metrics->RecordSuccess(rpc, *result.finish);
-  if (AccessLog* log = glm_->options().access_log) {
-    AccessRecord a;
-    a.time = absl::Now();
-    a.rpc = RpcName(rpc);
-    a.code = GrpcCodeName(code);
-    a.request_id = result.request_id;
-    a.peer = exchange.peer();
-    a.total_ms = total * 1e3;
-    if (result.finish) {
-      const glmserve::FinishEvent& f = *result.finish;
-      a.prompt_tokens = f.prompt_tokens;
-      a.generated_tokens = f.generated_tokens;
-      if (f.times.first_scheduled) {
-        a.queue_ms =
-            std::chrono::duration<double>(*f.times.first_scheduled - arrival).count() * 1e3;
-      }
-      if (f.times.first_token) {
-        a.ttft_ms = std::chrono::duration<double>(*f.times.first_token - arrival).count() * 1e3;
+
+  template <typename F>
+  void ForEachConnection(F f) {
+    std::vector<std::shared_ptr<Connection>> live;
+    {
+      std::lock_guard<std::mutex> lock(context_->mu);
+      for (auto& [raw, weak] : context_->live) {
+        if (auto c = weak.lock()) live.push_back(std::move(c));
       }
     }
-    log->Record(std::move(a));
+    for (auto& c : live) f(*c);
   }
-  glm_->CallDone();
+
+  std::shared_ptr<ConnectionContext> context_;
+  asio::io_context ioc_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  std::vector<std::thread> threads_;
+  int port_ = -1;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& options,
+                                                              HttpService* service) {
+  auto core = std::make_shared<Core>(options, service);
+  if (absl::Status s = core->Listen(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(core)));
 }
+
+HttpServer::~HttpServer() { Stop(); }
+
+int HttpServer::port() const { return core_->port(); }
+int HttpServer::open_connections() const { return core_->open(); }
+void HttpServer::Stop() { core_->Stop(); }
 
 }  // namespace glmserve

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/sampler.h"
 #include "core/status_macros.h"
 #include "core/text/text_generation.h"
 #include "nlohmann/json.hpp"
@@ -89,7 +90,7 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend,
   const TextAssets& text = *backend.text;
   // The endpoint answers in text, whatever the prompt: it needs the tokenizer.
   RETURN_IF_ERROR(MissingTextError(text, r.chat, r.chat ? "messages" : "the OpenAI endpoint"));
-  v1::GenerateRequest wire;
+  std::vector<int32_t> ids;
   bool starts_in_reasoning = false;
   ForcedTokens forced;  // tool_choice's
   if (r.chat || r.prompt_text.has_value()) {
@@ -102,32 +103,20 @@ absl::StatusOr<Prepared> Prepare(const OpenAIRequest& r, const Backend& backend,
     absl::StatusOr<TextPrompt> built =
         BuildTextPrompt(text, input, static_cast<size_t>(backend.limits.max_prompt_tokens));
     metrics->RecordTokenizer(r.chat ? "chat" : "encode", Seconds(start, Clock::now()));
+    if (absl::IsResourceExhausted(built.status())) {
+      // The chat's structural bounds (messages, tools, bytes): the request's shape, a 400,
+      // never 429 (which clients retry).
+      return absl::InvalidArgumentError(built.status().message());
+    }
     ASSIGN_OR_RETURN(TextPrompt prompt, std::move(built));
-    wire.mutable_prompt_token_ids()->Add(prompt.ids.begin(), prompt.ids.end());
+    ids = std::move(prompt.ids);
     starts_in_reasoning = prompt.starts_in_reasoning;
     forced = std::move(prompt.forced);
   } else {
-    wire.mutable_prompt_token_ids()->Add(r.prompt_ids.begin(), r.prompt_ids.end());
+    ids = r.prompt_ids;
   }
-  if (r.max_tokens) wire.mutable_stop()->set_max_new_tokens(*r.max_tokens);
-  wire.mutable_stop()->mutable_stop_token_ids()->Add(r.stop_token_ids.begin(),
-                                                     r.stop_token_ids.end());
-  wire.mutable_stop()->set_ignore_eos(r.ignore_eos);
-  v1::SamplingParams* s = wire.mutable_sampling();
-  s->set_temperature(r.temperature);
-  s->set_top_p(r.top_p);
-  s->set_top_k(r.top_k);
-  s->set_min_p(r.min_p);
-  s->set_repetition_penalty(r.repetition_penalty);
-  // OpenAI's requests without a seed sample differently each time; with one, glmserve's
-  // determinism contract applies (same seed, same tokens, whatever the batch).
-  s->set_seed(r.seed ? *r.seed
-                     : std::random_device{}() * uint64_t{0x100000001} + std::random_device{}());
-  wire.mutable_logprobs()->set_enabled(r.logprobs);
-  wire.mutable_logprobs()->set_top_logprobs(r.top_logprobs);
-
   Prepared p;
-  ASSIGN_OR_RETURN(p.engine, ToEngineGenerate(wire, backend.engine->model(), backend.limits));
+  ASSIGN_OR_RETURN(p.engine, ToEngineRequest(r, std::move(ids), backend));
   ApplyTextDefaults(text, &p.engine);
   TextStreamOptions options;
   options.forced_tool_call = !forced.tokens.empty();
@@ -270,31 +259,107 @@ class Responder {
 
 }  // namespace
 
-void ServeModels(const Backend& backend, HttpExchange& exchange) {
+namespace {
+
+Json ModelObject(const Backend& backend) {
   static const int64_t kStarted = absl::ToUnixSeconds(absl::Now());
-  const Json model = {{"id", backend.info.model()},
-                      {"object", "model"},
-                      {"created", kStarted},
-                      {"owned_by", "glmserve"},
-                      {"max_model_len", backend.info.config().max_position_embeddings()}};
-  exchange.SendJson(200, Dump({{"object", "list"}, {"data", Json::array({model})}}));
+  return {{"id", backend.info.model()},
+          {"object", "model"},
+          {"created", kStarted},
+          {"owned_by", "glmserve"},
+          {"max_model_len", backend.info.config().max_position_embeddings()}};
 }
 
-OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
-                                 const std::string& body, bool chat, HttpExchange& exchange,
-                                 glmserve::SteadyTime arrival) {
+absl::Status UnknownModel(const Backend& backend, const std::string& model) {
+  return absl::NotFoundError(absl::StrCat("the model '", model.substr(0, 128),
+                                          "' does not exist; this server serves '",
+                                          backend.info.model(), "'"));
+}
+
+}  // namespace
+
+std::string ModelsJson(const Backend& backend) {
+  return Dump({{"object", "list"}, {"data", Json::array({ModelObject(backend)})}});
+}
+
+absl::StatusOr<std::string> ModelJson(const Backend& backend, const std::string& id) {
+  if (id != backend.info.model()) return UnknownModel(backend, id);
+  return Dump(ModelObject(backend));
+}
+
+absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vector<int32_t> prompt,
+                                                const Backend& backend) {
+  const ServingLimits& limits = backend.limits;
+  const int64_t positions = backend.engine->model().config().max_position_embeddings;
+  const char* prompt_field = r.chat ? "messages" : "prompt";
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len == 0)
+    return absl::InvalidArgumentError(absl::StrCat("'", prompt_field, "' is empty"));
+  if (prompt_len > limits.max_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("'", prompt_field, "' has ", prompt_len,
+                                                   " tokens; the limit is ",
+                                                   limits.max_prompt_tokens));
+  }
+  GenerateRequest out;
+  out.prompt = std::move(prompt);
+  int64_t max_new = limits.default_max_new_tokens;
+  if (r.max_tokens) {
+    max_new = *r.max_tokens;
+    if (max_new < 1 || max_new > limits.max_new_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'max_tokens' = ", max_new, " must be in [1, ", limits.max_new_tokens, "]"));
+    }
+    if (prompt_len + max_new > positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prompt (", prompt_len, " tokens) + 'max_tokens' (", max_new,
+                       ") exceeds the model's ", positions, " positions"));
+    }
+  } else if (prompt_len + max_new > positions) {
+    // The default shrinks to fit rather than failing a request that asked for nothing.
+    max_new = positions - prompt_len;
+    if (max_new < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("the prompt (", prompt_len,
+                                                     " tokens) leaves no room in the model's ",
+                                                     positions, " positions"));
+    }
+  }
+  out.stop.max_new_tokens = static_cast<int32_t>(max_new);
+  out.stop.stop_token_ids = r.stop_token_ids;
+  out.stop.ignore_eos = r.ignore_eos;
+  out.sampling.temperature = r.temperature;
+  out.sampling.top_p = r.top_p;
+  out.sampling.top_k = r.top_k;
+  out.sampling.min_p = r.min_p;
+  out.sampling.repetition_penalty = r.repetition_penalty;
+  // OpenAI's requests without a seed sample differently each time; with one, glmserve's
+  // determinism contract applies (same seed, same tokens, whatever the batch).
+  out.sampling.seed =
+      r.seed ? *r.seed : std::random_device{}() * uint64_t{0x100000001} + std::random_device{}();
+  // The engine's own rules, checked here so that a bad value is refused before admission;
+  // their messages name the fields by the names OpenAI's requests use too.
+  RETURN_IF_ERROR(ValidateSamplingParams(out.sampling));
+  out.logprobs = r.logprobs || r.top_logprobs > 0;
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("'", r.chat ? "top_logprobs" : "logprobs",
+                                                   "' must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  out.top_logprobs = r.top_logprobs;
+  return out;
+}
+
+OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend, std::string body,
+                                 bool chat, HttpExchange& exchange, glmserve::SteadyTime arrival) {
   OpenAICallResult result;
   const Rpc rpc = chat ? Rpc::kOpenAIChatCompletions : Rpc::kOpenAICompletions;
   absl::StatusOr<OpenAIRequest> request = ParseOpenAIBody(body, chat);
+  body = std::string();  // the parsed request holds what is needed
   if (!request.ok()) {
     result.status = request.status();
     return result;
   }
   const OpenAIRequest& r = *request;
   if (r.model != backend.info.model()) {
-    result.status = absl::NotFoundError(absl::StrCat("the model '", r.model.substr(0, 128),
-                                                     "' does not exist; this server serves '",
-                                                     backend.info.model(), "'"));
+    result.status = UnknownModel(backend, r.model);
     return result;
   }
   absl::StatusOr<Prepared> prepared = Prepare(r, backend, glm.metrics());

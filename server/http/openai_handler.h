@@ -7,10 +7,13 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/engine.h"
 #include "server/http/http_server.h"
+#include "server/http/openai_request.h"
 #include "server/metrics.h"
 #include "server/service.h"
 
@@ -23,14 +26,22 @@ struct OpenAICallResult {
   std::string request_id;                       // the response's id ("cmpl-...", "chatcmpl-...")
 };
 
-// GET /v1/models: the one served model.
-void ServeModels(const Backend& backend, HttpExchange& exchange);
+// GET /v1/models: the one served model. GET /v1/models/{id}: that model, or NOT_FOUND for
+// another id.
+std::string ModelsJson(const Backend& backend);
+absl::StatusOr<std::string> ModelJson(const Backend& backend, const std::string& id);
 
-// A completion from `body` (already bounded in size). Writes the response (or, once a stream
-// has started, an error event) itself; returns a status without writing only for failures
-// before any byte was sent, which the caller reports.
-OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend,
-                                 const std::string& body, bool chat, HttpExchange& exchange,
-                                 glmserve::SteadyTime arrival);
+// The engine request of a parsed OpenAI request whose prompt is `prompt` (ids): the limits
+// of the gRPC APIs (server/convert.h), with errors naming the OpenAI fields (max_tokens,
+// prompt / messages). Sampling values are checked once, by the engine's own rule
+// (core/sampler.h ValidateSamplingParams, kMaxTopLogprobs), so both APIs accept the same.
+absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vector<int32_t> prompt,
+                                                const Backend& backend);
+
+// A completion from `body` (already bounded in size; released once parsed). Writes the
+// response (or, once a stream has started, an error event) itself; returns a status without
+// writing only for failures before any byte was sent, which the caller reports.
+OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend, std::string body,
+                                 bool chat, HttpExchange& exchange, glmserve::SteadyTime arrival);
 
 }  // namespace glmserve

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "server/http/json_body.h"
 
 namespace glmserve {
 namespace {
@@ -60,7 +61,11 @@ absl::StatusOr<int64_t> Int(const Json& v, absl::string_view field, int64_t min,
   return x;
 }
 
-absl::StatusOr<double> Number(const Json& v, absl::string_view field, double min, double max) {
+// A number; bounds only where the OpenAI API has its own (the sampling values' bounds are
+// the engine's, checked once there).
+absl::StatusOr<double> Number(const Json& v, absl::string_view field,
+                              double min = -std::numeric_limits<double>::max(),
+                              double max = std::numeric_limits<double>::max()) {
   if (!v.is_number()) return WrongType(field, "a number", v);
   const double x = v.get<double>();
   if (!(x >= min && x <= max)) {
@@ -166,6 +171,10 @@ absl::StatusOr<std::string> Content(const Json& v, const std::string& field) {
 absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
   if (!v.is_array()) return WrongType("messages", "an array", v);
   if (v.empty()) return Invalid("messages", "is empty");
+  if (v.size() > ChatLimits{}.max_messages) {
+    return Invalid("messages", absl::StrCat("has ", v.size(), " messages; at most ",
+                                            ChatLimits{}.max_messages, " are accepted"));
+  }
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = absl::StrCat("messages[", i, "]");
     const Json& m = v[i];
@@ -185,6 +194,10 @@ absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
     message.role = *parsed;
     if (m.contains("content")) {
       ASSIGN_OR_RETURN(message.content, Content(m["content"], at + ".content"));
+    } else if (message.role != ChatRole::kAssistant || !m.contains("tool_calls") ||
+               m["tool_calls"].is_null()) {
+      // Only an assistant message that calls tools may leave its content out (OpenAI's rule).
+      return Invalid(at, "has no 'content'");
     }
     if (m.contains("name")) RETURN_IF_ERROR(String(m["name"], at + ".name").status());
     if (m.contains("tool_call_id")) {
@@ -230,6 +243,10 @@ absl::Status ParseMessages(const Json& v, OpenAIRequest* out) {
 absl::Status ParseTools(const Json& v, OpenAIRequest* out) {
   if (v.is_null()) return absl::OkStatus();
   if (!v.is_array()) return WrongType("tools", "an array", v);
+  if (v.size() > ChatLimits{}.max_tools) {
+    return Invalid("tools", absl::StrCat("has ", v.size(), " tools; at most ",
+                                         ChatLimits{}.max_tools, " are accepted"));
+  }
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = absl::StrCat("tools[", i, "]");
     const Json& t = v[i];
@@ -246,6 +263,9 @@ absl::Status ParseTools(const Json& v, OpenAIRequest* out) {
         OnlyKnown(f, {"name", "description", "parameters", "strict"}, at + ".function"));
     if (!f.contains("name")) return Invalid(at + ".function", "has no 'name'");
     RETURN_IF_ERROR(String(f["name"], at + ".function.name").status());
+    if (f.contains("parameters") && !f["parameters"].is_object()) {
+      return WrongType(at + ".function.parameters", "an object (a JSON Schema)", f["parameters"]);
+    }
     // The template shows the whole tool object, as transformers' apply_chat_template does.
     out->chat_options.tools_json.push_back(t.dump());
   }
@@ -281,224 +301,237 @@ absl::Status ParseToolChoice(const Json& v, OpenAIRequest* out) {
   return absl::OkStatus();
 }
 
+// The body's fields: one table of (name, routes, null handling, parser), read by the unknown
+// field check, the required field check and the parse loop alike.
+using FieldParser = absl::Status (*)(const Json& v, const char* name, OpenAIRequest* out);
+
+constexpr uint8_t kCompletions = 1, kChat = 2, kBoth = kCompletions | kChat;
+
+struct Field {
+  const char* name;
+  uint8_t routes;
+  bool required;
+  bool null_is_unset;  // null means "not given"; else null goes to the parser (a type error)
+  FieldParser parse;
+};
+
+template <bool OpenAIRequest::*kMember>
+absl::Status SetBool(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(out->*kMember, Bool(v, name));
+  return absl::OkStatus();
+}
+
+// A sampling value: any number here; its bounds are the engine's (ValidateSamplingParams).
+template <float OpenAIRequest::*kMember>
+absl::Status SetFloat(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(double x, Number(v, name));
+  out->*kMember = static_cast<float>(x);
+  return absl::OkStatus();
+}
+
+absl::Status CheckBool(const Json& v, const char* name, OpenAIRequest*) {
+  return Bool(v, name).status();
+}
+
+absl::Status CheckString(const Json& v, const char* name, OpenAIRequest*) {
+  return String(v, name).status();
+}
+
+absl::Status Model(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(out->model, String(v, name));
+  return absl::OkStatus();
+}
+
+absl::Status MaxTokens(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(out->max_tokens, Int(v, name, 1, std::numeric_limits<int32_t>::max()));
+  return absl::OkStatus();
+}
+
+absl::Status Temperature(const Json& v, const char* name, OpenAIRequest* out) {
+  // OpenAI's own range (the engine accepts any finite value >= 0).
+  ASSIGN_OR_RETURN(double t, Number(v, name, 0, 2));
+  out->temperature = static_cast<float>(t);
+  return absl::OkStatus();
+}
+
+absl::Status TopK(const Json& v, const char* name, OpenAIRequest* out) {
+  // vLLM's convention: -1 (or 0) turns it off.
+  ASSIGN_OR_RETURN(int64_t k, Int(v, name, -1, std::numeric_limits<int32_t>::max()));
+  out->top_k = k < 0 ? 0 : static_cast<int32_t>(k);
+  return absl::OkStatus();
+}
+
+absl::Status Seed(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(int64_t s, Int(v, name, std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max()));
+  out->seed = static_cast<uint64_t>(s);
+  return absl::OkStatus();
+}
+
+absl::Status StopTokenIds(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(out->stop_token_ids, TokenIds(v, name, kMaxWireStopTokenIds));
+  return absl::OkStatus();
+}
+
+// The count of alternatives: completions' `logprobs` (an integer), chat's `top_logprobs`.
+// Its bound is the engine's (kMaxTopLogprobs, checked when the engine request is built).
+absl::Status TopLogprobs(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(int64_t n, Int(v, name, 0, std::numeric_limits<int32_t>::max()));
+  out->top_logprobs = static_cast<int32_t>(n);
+  if (std::string_view(name) == "logprobs") out->logprobs = true;
+  return absl::OkStatus();
+}
+
+absl::Status StreamOptions(const Json& o, const char* name, OpenAIRequest* out) {
+  if (!o.is_object()) return WrongType(name, "an object", o);
+  RETURN_IF_ERROR(OnlyKnown(o, {"include_usage"}, name));
+  if (o.contains("include_usage")) {
+    ASSIGN_OR_RETURN(out->include_usage, Bool(o["include_usage"], "stream_options.include_usage"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OnlyOne(const Json& v, const char* name, OpenAIRequest*) {
+  return Int(v, name, 1, 1).status();
+}
+
+absl::Status ZeroPenalty(const Json& v, const char* name, OpenAIRequest*) {
+  ASSIGN_OR_RETURN(double p, Number(v, name, -2, 2));
+  if (p != 0) return Invalid(name, "is not supported (only 0; repetition_penalty is available)");
+  return absl::OkStatus();
+}
+
+absl::Status LogitBias(const Json& v, const char* name, OpenAIRequest*) {
+  if (v.is_object() && v.empty()) return absl::OkStatus();
+  return Invalid(name, "is not supported");
+}
+
+absl::Status ResponseFormat(const Json& f, const char* name, OpenAIRequest*) {
+  if (!f.is_object() || f.size() != 1 || !f.contains("type") || f["type"] != "text") {
+    return Invalid(name, "supports {\"type\": \"text\"} only");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChatTemplateKwargs(const Json& k, const char* name, OpenAIRequest* out) {
+  if (!k.is_object()) return WrongType(name, "an object", k);
+  RETURN_IF_ERROR(OnlyKnown(k, {"enable_thinking"}, name));
+  if (k.contains("enable_thinking")) {
+    ASSIGN_OR_RETURN(out->chat_options.enable_thinking,
+                     Bool(k["enable_thinking"], "chat_template_kwargs.enable_thinking"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Echo(const Json& v, const char* name, OpenAIRequest*) {
+  if (v.is_boolean() && !v.get<bool>()) return absl::OkStatus();
+  return Invalid(name, "is not supported (only false)");
+}
+
+absl::Status Suffix(const Json&, const char* name, OpenAIRequest*) {
+  return Invalid(name, "is not supported (only null)");
+}
+
+absl::Status BestOf(const Json& v, const char* name, OpenAIRequest*) {
+  if (v.is_number_integer() && v == 1) return absl::OkStatus();
+  return Invalid(name, "is not supported (only 1)");
+}
+
+const Field kFields[] = {
+    {"model", kBoth, true, false, Model},
+    {"prompt", kCompletions, true, false,
+     [](const Json& v, const char*, OpenAIRequest* out) { return ParsePrompt(v, out); }},
+    {"messages", kChat, true, false,
+     [](const Json& v, const char*, OpenAIRequest* out) { return ParseMessages(v, out); }},
+    {"tools", kChat, false, true,
+     [](const Json& v, const char*, OpenAIRequest* out) { return ParseTools(v, out); }},
+    {"tool_choice", kChat, false, true,
+     [](const Json& v, const char*, OpenAIRequest* out) { return ParseToolChoice(v, out); }},
+    {"parallel_tool_calls", kChat, false, false, CheckBool},
+    {"max_tokens", kBoth, false, true, MaxTokens},
+    {"max_completion_tokens", kChat, false, true, MaxTokens},
+    {"temperature", kBoth, false, true, Temperature},
+    {"top_p", kBoth, false, true, SetFloat<&OpenAIRequest::top_p>},
+    {"top_k", kBoth, false, true, TopK},
+    {"min_p", kBoth, false, true, SetFloat<&OpenAIRequest::min_p>},
+    {"repetition_penalty", kBoth, false, true, SetFloat<&OpenAIRequest::repetition_penalty>},
+    {"seed", kBoth, false, true, Seed},
+    {"stop", kBoth, false, true,
+     [](const Json& v, const char*, OpenAIRequest* out) { return ParseStop(v, out); }},
+    {"stop_token_ids", kBoth, false, true, StopTokenIds},
+    {"ignore_eos", kBoth, false, false, SetBool<&OpenAIRequest::ignore_eos>},
+    {"logprobs", kChat, false, true, SetBool<&OpenAIRequest::logprobs>},
+    {"logprobs", kCompletions, false, true, TopLogprobs},
+    {"top_logprobs", kChat, false, true, TopLogprobs},
+    {"stream", kBoth, false, true, SetBool<&OpenAIRequest::stream>},
+    {"stream_options", kBoth, false, true, StreamOptions},
+    {"n", kBoth, false, true, OnlyOne},
+    {"user", kBoth, false, false, CheckString},
+    {"presence_penalty", kBoth, false, true, ZeroPenalty},
+    {"frequency_penalty", kBoth, false, true, ZeroPenalty},
+    {"logit_bias", kBoth, false, true, LogitBias},
+    {"response_format", kChat, false, true, ResponseFormat},
+    {"chat_template_kwargs", kChat, false, true, ChatTemplateKwargs},
+    {"echo", kCompletions, false, false, Echo},
+    {"suffix", kCompletions, false, true, Suffix},
+    {"best_of", kCompletions, false, false, BestOf},
+    {"skip_special_tokens", kBoth, false, false, SetBool<&OpenAIRequest::skip_special_tokens>},
+};
+
+// Every field of the body is one of the route's.
+absl::Status OnlyRouteFields(const Json& body, uint8_t route) {
+  for (const auto& [key, value] : body.items()) {
+    bool known = false;
+    for (const Field& f : kFields) known |= (f.routes & route) != 0 && key == f.name;
+    if (known) continue;
+    std::vector<std::string> names;
+    for (const Field& f : kFields) {
+      if ((f.routes & route) != 0) names.push_back(f.name);
+    }
+    return absl::InvalidArgumentError(absl::StrCat("unknown field '", key.substr(0, 64),
+                                                   "' (fields: ", absl::StrJoin(names, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The rules between fields, once each has been read.
+absl::Status CheckTogether(const Json& body, OpenAIRequest* out) {
+  if (out->chat && out->top_logprobs > 0 && !out->logprobs) {
+    return Invalid("top_logprobs", "needs \"logprobs\": true");
+  }
+  if (body.contains("stream_options") && !body["stream_options"].is_null() && !out->stream) {
+    return Invalid("stream_options", "needs \"stream\": true");
+  }
+  // OpenAI's default for completions (null: the server's default).
+  if (!out->chat && !body.contains("max_tokens")) out->max_tokens = 16;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const Json& body, bool chat) {
   if (!body.is_object()) return WrongType("body", "a JSON object", body);
+  const uint8_t route = chat ? kChat : kCompletions;
+  RETURN_IF_ERROR(OnlyRouteFields(body, route));
+  for (const Field& f : kFields) {
+    if (f.required && (f.routes & route) != 0 && !body.contains(f.name)) {
+      return Invalid(f.name, "is required");
+    }
+  }
   OpenAIRequest out;
   out.chat = chat;
-  if (chat) {
-    RETURN_IF_ERROR(OnlyKnown(body,
-                              {"model",
-                               "messages",
-                               "tools",
-                               "tool_choice",
-                               "parallel_tool_calls",
-                               "max_tokens",
-                               "max_completion_tokens",
-                               "temperature",
-                               "top_p",
-                               "top_k",
-                               "min_p",
-                               "repetition_penalty",
-                               "seed",
-                               "stop",
-                               "stop_token_ids",
-                               "ignore_eos",
-                               "logprobs",
-                               "top_logprobs",
-                               "stream",
-                               "stream_options",
-                               "n",
-                               "user",
-                               "presence_penalty",
-                               "frequency_penalty",
-                               "logit_bias",
-                               "response_format",
-                               "chat_template_kwargs",
-                               "skip_special_tokens"},
-                              ""));
-  } else {
-    RETURN_IF_ERROR(OnlyKnown(body,
-                              {"model",
-                               "prompt",
-                               "max_tokens",
-                               "temperature",
-                               "top_p",
-                               "top_k",
-                               "min_p",
-                               "repetition_penalty",
-                               "seed",
-                               "stop",
-                               "stop_token_ids",
-                               "ignore_eos",
-                               "logprobs",
-                               "stream",
-                               "stream_options",
-                               "n",
-                               "user",
-                               "presence_penalty",
-                               "frequency_penalty",
-                               "logit_bias",
-                               "echo",
-                               "suffix",
-                               "best_of",
-                               "skip_special_tokens"},
-                              ""));
+  for (const Field& f : kFields) {
+    if ((f.routes & route) == 0) continue;
+    const auto it = body.find(f.name);
+    if (it == body.end() || (f.null_is_unset && it->is_null())) continue;
+    RETURN_IF_ERROR(f.parse(*it, f.name, &out));
   }
-  if (!body.contains("model")) return Invalid("model", "is required");
-  ASSIGN_OR_RETURN(out.model, String(body["model"], "model"));
-
-  if (chat) {
-    if (!body.contains("messages")) return Invalid("messages", "is required");
-    RETURN_IF_ERROR(ParseMessages(body["messages"], &out));
-    if (body.contains("tools")) RETURN_IF_ERROR(ParseTools(body["tools"], &out));
-    if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
-      RETURN_IF_ERROR(ParseToolChoice(body["tool_choice"], &out));
-    }
-    if (body.contains("parallel_tool_calls")) {
-      RETURN_IF_ERROR(Bool(body["parallel_tool_calls"], "parallel_tool_calls").status());
-    }
-    if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
-      const Json& k = body["chat_template_kwargs"];
-      if (!k.is_object()) return WrongType("chat_template_kwargs", "an object", k);
-      RETURN_IF_ERROR(OnlyKnown(k, {"enable_thinking"}, "chat_template_kwargs"));
-      if (k.contains("enable_thinking")) {
-        ASSIGN_OR_RETURN(out.chat_options.enable_thinking,
-                         Bool(k["enable_thinking"], "chat_template_kwargs.enable_thinking"));
-      }
-    }
-    if (body.contains("response_format") && !body["response_format"].is_null()) {
-      const Json& f = body["response_format"];
-      if (!f.is_object() || f.size() != 1 || !f.contains("type") || f["type"] != "text") {
-        return Invalid("response_format", "supports {\"type\": \"text\"} only");
-      }
-    }
-    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-      ASSIGN_OR_RETURN(out.logprobs, Bool(body["logprobs"], "logprobs"));
-    }
-    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
-      ASSIGN_OR_RETURN(int64_t n, Int(body["top_logprobs"], "top_logprobs", 0, 20));
-      if (n > 0 && !out.logprobs) return Invalid("top_logprobs", "needs \"logprobs\": true");
-      out.top_logprobs = static_cast<int32_t>(n);
-    }
-    for (const char* key : {"max_completion_tokens", "max_tokens"}) {
-      if (body.contains(key) && !body[key].is_null()) {
-        ASSIGN_OR_RETURN(out.max_tokens,
-                         Int(body[key], key, 1, std::numeric_limits<int32_t>::max()));
-      }
-    }
-  } else {
-    if (!body.contains("prompt")) return Invalid("prompt", "is required");
-    RETURN_IF_ERROR(ParsePrompt(body["prompt"], &out));
-    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-      ASSIGN_OR_RETURN(int64_t n, Int(body["logprobs"], "logprobs", 0, 20));
-      out.logprobs = true;
-      out.top_logprobs = static_cast<int32_t>(n);
-    }
-    if (body.contains("echo") && !(body["echo"].is_boolean() && !body["echo"].get<bool>())) {
-      return Invalid("echo", "is not supported (only false)");
-    }
-    if (body.contains("suffix") && !body["suffix"].is_null()) {
-      return Invalid("suffix", "is not supported (only null)");
-    }
-    if (body.contains("best_of") &&
-        !(body["best_of"].is_number_integer() && body["best_of"] == 1)) {
-      return Invalid("best_of", "is not supported (only 1)");
-    }
-    if (body.contains("max_tokens") && !body["max_tokens"].is_null()) {
-      ASSIGN_OR_RETURN(out.max_tokens, Int(body["max_tokens"], "max_tokens", 1,
-                                           std::numeric_limits<int32_t>::max()));
-    } else if (!body.contains("max_tokens")) {
-      out.max_tokens = 16;  // OpenAI's default for completions (null: the server's default)
-    }
-  }
-
-  if (body.contains("temperature") && !body["temperature"].is_null()) {
-    ASSIGN_OR_RETURN(double t, Number(body["temperature"], "temperature", 0, 2));
-    out.temperature = static_cast<float>(t);
-  }
-  if (body.contains("top_p") && !body["top_p"].is_null()) {
-    ASSIGN_OR_RETURN(double p, Number(body["top_p"], "top_p", 0, 1));
-    out.top_p = static_cast<float>(p);
-  }
-  if (body.contains("top_k") && !body["top_k"].is_null()) {
-    // vLLM's convention: -1 (or 0) turns it off.
-    ASSIGN_OR_RETURN(int64_t k,
-                     Int(body["top_k"], "top_k", -1, std::numeric_limits<int32_t>::max()));
-    out.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
-  }
-  if (body.contains("min_p") && !body["min_p"].is_null()) {
-    ASSIGN_OR_RETURN(double p, Number(body["min_p"], "min_p", 0, 1));
-    out.min_p = static_cast<float>(p);
-  }
-  if (body.contains("repetition_penalty") && !body["repetition_penalty"].is_null()) {
-    ASSIGN_OR_RETURN(double r, Number(body["repetition_penalty"], "repetition_penalty", 0, 1e6));
-    out.repetition_penalty = static_cast<float>(r);
-  }
-  if (body.contains("seed") && !body["seed"].is_null()) {
-    ASSIGN_OR_RETURN(int64_t s, Int(body["seed"], "seed", std::numeric_limits<int64_t>::min(),
-                                    std::numeric_limits<int64_t>::max()));
-    out.seed = static_cast<uint64_t>(s);
-  }
-  if (body.contains("stop")) RETURN_IF_ERROR(ParseStop(body["stop"], &out));
-  if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
-    ASSIGN_OR_RETURN(out.stop_token_ids,
-                     TokenIds(body["stop_token_ids"], "stop_token_ids", kMaxWireStopTokenIds));
-  }
-  if (body.contains("ignore_eos")) {
-    ASSIGN_OR_RETURN(out.ignore_eos, Bool(body["ignore_eos"], "ignore_eos"));
-  }
-  if (body.contains("skip_special_tokens")) {
-    ASSIGN_OR_RETURN(out.skip_special_tokens,
-                     Bool(body["skip_special_tokens"], "skip_special_tokens"));
-  }
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    ASSIGN_OR_RETURN(out.stream, Bool(body["stream"], "stream"));
-  }
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-    const Json& o = body["stream_options"];
-    if (!o.is_object()) return WrongType("stream_options", "an object", o);
-    if (!out.stream) return Invalid("stream_options", "needs \"stream\": true");
-    RETURN_IF_ERROR(OnlyKnown(o, {"include_usage"}, "stream_options"));
-    if (o.contains("include_usage")) {
-      ASSIGN_OR_RETURN(out.include_usage, Bool(o["include_usage"], "stream_options.include_usage"));
-    }
-  }
-  if (body.contains("n") && !body["n"].is_null()) {
-    ASSIGN_OR_RETURN(int64_t n, Int(body["n"], "n", 1, 1));
-    (void)n;
-  }
-  if (body.contains("user")) RETURN_IF_ERROR(String(body["user"], "user").status());
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (body.contains(key) && !body[key].is_null()) {
-      ASSIGN_OR_RETURN(double p, Number(body[key], key, -2, 2));
-      if (p != 0) {
-        return Invalid(key, "is not supported (only 0; repetition_penalty is available)");
-      }
-    }
-  }
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
-      !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
-    return Invalid("logit_bias", "is not supported");
-  }
+  RETURN_IF_ERROR(CheckTogether(body, &out));
   return out;
 }
 
 absl::StatusOr<OpenAIRequest> ParseOpenAIBody(std::string_view body, bool chat) {
-  struct TooDeep {};
-  Json json;
-  try {
-    json = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) throw TooDeep{};
-      return true;
-    });
-  } catch (const TooDeep&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
   return ParseOpenAIRequest(json, chat);
 }
 

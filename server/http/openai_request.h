@@ -3,8 +3,8 @@
 // 400 naming the field), features glmserve does not offer (n > 1, echo, batched prompts,
 // penalties other than 0, logit_bias: 400 saying so rather than silently ignoring them).
 // Model and engine rules (token ids in the vocabulary, sampling values, top_logprobs, stop
-// strings' bounds, the prompt's length) stay where they are checked once: Engine::Submit and
-// core/text. docs/api_openai.md lists every field.
+// strings' bounds, the prompt's length) stay where they are checked once: the engine's rules
+// (core/sampler.h, core/engine.h) and core/text. docs/api_openai.md lists every field.
 #pragma once
 
 #include <cstdint>
@@ -60,13 +60,9 @@ struct OpenAIRequest {
 // field, an unsupported feature. `chat` selects the route's schema.
 absl::StatusOr<OpenAIRequest> ParseOpenAIRequest(const nlohmann::json& body, bool chat);
 
-// JSON nesting deeper than this is refused while parsing (tool schemas are a few levels;
-// without a bound, a body of 16 MiB of '[' would be re-serialised recursively).
-inline constexpr int kMaxJsonDepth = 64;
-
-// The request body: INVALID_ARGUMENT "invalid JSON: ..." (nlohmann's message with the byte
-// offset; invalid UTF-8 inside a string is reported there) or for nesting deeper than
-// kMaxJsonDepth, then ParseOpenAIRequest.
+// The request body: INVALID_ARGUMENT "invalid JSON: ..." for what server/http/json_body.h
+// refuses (linear time, bounded depth and values, duplicate keys, trailing bytes), then
+// ParseOpenAIRequest.
 absl::StatusOr<OpenAIRequest> ParseOpenAIBody(std::string_view body, bool chat);
 
 }  // namespace glmserve

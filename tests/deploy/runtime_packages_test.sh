@@ -22,9 +22,15 @@ else
 fi
 packages=$(bash "$root/tools/runtime_packages.sh" "$@")
 echo "$packages"
-for want in '^libgrpc\+\+' '^libprotobuf[0-9]' '^libabsl' '^libprometheus-cpp-pull' '^libc6$'; do
+for want in '^libgrpc\+\+' '^libprotobuf[0-9]' '^libabsl' '^libprometheus-cpp-core' '^libc6$'; do
   grep -Eq "$want" <<<"$packages" || { echo "FAIL: no package matching $want"; exit 1; }
 done
+# /metrics and the OpenAI endpoint are served by the event-driven server (Boost, header-only):
+# neither civetweb nor prometheus-cpp's pull exposer is loaded any more.
+if grep -Eq '^libcivetweb|^libprometheus-cpp-pull' <<<"$packages"; then
+  echo "FAIL: civetweb or prometheus-cpp-pull in the runtime list"
+  exit 1
+fi
 if grep -Eq -- '-dev$|^cmake$|^g\+\+' <<<"$packages"; then
   echo "FAIL: a build-only package in the runtime list"
   exit 1

@@ -1,8 +1,9 @@
 // The standard APIs' request parsers: any bytes as an OpenAI request body (server/http/
-// openai_request.h, first byte: chat or completions) either parse into a request within the
-// wire bounds or are refused with INVALID_ARGUMENT; any bytes as a KServe ModelInferRequest
-// (server/kserve_convert.h) either become a Forward request of at most the position limit or
-// are refused with INVALID_ARGUMENT. Never a crash, never another code.
+// openai_request.h, first byte: chat or completions; linear strict JSON, server/http/
+// json_body.h) either parse into a request within the wire bounds or are refused with
+// INVALID_ARGUMENT; any bytes as a KServe ModelInferRequest (server/kserve_convert.h) either become
+// a Forward request of at most the position limit or are refused with INVALID_ARGUMENT. Never a
+// crash, never another code.
 #include "inference/grpc_service.pb.h"
 #include "server/http/openai_request.h"
 #include "server/kserve_convert.h"
@@ -20,7 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     GLM_FUZZ_CHECK(r->stop.size() <= glmserve::kMaxWireStopStrings);
     GLM_FUZZ_CHECK(r->stop_token_ids.size() <= glmserve::kMaxWireStopTokenIds);
-    GLM_FUZZ_CHECK(r->top_logprobs >= 0 && r->top_logprobs <= 20);
+    // Its upper bound is the engine's (kMaxTopLogprobs), checked when the engine request is
+    // built (ToEngineRequest), as are the sampling values'.
+    GLM_FUZZ_CHECK(r->top_logprobs >= 0);
     GLM_FUZZ_CHECK(r->chat ? !r->messages.empty()
                            : (r->prompt_text.has_value() || !r->prompt_ids.empty()));
     GLM_FUZZ_CHECK(!r->max_tokens || *r->max_tokens >= 1);

@@ -4,6 +4,7 @@
 // through the streaming detokenizer.
 #include "core/text/tokenizer.h"
 
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -164,6 +165,35 @@ TEST(Tokenizer, LimitsBoundTheWork) {
   limits.max_file_bytes = 1000;
   auto small = Tokenizer::FromFile(kDir + "/glm45_small/tokenizer.json", limits);
   EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A prompt limit stops the work, not just the result: a text whose fewest possible tokens
+// (one per longest token's bytes) pass the limit is refused before any work, and encoding
+// stops once the ids pass it; below the limit the ids are exactly the unbounded ones.
+TEST(Tokenizer, EncodeStopsOnceTheLimitIsPassed) {
+  const Tokenizer& tok = Golden();
+  const auto cpu = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
+  for (const std::string& text : {std::string(size_t{16} << 20, 'a'),  // one 16 MiB word
+                                  [] {
+                                    std::string words;  // 16 MiB of short words
+                                    while (words.size() + 6 <= (size_t{16} << 20))
+                                      words += "hi yo ";
+                                    return words;
+                                  }()}) {
+    const double start = cpu();
+    auto over = tok.Encode(text, 8192);
+    EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_LT(cpu() - start, 0.1) << "the limit did not stop the work";
+  }
+  std::string words;  // ~3,000 tokens, past the first-words bound only once encoded
+  for (int i = 0; i < 1000; ++i) words += " w" + std::to_string(i);
+  auto all = tok.Encode(words);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(tok.Encode(words, all->size() - 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto exact = tok.Encode(words, all->size());
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(*exact, *all);
 }
 
 TEST(Tokenizer, LongInputsSliceWithoutChangingTheResult) {

@@ -21,6 +21,7 @@
 #include "core/config.h"
 #include "core/text/text_assets.h"
 #include "nlohmann/json.hpp"
+#include "server/http/openai_server.h"
 #include "tests/server/test_server.h"
 
 namespace glmserve {
@@ -86,6 +87,7 @@ struct HttpResponse {
 
 struct RequestOptions {
   std::string token;
+  std::string header;  // one more header line
   long timeout_ms = 60000;
   // Called with each received piece; returning false aborts the transfer (a disconnect).
   std::function<bool(const std::string&)> on_data;
@@ -105,6 +107,7 @@ HttpResponse Call(const std::string& method, const std::string& url, const std::
   if (!options.token.empty()) {
     headers = curl_slist_append(headers, ("Authorization: Bearer " + options.token).c_str());
   }
+  if (!options.header.empty()) headers = curl_slist_append(headers, options.header.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   if (method == "POST") {
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.data());
@@ -197,6 +200,14 @@ TEST_F(OpenAIHttpTest, ModelsListsTheServedModel) {
   EXPECT_EQ(j["data"][0]["id"], "tiny");
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][0]["max_model_len"], 65536);
+  // One model by id, in the same form; another id is 404 in OpenAI's error shape.
+  const HttpResponse one = Call("GET", base_ + "/v1/models/tiny", "");
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(one.json(), j["data"][0]);
+  const HttpResponse other = Call("GET", base_ + "/v1/models/gpt-4", "");
+  EXPECT_EQ(other.status, 404) << other.body;
+  EXPECT_EQ(other.json()["error"]["type"], "not_found_error");
+  EXPECT_NE(other.body.find("the model 'gpt-4' does not exist"), std::string::npos);
 }
 
 TEST_F(OpenAIHttpTest, CompletionStreamedAndNotAgreeAndCountUsage) {
@@ -496,7 +507,39 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
       {"batch of prompts", "/v1/completions", with("prompt", {"a", "b"}), 400,
        "batch of 2 prompts"},
       {"out of vocabulary", "/v1/completions", with("prompt", {1, 999999}), 400, "999999"},
-      {"prompt too long", "/v1/completions", with("max_tokens", 70000), 400, "max_new_tokens"},
+      {"max_tokens over the limit", "/v1/completions", with("max_tokens", 70000), 400,
+       "'max_tokens' = 70000 must be in [1, 65536]"},
+      // The sampling bounds are the engine's (core/sampler.h), the same for every API.
+      {"top_p 0", "/v1/completions", with("top_p", 0), 400, "top_p must be in (0, 1]"},
+      {"min_p 1", "/v1/completions", with("min_p", 1), 400, "min_p must be in [0, 1)"},
+      {"repetition_penalty 0", "/v1/completions", with("repetition_penalty", 0), 400,
+       "repetition_penalty must be finite and > 0"},
+      {"21 alternatives", "/v1/completions", with("logprobs", 21), 400,
+       "'logprobs' must be in [0, 20]"},
+      {"duplicate key", "/v1/completions",
+       R"({"model": "tiny", "prompt": "a", "max_tokens": 2, "max_tokens": 3})", 400,
+       "duplicate key 'max_tokens'"},
+      {"bytes after the value", "/v1/completions", ok.dump() + " {}", 400, "invalid JSON"},
+      {"message without content", "/v1/chat/completions",
+       Json{{"model", "tiny"}, {"messages", {{{"role", "user"}}}}}.dump(), 400,
+       "messages[0]' has no 'content'"},
+      {"parameters not an object", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "x"}}}}}}}
+           .dump(),
+       400, "'tools[0].function.parameters' must be an object"},
+      {"4,097 messages", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", Json(std::vector<Json>(4097, Json{{"role", "user"}, {"content", "x"}}))}}
+           .dump(),
+       400, "has 4097 messages; at most 4096"},
+      {"257 tools", "/v1/chat/completions",
+       Json{{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"tools", Json(std::vector<Json>(257, Tool("f")))}}
+           .dump(),
+       400, "has 257 tools; at most 256"},
       {"temperature", "/v1/completions", with("temperature", 3), 400,
        "'temperature' must be in [0, 2]"},
       {"penalty", "/v1/completions", with("presence_penalty", 0.5), 400, "not supported"},
@@ -548,6 +591,7 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
     EXPECT_TRUE(j["error"].contains("type")) << c.what;
   }
   EXPECT_EQ(Call("GET", base_ + "/v1/completions", "").status, 405);
+  EXPECT_EQ(Call("POST", base_ + "/v1/models", "").status, 405);
   const HttpResponse missing = Call("GET", base_ + "/v2/models", "");
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(server_->engine()->Stats().steps, steps);  // nothing reached the engine
@@ -561,7 +605,7 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
   EXPECT_TRUE(WaitUntil([&] {
     return Counter(
                "glmserve_requests_total{api=\"openai\",code=\"INVALID_ARGUMENT\",rpc=\"/v1/"
-               "completions\"}") == 16;
+               "completions\"}") == 22;
   }));
 }
 
@@ -690,6 +734,15 @@ TEST(OpenAIHttpAuthTest, BearerTokensAsOnTheGrpcApi) {
   o.token = "sesame";
   EXPECT_EQ(Call("POST", url + "/v1/completions", body, o).status, 200);
   EXPECT_EQ(Call("GET", url + "/v1/models", "", o).status, 200);
+  // The scheme is case-insensitive (RFC 9110 11.1); the token is not.
+  EXPECT_TRUE(BearerAuthorized({"sesame"}, "bearer sesame"));
+  EXPECT_TRUE(BearerAuthorized({"sesame"}, "BEARER  sesame"));
+  EXPECT_FALSE(BearerAuthorized({"sesame"}, "bearer Sesame"));
+  EXPECT_FALSE(BearerAuthorized({"sesame"}, "Basic sesame"));
+  EXPECT_FALSE(BearerAuthorized({"sesame"}, "Bearersesame"));
+  RequestOptions lower;
+  lower.header = "Authorization: bearer sesame";
+  EXPECT_EQ(Call("GET", url + "/v1/models", "", lower).status, 200);
 }
 
 TEST(OpenAIHttpAccessLogTest, OneLinePerCall) {
