@@ -19,8 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/engine.h"
-#include "core/model_runner.h"
+#include "core/engine/engine.h"
+#include "core/model/model_runner.h"
 #include "core/text/text_assets.h"
 #include "grpcpp/server.h"
 #include "server/access_log.h"
@@ -63,9 +63,9 @@ struct ServerOptions {
   HttpOptions http;
   std::string auth_token_file;  // one accepted token per line ('#' comments); empty: no auth
   int64_t max_message_bytes = 64 << 20;
-  ServiceOptions service;         // streams, deadlines (auth_tokens filled from the file)
+  ServiceOptions service;          // streams, deadlines (auth_tokens filled from the file)
   glmserve::EngineOptions engine;  // includes the request limits (engine.limits)
-  std::string model_name;  // what ModelInfo and build_info call the model
+  std::string model_name;          // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;
 };

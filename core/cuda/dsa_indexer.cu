@@ -1,4 +1,4 @@
-// GLM-5's DSA indexer on the device (core/ops/dsa_indexer.h has the math and the CPU form):
+// GLM-5's DSA indexer on the device (core/cpu/ops/dsa_indexer.h has the math and the CPU form):
 // the per-token preparation (query RoPE, key LayerNorm + RoPE + cache write, head weights) and
 // the scoring + top-k selection with the CPU's tie rule (the lower position wins).
 #include "core/cuda/device_util.cuh"

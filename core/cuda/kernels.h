@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "core/ops/row_math.h"
+#include "core/model/row_math.h"
 
 namespace glmserve::cuda {
 
@@ -24,7 +24,7 @@ inline constexpr int64_t kMaxGqaGroup = 32;  // query heads per kv head
 cudaError_t PrepareKernels();
 
 // ---- fp8_linear.cu -------------------------------------------------------------------
-// An FP8 weight matrix on the device (core/weights.h's kFp8Scaled): codes [rows, cols] e4m3,
+// An FP8 weight matrix on the device (core/model/weights.h's kFp8Scaled): codes [rows, cols] e4m3,
 // scales [ceil(rows / block_rows), ceil(cols / block_cols)] fp32; element (r, c) is
 // e4m3 x scales[r / block_rows][c / block_cols]. Per output channel: block_rows 1,
 // block_cols = cols.
@@ -62,7 +62,7 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
                              cudaStream_t stream);
 
 // codes[i] for i < n: the e4m3 values RandomWeights gives an FP8 preset's matrix
-// (core/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
+// (core/model/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
 // device so that a big preset needs no host copy.
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
@@ -103,7 +103,7 @@ inline constexpr int64_t kFp8ActGroup = 128;
 inline constexpr int64_t Fp8ActGroups(int64_t k) { return (k + kFp8ActGroup - 1) / kFp8ActGroup; }
 // x [m, k] bf16 -> codes [m, k] e4m3 and scales[g * scale_ld + i] (scale_ld >= m): per group,
 // scale = amax of its finite values / 448 (at least FLT_MIN; 1 for an all-zero group), code =
-// e4m3(x / scale) (round to nearest even, saturating; core/dtype.h's FloatToE4m3). Group-major
+// e4m3(x / scale) (round to nearest even, saturating; core/base/dtype.h's FloatToE4m3). Group-major
 // scales with the tokens contiguous: cuBLASLt's VEC128_32F layout for B ("N-major, N x L").
 cudaError_t LaunchQuantizeFp8Groups(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
                                     float* scales, int64_t scale_ld, cudaStream_t stream);
@@ -148,7 +148,7 @@ cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape
                                const int32_t* slots, uint16_t* cache_layer, int64_t block_size,
                                cudaStream_t stream);
 
-// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/kv_fp8.h, docs/kv_cache.md) of one layer:
+// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/model/kv_fp8.h, docs/kv_cache.md) of one layer:
 // codes [num_blocks, 2, block_size, kv_heads * head_dim] e4m3 (the bf16 cache's layout, a
 // byte per value) and scales [num_blocks, 2, block_size, kv_heads] fp32, one per token slot,
 // kind (K, V) and KV head: amax / 448 of that head's row (the CPU's codec, bit for bit).
@@ -272,7 +272,7 @@ cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* 
                                  int64_t sel_stride, const MlaTcLayout& layout,
                                  const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream);
 
-// ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
+// ---- dsa_indexer.cu (GLM-5's DSA indexer; core/cpu/ops/dsa_indexer.h) ------------------------
 struct IndexerShapeDev {
   int64_t heads = 0;       // Hi
   int64_t head_dim = 0;    // Di
@@ -330,11 +330,11 @@ cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
                              cudaStream_t stream);
 
 // ---- sampling.cu ---------------------------------------------------------------------
-// Row scans with the CPU sampler's semantics (core/sampler_scan.h): values compared as floats,
-// NaN read as -inf, ties to the lower id. logits: [rows, vocab] fp32.
-// finite[r] (when not null): 1 when every value of row r is finite, else 0 (the engine fails
-// a request whose logits hold NaN or Inf rather than sample from them).
-// ids[r], values[r]: row r's maximum and its lowest id.
+// Row scans with the CPU sampler's semantics (core/engine/sampler_scan.h): values compared as
+// floats, NaN read as -inf, ties to the lower id. logits: [rows, vocab] fp32. finite[r] (when not
+// null): 1 when every value of row r is finite, else 0 (the engine fails a request whose logits
+// hold NaN or Inf rather than sample from them). ids[r], values[r]: row r's maximum and its lowest
+// id.
 cudaError_t LaunchRowArgMax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                             float* values, int32_t* finite, cudaStream_t stream);
 // ids[r * k ..], values[r * k ..]: row r's k largest (1 <= k <= min(vocab, kMaxDeviceTopK)),

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/base/status_macros.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/model.h"
-#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {

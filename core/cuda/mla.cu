@@ -1,4 +1,4 @@
-// GLM-5's multi-head latent attention on the device (docs/glm5.md, core/ops/mla.h for the
+// GLM-5's multi-head latent attention on the device (docs/glm5.md, core/cpu/ops/mla.h for the
 // CPU form): the RoPE / latent-norm / cache-write pass and the absorbed attention over the
 // paged latent cache. Plain CUDA-core kernels (one block per token and head); a FlashMLA-style
 // tensor-core decode is a follow-up (docs/cuda.md).

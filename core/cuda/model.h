@@ -1,5 +1,5 @@
 // CudaModel: the GLM-4.5 stack on one NVIDIA GPU, behind the same ModelRunner interface as
-// the CpuModel (core/model.h) and computing the same forward (see there and
+// the CpuModel (core/cpu/cpu_model.h) and computing the same forward (see there and
 // docs/model.md), in bf16 weights and activations with fp32 accumulation:
 //
 //   h (fp32 residual) = embed(tokens)
@@ -38,8 +38,8 @@
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
-#include "core/model_runner.h"
-#include "core/ops/row_math.h"
+#include "core/model/model_runner.h"
+#include "core/model/row_math.h"
 
 namespace glmserve::cuda {
 
@@ -87,7 +87,7 @@ class CudaModel final : public ModelRunner {
   int64_t weight_bytes() const override { return weights_.bytes; }
   int64_t kv_bytes_per_token() const override;
   // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the
-  // CPU's format (core/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
+  // CPU's format (core/model/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
   // A cache in device memory (bf16, or FP8 codes then scales after SetKvCacheDType; zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/text/text_generation.h"
 #include "nlohmann/json.hpp"
 #include "server/convert.h"

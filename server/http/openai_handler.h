@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/service.h"

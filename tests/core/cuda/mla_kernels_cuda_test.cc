@@ -1,5 +1,5 @@
 // GLM-5's device kernels (core/cuda/mla.cu, dsa_indexer.cu) against the CPU backend's ops
-// (core/ops/mla.h, dsa_indexer.h) on the same inputs: a ragged two-sequence batch over a paged
+// (core/cpu/ops/mla.h, dsa_indexer.h) on the same inputs: a ragged two-sequence batch over a paged
 // latent cache whose values are bf16-representable, so that both sides read identical keys.
 //
 // The indexer's selection must be IDENTICAL (count and positions), including exact ties
@@ -12,15 +12,15 @@
 #include <cmath>
 #include <vector>
 
+#include "core/base/dtype.h"
+#include "core/cpu/ops/dsa_indexer.h"
+#include "core/cpu/ops/mla.h"
+#include "core/cpu/ops/norm.h"
+#include "core/cpu/ops/rope.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
-#include "core/dtype.h"
-#include "core/kv_cache.h"
-#include "core/ops/dsa_indexer.h"
-#include "core/ops/mla.h"
-#include "core/ops/norm.h"
-#include "core/ops/rope.h"
+#include "core/model/kv_cache.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
@@ -424,7 +424,7 @@ TEST_F(CudaMlaKernels, RopeNormsAndCacheWritesMatchCpu) {
                                  d_freq.as<float>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(),
                                  cache.as<uint16_t>(), nullptr),
             cudaSuccess);
-  // The CPU backend's steps (core/model_mla.cc, IndexerProject).
+  // The CPU backend's steps (core/cpu/cpu_model_mla.cc, IndexerProject).
   std::vector<float> latent(t * r), k_rot(t * dr);
   for (int64_t i = 0; i < t; ++i) {
     std::copy_n(kv_a.data() + i * (r + dr), r, latent.data() + i * r);
