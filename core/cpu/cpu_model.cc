@@ -24,17 +24,8 @@ CpuModel::CpuModel(ModelWeights weights, CpuMath math)
   if (math_ == CpuMath::kBf16Amx) AlignLinearMatrices(&weights_);
   const ModelConfig& c = weights_.config;
   if (!c.is_mla()) return;
-  mla_shape_.heads = c.num_attention_heads;
-  mla_shape_.nope_dim = c.qk_nope_head_dim;
-  mla_shape_.rope_dim = c.qk_rope_head_dim;
-  mla_shape_.v_dim = c.v_head_dim;
-  mla_shape_.latent_dim = c.kv_lora_rank;
-  mla_shape_.index_dim = c.cache_values_per_token_layer() - c.kv_lora_rank - c.qk_rope_head_dim;
-  mla_shape_.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
-  index_shape_.heads = c.index_n_heads;
-  index_shape_.head_dim = c.index_head_dim;
-  index_shape_.rope_dim = c.qk_rope_head_dim;
-  index_shape_.topk = c.index_topk;
+  mla_shape_ = MlaShapeOf(c);
+  index_shape_ = IndexerShapeOf(c);
   for (const LayerWeights& layer : weights_.layers) {
     absorbed_k_.push_back(AbsorbedKeyWeights(layer.mla.kv_b_proj, mla_shape_));
   }

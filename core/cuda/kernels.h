@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/model/mla_shape.h"
 #include "core/model/row_math.h"
 
 namespace glmserve::cuda {
@@ -201,23 +202,13 @@ cudaError_t LaunchPagedAttentionFp8(const float* q, const int32_t* tiles, int nu
 // ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
 // The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,
 // row = [ latent (R) | k_rot (dr) | indexer key (Di, full layers) ].
-struct MlaShapeDev {
-  int64_t heads = 0;       // H
-  int64_t nope_dim = 0;    // dn
-  int64_t rope_dim = 0;    // dr
-  int64_t v_dim = 0;       // dv
-  int64_t latent_dim = 0;  // R
-  int64_t row_width = 0;   // values per cache row (R + dr [+ Di])
-  int64_t block_size = 0;
-  float scale = 1.0f;  // qk_head_dim^-0.5
-  GLM_HD int64_t qk_dim() const { return nope_dim + rope_dim; }
-};
+// The shapes: core/model/mla_shape.h (MlaShape with block_size set, IndexerShape).
 // Per token t: rotates the last dr channels of every head of q ([tokens, H, dn + dr] fp32, in
 // place; RoPE_interleaved: pair (2i, 2i + 1) -> (i, i + dr / 2)); RMSNorms the latent
 // kv_a[t, :R] (gain [R], eps) and rotates k_rot = kv_a[t, R:R + dr] (kv_a: [tokens, R + dr]
 // fp32) and stores both as bf16 at [0, R + dr) of cache slot slots[t] (< 0: not stored).
 cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens,
-                                     const MlaShapeDev& shape, const float* kv_norm, float eps,
+                                     const MlaShape& shape, const float* kv_norm, float eps,
                                      const float* inv_freq, const int32_t* positions,
                                      const int32_t* slots, uint16_t* cache_layer,
                                      cudaStream_t stream);
@@ -231,7 +222,7 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
                                const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
-                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const MlaShape& shape, const int32_t* sel_count,
                                const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
                                cudaStream_t stream);
 
@@ -252,7 +243,7 @@ struct MlaTcLayout {
   // (m, l) floats.
   int64_t q_cat_elems = 0, o_part_floats = 0, ml_part_floats = 0;
 };
-MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& shape, int64_t max_keys);
+MlaTcLayout MlaTcLayoutFor(const MlaShape& shape, int64_t max_keys);
 // Device scratch for `tokens` tokens: q_cat [tokens, q_cat_elems], o_part [tokens,
 // o_part_floats], ml_part [tokens, ml_part_floats] (256-bit aligned).
 struct MlaTcScratch {
@@ -267,25 +258,18 @@ struct MlaTcScratch {
 cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
                                  int num_tiles, const int32_t* block_tables,
                                  const uint16_t* cache_layer, const uint16_t* kv_b,
-                                 const Fp8DeviceMatrix& kv_b8, const MlaShapeDev& shape,
+                                 const Fp8DeviceMatrix& kv_b8, const MlaShape& shape,
                                  const int32_t* sel_count, const int32_t* sel_pos,
                                  int64_t sel_stride, const MlaTcLayout& layout,
                                  const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream);
 
 // ---- dsa_indexer.cu (GLM-5's DSA indexer; core/cpu/ops/dsa_indexer.h) ------------------------
-struct IndexerShapeDev {
-  int64_t heads = 0;       // Hi
-  int64_t head_dim = 0;    // Di
-  int64_t rope_dim = 0;    // dr (rotary channels at the front of each head)
-  int64_t topk = 0;        // index_topk
-  int64_t key_offset = 0;  // where the indexer key sits in a cache row (R + dr)
-};
 // Per token t: iq [tokens, Hi * Di] fp32 gets RoPE_interleaved on each head's first dr
 // channels (in place); ik [tokens, Di] fp32 is LayerNormed (gain, bias, eps; in place), its
 // first dr channels rotated, and stored as bf16 at key_offset of cache slot slots[t];
 // w [tokens, Hi] is scaled by Hi^-0.5 (in place).
 cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
-                                 const IndexerShapeDev& shape, const MlaShapeDev& mla,
+                                 const IndexerShape& shape, const MlaShape& mla,
                                  const float* ln_gain, const float* ln_bias, float eps,
                                  const float* inv_freq, const int32_t* positions,
                                  const int32_t* slots, uint16_t* cache_layer, cudaStream_t stream);
@@ -296,8 +280,8 @@ cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
 // (tile_end - tile_begin) * max_kv_len floats.
 cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
                               int tile_end, int64_t max_kv_len, const int32_t* block_tables,
-                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
-                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              const uint16_t* cache_layer, const IndexerShape& shape,
+                              const MlaShape& mla, float* scores, int32_t* sel_count,
                               int32_t* sel_pos, cudaStream_t stream);
 
 // ---- moe.cu ---------------------------------------------------------------------------

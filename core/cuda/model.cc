@@ -153,13 +153,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   if (is_mla_ && options_.mla_tensor_cores) {
     // Every token attends to at most index_topk keys when the span has an indexer (a shorter
     // context is dense), else to its whole context.
-    MlaShapeDev shape;
-    shape.heads = c.num_attention_heads;
-    shape.nope_dim = c.qk_nope_head_dim;
-    shape.rope_dim = c.qk_rope_head_dim;
-    shape.v_dim = c.v_head_dim;
-    shape.latent_dim = c.kv_lora_rank;
-    mla_tc_layout_ = MlaTcLayoutFor(shape, has_indexer_ ? c.index_topk : c.max_position_embeddings);
+    mla_tc_layout_ =
+        MlaTcLayoutFor(MlaShapeOf(c), has_indexer_ ? c.index_topk : c.max_position_embeddings);
     const MlaTcLayout& l = mla_tc_layout_;
     const int64_t per_token = l.q_cat_elems * 2 + 4 * (l.o_part_floats + l.ml_part_floats);
     // A power of two, so that every graph bucket up to it fits.

@@ -181,7 +181,7 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueMla(int64_t layer, KvCache* cache);  // GLM-5 (layers_mla.cc)
   // Tiles scored per indexer launch (bounds index_scores_ to kIndexerTiles x max_kv_len).
   static constexpr int64_t kIndexerTiles = 64;
-  absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShapeDev& mla);
+  absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShape& mla);
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
   // FP8 linear layers (layers_fp8.cc): y[i * y_ld + c] = x[i] . W[c] through the GEMV, the
   // tensor-core GEMM or the tiled kernel.

@@ -28,13 +28,6 @@
 
 namespace glmserve {
 
-struct IndexerShape {
-  int64_t heads = 0;     // Hi, index_n_heads
-  int64_t head_dim = 0;  // Di, index_head_dim
-  int64_t rope_dim = 0;  // dr, qk_rope_head_dim (the rotary dims at the front of each head)
-  int64_t topk = 0;      // index_topk
-};
-
 // Computes iq [T, Hi, Di], ik [T, Di] and w [T, Hi] for the new tokens (x: [T, hidden],
 // q_resid: [T, Q]). `rope` is the layer's RotaryEmbedding over dr dims.
 void IndexerProject(const float* x, const float* q_resid, int64_t tokens, const IndexerWeights& w,

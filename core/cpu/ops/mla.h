@@ -33,26 +33,10 @@
 #include "absl/types/span.h"
 #include "core/model/forward_types.h"
 #include "core/model/kv_cache.h"
+#include "core/model/mla_shape.h"
 #include "core/model/weights.h"
 
 namespace glmserve {
-
-// The attention's widths (from the config; see docs/glm5.md).
-struct MlaShape {
-  int64_t heads = 0;       // H, num_attention_heads
-  int64_t nope_dim = 0;    // dn, qk_nope_head_dim
-  int64_t rope_dim = 0;    // dr, qk_rope_head_dim
-  int64_t v_dim = 0;       // dv, v_head_dim
-  int64_t latent_dim = 0;  // R, kv_lora_rank
-  int64_t index_dim = 0;   // Di, index_head_dim (0: no indexer key in the row)
-  float scale = 0.f;       // qk_head_dim^-0.5
-
-  int64_t qk_dim() const { return nope_dim + rope_dim; }
-  // Offsets in a cache row and its width.
-  int64_t rope_offset() const { return latent_dim; }
-  int64_t index_offset() const { return latent_dim + rope_dim; }
-  int64_t row_width() const { return latent_dim + rope_dim + index_dim; }
-};
 
 // Which key positions each query attends to: all causal positions, or a sorted list.
 struct TopkSelection {

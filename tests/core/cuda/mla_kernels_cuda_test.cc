@@ -109,27 +109,13 @@ struct LatentFixture {
   float* Row(size_t s, int64_t p) {
     return host->keys(0, tables[s][p / block_size]) + (p % block_size) * mla.row_width();
   }
-  MlaShapeDev Dev() const {
-    MlaShapeDev d;
-    d.heads = mla.heads;
-    d.nope_dim = mla.nope_dim;
-    d.rope_dim = mla.rope_dim;
-    d.v_dim = mla.v_dim;
-    d.latent_dim = mla.latent_dim;
-    d.row_width = mla.row_width();
+  // The device kernels address rows by block: the same shape with the block size.
+  MlaShape Dev() const {
+    MlaShape d = mla;
     d.block_size = block_size;
-    d.scale = mla.scale;
     return d;
   }
-  IndexerShapeDev DevIndexer() const {
-    IndexerShapeDev d;
-    d.heads = idx.heads;
-    d.head_dim = idx.head_dim;
-    d.rope_dim = idx.rope_dim;
-    d.topk = idx.topk;
-    d.key_offset = mla.index_offset();
-    return d;
-  }
+  IndexerShape DevIndexer() const { return idx; }
   // The device cache: the host cache's values as bf16, same layout.
   DeviceBuffer DeviceCache() const {
     const int64_t n = host->shape().num_blocks * block_size * mla.row_width();
