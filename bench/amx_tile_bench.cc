@@ -6,7 +6,7 @@
 //  2. the kernel's inner step, 2 A + 2 B tile loads from L1 per 4 TDPBF16PS, with the tiles
 //     on cache lines and shifted off them by 16 and 32 bytes: each slice's rate over the
 //     register-only slice run just before it, medians. Why the kernels keep their tile
-//     operands on cache lines (core/aligned_vector.h).
+//     operands on cache lines (core/base/aligned_vector.h).
 //   build/bench/amx_tile_bench --slices=200
 #include <algorithm>
 #include <chrono>
@@ -16,7 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "core/ops/linear_amx.h"
+#include "core/cpu/ops/linear_amx.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -19,12 +19,12 @@
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
-#include "core/checkpoint.h"
-#include "core/engine.h"
-#include "core/model.h"
-#include "core/ops/linear.h"
-#include "core/parallel.h"
-#include "core/quantize.h"
+#include "core/base/parallel.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
+#include "core/engine/engine.h"
+#include "core/model/checkpoint.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-air:layers=2", "model preset (random bf16 weights)");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64", "concurrent sequences to measure");

@@ -1,5 +1,5 @@
 // CPU benchmark: a prefill and decode steps (batch 1 and 8) of a real-width preset cut to a
-// few layers, in each CPU math mode (core/ops/linear.h), against this machine's own limits
+// few layers, in each CPU math mode (core/cpu/ops/linear.h), against this machine's own limits
 // measured in the same run (bench/machine_limits.h: fp32 FMA peak, bf16 dot-product peak,
 // read bandwidth with several streams per thread), so that ratios stay meaningful on shared,
 // noisy machines. Prefill is compared with the peak of the arithmetic the mode uses; decode
@@ -20,11 +20,11 @@
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
-#include "core/checkpoint.h"
-#include "core/model.h"
-#include "core/ops/linear.h"
-#include "core/parallel.h"
-#include "core/quantize.h"
+#include "core/base/parallel.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
+#include "core/model/checkpoint.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-air:layers=2", "model preset (random bf16 weights)");
 ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");

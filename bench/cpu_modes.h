@@ -1,7 +1,7 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
 // (--cpu_math=bf16_amx) and int8 (weights quantized at load, --weight_dtype=int8, with their
-// own int8 arithmetic in every --cpu_math, core/ops/linear.h).
+// own int8 arithmetic in every --cpu_math, core/cpu/ops/linear.h).
 #pragma once
 
 #include <string>
@@ -11,10 +11,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/ops/linear.h"
-#include "core/quantize.h"
-#include "core/status_macros.h"
-#include "core/weights.h"
+#include "core/base/status_macros.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
+#include "core/model/weights.h"
 
 namespace glmserve::bench {
 

@@ -34,13 +34,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "core/checkpoint.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/model.h"
 #include "core/cuda/runner.h"
+#include "core/model/checkpoint.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2",
           "preset with seeded random weights (bf16; FP8 for the -fp8 presets)");
@@ -286,49 +286,53 @@ void Prefill(cuda::CudaModel& model, KvCache* cache, std::vector<BlockTable>& ta
   }
 }
 
-int Main() {
-  if (!CudaDeviceAvailable()) {
-    std::fprintf(stderr, "gpu_bench: %s\n", CudaDeviceDescription().c_str());
-    return 1;
-  }
-  std::vector<Row> rows;
-  std::printf("gpu_bench: %s\n", CudaDeviceDescription().c_str());
-  const double bandwidth = CopyBandwidth();
-  rows.push_back({"D2D copy bandwidth (read+write)", absl::StrFormat("%.0f GB/s", bandwidth / 1e9),
-                  absl::StrFormat("%d MiB cudaMemcpyAsync x20", absl::GetFlag(FLAGS_copy_mib)),
-                  "-"});
-  const int64_t gemm_size = absl::GetFlag(FLAGS_gemm_size);
-  const double gemm_rate = GemmRate(gemm_size);
-  rows.push_back({absl::StrFormat("cuBLAS bf16 GEMM %d^3", gemm_size),
-                  absl::StrFormat("%.0f TFLOP/s", gemm_rate / 1e12),
-                  "cublasGemmEx bf16 in, fp32 out", "-"});
-  std::printf("gpu_bench: copy %.0f GB/s, GEMM %.0f TFLOP/s\n", bandwidth / 1e9, gemm_rate / 1e12);
-
-  const std::string spec = absl::GetFlag(FLAGS_model);
-  const bool fp8 = PresetIsFp8(spec);
+// The machine's own limits, the denominators of the table's fractions.
+struct MachineRates {
+  double bandwidth = 0;  // D2D copy, bytes/s
+  double gemm = 0;       // bf16 GEMM, FLOP/s
   // The prefill fraction's denominator: the FP8 tensor-core rate for FP8 models when the
   // device has it, else the bf16 GEMM rate.
-  double prefill_rate = gemm_rate;
-  std::string prefill_rate_name = "bf16 GEMM rate";
-  if (fp8) {
-    const double fp8_rate = Fp8GemmRate(gemm_size);
-    rows.push_back({absl::StrFormat("FP8 tiled kernel %d^3", gemm_size),
-                    absl::StrFormat("%.1f TFLOP/s", fp8_rate / 1e12),
-                    "LaunchFp8LinearBf16, CUDA cores (the fallback)",
-                    absl::StrFormat("%.1f%% of bf16 GEMM", 100.0 * fp8_rate / gemm_rate)});
-    std::string why;
-    const double tc_rate = Fp8TensorCoreRate(gemm_size, &why);
-    if (tc_rate > 0) {
-      rows.push_back({absl::StrFormat("cuBLASLt FP8 GEMM %d^3", gemm_size),
-                      absl::StrFormat("%.0f TFLOP/s", tc_rate / 1e12),
-                      "E4M3 x E4M3 -> fp32 incl. 1x128-group quantize + scale epilogue",
-                      absl::StrFormat("%.1fx bf16 GEMM", tc_rate / gemm_rate)});
-      prefill_rate = tc_rate;
-      prefill_rate_name = "FP8 GEMM rate";
-    } else {
-      std::printf("gpu_bench: no FP8 tensor-core GEMM: %s\n", why.c_str());
-    }
+  double prefill = 0;
+  std::string prefill_name = "bf16 GEMM rate";
+};
+
+MachineRates MeasureMachine(bool fp8, std::vector<Row>& rows) {
+  MachineRates m;
+  m.bandwidth = CopyBandwidth();
+  rows.push_back(
+      {"D2D copy bandwidth (read+write)", absl::StrFormat("%.0f GB/s", m.bandwidth / 1e9),
+       absl::StrFormat("%d MiB cudaMemcpyAsync x20", absl::GetFlag(FLAGS_copy_mib)), "-"});
+  const int64_t gemm_size = absl::GetFlag(FLAGS_gemm_size);
+  m.gemm = GemmRate(gemm_size);
+  rows.push_back({absl::StrFormat("cuBLAS bf16 GEMM %d^3", gemm_size),
+                  absl::StrFormat("%.0f TFLOP/s", m.gemm / 1e12), "cublasGemmEx bf16 in, fp32 out",
+                  "-"});
+  std::printf("gpu_bench: copy %.0f GB/s, GEMM %.0f TFLOP/s\n", m.bandwidth / 1e9, m.gemm / 1e12);
+  m.prefill = m.gemm;
+  if (!fp8) return m;
+  const double fp8_rate = Fp8GemmRate(gemm_size);
+  rows.push_back({absl::StrFormat("FP8 tiled kernel %d^3", gemm_size),
+                  absl::StrFormat("%.1f TFLOP/s", fp8_rate / 1e12),
+                  "LaunchFp8LinearBf16, CUDA cores (the fallback)",
+                  absl::StrFormat("%.1f%% of bf16 GEMM", 100.0 * fp8_rate / m.gemm)});
+  std::string why;
+  const double tc_rate = Fp8TensorCoreRate(gemm_size, &why);
+  if (tc_rate > 0) {
+    rows.push_back({absl::StrFormat("cuBLASLt FP8 GEMM %d^3", gemm_size),
+                    absl::StrFormat("%.0f TFLOP/s", tc_rate / 1e12),
+                    "E4M3 x E4M3 -> fp32 incl. 1x128-group quantize + scale epilogue",
+                    absl::StrFormat("%.1fx bf16 GEMM", tc_rate / m.gemm)});
+    m.prefill = tc_rate;
+    m.prefill_name = "FP8 GEMM rate";
+  } else {
+    std::printf("gpu_bench: no FP8 tensor-core GEMM: %s\n", why.c_str());
   }
+  return m;
+}
+
+// The preset's random weights (FP8 codes generated on the device), uploaded, with the flags'
+// graph, tensor-core and KV cache settings.
+std::unique_ptr<cuda::CudaModel> LoadBenchModel(const std::string& spec, bool fp8) {
   ModelConfig config = Check(PresetConfig(spec), "preset");
   auto t0 = Clock::now();
   RandomWeightOptions random;
@@ -349,90 +353,95 @@ int Main() {
               static_cast<long long>(model->kv_bytes_per_token()));
   std::printf("gpu_bench: %s weights %.2f GB (generated %.1f s, uploaded %.1f s)\n", spec.c_str(),
               model->weight_bytes() / 1e9, gen_s, Since(t0));
-  const int64_t layers = model->num_span_layers();
-  const cuda::DeviceWeights& dw = model->device_weights();
-  const int64_t block = 16;
+  return model;
+}
 
-  // Prefill: one sequence, the whole prompt in one step.
-  {
-    const int64_t n = absl::GetFlag(FLAGS_prefill_tokens);
-    std::unique_ptr<KvCache> cache = Check(model->CreateCache(n / block + 2, block), "cache");
-    std::vector<BlockTable> tables(1);
-    BENCH_CHECK(cache->Reserve(&tables[0], n));
-    Prefill(*model, cache.get(), tables, n, n);  // warm-up (arena growth, cuBLAS heuristics)
-    const int reps = 3;
-    t0 = Clock::now();
-    for (int i = 0; i < reps; ++i) Prefill(*model, cache.get(), tables, n, n);
-    const double step = Since(t0) / reps;
-    const double flops = GemmFlopsPerToken(model->config(), layers) * n;
-    const double attn_flops = AttentionFlops(model->config(), n, layers);
-    rows.push_back(
-        {absl::StrFormat("prefill %d tokens", n), absl::StrFormat("%.0f tok/s", n / step),
-         absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP", step * 1e3,
-                         flops / 1e12, attn_flops / 1e12),
-         absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / prefill_rate, prefill_rate_name)});
-  }
+constexpr int64_t kBenchBlock = 16;
 
-  // Decode at each batch size.
+// Prefill: one sequence, the whole prompt in one step.
+Row BenchPrefill(cuda::CudaModel& model, const MachineRates& rates) {
+  const int64_t n = absl::GetFlag(FLAGS_prefill_tokens);
+  const int64_t layers = model.num_span_layers();
+  std::unique_ptr<KvCache> cache =
+      Check(model.CreateCache(n / kBenchBlock + 2, kBenchBlock), "cache");
+  std::vector<BlockTable> tables(1);
+  BENCH_CHECK(cache->Reserve(&tables[0], n));
+  Prefill(model, cache.get(), tables, n, n);  // warm-up (arena growth, cuBLAS heuristics)
+  const int reps = 3;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) Prefill(model, cache.get(), tables, n, n);
+  const double step = Since(t0) / reps;
+  const double flops = GemmFlopsPerToken(model.config(), layers) * n;
+  const double attn_flops = AttentionFlops(model.config(), n, layers);
+  return {
+      absl::StrFormat("prefill %d tokens", n), absl::StrFormat("%.0f tok/s", n / step),
+      absl::StrFormat("%.1f ms/step, GEMM %.2f TFLOP + attention %.2f TFLOP", step * 1e3,
+                      flops / 1e12, attn_flops / 1e12),
+      absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / rates.prefill, rates.prefill_name)};
+}
+
+// Decode steps of `batch_size` sequences at --context positions, against the bytes they read.
+Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const MachineRates& rates) {
   const int64_t context = absl::GetFlag(FLAGS_context);
   const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
-  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
-    int64_t batch_size = 0;
-    if (!absl::SimpleAtoi(b, &batch_size) || batch_size <= 0) continue;
-    const int64_t per_seq = (context + steps + 8 + block - 1) / block;
-    std::unique_ptr<KvCache> cache =
-        Check(model->CreateCache(batch_size * per_seq, block), "cache");
-    std::vector<BlockTable> tables(batch_size);
-    for (BlockTable& t : tables) BENCH_CHECK(cache->Reserve(&t, context + steps + 8));
-    Prefill(*model, cache.get(), tables, context, absl::GetFlag(FLAGS_prefill_chunk));
-    ForwardBatch batch;
-    std::vector<int32_t> ids(batch_size);
-    ForwardOptions options;  // logits of every sequence's new token, as serving does
-    ForwardResult result;
-    int64_t pos = context;
-    const auto step = [&] {
-      batch.sequences.clear();
-      for (int64_t s = 0; s < batch_size; ++s) {
-        batch.sequences.push_back({1, pos, &tables[s]});
-        ids[s] = static_cast<int32_t>((pos * 31 + s) % model->config().vocab_size);
-      }
-      batch.token_ids = ids;
-      BENCH_CHECK(model->Forward(batch, cache.get(), options, &result));
-      ++pos;
-    };
-    for (int i = 0; i < 3; ++i) step();  // warm-up: graph capture
-    t0 = Clock::now();
-    for (int64_t i = 0; i < steps; ++i) step();
-    const double step_s = Since(t0) / steps;
-    // Bytes the steps had to read: the experts the last steps used (sampled over 4 more).
-    double experts = 0;
-    for (int i = 0; i < 4; ++i) {
-      step();
-      experts += static_cast<double>(Check(model->LastStepActiveExperts(), "experts")) / 4;
+  const int64_t per_seq = (context + steps + 8 + kBenchBlock - 1) / kBenchBlock;
+  std::unique_ptr<KvCache> cache =
+      Check(model.CreateCache(batch_size * per_seq, kBenchBlock), "cache");
+  std::vector<BlockTable> tables(batch_size);
+  for (BlockTable& t : tables) BENCH_CHECK(cache->Reserve(&t, context + steps + 8));
+  Prefill(model, cache.get(), tables, context, absl::GetFlag(FLAGS_prefill_chunk));
+  ForwardBatch batch;
+  std::vector<int32_t> ids(batch_size);
+  ForwardOptions options;  // logits of every sequence's new token, as serving does
+  ForwardResult result;
+  int64_t pos = context;
+  const auto step = [&] {
+    batch.sequences.clear();
+    for (int64_t s = 0; s < batch_size; ++s) {
+      batch.sequences.push_back({1, pos, &tables[s]});
+      ids[s] = static_cast<int32_t>((pos * 31 + s) % model.config().vocab_size);
     }
-    const double kv_bytes =
-        static_cast<double>(model->kv_bytes_per_token()) * batch_size * (context + steps / 2.0);
-    const double bytes = dw.dense_step_bytes + experts * dw.routed_expert_bytes + kv_bytes;
-    // The exact byte count behind the fraction (the expert count is a mean over 4 steps).
-    std::printf(
-        "gpu_bench: decode batch %lld bytes/step = %lld (non-routed weights incl. head) + "
-        "%.2f experts x %lld + KV %lld bytes/token x %.1f tokens = %.0f\n",
-        static_cast<long long>(batch_size), static_cast<long long>(dw.dense_step_bytes), experts,
-        static_cast<long long>(dw.routed_expert_bytes),
-        static_cast<long long>(model->kv_bytes_per_token()), batch_size * (context + steps / 2.0),
-        bytes);
-    rows.push_back({absl::StrFormat("decode batch %d", batch_size),
-                    absl::StrFormat("%.0f tok/s", batch_size / step_s),
-                    absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",
-                                    step_s * 1e3, bytes / 1e9, experts, kv_bytes / 1e9),
-                    absl::StrFormat("%.1f%% of copy bw", 100.0 * bytes / step_s / bandwidth)});
+    batch.token_ids = ids;
+    BENCH_CHECK(model.Forward(batch, cache.get(), options, &result));
+    ++pos;
+  };
+  for (int i = 0; i < 3; ++i) step();  // warm-up: graph capture
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  const double step_s = Since(t0) / steps;
+  // Bytes the steps had to read: the experts the last steps used (sampled over 4 more).
+  double experts = 0;
+  for (int i = 0; i < 4; ++i) {
+    step();
+    experts += static_cast<double>(Check(model.LastStepActiveExperts(), "experts")) / 4;
   }
+  const cuda::DeviceWeights& dw = model.device_weights();
+  const double kv_bytes =
+      static_cast<double>(model.kv_bytes_per_token()) * batch_size * (context + steps / 2.0);
+  const double bytes = dw.dense_step_bytes + experts * dw.routed_expert_bytes + kv_bytes;
+  // The exact byte count behind the fraction (the expert count is a mean over 4 steps).
+  std::printf(
+      "gpu_bench: decode batch %lld bytes/step = %lld (non-routed weights incl. head) + "
+      "%.2f experts x %lld + KV %lld bytes/token x %.1f tokens = %.0f\n",
+      static_cast<long long>(batch_size), static_cast<long long>(dw.dense_step_bytes), experts,
+      static_cast<long long>(dw.routed_expert_bytes),
+      static_cast<long long>(model.kv_bytes_per_token()), batch_size * (context + steps / 2.0),
+      bytes);
+  return {absl::StrFormat("decode batch %d", batch_size),
+          absl::StrFormat("%.0f tok/s", batch_size / step_s),
+          absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",
+                          step_s * 1e3, bytes / 1e9, experts, kv_bytes / 1e9),
+          absl::StrFormat("%.1f%% of copy bw", 100.0 * bytes / step_s / rates.bandwidth)};
+}
 
+void PrintTable(const cuda::CudaModel& model, const std::string& spec,
+                const std::vector<Row>& rows) {
   std::printf("\n%s, %s (%lld layers, graphs %s: %lld captured, %lld launches)\n",
-              model->device_name().c_str(), spec.c_str(), static_cast<long long>(layers),
+              model.device_name().c_str(), spec.c_str(),
+              static_cast<long long>(model.num_span_layers()),
               absl::GetFlag(FLAGS_cuda_graphs) ? "on" : "off",
-              static_cast<long long>(model->graphs_captured()),
-              static_cast<long long>(model->graph_launches()));
+              static_cast<long long>(model.graphs_captured()),
+              static_cast<long long>(model.graph_launches()));
   size_t w0 = 0, w1 = 0, w3 = 0;
   for (const Row& r : rows) {
     w0 = std::max(w0, r.name.size());
@@ -444,6 +453,26 @@ int Main() {
                 static_cast<int>(w1), r.value.c_str(), static_cast<int>(w3), r.fraction.c_str(),
                 r.detail.c_str());
   }
+}
+
+int Main() {
+  if (!CudaDeviceAvailable()) {
+    std::fprintf(stderr, "gpu_bench: %s\n", CudaDeviceDescription().c_str());
+    return 1;
+  }
+  std::vector<Row> rows;
+  std::printf("gpu_bench: %s\n", CudaDeviceDescription().c_str());
+  const std::string spec = absl::GetFlag(FLAGS_model);
+  const bool fp8 = PresetIsFp8(spec);
+  const MachineRates rates = MeasureMachine(fp8, rows);
+  std::unique_ptr<cuda::CudaModel> model = LoadBenchModel(spec, fp8);
+  rows.push_back(BenchPrefill(*model, rates));
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int64_t batch_size = 0;
+    if (!absl::SimpleAtoi(b, &batch_size) || batch_size <= 0) continue;
+    rows.push_back(BenchDecode(*model, batch_size, rates));
+  }
+  PrintTable(*model, spec, rows);
   return 0;
 }
 

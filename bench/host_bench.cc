@@ -1,6 +1,6 @@
 // Host-overhead benchmark: what the engine, the sampler and (second table) the gRPC server
 // with its client cost per token and per step when the model itself costs nothing. The
-// model is core/instant_runner.h: logits at once (its Forward only copies the rows into the
+// model is bench/instant_runner.h: logits at once (its Forward only copies the rows into the
 // result, as the CUDA runner's host side does), so every figure here is host time that a
 // GPU step would have to hide. Compared with the issue-9 target: at most 5% of a 3 ms GPU
 // step at 64 streams.
@@ -22,13 +22,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/instant_runner.h"
 #include "client/bench.h"
 #include "client/client.h"
-#include "core/config.h"
-#include "core/engine.h"
-#include "core/instant_runner.h"
-#include "core/parallel.h"
-#include "core/status_macros.h"
+#include "core/base/parallel.h"
+#include "core/base/status_macros.h"
+#include "core/engine/engine.h"
+#include "core/model/config.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-mini", "model config (only its shapes and vocabulary)");

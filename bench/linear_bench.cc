@@ -15,9 +15,9 @@
 #include "absl/flags/parse.h"
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
-#include "core/aligned_vector.h"
-#include "core/ops/linear.h"
-#include "core/parallel.h"
+#include "core/base/aligned_vector.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/linear.h"
 
 ABSL_FLAG(std::string, modes, "bf16_amx", "CPU math modes (exact, bf16, bf16_amx), interleaved");
 ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");

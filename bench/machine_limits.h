@@ -2,7 +2,7 @@
 // read as fractions of them on shared, noisy machines: the fp32 FMA peak, the bf16
 // dot-product (vdpbf16ps) peak, the AMX bf16 tile (TDPBF16PS) peak, the int8 dot-product
 // (vpdpbusd) peak and the memory read bandwidth, all on the thread pool's
-// threads (core/parallel.h), as the kernels run. The read ceiling is the best of a plain
+// threads (core/base/parallel.h), as the kernels run. The read ceiling is the best of a plain
 // streaming sum (1, 2, 4, 8 streams per thread) and the engine's own decode-shaped kernels
 // over a 1 GiB matrix (bf16 in the bf16 mode, int8): a kernel that streams faster than the
 // plain sum shows that the sum was not the ceiling, so the ceiling is calibrated to it.
@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ops/linear.h"
-#include "core/ops/linear_amx.h"
-#include "core/parallel.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
 
 namespace glmserve::bench {
 

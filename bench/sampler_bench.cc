@@ -1,6 +1,6 @@
 // CPU sampler micro-benchmark: the cost per sequence per step of choosing one token from a
 // 151552-wide logits row (GLM-4.5's vocabulary), for the sampling settings a server sees,
-// next to the pre-fast-path sampler (tests/core/sampler_legacy.cc) on the same inputs. Every
+// next to the pre-fast-path sampler (tests/core/engine/sampler_legacy.cc) on the same inputs. Every
 // draw of both is compared: the table's "differ" column counts draws whose token (or
 // logprobs) are not bit-identical, and the run fails if any is.
 //
@@ -16,8 +16,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "core/sampler.h"
-#include "tests/core/sampler_legacy.h"
+#include "core/engine/sampler.h"
+#include "tests/core/engine/sampler_legacy.h"
 
 ABSL_FLAG(int, vocab, 151552, "logits row width");
 ABSL_FLAG(int, draws, 300, "draws per setting (each on one of --rows distinct rows)");

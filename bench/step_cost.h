@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/weights.h"
+#include "core/model/weights.h"
 
 namespace glmserve::bench {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/scrape.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace glmserve {
 namespace {
@@ -86,122 +86,131 @@ Percentiles Summarize(std::vector<double>* values) {
   return p;
 }
 
-absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options) {
-  if (options.concurrency < 1) return absl::InvalidArgumentError("concurrency must be >= 1");
-  if (options.initial_backoff <= absl::ZeroDuration() ||
-      options.max_backoff < options.initial_backoff) {
-    return absl::InvalidArgumentError("backoff: need 0 < initial_backoff <= max_backoff");
+namespace {
+
+// One run's shared state and what each of its workers does: issue calls until the run's end
+// (a request count or a deadline), backing off on UNAVAILABLE, giving up after too many
+// failures in a row.
+class BenchRun {
+ public:
+  BenchRun(Client& client, const BenchOptions& options, int64_t vocab)
+      : client_(client),
+        options_(options),
+        vocab_(vocab),
+        stop_at_(Clock::now() + absl::ToChronoNanoseconds(options.duration)) {}
+
+  void Worker(WorkerResult& r) {
+    absl::Duration backoff = absl::ZeroDuration();
+    for (;;) {
+      if (give_up_.load()) break;
+      const int64_t index = issued_.fetch_add(1);
+      if (options_.requests > 0 ? index >= options_.requests : Clock::now() >= stop_at_) break;
+      const Clock::time_point t0 = Clock::now();
+      ServerTimings timings;
+      const absl::Status status = options_.rpc == BenchOptions::Rpc::kGenerate
+                                      ? Generate(index, t0, r, &timings)
+                                      : Forward(index, &timings);
+      if (!status.ok()) {
+        ++r.errors[CodeName(status.code())];
+        if (options_.max_consecutive_failures > 0 &&
+            consecutive_failures_.fetch_add(1) + 1 >= options_.max_consecutive_failures) {
+          give_up_.store(true);
+          break;
+        }
+        if (status.code() == absl::StatusCode::kUnavailable) BackOff(&backoff);
+        continue;
+      }
+      consecutive_failures_.store(0);
+      backoff = absl::ZeroDuration();
+      r.e2e.push_back(Seconds(t0, Clock::now()));
+      ++r.ok;
+      r.server_total += timings.total;
+      r.server_engine += timings.engine;
+      r.server_queue += timings.queue;
+    }
   }
-  if (options.max_consecutive_failures < 0) {
-    return absl::InvalidArgumentError("max_consecutive_failures must be >= 0");
+
+  bool gave_up() const { return give_up_.load(); }
+
+ private:
+  struct ServerTimings {
+    double total = 0, engine = 0, queue = 0;
+  };
+  static ServerTimings Read(const v1::Timings& t) {
+    return {t.total_seconds(), t.engine_seconds(), t.queue_seconds()};
   }
-  ASSIGN_OR_RETURN(v1::ModelInfo info, client.Info());
-  const int64_t vocab = info.config().vocab_size();
 
   // Every request gets its own prompt (a different first token), so the prefix cache does
   // not turn the benchmark into a cache benchmark.
-  const auto make_prompt = [&](int64_t index, auto* ids) {
-    for (int i = 0; i < options.prompt_tokens; ++i) {
-      ids->Add(static_cast<int32_t>((index * 7919 + i * 31 + 1) % vocab));
+  template <typename Ids>
+  void MakePrompt(int64_t index, Ids* ids) const {
+    for (int i = 0; i < options_.prompt_tokens; ++i) {
+      ids->Add(static_cast<int32_t>((index * 7919 + i * 31 + 1) % vocab_));
     }
-  };
-
-  StepCounters before;
-  if (!options.metrics_address.empty()) {
-    ASSIGN_OR_RETURN(StepCounters c, ScrapeSteps(options.metrics_address));
-    before = c;
   }
 
-  std::atomic<int64_t> issued{0};
-  std::atomic<int64_t> consecutive_failures{0};
-  std::atomic<bool> give_up{false};
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point stop_at = start + absl::ToChronoNanoseconds(options.duration);
-  std::vector<WorkerResult> results(options.concurrency);
-  std::vector<std::thread> workers;
-  for (int w = 0; w < options.concurrency; ++w) {
-    workers.emplace_back([&, w] {
-      WorkerResult& r = results[w];
-      absl::Duration backoff = absl::ZeroDuration();
-      for (;;) {
-        if (give_up.load()) break;
-        const int64_t index = issued.fetch_add(1);
-        if (options.requests > 0 ? index >= options.requests : Clock::now() >= stop_at) break;
-        const Clock::time_point t0 = Clock::now();
-        absl::Status status;
-        const v1::Timings* timings = nullptr;
-        v1::Finished finished;
-        v1::ForwardResponse forward;
-        if (options.rpc == BenchOptions::Rpc::kGenerate) {
-          v1::GenerateRequest request;
-          make_prompt(index, request.mutable_prompt_token_ids());
-          request.mutable_stop()->set_max_new_tokens(options.max_new_tokens);
-          request.mutable_stop()->set_ignore_eos(options.ignore_eos);
-          std::optional<Clock::time_point> last;
-          absl::StatusOr<v1::Finished> done =
-              client.Generate(request, [&](const v1::GeneratedToken&) {
-                const Clock::time_point now = Clock::now();
-                if (last) {
-                  r.inter_token.push_back(Seconds(*last, now));
-                } else {
-                  r.ttft.push_back(Seconds(t0, now));
-                }
-                last = now;
-                ++r.tokens;
-              });
-          status = done.status();
-          if (done.ok()) {
-            finished = *std::move(done);
-            timings = &finished.timings();
-          }
-        } else {
-          v1::ForwardRequest request;
-          make_prompt(index, request.mutable_token_ids()->mutable_ids());
-          request.set_last_position_only(true);
-          if (options.forward_logits) {
-            request.set_return_logits(true);
-          } else {
-            request.set_return_hidden_states(true);
-          }
-          absl::StatusOr<v1::ForwardResponse> response = client.Forward(request);
-          status = response.status();
-          if (response.ok()) {
-            forward = *std::move(response);
-            timings = &forward.timings();
-          }
-        }
-        if (!status.ok()) {
-          ++r.errors[CodeName(status.code())];
-          if (options.max_consecutive_failures > 0 &&
-              consecutive_failures.fetch_add(1) + 1 >= options.max_consecutive_failures) {
-            give_up.store(true);
-            break;
-          }
-          if (status.code() == absl::StatusCode::kUnavailable) {
-            backoff = std::clamp(backoff * 2, options.initial_backoff, options.max_backoff);
-            // Sleep in slices, so that the run's end (or giving up) is not delayed by it.
-            const Clock::time_point wake = Clock::now() + absl::ToChronoNanoseconds(backoff);
-            while (Clock::now() < wake && !give_up.load() &&
-                   (options.requests > 0 || Clock::now() < stop_at)) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(5));
-            }
-          }
-          continue;
-        }
-        consecutive_failures.store(0);
-        backoff = absl::ZeroDuration();
-        r.e2e.push_back(Seconds(t0, Clock::now()));
-        ++r.ok;
-        r.server_total += timings->total_seconds();
-        r.server_engine += timings->engine_seconds();
-        r.server_queue += timings->queue_seconds();
+  // A streamed Generate call; its tokens' arrival times go to `r`.
+  absl::Status Generate(int64_t index, Clock::time_point t0, WorkerResult& r,
+                        ServerTimings* timings) {
+    v1::GenerateRequest request;
+    MakePrompt(index, request.mutable_prompt_token_ids());
+    request.mutable_stop()->set_max_new_tokens(options_.max_new_tokens);
+    request.mutable_stop()->set_ignore_eos(options_.ignore_eos);
+    std::optional<Clock::time_point> last;
+    absl::StatusOr<v1::Finished> done = client_.Generate(request, [&](const v1::GeneratedToken&) {
+      const Clock::time_point now = Clock::now();
+      if (last) {
+        r.inter_token.push_back(Seconds(*last, now));
+      } else {
+        r.ttft.push_back(Seconds(t0, now));
       }
+      last = now;
+      ++r.tokens;
     });
+    if (!done.ok()) return done.status();
+    *timings = Read(done->timings());
+    return absl::OkStatus();
   }
-  for (std::thread& t : workers) t.join();
 
+  absl::Status Forward(int64_t index, ServerTimings* timings) {
+    v1::ForwardRequest request;
+    MakePrompt(index, request.mutable_token_ids()->mutable_ids());
+    request.set_last_position_only(true);
+    if (options_.forward_logits) {
+      request.set_return_logits(true);
+    } else {
+      request.set_return_hidden_states(true);
+    }
+    absl::StatusOr<v1::ForwardResponse> response = client_.Forward(request);
+    if (!response.ok()) return response.status();
+    *timings = Read(response->timings());
+    return absl::OkStatus();
+  }
+
+  // Doubles the backoff (within its bounds) and sleeps it in slices, so that the run's end (or
+  // giving up) is not delayed by it.
+  void BackOff(absl::Duration* backoff) const {
+    *backoff = std::clamp(*backoff * 2, options_.initial_backoff, options_.max_backoff);
+    const Clock::time_point wake = Clock::now() + absl::ToChronoNanoseconds(*backoff);
+    while (Clock::now() < wake && !give_up_.load() &&
+           (options_.requests > 0 || Clock::now() < stop_at_)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  Client& client_;
+  const BenchOptions& options_;
+  const int64_t vocab_;
+  const Clock::time_point stop_at_;
+  std::atomic<int64_t> issued_{0};
+  std::atomic<int64_t> consecutive_failures_{0};
+  std::atomic<bool> give_up_{false};
+};
+
+// The workers' results merged into the report's counts, means and percentiles.
+BenchReport Merge(std::vector<WorkerResult>& results, double wall_seconds) {
   BenchReport report;
-  report.wall_seconds = Seconds(start, Clock::now());
+  report.wall_seconds = wall_seconds;
   std::vector<double> e2e, ttft, itl;
   for (WorkerResult& r : results) {
     report.ok += r.ok;
@@ -222,7 +231,6 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
     report.server_engine_mean /= report.ok;
     report.server_queue_mean /= report.ok;
   }
-  report.stopped_on_failures = give_up.load();
   if (report.ok + report.failed > 0) {
     report.failure_rate = static_cast<double>(report.failed) / (report.ok + report.failed);
   }
@@ -231,6 +239,39 @@ absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options
   report.inter_token = Summarize(&itl);
   report.requests_per_second = report.ok / report.wall_seconds;
   report.tokens_per_second = report.tokens / report.wall_seconds;
+  return report;
+}
+
+}  // namespace
+
+absl::StatusOr<BenchReport> RunBench(Client& client, const BenchOptions& options) {
+  if (options.concurrency < 1) return absl::InvalidArgumentError("concurrency must be >= 1");
+  if (options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff) {
+    return absl::InvalidArgumentError("backoff: need 0 < initial_backoff <= max_backoff");
+  }
+  if (options.max_consecutive_failures < 0) {
+    return absl::InvalidArgumentError("max_consecutive_failures must be >= 0");
+  }
+  ASSIGN_OR_RETURN(v1::ModelInfo info, client.Info());
+
+  StepCounters before;
+  if (!options.metrics_address.empty()) {
+    ASSIGN_OR_RETURN(StepCounters c, ScrapeSteps(options.metrics_address));
+    before = c;
+  }
+
+  const Clock::time_point start = Clock::now();
+  BenchRun run(client, options, info.config().vocab_size());
+  std::vector<WorkerResult> results(options.concurrency);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < options.concurrency; ++w) {
+    workers.emplace_back([&run, &results, w] { run.Worker(results[w]); });
+  }
+  for (std::thread& t : workers) t.join();
+
+  BenchReport report = Merge(results, Seconds(start, Clock::now()));
+  report.stopped_on_failures = run.gave_up();
   if (!options.metrics_address.empty()) {
     ASSIGN_OR_RETURN(StepCounters after, ScrapeSteps(options.metrics_address));
     report.steps = static_cast<int64_t>(after.steps - before.steps);

@@ -31,8 +31,8 @@
 #include "client/bench.h"
 #include "client/cli_output.h"
 #include "client/client.h"
-#include "core/npy.h"
-#include "core/status_macros.h"
+#include "core/base/npy.h"
+#include "core/base/status_macros.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",

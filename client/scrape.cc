@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace glmserve {
 namespace {

@@ -27,7 +27,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/glmserve-client.pc
 install(FILES client/client.h client/bench.h client/scrape.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/glmserve/client)
 install(FILES proto/tensor_codec.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/glmserve/proto)
-install(FILES core/dtype.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/glmserve/core)
+install(FILES core/base/dtype.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/glmserve/core/base)
 # The .proto files, for clients in other languages (docs/api.md).
 install(DIRECTORY proto/ DESTINATION ${CMAKE_INSTALL_DATADIR}/glmserve/proto
         FILES_MATCHING PATTERN "*.proto")

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace glmserve {
 

@@ -1,9 +1,10 @@
 #include "server/convert.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/tensor_codec.h"
@@ -20,9 +21,6 @@ double Seconds(glmserve::SteadyTime from, glmserve::SteadyTime to) {
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits) {
-  if (request.prompt_token_ids_size() == 0) {
-    return absl::InvalidArgumentError("prompt_token_ids is empty");
-  }
   return ToEngineGenerate(
       request,
       std::vector<int32_t>(request.prompt_token_ids().begin(), request.prompt_token_ids().end()),
@@ -35,37 +33,23 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
                                                            const ServingLimits& limits) {
   const glmserve::ModelConfig& config = model.config();
   glmserve::GenerateRequest out;
+  // The prompt's length and max_new_tokens' range are the engine's rules (Engine::Submit's
+  // ValidateGenerate); here only the default that an unset max_new_tokens gets.
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-  if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
-  if (prompt_len > limits.max_prompt_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(request.prompt_token_ids_size() > 0 ? "prompt_token_ids" : "the prompt",
-                     " has ", prompt_len, " tokens; the limit is ", limits.max_prompt_tokens));
-  }
   out.prompt = std::move(prompt);
 
   const v1::StopCriteria& stop = request.stop();
   int64_t max_new = limits.default_max_new_tokens;
-  if (stop.has_max_new_tokens()) {
-    max_new = stop.max_new_tokens();
-    if (max_new < 1 || max_new > limits.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stop.max_new_tokens = ", max_new, " must be in [1, ", limits.max_new_tokens, "]"));
-    }
-  }
-  if (prompt_len + max_new > config.max_position_embeddings) {
+  if (stop.has_max_new_tokens()) max_new = stop.max_new_tokens();
+  if (max_new >= 1 && prompt_len + max_new > config.max_position_embeddings) {
     if (stop.has_max_new_tokens()) {
       return absl::InvalidArgumentError(
           absl::StrCat("prompt (", prompt_len, " tokens) + stop.max_new_tokens (", max_new,
                        ") exceeds the model's ", config.max_position_embeddings, " positions"));
     }
-    // The default shrinks to fit rather than failing a request that asked for nothing.
-    max_new = config.max_position_embeddings - prompt_len;
-    if (max_new < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt_len,
-                                                     " tokens) leaves no room in the model's ",
-                                                     config.max_position_embeddings, " positions"));
-    }
+    // The default shrinks to fit rather than failing a request that asked for nothing (a
+    // prompt that fills the context is the engine's to refuse).
+    max_new = std::max<int64_t>(1, config.max_position_embeddings - prompt_len);
   }
   out.stop.max_new_tokens = static_cast<int32_t>(max_new);
   out.stop.stop_token_ids.assign(stop.stop_token_ids().begin(), stop.stop_token_ids().end());
@@ -93,8 +77,9 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   const glmserve::ModelConfig& config = model.config();
   glmserve::ForwardRequest out;
 
-  // The span's rules (served, non-empty, its input kind, logits needing the last layer) are
-  // the engine's (core/request_rules); here only what decoding the message needs.
+  // The span's rules (served, non-empty, its input kind, logits needing the last layer) and
+  // an input's emptiness are the engine's (ValidateForward, core/engine/engine.cc); here only
+  // what decoding the message needs.
   const int64_t begin = request.has_layer_begin() ? request.layer_begin() : model.layer_begin();
   const int64_t end = request.has_layer_end() ? request.layer_end() : model.layer_end();
   out.layer_begin = begin;
@@ -103,7 +88,6 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   switch (request.input_case()) {
     case v1::ForwardRequest::kTokenIds: {
       const auto& ids = request.token_ids().ids();
-      if (ids.empty()) return absl::InvalidArgumentError("token_ids.ids is empty");
       if (ids.size() > limits.max_prompt_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
             "token_ids has ", ids.size(), " tokens; the limit is ", limits.max_prompt_tokens));
@@ -144,9 +128,6 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
   }
   out.create_session = request.create_session();
 
-  if (!request.return_hidden_states() && !request.return_logits()) {
-    return absl::InvalidArgumentError("set return_hidden_states and/or return_logits");
-  }
   switch (request.output_dtype()) {
     case v1::DATA_TYPE_UNSPECIFIED:
     case v1::DATA_TYPE_FP32:

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "glmserve/v1/glmserve.pb.h"
 
 namespace glmserve {
@@ -37,9 +37,11 @@ ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,
 //
 // The UTF-8 of request text is checked before these, on the wire bytes (server/wire_utf8.h).
 
-// GenerateRequest -> engine request. INVALID_ARGUMENT naming the field for: an empty prompt,
-// a prompt longer than max_prompt_tokens, max_new_tokens outside [1, max_new_tokens],
-// prompt + max_new_tokens beyond the model's positions.
+// GenerateRequest -> engine request: the prompt and the values as given, and an unset
+// max_new_tokens given the default (limits.default_max_new_tokens, shrunk to fit the model's
+// positions). INVALID_ARGUMENT only for an explicit max_new_tokens that, with the prompt,
+// exceeds the model's positions; the prompt's emptiness and length and max_new_tokens' range
+// are the engine's rules (Engine::Submit), as are the rest.
 absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateRequest& request,
                                                            const glmserve::ModelRunner& model,
                                                            const ServingLimits& limits);
@@ -51,7 +53,8 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
 
 // ForwardRequest -> engine request. INVALID_ARGUMENT for: no input, a hidden-states tensor
 // with the wrong dtype, shape ([num_tokens, hidden_size]), byte count or non-finite values,
-// too many positions, an unknown output dtype, a malformed session id, no output requested.
+// too many positions (bounded before decoding), an unknown output dtype, a malformed session
+// id. An empty input and no output requested are the engine's to refuse (ValidateForward).
 // RESOURCE_EXHAUSTED when the reply would exceed max_reply_bytes, from the shape alone
 // (before any compute).
 absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardRequest& request,

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "server/executor.h"
 #include "server/metrics.h"
 #include "server/service.h"

@@ -26,13 +26,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "core/checkpoint.h"
+#include "core/base/parallel.h"
+#include "core/base/status_macros.h"
+#include "core/cpu/quantize.h"
 #include "core/cuda/runner.h"
-#include "core/gpu_memory_plan.h"
-#include "core/model_runner.h"
-#include "core/parallel.h"
-#include "core/quantize.h"
-#include "core/status_macros.h"
+#include "core/engine/runner_factory.h"
+#include "core/model/checkpoint.h"
+#include "core/model/gpu_memory_plan.h"
 #include "core/text/text_assets.h"
 #include "server/server.h"
 #include "tools/cli.h"
@@ -292,9 +292,9 @@ int BadFlag(const absl::Status& status) {
 }
 
 // Flags main reads itself (the rest are checked by ValidateServerOptions).
-// --gpu_memory_fraction: sizes the KV cache from the device's memory (core/gpu_memory_plan.h).
-// The weights are already on the device: they count against this process's budget, so they
-// are added back to the free memory before planning.
+// --gpu_memory_fraction: sizes the KV cache from the device's memory
+// (core/model/gpu_memory_plan.h). The weights are already on the device: they count against this
+// process's budget, so they are added back to the free memory before planning.
 absl::Status PlanKvCache(const glmserve::ModelRunner& runner, double fraction,
                          glmserve::GlmServer* server) {
   if (runner.device_name() == "cpu") {

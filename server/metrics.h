@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "grpcpp/support/status.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -95,6 +95,12 @@ class Metrics {
 
  private:
   class RefreshingCollectable;
+
+  // The constructor's parts, by what the metrics count (each registers its families).
+  void RegisterCallMetrics(prometheus::Registry& r);
+  void RegisterTokenMetrics(prometheus::Registry& r);
+  void RegisterEngineMetrics(prometheus::Registry& r);
+  void RegisterProcessMetrics(prometheus::Registry& r);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collectable_;

@@ -19,8 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/engine.h"
-#include "core/model_runner.h"
+#include "core/engine/engine.h"
+#include "core/model/model_runner.h"
 #include "core/text/text_assets.h"
 #include "grpcpp/server.h"
 #include "server/access_log.h"

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/forward_call.h"
 #include "server/raw_call.h"
 #include "server/status.h"
@@ -87,6 +87,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     const v1::GenerateRequest& request = request_;
     absl::StatusOr<glmserve::GenerateRequest> body = PrepareText(request, *backend);
     if (!body.ok()) return FinishEarly(ToGrpcStatus(body.status()));
+    // The engine's rules before a stream slot is taken, so that a bad request never holds one.
+    if (absl::Status valid = backend->engine->Validate(*body); !valid.ok()) {
+      return FinishEarly(ToGrpcStatus(valid));
+    }
     if (!service_->AcquireStream()) {
       return FinishEarly(ToGrpcStatus(absl::ResourceExhaustedError(
           absl::StrCat("too many concurrent Generate streams (limit ",

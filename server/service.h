@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "core/text/text_assets.h"
 #include "glmserve/v1/glmserve.grpc.pb.h"
 #include "server/access_log.h"

@@ -17,8 +17,8 @@
 # Every step keeps its artefacts in $WORK and is skipped when they exist, so a rerun (say on
 # an idle machine) only measures; TIMING_ONLY=1 also refuses to build anything missing.
 #
-#   WORK=/work/cmp tools/compare_llamacpp.sh
-#   WORK=/work/cmp TIMING_ONLY=1 ROUNDS=5 MODES=exact,bf16,int8 tools/compare_llamacpp.sh
+#   WORK=$HOME/glm-cmp tools/compare_llamacpp.sh
+#   WORK=$HOME/glm-cmp TIMING_ONLY=1 ROUNDS=5 MODES=exact,bf16,int8 tools/compare_llamacpp.sh
 # MODES: the glmserve modes (cpu_bench --modes) to measure; LLAMA_TYPES: BF16 and/or Q8_0.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -35,7 +35,7 @@ for t in "$root"/tests/core/cuda/*_test.cc; do
   tests+=("core_cuda_$(basename "$t" .cc)")
 done
 # The suites parameterised over every model runner: on a GPU host their CUDA cases run.
-tests+=(core_runner_conformance_test core_golden_test)
+tests+=(core_engine_runner_conformance_test core_engine_golden_test)
 benches=(gpu_bench sampler_bench host_bench)
 tools=(glm-server glm-client glm-run)
 

@@ -173,7 +173,7 @@ def fp8_weight_bytes(c, block):
 def kv_bytes_per_token(c, dtype_bytes):
     if is_glm5(c):
         # One latent row per layer: the normed latent, the rotary key and (when any layer has
-        # an indexer) the indexer key; core/ops/mla.h.
+        # an indexer) the indexer key; core/cpu/ops/mla.h.
         row = c["kv_lora_rank"] + c["qk_rope_head_dim"]
         if "full" in indexer_types(c):
             row += c["index_head_dim"]

@@ -7,7 +7,7 @@
 // of the KV range. Keys and values come in chunks of 32 (one key per lane when scoring), are
 // widened to fp32 in shared memory and shared by all rows of the tile: GQA and prefill tiles
 // read each K/V chunk once per block. The cache is bf16 (`cache`) or FP8 (`kv_codes` and
-// `kv_scales`, cache null: core/kv_fp8.h's codes and per-head scales, decoded to the CPU's
+// `kv_scales`, cache null: core/model/kv_fp8.h's codes and per-head scales, decoded to the CPU's
 // fp32 values as the chunk is staged).
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/fp8_util.cuh"

@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace glmserve::cuda {
 

@@ -1,8 +1,9 @@
+#include "core/cuda/device_memory.h"
+
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
-#include "core/cuda/device_memory.h"
-#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 

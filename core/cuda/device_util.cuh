@@ -1,5 +1,5 @@
 // Small device-side helpers shared by the .cu files: bf16 bit conversions (the same rounding
-// as core/dtype.h's host functions, so host and device round identically), warp and block
+// as core/base/dtype.h's host functions, so host and device round identically), warp and block
 // reductions, and launch-size arithmetic.
 #pragma once
 
@@ -13,7 +13,7 @@ __device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
 }
 
-// Round to nearest even; NaN stays NaN (core/dtype.h FloatToBf16).
+// Round to nearest even; NaN stays NaN (core/base/dtype.h FloatToBf16).
 __device__ __forceinline__ uint16_t FloatToBf16(float f) {
   uint32_t bits = __float_as_uint(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);

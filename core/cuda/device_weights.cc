@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/dtype.h"
+#include "core/base/parallel.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/cuda_check.h"
-#include "core/dtype.h"
-#include "core/ops/rope.h"
-#include "core/parallel.h"
-#include "core/status_macros.h"
+#include "core/model/rope_freq.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -100,7 +100,7 @@ class ImagePlan {
                           cols, "]"));
         return out;
       }
-      // A row slice starting inside a block row (core/weights.h) has no device form.
+      // A row slice starting inside a block row (core/model/weights.h) has no device form.
       if (m->scale_row_phase != 0) {
         Fail(absl::StrCat(what, ": an FP8 row slice starting inside a scale block"));
         return out;
@@ -361,144 +361,125 @@ absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
-                                            const LoadProgressCallback& progress) {
-  const ModelConfig& c = w.config;
+// GLM-4.5's attention: q, k, v (fused bf16, or FP8 as a group), their biases, o, the QK norms.
+absl::Status PlanAttention(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan,
+                           LayerOffsets& o) {
+  const AttentionWeights& a = l.attn;
   const int64_t hidden = c.hidden_size;
-  ImagePlan plan(w);
-  int64_t embed = -1, final_norm = -1, lm_head = -1, inv_freq = -1;
-  int64_t routed_bytes = 0;
-
-  if (w.has_embedding()) {
-    embed = plan.Begin();
-    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
-                   /*per_step=*/false);  // only the batch's rows are read
+  const std::string where = absl::StrCat("layer ", l.layer_index, " attention");
+  ASSIGN_OR_RETURN(const bool qkv8, GroupIsFp8({&a.q_proj, &a.k_proj, &a.v_proj}, where));
+  if (qkv8) {
+    o.q8 = plan.AddFp8(a.q_proj, c.q_dim(), hidden, where);
+    o.k8 = plan.AddFp8(a.k_proj, c.kv_dim(), hidden, where);
+    o.v8 = plan.AddFp8(a.v_proj, c.kv_dim(), hidden, where);
+  } else {
+    o.qkv = plan.Begin();
+    plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
+    plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
+    plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
   }
-  std::vector<LayerOffsets> offsets(w.layers.size());
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    const AttentionWeights& a = l.attn;
-    LayerOffsets& o = offsets[i];
-    o.input_norm = plan.Begin();
-    plan.AddVector(l.input_norm, hidden);
-    o.post_norm = plan.Begin();
-    plan.AddVector(l.post_attention_norm, hidden);
-    if (c.is_mla()) {
-      RETURN_IF_ERROR(PlanMla(c, l.layer_index, l.mla, plan, o));
-    } else {
-      const std::string where = absl::StrCat("layer ", l.layer_index, " attention");
-      ASSIGN_OR_RETURN(const bool qkv8, GroupIsFp8({&a.q_proj, &a.k_proj, &a.v_proj}, where));
-      if (qkv8) {
-        o.q8 = plan.AddFp8(a.q_proj, c.q_dim(), hidden, where);
-        o.k8 = plan.AddFp8(a.k_proj, c.kv_dim(), hidden, where);
-        o.v8 = plan.AddFp8(a.v_proj, c.kv_dim(), hidden, where);
-      } else {
-        o.qkv = plan.Begin();
-        plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
-        plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
-        plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
-      }
-      if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
-        o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
-        plan.AddVector(a.q_bias, c.q_dim());
-        plan.AddVector(a.k_bias, c.kv_dim());
-        plan.AddVector(a.v_bias, c.kv_dim());
-      }
-      if (IsFp8(a.o_proj)) {
-        o.o8 = plan.AddFp8(a.o_proj, hidden, c.q_dim(), where);
-      } else {
-        o.o = plan.Begin();
-        plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
-      }
-      if (!a.q_norm.empty()) {
-        o.q_norm = plan.Begin();
-        plan.AddVector(a.q_norm, c.head_dim);
-        o.k_norm = plan.Begin();
-        plan.AddVector(a.k_norm, c.head_dim);
-      }
+  if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
+    o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
+    plan.AddVector(a.q_bias, c.q_dim());
+    plan.AddVector(a.k_bias, c.kv_dim());
+    plan.AddVector(a.v_bias, c.kv_dim());
+  }
+  if (IsFp8(a.o_proj)) {
+    o.o8 = plan.AddFp8(a.o_proj, hidden, c.q_dim(), where);
+  } else {
+    o.o = plan.Begin();
+    plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
+  }
+  if (!a.q_norm.empty()) {
+    o.q_norm = plan.Begin();
+    plan.AddVector(a.q_norm, c.head_dim);
+    o.k_norm = plan.Begin();
+    plan.AddVector(a.k_norm, c.head_dim);
+  }
+  return absl::OkStatus();
+}
+
+// A MoE layer's router (fp32), its routed experts (FP8 as a group, or bf16 gate+up then down)
+// and its shared expert. `routed_bytes`: what one routed expert's matrices take.
+absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, LayerOffsets& o,
+                     int64_t* routed_bytes) {
+  const int64_t hidden = c.hidden_size;
+  const MoeWeights& m = l.moe;
+  if (static_cast<int64_t>(m.experts.size()) != c.n_routed_experts ||
+      m.router.rows != c.n_routed_experts || m.router.cols != hidden ||
+      static_cast<int64_t>(m.router_bias.size()) != c.n_routed_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l.layer_index, ": router or expert count does not match"));
+  }
+  o.router = plan.Begin();
+  plan.AddMatrix(m.router, Target::kF32);
+  o.router_bias = plan.Begin();
+  plan.AddVector(m.router_bias, c.n_routed_experts);
+  std::vector<const Matrix*> gates, ups, downs, all;
+  for (const FfnWeights& e : m.experts) {
+    RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
+    if (e.gate.rows != c.moe_intermediate_size) {
+      return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
     }
-    if (!l.is_moe) {
-      RETURN_IF_ERROR(CheckFfn(l.dense, hidden, "dense FFN"));
-      RETURN_IF_ERROR(PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"),
-                              o.dense_gate_up, o.dense_down, o.dense_gate8, o.dense_up8,
-                              o.dense_down8));
-      continue;
-    }
-    const MoeWeights& m = l.moe;
-    if (static_cast<int64_t>(m.experts.size()) != c.n_routed_experts ||
-        m.router.rows != c.n_routed_experts || m.router.cols != hidden ||
-        static_cast<int64_t>(m.router_bias.size()) != c.n_routed_experts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l.layer_index, ": router or expert count does not match"));
-    }
-    o.router = plan.Begin();
-    plan.AddMatrix(m.router, Target::kF32);
-    o.router_bias = plan.Begin();
-    plan.AddVector(m.router_bias, c.n_routed_experts);
-    std::vector<const Matrix*> gates, ups, downs, all;
+    gates.push_back(&e.gate);
+    ups.push_back(&e.up);
+    downs.push_back(&e.down);
+    all.insert(all.end(), {&e.gate, &e.up, &e.down});
+  }
+  const std::string experts_what = absl::StrCat("layer ", l.layer_index, " routed experts");
+  ASSIGN_OR_RETURN(const bool experts8, GroupIsFp8(all, experts_what));
+  const int64_t width = c.moe_intermediate_size;
+  if (experts8) {
+    o.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
+    o.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
+    o.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
+    const FfnWeights& e0 = m.experts.front();
+    *routed_bytes = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
+  } else {
+    o.experts_gate_up = plan.Begin();
     for (const FfnWeights& e : m.experts) {
-      RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
-      if (e.gate.rows != c.moe_intermediate_size) {
-        return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
-      }
-      gates.push_back(&e.gate);
-      ups.push_back(&e.up);
-      downs.push_back(&e.down);
-      all.insert(all.end(), {&e.gate, &e.up, &e.down});
+      plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
+      plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
     }
-    const std::string experts_what = absl::StrCat("layer ", l.layer_index, " routed experts");
-    ASSIGN_OR_RETURN(const bool experts8, GroupIsFp8(all, experts_what));
-    const int64_t width = c.moe_intermediate_size;
-    if (experts8) {
-      o.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
-      o.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
-      o.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
-      const FfnWeights& e0 = m.experts.front();
-      routed_bytes = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
-    } else {
-      o.experts_gate_up = plan.Begin();
-      for (const FfnWeights& e : m.experts) {
-        plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
-        plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
-      }
-      o.experts_down = plan.Begin();
-      for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
-      routed_bytes = 3 * width * hidden * 2;
-    }
-    if (!Absent(m.shared.gate)) {
-      RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
-      RETURN_IF_ERROR(
-          PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"),
-                  o.shared_gate_up, o.shared_down, o.shared_gate8, o.shared_up8, o.shared_down8));
-    }
+    o.experts_down = plan.Begin();
+    for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
+    *routed_bytes = 3 * width * hidden * 2;
   }
-  if (w.has_head()) {
-    final_norm = plan.Begin();
-    plan.AddVector(w.final_norm, hidden);
-    const bool tied = w.has_embedding() && w.lm_head.data == w.embed_tokens.data &&
-                      w.lm_head.dtype == w.embed_tokens.dtype &&
-                      w.lm_head.rows == w.embed_tokens.rows;
-    if (tied) {
-      lm_head = embed;
-      plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
-    } else {
-      lm_head = plan.Begin();
-      plan.AddMatrix(w.lm_head, c.vocab_size, hidden, Target::kBf16);
-    }
+  if (!Absent(m.shared.gate)) {
+    RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
+    RETURN_IF_ERROR(PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"),
+                            o.shared_gate_up, o.shared_down, o.shared_gate8, o.shared_up8,
+                            o.shared_down8));
   }
-  const RotaryEmbedding rope(c.head_dim, c.rotary_dim(), c.rope_theta);
-  inv_freq = plan.Begin();
-  plan.AddVector(rope.inv_freq(), c.rotary_dim() / 2);
-  plan.Begin();
+  return absl::OkStatus();
+}
 
+// One decoder layer: its norms, attention (GLM-4.5's or GLM-5's MLA) and FFN (dense or MoE).
+absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan,
+                       LayerOffsets& o, int64_t* routed_bytes) {
+  o.input_norm = plan.Begin();
+  plan.AddVector(l.input_norm, c.hidden_size);
+  o.post_norm = plan.Begin();
+  plan.AddVector(l.post_attention_norm, c.hidden_size);
+  if (c.is_mla()) {
+    RETURN_IF_ERROR(PlanMla(c, l.layer_index, l.mla, plan, o));
+  } else {
+    RETURN_IF_ERROR(PlanAttention(c, l, plan, o));
+  }
+  if (l.is_moe) return PlanMoe(c, l, plan, o, routed_bytes);
+  RETURN_IF_ERROR(CheckFfn(l.dense, c.hidden_size, "dense FFN"));
+  return PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"),
+                 o.dense_gate_up, o.dense_down, o.dense_gate8, o.dense_up8, o.dense_down8);
+}
+
+// A planned image that cannot be uploaded: bad shapes, an unsupported form, or more bytes
+// than the device has free (refused with the numbers before anything is allocated; an FP8
+// GLM-4.5 on one GPU: docs/fp8.md plans it over several).
+absl::Status CheckPlan(const ImagePlan& plan) {
   if (plan.bad_shapes()) {
     return absl::InvalidArgumentError("weights do not match the config's shapes");
   }
   if (!plan.error().empty()) return absl::UnimplementedError(plan.error());
-  // Refused with the numbers before anything is allocated (an FP8 GLM-4.5 on one GPU:
-  // docs/fp8.md plans it over several).
   size_t free_bytes = 0, total_bytes = 0;
   GLM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (plan.size() > static_cast<int64_t>(free_bytes)) {
@@ -507,33 +488,28 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
         "are free (docs/fp8.md: a model this size needs several GPUs)",
         plan.size() / 1e9, free_bytes / 1e9, total_bytes / 1e9));
   }
-  DeviceWeights out;
-  ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(plan.size())));
-  out.memory = std::move(memory);
-  char* base = static_cast<char*>(out.memory.get());
-  RETURN_IF_ERROR(Execute(plan, base, stream, progress));
+  return absl::OkStatus();
+}
 
-  const auto bf16 = [base](int64_t off) -> const uint16_t* {
+// Offsets into the uploaded image -> device pointers (-1: absent, null).
+struct Binder {
+  char* base;
+  const uint16_t* bf16(int64_t off) const {
     return off < 0 ? nullptr : reinterpret_cast<const uint16_t*>(base + off);
-  };
-  const auto f32 = [base](int64_t off) -> const float* {
+  }
+  const float* f32(int64_t off) const {
     return off < 0 ? nullptr : reinterpret_cast<const float*>(base + off);
-  };
-  const auto fp8 = [base](const Fp8Offsets& off) {
+  }
+  Fp8DeviceMatrix fp8(const Fp8Offsets& off) const {
     Fp8DeviceMatrix m = off.shape;
     if (off.codes >= 0) {
       m.codes = reinterpret_cast<const uint8_t*>(base + off.codes);
       m.scales = reinterpret_cast<const float*>(base + off.scales);
     }
     return m;
-  };
-  out.embed = bf16(embed);
-  out.final_norm = f32(final_norm);
-  out.lm_head = bf16(lm_head);
-  out.inv_freq = f32(inv_freq);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    const LayerOffsets& o = offsets[i];
+  }
+
+  DeviceLayer Layer(const LayerWeights& l, const LayerOffsets& o) const {
     DeviceLayer d;
     d.input_norm = f32(o.input_norm);
     d.post_norm = f32(o.post_norm);
@@ -560,20 +536,76 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
     if (!l.is_moe) {
       d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows,
                  fp8(o.dense_gate8),    fp8(o.dense_up8),   fp8(o.dense_down8)};
-    } else {
-      d.router = f32(o.router);
-      d.router_bias = f32(o.router_bias);
-      d.experts_gate_up = bf16(o.experts_gate_up);
-      d.experts_down = bf16(o.experts_down);
-      d.experts_gate8 = fp8(o.experts_gate8);
-      d.experts_up8 = fp8(o.experts_up8);
-      d.experts_down8 = fp8(o.experts_down8);
-      if (!Absent(l.moe.shared.gate)) {  // has_shared(), device-generated codes included
-        d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows,
-                    fp8(o.shared_gate8),    fp8(o.shared_up8),   fp8(o.shared_down8)};
-      }
+      return d;
     }
-    out.layers.push_back(d);
+    d.router = f32(o.router);
+    d.router_bias = f32(o.router_bias);
+    d.experts_gate_up = bf16(o.experts_gate_up);
+    d.experts_down = bf16(o.experts_down);
+    d.experts_gate8 = fp8(o.experts_gate8);
+    d.experts_up8 = fp8(o.experts_up8);
+    d.experts_down8 = fp8(o.experts_down8);
+    if (!Absent(l.moe.shared.gate)) {  // has_shared(), device-generated codes included
+      d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows,
+                  fp8(o.shared_gate8),    fp8(o.shared_up8),   fp8(o.shared_down8)};
+    }
+    return d;
+  }
+};
+
+}  // namespace
+
+// Plan (every tensor's offset in one image) -> upload (Execute) -> bind (offsets to pointers).
+absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
+                                            const LoadProgressCallback& progress) {
+  const ModelConfig& c = w.config;
+  const int64_t hidden = c.hidden_size;
+  ImagePlan plan(w);
+  int64_t embed = -1, final_norm = -1, lm_head = -1, inv_freq = -1;
+  int64_t routed_bytes = 0;
+
+  if (w.has_embedding()) {
+    embed = plan.Begin();
+    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
+                   /*per_step=*/false);  // only the batch's rows are read
+  }
+  std::vector<LayerOffsets> offsets(w.layers.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], plan, offsets[i], &routed_bytes));
+  }
+  if (w.has_head()) {
+    final_norm = plan.Begin();
+    plan.AddVector(w.final_norm, hidden);
+    const bool tied = w.has_embedding() && w.lm_head.data == w.embed_tokens.data &&
+                      w.lm_head.dtype == w.embed_tokens.dtype &&
+                      w.lm_head.rows == w.embed_tokens.rows;
+    if (tied) {
+      lm_head = embed;
+      plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
+    } else {
+      lm_head = plan.Begin();
+      plan.AddMatrix(w.lm_head, c.vocab_size, hidden, Target::kBf16);
+    }
+  }
+  const std::vector<float> rope_inv_freq = RopeInvFreq(c.rotary_dim(), c.rope_theta);
+  inv_freq = plan.Begin();
+  plan.AddVector(rope_inv_freq, c.rotary_dim() / 2);  // read at upload, below
+  plan.Begin();
+  RETURN_IF_ERROR(CheckPlan(plan));
+
+  DeviceWeights out;
+  ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(plan.size())));
+  out.memory = std::move(memory);
+  char* base = static_cast<char*>(out.memory.get());
+  RETURN_IF_ERROR(Execute(plan, base, stream, progress));
+
+  const Binder bind{base};
+  out.embed = bind.bf16(embed);
+  out.final_norm = bind.f32(final_norm);
+  out.lm_head = bind.bf16(lm_head);
+  out.inv_freq = bind.f32(inv_freq);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    out.layers.push_back(bind.Layer(w.layers[i], offsets[i]));
   }
   out.bytes = plan.size();
   out.dense_step_bytes = plan.step_bytes();

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/checkpoint.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
-#include "core/weights.h"
+#include "core/model/checkpoint.h"
+#include "core/model/weights.h"
 
 namespace glmserve::cuda {
 

@@ -1,4 +1,4 @@
-// GLM-5's DSA indexer on the device (core/ops/dsa_indexer.h has the math and the CPU form):
+// GLM-5's DSA indexer on the device (core/cpu/ops/dsa_indexer.h has the math and the CPU form):
 // the per-token preparation (query RoPE, key LayerNorm + RoPE + cache write, head weights) and
 // the scoring + top-k selection with the CPU's tie rule (the lower position wins).
 #include "core/cuda/device_util.cuh"
@@ -12,7 +12,7 @@ constexpr int kIndexerThreads = 256;
 // One block per token. smem: cos [dr / 2], sin [dr / 2], rotated [Hi + 1, dr], normed key [Di].
 __global__ void __launch_bounds__(kIndexerThreads)
     IndexerPrepareKernel(float* __restrict__ iq, const float* __restrict__ ik,
-                         float* __restrict__ w, IndexerShapeDev s, MlaShapeDev mla,
+                         float* __restrict__ w, IndexerShape s, MlaShape mla,
                          const float* __restrict__ ln_gain, const float* __restrict__ ln_bias,
                          float eps, const float* __restrict__ inv_freq,
                          const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
   for (int i = threadIdx.x; i < heads; i += blockDim.x) w[t * heads + i] *= head_scale;
   const int32_t slot = slots[t];
   if (slot < 0) return;
-  uint16_t* key = cache_layer + slot * mla.row_width + s.key_offset;
+  uint16_t* key = cache_layer + slot * mla.row_width() + mla.index_offset();
   for (int64_t c = threadIdx.x; c < di; c += blockDim.x) {
     key[c] = dev::FloatToBf16(c < dr ? rot[heads * dr + c] : normed[c]);
   }
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
     IndexerTopkKernel(const float* __restrict__ iq, const float* __restrict__ w,
                       const int32_t* __restrict__ tiles, int tile_begin, int64_t max_kv_len,
                       const int32_t* __restrict__ block_tables,
-                      const uint16_t* __restrict__ cache_layer, IndexerShapeDev s, MlaShapeDev mla,
+                      const uint16_t* __restrict__ cache_layer, IndexerShape s, MlaShape mla,
                       float* __restrict__ scores_all, int32_t* __restrict__ sel_count,
                       int32_t* __restrict__ sel_pos) {
   extern __shared__ float smem[];
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
       const int64_t slot =
           static_cast<int64_t>(block_tables[bt_offset + p / mla.block_size]) * mla.block_size +
           p % mla.block_size;
-      const uint16_t* key = cache_layer + slot * mla.row_width + s.key_offset;
+      const uint16_t* key = cache_layer + slot * mla.row_width() + mla.index_offset();
       float sum = 0.f;  // heads in ascending order, as the CPU
       for (int64_t h = 0; h < hi; ++h) {
         float dot = 0.f;
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kIndexerThreads)
 }  // namespace
 
 cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
-                                 const IndexerShapeDev& shape, const MlaShapeDev& mla,
+                                 const IndexerShape& shape, const MlaShape& mla,
                                  const float* ln_gain, const float* ln_bias, float eps,
                                  const float* inv_freq, const int32_t* positions,
                                  const int32_t* slots, uint16_t* cache_layer, cudaStream_t stream) {
@@ -158,8 +158,8 @@ cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
 
 cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
                               int tile_end, int64_t max_kv_len, const int32_t* block_tables,
-                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
-                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              const uint16_t* cache_layer, const IndexerShape& shape,
+                              const MlaShape& mla, float* scores, int32_t* sel_count,
                               int32_t* sel_pos, cudaStream_t stream) {
   if (tile_end <= tile_begin) return cudaSuccess;
   if (shape.topk <= 0 || max_kv_len <= 0 || mla.block_size <= 0) return cudaErrorInvalidValue;

@@ -1,7 +1,7 @@
 // Device-side FP8 weight reads for kernels other than fp8_linear.cu's (GLM-5's absorbed MLA,
-// mla.cu and mla_tc.cu, reads kv_b_proj's codes directly): the value of element (r, c) is the CPU's, e4m3 widened
-// exactly and multiplied by its block's fp32 scale in one fp32 rounding (core/fp8.h).
-// fp8_linear.cu reads weights through the same function.
+// mla.cu and mla_tc.cu, reads kv_b_proj's codes directly): the value of element (r, c) is the
+// CPU's, e4m3 widened exactly and multiplied by its block's fp32 scale in one fp32 rounding
+// (core/model/fp8.h). fp8_linear.cu reads weights through the same function.
 #pragma once
 
 #include <cuda_runtime.h>

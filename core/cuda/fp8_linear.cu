@@ -13,7 +13,7 @@
 // outputs may be a column slice of wider rows (y_ld). A third kernel runs the routed experts
 // from device-side row offsets (graph-capturable decode).
 // The value of a weight is the CPU's (e4m3 x scale, one fp32 rounding); only the summation
-// order differs from core/ops/linear.cc, so results agree to fp32 rounding (1e-5 relative).
+// order differs from core/cpu/ops/linear.cc, so results agree to fp32 rounding (1e-5 relative).
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/fp8_device.cuh"
 #include "core/cuda/kernels.h"
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// RandomWeights' generator (core/checkpoint.cc: splitmix64 output, Irwin-Hall sum of four
+// RandomWeights' generator (core/model/checkpoint.cc: splitmix64 output, Irwin-Hall sum of four
 // 16-bit fields), element by element: the device fills a preset's FP8 matrices itself.
 __global__ void RandomFp8Kernel(uint8_t* __restrict__ codes, int64_t n, uint64_t key,
                                 float value_scale) {

@@ -1,5 +1,5 @@
-// E4M3 conversions on the device with exactly the host's results (core/dtype.h): the FP8 KV
-// cache (core/kv_fp8.h) is written and read by kernels in the CPU's format, so a code written
+// E4M3 conversions on the device with exactly the host's results (core/base/dtype.h): the FP8 KV
+// cache (core/model/kv_fp8.h) is written and read by kernels in the CPU's format, so a code written
 // on the device decodes to the value the CPU would decode, and the same fp32 input encodes
 // to the same code.
 #pragma once
@@ -21,7 +21,7 @@ __device__ __forceinline__ float E4m3ToFloat(uint8_t v) {
   return (v & 0x80u) ? -x : x;
 }
 
-// FloatToE4m3 (core/dtype.cc), the same bit operations: round to nearest even, saturating at
+// FloatToE4m3 (core/base/dtype.cc), the same bit operations: round to nearest even, saturating at
 // +-448, NaN to 0x7f.
 __device__ __forceinline__ uint8_t FloatToE4m3(float f) {
   if (f != f) return 0x7f;
@@ -34,7 +34,7 @@ __device__ __forceinline__ uint8_t FloatToE4m3(float f) {
 }
 
 // The FP8 KV cache's per-head scale from the head's amax over its finite values
-// (core/kv_fp8.cc EncodeKvRow): amax / 448, never below FLT_MIN; 1 for an all-zero head.
+// (core/model/kv_fp8.cc EncodeKvRow): amax / 448, never below FLT_MIN; 1 for an all-zero head.
 __device__ __forceinline__ float KvScale(float amax) {
   return amax > 0.f ? fmaxf(amax / kE4m3Max, 1.17549435e-38f) : 1.0f;
 }

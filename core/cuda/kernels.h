@@ -11,7 +11,8 @@
 
 #include <cstdint>
 
-#include "core/ops/row_math.h"
+#include "core/model/mla_shape.h"
+#include "core/model/row_math.h"
 
 namespace glmserve::cuda {
 
@@ -24,7 +25,7 @@ inline constexpr int64_t kMaxGqaGroup = 32;  // query heads per kv head
 cudaError_t PrepareKernels();
 
 // ---- fp8_linear.cu -------------------------------------------------------------------
-// An FP8 weight matrix on the device (core/weights.h's kFp8Scaled): codes [rows, cols] e4m3,
+// An FP8 weight matrix on the device (core/model/weights.h's kFp8Scaled): codes [rows, cols] e4m3,
 // scales [ceil(rows / block_rows), ceil(cols / block_cols)] fp32; element (r, c) is
 // e4m3 x scales[r / block_rows][c / block_cols]. Per output channel: block_rows 1,
 // block_cols = cols.
@@ -62,7 +63,7 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
                              cudaStream_t stream);
 
 // codes[i] for i < n: the e4m3 values RandomWeights gives an FP8 preset's matrix
-// (core/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
+// (core/model/checkpoint.h's RandomFp8Stream: key, value_scale), bit for bit, generated on the
 // device so that a big preset needs no host copy.
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
@@ -103,7 +104,7 @@ inline constexpr int64_t kFp8ActGroup = 128;
 inline constexpr int64_t Fp8ActGroups(int64_t k) { return (k + kFp8ActGroup - 1) / kFp8ActGroup; }
 // x [m, k] bf16 -> codes [m, k] e4m3 and scales[g * scale_ld + i] (scale_ld >= m): per group,
 // scale = amax of its finite values / 448 (at least FLT_MIN; 1 for an all-zero group), code =
-// e4m3(x / scale) (round to nearest even, saturating; core/dtype.h's FloatToE4m3). Group-major
+// e4m3(x / scale) (round to nearest even, saturating; core/base/dtype.h's FloatToE4m3). Group-major
 // scales with the tokens contiguous: cuBLASLt's VEC128_32F layout for B ("N-major, N x L").
 cudaError_t LaunchQuantizeFp8Groups(const uint16_t* x, int64_t m, int64_t k, uint8_t* codes,
                                     float* scales, int64_t scale_ld, cudaStream_t stream);
@@ -148,7 +149,7 @@ cudaError_t LaunchQkNormRopeKv(float* qkv, int64_t tokens, const QkvShape& shape
                                const int32_t* slots, uint16_t* cache_layer, int64_t block_size,
                                cudaStream_t stream);
 
-// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/kv_fp8.h, docs/kv_cache.md) of one layer:
+// The FP8 KV cache (--kv_cache_dtype=fp8_e4m3; core/model/kv_fp8.h, docs/kv_cache.md) of one layer:
 // codes [num_blocks, 2, block_size, kv_heads * head_dim] e4m3 (the bf16 cache's layout, a
 // byte per value) and scales [num_blocks, 2, block_size, kv_heads] fp32, one per token slot,
 // kind (K, V) and KV head: amax / 448 of that head's row (the CPU's codec, bit for bit).
@@ -226,23 +227,13 @@ cudaError_t PrepareAttentionTc(int max_dynamic_smem);
 // ---- mla.cu (GLM-5's multi-head latent attention; docs/glm5.md) ---------------------------
 // The latent cache layer (KvCacheShape::latent): [num_blocks, block_size, row_width] bf16,
 // row = [ latent (R) | k_rot (dr) | indexer key (Di, full layers) ].
-struct MlaShapeDev {
-  int64_t heads = 0;       // H
-  int64_t nope_dim = 0;    // dn
-  int64_t rope_dim = 0;    // dr
-  int64_t v_dim = 0;       // dv
-  int64_t latent_dim = 0;  // R
-  int64_t row_width = 0;   // values per cache row (R + dr [+ Di])
-  int64_t block_size = 0;
-  float scale = 1.0f;  // qk_head_dim^-0.5
-  GLM_HD int64_t qk_dim() const { return nope_dim + rope_dim; }
-};
+// The shapes: core/model/mla_shape.h (MlaShape with block_size set, IndexerShape).
 // Per token t: rotates the last dr channels of every head of q ([tokens, H, dn + dr] fp32, in
 // place; RoPE_interleaved: pair (2i, 2i + 1) -> (i, i + dr / 2)); RMSNorms the latent
 // kv_a[t, :R] (gain [R], eps) and rotates k_rot = kv_a[t, R:R + dr] (kv_a: [tokens, R + dr]
 // fp32) and stores both as bf16 at [0, R + dr) of cache slot slots[t] (< 0: not stored).
 cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens,
-                                     const MlaShapeDev& shape, const float* kv_norm, float eps,
+                                     const MlaShape& shape, const float* kv_norm, float eps,
                                      const float* inv_freq, const int32_t* positions,
                                      const int32_t* slots, uint16_t* cache_layer,
                                      cudaStream_t stream);
@@ -256,7 +247,7 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
                                const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
-                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const MlaShape& shape, const int32_t* sel_count,
                                const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
                                cudaStream_t stream);
 
@@ -277,7 +268,7 @@ struct MlaTcLayout {
   // (m, l) floats.
   int64_t q_cat_elems = 0, o_part_floats = 0, ml_part_floats = 0;
 };
-MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& shape, int64_t max_keys);
+MlaTcLayout MlaTcLayoutFor(const MlaShape& shape, int64_t max_keys);
 // Device scratch for `tokens` tokens: q_cat [tokens, q_cat_elems], o_part [tokens,
 // o_part_floats], ml_part [tokens, ml_part_floats] (256-bit aligned).
 struct MlaTcScratch {
@@ -292,25 +283,18 @@ struct MlaTcScratch {
 cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
                                  int num_tiles, const int32_t* block_tables,
                                  const uint16_t* cache_layer, const uint16_t* kv_b,
-                                 const Fp8DeviceMatrix& kv_b8, const MlaShapeDev& shape,
+                                 const Fp8DeviceMatrix& kv_b8, const MlaShape& shape,
                                  const int32_t* sel_count, const int32_t* sel_pos,
                                  int64_t sel_stride, const MlaTcLayout& layout,
                                  const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream);
 
-// ---- dsa_indexer.cu (GLM-5's DSA indexer; core/ops/dsa_indexer.h) ------------------------
-struct IndexerShapeDev {
-  int64_t heads = 0;       // Hi
-  int64_t head_dim = 0;    // Di
-  int64_t rope_dim = 0;    // dr (rotary channels at the front of each head)
-  int64_t topk = 0;        // index_topk
-  int64_t key_offset = 0;  // where the indexer key sits in a cache row (R + dr)
-};
+// ---- dsa_indexer.cu (GLM-5's DSA indexer; core/cpu/ops/dsa_indexer.h) ------------------------
 // Per token t: iq [tokens, Hi * Di] fp32 gets RoPE_interleaved on each head's first dr
 // channels (in place); ik [tokens, Di] fp32 is LayerNormed (gain, bias, eps; in place), its
 // first dr channels rotated, and stored as bf16 at key_offset of cache slot slots[t];
 // w [tokens, Hi] is scaled by Hi^-0.5 (in place).
 cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
-                                 const IndexerShapeDev& shape, const MlaShapeDev& mla,
+                                 const IndexerShape& shape, const MlaShape& mla,
                                  const float* ln_gain, const float* ln_bias, float eps,
                                  const float* inv_freq, const int32_t* positions,
                                  const int32_t* slots, uint16_t* cache_layer, cudaStream_t stream);
@@ -321,8 +305,8 @@ cudaError_t LaunchIndexerPrepare(float* iq, float* ik, float* w, int64_t tokens,
 // (tile_end - tile_begin) * max_kv_len floats.
 cudaError_t LaunchIndexerTopk(const float* iq, const float* w, const int32_t* tiles, int tile_begin,
                               int tile_end, int64_t max_kv_len, const int32_t* block_tables,
-                              const uint16_t* cache_layer, const IndexerShapeDev& shape,
-                              const MlaShapeDev& mla, float* scores, int32_t* sel_count,
+                              const uint16_t* cache_layer, const IndexerShape& shape,
+                              const MlaShape& mla, float* scores, int32_t* sel_count,
                               int32_t* sel_pos, cudaStream_t stream);
 
 // ---- moe.cu ---------------------------------------------------------------------------
@@ -364,11 +348,11 @@ cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
                              cudaStream_t stream);
 
 // ---- sampling.cu ---------------------------------------------------------------------
-// Row scans with the CPU sampler's semantics (core/sampler_scan.h): values compared as floats,
-// NaN read as -inf, ties to the lower id. logits: [rows, vocab] fp32.
-// finite[r] (when not null): 1 when every value of row r is finite, else 0 (the engine fails
-// a request whose logits hold NaN or Inf rather than sample from them).
-// ids[r], values[r]: row r's maximum and its lowest id.
+// Row scans with the CPU sampler's semantics (core/engine/sampler_scan.h): values compared as
+// floats, NaN read as -inf, ties to the lower id. logits: [rows, vocab] fp32. finite[r] (when not
+// null): 1 when every value of row r is finite, else 0 (the engine fails a request whose logits
+// hold NaN or Inf rather than sample from them). ids[r], values[r]: row r's maximum and its lowest
+// id.
 cudaError_t LaunchRowArgMax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                             float* values, int32_t* finite, cudaStream_t stream);
 // ids[r * k ..], values[r * k ..]: row r's k largest (1 <= k <= min(vocab, kMaxDeviceTopK)),

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/base/status_macros.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/model.h"
-#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -46,15 +46,7 @@ absl::Status CudaModel::EnqueueMla(int64_t layer, KvCache* cache) {
   cudaStream_t stream = stream_.get();
   uint16_t* cache_layer =
       static_cast<uint16_t*>(cache->storage()) + cache->ElementOffset(layer, 0, 0);
-  MlaShapeDev shape;
-  shape.heads = heads;
-  shape.nope_dim = c.qk_nope_head_dim;
-  shape.rope_dim = dr;
-  shape.v_dim = c.v_head_dim;
-  shape.latent_dim = r;
-  shape.row_width = c.cache_values_per_token_layer();
-  shape.block_size = cache->shape().block_size;
-  shape.scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim()));
+  const MlaShape shape = MlaShapeOf(c, cache->shape().block_size);
 
   // q_resid = RMSNorm(x q_a^T) (bf16 for the next GEMMs); q = q_resid q_b^T  [T, H, dn + dr]
   RETURN_IF_ERROR(
@@ -89,19 +81,13 @@ absl::Status CudaModel::EnqueueMla(int64_t layer, KvCache* cache) {
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer,
-                                       const MlaShapeDev& mla) {
+absl::Status CudaModel::EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShape& mla) {
   const ModelConfig& c = config_;
   const DeviceMla& m = weights_.layers[layer].mla;
   const int64_t t = plan_.tokens, hidden = c.hidden_size, q_rank = c.q_lora_rank;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
   cudaStream_t stream = stream_.get();
-  IndexerShapeDev shape;
-  shape.heads = hi;
-  shape.head_dim = di;
-  shape.rope_dim = c.qk_rope_head_dim;
-  shape.topk = c.index_topk;
-  shape.key_offset = c.kv_lora_rank + c.qk_rope_head_dim;
+  const IndexerShape shape = IndexerShapeOf(c);
   // iq = q_resid wq_b^T [T, Hi * Di]; ik = x wk^T [T, Di]; w = x32 weights_proj^T [T, Hi] (fp32)
   RETURN_IF_ERROR(Project(cublas_.get(), m.wq_b, m.wq_b8, hi * di, q_rank, a_.q_resid, t, a_.iq,
                           hi * di, stream));

@@ -1,4 +1,4 @@
-// GLM-5's multi-head latent attention on the device (docs/glm5.md, core/ops/mla.h for the
+// GLM-5's multi-head latent attention on the device (docs/glm5.md, core/cpu/ops/mla.h for the
 // CPU form): the RoPE / latent-norm / cache-write pass and the absorbed attention over the
 // paged latent cache. Plain CUDA-core kernels (one block per token and head); a FlashMLA-style
 // tensor-core decode is a follow-up (docs/cuda.md).
@@ -13,13 +13,13 @@ constexpr int kMlaThreads = 256;
 
 // Cache row of `slot` (block * block_size + offset) in a latent layer: one row kind, so the
 // layer is [num_blocks * block_size, row_width].
-__device__ __forceinline__ int64_t RowBase(int64_t slot, const MlaShapeDev& s) {
-  return slot * s.row_width;
+__device__ __forceinline__ int64_t RowBase(int64_t slot, const MlaShape& s) {
+  return slot * s.row_width();
 }
 
 // One block per token. smem: cos [dr / 2], sin [dr / 2], rotated q [H, dr], latent staging [R].
 __global__ void __launch_bounds__(kMlaThreads)
-    MlaRopeLatentKernel(float* __restrict__ q, const float* __restrict__ kv_a, MlaShapeDev s,
+    MlaRopeLatentKernel(float* __restrict__ q, const float* __restrict__ kv_a, MlaShape s,
                         const float* __restrict__ kv_norm, float eps,
                         const float* __restrict__ inv_freq, const int32_t* __restrict__ positions,
                         const int32_t* __restrict__ slots, uint16_t* __restrict__ cache_layer) {
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kMlaThreads)
     MlaAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                        const int32_t* __restrict__ block_tables,
                        const uint16_t* __restrict__ cache_layer, const uint16_t* __restrict__ kv_b,
-                       Fp8DeviceMatrix kv_b8, MlaShapeDev s, const int32_t* __restrict__ sel_count,
+                       Fp8DeviceMatrix kv_b8, MlaShape s, const int32_t* __restrict__ sel_count,
                        const int32_t* __restrict__ sel_pos, int64_t sel_stride,
                        uint16_t* __restrict__ out) {
   extern __shared__ float smem[];
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kMlaThreads)
 }  // namespace
 
 cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens,
-                                     const MlaShapeDev& shape, const float* kv_norm, float eps,
+                                     const MlaShape& shape, const float* kv_norm, float eps,
                                      const float* inv_freq, const int32_t* positions,
                                      const int32_t* slots, uint16_t* cache_layer,
                                      cudaStream_t stream) {
@@ -167,7 +167,7 @@ cudaError_t LaunchMlaRopeLatentWrite(float* q, const float* kv_a, int64_t tokens
 cudaError_t LaunchMlaAttention(const float* q, const int32_t* tiles, int num_tiles,
                                const int32_t* block_tables, const uint16_t* cache_layer,
                                const uint16_t* kv_b, const Fp8DeviceMatrix& kv_b8,
-                               const MlaShapeDev& shape, const int32_t* sel_count,
+                               const MlaShape& shape, const int32_t* sel_count,
                                const int32_t* sel_pos, int64_t sel_stride, uint16_t* out,
                                cudaStream_t stream) {
   if (num_tiles <= 0) return cudaSuccess;

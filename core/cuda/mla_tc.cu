@@ -74,8 +74,7 @@ __device__ __forceinline__ int64_t AttendedKeys(const int32_t* sel_count, int64_
 // grid (tokens, Hp). smem: q_nope [dn]. q_cat [tokens, Hp, 2 (hi, lo), Kp].
 __global__ void __launch_bounds__(kTcThreads)
     MlaTcAbsorbKernel(const float* __restrict__ q, const uint16_t* __restrict__ kv_b,
-                      Fp8DeviceMatrix kv_b8, MlaShapeDev s, int64_t kp,
-                      uint16_t* __restrict__ q_cat) {
+                      Fp8DeviceMatrix kv_b8, MlaShape s, int64_t kp, uint16_t* __restrict__ q_cat) {
   extern __shared__ float smem[];
   const int64_t t = blockIdx.x, h = blockIdx.y, hp = gridDim.y;
   const int64_t dn = s.nope_dim, dr = s.rope_dim, r = s.latent_dim;
@@ -105,7 +104,7 @@ __global__ void __launch_bounds__(kTcThreads)
 __device__ __forceinline__ void GatherKeys(uint16_t* ks, int64_t first, int64_t n, int32_t count,
                                            const int32_t* list, const int32_t* block_tables,
                                            int32_t bt_offset, const uint16_t* cache_layer,
-                                           const MlaShapeDev& s, int64_t kp) {
+                                           const MlaShape& s, int64_t kp) {
   const int64_t width = s.latent_dim + s.rope_dim;
   for (int64_t i = threadIdx.x; i < kM * kp; i += blockDim.x) {
     const int64_t j = i / kp, c = i % kp, idx = first + j;
@@ -115,7 +114,7 @@ __device__ __forceinline__ void GatherKeys(uint16_t* ks, int64_t first, int64_t 
       const int64_t slot =
           static_cast<int64_t>(block_tables[bt_offset + p / s.block_size]) * s.block_size +
           p % s.block_size;
-      v = cache_layer[slot * s.row_width + c];
+      v = cache_layer[slot * s.row_width() + c];
     }
     ks[i] = v;
   }
@@ -125,10 +124,9 @@ __device__ __forceinline__ void GatherKeys(uint16_t* ks, int64_t first, int64_t 
 __global__ void __launch_bounds__(kTcThreads)
     MlaTcSplitKernel(const uint16_t* __restrict__ q_cat, const int32_t* __restrict__ tiles,
                      const int32_t* __restrict__ block_tables,
-                     const uint16_t* __restrict__ cache_layer, MlaShapeDev s, int64_t kp,
-                     int64_t rp, const int32_t* __restrict__ sel_count,
-                     const int32_t* __restrict__ sel_pos, int64_t sel_stride,
-                     float* __restrict__ o_part, float* __restrict__ ml_part) {
+                     const uint16_t* __restrict__ cache_layer, MlaShape s, int64_t kp, int64_t rp,
+                     const int32_t* __restrict__ sel_count, const int32_t* __restrict__ sel_pos,
+                     int64_t sel_stride, float* __restrict__ o_part, float* __restrict__ ml_part) {
   extern __shared__ float smem_raw[];
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) &
                                        ~(uintptr_t{kSmemAlign} - 1));
@@ -239,7 +237,7 @@ __global__ void __launch_bounds__(kTcThreads)
 __global__ void __launch_bounds__(kTcThreads)
     MlaTcCombineKernel(const int32_t* __restrict__ tiles, const float* __restrict__ o_part,
                        const float* __restrict__ ml_part, int64_t splits, int64_t rp,
-                       const uint16_t* __restrict__ kv_b, Fp8DeviceMatrix kv_b8, MlaShapeDev s,
+                       const uint16_t* __restrict__ kv_b, Fp8DeviceMatrix kv_b8, MlaShape s,
                        const int32_t* __restrict__ sel_count, uint16_t* __restrict__ out) {
   extern __shared__ float o_lat[];
   const int32_t* tile = tiles + blockIdx.x * kTileInts;
@@ -277,7 +275,7 @@ __global__ void __launch_bounds__(kTcThreads)
 
 }  // namespace
 
-MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& s, int64_t max_keys) {
+MlaTcLayout MlaTcLayoutFor(const MlaShape& s, int64_t max_keys) {
   MlaTcLayout l;
   l.kp = RoundUp16(s.latent_dim + s.rope_dim);
   l.rp = RoundUp16(s.latent_dim);
@@ -294,7 +292,7 @@ MlaTcLayout MlaTcLayoutFor(const MlaShapeDev& s, int64_t max_keys) {
 cudaError_t LaunchMlaAttentionTc(const float* q, int64_t tokens, const int32_t* tiles,
                                  int num_tiles, const int32_t* block_tables,
                                  const uint16_t* cache_layer, const uint16_t* kv_b,
-                                 const Fp8DeviceMatrix& kv_b8, const MlaShapeDev& shape,
+                                 const Fp8DeviceMatrix& kv_b8, const MlaShape& shape,
                                  const int32_t* sel_count, const int32_t* sel_pos,
                                  int64_t sel_stride, const MlaTcLayout& layout,
                                  const MlaTcScratch& scratch, uint16_t* out, cudaStream_t stream) {

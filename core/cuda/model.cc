@@ -8,11 +8,11 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/cublas_api.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runner.h"
-#include "core/status_macros.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -102,10 +102,10 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     const int64_t index_smem = 4 * (c.index_n_heads * c.index_head_dim + c.index_n_heads);
     const int64_t mla_smem = 4 * (c.qk_head_dim() + 2 * c.kv_lora_rank);
     if (index_smem > 48 * 1024 || mla_smem > 48 * 1024) {
-      return absl::UnimplementedError(absl::StrCat(
-          "CUDA backend: index_n_heads x (index_head_dim + 1) = ", index_smem / 4,
-          " or qk_head_dim + 2 kv_lora_rank = ", mla_smem / 4,
-          " exceeds the MLA kernels' 12288 shared-memory floats"));
+      return absl::UnimplementedError(
+          absl::StrCat("CUDA backend: index_n_heads x (index_head_dim + 1) = ", index_smem / 4,
+                       " or qk_head_dim + 2 kv_lora_rank = ", mla_smem / 4,
+                       " exceeds the MLA kernels' 12288 shared-memory floats"));
     }
     // A shared indexer layer reads the selection of the full layer before it in the same
     // step (CreateModelRunner refuses such spans too; CudaModel::Create is public).
@@ -119,12 +119,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
                      " query heads per kv head (max ", kMaxGqaGroup, ") not supported"));
   }
   // The router row limits (rowmath::kMax*) are ValidateConfig's, for both backends.
-  router_.n_experts = static_cast<int>(c.n_routed_experts);
-  router_.top_k = static_cast<int>(c.num_experts_per_tok);
-  router_.n_group = static_cast<int>(c.n_group);
-  router_.topk_group = static_cast<int>(c.topk_group);
-  router_.norm_topk_prob = c.norm_topk_prob;
-  router_.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  router_ = RouterParamsOf(c);
   // MLA tiles hold one token: its kernels run one block per (token, head).
   tile_tokens_ = is_mla_ ? 1 : AttentionTileTokens(group);
 
@@ -161,14 +156,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   if (is_mla_ && options_.mla_tensor_cores) {
     // Every token attends to at most index_topk keys when the span has an indexer (a shorter
     // context is dense), else to its whole context.
-    MlaShapeDev shape;
-    shape.heads = c.num_attention_heads;
-    shape.nope_dim = c.qk_nope_head_dim;
-    shape.rope_dim = c.qk_rope_head_dim;
-    shape.v_dim = c.v_head_dim;
-    shape.latent_dim = c.kv_lora_rank;
     mla_tc_layout_ =
-        MlaTcLayoutFor(shape, has_indexer_ ? c.index_topk : c.max_position_embeddings);
+        MlaTcLayoutFor(MlaShapeOf(c), has_indexer_ ? c.index_topk : c.max_position_embeddings);
     const MlaTcLayout& l = mla_tc_layout_;
     const int64_t per_token = l.q_cat_elems * 2 + 4 * (l.o_part_floats + l.ml_part_floats);
     // A power of two, so that every graph bucket up to it fits.

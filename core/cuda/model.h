@@ -1,5 +1,5 @@
 // CudaModel: the GLM-4.5 stack on one NVIDIA GPU, behind the same ModelRunner interface as
-// the CpuModel (core/model.h) and computing the same forward (see there and
+// the CpuModel (core/cpu/cpu_model.h) and computing the same forward (see there and
 // docs/model.md), in bf16 weights and activations with fp32 accumulation:
 //
 //   h (fp32 residual) = embed(tokens)
@@ -38,8 +38,8 @@
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
-#include "core/model_runner.h"
-#include "core/ops/row_math.h"
+#include "core/model/model_runner.h"
+#include "core/model/row_math.h"
 
 namespace glmserve::cuda {
 
@@ -94,7 +94,7 @@ class CudaModel final : public ModelRunner {
   int64_t weight_bytes() const override { return weights_.bytes; }
   int64_t kv_bytes_per_token() const override;
   // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the
-  // CPU's format (core/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
+  // CPU's format (core/model/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
   // A cache in device memory (bf16, or FP8 codes then scales after SetKvCacheDType; zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
@@ -195,7 +195,7 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueMla(int64_t layer, KvCache* cache);  // GLM-5 (layers_mla.cc)
   // Tiles scored per indexer launch (bounds index_scores_ to kIndexerTiles x max_kv_len).
   static constexpr int64_t kIndexerTiles = 64;
-  absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShapeDev& mla);
+  absl::Status EnqueueIndexer(int64_t layer, uint16_t* cache_layer, const MlaShape& mla);
   absl::Status EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows);
   // FP8 linear layers (layers_fp8.cc): y[i * y_ld + c] = x[i] . W[c] through the GEMV, the
   // tensor-core GEMM or the tiled kernel.

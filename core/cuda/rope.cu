@@ -15,7 +15,7 @@ constexpr int kPerLane = static_cast<int>(kMaxHeadDim / 32);
 // moves the matching v head). The head vector is staged in a per-warp shared row so that a
 // lane can read its rotation partner (channel i pairs with i + rotary_dim / 2).
 // The cache is bf16 (cache_layer) or FP8 (kv_codes / kv_scales set, cache_layer null: each
-// (token, KV head) row encoded from its own fp32 values, as core/kv_fp8.cc EncodeKvRow).
+// (token, KV head) row encoded from its own fp32 values, as core/model/kv_fp8.cc EncodeKvRow).
 __global__ void __launch_bounds__(kRopeThreads)
     QkNormRopeKvKernel(float* __restrict__ qkv, QkvShape shape, const float* __restrict__ bias,
                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,

@@ -1,12 +1,13 @@
 // The CUDA backend's entry points (core/cuda/runner.h) in builds with GLMSERVE_CUDA on.
 // Device presence is a run-time question: a driver-less machine or one without a GPU gets
 // false here (never an abort), so one binary serves both.
+#include "core/cuda/runner.h"
+
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/model.h"
-#include "core/cuda/runner.h"
-#include "core/status_macros.h"
 
 namespace glmserve {
 namespace {

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/config.h"
-#include "core/gpu_memory_plan.h"
-#include "core/model_runner.h"
+#include "core/model/config.h"
+#include "core/model/gpu_memory_plan.h"
+#include "core/model/model_runner.h"
 
 namespace glmserve {
 
@@ -19,7 +19,7 @@ bool CudaDeviceAvailable();
 std::string CudaDeviceDescription();
 
 // The first GPU's free and total memory (cudaMemGetInfo); FAILED_PRECONDITION without one.
-// For the memory planner (core/gpu_memory_plan.h).
+// For the memory planner (core/model/gpu_memory_plan.h).
 absl::StatusOr<GpuMemoryInfo> CudaMemoryInfo();
 
 // Why the CUDA backend cannot run `config` ("" when it can). Every architecture the loader

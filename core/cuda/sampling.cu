@@ -1,5 +1,5 @@
 // Row scans for sampling on the device: each row's argmax, and each row's k largest values,
-// with exactly the CPU sampler's semantics (core/sampler_scan.h: NaN read as -inf, ties to
+// with exactly the CPU sampler's semantics (core/engine/sampler_scan.h: NaN read as -inf, ties to
 // the lower id, float compares), so that the host can finish a draw from a few candidates
 // per sequence instead of the whole 151552-wide row.
 //

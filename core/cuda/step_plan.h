@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/forward_types.h"
+#include "core/model/forward_types.h"
 
 namespace glmserve::cuda {
 

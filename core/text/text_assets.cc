@@ -3,8 +3,8 @@
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
-#include "core/file_io.h"
-#include "core/status_macros.h"
+#include "core/base/file_io.h"
+#include "core/base/status_macros.h"
 #include "core/text/chat_format.h"
 #include "nlohmann/json.hpp"
 

@@ -30,7 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/engine.h"
+#include "core/request/generate_request.h"
 #include "core/text/chat_format.h"
 #include "core/text/detokenizer.h"
 #include "core/text/output_parser.h"
@@ -49,7 +49,7 @@ inline constexpr StopStringLimits kStopStringLimits{};
 struct TextInput {
   std::optional<std::string> prompt_text;
   std::vector<ChatMessage> messages;
-  ChatOptions chat;  // tools_json, enable_thinking, add_generation_prompt (messages only)
+  ChatOptions chat;        // tools_json, enable_thinking, add_generation_prompt (messages only)
   ToolChoice tool_choice;  // messages only; "none" leaves chat.tools_json out of the prompt
   bool is_chat() const { return !prompt_text.has_value(); }
 };

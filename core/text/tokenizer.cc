@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/file_io.h"
-#include "core/status_macros.h"
+#include "core/base/file_io.h"
+#include "core/base/status_macros.h"
 #include "core/text/pretokenizer.h"
 #include "core/text/unicode.h"
 #include "nlohmann/json.hpp"
@@ -115,127 +115,138 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string
   return FromJson(json, path, limits);
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view text,
-                                                               std::string_view origin_view,
-                                                               const TokenizerLimits& limits) {
-  const std::string origin(origin_view);
-  if (text.size() > limits.max_file_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        origin, ": ", text.size(), " bytes, more than the limit ", limits.max_file_bytes));
-  }
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
-  }
-  if (!IsNullOrAbsent(j, "normalizer")) return Refuse(origin, "a normalizer is set");
-  if (!IsNullOrAbsent(j, "truncation") || !IsNullOrAbsent(j, "padding")) {
-    return Refuse(origin, "truncation or padding is set");
-  }
-  if (!IsNullOrAbsent(j, "post_processor") &&
-      j.at("post_processor").value("type", "") != "ByteLevel") {
-    return Refuse(origin, "post_processor is neither null nor ByteLevel");
-  }
-  if (!j.contains("pre_tokenizer")) return Refuse(origin, "no pre_tokenizer");
-  RETURN_IF_ERROR(CheckPreTokenizer(j.at("pre_tokenizer"), origin));
-  if (!j.contains("decoder") || !j.at("decoder").is_object() ||
-      j.at("decoder").value("type", "") != "ByteLevel") {
-    return Refuse(origin, "decoder is not ByteLevel");
-  }
-  if (!j.contains("model") || !j.at("model").is_object()) return Refuse(origin, "no model");
-  const Json& model = j.at("model");
-  if (model.value("type", "") != "BPE") return Refuse(origin, "model type is not BPE");
-  if (!IsNullOrAbsent(model, "dropout")) return Refuse(origin, "BPE dropout is set");
-  if (!IsNullOrAbsent(model, "unk_token")) return Refuse(origin, "BPE unk_token is set");
-  if (BoolField(model, "byte_fallback", false)) return Refuse(origin, "BPE byte_fallback is on");
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (!IsNullOrAbsent(model, key) &&
-        !(model.at(key).is_string() && model.at(key).get<std::string>().empty())) {
-      return Refuse(origin, absl::StrCat("BPE ", key, " is set"));
+// FromJson's parts, each a step of reading tokenizer.json (a friend: they fill the
+// tokenizer's private tables).
+struct Tokenizer::JsonLoader {
+  const std::string& origin;
+  const TokenizerLimits& limits;
+  Tokenizer* tok;
+
+  // Everything outside byte-level BPE with GLM-4.5's pre-tokenizer is refused, naming it.
+  static absl::Status CheckStructure(const Json& j, const std::string& origin) {
+    if (!IsNullOrAbsent(j, "normalizer")) return Refuse(origin, "a normalizer is set");
+    if (!IsNullOrAbsent(j, "truncation") || !IsNullOrAbsent(j, "padding")) {
+      return Refuse(origin, "truncation or padding is set");
     }
-  }
-  if (!model.contains("vocab") || !model.at("vocab").is_object() || !model.contains("merges") ||
-      !model.at("merges").is_array()) {
-    return Refuse(origin, "BPE model without a vocab object and a merges array");
+    if (!IsNullOrAbsent(j, "post_processor") &&
+        j.at("post_processor").value("type", "") != "ByteLevel") {
+      return Refuse(origin, "post_processor is neither null nor ByteLevel");
+    }
+    if (!j.contains("pre_tokenizer")) return Refuse(origin, "no pre_tokenizer");
+    RETURN_IF_ERROR(CheckPreTokenizer(j.at("pre_tokenizer"), origin));
+    if (!j.contains("decoder") || !j.at("decoder").is_object() ||
+        j.at("decoder").value("type", "") != "ByteLevel") {
+      return Refuse(origin, "decoder is not ByteLevel");
+    }
+    if (!j.contains("model") || !j.at("model").is_object()) return Refuse(origin, "no model");
+    const Json& model = j.at("model");
+    if (model.value("type", "") != "BPE") return Refuse(origin, "model type is not BPE");
+    if (!IsNullOrAbsent(model, "dropout")) return Refuse(origin, "BPE dropout is set");
+    if (!IsNullOrAbsent(model, "unk_token")) return Refuse(origin, "BPE unk_token is set");
+    if (BoolField(model, "byte_fallback", false)) return Refuse(origin, "BPE byte_fallback is on");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (!IsNullOrAbsent(model, key) &&
+          !(model.at(key).is_string() && model.at(key).get<std::string>().empty())) {
+        return Refuse(origin, absl::StrCat("BPE ", key, " is set"));
+      }
+    }
+    if (!model.contains("vocab") || !model.at("vocab").is_object() || !model.contains("merges") ||
+        !model.at("merges").is_array()) {
+      return Refuse(origin, "BPE model without a vocab object and a merges array");
+    }
+    return absl::OkStatus();
   }
 
-  auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
-  tok->limits_ = limits;
-  tok->ignore_merges_ = BoolField(model, "ignore_merges", false);
-  const Json& vocab = model.at("vocab");
-  if (vocab.size() > limits.max_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": vocabulary of ", vocab.size(),
-                                                   " entries, more than ", limits.max_vocab));
-  }
-  const auto place = [&](int64_t id, const std::string& what) -> absl::Status {
+  // Makes room for token `id`: INVALID_ARGUMENT (naming `what`) outside [0, max_vocab).
+  absl::Status Place(int64_t id, const std::string& what) const {
     if (id < 0 || id >= static_cast<int64_t>(limits.max_vocab)) {
       return absl::InvalidArgumentError(absl::StrCat(origin, ": ", what, " has id ", id,
                                                      ", outside [0, ", limits.max_vocab, ")"));
     }
     if (static_cast<size_t>(id) >= tok->tokens_.size()) tok->tokens_.resize(id + 1);
     return absl::OkStatus();
-  };
-  // The vocabulary as a string -> id map too (merges name tokens by their strings).
-  absl::flat_hash_map<std::string, int32_t> by_string;
-  by_string.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ": vocab entry '", it.key(), "' has no integer id"));
-    }
-    const int64_t id = it.value().get<int64_t>();
-    RETURN_IF_ERROR(place(id, absl::StrCat("vocab entry '", it.key(), "'")));
-    TokenInfo& info = tok->tokens_[id];
-    if (info.present) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ": id ", id, " appears twice"));
-    }
-    bool mapped;
-    info.bytes = TokenToBytes(it.key(), &mapped);
-    info.present = true;
-    by_string[it.key()] = static_cast<int32_t>(id);
-    if (mapped) tok->vocab_[info.bytes] = static_cast<int32_t>(id);
-  }
-  for (int b = 0; b < 256; ++b) {
-    auto it = tok->vocab_.find(std::string(1, static_cast<char>(b)));
-    if (it == tok->vocab_.end()) {
-      // HF would drop such bytes from the output silently: refuse instead.
-      return Refuse(origin, absl::StrCat("the vocabulary lacks the token of byte ", b));
-    }
-    tok->byte_id_[b] = it->second;
-  }
-  const Json& merges = model.at("merges");
-  if (merges.size() > limits.max_vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": ", merges.size(), " merges, more than ", limits.max_vocab));
-  }
-  tok->merges_.reserve(merges.size());
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const Json& m = merges[rank];
-    std::string a, b;
-    if (m.is_string()) {  // "a b"
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " is not 'a b'"));
-      }
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " is malformed"));
-    }
-    auto ia = by_string.find(a), ib = by_string.find(b), iab = by_string.find(a + b);
-    if (ia == by_string.end() || ib == by_string.end() || iab == by_string.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " ('", a, "', '", b,
-                                                     "') names a token not in the vocabulary"));
-    }
-    // A repeated pair keeps its last rank, as HF's map construction does.
-    tok->merges_[(uint64_t{static_cast<uint32_t>(ia->second)} << 32) |
-                 static_cast<uint32_t>(ib->second)] = {static_cast<uint32_t>(rank), iab->second};
   }
 
-  if (j.contains("added_tokens") && !j.at("added_tokens").is_null()) {
+  // model.vocab: the tokens' bytes, the byte -> id table; `by_string` gets string -> id.
+  absl::Status ReadVocab(const Json& model,
+                         absl::flat_hash_map<std::string, int32_t>* by_string_out) const {
+    absl::flat_hash_map<std::string, int32_t>& by_string = *by_string_out;
+    const Json& vocab = model.at("vocab");
+    if (vocab.size() > limits.max_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": vocabulary of ", vocab.size(),
+                                                     " entries, more than ", limits.max_vocab));
+    }
+    by_string.reserve(vocab.size());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!it.value().is_number_integer()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(origin, ": vocab entry '", it.key(), "' has no integer id"));
+      }
+      const int64_t id = it.value().get<int64_t>();
+      RETURN_IF_ERROR(Place(id, absl::StrCat("vocab entry '", it.key(), "'")));
+      TokenInfo& info = tok->tokens_[id];
+      if (info.present) {
+        return absl::InvalidArgumentError(absl::StrCat(origin, ": id ", id, " appears twice"));
+      }
+      bool mapped;
+      info.bytes = TokenToBytes(it.key(), &mapped);
+      info.present = true;
+      by_string[it.key()] = static_cast<int32_t>(id);
+      if (mapped) tok->vocab_[info.bytes] = static_cast<int32_t>(id);
+    }
+    for (int b = 0; b < 256; ++b) {
+      auto it = tok->vocab_.find(std::string(1, static_cast<char>(b)));
+      if (it == tok->vocab_.end()) {
+        // HF would drop such bytes from the output silently: refuse instead.
+        return Refuse(origin, absl::StrCat("the vocabulary lacks the token of byte ", b));
+      }
+      tok->byte_id_[b] = it->second;
+    }
+    return absl::OkStatus();
+  }
+
+  // model.merges ("a b" strings or [a, b] pairs), by rank.
+  absl::Status ReadMerges(const Json& model,
+                          const absl::flat_hash_map<std::string, int32_t>& by_string) const {
+    const Json& merges = model.at("merges");
+    if (merges.size() > limits.max_vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": ", merges.size(), " merges, more than ", limits.max_vocab));
+    }
+    tok->merges_.reserve(merges.size());
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const Json& m = merges[rank];
+      std::string a, b;
+      if (m.is_string()) {  // "a b"
+        const std::string s = m.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(origin, ": merge ", rank, " is not 'a b'"));
+        }
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        a = m[0].get<std::string>();
+        b = m[1].get<std::string>();
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " is malformed"));
+      }
+      auto ia = by_string.find(a), ib = by_string.find(b), iab = by_string.find(a + b);
+      if (ia == by_string.end() || ib == by_string.end() || iab == by_string.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(origin, ": merge ", rank, " ('", a, "', '",
+                                                       b,
+                                                       "') names a token not in the vocabulary"));
+      }
+      // A repeated pair keeps its last rank, as HF's map construction does.
+      tok->merges_[(uint64_t{static_cast<uint32_t>(ia->second)} << 32) |
+                   static_cast<uint32_t>(ib->second)] = {static_cast<uint32_t>(rank), iab->second};
+    }
+    return absl::OkStatus();
+  }
+
+  // added_tokens: content, id, special / normalized; refused options named.
+  absl::Status ReadAddedTokens(const Json& j) const {
     const Json& added = j.at("added_tokens");
     if (!added.is_array()) return Refuse(origin, "added_tokens is not an array");
     if (added.size() > 65536) {
@@ -256,7 +267,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
         }
       }
       const int64_t id = a.at("id").get<int64_t>();
-      RETURN_IF_ERROR(place(id, absl::StrCat("added token '", content, "'")));
+      RETURN_IF_ERROR(Place(id, absl::StrCat("added token '", content, "'")));
       TokenInfo& info = tok->tokens_[id];
       bool mapped;
       std::string bytes = TokenToBytes(content, &mapped);
@@ -279,6 +290,34 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
                      [](const AddedToken& x, const AddedToken& y) {
                        return x.content.size() > y.content.size();
                      });
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view text,
+                                                               std::string_view origin_view,
+                                                               const TokenizerLimits& limits) {
+  const std::string origin(origin_view);
+  if (text.size() > limits.max_file_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": ", text.size(), " bytes, more than the limit ", limits.max_file_bytes));
+  }
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
+  }
+  RETURN_IF_ERROR(JsonLoader::CheckStructure(j, origin));
+  const Json& model = j.at("model");
+  auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
+  tok->limits_ = limits;
+  tok->ignore_merges_ = BoolField(model, "ignore_merges", false);
+  const JsonLoader loader{origin, limits, tok.get()};
+  // The vocabulary as a string -> id map too (merges name tokens by their strings).
+  absl::flat_hash_map<std::string, int32_t> by_string;
+  RETURN_IF_ERROR(loader.ReadVocab(model, &by_string));
+  RETURN_IF_ERROR(loader.ReadMerges(model, by_string));
+  if (j.contains("added_tokens") && !j.at("added_tokens").is_null()) {
+    RETURN_IF_ERROR(loader.ReadAddedTokens(j));
   }
   for (const TokenInfo& t : tok->tokens_) {
     tok->max_token_bytes_ = std::max(tok->max_token_bytes_, t.bytes.size());

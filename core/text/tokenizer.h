@@ -77,6 +77,8 @@ class Tokenizer {
   };
 
   Tokenizer() = default;
+  struct JsonLoader;  // FromJson's parts (tokenizer.cc)
+  friend struct JsonLoader;
   // Appends the ids of one pre-token (raw bytes).
   void EncodeWord(std::string_view word, std::vector<int32_t>* ids) const;
   // Appends the ids of a stretch of text with no added token in it. False, with the work

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "core/text/py_json.h"
 #include "core/text/unicode.h"
 #include "nlohmann/json.hpp"

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/engine.h"
+#include "core/request/generate_request.h"
 #include "core/text/chat_format.h"
 #include "core/text/tokenizer.h"
 

@@ -10,7 +10,7 @@
 #include "absl/strings/strip.h"
 #include "boost/beast/http/error.hpp"
 #include "boost/beast/http/status.hpp"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/http/openai_error.h"
 
 namespace glmserve {

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
 
 namespace glmserve {
 

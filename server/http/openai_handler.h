@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "server/http/http_server.h"
 #include "server/http/openai_request.h"
 #include "server/metrics.h"

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "core/engine.h"
+#include "core/engine/engine.h"
 #include "core/text/text_generation.h"
 #include "nlohmann/json.hpp"
 

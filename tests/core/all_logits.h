@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/model_runner.h"
+#include "core/model/model_runner.h"
 
 namespace glmserve::testing {
 

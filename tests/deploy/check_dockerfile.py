@@ -157,7 +157,7 @@ def main():
                 if line.strip() and not line.strip().startswith("#")]
     for path in (".git", "build", "build-deploy/x", "out", "deploy/base/deployment.yaml"):
         f.check(dockerignore_excludes(patterns, path), f".dockerignore must exclude {path}")
-    needed = ["CMakeLists.txt", "core/engine.cc", "server/main.cc", "client/main.cc", "proto",
+    needed = ["CMakeLists.txt", "core/engine/engine.cc", "server/main.cc", "client/main.cc", "proto",
               "tools/build.sh", "tools/install_deps.sh", "tools/runtime_packages.sh", "tools/CMakeLists.txt"]
     for stage in stages:
         for c in stage.all("COPY"):

@@ -1,7 +1,7 @@
 // config.json from a checkpoint: any text either parses into a config that validates and
 // survives a write-and-parse round trip, or is an error naming what is wrong.
-#include "core/checkpoint.h"
-#include "core/config.h"
+#include "core/model/checkpoint.h"
+#include "core/model/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

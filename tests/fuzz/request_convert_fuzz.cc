@@ -9,8 +9,8 @@
 // input, as each raw method's request type: it refuses nothing protobuf accepts (short of its
 // nesting bound), and what it accepts parses with valid UTF-8 in every string field. The
 // first byte picks the message type for the conversion.
-#include "core/checkpoint.h"
-#include "core/model.h"
+#include "core/cpu/cpu_model.h"
+#include "core/model/checkpoint.h"
 #include "core/text/unicode.h"
 #include "inference/grpc_service.pb.h"
 #include "server/convert.h"
@@ -133,12 +133,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       GLM_FUZZ_CHECK(ClientError(out.status().code()));
       return 0;
     }
-    GLM_FUZZ_CHECK(!out->prompt.empty() &&
-                   static_cast<int64_t>(out->prompt.size()) <= limits.max_prompt_tokens);
-    // Token ids, sampling values and top_logprobs are the engine's rules (Engine::Submit,
-    // tests/core/engine_test.cc), not the wire conversion's: not checked here.
-    GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
-                   out->stop.max_new_tokens <= limits.max_new_tokens);
+    // The prompt as given; an explicit max_new_tokens as given, an unset one the default
+    // fitted to the context. The prompt's length, token ids, max_new_tokens' range, sampling
+    // values and top_logprobs are the engine's rules (Engine::Submit,
+    // tests/core/engine/engine_test.cc), not the wire conversion's: not checked here.
+    GLM_FUZZ_CHECK(static_cast<int>(out->prompt.size()) == request.prompt_token_ids_size());
+    if (request.stop().has_max_new_tokens()) {
+      GLM_FUZZ_CHECK(out->stop.max_new_tokens == request.stop().max_new_tokens());
+    } else {
+      GLM_FUZZ_CHECK(out->stop.max_new_tokens >= 1 &&
+                     out->stop.max_new_tokens <= limits.default_max_new_tokens);
+    }
     return 0;
   }
   glmserve::v1::ForwardRequest request;

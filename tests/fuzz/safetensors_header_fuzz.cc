@@ -1,7 +1,7 @@
 // A safetensors image from a checkpoint: any bytes either parse into tensors that lie inside
 // the image and tile its data section, or are an error. Never a crash or an out-of-bounds read
 // (the target reads every byte of every tensor it is handed).
-#include "core/safetensors.h"
+#include "core/model/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

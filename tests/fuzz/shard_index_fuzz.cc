@@ -1,6 +1,6 @@
 // model.safetensors.index.json: any text either names shards that are plain files inside the
 // checkpoint directory, or is an error. A hostile index never points the loader elsewhere.
-#include "core/safetensors.h"
+#include "core/model/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

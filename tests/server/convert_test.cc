@@ -10,8 +10,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/config.h"
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "core/model/config.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/tensor_codec.h"
 #include "server/status.h"

@@ -9,7 +9,8 @@
 #include <fstream>
 #include <limits>
 
-#include "core/checkpoint.h"
+#include "core/engine/runner_factory.h"
+#include "core/model/checkpoint.h"
 #include "tests/server/test_server.h"
 #include "tests/test_util.h"
 

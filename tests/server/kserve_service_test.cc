@@ -7,7 +7,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "grpcpp/create_channel.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "proto/tensor_codec.h"

@@ -9,7 +9,8 @@
 #include <limits>
 #include <thread>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "core/engine/runner_factory.h"
 #include "proto/tensor_codec.h"
 #include "tests/server/test_server.h"
 

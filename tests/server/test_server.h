@@ -22,9 +22,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
-#include "core/model_runner.h"
+#include "core/engine/runner_factory.h"
+#include "core/model/checkpoint.h"
+#include "core/model/config.h"
 #include "core/text/text_assets.h"
 #include "server/server.h"
 

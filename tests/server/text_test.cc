@@ -6,8 +6,8 @@
 #include <signal.h>
 
 #include "absl/strings/match.h"
-#include "core/checkpoint.h"
-#include "core/config.h"
+#include "core/model/checkpoint.h"
+#include "core/model/config.h"
 #include "core/text/text_generation.h"
 #include "tests/server/test_server.h"
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/npy.h"
+#include "core/base/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 
@@ -64,7 +64,7 @@ TEST_P(GlmRunGoldenTest, ReproducesGoldenGreedyLogitsAndHiddenStates) {
 INSTANTIATE_TEST_SUITE_P(Goldens, GlmRunGoldenTest,
                          ::testing::Values("qknorm_bias_fp32", "glm5_fp32"));
 // Every CPU math mode on the bf16 golden: each says which it ran and reproduces the
-// reference's greedy tokens (the mode's logits tolerances are in tests/core/golden_test.cc).
+// reference's greedy tokens (the mode's logits tolerances are in tests/core/engine/golden_test.cc).
 TEST(GlmRunTest, EveryCpuMathModeReproducesTheBf16GoldenGreedy) {
   const std::string dir = testing::GoldenDir("bf16");
   std::ifstream in(dir + "/expected.json");
@@ -82,7 +82,7 @@ TEST(GlmRunTest, EveryCpuMathModeReproducesTheBf16GoldenGreedy) {
     EXPECT_NE(r.output.find("greedy    " + absl::StrJoin(greedy, ",")), std::string::npos)
         << r.output;
   }
-  // Int8 weights (tests/core/quantize_test.cc measures their accuracy) say so.
+  // Int8 weights (tests/core/cpu/quantize_test.cc measures their accuracy) say so.
   const RunResult q8 = RunGlmRun(absl::StrCat(
       "--model=", dir, " --cpu_math=bf16 --weight_dtype=int8 --prompt=", absl::StrJoin(prompt, ","),
       " --max_new_tokens=", greedy.size()));

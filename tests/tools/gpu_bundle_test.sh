@@ -16,8 +16,8 @@ bash "$root/tools/gpu_bundle.sh" --no-build --build-dir "$build" --out "$work/bu
   { cat "$work/pack.log"; die "packing failed"; }
 bundle="$work/bundle"
 for f in run.sh MANIFEST bin/gpu_bench bin/glm-server bin/glm-client bin/glm-run \
-  bin/host_bench bin/sampler_bench bin/core_cuda_model_cuda_test bin/core_runner_conformance_test \
-  bin/core_golden_test golden/README.md; do
+  bin/host_bench bin/sampler_bench bin/core_cuda_model_cuda_test bin/core_engine_runner_conformance_test \
+  bin/core_engine_golden_test golden/README.md; do
   [ -e "$bundle/$f" ] || die "the bundle lacks $f"
 done
 ls "$bundle/lib" | grep -q '^libgrpc++\.so' || die "the bundle lacks libgrpc++"
@@ -35,7 +35,7 @@ cp -r "$bundle/golden/sharded_fp32" "$work/golden/carried_sharded"
 rm -rf "$bundle/golden"
 mv "$work/golden" "$bundle/golden"
 listed="$(LD_LIBRARY_PATH="$bundle/lib" GLMSERVE_GOLDEN_DIR="$bundle/golden" \
-  "$bundle/bin/core_golden_test" --gtest_list_tests |
+  "$bundle/bin/core_engine_golden_test" --gtest_list_tests |
   sed -n 's|^  LogitsHiddenStatesAndGreedyMatchTransformers/cuda_\([a-z0-9_]*\).*|\1|p' |
   sort | tr '\n' ' ')"
 [ "$listed" = "carried_bf16 carried_sharded " ] ||
@@ -49,7 +49,7 @@ done
 OUT="$work/logs" bash "$bundle/run.sh" --no-gpu >"$work/run.log" 2>&1 ||
   { cat "$work/run.log"; die "run.sh --no-gpu failed"; }
 grep -q "done: every step passed" "$work/logs/summary.txt" || die "no success line in summary"
-for t in core_cuda_model_cuda_test core_runner_conformance_test core_golden_test; do
+for t in core_cuda_model_cuda_test core_engine_runner_conformance_test core_engine_golden_test; do
   grep -q "ok   $t" "$work/logs/summary.txt" || die "$t not run"
 done
 grep -q "GLMSERVE_GOLDEN_DIR=$bundle/golden" "$work/logs/environment.txt" ||

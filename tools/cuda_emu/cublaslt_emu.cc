@@ -29,8 +29,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/base/dtype.h"
 #include "core/cuda/cublaslt_api.h"
-#include "core/dtype.h"
 
 struct EmuCublasLt {
   int unused = 0;

@@ -1,15 +1,14 @@
 // Device selection, in every build: with or without the CUDA backend and with or without a
 // GPU, --device=cuda either gives a GPU runner or a clear FAILED_PRECONDITION, and auto falls
 // back to the CPU.
-#include "core/cuda/runner.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "absl/strings/match.h"
-#include "core/checkpoint.h"
-#include "core/model_runner.h"
+#include "core/cuda/runner.h"
+#include "core/engine/runner_factory.h"
+#include "core/model/checkpoint.h"
 
 namespace glmserve {
 namespace {

@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/base/dtype.h"
 #include "core/cuda/runner.h"
-#include "core/dtype.h"
 
 #define GLM_REQUIRE_CUDA_DEVICE()                                                        \
   do {                                                                                   \

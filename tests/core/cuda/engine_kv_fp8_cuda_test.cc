@@ -14,11 +14,11 @@
 // 1e-2 (sampled requests may legitimately diverge after a near-tie and are not compared).
 #include <gtest/gtest.h>
 
-#include "core/checkpoint.h"
 #include "core/cuda/model.h"
-#include "core/engine.h"
+#include "core/engine/engine.h"
+#include "core/model/checkpoint.h"
 #include "tests/core/cuda/cuda_test_util.h"
-#include "tests/core/engine_harness.h"
+#include "tests/core/engine/engine_harness.h"
 
 namespace glmserve::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// The CUDA FP8 kernels (core/cuda/fp8_linear.cu) against the CPU's FP8 path (core/ops/linear.h
+// The CUDA FP8 kernels (core/cuda/fp8_linear.cu) against the CPU's FP8 path (core/cpu/ops/linear.h
 // on a kFp8Scaled matrix) on awkward shapes: K not a multiple of 128 (partial scale blocks),
 // one output row, one activation row, the GEMV / GEMM boundary, per-channel and 128x128
 // block scales, and many experts with uneven (and empty) row counts. Outputs are poisoned
@@ -12,10 +12,10 @@
 #include <cmath>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/cpu/ops/linear.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
-#include "core/ops/linear.h"
+#include "core/model/checkpoint.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"

@@ -15,15 +15,15 @@
 #include <limits>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/base/dtype.h"
+#include "core/base/npy.h"
 #include "core/cuda/cublaslt_api.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/model.h"
-#include "core/dtype.h"
-#include "core/kv_fp8.h"
-#include "core/npy.h"
+#include "core/model/checkpoint.h"
+#include "core/model/kv_fp8.h"
 #include "nlohmann/json.hpp"
 #include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"

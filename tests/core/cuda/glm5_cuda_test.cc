@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/cpu/cpu_model.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/model.h"
-#include "core/model.h"
+#include "core/model/checkpoint.h"
 #include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"

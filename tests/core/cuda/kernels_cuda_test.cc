@@ -1,4 +1,4 @@
-// Each CUDA kernel against the CPU backend's op (core/ops) on fresh random inputs, several
+// Each CUDA kernel against the CPU backend's op (core/cpu/ops) on fresh random inputs, several
 // shapes including awkward ones. Outputs are poisoned (0xff bytes: NaN in fp32 and bf16)
 // before every run, so an element a kernel forgets to write shows up as NaN.
 //
@@ -13,18 +13,18 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/embedding.h"
+#include "core/cpu/ops/ffn.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/moe.h"
+#include "core/cpu/ops/norm.h"
+#include "core/cpu/ops/rope.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
-#include "core/kv_cache.h"
-#include "core/ops/attention.h"
-#include "core/ops/embedding.h"
-#include "core/ops/ffn.h"
-#include "core/ops/linear.h"
-#include "core/ops/moe.h"
-#include "core/ops/norm.h"
-#include "core/ops/rope.h"
+#include "core/model/kv_cache.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"

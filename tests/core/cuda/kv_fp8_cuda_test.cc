@@ -1,4 +1,4 @@
-// The FP8 KV cache on the CUDA runner (--kv_cache_dtype=fp8_e4m3; core/kv_fp8.h,
+// The FP8 KV cache on the CUDA runner (--kv_cache_dtype=fp8_e4m3; core/model/kv_fp8.h,
 // docs/kv_cache.md): the device writes and reads the CPU's format. The KV write kernel's codes
 // and scales are bit-identical to EncodeKvRow on the same fp32 rows; the attention kernel over
 // an FP8 cache equals the CPU's FP8 attention (and, for power-of-two scales, whose decoded
@@ -15,16 +15,16 @@
 #include <random>
 #include <vector>
 
-#include "core/checkpoint.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/attention.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/model.h"
 #include "core/cuda/step_plan.h"
-#include "core/engine.h"
-#include "core/kv_cache.h"
-#include "core/kv_fp8.h"
-#include "core/model.h"
-#include "core/ops/attention.h"
+#include "core/engine/engine.h"
+#include "core/model/checkpoint.h"
+#include "core/model/kv_cache.h"
+#include "core/model/kv_fp8.h"
 #include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
@@ -104,10 +104,11 @@ TEST_F(KvFp8Cuda, KvWriteEqualsTheCpuEncoder) {
   EXPECT_EQ(got_codes[1 * kv_dim], 0xff);
 }
 
-// The attention kernel over an FP8 cache, against the CPU's FP8 attention (core/ops/attention.h)
-// on one cache image (random codes, random scales), and against the bf16 kernel when every
-// scale is a power of two (e4m3 x 2^k is exact in bf16: the same fp32 operands, so the same
-// result bit for bit): prefill chunks after cached prefixes and decodes, several split counts.
+// The attention kernel over an FP8 cache, against the CPU's FP8 attention
+// (core/cpu/ops/attention.h) on one cache image (random codes, random scales), and against the bf16
+// kernel when every scale is a power of two (e4m3 x 2^k is exact in bf16: the same fp32 operands,
+// so the same result bit for bit): prefill chunks after cached prefixes and decodes, several split
+// counts.
 TEST_F(KvFp8Cuda, PagedAttentionMatchesCpuAndTheBf16Kernel) {
   std::mt19937 rng(7);
   const int64_t heads = 8, kv_heads = 2, hd = 32, block_size = 4, num_blocks = 48;

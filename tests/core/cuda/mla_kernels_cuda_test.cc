@@ -1,5 +1,5 @@
 // GLM-5's device kernels (core/cuda/mla.cu, dsa_indexer.cu) against the CPU backend's ops
-// (core/ops/mla.h, dsa_indexer.h) on the same inputs: a ragged two-sequence batch over a paged
+// (core/cpu/ops/mla.h, dsa_indexer.h) on the same inputs: a ragged two-sequence batch over a paged
 // latent cache whose values are bf16-representable, so that both sides read identical keys.
 //
 // The indexer's selection must be IDENTICAL (count and positions), including exact ties
@@ -12,15 +12,15 @@
 #include <cmath>
 #include <vector>
 
+#include "core/base/dtype.h"
+#include "core/cpu/ops/dsa_indexer.h"
+#include "core/cpu/ops/mla.h"
+#include "core/cpu/ops/norm.h"
+#include "core/cpu/ops/rope.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
-#include "core/dtype.h"
-#include "core/kv_cache.h"
-#include "core/ops/dsa_indexer.h"
-#include "core/ops/mla.h"
-#include "core/ops/norm.h"
-#include "core/ops/rope.h"
+#include "core/model/kv_cache.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 #include "tests/test_util.h"
@@ -109,27 +109,13 @@ struct LatentFixture {
   float* Row(size_t s, int64_t p) {
     return host->keys(0, tables[s][p / block_size]) + (p % block_size) * mla.row_width();
   }
-  MlaShapeDev Dev() const {
-    MlaShapeDev d;
-    d.heads = mla.heads;
-    d.nope_dim = mla.nope_dim;
-    d.rope_dim = mla.rope_dim;
-    d.v_dim = mla.v_dim;
-    d.latent_dim = mla.latent_dim;
-    d.row_width = mla.row_width();
+  // The device kernels address rows by block: the same shape with the block size.
+  MlaShape Dev() const {
+    MlaShape d = mla;
     d.block_size = block_size;
-    d.scale = mla.scale;
     return d;
   }
-  IndexerShapeDev DevIndexer() const {
-    IndexerShapeDev d;
-    d.heads = idx.heads;
-    d.head_dim = idx.head_dim;
-    d.rope_dim = idx.rope_dim;
-    d.topk = idx.topk;
-    d.key_offset = mla.index_offset();
-    return d;
-  }
+  IndexerShape DevIndexer() const { return idx; }
   // The device cache: the host cache's values as bf16, same layout.
   DeviceBuffer DeviceCache() const {
     const int64_t n = host->shape().num_blocks * block_size * mla.row_width();
@@ -424,7 +410,7 @@ TEST_F(CudaMlaKernels, RopeNormsAndCacheWritesMatchCpu) {
                                  d_freq.as<float>(), d_pos.as<int32_t>(), d_slots.as<int32_t>(),
                                  cache.as<uint16_t>(), nullptr),
             cudaSuccess);
-  // The CPU backend's steps (core/model_mla.cc, IndexerProject).
+  // The CPU backend's steps (core/cpu/cpu_model_mla.cc, IndexerProject).
   std::vector<float> latent(t * r), k_rot(t * dr);
   for (int64_t i = 0; i < t; ++i) {
     std::copy_n(kv_a.data() + i * (r + dr), r, latent.data() + i * r);

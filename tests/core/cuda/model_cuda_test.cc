@@ -2,14 +2,15 @@
 // decode against eager decode, both MoE expert paths, and each backend refusing the other's
 // cache. The checks every runner must pass alike
 // (incremental decode, ragged batches, chunked prefill, per-sequence logits, layer spans,
-// malformed batches) run for the CPU and the GPU in tests/core/runner_conformance_test.cc,
+// malformed batches) run for the CPU and the GPU in tests/core/engine/runner_conformance_test.cc,
 // and the golden checkpoints (GPU against Transformers and the CPU) in golden_test.cc.
 //
 // Tolerance: relative error of the norm 3e-2 between whole-model GPU and CPU results. The GPU
 // runs bf16 weights and activations (relative rounding 2^-9 per value) with fp32
-// accumulation, and those roundings compound over the layers; tests/core/golden_test.cc allows
-// the same bound between our fp32 CPU path and Hugging Face's native bf16 forward. GPU against
-// GPU (the same arithmetic, only cuBLAS algorithm choices or split counts differ) uses 1e-2.
+// accumulation, and those roundings compound over the layers; tests/core/engine/golden_test.cc
+// allows the same bound between our fp32 CPU path and Hugging Face's native bf16 forward. GPU
+// against GPU (the same arithmetic, only cuBLAS algorithm choices or split counts differ) uses
+// 1e-2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,11 +19,11 @@
 #include <numeric>
 #include <string>
 
-#include "core/checkpoint.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/ffn.h"
+#include "core/cpu/ops/moe.h"
 #include "core/cuda/model.h"
-#include "core/model.h"
-#include "core/ops/ffn.h"
-#include "core/ops/moe.h"
+#include "core/model/checkpoint.h"
 #include "tests/core/all_logits.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/test_util.h"
@@ -254,7 +255,7 @@ TEST_P(CudaModelTest, MoeExpertPathsMatchCpu) {
     gpu->set_fp8_tensor_cores(false);
   }
   const ModelConfig& c = cpu_weights.config;
-  const RouterParams router = RouterParams::FromConfig(c);
+  const RouterParams router = RouterParamsOf(c);
   for (const int64_t tokens : {1, 5, 40, 300}) {
     // The block's input as the GPU sees it (bf16), so both route the same tokens the same way.
     const std::vector<float> x = glmserve::testing::RoundBf16(
@@ -279,7 +280,7 @@ TEST_P(CudaModelTest, MoeExpertPathsMatchCpu) {
 }
 
 // Each backend refuses the other's cache (the statuses every runner gives for malformed
-// batches are checked in tests/core/runner_conformance_test.cc).
+// batches are checked in tests/core/engine/runner_conformance_test.cc).
 TEST_P(CudaModelTest, BackendsRefuseEachOthersCaches) {
   std::unique_ptr<CudaModel> gpu = Gpu(Random("tiny", GetParam()));
   ASSERT_NE(gpu, nullptr);

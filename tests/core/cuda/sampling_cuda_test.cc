@@ -1,5 +1,5 @@
 // The device row scans for sampling (core/cuda/sampling.cu) against the CPU sampler's own
-// scans (core/sampler_scan.h), which they are to replace: the same ids and values, exactly,
+// scans (core/engine/sampler_scan.h), which they are to replace: the same ids and values, exactly,
 // on rows built for the edges (ties everywhere, NaN, +-inf, -0 next to +0, all -inf, rows
 // shorter than a block, k = 1, k = vocab, k = the maximum), and the per-row finite flags.
 // Outputs are poisoned first.
@@ -13,8 +13,8 @@
 
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
-#include "core/sampler.h"
-#include "core/sampler_scan.h"
+#include "core/engine/sampler.h"
+#include "core/engine/sampler_scan.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
 

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/config.h"
+#include "core/model/config.h"
 #include "core/text/chat_format.h"
 #include "core/text/text_assets.h"
 #include "gtest/gtest.h"

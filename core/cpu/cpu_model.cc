@@ -1,0 +1,265 @@
+#include "core/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
+#include "core/cpu/ops/embedding.h"
+#include "core/cpu/ops/ffn.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/norm.h"
+#include "core/cpu/weight_align.h"
+
+namespace glmserve {
+
+CpuModel::CpuModel(ModelWeights weights, CpuMath math)
+    : weights_(std::move(weights)),
+      math_(math),
+      rope_(weights_.config.head_dim, weights_.config.rotary_dim(), weights_.config.rope_theta),
+      router_(RouterParamsOf(weights_.config)) {
+  // The AMX kernel reads weights in place as tiles, which must sit on cache lines
+  // (core/cpu/weight_align.h); a checkpoint's tensors usually do not.
+  if (math_ == CpuMath::kBf16Amx) AlignLinearMatrices(&weights_);
+  const ModelConfig& c = weights_.config;
+  if (!c.is_mla()) return;
+  mla_shape_ = MlaShapeOf(c);
+  index_shape_ = IndexerShapeOf(c);
+  for (const LayerWeights& layer : weights_.layers) {
+    absorbed_k_.push_back(AbsorbedKeyWeights(layer.mla.kv_b_proj, mla_shape_));
+  }
+}
+
+std::string CpuModel::compute_description() const {
+  // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
+  const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
+  if (weights_.linear_format == WeightFormat::kInt8Groups) {
+    // Int8 matrices run their own arithmetic (linear.h); the unquantized rest (a tied head)
+    // runs math_.
+    return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
+                        ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
+                        std::string(DTypeName(weights_.weight_dtype)),
+                        "), activations int8 per group (kernel ", LinearInt8KernelName(), ")");
+  }
+  if (weights_.linear_format == WeightFormat::kFp8Scaled) {
+    // FP8 matrices always run the exact arithmetic (linear.h); the unquantized rest as math_.
+    return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
+                        ", FP8 e4m3 weights widened exactly (kernel ",
+                        LinearKernelName(CpuMath::kExact), ")");
+  }
+  return absl::StrCat(
+      "cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
+      math_ != CpuMath::kExact && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
+}
+
+KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
+  KvCacheShape shape = CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
+  shape.fp8 = kv_fp8_;
+  return shape;
+}
+
+int64_t CpuModel::kv_bytes_per_token() const {
+  if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
+    const ModelConfig& c = config();
+    return num_span_layers() * 2 * c.num_key_value_heads * (c.head_dim + 4);
+  }
+  return num_span_layers() * config().cache_values_per_token_layer() *
+         static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status CpuModel::SetKvCacheDType(KvCacheDType dtype) {
+  if (dtype == KvCacheDType::kFp8E4M3 && config().is_mla()) {
+    return absl::FailedPreconditionError(
+        "--kv_cache_dtype=fp8_e4m3 covers GLM-4.5's keys and values; GLM-5's latent cache "
+        "(glm_moe_dsa) stays fp32 (docs/kv_cache.md)");
+  }
+  kv_fp8_ = dtype == KvCacheDType::kFp8E4M3;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> CpuModel::CreateCache(int64_t num_blocks,
+                                                               int64_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0) {
+    return absl::InvalidArgumentError("KV cache needs a positive block count and block size");
+  }
+  return KvCache::CreateHost(CacheShape(num_blocks, block_size));
+}
+
+absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache,
+                                  int64_t run_begin, int64_t run_end) const {
+  if (!cache.host_fp32() && !cache.host_fp8()) {
+    return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
+  }
+  if (cache.host_fp8() && config().is_mla()) {  // the latent kernels read fp32 rows
+    return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
+  }
+  if (cache.shape().num_layers != num_span_layers()) {
+    return absl::InvalidArgumentError("KV cache shape does not match the model");
+  }
+  // A shared indexer layer reuses the top-k of the full layer before it, which must run in
+  // the same step (ValidateRunSpan has checked the span itself).
+  if (config().is_mla() && !config().has_indexer(run_begin)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", run_begin,
+                     " is a 'shared' DSA indexer layer: a run must start at a 'full' "
+                     "layer, whose top-k the shared layers after it reuse"));
+  }
+  return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
+}
+
+void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
+                              const ForwardBatch& batch, const std::vector<int32_t>& positions,
+                              KvCache* cache) {
+  const ModelConfig& c = config();
+  const AttentionWeights& a = layer.attn;
+  const int64_t t = static_cast<int64_t>(positions.size());
+  const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  const LinearJob qkv[] = {{x_.data(), t, &a.q_proj, bias(a.q_bias), q_.data()},
+                           {x_.data(), t, &a.k_proj, bias(a.k_bias), k_.data()},
+                           {x_.data(), t, &a.v_proj, bias(a.v_bias), v_.data()}};
+  LinearMany(qkv, math_);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!a.q_norm.empty()) {  // QK-norm per head, before RoPE; values are not normalised
+    RmsNorm(q_.data(), a.q_norm.data(), t * c.num_attention_heads, c.head_dim, eps, q_.data());
+    RmsNorm(k_.data(), a.k_norm.data(), t * c.num_key_value_heads, c.head_dim, eps, k_.data());
+  }
+  rope_.Apply(q_.data(), t, c.num_attention_heads, positions.data());
+  rope_.Apply(k_.data(), t, c.num_key_value_heads, positions.data());
+  WriteKv(k_.data(), v_.data(), batch.sequences, span_layer, cache);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+                 attn_.data());
+}
+
+namespace {
+
+// Moves row rows[r] of a row-major [*, width] buffer to row r, for r = 0, 1, ...; rows ascend,
+// so every move reads a row no earlier move has written.
+void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r] != static_cast<int64_t>(r)) {
+      std::copy_n(data + rows[r] * width, width, data + static_cast<int64_t>(r) * width);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens) {
+  if (layer.is_moe) {
+    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_);
+  } else {
+    SwiGluFfn(x_.data(), tokens, layer.dense, out_.data(), math_);
+  }
+}
+
+absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
+                               const ForwardOptions& options, ForwardResult* result) {
+  const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
+  const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
+  ASSIGN_OR_RETURN(const bool wants_logits, StepWantsLogits(batch, options));
+  RETURN_IF_ERROR(ValidateRunSpan(run_begin, run_end, layer_begin(), layer_end(),
+                                  config().num_hidden_layers, wants_logits));
+  RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
+  const ModelConfig& c = config();
+  const int64_t t = batch.total_tokens();
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  h_.resize(t * hidden);
+  x_.resize(t * hidden);
+  out_.resize(t * hidden);
+  if (c.is_mla()) {
+    const int64_t h = c.num_attention_heads, r = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+    q_.resize(t * h * c.qk_head_dim());
+    attn_.resize(t * h * c.v_head_dim);
+    q_resid_.resize(t * c.q_lora_rank);
+    kv_a_.resize(t * (r + dr));
+    latent_.resize(t * r);
+    k_rot_.resize(t * dr);
+    q_lat_.resize(h * t * r);
+    out_lat_.resize(h * t * r);
+    iq_.resize(t * c.index_n_heads * c.index_head_dim);
+    ik_.resize(t * c.index_head_dim);
+    iw_.resize(t * c.index_n_heads);
+  } else {
+    q_.resize(t * c.q_dim());
+    k_.resize(t * c.kv_dim());
+    v_.resize(t * c.kv_dim());
+    attn_.resize(t * c.q_dim());
+  }
+  std::vector<int32_t> positions;
+  positions.reserve(t);
+  for (const SequenceSlice& s : batch.sequences) {
+    for (int64_t i = 0; i < s.num_tokens; ++i) {
+      positions.push_back(static_cast<int32_t>(s.start_position + i));
+    }
+  }
+
+  if (run_begin == 0) {
+    EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
+  } else {
+    std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());
+  }
+  result->layer_hidden.clear();
+  if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+
+  // Which rows of the run's output anyone reads: all when hidden states are returned, else
+  // the logits rows (none for a prefill chunk mid-prompt). The run's last layer needs every
+  // row only up to attention, which writes each token's K/V into the cache; from o_proj on it
+  // runs on the read rows alone (the FFN of the other rows of a prefill is never seen). Each
+  // row's arithmetic does not depend on the others (linear.h), so no bit changes.
+  std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
+  const bool all_rows_read = options.return_hidden || options.return_layer_hidden;
+  const int64_t last = run_end - layer_begin() - 1;
+  int64_t live = t;  // rows of h_ still computed
+  for (int64_t i = run_begin - layer_begin(); i <= last; ++i) {
+    const LayerWeights& layer = weights_.layers[i];
+    RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
+    if (c.is_mla()) {
+      MlaBlock(layer, i, batch, positions, cache);
+    } else {
+      AttentionBlock(layer, i, batch, positions, cache);
+    }
+    if (i == last && !all_rows_read && static_cast<int64_t>(rows.size()) < t) {
+      live = static_cast<int64_t>(rows.size());
+      if (live == 0) break;
+      const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
+      KeepRows(rows, attn_width, attn_.data());
+      KeepRows(rows, hidden, h_.data());
+      for (int64_t r = 0; r < live; ++r) rows[r] = r;
+    }
+    // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
+    if (c.is_mla()) {
+      Linear(attn_.data(), live, layer.mla.o_proj, nullptr, out_.data());
+    } else {
+      Linear(attn_.data(), live, layer.attn.o_proj, nullptr, out_.data(), math_);
+    }
+    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
+    RmsNorm(h_.data(), layer.post_attention_norm.data(), live, hidden, eps, x_.data());
+    FfnBlock(layer, live);
+    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
+    if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+  }
+
+  if (options.return_hidden) {
+    result->hidden = h_;
+  } else {
+    result->hidden.clear();
+  }
+  result->logits.clear();
+  // Only the rows whose logits are wanted go through the final norm and lm_head.
+  if (rows.empty()) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> normed(n * hidden);
+  for (int64_t r = 0; r < n; ++r) {
+    RmsNorm(h_.data() + rows[r] * hidden, weights_.final_norm.data(), 1, hidden, eps,
+            normed.data() + r * hidden);
+  }
+  result->logits.resize(n * c.vocab_size);
+  Linear(normed.data(), n, weights_.lm_head, nullptr, result->logits.data(), math_);
+  return absl::OkStatus();
+}
+
+}  // namespace glmserve

@@ -1,0 +1,114 @@
+// The GLM-4.5 decoder stack over a span of layers, run on a ragged batch with a paged KV
+// cache:
+//
+//   h = embed(tokens)                       (span starts at layer 0; else h = hidden input)
+//   for each layer l in the span:
+//     h += Attn_l(RMSNorm_in(h))
+//     h += FFN_l(RMSNorm_post(h))           (dense SwiGLU or MoE)
+//   logits = RMSNorm_final(h) lm_head^T     (span ends at the last layer)
+//
+// In the run's last layer every row goes through attention (its K/V enter the cache), but
+// o_proj and the FFN run only on the rows the step returns (its logits rows, or all rows
+// when hidden states are returned): a 128-token prefill finishes one row, not 128.
+//
+// Not thread-safe: one engine thread owns a CpuModel and its KvCache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/dsa_indexer.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/mla.h"
+#include "core/cpu/ops/moe.h"
+#include "core/cpu/ops/rope.h"
+#include "core/model/forward_types.h"
+#include "core/model/kv_cache.h"
+#include "core/model/model_runner.h"
+#include "core/model/weights.h"
+
+namespace glmserve {
+
+class CpuModel final : public ModelRunner {
+ public:
+  // math: the arithmetic of the linear layers (core/cpu/ops/linear.h), fixed for the model's life.
+  explicit CpuModel(ModelWeights weights, CpuMath math = CpuMath::kExact);
+
+  CpuMath math() const { return math_; }
+  std::string compute_description() const override;
+
+  const ModelConfig& config() const override { return weights_.config; }
+  const ModelWeights& weights() const { return weights_; }
+  int64_t layer_begin() const override { return weights_.layer_begin; }
+  int64_t layer_end() const override { return weights_.layer_end; }
+  std::string device_name() const override { return "cpu"; }
+  int64_t weight_bytes() const override { return weights_.ParameterBytes(); }
+  int64_t kv_bytes_per_token() const override;
+  // kFp8E4M3: GLM-4.5's K/V as e4m3 with a scale per token and KV head (core/model/kv_fp8.h);
+  // FAILED_PRECONDITION for GLM-5, whose latent cache stays fp32.
+  absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
+                                                       int64_t block_size) override;
+
+  // The KV cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
+  KvCacheShape CacheShape(int64_t num_blocks, int64_t block_size = 16) const;
+
+  // Runs one step. Every sequence's block table must already cover its new positions (see
+  // KvCache::Reserve); keys and values of the new tokens are written into the cache.
+  // Returns INVALID_ARGUMENT for a malformed batch (wrong input kind or size, token id out
+  // of range, uncovered positions) without touching the cache.
+  absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                       ForwardResult* result) override;
+
+ private:
+  absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
+                          int64_t run_end) const;
+  // The attention sub-blocks up to o_proj: write every new token's K/V (or latent row) into
+  // the cache and leave the attention output in attn_ [T, heads * v_dim]; Forward applies
+  // o_proj (on the rows it still needs).
+  void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                      const std::vector<int32_t>& positions, KvCache* cache);
+  // GLM-5's latent attention (model_mla.cc): the DSA indexer on "full" layers, the selection
+  // kept in selection_ for the "shared" layers after it.
+  void MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
+                const std::vector<int32_t>& positions, KvCache* cache);
+  void FfnBlock(const LayerWeights& layer, int64_t tokens);
+
+  ModelWeights weights_;
+  CpuMath math_;
+  bool kv_fp8_ = false;  // SetKvCacheDType(kFp8E4M3)
+  RotaryEmbedding rope_;
+  RouterParams router_;
+
+  // Run state, resized per step. Shapes for T = total tokens of the step.
+  std::vector<float> h_;     // [T, hidden] residual stream
+  std::vector<float> x_;     // [T, hidden] normed input of the current sub-block
+  std::vector<float> q_;     // [T, heads * head_dim]
+  std::vector<float> k_;     // [T, kv_heads * head_dim]
+  std::vector<float> v_;     // [T, kv_heads * head_dim]
+  std::vector<float> attn_;  // [T, heads * head_dim]
+  std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
+
+  // GLM-5 (is_mla) only. Shapes for T tokens; H heads, Q q_lora_rank, R kv_lora_rank.
+  MlaShape mla_shape_;
+  IndexerShape index_shape_;
+  std::vector<AbsorbedKey> absorbed_k_;  // per span layer: W_uk^T [H, R, dn] (AbsorbedKeyWeights)
+  std::vector<float> q_resid_;           // [T, Q]        q_a_layernorm(q_a_proj x)
+  std::vector<float> kv_a_;              // [T, R + dr]   kv_a_proj_with_mqa x
+  std::vector<float> latent_;            // [T, R]        kv_a_layernorm of the latent part
+  std::vector<float> k_rot_;             // [T, dr]       rotary key after RoPE
+  std::vector<float> q_lat_;             // [H, T, R]     absorbed queries
+  std::vector<float> out_lat_;           // [H, T, R]     attention output in latent space
+  std::vector<float> iq_;                // [T, Hi, Di]   indexer queries
+  std::vector<float> ik_;                // [T, Di]       indexer keys
+  std::vector<float> iw_;                // [T, Hi]       indexer head weights
+  TopkSelection selection_;  // the last full layer's top-k, for the shared layers after it
+};
+
+}  // namespace glmserve

@@ -1,0 +1,377 @@
+#include "core/cpu/ops/linear.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/aligned_vector.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/lane_sum.h"
+#include "core/cpu/ops/linear_amx.h"
+
+namespace glmserve {
+namespace {
+
+// The rounded activations of one LinearMany call live in a per-thread, cache-line aligned
+// arena reused from call to call: a fresh multi-megabyte buffer per call came back from
+// malloc 16 bytes off a cache line (AMX tile loads then run at a third of their rate:
+// core/base/aligned_vector.h) and cost its page faults and zeroing every time. A lease is taken by
+// the calling thread for the call's duration; a nested call on the same thread (none today)
+// gets a buffer of its own. Arenas above kKeepBytes are released after the call, so a long
+// prefill does not pin its peak.
+class ScratchLease {
+ public:
+  ScratchLease() : owner_(!leased_) { leased_ = true; }
+  ~ScratchLease() {
+    if (!owner_) return;
+    if (arena_.size() * sizeof(uint16_t) > kKeepBytes) AlignedVector<uint16_t>().swap(arena_);
+    leased_ = false;
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  uint16_t* Get(int64_t elements) {
+    AlignedVector<uint16_t>& v = owner_ ? arena_ : own_;
+    if (static_cast<int64_t>(v.size()) < elements) v.resize(elements);
+    return v.data();
+  }
+
+ private:
+  static constexpr size_t kKeepBytes = size_t{64} << 20;
+  static thread_local AlignedVector<uint16_t> arena_;
+  static thread_local bool leased_;
+  bool owner_;
+  AlignedVector<uint16_t> own_;
+};
+thread_local AlignedVector<uint16_t> ScratchLease::arena_;
+thread_local bool ScratchLease::leased_ = false;
+
+}  // namespace
+
+const char* CpuMathName(CpuMath math) {
+  switch (math) {
+    case CpuMath::kBf16:
+      return "bf16";
+    case CpuMath::kBf16Amx:
+      return "bf16_amx";
+    case CpuMath::kExact:
+      break;
+  }
+  return "exact";
+}
+
+absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name) {
+  if (name == "exact") return CpuMath::kExact;
+  if (name == "bf16") return CpuMath::kBf16;
+  if (name == "bf16_amx") return CpuMath::kBf16Amx;
+  return absl::InvalidArgumentError(
+      absl::StrCat("cpu math '", name.substr(0, 64), "' is not one of exact, bf16, bf16_amx"));
+}
+
+namespace internal {
+namespace {
+std::atomic<bool> force_generic{false};
+}  // namespace
+
+void ForceGenericKernels(bool force) { force_generic.store(force); }
+
+bool CpuHasAvx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return has && !force_generic.load();
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && CpuHasAvx512();
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAmx() { return AmxPermitted() && !force_generic.load(); }
+
+bool CpuHasAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has && CpuHasAvx512();
+#else
+  return false;
+#endif
+}
+
+void RoundToBf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(x[i]);
+}
+
+const float* E4m3Table() {
+  static const auto* table = [] {
+    auto* t = new float[256];
+    for (int v = 0; v < 256; ++v) t[v] = E4m3ToFloat(static_cast<uint8_t>(v));
+    return t;
+  }();
+  return table;
+}
+
+void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begin, int64_t k_len,
+                float* out) {
+  if (w.format == WeightFormat::kFp8Scaled) {
+    // e4m3 x its block's scale, one fp32 rounding: the dequantized checkpoint's value, so the
+    // exact arithmetic below computes what an fp32 forward of the dequantized model does.
+    const float* table = E4m3Table();
+    const int64_t bc = w.scale_block_cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* src = static_cast<const uint8_t*>(w.data) + (row_begin + r) * w.cols;
+      const float* scales = w.Fp8RowScales(row_begin + r);
+      float* dst = out + r * k_len;
+      for (int64_t k = k_begin; k < k_begin + k_len;) {
+        const int64_t end = std::min(k_begin + k_len, (k / bc + 1) * bc);
+        const float scale = scales[k / bc];
+        for (; k < end; ++k) dst[k - k_begin] = table[src[k]] * scale;
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t base = (row_begin + r) * w.cols + k_begin;
+    float* dst = out + r * k_len;
+    switch (w.dtype) {
+      case DType::kF32:
+        std::copy_n(static_cast<const float*>(w.data) + base, k_len, dst);
+        break;
+      case DType::kBF16: {
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+        for (int64_t k = 0; k < k_len; ++k) dst[k] = Bf16ToFloat(src[k]);
+        break;
+      }
+      case DType::kF16: {
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + base;
+        for (int64_t k = 0; k < k_len; ++k) dst[k] = F16ToFloat(src[k]);
+        break;
+      }
+      case DType::kF8E4M3:  // only as kFp8Scaled, above
+      case DType::kF8E8M0:
+        std::fill_n(dst, k_len, 0.0f);
+        break;
+    }
+  }
+}
+
+void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel) {
+  const Matrix& w = *job.w;
+  const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  float* y = job.y;
+  for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
+  panel->resize(kBlockN * std::min(k_total, kBlockK));
+  for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
+    const int64_t kk = std::min(kBlockK, k_total - k0);
+    WidenPanel(w, n0, nn, k0, kk, panel->data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t n = 0; n < nn; ++n) {
+        y[i * n_rows + n0 + n] += LaneDot<16>(job.x + i * k_total + k0, panel->data() + n * kk, kk);
+      }
+    }
+  }
+  if (job.bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = 0; n < nn; ++n) y[i * n_rows + n0 + n] += job.bias[n0 + n];
+  }
+}
+
+namespace {
+
+// One job of a LinearMany call, in the arithmetic it runs: int8 (int8.x set), kBf16
+// (bf16.xb set), kBf16Amx (amx.xp set) or exact (none).
+struct Task {
+  LinearJob exact;
+  Bf16Job bf16;
+  AmxJob amx;
+  Int8Job int8;
+  int64_t rows() const { return exact.w->rows; }
+  int64_t m() const { return exact.m; }
+};
+
+using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
+
+void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
+  const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
+  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni : Int8BlockGeneric;
+  // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
+  std::vector<int64_t> starts(tasks.size() + 1, 0);
+  for (size_t j = 0; j < tasks.size(); ++j) {
+    const int64_t blocks = tasks[j].m() > 0 ? (tasks[j].rows() + kBlockN - 1) / kBlockN : 0;
+    starts[j + 1] = starts[j] + blocks;
+  }
+  const bool amx = CpuHasAmx();
+  ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> panel;
+    bool tiles = false;  // this thread's tile configuration loaded (it is per thread)
+    for (int64_t b = begin; b < end; ++b) {
+      const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
+      if (tasks[j].int8.x != nullptr) {
+        int8_fn(tasks[j].int8, b - starts[j]);
+      } else if (tasks[j].amx.xp != nullptr) {
+        if (!amx) {
+          AmxBlockEmulated(tasks[j].amx, b - starts[j]);
+          continue;
+        }
+        if (!tiles) AmxThreadBegin();
+        tiles = true;
+        AmxBlockHardware(tasks[j].amx, b - starts[j]);
+      } else if (tasks[j].bf16.xb != nullptr) {
+        bf16_fn(tasks[j].bf16, b - starts[j]);
+      } else {
+        exact_fn(tasks[j].exact, b - starts[j], &panel);
+      }
+    }
+    // Released tiles are not saved at a context switch, and other code on this pool thread
+    // never finds them configured.
+    if (tiles) AmxThreadEnd();
+  });
+}
+
+BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlockGeneric; }
+
+}  // namespace
+
+void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
+  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}, {}}}, LinearBlockGeneric);
+}
+
+}  // namespace internal
+
+void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
+  std::vector<internal::Task> tasks(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) tasks[j].exact = jobs[j];
+  // Which jobs take the bf16 arithmetic: bf16 weights in kBf16 (int8 weights take their own,
+  // below, in either mode).
+  auto takes_bf16 = [math](const LinearJob& job) {
+    const Matrix& w = *job.w;
+    return job.m > 0 && w.format == WeightFormat::kDense && math == CpuMath::kBf16 &&
+           w.dtype == DType::kBF16;
+  };
+  // kBf16Amx: dense bf16 weights (int8 keeps its own kernel below; FP8 the exact one).
+  auto takes_amx = [math](const LinearJob& job) {
+    const Matrix& w = *job.w;
+    return job.m > 0 && math == CpuMath::kBf16Amx && w.format == WeightFormat::kDense &&
+           w.dtype == DType::kBF16;
+  };
+  // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs);
+  // a deque keeps the addresses the tasks hold.
+  struct Quantized {
+    const float* x;
+    internal::Int8Activation a;
+  };
+  std::deque<Quantized> quantized;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const LinearJob& job = jobs[j];
+    if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
+    const int64_t k = job.w->cols;
+    auto same = [&](const Quantized& q) { return q.x == job.x && q.a.m == job.m && q.a.k == k; };
+    auto it = std::find_if(quantized.begin(), quantized.end(), same);
+    if (it == quantized.end()) {
+      quantized.push_back({job.x, {}});
+      it = quantized.end() - 1;
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a);
+    }
+    tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
+  }
+  // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
+  // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
+  // kBf16Amx packs them (linear_amx.h) instead: `amx` tells the two apart.
+  struct Rounded {
+    const float* x;
+    int64_t m, k;
+    bool amx;
+    int64_t offset = 0;  // into the scratch arena, in elements (a multiple of 32)
+    int64_t units() const {
+      return amx ? (m + internal::kAmxTileRows - 1) / internal::kAmxTileRows : m;
+    }
+    bool Serves(const LinearJob& job, bool job_amx) const {
+      return x == job.x && m == job.m && k == job.w->cols && amx == job_amx;
+    }
+  };
+  std::vector<Rounded> rounded;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const bool amx = takes_amx(jobs[j]);
+    if (!amx && !takes_bf16(jobs[j])) continue;
+    auto same = [&](const Rounded& r) { return r.Serves(jobs[j], amx); };
+    if (std::find_if(rounded.begin(), rounded.end(), same) == rounded.end()) {
+      rounded.push_back({jobs[j].x, jobs[j].m, jobs[j].w->cols, amx});
+    }
+  }
+  // All rounded activations in one cache-line aligned arena, leased until the tasks are done.
+  // Every element is written below (the AMX packing writes its padding zeros itself), so the
+  // arena is reused uninitialised.
+  ScratchLease scratch;
+  if (!rounded.empty()) {
+    int64_t total = 0;
+    std::vector<int64_t> unit_starts(rounded.size() + 1, 0);
+    for (size_t r = 0; r < rounded.size(); ++r) {
+      rounded[r].offset = total;
+      const int64_t size = rounded[r].amx ? internal::AmxPackedSize(rounded[r].m, rounded[r].k)
+                                          : rounded[r].m * rounded[r].k;
+      total += (size + 31) / 32 * 32;
+      unit_starts[r + 1] = unit_starts[r] + rounded[r].units();
+    }
+    uint16_t* arena = scratch.Get(total);
+    // Decode-sized activations are rounded on the caller: waking the pool costs more.
+    int64_t elements = 0;
+    for (const Rounded& r : rounded) elements += r.m * r.k;
+    const int64_t grain = elements <= (int64_t{1} << 16) ? unit_starts.back() : 1;
+    // A unit: one row (kBf16) or one 16-row tile block (kBf16Amx). The rounding is
+    // elementwise, so how units are cut cannot change a bit.
+    ParallelFor(unit_starts.back(), grain, [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const size_t r = std::upper_bound(unit_starts.begin(), unit_starts.end(), unit) -
+                         unit_starts.begin() - 1;
+        const Rounded& rr = rounded[r];
+        const int64_t i = unit - unit_starts[r];
+        if (rr.amx) {
+          internal::PackAmxActivations(rr.x, rr.m, rr.k, i, arena + rr.offset);
+        } else {
+          internal::RoundToBf16(rr.x + i * rr.k, rr.k, arena + rr.offset + i * rr.k);
+        }
+      }
+    });
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const bool amx = takes_amx(jobs[j]);
+      for (const Rounded& r : rounded) {
+        if (!r.Serves(jobs[j], amx)) continue;
+        if (amx) {
+          tasks[j].amx = {arena + r.offset, jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
+        } else if (takes_bf16(jobs[j])) {
+          tasks[j].bf16 = {arena + r.offset, jobs[j].m, jobs[j].w, jobs[j].bias, jobs[j].y};
+        }
+      }
+    }
+  }
+  internal::RunTasks(tasks, internal::ExactBlockFn());
+}
+
+void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float* y, CpuMath math) {
+  if (m <= 0 || w.rows <= 0) return;
+  const LinearJob job{x, m, &w, bias, y};
+  LinearMany({job}, math);
+}
+
+const char* LinearInt8KernelName() {
+  return internal::CpuHasAvx512Vnni() ? "avx512_vnni" : "generic_int8";
+}
+
+const char* LinearKernelName(CpuMath math) {
+  if (math == CpuMath::kBf16Amx) return internal::CpuHasAmx() ? "amx_bf16" : "generic_amx_bf16";
+  if (math == CpuMath::kBf16) {
+    return internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
+  }
+  return internal::CpuHasAvx512() ? "avx512" : "generic";
+}
+
+}  // namespace glmserve

@@ -1,0 +1,290 @@
+// The kBf16Amx kernel (linear_amx.h): the AMX one, compiled for AMX through function target
+// attributes and chosen at run time, and its portable emulation, bit for bit.
+#include "core/cpu/ops/linear_amx.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "core/base/aligned_vector.h"
+#include "core/cpu/ops/linear.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#endif
+
+namespace glmserve::internal {
+namespace {
+
+int64_t Chunks(int64_t k) { return (k + kAmxTileK - 1) / kAmxTileK; }
+
+// Index of activation (i, k) in the packed B operand of width-k_total rows.
+inline int64_t PackedIndex(int64_t i, int64_t k, int64_t chunks) {
+  return ((i / kAmxTileRows) * chunks + k / kAmxTileK) * kAmxTileElems +
+         ((k % kAmxTileK) / 2) * (2 * kAmxTileRows) + (i % kAmxTileRows) * 2 + (k % 2);
+}
+
+// The tile unit reads bf16 subnormals (and a subnormal accumulator) as zero ...
+inline float DazBf16(uint16_t v) {
+  return (v & 0x7f80u) == 0 ? ((v & 0x8000u) != 0 ? -0.0f : 0.0f) : Bf16ToFloat(v);
+}
+inline float Ftz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
+// ... and flushes subnormal results (FTZ): Ftz is also DAZ for an fp32 input.
+
+// One TDPBF16PS step of one C element: the even and odd chains over 16 pairs, then c + (e + o).
+// a: 32 bf16 of the A row; b(j): element j (0..31) of the B column, as pairs.
+template <typename B>
+inline float ChunkStep(float c, const uint16_t* a, B b) {
+  float e = 0.0f, o = 0.0f;
+  for (int p = 0; p < 16; ++p) {
+    e = Ftz(std::fma(DazBf16(a[2 * p]), DazBf16(b(2 * p)), e));
+    o = Ftz(std::fma(DazBf16(a[2 * p + 1]), DazBf16(b(2 * p + 1)), o));
+  }
+  return Ftz(Ftz(c) + Ftz(e + o));
+}
+
+}  // namespace
+
+int64_t AmxPackedSize(int64_t m, int64_t k) {
+  return (m + kAmxTileRows - 1) / kAmxTileRows * Chunks(k) * kAmxTileElems;
+}
+
+void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out) {
+  const int64_t chunks = Chunks(k);
+  // Tile (block, kc) element (i, 32 kc + 2p + j) sits at pair row p, slot 2i + j: one row's 32
+  // values of a chunk are 16 pairs spread over the tile's 16 pair rows, written as uint32.
+  uint32_t* tiles = reinterpret_cast<uint32_t*>(out + block * chunks * kAmxTileElems);
+  thread_local std::vector<uint16_t> row;  // one row rounded, zero-padded to whole chunks
+  row.resize(chunks * kAmxTileK);
+  for (int64_t i = 0; i < kAmxTileRows; ++i) {
+    const int64_t r = block * kAmxTileRows + i;
+    if (r < m) {
+      const float* src = x + r * k;
+      for (int64_t j = 0; j < k; ++j) row[j] = FloatToBf16(src[j]);
+      std::fill(row.begin() + k, row.end(), uint16_t{0});
+    } else {
+      std::fill(row.begin(), row.end(), uint16_t{0});
+    }
+    for (int64_t kc = 0; kc < chunks; ++kc) {
+      uint32_t* tile = tiles + kc * (kAmxTileElems / 2) + i;
+      const uint16_t* v = row.data() + kc * kAmxTileK;
+      for (int64_t p = 0; p < kAmxTileK / 2; ++p) {
+        tile[p * kAmxTileRows] = uint32_t{v[2 * p]} | (uint32_t{v[2 * p + 1]} << 16);
+      }
+    }
+  }
+}
+
+void AmxTileDpEmulated(float* c, const uint16_t* a, const uint16_t* b) {
+  for (int64_t r = 0; r < kAmxTileRows; ++r) {
+    for (int64_t col = 0; col < kAmxTileRows; ++col) {
+      // Element j of column col: pair row j / 2, slot col * 2 + j % 2.
+      auto bv = [&](int j) { return b[(j / 2) * 32 + col * 2 + (j % 2)]; };
+      c[r * 16 + col] = ChunkStep(c[r * 16 + col], a + r * kAmxTileK, bv);
+    }
+  }
+}
+
+void AmxBlockEmulated(const AmxJob& job, int64_t nb) {
+  const Matrix& w = *job.w;
+  const int64_t n_rows = w.rows, k_total = w.cols, chunks = Chunks(k_total);
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  const uint16_t* wp = static_cast<const uint16_t*>(w.data);
+  uint16_t a[kAmxTileK];
+  for (int64_t i = 0; i < job.m; ++i) {
+    for (int64_t n = n0; n < n0 + nn; ++n) {
+      float acc = 0.0f;
+      for (int64_t kc = 0; kc < chunks; ++kc) {
+        const int64_t k0 = kc * kAmxTileK, len = std::min(kAmxTileK, k_total - k0);
+        std::fill_n(a, kAmxTileK, uint16_t{0});  // the tail chunk's padding: +0
+        std::copy_n(wp + n * k_total + k0, len, a);
+        auto bv = [&](int j) { return job.xp[PackedIndex(i, k0 + j, chunks)]; };
+        acc = ChunkStep(acc, a, bv);
+      }
+      if (job.bias != nullptr) acc += job.bias[n];
+      job.y[i * n_rows + n] = acc;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+namespace {
+
+// LDTILECFG's 64-byte operand (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: C (row tile t, activation tile u at 2t + u); 4, 5: A; 6, 7: B. All 16 x 64 bytes.
+const TileConfig& Config() {
+  static const TileConfig config = [] {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    return c;
+  }();
+  return config;
+}
+
+// One A tile's source: 16 weight rows read in place (stride ld elements) for the full K
+// chunks, and a zero-padded copy of the tail chunk; rows past the matrix: a padded copy.
+struct ASource {
+  const uint16_t* p = nullptr;
+  int64_t ld = 0;
+  alignas(64) uint16_t tail[kAmxTileElems];
+};
+
+void MakeSource(const Matrix& w, int64_t row0, AlignedVector<uint16_t>* padded, ASource* s) {
+  const int64_t k_total = w.cols, rows = std::min<int64_t>(kAmxTileRows, w.rows - row0);
+  const uint16_t* src = static_cast<const uint16_t*>(w.data) + row0 * k_total;
+  s->ld = k_total;
+  if (rows == kAmxTileRows) {
+    s->p = src;
+  } else {
+    padded->assign(kAmxTileRows * k_total, 0);
+    std::copy_n(src, rows * k_total, padded->data());
+    s->p = padded->data();
+  }
+  const int64_t full = k_total / kAmxTileK * kAmxTileK, len = k_total - full;
+  std::fill_n(s->tail, kAmxTileElems, uint16_t{0});
+  for (int64_t r = 0; r < kAmxTileRows && len > 0; ++r) {
+    std::copy_n(s->p + r * k_total + full, len, s->tail + r * kAmxTileK);
+  }
+}
+
+// C tiles for NT (1, 2) row tiles x MT (1, 2) activation tiles over every K chunk, stored to
+// c [NT * 2 + MT][16][16]. b: the packed tiles of the first activation tile; the second's are
+// b_next elements further.
+template <int NT, int MT>
+GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t chunks,
+                             float* c) {
+  _tile_zero(0);
+  if constexpr (MT == 2) _tile_zero(1);
+  if constexpr (NT == 2) _tile_zero(2);
+  if constexpr (NT == 2 && MT == 2) _tile_zero(3);
+  const int64_t full = a[0].ld / kAmxTileK;
+  const int64_t lda = a[0].ld * 2;  // bytes
+  for (int64_t kc = 0; kc < chunks; ++kc) {
+    const uint16_t* bk = b + kc * kAmxTileElems;
+    if (kc < full) {
+      _tile_loadd(4, a[0].p + kc * kAmxTileK, lda);
+      if constexpr (NT == 2) _tile_loadd(5, a[1].p + kc * kAmxTileK, lda);
+    } else {
+      _tile_loadd(4, a[0].tail, 64);
+      if constexpr (NT == 2) _tile_loadd(5, a[1].tail, 64);
+    }
+    _tile_loadd(6, bk, 64);
+    if constexpr (MT == 2) _tile_loadd(7, bk + b_next, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (MT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (NT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NT == 2 && MT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (MT == 2) _tile_stored(1, c + 256, 64);
+  if constexpr (NT == 2) _tile_stored(2, c + 512, 64);
+  if constexpr (NT == 2 && MT == 2) _tile_stored(3, c + 768, 64);
+}
+
+}  // namespace
+
+bool AmxPermitted() {
+  static const bool permitted = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool tile = (edx & (1u << 24)) != 0, bf16 = (edx & (1u << 22)) != 0;
+    if (!tile || !bf16) return false;
+    // Linux (5.16+) hands out the 8 KiB tile data state only on request, once per process.
+    // A refusal (older kernel, a hypervisor or seccomp policy) leaves AMX off: the emulation
+    // runs instead, never a faulting instruction.
+    constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023;
+    constexpr int kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    uint64_t mask = 0;
+    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) != 0) return false;
+    return (mask & (uint64_t{1} << kXfeatureXtiledata)) != 0;
+  }();
+  return permitted;
+}
+
+// On the permission alone, not the tests' override: a caller that saw AMX usable must get
+// its tiles configured even if the override flips meanwhile.
+GLM_AMX_TARGET void AmxThreadBegin() {
+  if (AmxPermitted()) _tile_loadconfig(&Config());
+}
+GLM_AMX_TARGET void AmxThreadEnd() {
+  if (AmxPermitted()) _tile_release();
+}
+
+void AmxBlockHardware(const AmxJob& job, int64_t nb) {
+  const Matrix& w = *job.w;
+  const int64_t n_rows = w.rows, k_total = w.cols, chunks = Chunks(k_total);
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  const int nt = nn > kAmxTileRows ? 2 : 1;
+  thread_local ASource a[2];
+  thread_local AlignedVector<uint16_t> padded[2];
+  for (int t = 0; t < nt; ++t) MakeSource(w, n0 + t * kAmxTileRows, &padded[t], &a[t]);
+  const int64_t m_tiles = (job.m + kAmxTileRows - 1) / kAmxTileRows;
+  const int64_t b_next = chunks * kAmxTileElems;  // from one activation tile to the next
+  alignas(64) float c[4 * 256];
+  for (int64_t u0 = 0; u0 < m_tiles; u0 += 2) {
+    const int mt = u0 + 1 < m_tiles ? 2 : 1;
+    const uint16_t* b = job.xp + u0 * b_next;
+    if (nt == 2) {
+      mt == 2 ? TileLoop<2, 2>(a, b, b_next, chunks, c) : TileLoop<2, 1>(a, b, b_next, chunks, c);
+    } else {
+      mt == 2 ? TileLoop<1, 2>(a, b, b_next, chunks, c) : TileLoop<1, 1>(a, b, b_next, chunks, c);
+    }
+    // C tile (t, u) element [r][col]: output row n0 + 16 t + r of activation row 16 (u0 + u) + col.
+    for (int t = 0; t < nt; ++t) {
+      for (int u = 0; u < mt; ++u) {
+        const float* ct = c + (t * 2 + u) * 256;
+        const int64_t rows = std::min<int64_t>(kAmxTileRows, nn - t * kAmxTileRows);
+        const int64_t cols = std::min<int64_t>(kAmxTileRows, job.m - (u0 + u) * kAmxTileRows);
+        for (int64_t col = 0; col < cols; ++col) {
+          float* yr = job.y + ((u0 + u) * kAmxTileRows + col) * n_rows + n0 + t * kAmxTileRows;
+          const float* bias = job.bias != nullptr ? job.bias + n0 + t * kAmxTileRows : nullptr;
+          for (int64_t r = 0; r < rows; ++r) {
+            yr[r] = bias != nullptr ? ct[r * 16 + col] + bias[r] : ct[r * 16 + col];
+          }
+        }
+      }
+    }
+  }
+}
+
+GLM_AMX_TARGET bool AmxTileDpHardware(float* c, const uint16_t* a, const uint16_t* b) {
+  if (!CpuHasAmx()) return false;
+  AmxThreadBegin();
+  _tile_loadd(0, c, 64);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_stored(0, c, 64);
+  AmxThreadEnd();
+  return true;
+}
+
+#else  // not x86-64: no AMX; the emulation serves kBf16Amx
+
+bool AmxPermitted() { return false; }
+void AmxThreadBegin() {}
+void AmxThreadEnd() {}
+void AmxBlockHardware(const AmxJob& job, int64_t nb) { AmxBlockEmulated(job, nb); }
+bool AmxTileDpHardware(float*, const uint16_t*, const uint16_t*) { return false; }
+
+#endif
+
+}  // namespace glmserve::internal

@@ -1,0 +1,122 @@
+#include "core/cpu/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/parallel.h"
+
+namespace glmserve {
+
+const char* WeightQuantName(WeightQuant q) { return q == WeightQuant::kInt8 ? "int8" : "stored"; }
+
+absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
+  if (name == "stored") return WeightQuant::kStored;
+  if (name == "int8") return WeightQuant::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype '", name.substr(0, 64), "' is not one of stored, int8"));
+}
+
+absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math) {
+  if (quant == WeightQuant::kInt8 && math == CpuMath::kExact) {
+    return absl::InvalidArgumentError(
+        "--weight_dtype=int8 is a choice within the approximate arithmetic: pass "
+        "--cpu_math=bf16 (or bf16_amx) with it");
+  }
+  return absl::OkStatus();
+}
+
+float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t c = 0; c < n; ++c) {
+    finite = finite && std::isfinite(v[c]);
+    amax = std::max(amax, std::fabs(v[c]));
+  }
+  if (!finite) {
+    std::fill_n(q, n, int8_t{0});
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = amax / 127.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    // nearbyint: ties to even in the default rounding mode; |v / scale| <= 127 up to
+    // rounding, so the clamp only guards that last ulp.
+    const float r = scale > 0 ? std::nearbyint(v[c] / scale) : 0.0f;
+    q[c] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
+  const int64_t groups = m.scale_cols();
+  std::vector<float> row(m.cols);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) row[c] = LoadAsFloat(m.data, m.dtype, r * m.cols + c);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kInt8Group, end = std::min(m.cols, begin + kInt8Group);
+      scales[r * groups + g] =
+          QuantizeGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
+    }
+  }
+}
+
+absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
+  if (quant == WeightQuant::kStored) return absl::OkStatus();
+  if (weights->linear_format != WeightFormat::kDense) {
+    return absl::FailedPreconditionError("weights are already quantized");
+  }
+  std::vector<Matrix*> matrices = weights->LinearMatrices();
+  // One buffer for all: [q of every matrix][scales of every matrix], each part 64-byte aligned.
+  auto align = [](int64_t n) { return (n + 63) / 64 * 64; };
+  int64_t total = 0;
+  std::vector<int64_t> q_offset(matrices.size()), s_offset(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    q_offset[i] = total;
+    total += align(matrices[i]->rows * matrices[i]->cols);
+  }
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    s_offset[i] = total;
+    total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(float)});
+  }
+  std::shared_ptr<char[]> buffer(new (std::nothrow) char[std::max<int64_t>(total, 1)]);
+  if (buffer == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("int8 quantization needs ", total, " bytes of memory"));
+  }
+  // Rows of all matrices in one parallel loop, in chunks of up to 64 rows.
+  struct Chunk {
+    size_t matrix;
+    int64_t row, rows;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    for (int64_t r = 0; r < matrices[i]->rows; r += 64) {
+      chunks.push_back({i, r, std::min<int64_t>(64, matrices[i]->rows - r)});
+    }
+  }
+  char* base = buffer.get();
+  ParallelFor(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const Chunk& ch = chunks[c];
+      const Matrix& m = *matrices[ch.matrix];
+      QuantizeMatrixInt8(
+          m.RowSlice(ch.row, ch.rows),
+          reinterpret_cast<int8_t*>(base + q_offset[ch.matrix]) + ch.row * m.cols,
+          reinterpret_cast<float*>(base + s_offset[ch.matrix]) + ch.row * m.scale_cols());
+    }
+  });
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    Matrix* m = matrices[i];
+    m->data = base + q_offset[i];
+    m->scales = reinterpret_cast<const float*>(base + s_offset[i]);
+    m->format = WeightFormat::kInt8Groups;
+  }
+  weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
+  weights->linear_format = WeightFormat::kInt8Groups;
+  return absl::OkStatus();
+}
+
+}  // namespace glmserve

@@ -1,0 +1,46 @@
+// 8-bit weights for the CPU backend, quantized at load from the checkpoint's bf16/f16/fp32
+// matrices: per row, each group of kInt8Group (32) consecutive elements gets one fp32 scale
+// amax / 127 and int8 values round(w / scale) (ties to even), so |error| <= scale / 2 per
+// element. The kernels widen them in registers (core/cpu/ops/linear.h); their accuracy against
+// bf16 on the Transformers goldens is measured in tests/core/cpu/quantize_test.cc and
+// docs/performance.md.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/cpu/ops/linear.h"
+#include "core/model/weights.h"
+
+namespace glmserve {
+
+enum class WeightQuant { kStored, kInt8 };
+const char* WeightQuantName(WeightQuant q);  // "stored" or "int8"
+// "stored" or "int8"; INVALID_ARGUMENT naming the accepted values otherwise.
+absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name);
+// The one rule for combining the two flags: int8 weights are a choice within the approximate
+// arithmetic (--cpu_math=bf16 or bf16_amx; the int8 matrices run their own int32-dot kernel in
+// either, the unquantized ones the mode's), never a silent change of the exact mode.
+// INVALID_ARGUMENT naming the fix otherwise.
+absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
+
+// kInt8: quantizes every linear layer's matrix (q/k/v/o, dense FFN, experts, shared expert;
+// and lm_head unless it is a view of the embedding) to WeightFormat::kInt8Groups, in parallel;
+// the router and the embedding stay as stored (the router's math is fp32 by definition; the
+// embedding is a row gather). The new buffers join weights->storage; the originals stay
+// owned there too (a checkpoint's mapping is then only page cache). kStored: nothing.
+// FAILED_PRECONDITION if the matrices are already quantized.
+absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant);
+
+// One group of n (<= kInt8Group) values: q[i] = round(v[i] / scale) (ties to even), returns
+// scale = amax / 127 (0 for an all-zero group). A non-finite value makes the scale NaN and q
+// zero, so that the NaN reaches every product of the group instead of vanishing. The weights
+// and (linear_int8.cc) the activations of the int8 arithmetic are quantized by this one rule.
+float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q);
+
+// One matrix: q [rows, cols] and scales [rows, ceil(cols / kInt8Group)] (exposed for tests).
+void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales);
+
+}  // namespace glmserve

@@ -1,0 +1,187 @@
+// Engine::Impl: the engine thread's state, plus the inbox and the session registry that other
+// threads reach under their own locks. Its methods live in files named by job: the loop and
+// request endings (engine_loop.cc), the scheduler (scheduler.cc), the step runner
+// (step_runner.cc); submission and validation are engine.cc's.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/engine/prefix_cache.h"
+#include "core/engine/sequence.h"
+#include "core/engine/session_registry.h"
+
+namespace glmserve {
+
+class Engine::Impl {
+ public:
+  Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
+  ~Impl();  // stops the loop; unfinished requests end with CANCELLED
+
+  KvCache& cache() { return *cache_; }
+
+  // Called with a validated sequence (Engine::Submit).
+  RequestId Enqueue(std::unique_ptr<Sequence> seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq->id = next_id_++;
+    const RequestId id = seq->id;
+    inbox_.push_back(std::move(seq));
+    ++queued_count_;
+    cv_.notify_all();
+    return id;
+  }
+
+  // Requests accepted but not yet finished count against max_waiting while not running.
+  int64_t QueuedCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_count_;
+  }
+
+  void AbortAll(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      abort_status_ = std::move(status);
+    }
+    cv_.notify_all();
+  }
+
+  void Cancel(RequestId id) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels_.push_back(id);
+    }
+    cv_.notify_all();
+  }
+
+  // Shared with the submitting threads (it has its own lock).
+  SessionRegistry& sessions() { return sessions_; }
+
+  // Makes the loop run its housekeeping (e.g. free a closed session's blocks) now.
+  void WakeLoop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+    cv_.notify_all();
+  }
+
+  EngineStats Stats() {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+
+  bool Idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_count_ == 0 && running_count_ == 0 && inbox_.empty();
+  }
+
+  void SetStepObserver(std::function<void(const StepReport&)> observer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    observer_ = std::move(observer);
+  }
+
+ private:
+  // ---- The loop ----
+  void Loop();
+  bool TakeInbox();  // false when stopping
+  void ExpireAndCancel(SteadyTime now, const std::vector<RequestId>& cancels);
+  void ExpireSessions(SteadyTime now);
+  void Admit();
+  bool AdmitOne(Sequence* seq);
+  // A session call that would take the sessions past their share of the cache: evicts idle
+  // sessions (other than its own) to make room, else returns the RESOURCE_EXHAUSTED to
+  // fail it with.
+  absl::Status CheckSessionShare(Sequence* seq);
+  // Evicts idle sessions (no call in flight, unused for session_eviction_grace), least
+  // recently used first, other than `keep`, until `blocks` blocks are free or none is left.
+  // True when `blocks` are free.
+  bool EvictIdleSessions(int64_t blocks, const Session* keep);
+  bool EvictOneIdleSession(const Session* keep);  // false when none is evictable
+  // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
+  // preempting later-admitted sequences as needed. False if it cannot.
+  bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
+  Sequence* PickVictim();  // the most recently admitted preemptible sequence
+  void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
+  // The step: chosen by the scheduler (scheduler.cc), run by the step runner (step_runner.cc).
+  void BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts);
+  struct StepInputs {
+    ForwardBatch batch;  // views into ids / hidden
+    ForwardOptions options;
+    std::vector<int32_t> ids;   // [tokens] of the sequences starting at layer 0
+    std::vector<float> hidden;  // [tokens, hidden_size] of the others
+    StepReport report;
+  };
+  void GatherInputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
+                    StepInputs* in);
+  void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
+  void ScatterOutputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
+                      const std::vector<LogitsRows>& wants, const ForwardResult& result);
+  // Samples every sequence's next token from its logits row (in parallel: each draw is a
+  // pure function of its own inputs), into sampled_.
+  void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows);
+  // `finite`: the row's logits were all finite (else the request fails, nothing sampled).
+  void AfterGenerateStep(Sequence* seq, SampledToken sampled, bool finite);
+  // Ends a request: frees or keeps its blocks, queues its FinishEvent.
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+  void ReleaseBlocks(Sequence* seq, bool completed);
+  // Events wait in the outbox until the stats that count them are published (UpdateStats),
+  // so that whoever sees an event also sees its effect in Stats() and Idle().
+  void Emit(Sequence* seq, std::variant<TokenEvent, ForwardOutput, FinishEvent> body);
+  void Deliver();
+  void UpdateStats(int64_t step_delta);
+  absl::Status CheckInvariants();
+  std::string invariant_error_;
+
+  ModelRunner* model_;
+  EngineOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  PrefixCache prefix_;
+  SessionRegistry sessions_;
+  std::thread thread_;
+
+  // Inbox from other threads.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool wake_ = false;  // housekeeping requested
+  RequestId next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> inbox_;
+  std::vector<RequestId> cancels_;
+  absl::Status abort_status_;  // non-OK: end every live request with it (AbortAll)
+  int64_t queued_count_ = 0;   // accepted, not running, not finished
+  int64_t running_count_ = 0;  // mirrors running_.size()
+  std::function<void(const StepReport&)> observer_;
+
+  // Engine-thread state.
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> live_;
+  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
+  std::vector<Sequence*> running_;  // in admission order
+  int64_t admissions_ = 0;
+  const int64_t session_share_blocks_;
+  // Reused every step, so that the logits rows (megabytes a step) land in memory that is
+  // already allocated and mapped rather than in a fresh, page-faulting buffer.
+  ForwardResult step_result_;
+  std::vector<SampledToken> sampled_;
+  std::vector<char> sampled_finite_;  // per sampled row: all logits finite
+  struct Outgoing {
+    Sequence* seq;  // live, or in finished_
+    Event event;
+  };
+  std::vector<Outgoing> outbox_;
+  std::vector<std::unique_ptr<Sequence>> finished_;  // finished, events not yet delivered
+
+  // Published counters.
+  std::mutex stats_mu_;
+  EngineStats stats_;
+  int64_t steps_ = 0, preemptions_ = 0, prompt_computed_ = 0, generated_total_ = 0;
+  int64_t sessions_evicted_ = 0, nonfinite_outputs_ = 0;
+};
+
+}  // namespace glmserve

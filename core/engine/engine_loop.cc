@@ -1,0 +1,276 @@
+// The engine thread's loop: takes submissions, cancellations and expiries, admits, runs one
+// step at a time (core/engine/scheduler.cc chooses it, core/engine/step_runner.cc runs it),
+// publishes the stats and then delivers the step's events; and ends every request with one
+// FinishEvent.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/engine/engine_impl.h"
+
+namespace glmserve {
+namespace {
+
+SessionRegistry::Limits SessionLimits(const EngineOptions& o, const KvCache& cache,
+                                      const ModelConfig& config) {
+  const int64_t share_blocks =
+      static_cast<int64_t>(o.session_kv_fraction * cache.allocator().num_blocks());
+  const int64_t share = share_blocks * o.block_size;
+  SessionRegistry::Limits limits;
+  limits.max_sessions = o.max_sessions;
+  limits.max_positions = config.max_position_embeddings;
+  limits.token_limit = o.max_session_tokens > 0 ? std::min(o.max_session_tokens, share) : share;
+  return limits;
+}
+
+}  // namespace
+
+Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
+    : model_(model),
+      options_(options),
+      cache_(std::move(cache)),
+      prefix_(&cache_->allocator(), options.block_size),
+      sessions_(SessionLimits(options, *cache_, model->config())),
+      session_share_blocks_(
+          static_cast<int64_t>(options.session_kv_fraction * cache_->allocator().num_blocks())) {
+  UpdateStats(0);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool Engine::Impl::TakeInbox() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool busy = !waiting_.empty() || !running_.empty();
+  if (!busy && inbox_.empty() && cancels_.empty() && abort_status_.ok() && !stop_ && !wake_) {
+    // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
+    // (session expiry).
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+      return stop_ || wake_ || !inbox_.empty() || !cancels_.empty() || !abort_status_.ok();
+    });
+  }
+  wake_ = false;
+  while (!inbox_.empty()) {
+    Sequence* seq = inbox_.front().get();
+    live_.emplace(seq->id, std::move(inbox_.front()));
+    inbox_.pop_front();
+    waiting_.push_back(seq);
+  }
+  return !stop_;
+}
+
+void Engine::Impl::Loop() {
+  while (TakeInbox()) {
+    std::vector<RequestId> cancels;
+    absl::Status abort;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels.swap(cancels_);
+      abort.Update(abort_status_);
+      abort_status_ = absl::OkStatus();
+    }
+    if (!abort.ok()) {
+      std::vector<Sequence*> all;
+      for (auto& [id, seq] : live_) all.push_back(seq.get());
+      for (Sequence* seq : all) Finish(seq, FinishReason::kCancelled, abort);
+    }
+    const SteadyTime now = std::chrono::steady_clock::now();
+    ExpireAndCancel(now, cancels);
+    ExpireSessions(now);
+    Admit();
+    if (!outbox_.empty()) {  // cancellations, expiries, refusals: out before the step runs
+      UpdateStats(0);
+      Deliver();
+    }
+
+    std::vector<Sequence*> selected;
+    std::vector<int64_t> counts;
+    BuildStep(&selected, &counts);
+    if (selected.empty()) {
+      if (!waiting_.empty() || !running_.empty()) {
+        // Work exists but none can run now (e.g. a session waits for its previous call):
+        // wait briefly rather than spin.
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(2),
+                     [this] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+      }
+      UpdateStats(0);
+    } else {
+      RunStep(selected, counts);  // publishes the stats and calls the step observer
+    }
+    Deliver();
+  }
+  // Shutdown: every unfinished request gets its FinishEvent.
+  std::vector<Sequence*> all;
+  for (auto& [id, seq] : live_) all.push_back(seq.get());
+  for (Sequence* seq : all) {
+    Finish(seq, FinishReason::kCancelled, absl::CancelledError("the engine shut down"));
+  }
+  UpdateStats(0);
+  Deliver();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& seq : inbox_) {
+    FinishEvent finish;
+    finish.reason = FinishReason::kCancelled;
+    finish.status = absl::CancelledError("the engine shut down");
+    finish.times = seq->times;
+    seq->callback(Event{seq->id, std::move(finish)});
+  }
+  inbox_.clear();
+}
+
+void Engine::Impl::ExpireAndCancel(SteadyTime now, const std::vector<RequestId>& cancels) {
+  for (RequestId id : cancels) {
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      Finish(it->second.get(), FinishReason::kCancelled,
+             absl::CancelledError("the request was cancelled"));
+    }
+  }
+  std::vector<Sequence*> expired;
+  for (auto& [id, seq] : live_) {
+    if (seq->deadline && *seq->deadline <= now) expired.push_back(seq.get());
+  }
+  for (Sequence* seq : expired) {
+    Finish(seq, FinishReason::kDeadline,
+           absl::DeadlineExceededError("the request's deadline passed"));
+  }
+}
+
+void Engine::Impl::ExpireSessions(SteadyTime now) {
+  for (auto& session : sessions_.TakeExpiredAndClosed(now, options_.session_idle_timeout)) {
+    cache_->Free(&session->blocks);
+  }
+}
+
+void Engine::Impl::ReleaseBlocks(Sequence* seq, bool completed) {
+  if (seq->session == nullptr) {
+    cache_->Free(&seq->own_blocks);
+    return;
+  }
+  // A session keeps its blocks; the registry moves a completed call's position on.
+  sessions_.Release(seq->session, completed, seq->base_position + seq->forward_call()->num_inputs,
+                    std::chrono::steady_clock::now());
+}
+
+void Engine::Impl::Emit(Sequence* seq, std::variant<TokenEvent, ForwardOutput, FinishEvent> body) {
+  outbox_.push_back({seq, Event{seq->id, std::move(body)}});
+}
+
+void Engine::Impl::Deliver() {
+  // Callbacks may take a while (and may submit): nothing of the engine's is borrowed here.
+  std::vector<Outgoing> out;
+  out.swap(outbox_);
+  std::vector<std::unique_ptr<Sequence>> done;
+  done.swap(finished_);
+  for (Outgoing& o : out) o.seq->callback(std::move(o.event));
+}
+
+void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  const Generation* gen = seq->generation();
+  if (gen != nullptr && options_.prefix_caching && seq->admitted_order >= 0) {
+    prefix_.Insert(gen->tokens, seq->computed, seq->own_blocks);
+  }
+  const bool was_running = seq->admitted_order >= 0;
+  ReleaseBlocks(seq, /*completed=*/reason == FinishReason::kForwardDone);
+  if (was_running) {
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!was_running) --queued_count_;
+    running_count_ = static_cast<int64_t>(running_.size());
+  }
+  FinishEvent finish;
+  finish.reason = reason;
+  finish.status = std::move(status);
+  finish.prompt_tokens = gen != nullptr ? gen->prompt_tokens : seq->forward_call()->num_inputs;
+  finish.cached_prompt_tokens = seq->cached_prompt_tokens;
+  finish.generated_tokens = gen != nullptr ? gen->generated : 0;
+  finish.preemptions = seq->preemptions;
+  finish.times = seq->times;
+  finish.times.finished = std::chrono::steady_clock::now();
+  Emit(seq, std::move(finish));
+  // Out of the live set now; kept alive until its events are delivered.
+  auto it = live_.find(seq->id);
+  finished_.push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+absl::Status Engine::Impl::CheckInvariants() {
+  const BlockAllocator& alloc = cache_->allocator();
+  std::vector<int32_t> holders(alloc.num_blocks(), 0);
+  auto hold = [&](const BlockTable& table) {
+    for (int32_t b : table) ++holders[b];
+  };
+  int64_t in_queues = 0;
+  for (Sequence* seq : running_) {
+    if (seq->session == nullptr) hold(seq->own_blocks);
+    if (seq->admitted_order < 0) return absl::InternalError("running sequence not admitted");
+    ++in_queues;
+  }
+  for (Sequence* seq : waiting_) {
+    if (!seq->own_blocks.empty()) return absl::InternalError("waiting sequence holds blocks");
+    if (std::find(running_.begin(), running_.end(), seq) != running_.end()) {
+      return absl::InternalError("a sequence is both waiting and running");
+    }
+    ++in_queues;
+  }
+  if (in_queues != static_cast<int64_t>(live_.size())) {
+    return absl::InternalError(
+        absl::StrCat(live_.size(), " live requests but ", in_queues, " in the queues"));
+  }
+  sessions_.ForEachBlockTable(hold);
+  prefix_.ForEachBlock([&](int32_t b) { ++holders[b]; });
+  int64_t free_blocks = 0;
+  for (int32_t b = 0; b < alloc.num_blocks(); ++b) {
+    if (holders[b] != alloc.ref_count(b)) {
+      return absl::InternalError(absl::StrCat("block ", b, " has reference count ",
+                                              alloc.ref_count(b), " but ", holders[b], " holders"));
+    }
+    free_blocks += alloc.ref_count(b) == 0;
+  }
+  if (free_blocks != alloc.num_free()) {
+    return absl::InternalError(absl::StrCat(free_blocks, " unreferenced blocks but ",
+                                            alloc.num_free(), " on the free list"));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Impl::UpdateStats(int64_t step_delta) {
+  steps_ += step_delta;
+  if (options_.check_invariants && invariant_error_.empty()) {
+    if (absl::Status s = CheckInvariants(); !s.ok()) {
+      invariant_error_ = absl::StrCat("after step ", steps_, ": ", s.message());
+    }
+  }
+  EngineStats s;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.sessions = sessions_.Count();
+  s.sessions_evicted = sessions_evicted_;
+  s.kv_blocks_sessions = sessions_.Blocks();
+  s.nonfinite_outputs = nonfinite_outputs_;
+  s.kv_blocks_total = cache_->allocator().num_blocks();
+  s.kv_blocks_cached = prefix_.evictable_blocks();
+  s.kv_blocks_free = cache_->allocator().num_free() + s.kv_blocks_cached;
+  s.steps = steps_;
+  s.preemptions = preemptions_;
+  s.prefix_queries = prefix_.queries();
+  s.prefix_hits = prefix_.hits();
+  s.prompt_tokens_computed = prompt_computed_;
+  s.tokens_generated = generated_total_;
+  s.invariant_error = invariant_error_;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = s;
+}
+
+}  // namespace glmserve

@@ -1,0 +1,52 @@
+#include "core/engine/runner_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cuda/runner.h"
+
+namespace glmserve {
+
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
+  if (name == "auto") return DeviceKind::kAuto;
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("device '", name, "' is not one of auto, cpu, cuda"));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
+    ModelWeights weights, DeviceKind device, CpuMath cpu_math,
+    const LoadProgressCallback& upload_progress, Fp8TensorCores fp8_tensor_cores) {
+  // GLM-5: a shared indexer layer reuses the top-k of the full layer before it, so a served
+  // span must start at a full layer (refused here, at start-up, rather than at every step).
+  const ModelConfig& c = weights.config;
+  if (c.is_mla() && weights.layer_begin < weights.layer_end &&
+      !c.has_indexer(weights.layer_begin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layer span starts at layer ", weights.layer_begin,
+        ", a 'shared' DSA indexer layer whose top-k comes from an earlier layer; start the "
+        "span at a 'full' layer (indexer_types in config.json)"));
+  }
+  // FP8 checkpoints, GLM-4.5's and GLM-5's, run on both backends (docs/fp8.md); int8 weights
+  // quantized at load only on the CPU.
+  const bool int8 = weights.linear_format == WeightFormat::kInt8Groups;
+  if (int8 && device == DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "int8 weights (quantized at load) run on the CPU backend only: use --device=cpu");
+  }
+  // --device=auto takes the GPU only for a model the CUDA backend runs (int8 weights stay on
+  // the CPU).
+  const bool cuda_runs_it = CudaUnsupportedReason(weights.config).empty() && !int8;
+  const bool to_cuda = device == DeviceKind::kCuda ||
+                       (device == DeviceKind::kAuto && cuda_runs_it && CudaDeviceAvailable());
+  if (!weights.device_generated_fp8.empty() && !to_cuda) {
+    // Their codes exist only once the CUDA uploader generates them.
+    return absl::FailedPreconditionError(
+        "the FP8 preset's codes are generated on the CUDA device (RandomWeightOptions::"
+        "fp8_codes_on_device): run it with --device=cuda");
+  }
+  if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress, fp8_tensor_cores);
+  return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
+}
+
+}  // namespace glmserve

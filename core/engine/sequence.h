@@ -1,0 +1,84 @@
+// One accepted request as the engine thread tracks it from admission to its FinishEvent:
+// what it asked for, how far its inputs are computed, and the KV blocks that hold them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/engine/session_registry.h"
+#include "core/model/kv_cache.h"
+
+namespace glmserve {
+
+// What a Generate request carries through the engine.
+struct Generation {
+  GenerateRequest request;
+  std::vector<int32_t> tokens;  // the prompt followed by the tokens generated so far
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;
+  // Output index of request.forced's first token; -1 while not (yet) known. Derived only
+  // from the request and `tokens`, which preemption keeps, so a recompute forces the same.
+  int64_t forced_from = -1;
+
+  // The token forced at output index `generated`, or -1 when the sampler chooses.
+  int32_t ForcedNext() const {
+    const std::vector<int32_t>& forced = request.forced.tokens;
+    if (forced_from < 0 || generated < forced_from) return -1;
+    const int64_t i = generated - forced_from;
+    return i < static_cast<int64_t>(forced.size()) ? forced[static_cast<size_t>(i)] : -1;
+  }
+  // Called after each output token is appended: starts the forced part after its trigger.
+  void NoteGenerated(int32_t token) {
+    if (forced_from < 0 && !request.forced.tokens.empty() && token == request.forced.after_token) {
+      forced_from = generated;
+    }
+  }
+};
+
+// What a Forward request carries through the engine.
+struct ForwardCall {
+  ForwardRequest request;
+  int64_t num_inputs = 0;  // input positions of the request
+  ForwardOutput output;    // rows gathered so far
+};
+
+// One accepted request as the scheduler sees it: the kind-specific part (`work`) and what
+// scheduling needs of every request.
+struct Sequence {
+  RequestId id = 0;
+  EventCallback callback;
+  std::optional<SteadyTime> deadline;
+  Timestamps times;
+  std::variant<Generation, ForwardCall> work;
+  Session* session = nullptr;  // Forward calls on a session; valid while in_flight > 0
+
+  int64_t run_begin = 0;  // layers this request runs
+  int64_t run_end = 0;
+  int64_t base_position = 0;    // absolute position of input 0 (a session's offset)
+  int64_t computed = 0;         // inputs whose keys and values are in the cache
+  BlockTable own_blocks;        // the request's blocks when it has no session
+  int64_t admitted_order = -1;  // admission counter; -1 while waiting
+  int64_t cached_prompt_tokens = 0;
+  int64_t preemptions = 0;
+
+  Generation* generation() { return std::get_if<Generation>(&work); }
+  const Generation* generation() const { return std::get_if<Generation>(&work); }
+  ForwardCall* forward_call() { return std::get_if<ForwardCall>(&work); }
+  const ForwardCall* forward_call() const { return std::get_if<ForwardCall>(&work); }
+
+  // Input positions: a generation's tokens so far, a forward call's inputs.
+  int64_t total_inputs() const {
+    const Generation* g = generation();
+    return g != nullptr ? static_cast<int64_t>(g->tokens.size()) : forward_call()->num_inputs;
+  }
+  BlockTable& blocks() { return session != nullptr ? session->blocks : own_blocks; }
+  // Sequences whose inputs the engine keeps can be preempted and recomputed; a session's
+  // earlier calls are gone, so its cache is pinned.
+  bool preemptible() const { return session == nullptr; }
+};
+
+}  // namespace glmserve

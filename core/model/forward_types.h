@@ -1,0 +1,89 @@
+// The inputs and outputs of one forward step over a ragged batch, shared by every backend.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/model/config.h"
+#include "core/model/kv_cache.h"
+
+namespace glmserve {
+
+// One sequence's slice of a ragged batch: its new tokens occupy positions
+// [start_position, start_position + num_tokens) and its block table covers them.
+struct SequenceSlice {
+  int64_t num_tokens = 0;
+  int64_t start_position = 0;
+  const BlockTable* blocks = nullptr;
+};
+
+// All new tokens of all scheduled sequences, concatenated in sequence order.
+struct ForwardBatch {
+  std::vector<SequenceSlice> sequences;
+  absl::Span<const int32_t> token_ids;  // [total_tokens]: when the span starts at layer 0
+  absl::Span<const float> hidden_in;    // [total_tokens, hidden]: when it starts later
+
+  int64_t total_tokens() const;
+};
+
+enum class LogitsRows {
+  kNone,  // no logits
+  kLast,  // one row per sequence: its last new token
+  kAll,   // one row per new token
+};
+
+struct ForwardOptions {
+  LogitsRows logits = LogitsRows::kLast;
+  // When non-empty, one entry per batch sequence, overriding `logits` for that sequence
+  // (e.g. decodes want their last row, a prefill chunk mid-prompt wants none). Logits rows
+  // come out in batch order.
+  std::vector<LogitsRows> sequence_logits;
+  bool return_hidden = false;        // residual stream after the run's last layer
+  bool return_layer_hidden = false;  // residual stream after the embedding and each layer
+  // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own
+  // bounds). Token input iff layer_begin == 0; logits iff layer_end is the model's last layer.
+  int64_t layer_begin = -1;
+  int64_t layer_end = -1;
+};
+
+struct ForwardResult {
+  std::vector<float> logits;  // [rows, vocab], rows per ForwardOptions::logits
+  std::vector<float> hidden;  // [total_tokens, hidden] (pre final norm), if requested
+  // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
+  // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
+  std::vector<std::vector<float>> layer_hidden;
+};
+
+// The KV cache geometry `config` needs for `layers` layers: kv_heads x head_dim key and value
+// rows (GLM-4.5), or one latent row of cache_values_per_token_layer() values (GLM-5).
+KvCacheShape CacheShapeFor(const ModelConfig& config, int64_t layers, int64_t num_blocks,
+                           int64_t block_size);
+
+// The checks every backend makes before a step: the cache matches the model's KV shape, every
+// sequence has new tokens within the model's context and a block table covering them with
+// valid block ids, and the input is token ids in the vocabulary (a run from layer 0) or
+// hidden states [total_tokens, hidden]. INVALID_ARGUMENT naming what is wrong.
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& config,
+                                  const KvCacheShape& cache, bool token_input);
+
+// The one rule for a run's layers, shared by the engine and every backend: [run_begin,
+// run_end) is a non-empty part of the served span [served_begin, served_end), and a run that
+// produces logits ends at the model's last layer. INVALID_ARGUMENT otherwise.
+absl::Status ValidateRunSpan(int64_t run_begin, int64_t run_end, int64_t served_begin,
+                             int64_t served_end, int64_t num_layers, bool wants_logits);
+
+// Whether a step asks for any logits rows (options.sequence_logits, one entry per sequence,
+// or else options.logits); INVALID_ARGUMENT if sequence_logits has the wrong length.
+absl::StatusOr<bool> StepWantsLogits(const ForwardBatch& batch, const ForwardOptions& options);
+
+// The rule "which rows get logits", written once for every backend: the batch rows (indices
+// into the step's [total_tokens] rows) whose logits a step returns, ascending, which is the
+// order of ForwardResult::logits. Per sequence, options.sequence_logits[i] (or options.logits
+// for all): kLast its last new row, kAll each of its rows, kNone none. Expects options that
+// StepWantsLogits accepted.
+std::vector<int64_t> ReturnedLogitRows(const ForwardBatch& batch, const ForwardOptions& options);
+
+}  // namespace glmserve

@@ -1,0 +1,174 @@
+#include "core/model/weight_layout.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace glmserve {
+
+std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
+
+void PrepareWeights(const ModelConfig& config, int64_t begin, int64_t end, ModelWeights* w) {
+  w->config = config;
+  w->layer_begin = begin;
+  w->layer_end = end;
+  w->layers.assign(static_cast<size_t>(end - begin), LayerWeights{});
+  for (int64_t l = begin; l < end; ++l) {
+    LayerWeights& layer = w->layers[static_cast<size_t>(l - begin)];
+    layer.layer_index = l;
+    layer.is_moe = config.is_moe_layer(l);
+    if (layer.is_moe) layer.moe.experts.assign(static_cast<size_t>(config.n_routed_experts), {});
+  }
+}
+
+namespace {
+
+void AddFfn(const std::string& prefix, int64_t width, int64_t hidden, int64_t layer, FfnWeights* f,
+            std::vector<WeightSlot>* slots) {
+  slots->push_back(
+      {prefix + "gate_proj.weight", {width, hidden}, &f->gate, nullptr, ParamInit::kNormal, layer});
+  slots->push_back(
+      {prefix + "up_proj.weight", {width, hidden}, &f->up, nullptr, ParamInit::kNormal, layer});
+  slots->push_back(
+      {prefix + "down_proj.weight", {hidden, width}, &f->down, nullptr, ParamInit::kNormal, layer});
+}
+
+// GLM-5's latent attention and, on "full" layers, its DSA indexer (docs/glm5.md).
+void AddMla(const ModelConfig& c, const std::string& ap, int64_t l, bool indexer, MlaWeights* m,
+            std::vector<WeightSlot>* slots) {
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  auto matrix = [&](const char* name, int64_t rows, int64_t cols, Matrix* out) {
+    slots->push_back({ap + name, {rows, cols}, out, nullptr, ParamInit::kNormal, l});
+  };
+  auto vec = [&](const char* name, int64_t n, std::vector<float>* out, ParamInit init) {
+    slots->push_back({ap + name, {n}, nullptr, out, init, l});
+  };
+  matrix("q_a_proj.weight", c.q_lora_rank, hidden, &m->q_a_proj);
+  vec("q_a_layernorm.weight", c.q_lora_rank, &m->q_a_norm, ParamInit::kOnes);
+  matrix("q_b_proj.weight", heads * c.qk_head_dim(), c.q_lora_rank, &m->q_b_proj);
+  matrix("kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden, &m->kv_a_proj);
+  vec("kv_a_layernorm.weight", c.kv_lora_rank, &m->kv_a_norm, ParamInit::kOnes);
+  matrix("kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank,
+         &m->kv_b_proj);
+  matrix("o_proj.weight", hidden, heads * c.v_head_dim, &m->o_proj);
+  if (!indexer) return;
+  IndexerWeights& x = m->indexer;
+  matrix("indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank, &x.wq_b);
+  matrix("indexer.wk.weight", c.index_head_dim, hidden, &x.wk);
+  vec("indexer.k_norm.weight", c.index_head_dim, &x.k_norm, ParamInit::kOnes);
+  vec("indexer.k_norm.bias", c.index_head_dim, &x.k_norm_bias, ParamInit::kZeros);
+  matrix("indexer.weights_proj.weight", c.index_n_heads, hidden, &x.weights_proj);
+}
+
+}  // namespace
+
+std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  const int64_t hidden = c.hidden_size;
+  const bool has_head = w->layer_end == c.num_hidden_layers;
+  std::vector<WeightSlot> slots;
+  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t layer) {
+    slots.push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, layer});
+  };
+  auto vec = [&](std::string name, int64_t n, std::vector<float>* v, ParamInit init,
+                 int64_t layer) {
+    slots.push_back({std::move(name), {n}, nullptr, v, init, layer});
+  };
+
+  if (w->layer_begin == 0) {
+    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->embed_tokens, -1);
+  } else if (has_head && c.tie_word_embeddings && !w->head_stored_despite_tie) {
+    // The tied head needs the embedding matrix even though this span does not embed.
+    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1);
+  }
+
+  for (LayerWeights& layer : w->layers) {
+    const int64_t l = layer.layer_index;
+    const std::string p = LayerPrefix(l);
+    vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
+    vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm, ParamInit::kOnes,
+        l);
+    if (c.is_mla()) {
+      AddMla(c, p + "self_attn.", l, c.has_indexer(l), &layer.mla, &slots);
+    } else {
+      AttentionWeights& a = layer.attn;
+      const std::string ap = p + "self_attn.";
+      matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l);
+      matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l);
+      matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l);
+      matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l);
+      if (c.attention_bias) {
+        vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
+        vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
+        vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
+      }
+      if (c.use_qk_norm) {
+        vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
+        vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
+      }
+    }
+    const std::string mp = p + "mlp.";
+    if (!layer.is_moe) {
+      AddFfn(mp, c.intermediate_size, hidden, l, &layer.dense, &slots);
+      continue;
+    }
+    MoeWeights& moe = layer.moe;
+    matrix(mp + "gate.weight", c.n_routed_experts, hidden, &moe.router, l);
+    vec(mp + "gate.e_score_correction_bias", c.n_routed_experts, &moe.router_bias,
+        ParamInit::kZeros, l);
+    const int64_t width = c.moe_intermediate_size;
+    for (int64_t e = 0; e < static_cast<int64_t>(moe.experts.size()); ++e) {
+      FfnWeights& f = moe.experts[static_cast<size_t>(e)];
+      const std::string ep = absl::StrCat(mp, "experts.", e, ".");
+      slots.push_back({ep + "gate_proj.weight",
+                       {width, hidden},
+                       &f.gate,
+                       nullptr,
+                       ParamInit::kNormal,
+                       l,
+                       e,
+                       ExpertPart::kGate});
+      slots.push_back({ep + "up_proj.weight",
+                       {width, hidden},
+                       &f.up,
+                       nullptr,
+                       ParamInit::kNormal,
+                       l,
+                       e,
+                       ExpertPart::kUp});
+      slots.push_back({ep + "down_proj.weight",
+                       {hidden, width},
+                       &f.down,
+                       nullptr,
+                       ParamInit::kNormal,
+                       l,
+                       e,
+                       ExpertPart::kDown});
+    }
+    if (c.n_shared_experts > 0) {
+      AddFfn(mp + "shared_experts.", c.shared_intermediate_size(), hidden, l, &moe.shared, &slots);
+    }
+  }
+
+  if (has_head) {
+    vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
+    if (!c.tie_word_embeddings || w->head_stored_despite_tie) {
+      matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1);
+    }
+  }
+  return slots;
+}
+
+void FinishWeights(ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  if (c.tie_word_embeddings && w->layer_end == c.num_hidden_layers && w->layer_begin == 0 &&
+      !w->head_stored_despite_tie) {
+    w->lm_head = w->embed_tokens;
+  }
+  if (!w->layers.empty()) {
+    const LayerWeights& first = w->layers.front();
+    w->weight_dtype = c.is_mla() ? first.mla.q_a_proj.dtype : first.attn.q_proj.dtype;
+  } else if (w->has_embedding()) {
+    w->weight_dtype = w->embed_tokens.dtype;
+  }
+}
+
+}  // namespace glmserve

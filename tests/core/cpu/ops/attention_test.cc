@@ -1,0 +1,142 @@
+#include "core/cpu/ops/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/ops/linear.h"
+#include "tests/test_util.h"
+
+namespace glmserve {
+namespace {
+
+struct Case {
+  int64_t heads, kv_heads, head_dim, block_size;
+  std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached tokens, new tokens)
+};
+
+TEST(PagedAttentionTest, MatchesFloat64ReferenceOverRaggedBatch) {
+  const Case cases[] = {
+      {4, 2, 8, {3}, {{0, 5}, {6, 1}, {2, 7}}},  // prefill, decode, chunk after a prefix
+      {3, 1, 16, {4}, {{0, 1}}},                 // one token, a single KV head
+      {6, 6, 4, {1}, {{5, 3}, {0, 9}}},          // block size 1, MHA
+  };
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    const int64_t kv_dim = c.kv_heads * c.head_dim;
+    KvCacheShape shape{1, c.kv_heads, c.head_dim, c.block_size, 64};
+    KvCache cache(shape);
+    // Every sequence's full K/V history (cached + new), generated up front.
+    std::vector<BlockTable> tables(c.seqs.size());
+    std::vector<std::vector<float>> keys, values;
+    std::vector<SequenceSlice> batch;
+    std::vector<float> new_k, new_v;
+    for (size_t s = 0; s < c.seqs.size(); ++s) {
+      const auto [cached, fresh] = c.seqs[s];
+      // Take a spare block first so that tables are not contiguous.
+      BlockTable spare;
+      ASSERT_TRUE(cache.Reserve(&spare, 1).ok());
+      ASSERT_TRUE(cache.Reserve(&tables[s], cached + fresh).ok());
+      keys.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
+      values.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
+      // The cached part is written as an earlier step would have.
+      SequenceSlice old{cached, 0, &tables[s]};
+      if (cached > 0) WriteKv(keys[s].data(), values[s].data(), {old}, 0, &cache);
+      batch.push_back({fresh, cached, &tables[s]});
+      new_k.insert(new_k.end(), keys[s].begin() + cached * kv_dim, keys[s].end());
+      new_v.insert(new_v.end(), values[s].begin() + cached * kv_dim, values[s].end());
+    }
+    WriteKv(new_k.data(), new_v.data(), batch, 0, &cache);
+    int64_t total = 0;
+    for (auto& s : batch) total += s.num_tokens;
+    std::vector<float> q = testing::RandomVector(total * c.heads * c.head_dim, seed++);
+    std::vector<float> out(q.size(), NAN);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    PagedAttention(q.data(), batch, cache, 0, c.heads, scale, out.data());
+
+    std::vector<float> ref(q.size());
+    int64_t row = 0;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      for (int64_t t = 0; t < batch[s].num_tokens; ++t, ++row) {
+        const int64_t pos = batch[s].start_position + t;
+        for (int64_t h = 0; h < c.heads; ++h) {
+          const int64_t g = h / (c.heads / c.kv_heads);
+          const float* qv = q.data() + (row * c.heads + h) * c.head_dim;
+          std::vector<double> w(pos + 1);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t p = 0; p <= pos; ++p) {
+            double d = 0;
+            for (int64_t i = 0; i < c.head_dim; ++i)
+              d += double(qv[i]) * keys[s][p * kv_dim + g * c.head_dim + i];
+            w[p] = d * scale;
+            mx = std::max(mx, w[p]);
+          }
+          for (double& x : w) sum += (x = std::exp(x - mx));
+          for (int64_t i = 0; i < c.head_dim; ++i) {
+            double o = 0;
+            for (int64_t p = 0; p <= pos; ++p)
+              o += w[p] / sum * values[s][p * kv_dim + g * c.head_dim + i];
+            ref[(row * c.heads + h) * c.head_dim + i] = static_cast<float>(o);
+          }
+        }
+      }
+    }
+    EXPECT_LT(testing::RelativeError(out, ref), 1e-6) << "heads " << c.heads;
+  }
+}
+
+// The fp32 path's AVX-512 loops (attention_avx512.cc) against the portable ones, bit for bit:
+// head dims with an 8-lane tail (7, 13), a masked last 16-wide register (24, 136), more than
+// one 128-wide register chunk (136, 260); contexts across blocks; grouped heads.
+TEST(PagedAttentionTest, Avx512EqualsPortableBitForBit) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  uint32_t seed = 300;
+  for (const int64_t head_dim : {7, 13, 24, 128, 136, 260}) {
+    const int64_t heads = 4, kv_heads = 2, kv_dim = kv_heads * head_dim, tokens = 37;
+    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 16});
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, tokens).ok());
+    const std::vector<float> k = testing::RandomVector(tokens * kv_dim, seed++);
+    const std::vector<float> v = testing::RandomVector(tokens * kv_dim, seed++);
+    const std::vector<SequenceSlice> batch = {{tokens, 0, &table}};
+    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const std::vector<float> q = testing::RandomVector(tokens * heads * head_dim, seed++, 3.f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    std::vector<float> fast(q.size(), NAN), portable(q.size(), NAN);
+    PagedAttention(q.data(), batch, cache, 0, heads, scale, fast.data());
+    internal::ForceGenericKernels(true);
+    PagedAttention(q.data(), batch, cache, 0, heads, scale, portable.data());
+    internal::ForceGenericKernels(false);
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_EQ(fast[i], portable[i]) << "head_dim " << head_dim << " element " << i;
+    }
+  }
+}
+
+TEST(KvCacheTest, ReserveIsAllOrNothingAndFreeReturnsBlocks) {
+  KvCache cache({2, 1, 4, 4, 5});
+  BlockTable a, b;
+  ASSERT_TRUE(cache.Reserve(&a, 9).ok());  // 3 blocks
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_EQ(cache.allocator().num_free(), 2);
+  absl::Status s = cache.Reserve(&b, 12);  // needs 3, only 2 free
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(cache.allocator().num_free(), 2);
+  ASSERT_TRUE(cache.Reserve(&a, 12).ok());  // growing an existing table adds one block
+  EXPECT_EQ(a.size(), 3u);
+  ASSERT_TRUE(cache.Reserve(&a, 13).ok());
+  EXPECT_EQ(a.size(), 4u);
+  // A shared block survives its first holder.
+  cache.allocator().AddRef(a[0]);
+  const int32_t shared = a[0];
+  cache.Free(&a);
+  EXPECT_EQ(cache.allocator().num_free(), 4);
+  EXPECT_EQ(cache.allocator().ref_count(shared), 1);
+  cache.allocator().Release(shared);
+  EXPECT_EQ(cache.allocator().num_free(), 5);
+}
+
+}  // namespace
+}  // namespace glmserve

@@ -1,0 +1,170 @@
+// The int8-weight arithmetic (core/cpu/ops/linear.h, linear_int8*.cc): against a float64
+// reference of what it computes, the AVX512-VNNI kernel against the portable one bit for bit,
+// batch invariance (m = 1, 3, 16, 17, 128), ragged K and N, shared activations in LinearMany,
+// and non-finite activations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
+#include "tests/core/cpu/int8_matrix.h"
+#include "tests/test_util.h"
+
+namespace glmserve {
+namespace {
+
+using testing::RandomVector;
+using testing::RelativeError;
+
+using testing::QuantizeInt8;
+
+// float64 sum over k of (xq * x_scale) (q * w_scale) + b, x quantized by the weights' rule:
+// what the kernels compute up to their fp32 scale products and sums. `dequantized_only`:
+// the activations unquantized instead (the int8 mode's total error against its weights).
+std::vector<float> Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                             const float* bias, bool dequantized_only = false) {
+  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
+  std::vector<float> xd(m * k);
+  std::vector<int8_t> xq(kInt8Group);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
+      const float s = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
+      for (int64_t c = 0; c < len; ++c) {
+        xd[i * k + begin + c] =
+            dequantized_only ? x[i * k + begin + c] : static_cast<float>(double{s} * xq[c]);
+      }
+    }
+  }
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias ? bias[j] : 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        acc += double{xd[i * k + c]} * w.q[j * k + c] * w.scales[j * groups + c / kInt8Group];
+      }
+      y[i * n + j] = static_cast<float>(acc);
+    }
+  }
+  return y;
+}
+
+std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                             const float* bias, bool generic, CpuMath math = CpuMath::kBf16) {
+  std::vector<float> y(m * w.view.rows, NAN);
+  internal::ForceGenericKernels(generic);
+  Linear(x.data(), m, w.view, bias, y.data(), math);
+  internal::ForceGenericKernels(false);
+  return y;
+}
+
+TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
+  std::printf("int8 kernel on this machine: %s\n", LinearInt8KernelName());
+  struct Shape {
+    int64_t m, n, k;
+  };
+  // Ragged K (a partial group, a partial 64-step, both) and N (partial 4-row tiles and 32-row
+  // blocks); k = 4096 + 33 crosses the 2048-wide K blocks of the many-row path.
+  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {3, 33, 64},   {4, 40, 1030},
+                          {6, 37, 2100}, {17, 70, 513}, {1, 96, 4096}, {9, 5, 4129}};
+  uint32_t seed = 40;
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    const std::vector<float> ref = Reference(x, s.m, w, bias.data());
+    const std::vector<float> unquantized_x = Reference(x, s.m, w, bias.data(), true);
+    for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact}) {  // int8 ignores the mode
+      const std::vector<float> y = RunLinear(x, s.m, w, bias.data(), false, math);
+      EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+      // Activation quantization: per element within half a scale, ~0.5% of a dot product.
+      EXPECT_LT(RelativeError(y, unquantized_x), 3e-2) << "m=" << s.m << " k=" << s.k;
+      const std::vector<float> g = RunLinear(x, s.m, w, bias.data(), true, math);
+      for (int64_t i = 0; i < s.m * s.n; ++i) {
+        ASSERT_EQ(y[i], g[i]) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
+      }
+    }
+  }
+}
+
+// Every row of a batch of m equals that row run alone, bit for bit, in both kernels: the
+// reduction order does not depend on m, the tile or the K blocking (m > 4 blocks K).
+TEST(LinearInt8, BatchInvariance) {
+  const int64_t n = 45, k = 2100;
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
+  const std::vector<float> bias = RandomVector(n, 52);
+  for (bool generic : {false, true}) {
+    for (int64_t m : {1, 3, 16, 17, 128}) {
+      const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
+      const std::vector<float> all = RunLinear(x, m, w, bias.data(), generic);
+      for (int64_t i = 0; i < m; i += (m > 20 ? 7 : 1)) {
+        const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+        const std::vector<float> alone = RunLinear(row, 1, w, bias.data(), generic);
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(alone[j], all[i * n + j])
+              << (generic ? "generic" : "simd") << " m=" << m << " row " << i << " col " << j;
+        }
+      }
+    }
+  }
+}
+
+// q, k and v share one activation (quantized once); each result is Linear's on its own.
+TEST(LinearInt8, LinearManySharesTheActivation) {
+  const int64_t m = 5, k = 300;
+  const std::vector<float> x = RandomVector(m * k, 70);
+  const testing::Int8Matrix a = QuantizeInt8(RandomVector(33 * k, 71, 0.1f), 33, k);
+  const testing::Int8Matrix b = QuantizeInt8(RandomVector(8 * k, 72, 0.1f), 8, k);
+  std::vector<float> ya(m * 33), yb(m * 8);
+  const LinearJob jobs[] = {{x.data(), m, &a.view, nullptr, ya.data()},
+                            {x.data(), m, &b.view, nullptr, yb.data()}};
+  LinearMany(jobs, CpuMath::kBf16);
+  EXPECT_EQ(ya, RunLinear(x, m, a, nullptr, false));
+  EXPECT_EQ(yb, RunLinear(x, m, b, nullptr, false));
+}
+
+// A non-finite activation poisons its own row's outputs (NaN), never another row's, and
+// nothing crashes; both kernels agree.
+TEST(LinearInt8, NonFiniteActivationGivesNanInItsRowOnly) {
+  const int64_t m = 3, n = 6, k = 100;
+  std::vector<float> x = RandomVector(m * k, 80);
+  x[1 * k + 40] = INFINITY;
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 81, 0.1f), n, k);
+  for (bool generic : {false, true}) {
+    const std::vector<float> y = RunLinear(x, m, w, nullptr, generic);
+    for (int64_t j = 0; j < n; ++j) {
+      EXPECT_TRUE(std::isnan(y[1 * n + j])) << j;
+      EXPECT_TRUE(std::isfinite(y[0 * n + j])) << j;
+      EXPECT_TRUE(std::isfinite(y[2 * n + j])) << j;
+    }
+  }
+}
+
+TEST(LinearInt8, QuantizedActivationLayout) {
+  const int64_t k = 70;  // 3 groups, the last of 6; padded to 128
+  std::vector<float> x = RandomVector(2 * k, 90);
+  internal::Int8Activation a;
+  internal::QuantizeActivationInt8(x.data(), 2, k, &a);
+  ASSERT_EQ(a.kp, 128);
+  ASSERT_EQ(a.q.size(), 2u * 128);
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t c = k; c < 128; ++c) EXPECT_EQ(a.q[i * 128 + c], 0);
+    for (int64_t s = 0; s < 32; ++s) {
+      const int8_t* q = a.q.data() + i * 128 + 4 * s;
+      EXPECT_EQ(a.lane_minus[i * 32 + s], -128 * (q[0] + q[1] + q[2] + q[3]));
+      if (s >= 24) {
+        EXPECT_EQ(a.lane_scale[i * 32 + s], 0.0f) << "past the last group";
+      }
+    }
+    std::vector<int8_t> q(kInt8Group);
+    const float s2 = QuantizeGroupInt8(x.data() + i * k + 64, 6, q.data());
+    EXPECT_EQ(a.lane_scale[i * 32 + 16], s2);
+    EXPECT_GT(s2, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace glmserve

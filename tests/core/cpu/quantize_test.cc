@@ -1,0 +1,183 @@
+// Int8 weights quantized at load (core/cpu/quantize.h): the quantizer's error bound, the model's
+// quantized matrices, and the accuracy against the Transformers goldens (logits error and
+// greedy agreement). The kernels are tested in tests/core/cpu/ops/linear_int8_test.cc.
+#include "core/cpu/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/base/npy.h"
+#include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/linear.h"
+#include "core/engine/runner_factory.h"
+#include "core/model/checkpoint.h"
+#include "nlohmann/json.hpp"
+#include "tests/core/cpu/int8_matrix.h"
+#include "tests/test_util.h"
+
+namespace glmserve {
+namespace {
+
+using testing::RandomVector;
+using testing::RelativeError;
+
+using testing::QuantizeInt8;
+
+TEST(QuantizeInt8, ErrorWithinHalfAScalePerElement) {
+  const int64_t rows = 7, cols = 77;  // a 13-wide last group
+  std::vector<float> w = RandomVector(rows * cols, 3, 0.2f);
+  for (int64_t c = 0; c < cols; ++c) w[2 * cols + c] = 0;  // an all-zero row
+  const testing::Int8Matrix qm = QuantizeInt8(w, rows, cols);
+  const int64_t groups = qm.view.scale_cols();
+  ASSERT_EQ(groups, 3);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float amax = 0;
+      for (int64_t c = g * 32; c < std::min<int64_t>(cols, g * 32 + 32); ++c)
+        amax = std::max(amax, std::fabs(w[r * cols + c]));
+      const float scale = qm.scales[r * groups + g];
+      EXPECT_EQ(scale, amax / 127.0f);
+      for (int64_t c = g * 32; c < std::min<int64_t>(cols, g * 32 + 32); ++c) {
+        const float back = qm.q[r * cols + c] * scale;
+        EXPECT_LE(std::fabs(back - w[r * cols + c]), scale * 0.5f * (1 + 1e-5f) + 1e-30f)
+            << r << "," << c;
+        EXPECT_LE(std::abs(qm.q[r * cols + c]), 127);
+      }
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(qm.q[2 * cols + c], 0);
+  EXPECT_EQ(qm.view.bytes(), rows * cols + rows * groups * 4);
+}
+
+TEST(QuantizeInt8, NonFiniteGroupGetsANanScale) {
+  std::vector<float> v = RandomVector(32, 4);
+  std::vector<int8_t> q(32, 5);
+  v[7] = NAN;
+  EXPECT_TRUE(std::isnan(QuantizeGroupInt8(v.data(), 32, q.data())));
+  for (int8_t e : q) EXPECT_EQ(e, 0);
+  v[7] = -INFINITY;
+  EXPECT_TRUE(std::isnan(QuantizeGroupInt8(v.data(), 32, q.data())));
+  v[7] = 0;
+  EXPECT_EQ(QuantizeGroupInt8(v.data(), 32, q.data()) > 0, true);
+  const std::vector<float> zeros(32, 0.0f);
+  EXPECT_EQ(QuantizeGroupInt8(zeros.data(), 32, q.data()), 0.0f);
+  for (int8_t e : q) EXPECT_EQ(e, 0);
+}
+
+TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
+  absl::StatusOr<ModelWeights> w = LoadModel("tiny");
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int64_t before = w->ParameterBytes();
+  const Matrix router = w->layers.back().moe.router;
+  ASSERT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8).ok());
+  EXPECT_EQ(w->linear_format, WeightFormat::kInt8Groups);
+  EXPECT_EQ(w->layers[0].attn.q_proj.format, WeightFormat::kInt8Groups);
+  EXPECT_EQ(w->layers.back().moe.experts[0].down.format, WeightFormat::kInt8Groups);
+  EXPECT_EQ(w->layers.back().moe.router.data, router.data) << "the router stays as stored";
+  EXPECT_EQ(w->embed_tokens.format, WeightFormat::kDense);
+  EXPECT_LT(w->ParameterBytes(), before);
+  EXPECT_EQ(QuantizeWeights(&*w, WeightQuant::kInt8).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SaveCheckpoint(*w, testing::MakeTempDir("q8_save")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  CpuModel model(*w, CpuMath::kBf16);
+  EXPECT_NE(model.compute_description().find("weights int8 (groups of 32, quantized at load"),
+            std::string::npos)
+      << model.compute_description();
+  absl::StatusOr<std::unique_ptr<ModelRunner>> cuda = CreateModelRunner(*w, DeviceKind::kCuda);
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ParseWeightQuant("int8"), WeightQuant::kInt8);
+  EXPECT_EQ(*ParseWeightQuant("stored"), WeightQuant::kStored);
+  EXPECT_EQ(ParseWeightQuant("int4").status().code(), absl::StatusCode::kInvalidArgument);
+  // int8 with the approximate arithmetic only (both bf16 modes), never a silent change of exact.
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kBf16).ok());
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kBf16Amx).ok());
+  EXPECT_TRUE(CheckWeightQuantMath(WeightQuant::kStored, CpuMath::kExact).ok());
+  const absl::Status exact = CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kExact);
+  EXPECT_EQ(exact.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(exact.message().find("--cpu_math=bf16 (or bf16_amx)"), std::string::npos);
+}
+
+// Accuracy against the Transformers goldens: prompt logits against the reference's fp32
+// compute on the stored weights, and greedy continuation through the KV cache.
+TEST(QuantizeWeights, GoldenAccuracy) {
+  size_t greedy_agree = 0, greedy_total = 0;
+  for (const std::string name :
+       {"bf16", "qknorm_bias_fp32", "grouped_router_fp32", "dense2_tied_fp32"}) {
+    const std::string dir = testing::GoldenDir(name);
+    std::ifstream in(dir + "/expected.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const nlohmann::json expected = nlohmann::json::parse(text.str());
+    const auto prompt = expected["prompt"].get<std::vector<int32_t>>();
+    const auto greedy = expected["greedy"].get<std::vector<int32_t>>();
+    absl::StatusOr<ModelWeights> weights = LoadCheckpoint(dir);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    ASSERT_TRUE(QuantizeWeights(&*weights, WeightQuant::kInt8).ok());
+    CpuModel model(*std::move(weights), CpuMath::kBf16);
+    const int64_t n = static_cast<int64_t>(prompt.size()), vocab = model.config().vocab_size;
+    const int64_t total = n + static_cast<int64_t>(greedy.size());
+    KvCache cache(model.CacheShape((total + 3) / 4, 4));
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, total).ok());
+    ForwardBatch batch;
+    batch.sequences = {{n, 0, &table}};
+    batch.token_ids = prompt;
+    ForwardOptions options;
+    options.logits = LogitsRows::kAll;
+    ForwardResult result;
+    ASSERT_TRUE(model.Forward(batch, &cache, options, &result).ok());
+    absl::StatusOr<NpyArray> ref = ReadNpy(dir + "/logits.npy");
+    ASSERT_TRUE(ref.ok());
+    const double err = RelativeError(result.logits, ref->data);
+    // Teacher-forced top-1 agreement over the prompt positions, then free greedy decoding.
+    int top1_agree = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* a = result.logits.data() + t * vocab;
+      const float* b = ref->data.data() + t * vocab;
+      top1_agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
+    }
+    std::vector<int32_t> generated;
+    int32_t next =
+        static_cast<int32_t>(std::max_element(result.logits.end() - vocab, result.logits.end()) -
+                             (result.logits.end() - vocab));
+    options = ForwardOptions{};
+    for (size_t step = 0; step < greedy.size(); ++step) {
+      generated.push_back(next);
+      batch.sequences = {{1, n + static_cast<int64_t>(step), &table}};
+      batch.token_ids = absl::MakeConstSpan(&next, 1);
+      ASSERT_TRUE(model.Forward(batch, &cache, options, &result).ok());
+      next = static_cast<int32_t>(std::max_element(result.logits.begin(), result.logits.end()) -
+                                  result.logits.begin());
+    }
+    size_t same_prefix = 0;
+    while (same_prefix < greedy.size() && generated[same_prefix] == greedy[same_prefix]) {
+      ++same_prefix;
+    }
+    std::printf(
+        "[ %s int8 ] logits relative error %.3g, prompt top-1 agreement %d/%lld, greedy "
+        "prefix %zu/%zu\n",
+        name.c_str(), err, top1_agree, static_cast<long long>(n), same_prefix, greedy.size());
+    // Measured 1.5e-2 to 2.5e-2 (transformers 5.24 goldens; the activations' int8 rounding,
+    // llama.cpp Q8_0's scheme, adds about as much as the weights'). Greedy: the whole
+    // continuation on three cases; qknorm_bias_fp32 leaves it at step 3 (the random-weight
+    // fixtures' top logits are close, and the result is deterministic, so the bound is the
+    // measured value: any change to the arithmetic shows here).
+    EXPECT_LT(err, 3e-2) << name;
+    EXPECT_GE(same_prefix, 2u) << name;
+    greedy_agree += same_prefix;
+    greedy_total += greedy.size();
+    EXPECT_GT(err, 1e-4) << name << ": quantization changed nothing?";
+    EXPECT_GE(top1_agree, n - 1) << name;
+  }
+  std::printf("int8 greedy agreement over the four cases: %zu/%zu steps\n", greedy_agree,
+              greedy_total);
+  EXPECT_GE(greedy_agree, 26u);
+}
+
+}  // namespace
+}  // namespace glmserve
