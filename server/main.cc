@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -333,6 +334,110 @@ absl::Status ValidateMainFlags() {
   return glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
 }
 
+// The flags that choose and load the model, parsed and checked before anything starts.
+struct ModelFlags {
+  glmserve::DeviceKind device = glmserve::DeviceKind::kAuto;
+  glmserve::CpuMath cpu_math = glmserve::CpuMath::kExact;
+  glmserve::Fp8TensorCores fp8_tensor_cores = glmserve::Fp8TensorCores::kOff;
+  glmserve::WeightQuant quant = glmserve::WeightQuant::kStored;
+  glmserve::LayerSpan span;
+};
+
+absl::StatusOr<ModelFlags> ParseModelFlags() {
+  ModelFlags f;
+  ASSIGN_OR_RETURN(f.device, glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device)));
+  ASSIGN_OR_RETURN(f.cpu_math, glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math)));
+  ASSIGN_OR_RETURN(f.fp8_tensor_cores,
+                   glmserve::ParseFp8TensorCores(absl::GetFlag(FLAGS_fp8_tensor_cores)));
+  ASSIGN_OR_RETURN(f.quant, glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
+  RETURN_IF_ERROR(glmserve::CheckWeightQuantMath(f.quant, f.cpu_math));
+  ASSIGN_OR_RETURN(f.span, ParseLayers(absl::GetFlag(FLAGS_layers)));
+  return f;
+}
+
+// The tokenizer and chat template: --tokenizer_dir, else the checkpoint's own files (none for
+// a preset without them).
+absl::StatusOr<glmserve::TextAssets> LoadTextFromFlags() {
+  const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model));
+  if (dir.empty()) return glmserve::TextAssets{};
+  const bool explicit_dir = !absl::GetFlag(FLAGS_tokenizer_dir).empty();
+  if (explicit_dir && !IsDirectory(dir)) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " is not a directory"));
+  }
+  ASSIGN_OR_RETURN(glmserve::TextAssets loaded, glmserve::LoadTextAssets(dir));
+  if (explicit_dir && loaded.tokenizer == nullptr) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " has no tokenizer.json"));
+  }
+  return loaded;
+}
+
+struct LoadedModel {
+  std::unique_ptr<glmserve::ModelRunner> runner;
+  glmserve::DType weight_dtype = glmserve::DType::kBF16;  // as stored, before quantization
+};
+
+// The weights (--model, --layers, --seed), quantized when asked, on the chosen runner, with a
+// progress line at the start, every 2 s and at the end of reading (or uploading) them.
+absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
+  glmserve::RandomWeightOptions random;
+  random.seed = absl::GetFlag(FLAGS_seed);
+  // --device=cuda: an FP8 preset's codes are generated on the device (no host copy), and a
+  // checkpoint's mapped shards are read once, by the streaming upload (its progress line),
+  // rather than paged in first.
+  const bool on_cuda = f.device == glmserve::DeviceKind::kCuda;
+  random.fp8_codes_on_device = on_cuda;
+  glmserve::LoadOptions load;
+  load.verify = *glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
+  // Owned by the callback itself: the CUDA runner keeps its copy.
+  auto last_progress = std::make_shared<absl::Time>(absl::InfinitePast());
+  const glmserve::LoadProgressCallback progress = [last_progress,
+                                                   on_cuda](const glmserve::LoadProgress& p) {
+    const absl::Time now = absl::Now();
+    if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
+        now - *last_progress < absl::Seconds(2)) {
+      return;
+    }
+    *last_progress = now;
+    std::printf("glm-server: %s %s: %s\n", on_cuda ? "uploading" : "loading",
+                absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeLoadProgress(p).c_str());
+    std::fflush(stdout);
+  };
+  if (!on_cuda) load.progress = progress;
+  ASSIGN_OR_RETURN(glmserve::ModelWeights weights,
+                   glmserve::LoadModel(absl::GetFlag(FLAGS_model), f.span, random, load));
+  LoadedModel model;
+  model.weight_dtype = weights.weight_dtype;
+  if (f.quant != glmserve::WeightQuant::kStored) {
+    const absl::Time t_quant = absl::Now();
+    const int64_t stored_bytes = weights.ParameterBytes();
+    RETURN_IF_ERROR(glmserve::QuantizeWeights(&weights, f.quant));
+    std::printf("glm-server: linear layers quantized to %s at load: %.2f GB -> %.2f GB in %.1f s\n",
+                glmserve::WeightQuantName(f.quant), stored_bytes / 1e9,
+                weights.ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
+  }
+  ASSIGN_OR_RETURN(model.runner,
+                   glmserve::CreateModelRunner(std::move(weights), f.device, f.cpu_math,
+                                               on_cuda ? progress : nullptr, f.fp8_tensor_cores));
+  return model;
+}
+
+void PrintListening(const glmserve::GlmServer& server) {
+  std::printf("glm-server: listening on %s", server.target().c_str());
+  if (server.metrics_port() >= 0) std::printf(", metrics on port %d", server.metrics_port());
+  if (server.http_port() >= 0) std::printf(", OpenAI HTTP on port %d", server.http_port());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Each HTTP connection is a descriptor: take the hard limit (Debian's soft default, 1024, is
+// below --http_max_connections), as servers built for many connections do.
+void RaiseDescriptorLimit() {
+  if (rlimit nofile; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -349,30 +454,10 @@ int main(int argc, char** argv) {
   options.engine.kv_cache_dtype = *kv_dtype;
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  absl::StatusOr<ModelFlags> model_flags = ParseModelFlags();
+  if (!model_flags.ok()) return BadFlag(model_flags.status());
   glmserve::ReturnLargeAllocationsToTheSystem();
-  // Each HTTP connection is a descriptor: take the hard limit (Debian's soft default, 1024,
-  // is below --http_max_connections), as servers built for many connections do.
-  if (rlimit nofile; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &nofile);
-  }
-  absl::StatusOr<glmserve::DeviceKind> device =
-      glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return BadFlag(device.status());
-  absl::StatusOr<glmserve::CpuMath> cpu_math =
-      glmserve::ParseCpuMath(absl::GetFlag(FLAGS_cpu_math));
-  if (!cpu_math.ok()) return BadFlag(cpu_math.status());
-  absl::StatusOr<glmserve::Fp8TensorCores> fp8_tc =
-      glmserve::ParseFp8TensorCores(absl::GetFlag(FLAGS_fp8_tensor_cores));
-  if (!fp8_tc.ok()) return BadFlag(fp8_tc.status());
-  absl::StatusOr<glmserve::WeightQuant> quant =
-      glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype));
-  if (!quant.ok()) return BadFlag(quant.status());
-  if (absl::Status s = glmserve::CheckWeightQuantMath(*quant, *cpu_math); !s.ok()) {
-    return BadFlag(s);
-  }
-  absl::StatusOr<glmserve::LayerSpan> span = ParseLayers(absl::GetFlag(FLAGS_layers));
-  if (!span.ok()) return BadFlag(span.status());
+  RaiseDescriptorLimit();
   if (!options.auth_token_file.empty() && options.tls.cert_file.empty()) {
     std::fprintf(stderr,
                  "glm-server: warning: --auth_token_file without --tls_cert: bearer tokens "
@@ -392,79 +477,25 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());
-  std::printf("glm-server: listening on %s", (*server)->target().c_str());
-  if ((*server)->metrics_port() >= 0) {
-    std::printf(", metrics on port %d", (*server)->metrics_port());
-  }
-  if ((*server)->http_port() >= 0) {
-    std::printf(", OpenAI HTTP on port %d", (*server)->http_port());
-  }
-  std::printf("\n");
-  std::fflush(stdout);
+  PrintListening(**server);
 
   const absl::Time t_load = absl::Now();
-  glmserve::RandomWeightOptions random;
-  random.seed = absl::GetFlag(FLAGS_seed);
-  // --device=cuda: an FP8 preset's codes are generated on the device (no host copy), and a
-  // checkpoint's mapped shards are read once, by the streaming upload (its progress line),
-  // rather than paged in first.
-  const bool on_cuda = *device == glmserve::DeviceKind::kCuda;
-  random.fp8_codes_on_device = on_cuda;
-  glmserve::LoadOptions load;
-  load.verify = *glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights));
-  // A progress line at the start, every 2 s and at the end of reading the checkpoint.
-  absl::Time last_progress = absl::InfinitePast();
-  load.progress = [&](const glmserve::LoadProgress& p) {
-    const absl::Time now = absl::Now();
-    if (p.bytes_done < p.bytes_total && p.bytes_done > 0 &&
-        now - last_progress < absl::Seconds(2)) {
-      return;
-    }
-    last_progress = now;
-    std::printf("glm-server: %s %s: %s\n", on_cuda ? "uploading" : "loading",
-                absl::GetFlag(FLAGS_model).c_str(), glmserve::DescribeLoadProgress(p).c_str());
-    std::fflush(stdout);
-  };
-  const glmserve::LoadProgressCallback upload_progress = load.progress;
-  if (on_cuda) load.progress = nullptr;
-  glmserve::TextAssets text;
-  if (const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model)); !dir.empty()) {
-    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && !IsDirectory(dir)) {
-      return Fail(
-          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " is not a directory")));
-    }
-    absl::StatusOr<glmserve::TextAssets> loaded = glmserve::LoadTextAssets(dir);
-    if (!loaded.ok()) return Fail(loaded.status());
-    if (!absl::GetFlag(FLAGS_tokenizer_dir).empty() && loaded->tokenizer == nullptr) {
-      return Fail(
-          absl::NotFoundError(absl::StrCat("--tokenizer_dir=", dir, " has no tokenizer.json")));
-    }
-    text = *std::move(loaded);
-  }
-  absl::StatusOr<glmserve::ModelWeights> weights =
-      glmserve::LoadModel(absl::GetFlag(FLAGS_model), *span, random, load);
-  if (!weights.ok()) return Fail(weights.status());
-  const glmserve::DType weight_dtype = weights->weight_dtype;
-  if (*quant != glmserve::WeightQuant::kStored) {
-    const absl::Time t_quant = absl::Now();
-    const int64_t stored_bytes = weights->ParameterBytes();
-    if (absl::Status s = glmserve::QuantizeWeights(&*weights, *quant); !s.ok()) return Fail(s);
-    std::printf("glm-server: linear layers quantized to %s at load: %.2f GB -> %.2f GB in %.1f s\n",
-                glmserve::WeightQuantName(*quant), stored_bytes / 1e9,
-                weights->ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
-  }
-  absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> runner = glmserve::CreateModelRunner(
-      *std::move(weights), *device, *cpu_math, on_cuda ? upload_progress : nullptr, *fp8_tc);
-  if (!runner.ok()) return Fail(runner.status());
-  const std::string device_name = (*runner)->device_name();
+  absl::StatusOr<glmserve::TextAssets> text = LoadTextFromFlags();
+  if (!text.ok()) return Fail(text.status());
+  absl::StatusOr<LoadedModel> model = LoadModelFromFlags(*model_flags);
+  if (!model.ok()) return Fail(model.status());
+  const std::string device_name = model->runner->device_name();
   if (const double fraction = absl::GetFlag(FLAGS_gpu_memory_fraction); fraction != 0) {
     // The cache's element format first (Engine::Create sets it again): the plan counts the
     // bytes per token of the cache the engine will make (an FP8 cache: about a quarter).
-    if (absl::Status s = (*runner)->SetKvCacheDType(*kv_dtype); !s.ok()) return Fail(s);
-    if (absl::Status s = PlanKvCache(**runner, fraction, server->get()); !s.ok()) return Fail(s);
+    if (absl::Status s = model->runner->SetKvCacheDType(*kv_dtype); !s.ok()) return Fail(s);
+    if (absl::Status s = PlanKvCache(*model->runner, fraction, server->get()); !s.ok()) {
+      return Fail(s);
+    }
   }
   if (!stop.HasBeenNotified()) {
-    if (absl::Status s = (*server)->Serve(*std::move(runner), weight_dtype, std::move(text));
+    if (absl::Status s =
+            (*server)->Serve(std::move(model->runner), model->weight_dtype, *std::move(text));
         !s.ok()) {
       return Fail(s);
     }

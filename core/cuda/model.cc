@@ -55,6 +55,19 @@ class Carver {
   int64_t offset_ = 0;
 };
 
+// The kernel switches' environment overrides (each "0" turns its path off): for comparing
+// paths on one binary, e.g. the GPU check's prefill with attention on CUDA cores.
+CudaModelOptions WithEnvironmentOverrides(CudaModelOptions options) {
+  const auto off = [](const char* name) {
+    const char* env = std::getenv(name);
+    return env != nullptr && env[0] == '0';
+  };
+  if (off("GLMSERVE_CUDA_GRAPHS")) options.cuda_graphs = false;
+  if (off("GLMSERVE_MLA_TC")) options.mla_tensor_cores = false;
+  if (off("GLMSERVE_ATTN_TC")) options.attention_tensor_cores = false;
+  return options;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(ModelWeights weights,
@@ -78,16 +91,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   layer_end_ = weights.layer_end;
   has_embedding_ = weights.has_embedding();
   has_head_ = weights.has_head();
-  options_ = options;
-  if (const char* env = std::getenv("GLMSERVE_CUDA_GRAPHS"); env != nullptr && env[0] == '0') {
-    options_.cuda_graphs = false;
-  }
-  if (const char* env = std::getenv("GLMSERVE_MLA_TC"); env != nullptr && env[0] == '0') {
-    options_.mla_tensor_cores = false;
-  }
-  if (const char* env = std::getenv("GLMSERVE_ATTN_TC"); env != nullptr && env[0] == '0') {
-    options_.attention_tensor_cores = false;
-  }
+  options_ = WithEnvironmentOverrides(options);
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
   is_mla_ = c.is_mla();
