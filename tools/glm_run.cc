@@ -57,7 +57,7 @@ ABSL_FLAG(std::string, compare_hidden, "",
 ABSL_FLAG(double, max_relative_error, 0,
           "with --compare_logits / --compare_hidden: exit with status 1 when a relative error "
           "exceeds this (0: report only). The CUDA runner's bf16 bound against the CPU is 3e-2 "
-          "(tests/core/golden_test.cc)");
+          "(tests/core/engine/golden_test.cc)");
 ABSL_FLAG(std::string, cpu_math, "exact",
           "CPU runner's linear-layer arithmetic: exact (fp32 activations), bf16 (activations "
           "rounded to bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, "

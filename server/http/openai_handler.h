@@ -34,7 +34,8 @@ absl::StatusOr<std::string> ModelJson(const Backend& backend, const std::string&
 // The engine request of a parsed OpenAI request whose prompt is `prompt` (ids): the limits
 // of the gRPC APIs (server/convert.h), with errors naming the OpenAI fields (max_tokens,
 // prompt / messages). Sampling values are checked once, by the engine's own rule
-// (core/sampler.h ValidateSamplingParams, kMaxTopLogprobs), so both APIs accept the same.
+// (core/request/sampling_params.h ValidateSamplingParams, core/request/generate_request.h
+// kMaxTopLogprobs), so both APIs accept the same.
 absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vector<int32_t> prompt,
                                                 const Backend& backend);
 

@@ -4,7 +4,8 @@
 // penalties other than 0, logit_bias: 400 saying so rather than silently ignoring them).
 // Model and engine rules (token ids in the vocabulary, sampling values, top_logprobs, stop
 // strings' bounds, the prompt's length) stay where they are checked once: the engine's rules
-// (core/sampler.h, core/engine.h) and core/text. docs/api_openai.md lists every field.
+// (core/request/sampling_params.h, core/engine/engine.h) and core/text. docs/api_openai.md lists
+// every field.
 #pragma once
 
 #include <cstdint>

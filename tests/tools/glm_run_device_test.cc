@@ -68,7 +68,8 @@ struct DeviceCase {
   const char* options;       // added to both runs
   const char* cuda_options;  // the CUDA run's own
   // The CUDA runner's bound against the CPU runner, the one its suites assert:
-  //  * 3e-2: bf16 activations with fp32 accumulation (tests/core/golden_test.cc), where every
+  //  * 3e-2: bf16 activations with fp32 accumulation (tests/core/engine/golden_test.cc), where
+  //  every
   //    prompt row's argmax must also be the CPU's (the fixtures keep top-2 gaps well above it);
   //  * 0.2 with FP8 tensor cores: e4m3 activations, about 2.5e-2 per GEMM compounding over the
   //    layers (tests/core/cuda/fp8_gemm_cuda_test.cc: 0.139 measured on fp8_block_fp32);
@@ -138,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Runners, GlmRunDeviceTest, ::testing::ValuesIn(kDeviceC
 
 // A comparison over its bound fails the run (exit 1, "EXCEEDED"), and one under it passes:
 // the CPU's fp32-compute logits of the bf16 fixture against the reference's native bf16
-// forward (they differ by ~1e-2; tests/core/golden_test.cc).
+// forward (they differ by ~1e-2; tests/core/engine/golden_test.cc).
 TEST(GlmRunCompareTest, BoundIsEnforced) {
   const std::string dir = testing::GoldenDir("bf16");
   const RunResult tight = RunGlmRun(absl::StrCat(ModelArgs("bf16"), " --compare_logits=", dir,

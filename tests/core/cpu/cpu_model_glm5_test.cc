@@ -1,6 +1,6 @@
-// GLM-5 specifics of the CPU model beyond tests/core/model_test.cc's shared invariants: the
-// latent cache's size, runs that would start at a shared indexer layer, checkpoints with
-// GLM-5's tensor names, and the CUDA backend's refusal.
+// GLM-5 specifics of the CPU model beyond the runner conformance suite's shared invariants
+// (tests/core/engine/runner_conformance_test.cc): the latent cache's size, runs that would start at
+// a shared indexer layer, checkpoints with GLM-5's tensor names, and the CUDA backend's refusal.
 #include <gtest/gtest.h>
 
 #include "core/cpu/cpu_model.h"

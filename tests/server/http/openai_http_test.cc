@@ -510,7 +510,8 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
       {"out of vocabulary", "/v1/completions", with("prompt", {1, 999999}), 400, "999999"},
       {"max_tokens over the limit", "/v1/completions", with("max_tokens", 70000), 400,
        "'max_tokens' = 70000 must be in [1, 65536]"},
-      // The sampling bounds are the engine's (core/sampler.h), the same for every API.
+      // The sampling bounds are the engine's (core/request/sampling_params.h), the same for every
+      // API.
       {"top_p 0", "/v1/completions", with("top_p", 0), 400, "top_p must be in (0, 1]"},
       {"min_p 1", "/v1/completions", with("min_p", 1), 400, "min_p must be in [0, 1)"},
       {"repetition_penalty 0", "/v1/completions", with("repetition_penalty", 0), 400,
