@@ -48,9 +48,9 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
                                             l.mla.has_indexer() ? a_.x32 : nullptr, stream_.get()));
   *pending = false;
   RETURN_IF_ERROR(is_mla_ ? EnqueueMla(layer, cache) : EnqueueAttention(layer, cache));
-  if (head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_) {
+  if (IsHeadRowsLayer(layer)) {
     RETURN_IF_ERROR(EnqueueHeadRows(layer));
-    *pending = head_rows_ > 0;  // delta's head rows go to head_h_ (EnqueueResolve)
+    *pending = head_rows_ > 0;  // delta's head rows go to head_h() (EnqueueResolve)
     return absl::OkStatus();
   }
   // h += attention output; x = RMSNorm_post(h), in fp32 too for the router.
@@ -124,7 +124,7 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
                                     num_splits_, attn_scratch_, a_.attn, stream_.get()));
   }
   // o_proj of every row, or of the head rows (gathered into the dead qkv buffer first).
-  const bool head = head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_;
+  const bool head = IsHeadRowsLayer(layer);
   const int64_t rows = head ? head_rows_ : t;
   if (rows == 0) return absl::OkStatus();
   const uint16_t* attn = a_.attn;
@@ -148,13 +148,13 @@ absl::Status CudaModel::EnqueueHeadRows(int64_t layer) {
   const DeviceLayer& l = weights_.layers[layer];
   const int64_t rows = head_rows_;
   if (rows == 0) return absl::OkStatus();  // no row is read: K/V were all this layer owed
-  // h's head rows, copied bit for bit (fp32 rows as pairs of 16-bit words) into head_h_, which
+  // h's head rows, copied bit for bit (fp32 rows as pairs of 16-bit words) into head_h(), which
   // overlaps the gathered attention rows: o_proj has read them already (same stream).
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(
       reinterpret_cast<const uint16_t*>(a_.h), 2 * c.hidden_size, meta(meta_layout_.logit_index()),
-      rows, 1, reinterpret_cast<uint16_t*>(head_h_), stream_.get()));
+      rows, 1, reinterpret_cast<uint16_t*>(head_h()), stream_.get()));
   // head_h += attention output; x = RMSNorm_post(head_h), in fp32 too for the router.
-  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(head_h_, a_.delta, l.post_norm, rows, c.hidden_size,
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(head_h(), a_.delta, l.post_norm, rows, c.hidden_size,
                                             static_cast<float>(c.rms_norm_eps), nullptr, a_.x,
                                             l.is_moe ? a_.x32 : nullptr, stream_.get()));
   if (l.is_moe) {
@@ -255,7 +255,7 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
 
 absl::Status CudaModel::EnqueueResolve(bool* pending) {
   if (*pending) {
-    float* h = head_rows_ >= 0 ? head_h_ : a_.h;
+    float* h = head_rows_ >= 0 ? head_h() : a_.h;
     const int64_t rows = head_rows_ >= 0 ? head_rows_ : plan_.tokens;
     GLM_CUDA_RETURN_IF_ERROR(LaunchAdd(h, a_.delta, rows * config_.hidden_size, stream_.get()));
     *pending = false;
@@ -265,10 +265,10 @@ absl::Status CudaModel::EnqueueResolve(bool* pending) {
 
 absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
   const ModelConfig& c = config_;
-  // The logits rows of h, or head_h_'s rows in order when the last layer finished only them.
+  // The logits rows of h, or head_h()'s rows in order when the last layer finished only them.
   const bool compact = head_rows_ >= 0;
   GLM_CUDA_RETURN_IF_ERROR(
-      LaunchAddRmsNorm(compact ? head_h_ + row_begin * c.hidden_size : a_.h, nullptr,
+      LaunchAddRmsNorm(compact ? head_h() + row_begin * c.hidden_size : a_.h, nullptr,
                        weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
                        compact ? nullptr : meta(meta_layout_.logit_index() + row_begin), head_x_,
                        nullptr, stream_.get()));

@@ -519,7 +519,6 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   const bool want_logits = options.logits != LogitsRows::kNone;
 
   head_rows_ = FinishOnlyHeadRows(options, graph) ? plan_.real_logit_rows : -1;
-  head_h_ = reinterpret_cast<float*>(a_.qkv);
   if (graph) {
     RETURN_IF_ERROR(RunGraph(cache, want_logits));
   } else {
@@ -563,7 +562,7 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
 
 bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const {
   // Graph steps (pure decode) read every row anyway. GLM-5's attention ends in its own
-  // kernels (not done there yet). head_h_ lives in the qkv buffer: it must hold hidden floats
+  // kernels (not done there yet). head_h() lives in the qkv buffer: it must hold hidden floats
   // per row.
   const ModelConfig& c = config_;
   return !graph && has_head_ && !is_mla_ && !options.return_hidden &&

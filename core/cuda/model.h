@@ -189,9 +189,16 @@ class CudaModel final : public ModelRunner {
   absl::Status EnqueueAttention(int64_t layer, KvCache* cache);
   // The run's last layer, when it finishes only the rows whose logits are read (head_rows_ >= 0,
   // the CPU runner's rule): after attention and o_proj of those rows, h's rows are gathered
-  // into head_h_ ([head_rows_, hidden]) and the post-norm and FFN run on them alone.
+  // into head_h() ([head_rows_, hidden]) and the post-norm and FFN run on them alone.
   absl::Status EnqueueHeadRows(int64_t layer);
   bool FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const;
+  // The span's `layer` is the one that finishes only the head rows in this step.
+  bool IsHeadRowsLayer(int64_t layer) const {
+    return head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_;
+  }
+  // The head rows' residual, compacted: a view of a_.qkv, free once the last layer's attention
+  // is done (FinishOnlyHeadRows checks it holds hidden floats per row).
+  float* head_h() const { return reinterpret_cast<float*>(a_.qkv); }
   absl::Status EnqueueMla(int64_t layer, KvCache* cache);  // GLM-5 (layers_mla.cc)
   // Tiles scored per indexer launch (bounds index_scores_ to kIndexerTiles x max_kv_len).
   static constexpr int64_t kIndexerTiles = 64;
@@ -263,10 +270,8 @@ class CudaModel final : public ModelRunner {
   int32_t* expert_offsets_ = nullptr;  // [span layers, E + 1], kept for LastStepActiveExperts
   uint16_t* head_x_ = nullptr;         // [kLogitChunk, hidden]
   // The step's last layer finishes only its logits rows (-1: every row; 0: none, a prefill
-  // chunk whose logits nobody reads). head_h_: their residual rows, compacted (a view of
-  // a_.qkv, free once the last layer's attention is done).
+  // chunk whose logits nobody reads); their residual rows go to head_h().
   int64_t head_rows_ = -1;
-  float* head_h_ = nullptr;
   float* logits_ = nullptr;            // [kLogitChunk, vocab]
   PinnedBuffer logits_host_;           // [kLogitChunk, vocab]
   PinnedBuffer offsets_host_;          // [span layers, E + 1]

@@ -17,24 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/test_util.h"
+#include "tests/tools/glm_run_process.h"
 
 namespace glmserve {
 namespace {
 
-struct RunResult {
-  int exit_code;
-  std::string output;
-};
-
-RunResult RunGlmRun(const std::string& args) {
-  const std::string command = absl::StrCat(GLM_RUN_PATH, " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
-}
+using testing::RunGlmRun;
+using testing::RunResult;
 
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

@@ -11,24 +11,13 @@
 #include "core/base/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
+#include "tests/tools/glm_run_process.h"
 
 namespace glmserve {
 namespace {
 
-struct RunResult {
-  int exit_code;
-  std::string output;
-};
-
-RunResult RunGlmRun(const std::string& args) {
-  const std::string command = absl::StrCat(GLM_RUN_PATH, " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
-}
+using testing::RunGlmRun;
+using testing::RunResult;
 
 // A GLM-4.5 and a GLM-5 (glm_moe_dsa) checkpoint.
 class GlmRunGoldenTest : public ::testing::TestWithParam<const char*> {};

@@ -318,34 +318,48 @@ TEST_F(CudaKernels, MoeSortGroupsPairsStably) {
   }
 }
 
+// Routed experts' inputs grouped by expert and the CPU's Linear per expert: w [n_experts, n,
+// k] and in [rows, k] bf16 (seeded), offsets [n_experts + 1], want [rows, n].
+struct GroupedExperts {
+  std::vector<uint16_t> w, in;
+  std::vector<int32_t> offsets = {0};
+  std::vector<float> want;
+  int64_t n_experts = 0, rows = 0;
+};
+
+GroupedExperts MakeGroupedExperts(int64_t n, int64_t k, const std::vector<int64_t>& rows_per_expert,
+                                  uint32_t seed) {
+  GroupedExperts g;
+  g.n_experts = static_cast<int64_t>(rows_per_expert.size());
+  for (int64_t r : rows_per_expert) g.offsets.push_back(g.offsets.back() + static_cast<int32_t>(r));
+  g.rows = g.offsets.back();
+  g.w = ToBf16(RandomVector(g.n_experts * n * k, seed));
+  g.in = ToBf16(RandomVector(g.rows * k, seed + 1));
+  const std::vector<float> in_f = FromBf16(g.in);
+  g.want.assign(g.rows * n, 0.f);
+  for (int64_t e = 0; e < g.n_experts; ++e) {
+    if (rows_per_expert[e] == 0) continue;
+    const Matrix m{DType::kBF16, n, k, g.w.data() + e * n * k};
+    Linear(in_f.data() + g.offsets[e] * k, rows_per_expert[e], m, nullptr,
+           g.want.data() + g.offsets[e] * n);
+  }
+  return g;
+}
+
 TEST_F(CudaKernels, ExpertGemvMatchesLinear) {
   // k = 64 and 1408 take the 16-byte path, k = 37 the scalar one; n = 50 is not a multiple of
   // the 32-row block. Row counts include 0, 1, 8 (one pass), 9 and 20 (several passes).
   for (const auto& [n, k] :
        std::vector<std::pair<int64_t, int64_t>>{{50, 64}, {2816, 1408}, {33, 37}}) {
-    const std::vector<int64_t> rows_per_expert = {3, 0, 1, 9, 8, 20};
-    const int64_t n_experts = static_cast<int64_t>(rows_per_expert.size());
-    std::vector<int32_t> offsets = {0};
-    for (int64_t r : rows_per_expert) offsets.push_back(offsets.back() + static_cast<int32_t>(r));
-    const int64_t rows = offsets.back();
-    const std::vector<uint16_t> w = ToBf16(RandomVector(n_experts * n * k, 15));
-    const std::vector<uint16_t> in = ToBf16(RandomVector(rows * k, 16));
-    const std::vector<float> in_f = FromBf16(in);
-    std::vector<float> want(rows * n);
-    for (int64_t e = 0; e < n_experts; ++e) {
-      if (rows_per_expert[e] == 0) continue;
-      const Matrix m{DType::kBF16, n, k, w.data() + e * n * k};
-      Linear(in_f.data() + offsets[e] * k, rows_per_expert[e], m, nullptr,
-             want.data() + offsets[e] * n);
-    }
-    DeviceBuffer dw = Upload(w), din = Upload(in), doff = Upload(offsets);
-    DeviceBuffer out = Poisoned<float>(rows * n);
-    ASSERT_EQ(LaunchExpertGemv(dw.as<uint16_t>(), n, k, n_experts, doff.as<int32_t>(),
+    const GroupedExperts g = MakeGroupedExperts(n, k, {3, 0, 1, 9, 8, 20}, 15);
+    DeviceBuffer dw = Upload(g.w), din = Upload(g.in), doff = Upload(g.offsets);
+    DeviceBuffer out = Poisoned<float>(g.rows * n);
+    ASSERT_EQ(LaunchExpertGemv(dw.as<uint16_t>(), n, k, g.n_experts, doff.as<int32_t>(),
                                din.as<uint16_t>(), out.as<float>(), nullptr),
               cudaSuccess);
-    const std::vector<float> got = Download<float>(out, rows * n);
+    const std::vector<float> got = Download<float>(out, g.rows * n);
     EXPECT_EQ(CountNan(got), 0);
-    EXPECT_LT(RelativeError(got, want), 1e-5) << n << "x" << k;
+    EXPECT_LT(RelativeError(got, g.want), 1e-5) << n << "x" << k;
   }
 }
 
@@ -357,32 +371,18 @@ TEST_F(CudaKernels, ExpertGemvMatchesLinear) {
 TEST_F(CudaKernels, ExpertGemmTcMatchesLinear) {
   for (const auto& [n, k] :
        std::vector<std::pair<int64_t, int64_t>>{{50, 64}, {130, 96}, {33, 37}, {64, 200}}) {
-    const std::vector<int64_t> rows_per_expert = {63, 0, 1, 130, 0, 64, 65, 0};
-    const int64_t n_experts = static_cast<int64_t>(rows_per_expert.size());
-    std::vector<int32_t> offsets = {0};
-    for (int64_t r : rows_per_expert) offsets.push_back(offsets.back() + static_cast<int32_t>(r));
-    const int64_t rows = offsets.back();
-    const std::vector<uint16_t> w = ToBf16(RandomVector(n_experts * n * k, 25));
-    const std::vector<uint16_t> in = ToBf16(RandomVector(rows * k, 26));
-    const std::vector<float> in_f = FromBf16(in);
-    std::vector<float> want(rows * n);
-    for (int64_t e = 0; e < n_experts; ++e) {
-      if (rows_per_expert[e] == 0) continue;
-      const Matrix m{DType::kBF16, n, k, w.data() + e * n * k};
-      Linear(in_f.data() + offsets[e] * k, rows_per_expert[e], m, nullptr,
-             want.data() + offsets[e] * n);
-    }
-    DeviceBuffer dw = Upload(w), din = Upload(in), doff = Upload(offsets);
+    const GroupedExperts g = MakeGroupedExperts(n, k, {63, 0, 1, 130, 0, 64, 65, 0}, 25);
+    DeviceBuffer dw = Upload(g.w), din = Upload(g.in), doff = Upload(g.offsets);
     const int64_t guard = 3 * n;  // rows past `pairs` must stay untouched (NaN)
-    DeviceBuffer out = Poisoned<float>(rows * n + guard);
-    ASSERT_EQ(LaunchExpertGemmTc(dw.as<uint16_t>(), n, k, n_experts, doff.as<int32_t>(), rows,
+    DeviceBuffer out = Poisoned<float>(g.rows * n + guard);
+    ASSERT_EQ(LaunchExpertGemmTc(dw.as<uint16_t>(), n, k, g.n_experts, doff.as<int32_t>(), g.rows,
                                  din.as<uint16_t>(), out.as<float>(), nullptr),
               cudaSuccess);
-    const std::vector<float> all = Download<float>(out, rows * n + guard);
-    const std::vector<float> got(all.begin(), all.begin() + rows * n);
+    const std::vector<float> all = Download<float>(out, g.rows * n + guard);
+    const std::vector<float> got(all.begin(), all.begin() + g.rows * n);
     EXPECT_EQ(CountNan(got), 0) << n << "x" << k;
-    EXPECT_LT(RelativeError(got, want), 1e-5) << n << "x" << k;
-    EXPECT_EQ(CountNan(std::vector<float>(all.begin() + rows * n, all.end())), guard);
+    EXPECT_LT(RelativeError(got, g.want), 1e-5) << n << "x" << k;
+    EXPECT_EQ(CountNan(std::vector<float>(all.begin() + g.rows * n, all.end())), guard);
   }
 }
 
