@@ -50,26 +50,30 @@ struct Mode {
   CpuMath math;
   WeightQuant quant;
   KvCacheDType kv;
-  // Bounds, from the measured values with room for another machine's kernel choice (the CPU
-  // picks AVX-512 or scalar at run time; the rounding differs, the model does not):
-  double max_ppl_increase;  // relative perplexity increase over exact, e.g. 0.01 = 1%
-  double min_agreement;     // greedy agreement over the 512 tokens, fraction
+  double max_ppl_change;  // |perplexity / exact's - 1|, e.g. 0.01 = 1%
+  double min_agreement;   // greedy agreement over the 512 tokens, fraction
 };
 
-// Why these bounds: bf16 and bf16_amx round each activation to bf16 (8 bits of mantissa,
-// 2^-9 relative) before each linear layer; int8 adds a 2^-8 step per weight group; the FP8
-// forms a 2^-4 step per weight (3 mantissa bits), the FP8 KV cache the same per cached value.
-// The perplexity bound is a few times the measured cost of each; the agreement bound allows the
-// near-ties of a small model's flat distributions to flip (a flipped near-tie costs almost no
-// likelihood, which is why perplexity is the first gate).
+// The bounds, and why. Each mode rounds something: bf16 and bf16_amx each activation to bf16
+// before each linear layer (2^-9 relative), int8 each weight to a 2^-8 step of its group's
+// range, the FP8 forms each weight to e4m3 (3 mantissa bits, 2^-4), the FP8 KV cache each
+// cached key and value likewise. Measured on this model (docs/performance.md, "Accuracy of the
+// fast paths") every mode moves the perplexity by under 0.3% and keeps 97-99% of the greedy
+// choices. The bounds leave room for another machine's kernels (AVX-512 or scalar, AMX or its
+// emulation: other rounding orders, the same model) without letting a real regression through:
+// a broken kernel or a wrong scale moves the perplexity by far more than 2%. The change is
+// bounded both ways: a mode that lowers the perplexity beyond noise is as wrong (a causal mask
+// that leaks the next token lowers it a lot). Near-ties of a small model's flat distributions
+// are what flips a greedy choice; a flipped near-tie costs almost no likelihood, which is why
+// perplexity is the first gate and agreement the second.
 const Mode kModes[] = {
     {"exact", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kAuto, 0.0, 1.0},
-    {"bf16", CpuMath::kBf16, WeightQuant::kStored, KvCacheDType::kAuto, 0.002, 0.97},
-    {"bf16_amx", CpuMath::kBf16Amx, WeightQuant::kStored, KvCacheDType::kAuto, 0.002, 0.97},
-    {"int8", CpuMath::kBf16, WeightQuant::kInt8, KvCacheDType::kAuto, 0.01, 0.93},
-    {"fp8_channel", CpuMath::kExact, WeightQuant::kFp8Channel, KvCacheDType::kAuto, 0.05, 0.85},
-    {"fp8_block", CpuMath::kExact, WeightQuant::kFp8Block, KvCacheDType::kAuto, 0.05, 0.85},
-    {"kv_fp8", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kFp8E4M3, 0.02, 0.9},
+    {"bf16", CpuMath::kBf16, WeightQuant::kStored, KvCacheDType::kAuto, 0.005, 0.97},
+    {"bf16_amx", CpuMath::kBf16Amx, WeightQuant::kStored, KvCacheDType::kAuto, 0.005, 0.97},
+    {"int8", CpuMath::kBf16, WeightQuant::kInt8, KvCacheDType::kAuto, 0.01, 0.95},
+    {"fp8_channel", CpuMath::kExact, WeightQuant::kFp8Channel, KvCacheDType::kAuto, 0.02, 0.93},
+    {"fp8_block", CpuMath::kExact, WeightQuant::kFp8Block, KvCacheDType::kAuto, 0.02, 0.93},
+    {"kv_fp8", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kFp8E4M3, 0.02, 0.93},
 };
 
 std::unique_ptr<ModelRunner> Runner(const Mode& mode) {
@@ -191,13 +195,13 @@ TEST(Glm45Kjv, EveryModeWithinItsBoundsOfExact) {
       // Positions 31..158 predict the 128 generated tokens.
       for (size_t i = 31; i + 1 < text.size(); ++i, ++total) agree += t->argmax[i] == text[i + 1];
     }
-    const double increase = s->perplexity() / exact_score->perplexity() - 1;
+    const double change = s->perplexity() / exact_score->perplexity() - 1;
     const double agreement = static_cast<double>(agree) / total;
     std::printf("| %s | %.4f | %+.3f%% | %lld/%lld (%.1f%%) |\n", mode.name, s->perplexity(),
-                100 * increase, static_cast<long long>(agree), static_cast<long long>(total),
+                100 * change, static_cast<long long>(agree), static_cast<long long>(total),
                 100 * agreement);
     ASSERT_EQ(total, 512);
-    EXPECT_LE(increase, mode.max_ppl_increase) << mode.name;
+    EXPECT_LE(std::fabs(change), mode.max_ppl_change) << mode.name;
     EXPECT_GE(agreement, mode.min_agreement) << mode.name;
   }
 }
