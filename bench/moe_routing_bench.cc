@@ -82,8 +82,7 @@ LoadStats Stats(const std::vector<int64_t>& counts) {
 // window (as a batch-8 decode step of 8 sequences would hold) choose in one layer.
 absl::Status CountRouting(const glmserve::ModelWeights& weights, const std::vector<int32_t>& ids,
                           std::vector<std::vector<int64_t>>* counts, double* distinct_at_8) {
-  ASSIGN_OR_RETURN(auto runner,
-                   glmserve::CreateModelRunner(weights, glmserve::DeviceKind::kCpu));
+  ASSIGN_OR_RETURN(auto runner, glmserve::CreateModelRunner(weights, glmserve::DeviceKind::kCpu));
   ASSIGN_OR_RETURN(auto cache, runner->CreateCache(kWindow / 16, 16));
   const int64_t top_k = weights.config.num_experts_per_tok;
   glmserve::ForwardOptions options;
@@ -110,7 +109,8 @@ absl::Status CountRouting(const glmserve::ModelWeights& weights, const std::vect
       for (int64_t g = 0; g < kWindow / 8; ++g) {  // tokens g, g + 32, ..., g + 224
         std::vector<bool> hit(weights.config.n_routed_experts, false);
         for (int64_t k = 0; k < 8; ++k) {
-          for (int64_t j = 0; j < top_k; ++j) hit[chosen[((g + k * kWindow / 8) * top_k) + j]] = true;
+          for (int64_t j = 0; j < top_k; ++j)
+            hit[chosen[((g + k * kWindow / 8) * top_k) + j]] = true;
         }
         distinct += static_cast<double>(std::count(hit.begin(), hit.end(), true));
         ++groups;
@@ -173,7 +173,8 @@ absl::StatusOr<Timing> Time(const glmserve::ModelWeights& weights, const std::ve
 }
 
 absl::StatusOr<std::vector<int32_t>> TextIds() {
-  ASSIGN_OR_RETURN(glmserve::TextAssets assets, glmserve::LoadTextAssets(absl::GetFlag(FLAGS_model)));
+  ASSIGN_OR_RETURN(glmserve::TextAssets assets,
+                   glmserve::LoadTextAssets(absl::GetFlag(FLAGS_model)));
   if (assets.tokenizer == nullptr) return absl::NotFoundError("--model has no tokenizer.json");
   ASSIGN_OR_RETURN(const std::string text,
                    glmserve::ReadRegularFile(absl::GetFlag(FLAGS_text), uint64_t{16} << 20));
@@ -199,8 +200,9 @@ absl::Status Main() {
   const double read_gbs = glmserve::bench::MeasureMachine().read_gbs;
   std::printf("text: %zu tokens of %s; threads %d; machine read bandwidth %.1f GB/s\n\n",
               ids.size(), absl::GetFlag(FLAGS_text).c_str(), glmserve::NumThreads(), read_gbs);
-  std::printf("| model | experts (top-k) | max/mean load | min/mean | CV | entropy/log E | "
-              "distinct experts, 8 tokens | prefill 256 tok/s | decode b1 ms | decode b8 ms |\n");
+  std::printf(
+      "| model | experts (top-k) | max/mean load | min/mean | CV | entropy/log E | "
+      "distinct experts, 8 tokens | prefill 256 tok/s | decode b1 ms | decode b8 ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Entry& e : entries) {
     std::vector<std::vector<int64_t>> counts;
@@ -216,18 +218,21 @@ absl::Status Main() {
       mean.entropy += s.entropy / counts.size();
       worst = std::max(worst, s.max_over_mean);
     }
-    ASSIGN_OR_RETURN(const Timing t, Time(e.weights, ids, device, absl::GetFlag(FLAGS_decode_steps)));
+    ASSIGN_OR_RETURN(const Timing t,
+                     Time(e.weights, ids, device, absl::GetFlag(FLAGS_decode_steps)));
     const auto& c = e.weights.config;
-    std::printf("| %s | %lld (%lld) | %.2f (worst layer %.2f) | %.2f | %.2f | %.3f | %.1f | %.0f | "
-                "%.2f | %.2f |\n",
-                e.name.c_str(), static_cast<long long>(c.n_routed_experts),
-                static_cast<long long>(c.num_experts_per_tok), mean.max_over_mean, worst,
-                mean.min_over_mean, mean.cv, mean.entropy, distinct, kWindow / t.prefill_s,
-                1e3 * t.decode1_s, 1e3 * t.decode8_s);
+    std::printf(
+        "| %s | %lld (%lld) | %.2f (worst layer %.2f) | %.2f | %.2f | %.3f | %.1f | %.0f | "
+        "%.2f | %.2f |\n",
+        e.name.c_str(), static_cast<long long>(c.n_routed_experts),
+        static_cast<long long>(c.num_experts_per_tok), mean.max_over_mean, worst,
+        mean.min_over_mean, mean.cv, mean.entropy, distinct, kWindow / t.prefill_s,
+        1e3 * t.decode1_s, 1e3 * t.decode8_s);
   }
-  std::printf("\nload: an expert's routed tokens over the layer's mean (1.00 = uniform), averaged "
-              "over the MoE layers; CV: their coefficient of variation; timings on %s.\n",
-              absl::GetFlag(FLAGS_device).c_str());
+  std::printf(
+      "\nload: an expert's routed tokens over the layer's mean (1.00 = uniform), averaged "
+      "over the MoE layers; CV: their coefficient of variation; timings on %s.\n",
+      absl::GetFlag(FLAGS_device).c_str());
   return absl::OkStatus();
 }
 

@@ -17,8 +17,8 @@ namespace glmserve {
 // tools/make_goldens_kjv.py cuts the same way); inside a window every token after the first is
 // predicted from the ones before it.
 struct TokenScores {
-  double nll_sum = 0;      // sum over predicted tokens of -log p(token | window prefix), nats
-  int64_t predicted = 0;   // tokens predicted (each window's length minus one)
+  double nll_sum = 0;     // sum over predicted tokens of -log p(token | window prefix), nats
+  int64_t predicted = 0;  // tokens predicted (each window's length minus one)
   // argmax[i]: the model's most likely next token after ids[0..i] within i's window, for every
   // position that predicts one (the last position of each window does not): -1 there.
   std::vector<int32_t> argmax;

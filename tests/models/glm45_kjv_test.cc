@@ -136,9 +136,8 @@ TEST(Glm45Kjv, GreedyReplyMatchesTransformers) {
   auto runner = Runner(kModes[0]);
   ASSERT_NE(runner, nullptr);
   const std::vector<int32_t> expected = prompt["greedy_64"].get<std::vector<int32_t>>();
-  absl::StatusOr<std::vector<int32_t>> got =
-      GreedyTokens(*runner, prompt["ids"].get<std::vector<int32_t>>(),
-                   static_cast<int64_t>(expected.size()));
+  absl::StatusOr<std::vector<int32_t>> got = GreedyTokens(
+      *runner, prompt["ids"].get<std::vector<int32_t>>(), static_cast<int64_t>(expected.size()));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, expected);
 }

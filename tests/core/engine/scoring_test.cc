@@ -94,8 +94,7 @@ TEST(GreedyTokens, EachTokenIsTheArgmaxOfAFullRecompute) {
     seq.push_back(token);
   }
   // A stop id ends it, included.
-  absl::StatusOr<std::vector<int32_t>> stopped =
-      GreedyTokens(*runner, Ids(5), 6, {(*greedy)[2]});
+  absl::StatusOr<std::vector<int32_t>> stopped = GreedyTokens(*runner, Ids(5), 6, {(*greedy)[2]});
   ASSERT_TRUE(stopped.ok());
   EXPECT_EQ(*stopped, std::vector<int32_t>(greedy->begin(), greedy->begin() + 3));
 }
