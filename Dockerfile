@@ -3,7 +3,7 @@
 #
 #   docker build -t glmserve:0.1.0-cuda .                           # CUDA image (default)
 #   docker build --build-arg VARIANT=cpu -t glmserve:0.1.0-cpu .    # CPU-only image, Debian 12
-#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:0.1.0-cpu  # the embedded glm-4.5-mini
+#   docker run --rm -p 50051:50051 -p 9090:9090 glmserve:0.1.0-cpu  # the embedded glm-4.5-kjv
 #   docker run --rm --gpus all -v /models:/models:ro -p 50051:50051 -p 9090:9090 \
 #       glmserve:0.1.0-cuda --model=/models/GLM-4.5-Air --device=cuda
 #
@@ -50,9 +50,12 @@ ARG JOBS=""
 # here without the tests and benchmarks, and only the shipped binaries.
 RUN BUILD_DIR=/build JOBS="${JOBS:-$(nproc)}" TARGETS="glm-server glm-client glm-run" \
     bash tools/build.sh ${GLMSERVE_CMAKE_ARGS} -DGLMSERVE_BUILD_TESTS=OFF -DGLMSERVE_BUILD_BENCH=OFF
-# The embedded default model's tokenizer, where glm-server looks for it (BIN/../share/glmserve),
-# so that the image's default model takes text (docs/text.md).
-RUN mkdir -p /out/bin /out/share/glmserve/models/glm-4.5-mini \
+# The shipped models where glm-server looks for them (BIN/../share/glmserve/models): the
+# embedded default glm-4.5-kjv (a small trained checkpoint, docs/default_model.md) and
+# glm-4.5-mini's tokenizer.
+RUN mkdir -p /out/bin /out/share/glmserve/models/glm-4.5-kjv /out/share/glmserve/models/glm-4.5-mini \
+    && cp models/glm-4.5-kjv/*.json models/glm-4.5-kjv/model.safetensors \
+          /out/share/glmserve/models/glm-4.5-kjv/ \
     && cp models/glm-4.5-mini/tokenizer.json models/glm-4.5-mini/tokenizer_config.json \
           models/glm-4.5-mini/generation_config.json /out/share/glmserve/models/glm-4.5-mini/ \
     && cp /build/server/glm-server /build/client/glm-client /build/tools/glm-run /out/bin/ \

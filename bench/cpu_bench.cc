@@ -110,6 +110,71 @@ bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, Pha
   return true;
 }
 
+// The table rows of one mode: prefill against the peak of the arithmetic the mode runs and
+// against its roofline, decode at batch 1 and `batch` against the read bandwidth.
+void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
+                   const glmserve::CpuModel& model, const PhaseResult& r,
+                   const glmserve::bench::MachineLimits& limits,
+                   const glmserve::ModelConfig& config, int prefill, int steps, int batch) {
+  const bool int8 = mode_name == "int8";
+  const std::string mode_label =
+      mode_name + " (" +
+      (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
+  const char* mode = mode_label.c_str();
+  // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
+  // their emulation is fp32 scalar code, so the FMA peak).
+  const bool int8_math = int8 && limits.int8_gops > 0;
+  const bool amx_math = !int8 && math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
+  const bool bf16_math = !int8 && math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
+  const double peak = int8_math   ? limits.int8_gops
+                      : amx_math  ? limits.amx_gflops
+                      : bf16_math ? limits.bf16_gflops
+                                  : limits.fma_gflops;
+  const glmserve::bench::StepCost prefill_cost =
+      glmserve::bench::Cost(model.weights(), prefill, prefill, config.n_routed_experts, 1);
+  const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
+  std::printf(
+      "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
+      mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
+      int8_math   ? "int8 dot"
+      : amx_math  ? "AMX bf16"
+      : bf16_math ? "bf16 dot"
+                  : "fp32 FMA",
+      peak > 0 ? prefill_gflops / peak : 0.0);
+  // The prefill's roofline: it must both do its FLOPs and read every weight it touches
+  // once (a 128-token prompt reaches nearly every expert), so its least possible time is
+  // the larger of the two; which one binds says where the mode stands.
+  const double t_compute = peak > 0 ? prefill_cost.flops / (peak * 1e9) : 0.0;
+  const double prefill_gb = (prefill_cost.weight_bytes + prefill_cost.kv_bytes) / 1e9;
+  const double t_read = prefill_gb / limits.read_gbs;
+  const double t_floor = std::max(t_compute, t_read);
+  std::printf(
+      "| %s | prefill %d roofline | %.3f s | | %.2f GB read, %.0f GFLOP | %.3f s (%s-bound; "
+      "compute %.3f s, read %.3f s) | %.2f |\n",
+      mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
+      t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
+  const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
+      model.weights(), 1, prefill + steps / 2 + 1, config.num_experts_per_tok, 1);
+  const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
+  std::printf(
+      "| %s | decode batch 1 | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f GB/s (read) "
+      "| %.2f |\n",
+      mode, r.decode1_s * 1e3, 1.0 / r.decode1_s, d1_gb / r.decode1_s, d1_gb, limits.read_gbs,
+      d1_gb / r.decode1_s / limits.read_gbs);
+  // Batch: the experts some token chose, at most top_k per token (an upper bound of the
+  // distinct experts read).
+  const int64_t distinct =
+      std::min<int64_t>(config.n_routed_experts, batch * config.num_experts_per_tok);
+  const glmserve::bench::StepCost db =
+      glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct, batch);
+  const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
+  std::printf(
+      "| %s | decode batch %d | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) | %.1f GB/s "
+      "(read) | <= %.2f |\n",
+      mode, batch, r.decode_batch_s * 1e3, batch / r.decode_batch_s, db_gb / r.decode_batch_s,
+      db_gb, limits.read_gbs, db_gb / r.decode_batch_s / limits.read_gbs);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,63 +239,7 @@ int main(int argc, char** argv) {
     glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
-    const bool int8 = mode_name == "int8";
-    const std::string mode_label =
-        mode_name + " (" +
-        (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
-    const char* mode = mode_label.c_str();
-    // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
-    // their emulation is fp32 scalar code, so the FMA peak).
-    const bool int8_math = int8 && limits.int8_gops > 0;
-    const bool amx_math = !int8 && math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
-    const bool bf16_math = !int8 && math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
-    const double peak = int8_math   ? limits.int8_gops
-                        : amx_math  ? limits.amx_gflops
-                        : bf16_math ? limits.bf16_gflops
-                                    : limits.fma_gflops;
-    const glmserve::bench::StepCost prefill_cost =
-        glmserve::bench::Cost(model.weights(), prefill, prefill, config->n_routed_experts, 1);
-    const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
-    std::printf(
-        "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
-        mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-        int8_math   ? "int8 dot"
-        : amx_math  ? "AMX bf16"
-        : bf16_math ? "bf16 dot"
-                    : "fp32 FMA",
-        peak > 0 ? prefill_gflops / peak : 0.0);
-    // The prefill's roofline: it must both do its FLOPs and read every weight it touches
-    // once (a 128-token prompt reaches nearly every expert), so its least possible time is
-    // the larger of the two; which one binds says where the mode stands.
-    const double t_compute = peak > 0 ? prefill_cost.flops / (peak * 1e9) : 0.0;
-    const double prefill_gb = (prefill_cost.weight_bytes + prefill_cost.kv_bytes) / 1e9;
-    const double t_read = prefill_gb / limits.read_gbs;
-    const double t_floor = std::max(t_compute, t_read);
-    std::printf(
-        "| %s | prefill %d roofline | %.3f s | | %.2f GB read, %.0f GFLOP | %.3f s (%s-bound; "
-        "compute %.3f s, read %.3f s) | %.2f |\n",
-        mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
-        t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
-    const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
-        model.weights(), 1, prefill + steps / 2 + 1, config->num_experts_per_tok, 1);
-    const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
-    std::printf(
-        "| %s | decode batch 1 | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f GB/s (read) "
-        "| %.2f |\n",
-        mode, r.decode1_s * 1e3, 1.0 / r.decode1_s, d1_gb / r.decode1_s, d1_gb, limits.read_gbs,
-        d1_gb / r.decode1_s / limits.read_gbs);
-    // Batch: the experts some token chose, at most top_k per token (an upper bound of the
-    // distinct experts read).
-    const int64_t distinct =
-        std::min<int64_t>(config->n_routed_experts, batch * config->num_experts_per_tok);
-    const glmserve::bench::StepCost db =
-        glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct, batch);
-    const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
-    std::printf(
-        "| %s | decode batch %d | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) | %.1f GB/s "
-        "(read) | <= %.2f |\n",
-        mode, batch, r.decode_batch_s * 1e3, batch / r.decode_batch_s, db_gb / r.decode_batch_s,
-        db_gb, limits.read_gbs, db_gb / r.decode_batch_s / limits.read_gbs);
+    PrintModeRows(mode_name, math, model, r, limits, *config, prefill, steps, batch);
   }
   return 0;
 }

@@ -38,9 +38,10 @@
 #include "server/server.h"
 #include "tools/cli.h"
 
-ABSL_FLAG(std::string, model, "glm-4.5-mini",
-          "checkpoint directory (with config.json) or preset (glm-4.5-mini, glm-4.5-air:layers=2, "
-          "tiny, ...); presets get seeded random weights");
+ABSL_FLAG(std::string, model, "glm-4.5-kjv",
+          "checkpoint directory (with config.json), a model installed with glm-server "
+          "(glm-4.5-kjv: the embedded default, a small trained model; docs/default_model.md) or "
+          "a preset (glm-4.5-mini, glm-4.5-air:layers=2, tiny, ...; seeded random weights)");
 ABSL_FLAG(std::string, tokenizer_dir, "",
           "directory with tokenizer.json (and tokenizer_config.json, generation_config.json) for "
           "text requests; default: the checkpoint directory, or for the glm-4.5-mini preset the "
@@ -56,8 +57,10 @@ ABSL_FLAG(std::string, fp8_tensor_cores, "off",
           "GPU supports them, else CUDA cores), on (refuse to start without them), off "
           "(docs/cuda.md)");
 ABSL_FLAG(std::string, weight_dtype, "stored",
-          "stored (the checkpoint's dtype) or int8 (linear layers quantized at load, groups of "
-          "32 with fp32 scales; CPU backend, needs --cpu_math=bf16 or bf16_amx)");
+          "stored (the checkpoint's dtype); int8 (linear layers quantized at load, groups of "
+          "32 with fp32 scales; CPU backend, needs --cpu_math=bf16 or bf16_amx); fp8_channel or "
+          "fp8_block (a bf16 checkpoint made FP8 at load as the released FP8 checkpoints are: "
+          "per-channel or 128x128 scales; both backends; docs/fp8.md)");
 ABSL_FLAG(std::string, layers, "", "serve only layers BEGIN:END of the model (default: all)");
 ABSL_FLAG(std::string, address, "127.0.0.1",
           "address to listen on (0.0.0.0 or :: for every interface, e.g. in a container)");
@@ -158,6 +161,11 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 // The directory glm-server's binary is in ("" if unknown).
 std::string ExecutableDir() {
   char buffer[4096];
@@ -168,22 +176,44 @@ std::string ExecutableDir() {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
+// The models installed with glm-server (models/<name>, docs/default_model.md): copied next to
+// the binary by the build and installed under share/glmserve (and so into the Docker image).
+// "" when `name` is not one of them.
+std::string InstalledModelDir(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name.find(':') != std::string::npos ||
+      name == "." || name == "..") {
+    return "";
+  }
+  const std::string exe = ExecutableDir();
+  for (const std::string& dir :
+       {exe + "/models/" + name, exe + "/../share/glmserve/models/" + name}) {
+    if (IsDirectory(dir)) return dir;
+  }
+  return "";
+}
+
+// --model as the loader takes it: a directory as given; an installed model's name as its
+// directory (when it holds a checkpoint: glm-4.5-mini's holds only its tokenizer); else the
+// name (a preset, or an error the loader reports).
+std::string ModelPath() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (IsDirectory(model)) return model;
+  const std::string installed = InstalledModelDir(model);
+  if (!installed.empty() && IsRegularFile(installed + "/config.json")) return installed;
+  return model;
+}
+
 // Where the text assets come from: --tokenizer_dir; a checkpoint's own directory; for the
-// embedded glm-4.5-mini preset the small tokenizer shipped with it (models/glm-4.5-mini),
-// copied next to the binary by the build and installed under share/glmserve (and so into
-// the Docker image). "" : none (token ids only).
-std::string TextAssetsDir(const std::string& model) {
+// glm-4.5-mini preset the small tokenizer shipped with it (models/glm-4.5-mini). "" : none
+// (token ids only).
+std::string TextAssetsDir(const std::string& model_path) {
   const std::string flag = absl::GetFlag(FLAGS_tokenizer_dir);
   if (flag == "none") return "";
   if (!flag.empty()) return flag;
-  if (IsDirectory(model)) return model;
-  const std::string preset = model.substr(0, model.find(':'));
+  if (IsDirectory(model_path)) return model_path;
+  const std::string preset = model_path.substr(0, model_path.find(':'));
   if (preset != "glm-4.5-mini") return "";
-  const std::string exe = ExecutableDir();
-  for (const std::string& dir :
-       {exe + "/models/glm-4.5-mini", exe + "/../share/glmserve/models/glm-4.5-mini"}) {
-    if (IsDirectory(dir)) return dir;
-  }
+  if (std::string dir = InstalledModelDir(preset); !dir.empty()) return dir;
   std::fprintf(stderr,
                "glm-server: warning: the glm-4.5-mini tokenizer is not installed next to the "
                "binary; serving token ids only (pass --tokenizer_dir=models/glm-4.5-mini)\n");
@@ -252,7 +282,7 @@ const glmserve::cli::ProgramHelp& Help() {
   static const glmserve::cli::ProgramHelp* help = new glmserve::cli::ProgramHelp{
       "glm-server",
       "serves a GLM-4.5-family model over gRPC, with health, reflection and /metrics",
-      {"glm-server                                   # glm-4.5-mini preset on 127.0.0.1:50051",
+      {"glm-server                                   # glm-4.5-kjv (embedded) on 127.0.0.1:50051",
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
        "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
       {{"Model and device",
@@ -358,7 +388,7 @@ absl::StatusOr<ModelFlags> ParseModelFlags() {
 // The tokenizer and chat template: --tokenizer_dir, else the checkpoint's own files (none for
 // a preset without them).
 absl::StatusOr<glmserve::TextAssets> LoadTextFromFlags() {
-  const std::string dir = TextAssetsDir(absl::GetFlag(FLAGS_model));
+  const std::string dir = TextAssetsDir(ModelPath());
   if (dir.empty()) return glmserve::TextAssets{};
   const bool explicit_dir = !absl::GetFlag(FLAGS_tokenizer_dir).empty();
   if (explicit_dir && !IsDirectory(dir)) {
@@ -404,7 +434,7 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
   };
   if (!on_cuda) load.progress = progress;
   ASSIGN_OR_RETURN(glmserve::ModelWeights weights,
-                   glmserve::LoadModel(absl::GetFlag(FLAGS_model), f.span, random, load));
+                   glmserve::LoadModel(ModelPath(), f.span, random, load));
   LoadedModel model;
   model.weight_dtype = weights.weight_dtype;
   if (f.quant != glmserve::WeightQuant::kStored) {

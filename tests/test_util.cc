@@ -21,6 +21,12 @@ std::string GoldenDir(const std::string& name) {
   return std::string(dir) + "/" + name;
 }
 
+std::string ModelDir(const std::string& name) {
+  const char* dir = std::getenv("GLMSERVE_MODELS_DIR");
+  if (dir == nullptr || dir[0] == '\0') return std::string(GLMSERVE_SOURCE_DIR "/models/") + name;
+  return std::string(dir) + "/" + name;
+}
+
 std::vector<std::string> GoldenCases() {
   std::vector<std::string> cases;
   for (const auto& entry : std::filesystem::directory_iterator(GoldenDir(""))) {

@@ -12,6 +12,10 @@ namespace glmserve::testing {
 // tree's tests/golden (an absolute path compiled in).
 std::string GoldenDir(const std::string& name);
 
+// <dir>/<name> for a model shipped in models/: dir is $GLMSERVE_MODELS_DIR when set and
+// non-empty (a GPU bundle's copy), else the source tree's models/.
+std::string ModelDir(const std::string& name);
+
 // The names of the golden fixtures in GoldenDir("") (folders holding an expected.json), sorted.
 std::vector<std::string> GoldenCases();
 

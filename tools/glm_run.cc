@@ -6,8 +6,9 @@
 //
 //   glm-run --model=glm-4.5-mini --prompt=151331,151333,9703 --max_new_tokens=16
 //   glm-run --model=path/to/checkpoint --prompt=1,2,3 --logits_out=/tmp/cpu.npy
-//   glm-run --model=path/to/checkpoint --prompt=1,2,3 --device=cuda \
-//       --compare_logits=/tmp/cpu.npy --max_relative_error=3e-2
+//   glm-run --model=path/to/checkpoint --prompt=1,2,3 --device=cuda
+//       --compare_logits=/tmp/cpu.npy --max_relative_error=3e-2   (one command line)
+//   glm-run --model=models/glm-4.5-kjv --perplexity=tests/golden/kjv/heldout.txt
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/base/file_io.h"
 #include "core/base/npy.h"
 #include "core/base/parallel.h"
 #include "core/base/status_macros.h"
@@ -32,8 +34,10 @@
 #include "core/cpu/quantize.h"
 #include "core/cuda/runner.h"
 #include "core/engine/runner_factory.h"
+#include "core/engine/scoring.h"
 #include "core/model/checkpoint.h"
 #include "core/model/model_runner.h"
+#include "core/text/text_assets.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "glm-4.5-mini",
@@ -63,8 +67,9 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "rounded to bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, "
           "Intel AMX tile order); see docs/cpu_math.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
-          "stored or int8 (linear layers quantized at load; CPU runner only, with "
-          "--cpu_math=bf16 or bf16_amx)");
+          "stored; int8 (linear layers quantized at load; CPU runner only, with "
+          "--cpu_math=bf16 or bf16_amx); fp8_channel or fp8_block (a bf16 checkpoint made FP8 "
+          "at load in the released FP8 checkpoints' forms; both runners; docs/fp8.md)");
 ABSL_FLAG(std::string, fp8_tensor_cores, "off",
           "CUDA runner's FP8 GEMMs on FP8 tensor cores: auto (where the device supports them), "
           "on (refuse to run without them), off (CUDA-core kernels); docs/cuda.md");
@@ -75,6 +80,11 @@ ABSL_FLAG(int, threads, 0, "CPU worker threads (0: all cores, or GLM_NUM_THREADS
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "auto: the runner's own KV cache (fp32 on the CPU, bf16 on CUDA); fp8_e4m3: e4m3 with "
           "a scale per token and KV head (GLM-4.5 only; docs/kv_cache.md)");
+ABSL_FLAG(std::string, perplexity, "",
+          "score this UTF-8 text file instead of generating: its tokens (the checkpoint's "
+          "tokenizer) in windows of --perplexity_window, printing the perplexity "
+          "(docs/quality.md)");
+ABSL_FLAG(int, perplexity_window, 256, "tokens per scoring window of --perplexity (>= 2)");
 ABSL_FLAG(bool, stop_at_eos, false, "stop at the config's eos token ids");
 
 namespace {
@@ -155,7 +165,7 @@ absl::StatusOr<RunFlags> ParseRunFlags() {
 absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> LoadRunner(const RunFlags& f) {
   const bool on_cuda =
       f.device == glmserve::DeviceKind::kCuda ||
-      (f.device == glmserve::DeviceKind::kAuto && f.quant == glmserve::WeightQuant::kStored &&
+      (f.device == glmserve::DeviceKind::kAuto && f.quant != glmserve::WeightQuant::kInt8 &&
        glmserve::CudaDeviceAvailable());
   glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
@@ -263,11 +273,33 @@ absl::StatusOr<bool> PromptOutputs(const glmserve::ForwardResult& result, int64_
   return ok;
 }
 
+// --perplexity: the file's tokens scored window by window (core/engine/scoring.h).
+absl::Status Perplexity(glmserve::ModelRunner& runner) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(glmserve::TextAssets assets, glmserve::LoadTextAssets(model));
+  if (assets.tokenizer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--perplexity needs the checkpoint's tokenizer.json in ", model));
+  }
+  ASSIGN_OR_RETURN(const std::string text,
+                   glmserve::ReadRegularFile(absl::GetFlag(FLAGS_perplexity), uint64_t{16} << 20));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids, assets.tokenizer->Encode(text));
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(const glmserve::TokenScores scores,
+                   glmserve::ScoreTokens(runner, ids, absl::GetFlag(FLAGS_perplexity_window)));
+  std::printf("perplexity %.6f over %lld predicted tokens (mean nll %.8f nats, window %d) in "
+              "%.2f s\n",
+              scores.perplexity(), static_cast<long long>(scores.predicted), scores.mean_nll(),
+              absl::GetFlag(FLAGS_perplexity_window), Seconds(t0, Clock::now()));
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   ASSIGN_OR_RETURN(const RunFlags f, ParseRunFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::ModelRunner> runner, LoadRunner(f));
   if (runner == nullptr) return absl::OkStatus();  // --save
+  if (!absl::GetFlag(FLAGS_perplexity).empty()) return Perplexity(*runner);
   const glmserve::ModelConfig& c = runner->config();
   const std::vector<int32_t>& prompt = f.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -338,13 +370,16 @@ const glmserve::cli::ProgramHelp& Help() {
        "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --logits_out=/tmp/cpu.npy",
        "glm-run --model=/models/GLM-4.5-Air --prompt=1,2,3 --device=cuda "
        "--compare_logits=/tmp/cpu.npy --max_relative_error=3e-2",
-       "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset"},
+       "glm-run --model=glm-4.5-air:layers=2 --save=/tmp/air2   # a checkpoint from a preset",
+       "glm-run --model=models/glm-4.5-kjv --perplexity=tests/golden/kjv/heldout.txt "
+       "--weight_dtype=fp8_block"},
       {{"Model", {"model", "seed", "dtype", "kv_cache_dtype"}},
        {"Runner", {"device", "threads", "cpu_math", "weight_dtype", "fp8_tensor_cores"}},
        {"Prompt and generation", {"prompt", "max_new_tokens", "stop_at_eos"}},
        {"Outputs", {"logits_out", "hidden_out", "save"}},
        {"Checking one runner against another",
-        {"compare_logits", "compare_hidden", "max_relative_error"}}},
+        {"compare_logits", "compare_hidden", "max_relative_error"}},
+       {"Scoring text (docs/quality.md)", {"perplexity", "perplexity_window"}}},
       "tools/glm_run.cc",
       ""};
   return *help;

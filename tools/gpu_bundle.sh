@@ -36,7 +36,9 @@ for t in "$root"/tests/core/cuda/*_test.cc; do
 done
 # The suites parameterised over every model runner: on a GPU host their CUDA cases run.
 tests+=(core_engine_runner_conformance_test core_engine_golden_test)
-benches=(gpu_bench sampler_bench host_bench)
+# The embedded default model on the GPU: perplexity and greedy agreement against the CPU.
+tests+=(models_glm45_kjv_cuda_test)
+benches=(gpu_bench sampler_bench host_bench moe_routing_bench)
 tools=(glm-server glm-client glm-run)
 
 if [ "$do_build" = 1 ]; then
@@ -53,7 +55,7 @@ fi
 # Where each target's binary lives in the build tree.
 binary() {
   case "$1" in
-    core_*) echo "$build/tests/$1" ;;
+    core_* | models_*) echo "$build/tests/$1" ;;
     *_bench) echo "$build/bench/$1" ;;
     glm-server) echo "$build/server/$1" ;;
     glm-client) echo "$build/client/$1" ;;
@@ -86,6 +88,7 @@ if ldd "$out"/bin/* 2>/dev/null | grep -q 'not found'; then
 fi
 
 cp -r "$root/tests/golden" "$out/golden"
+mkdir -p "$out/models" && cp -r "$root/models/glm-4.5-kjv" "$out/models/"
 cp "$root/tools/gpu_bundle_run.sh" "$out/run.sh"
 chmod +x "$out/run.sh"
 {

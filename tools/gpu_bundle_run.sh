@@ -17,7 +17,7 @@
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
 # and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_glm5.log,
 # gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log,
-# sampler_bench.log, host_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
+# sampler_bench.log, host_bench.log, moe_routing_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,6 +40,7 @@ fail() { failed=1; note "FAIL $*"; }
 
 export LD_LIBRARY_PATH="$here/lib:$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GLMSERVE_GOLDEN_DIR="$here/golden"
+export GLMSERVE_MODELS_DIR="$here/models"
 if [ "$gpu" = 1 ]; then
   export GLMSERVE_REQUIRE_CUDA=1
 else
@@ -191,6 +192,10 @@ if [ "$gpu" = 1 ]; then
 
   run_step sampler_bench "$out/sampler_bench.log" "$here/bin/sampler_bench"
   run_step host_bench "$out/host_bench.log" "$here/bin/host_bench"
+  # The MoE steps on the GPU with a trained router beside random ones (docs/quality.md).
+  run_step moe_routing_bench "$out/moe_routing_bench.log" "$here/bin/moe_routing_bench" \
+    --device=cuda --model="$here/models/glm-4.5-kjv" --text="$here/golden/kjv/heldout.txt" \
+    --presets=glm-4.5-mini,glm-4.5-air:layers=2
 else
   # The CPU benchmarks in a quick form: they run, and their tables come out.
   run_step "sampler_bench (quick)" "$out/sampler_bench.log" "$here/bin/sampler_bench" --draws=3 \

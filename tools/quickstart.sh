@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds glm-server and glm-client, starts the server with the embedded default model
-# (glm-4.5-mini: GLM-4.5's architecture and vocabulary with seeded random weights) on a free
-# loopback port, waits until it reports ready, sends one chat message through glm-client
-# (text in, GLM-4.5's chat format and the tokenizer shipped in models/glm-4.5-mini, text
+# (glm-4.5-kjv: GLM-4.5's architecture at 10M parameters, trained on the King James Bible;
+# models/glm-4.5-kjv, docs/default_model.md) on a free loopback port, waits until it reports
+# ready, sends one chat message through glm-client (text in, GLM-4.5's chat format, text
 # streamed out), then stops the server (SIGTERM: a graceful drain).
 #   tools/quickstart.sh [extra glm-client chat flags, e.g. --max_new_tokens=64 --thinking=off]
 #   MESSAGE="Write a haiku" tools/quickstart.sh
@@ -36,11 +36,10 @@ echo "quickstart: glm-server on $target, loading the model..."
 "$BUILD_DIR"/client/glm-client --target="$target" --service=readiness --wait=600s health
 message=${MESSAGE:-"Hello! What can you do?"}
 cat <<EOF
-quickstart: NOTE: glm-4.5-mini has RANDOM weights (seeded; no checkpoint is downloaded), so
-quickstart: the reply below is noise, not language. It shows the whole text path working:
-quickstart: GLM-4.5's chat format and tokenizer in, generation, streamed text out. Serve a
-quickstart: real checkpoint (glm-server --model=/models/GLM-4.5-Air) for real answers.
+quickstart: NOTE: glm-4.5-kjv is a tiny model (10M parameters, GLM-4.5's architecture) trained
+quickstart: only on the King James Bible: it answers in that book's English, not with facts.
+quickstart: Serve a real checkpoint (glm-server --model=/models/GLM-4.5-Air) for real answers.
 quickstart: you> $message
 EOF
-"$BUILD_DIR"/client/glm-client --target="$target" --max_new_tokens=32 "$@" chat \
+"$BUILD_DIR"/client/glm-client --target="$target" --max_new_tokens=64 "$@" chat \
   --message="$message"

@@ -146,9 +146,9 @@ void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
 
 }  // namespace
 
-void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens) {
+void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices) {
   if (layer.is_moe) {
-    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_);
+    MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_, choices);
   } else {
     SwiGluFfn(x_.data(), tokens, layer.dense, out_.data(), math_);
   }
@@ -211,7 +211,9 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   // runs on the read rows alone (the FFN of the other rows of a prefill is never seen). Each
   // row's arithmetic does not depend on the others (linear.h), so no bit changes.
   std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
-  const bool all_rows_read = options.return_hidden || options.return_layer_hidden;
+  const bool all_rows_read =
+      options.return_hidden || options.return_layer_hidden || options.return_expert_choices;
+  result->expert_choices.clear();
   const int64_t last = run_end - layer_begin() - 1;
   int64_t live = t;  // rows of h_ still computed
   for (int64_t i = run_begin - layer_begin(); i <= last; ++i) {
@@ -238,7 +240,11 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
     }
     for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
     RmsNorm(h_.data(), layer.post_attention_norm.data(), live, hidden, eps, x_.data());
-    FfnBlock(layer, live);
+    int32_t* choices = nullptr;
+    if (layer.is_moe && options.return_expert_choices) {
+      choices = result->expert_choices.emplace_back(live * c.num_experts_per_tok).data();
+    }
+    FfnBlock(layer, live, choices);
     for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
     if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
   }

@@ -78,7 +78,7 @@ class CpuModel final : public ModelRunner {
   // kept in selection_ for the "shared" layers after it.
   void MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                 const std::vector<int32_t>& positions, KvCache* cache);
-  void FfnBlock(const LayerWeights& layer, int64_t tokens);
+  void FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices = nullptr);
 
   ModelWeights weights_;
   CpuMath math_;

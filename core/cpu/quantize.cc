@@ -1,6 +1,7 @@
 #include "core/cpu/quantize.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -11,13 +12,34 @@
 
 namespace glmserve {
 
-const char* WeightQuantName(WeightQuant q) { return q == WeightQuant::kInt8 ? "int8" : "stored"; }
+namespace {
+
+constexpr struct {
+  WeightQuant quant;
+  const char* name;
+} kWeightQuantNames[] = {{WeightQuant::kStored, "stored"},
+                         {WeightQuant::kInt8, "int8"},
+                         {WeightQuant::kFp8Channel, "fp8_channel"},
+                         {WeightQuant::kFp8Block, "fp8_block"}};
+
+constexpr float kE4m3Max = 448.0f;
+constexpr int64_t kFp8Block = 128;  // the released block-scaled checkpoints' block side
+
+}  // namespace
+
+const char* WeightQuantName(WeightQuant q) {
+  for (const auto& entry : kWeightQuantNames) {
+    if (entry.quant == q) return entry.name;
+  }
+  return "?";
+}
 
 absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
-  if (name == "stored") return WeightQuant::kStored;
-  if (name == "int8") return WeightQuant::kInt8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("weight dtype '", name.substr(0, 64), "' is not one of stored, int8"));
+  for (const auto& entry : kWeightQuantNames) {
+    if (name == entry.name) return entry.quant;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight dtype '", name.substr(0, 64), "' is not one of stored, int8, fp8_channel, fp8_block"));
 }
 
 absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math) {
@@ -63,10 +85,88 @@ void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
   }
 }
 
+void QuantizeMatrixFp8(const Matrix& m, int64_t br, int64_t bc, uint8_t* codes, float* scales) {
+  const int64_t scale_cols = (m.cols + bc - 1) / bc;
+  for (int64_t r0 = 0; r0 < m.rows; r0 += br) {
+    const int64_t r1 = std::min(m.rows, r0 + br);
+    for (int64_t c0 = 0; c0 < m.cols; c0 += bc) {
+      const int64_t c1 = std::min(m.cols, c0 + bc);
+      float amax = 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          amax = std::max(amax, std::fabs(LoadAsFloat(m.data, m.dtype, r * m.cols + c)));
+        }
+      }
+      // NaN fails amax > 0 and keeps scale 1: the NaN weight's own code stays NaN.
+      const float scale = amax > 0 ? amax / kE4m3Max : 1.0f;
+      scales[r0 / br * scale_cols + c0 / bc] = scale;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          codes[r * m.cols + c] = FloatToE4m3(LoadAsFloat(m.data, m.dtype, r * m.cols + c) / scale);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// kFp8Channel / kFp8Block (QuantizeWeights): one buffer per matrix, matrices in parallel.
+absl::Status QuantizeWeightsFp8(ModelWeights* weights, bool per_channel) {
+  std::vector<Matrix*> matrices;
+  for (Matrix* m : weights->LinearMatrices()) {
+    if (m != &weights->lm_head) matrices.push_back(m);
+  }
+  struct Out {
+    std::shared_ptr<char[]> codes, scales;
+    int64_t br, bc;
+  };
+  std::vector<Out> out(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    const Matrix& m = *matrices[i];
+    Out& o = out[i];
+    o.br = per_channel ? 1 : kFp8Block;
+    o.bc = per_channel ? m.cols : kFp8Block;
+    const int64_t n_scales = ((m.rows + o.br - 1) / o.br) * ((m.cols + o.bc - 1) / o.bc);
+    o.codes.reset(new (std::nothrow) char[std::max<int64_t>(m.rows * m.cols, 1)]);
+    o.scales.reset(new (std::nothrow) char[n_scales * sizeof(float)]);
+    if (o.codes == nullptr || o.scales == nullptr) {
+      return absl::ResourceExhaustedError("out of memory for FP8 quantization");
+    }
+  }
+  ParallelFor(static_cast<int64_t>(matrices.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      QuantizeMatrixFp8(*matrices[i], out[i].br, out[i].bc,
+                        reinterpret_cast<uint8_t*>(out[i].codes.get()),
+                        reinterpret_cast<float*>(out[i].scales.get()));
+    }
+  });
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    Matrix* m = matrices[i];
+    m->dtype = DType::kF8E4M3;
+    m->data = out[i].codes.get();
+    m->format = WeightFormat::kFp8Scaled;
+    m->scales = reinterpret_cast<const float*>(out[i].scales.get());
+    m->scale_block_rows = static_cast<int32_t>(out[i].br);
+    m->scale_block_cols = static_cast<int32_t>(std::min<int64_t>(out[i].bc, INT32_MAX));
+    m->scale_row_phase = 0;
+    weights->storage.push_back(std::shared_ptr<const void>(out[i].codes, out[i].codes.get()));
+    weights->storage.push_back(std::shared_ptr<const void>(out[i].scales, out[i].scales.get()));
+  }
+  weights->linear_format = WeightFormat::kFp8Scaled;
+  weights->weight_dtype = DType::kF8E4M3;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
   if (quant == WeightQuant::kStored) return absl::OkStatus();
   if (weights->linear_format != WeightFormat::kDense) {
     return absl::FailedPreconditionError("weights are already quantized");
+  }
+  if (quant == WeightQuant::kFp8Channel || quant == WeightQuant::kFp8Block) {
+    return QuantizeWeightsFp8(weights, quant == WeightQuant::kFp8Channel);
   }
   std::vector<Matrix*> matrices = weights->LinearMatrices();
   // One buffer for all: [q of every matrix][scales of every matrix], each part 64-byte aligned.

@@ -16,9 +16,13 @@
 
 namespace glmserve {
 
-enum class WeightQuant { kStored, kInt8 };
-const char* WeightQuantName(WeightQuant q);  // "stored" or "int8"
-// "stored" or "int8"; INVALID_ARGUMENT naming the accepted values otherwise.
+// kFp8Channel / kFp8Block: the released FP8 checkpoints' two forms made at load from a bf16
+// checkpoint (e4m3 codes, one fp32 scale amax / 448 per output row, or per 128x128 block), so
+// that a model released only in bf16 can be measured as its FP8 form would run; both runners
+// take them as they take an FP8 checkpoint (docs/fp8.md).
+enum class WeightQuant { kStored, kInt8, kFp8Channel, kFp8Block };
+const char* WeightQuantName(WeightQuant q);  // "stored", "int8", "fp8_channel", "fp8_block"
+// One of those names; INVALID_ARGUMENT naming the accepted values otherwise.
 absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name);
 // The one rule for combining the two flags: int8 weights are a choice within the approximate
 // arithmetic (--cpu_math=bf16 or bf16_amx; the int8 matrices run their own int32-dot kernel in
@@ -31,6 +35,9 @@ absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
 // the router and the embedding stay as stored (the router's math is fp32 by definition; the
 // embedding is a row gather). The new buffers join weights->storage; the originals stay
 // owned there too (a checkpoint's mapping is then only page cache). kStored: nothing.
+// kFp8Channel / kFp8Block: the same matrices except lm_head (kept as stored, as the released
+// FP8 checkpoints keep it) become WeightFormat::kFp8Scaled: scale = amax / 448 over the
+// scale block (1 for an all-zero block), code = e4m3(w / scale) rounded to nearest even.
 // FAILED_PRECONDITION if the matrices are already quantized.
 absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant);
 
@@ -42,5 +49,9 @@ float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q);
 
 // One matrix: q [rows, cols] and scales [rows, ceil(cols / kInt8Group)] (exposed for tests).
 void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales);
+
+// One matrix to e4m3 codes [rows, cols] and fp32 scales [ceil(rows / br), ceil(cols / bc)]
+// (exposed for tests).
+void QuantizeMatrixFp8(const Matrix& m, int64_t br, int64_t bc, uint8_t* codes, float* scales);
 
 }  // namespace glmserve

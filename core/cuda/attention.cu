@@ -29,6 +29,79 @@ size_t AttentionSmemBytes(int rows_cap, int hd) {
                           static_cast<size_t>(kKeys) * (2 * hd + 1));
 }
 
+// Keys and values [c0, c0 + kKeys) of kv head `kvh` into shared memory as fp32 (k with the
+// odd stride hd + 1), zero past kv_end. `table`: the sequence's block table.
+__device__ __forceinline__ void StageKvChunk(const int32_t* __restrict__ table,
+                                             const uint16_t* __restrict__ cache,
+                                             const uint8_t* __restrict__ kv_codes,
+                                             const float* __restrict__ kv_scales,
+                                             const AttentionShape& shape, int kvh, int c0,
+                                             int kv_end, float* k_s, float* v_s) {
+  const int hd = static_cast<int>(shape.head_dim);
+  const int64_t kv_dim = shape.kv_heads * hd;
+  const int64_t bs = shape.block_size;
+  for (int i = threadIdx.x; i < kKeys * hd; i += kAttnThreads) {
+    const int j = i / hd, d = i % hd;
+    const int p = c0 + j;
+    float kf = 0.f, vf = 0.f;
+    if (p < kv_end) {
+      const int64_t block = table[p / bs];
+      const int64_t key_row = block * 2 * bs + p % bs;  // the value row is bs later
+      const int64_t at = key_row * kv_dim + static_cast<int64_t>(kvh) * hd + d;
+      if (kv_codes != nullptr) {
+        kf = dev::E4m3ToFloat(kv_codes[at]) * kv_scales[key_row * shape.kv_heads + kvh];
+        vf = dev::E4m3ToFloat(kv_codes[at + bs * kv_dim]) *
+             kv_scales[(key_row + bs) * shape.kv_heads + kvh];
+      } else {
+        kf = dev::Bf16ToFloat(cache[at]);
+        vf = dev::Bf16ToFloat(cache[at + bs * kv_dim]);
+      }
+    }
+    k_s[j * (hd + 1) + d] = kf;
+    v_s[j * hd + d] = vf;
+  }
+}
+
+// The tile's result: normalised bf16 rows into `out` (one split), or this split's unnormalised
+// accumulators and its rows' m and l into `scratch` for the combine kernel.
+__device__ __forceinline__ void WriteTileOutput(const float (&acc)[kAccPerThread],
+                                                const float* m_s, const float* l_s,
+                                                const AttentionShape& shape, int tile, int kvh,
+                                                int split, int num_splits, int row0, int rows,
+                                                int rows_cap, float* __restrict__ scratch,
+                                                uint16_t* __restrict__ out) {
+  const int hd = static_cast<int>(shape.head_dim);
+  const int group = static_cast<int>(shape.heads / shape.kv_heads);
+  const int tid = threadIdx.x;
+  if (num_splits == 1) {
+#pragma unroll
+    for (int i = 0; i < kAccPerThread; ++i) {
+      const int e = tid + i * kAttnThreads;
+      if (e < rows * hd) {
+        const int r = e / hd, d = e % hd;
+        const int64_t head = static_cast<int64_t>(kvh) * group + r % group;
+        const float l = l_s[r];
+        out[static_cast<int64_t>(row0 + r / group) * shape.heads * hd + head * hd + d] =
+            dev::FloatToBf16(l > 0.f ? acc[i] / l : 0.f);
+      }
+    }
+    return;
+  }
+  // Every split writes its part, empty or not, so the combine never reads stale scratch.
+  float* part =
+      scratch + ((static_cast<int64_t>(tile) * shape.kv_heads + kvh) * num_splits + split) *
+                    AttentionPartialFloats(rows_cap, hd);
+#pragma unroll
+  for (int i = 0; i < kAccPerThread; ++i) {
+    const int e = tid + i * kAttnThreads;
+    if (e < rows * hd) part[e] = acc[i];
+  }
+  for (int r = tid; r < rows; r += kAttnThreads) {
+    part[rows_cap * hd + r] = m_s[r];
+    part[rows_cap * hd + rows_cap + r] = l_s[r];
+  }
+}
+
 __global__ void __launch_bounds__(kAttnThreads)
     PagedAttentionKernel(const float* __restrict__ q, const int32_t* __restrict__ tiles,
                          const int32_t* __restrict__ block_tables,
@@ -74,30 +147,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
   for (int i = 0; i < kAccPerThread; ++i) acc[i] = 0.f;
 
-  const int64_t kv_dim = shape.kv_heads * hd;
-  const int64_t bs = shape.block_size;
   for (int c0 = kv_begin; c0 < kv_end; c0 += kKeys) {
     __syncthreads();  // the previous chunk's k/v/p are no longer read
-    for (int i = tid; i < kKeys * hd; i += kAttnThreads) {
-      const int j = i / hd, d = i % hd;
-      const int p = c0 + j;
-      float kf = 0.f, vf = 0.f;
-      if (p < kv_end) {
-        const int64_t block = block_tables[bt_offset + p / bs];
-        const int64_t key_row = block * 2 * bs + p % bs;  // the value row is bs later
-        const int64_t at = key_row * kv_dim + static_cast<int64_t>(kvh) * hd + d;
-        if (kv_codes != nullptr) {
-          kf = dev::E4m3ToFloat(kv_codes[at]) * kv_scales[key_row * shape.kv_heads + kvh];
-          vf = dev::E4m3ToFloat(kv_codes[at + bs * kv_dim]) *
-               kv_scales[(key_row + bs) * shape.kv_heads + kvh];
-        } else {
-          kf = dev::Bf16ToFloat(cache[at]);
-          vf = dev::Bf16ToFloat(cache[at + bs * kv_dim]);
-        }
-      }
-      k_s[j * (hd + 1) + d] = kf;
-      v_s[j * hd + d] = vf;
-    }
+    StageKvChunk(block_tables + bt_offset, cache, kv_codes, kv_scales, shape, kvh, c0, kv_end,
+                 k_s, v_s);
     __syncthreads();
     // Scores: a warp per row, a lane per key; then the online-softmax update of the row.
     for (int r = warp; r < rows; r += kAttnWarps) {
@@ -141,33 +194,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
   __syncthreads();  // m_s / l_s final
 
-  if (num_splits == 1) {
-#pragma unroll
-    for (int i = 0; i < kAccPerThread; ++i) {
-      const int e = tid + i * kAttnThreads;
-      if (e < rows * hd) {
-        const int r = e / hd, d = e % hd;
-        const int64_t head = static_cast<int64_t>(kvh) * group + r % group;
-        const float l = l_s[r];
-        out[static_cast<int64_t>(row0 + r / group) * shape.heads * hd + head * hd + d] =
-            dev::FloatToBf16(l > 0.f ? acc[i] / l : 0.f);
-      }
-    }
-  } else {
-    // Every split writes its part, empty or not, so the combine never reads stale scratch.
-    float* part =
-        scratch + ((static_cast<int64_t>(tile) * shape.kv_heads + kvh) * num_splits + split) *
-                      AttentionPartialFloats(rows_cap, hd);
-#pragma unroll
-    for (int i = 0; i < kAccPerThread; ++i) {
-      const int e = tid + i * kAttnThreads;
-      if (e < rows * hd) part[e] = acc[i];
-    }
-    for (int r = tid; r < rows; r += kAttnThreads) {
-      part[rows_cap * hd + r] = m_s[r];
-      part[rows_cap * hd + rows_cap + r] = l_s[r];
-    }
-  }
+  WriteTileOutput(acc, m_s, l_s, shape, tile, kvh, split, num_splits, row0, rows, rows_cap, scratch,
+                  out);
 }
 
 // Merges the splits of one (tile, kv head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).

@@ -469,6 +469,11 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
         "the CUDA backend runs only its whole span of layers; a sub-span call needs a server "
         "started with that span (--layers) or the CPU backend");
   }
+  if (options.return_expert_choices) {
+    return absl::UnimplementedError(
+        "expert choices are the CPU runner's measurement (bench/moe_routing_bench): use "
+        "--device=cpu for them");
+  }
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
   RETURN_IF_ERROR(CheckBatch(batch, *cache));

@@ -11,6 +11,51 @@ constexpr int kRopeThreads = 256;
 constexpr int kRopeWarps = kRopeThreads / 32;
 constexpr int kPerLane = static_cast<int>(kMaxHeadDim / 32);
 
+// The FP8 cache write of kv head `kvh` for one token (a warp): its roped k row (`k`, kPerLane
+// values a lane) and its v row (from `row` + bias), each scaled by amax / 448 of its finite
+// values, as core/model/kv_fp8.cc EncodeKvRow.
+__device__ __forceinline__ void WriteKvFp8(const float (&k)[kPerLane], const float* row,
+                                           const float* __restrict__ bias, const QkvShape& shape,
+                                           int64_t kvh, int32_t slot, int64_t block_size,
+                                           uint8_t* __restrict__ kv_codes,
+                                           float* __restrict__ kv_scales) {
+  const int hd = static_cast<int>(shape.head_dim);
+  const int lane = threadIdx.x & 31;
+  const int64_t q_dim = shape.heads * hd, kv_dim = shape.kv_heads * hd;
+  const int64_t v_col = q_dim + kv_dim + kvh * hd;
+  float vv[kPerLane];
+  float k_amax = 0.f, v_amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    vv[i] = 0.f;
+    if (d < hd) {
+      vv[i] = row[v_col + d] + (bias != nullptr ? bias[v_col + d] : 0.f);
+      // Finite values only (NaN and inf compare false): the host skips them too.
+      if (fabsf(k[i]) <= 3.40282347e+38f) k_amax = fmaxf(k_amax, fabsf(k[i]));
+      if (fabsf(vv[i]) <= 3.40282347e+38f) v_amax = fmaxf(v_amax, fabsf(vv[i]));
+    }
+  }
+  const float k_scale = dev::KvScale(dev::WarpMax(k_amax));
+  const float v_scale = dev::KvScale(dev::WarpMax(v_amax));
+  // [2, block_size] rows per block: key row `key_row`, value row block_size later.
+  const int64_t key_row = (slot / block_size) * 2 * block_size + slot % block_size;
+  uint8_t* k_dst = kv_codes + key_row * kv_dim + kvh * hd;
+  uint8_t* v_dst = k_dst + block_size * kv_dim;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < hd) {
+      k_dst[d] = dev::FloatToE4m3(k[i] / k_scale);
+      v_dst[d] = dev::FloatToE4m3(vv[i] / v_scale);
+    }
+  }
+  if (lane == 0) {
+    kv_scales[key_row * shape.kv_heads + kvh] = k_scale;
+    kv_scales[(key_row + block_size) * shape.kv_heads + kvh] = v_scale;
+  }
+}
+
 // One block per token; each warp takes whole heads (q heads, then kv heads, whose warp also
 // moves the matching v head). The head vector is staged in a per-warp shared row so that a
 // lane can read its rotation partner (channel i pairs with i + rotary_dim / 2).
@@ -93,40 +138,7 @@ __global__ void __launch_bounds__(kRopeThreads)
         if (d < hd) row[col0 + d] = v[i];
       }
     } else if (slot >= 0 && kv_codes != nullptr) {
-      // FP8: the head's k row (v[]) and v row, each scaled by amax / 448 of its finite values.
-      const int64_t kvh = hs - heads;
-      const int64_t v_col = q_dim + kv_dim + kvh * hd;
-      float vv[kPerLane];
-      float k_amax = 0.f, v_amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + 32 * i;
-        vv[i] = 0.f;
-        if (d < hd) {
-          vv[i] = row[v_col + d] + (bias != nullptr ? bias[v_col + d] : 0.f);
-          // Finite values only (NaN and inf compare false): the host skips them too.
-          if (fabsf(v[i]) <= 3.40282347e+38f) k_amax = fmaxf(k_amax, fabsf(v[i]));
-          if (fabsf(vv[i]) <= 3.40282347e+38f) v_amax = fmaxf(v_amax, fabsf(vv[i]));
-        }
-      }
-      const float k_scale = dev::KvScale(dev::WarpMax(k_amax));
-      const float v_scale = dev::KvScale(dev::WarpMax(v_amax));
-      // [2, block_size] rows per block: key row `key_row`, value row block_size later.
-      const int64_t key_row = (slot / block_size) * 2 * block_size + slot % block_size;
-      uint8_t* k_dst = kv_codes + key_row * kv_dim + kvh * hd;
-      uint8_t* v_dst = k_dst + block_size * kv_dim;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < hd) {
-          k_dst[d] = dev::FloatToE4m3(v[i] / k_scale);
-          v_dst[d] = dev::FloatToE4m3(vv[i] / v_scale);
-        }
-      }
-      if (lane == 0) {
-        kv_scales[key_row * kv_heads + kvh] = k_scale;
-        kv_scales[(key_row + block_size) * kv_heads + kvh] = v_scale;
-      }
+      WriteKvFp8(v, row, bias, shape, hs - heads, slot, block_size, kv_codes, kv_scales);
     } else if (slot >= 0) {
       const int64_t kvh = hs - heads;
       uint16_t* k_dst = cache_layer + key_base + kvh * hd;

@@ -43,6 +43,9 @@ struct ForwardOptions {
   std::vector<LogitsRows> sequence_logits;
   bool return_hidden = false;        // residual stream after the run's last layer
   bool return_layer_hidden = false;  // residual stream after the embedding and each layer
+  // Each MoE layer's routing choices for every token of the run (the CPU runner; the CUDA
+  // runner refuses it): the expert-load statistics of bench/moe_routing_bench.
+  bool return_expert_choices = false;
   // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own
   // bounds). Token input iff layer_begin == 0; logits iff layer_end is the model's last layer.
   int64_t layer_begin = -1;
@@ -55,6 +58,9 @@ struct ForwardResult {
   // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
   // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
   std::vector<std::vector<float>> layer_hidden;
+  // With return_expert_choices: [MoE layers of the run][total_tokens * top_k], each token's
+  // chosen experts, best first.
+  std::vector<std::vector<int32_t>> expert_choices;
 };
 
 // The KV cache geometry `config` needs for `layers` layers: kv_heads x head_dim key and value

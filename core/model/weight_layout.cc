@@ -1,5 +1,7 @@
 #include "core/model/weight_layout.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 
 namespace glmserve {
@@ -23,12 +25,14 @@ namespace {
 
 void AddFfn(const std::string& prefix, int64_t width, int64_t hidden, int64_t layer, FfnWeights* f,
             std::vector<WeightSlot>* slots) {
-  slots->push_back(
-      {prefix + "gate_proj.weight", {width, hidden}, &f->gate, nullptr, ParamInit::kNormal, layer});
-  slots->push_back(
-      {prefix + "up_proj.weight", {width, hidden}, &f->up, nullptr, ParamInit::kNormal, layer});
-  slots->push_back(
-      {prefix + "down_proj.weight", {hidden, width}, &f->down, nullptr, ParamInit::kNormal, layer});
+  for (const auto& [name, m, rows, cols] :
+       {std::tuple{"gate_proj.weight", &f->gate, width, hidden},
+        std::tuple{"up_proj.weight", &f->up, width, hidden},
+        std::tuple{"down_proj.weight", &f->down, hidden, width}}) {
+    WeightSlot slot{prefix + name, {rows, cols}, m, nullptr, ParamInit::kNormal, layer};
+    slot.linear = true;
+    slots->push_back(std::move(slot));
+  }
 }
 
 // GLM-5's latent attention and, on "full" layers, its DSA indexer (docs/glm5.md).
@@ -65,8 +69,10 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
   const int64_t hidden = c.hidden_size;
   const bool has_head = w->layer_end == c.num_hidden_layers;
   std::vector<WeightSlot> slots;
-  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t layer) {
+  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t layer,
+                    bool linear = false) {
     slots.push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, layer});
+    slots.back().linear = linear;
   };
   auto vec = [&](std::string name, int64_t n, std::vector<float>* v, ParamInit init,
                  int64_t layer) {
@@ -77,7 +83,7 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
     matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->embed_tokens, -1);
   } else if (has_head && c.tie_word_embeddings && !w->head_stored_despite_tie) {
     // The tied head needs the embedding matrix even though this span does not embed.
-    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1);
+    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1, /*linear=*/true);
   }
 
   for (LayerWeights& layer : w->layers) {
@@ -91,10 +97,10 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
     } else {
       AttentionWeights& a = layer.attn;
       const std::string ap = p + "self_attn.";
-      matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l);
-      matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l);
-      matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l);
-      matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l);
+      matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l, true);
+      matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l, true);
+      matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l, true);
+      matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l, true);
       if (c.attention_bias) {
         vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
         vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
@@ -125,7 +131,8 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
                        ParamInit::kNormal,
                        l,
                        e,
-                       ExpertPart::kGate});
+                       ExpertPart::kGate,
+                       /*linear=*/true});
       slots.push_back({ep + "up_proj.weight",
                        {width, hidden},
                        &f.up,
@@ -133,7 +140,8 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
                        ParamInit::kNormal,
                        l,
                        e,
-                       ExpertPart::kUp});
+                       ExpertPart::kUp,
+                       /*linear=*/true});
       slots.push_back({ep + "down_proj.weight",
                        {hidden, width},
                        &f.down,
@@ -141,7 +149,8 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
                        ParamInit::kNormal,
                        l,
                        e,
-                       ExpertPart::kDown});
+                       ExpertPart::kDown,
+                       /*linear=*/true});
     }
     if (c.n_shared_experts > 0) {
       AddFfn(mp + "shared_experts.", c.shared_intermediate_size(), hidden, l, &moe.shared, &slots);
@@ -151,7 +160,7 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
   if (has_head) {
     vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
     if (!c.tie_word_embeddings || w->head_stored_despite_tie) {
-      matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1);
+      matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1, true);
     }
   }
   return slots;

@@ -27,6 +27,10 @@ struct WeightSlot {
   int64_t layer = -1;   // model layer index, -1 outside the layer stack
   int64_t expert = -1;  // routed expert index, -1 otherwise
   ExpertPart part = ExpertPart::kNone;
+  // A linear layer's matrix that weight quantization converts (core/cpu/quantize.h): GLM-4.5
+  // attention's q/k/v/o, every FFN (dense, routed and shared experts) and the head; not the
+  // embedding, the router or GLM-5's latent attention. ModelWeights::LinearMatrices lists them.
+  bool linear = false;
 };
 
 // "model.layers.<layer>."

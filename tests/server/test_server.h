@@ -238,12 +238,15 @@ class ChildProcess {
   std::string output_;
 };
 
-// Starts glm-server on an ephemeral loopback port with the tiny model and waits until it is
-// ready; *target receives "127.0.0.1:PORT".
+// Starts glm-server on an ephemeral loopback port with the tiny model (or, with
+// default_model, no --model at all: the embedded default) and waits until it is ready;
+// *target receives "127.0.0.1:PORT".
 inline std::unique_ptr<ChildProcess> StartServerProcess(std::vector<std::string> flags,
-                                                        std::string* target) {
-  std::vector<std::string> argv = {GLM_SERVER_PATH, "--model=tiny", "--address=127.0.0.1",
-                                   "--port=0", "--metrics_port=-1"};
+                                                        std::string* target,
+                                                        bool default_model = false) {
+  std::vector<std::string> argv = {GLM_SERVER_PATH, "--address=127.0.0.1", "--port=0",
+                                   "--metrics_port=-1"};
+  if (!default_model) argv.insert(argv.begin() + 1, "--model=tiny");
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto child = std::make_unique<ChildProcess>(argv);
   const std::string listening = child->ReadUntil("listening on ");

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
+
 #include "absl/strings/match.h"
 #include "core/model/checkpoint.h"
 #include "core/model/config.h"
 #include "core/text/text_generation.h"
+#include "nlohmann/json.hpp"
 #include "tests/server/test_server.h"
+#include "tests/test_util.h"
 
 namespace glmserve {
 namespace {
@@ -528,4 +532,46 @@ TEST(GlmServerTextTest, TheDefaultModelServesTextAndTheFlagOverridesIt) {
 }
 
 }  // namespace
+// glm-server with no --model serves the embedded default, glm-4.5-kjv (a trained checkpoint
+// installed next to the binary by the build), with its own tokenizer; a chat message gets the
+// reply Transformers' greedy decoding gives the same prompt (tests/golden/kjv/prompt.json:
+// the chat template renders "Hello! What can you do?" to exactly its prompt), up to the stop
+// token, and the reply is text of the chat format's answer part.
+TEST(GlmServerTextTest, NoModelFlagServesTheTrainedDefaultModel) {
+  std::string target;
+  std::unique_ptr<testing::ChildProcess> server =
+      testing::StartServerProcess({"--kv_capacity_tokens=4096"}, &target, /*default_model=*/true);
+  std::unique_ptr<Client> client = Connect(target);
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->model(), "glm-4.5-kjv");
+  EXPECT_EQ(info->config().vocab_size(), 4160);
+  EXPECT_TRUE(info->has_chat_template());
+  EXPECT_TRUE(absl::EndsWith(info->tokenizer_source(), "/models/glm-4.5-kjv"))
+      << info->tokenizer_source();
+
+  std::ifstream f(testing::GoldenDir("kjv/prompt.json"));
+  const nlohmann::json golden = nlohmann::json::parse(f);
+  const std::vector<int32_t> reference = golden["greedy_64"].get<std::vector<int32_t>>();
+  v1::GenerateRequest chat;
+  *chat.add_messages() = Message("user", "Hello! What can you do?");
+  chat.mutable_stop()->set_max_new_tokens(64);
+  std::vector<int32_t> tokens;
+  std::string text;
+  ASSERT_TRUE(client
+                  ->GenerateChunks(chat,
+                                   [&](const v1::GenerateResponse& r) {
+                                     for (const auto& t : r.tokens())
+                                       tokens.push_back(t.token_id());
+                                     text += r.text();
+                                   })
+                  .ok());
+  ASSERT_FALSE(tokens.empty());
+  ASSERT_LE(tokens.size(), reference.size());
+  EXPECT_EQ(tokens, std::vector<int32_t>(reference.begin(), reference.begin() + tokens.size()));
+  EXPECT_GT(text.size(), 20u) << text;
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(absl::Seconds(30)), 0);
+}
+
 }  // namespace glmserve

@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
                              "glm-server",
                              "server/main.cc",
                              {"\nModel and device:\n  --model=STRING",
-                              "[default: \"glm-4.5-mini\"]", "[default: 30s]", "\nSecurity:\n",
+                              "[default: \"glm-4.5-kjv\"]", "[default: 30s]", "\nSecurity:\n",
                               "[default: 32768]"}},
                       Binary{GLM_CLIENT_PATH,
                              "glm-client",

@@ -160,5 +160,39 @@ TEST(GlmRunTest, BadArgumentsFailWithAMessage) {
   EXPECT_NE(r.output.find("/no/such/dir"), std::string::npos) << r.output;
 }
 
+// --perplexity scores a text file with the checkpoint's own tokenizer: on the embedded default
+// model and its held-out text it prints Transformers' perplexity (tests/golden/kjv), in every
+// weight form the flag takes; a model without a tokenizer and a window under 2 are refused.
+TEST(GlmRunTest, PerplexityOfTheDefaultModelIsTransformers) {
+  std::ifstream in(testing::GoldenDir("kjv/perplexity.json"));
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::string model = testing::ModelDir("glm-4.5-kjv");
+  const std::string text = testing::GoldenDir("kjv/heldout.txt");
+  const RunResult r = RunGlmRun(absl::StrCat("--model=", model, " --perplexity=", text));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("perplexity ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const double ppl = std::stod(r.output.substr(at + 11));
+  EXPECT_NEAR(ppl, ref["perplexity"].get<double>(), 1e-4 * ref["perplexity"].get<double>());
+  EXPECT_NE(r.output.find(absl::StrCat("over ", ref["predicted"].get<int64_t>(),
+                                       " predicted tokens")),
+            std::string::npos)
+      << r.output;
+  const RunResult fp8 = RunGlmRun(
+      absl::StrCat("--model=", model, " --weight_dtype=fp8_block --perplexity=", text));
+  EXPECT_EQ(fp8.exit_code, 0) << fp8.output;
+  EXPECT_NE(fp8.output.find("(F8_E4M3)"), std::string::npos) << fp8.output;
+
+  const RunResult no_tokenizer = RunGlmRun(absl::StrCat("--model=tiny --perplexity=", text));
+  EXPECT_NE(no_tokenizer.exit_code, 0);
+  EXPECT_NE(no_tokenizer.output.find("needs the checkpoint's tokenizer.json"), std::string::npos)
+      << no_tokenizer.output;
+  const RunResult bad_window = RunGlmRun(
+      absl::StrCat("--model=", model, " --perplexity=", text, " --perplexity_window=1"));
+  EXPECT_NE(bad_window.exit_code, 0);
+  EXPECT_NE(bad_window.output.find("window must be >= 2"), std::string::npos)
+      << bad_window.output;
+}
+
 }  // namespace
 }  // namespace glmserve

@@ -22,7 +22,7 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
 }
 
 void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y,
-            CpuMath math) {
+            CpuMath math, int32_t* choices) {
   const int64_t hidden = w.router.cols;
   // Router in fp32 (weights widened exactly), as the reference does.
   std::vector<float> router_logits(tokens * p.n_experts);
@@ -42,6 +42,7 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
       routed_w[e].push_back(chosen_weight[t * p.top_k + k]);
     }
   }
+  if (choices != nullptr) std::copy(chosen.begin(), chosen.end(), choices);
 
   // Every active expert (and the shared one) in two parallel loops: all gate/up projections,
   // then all down projections. Expert e's rows are gathered into xs[e].

@@ -27,8 +27,9 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
 // y = sum_k w_k Expert_k(x) + Shared(x), routed sum accumulated in fp32 in ascending expert
 // order (independent of the other tokens in the batch). x, y: [tokens, hidden].
 // math: the experts' arithmetic (core/cpu/ops/linear.h); the router is always exact fp32, as the
-// reference computes it in fp32 even in its bf16 forward.
+// reference computes it in fp32 even in its bf16 forward. choices, when not null
+// ([tokens, top_k]), receives RouteTokens' experts.
 void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y,
-            CpuMath math = CpuMath::kExact);
+            CpuMath math = CpuMath::kExact, int32_t* choices = nullptr);
 
 }  // namespace glmserve

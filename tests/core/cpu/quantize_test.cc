@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "core/base/npy.h"
@@ -67,6 +68,52 @@ TEST(QuantizeInt8, NonFiniteGroupGetsANanScale) {
   const std::vector<float> zeros(32, 0.0f);
   EXPECT_EQ(QuantizeGroupInt8(zeros.data(), 32, q.data()), 0.0f);
   for (int8_t e : q) EXPECT_EQ(e, 0);
+}
+
+// FP8 at load (kFp8Channel / kFp8Block): scale = amax / 448 per block, codes e4m3(w / scale)
+// so each element is within half an e4m3 step (2^-4 relative, for normals) of the weight.
+TEST(QuantizeFp8, ScalesPerBlockAndCodesWithinHalfAStep) {
+  const int64_t rows = 130, cols = 200;  // blocks cut short at the right and bottom edges
+  std::vector<float> w = RandomVector(rows * cols, 9, 0.1f);
+  for (int64_t c = 0; c < cols; ++c) w[129 * cols + c] = 0;  // an all-zero row (its own block)
+  const Matrix m{DType::kF32, rows, cols, w.data()};
+  for (const auto& [br, bc] : {std::pair<int64_t, int64_t>{1, cols}, {128, 128}}) {
+    const int64_t scale_cols = (cols + bc - 1) / bc;
+    std::vector<uint8_t> codes(rows * cols);
+    std::vector<float> scales(((rows + br - 1) / br) * scale_cols, -1);
+    QuantizeMatrixFp8(m, br, bc, codes.data(), scales.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float scale = scales[r / br * scale_cols + c / bc];
+        const float back = E4m3ToFloat(codes[r * cols + c]) * scale;
+        const float v = w[r * cols + c];
+        // Normals: 3 mantissa bits, half a step is 2^-4 of the value; subnormals: 2^-10 * scale.
+        EXPECT_LE(std::fabs(back - v), std::max(std::fabs(v) / 16.0f, scale / 1024.0f) * 1.0001f)
+            << br << "x" << bc << " " << r << "," << c;
+      }
+    }
+    // Each block's largest element maps to 448 exactly; the zero row's block (per channel) gets 1.
+    for (size_t b = 0; b < scales.size(); ++b) EXPECT_GT(scales[b], 0) << b;
+    if (br == 1) EXPECT_EQ(scales[129], 1.0f);
+  }
+}
+
+TEST(QuantizeFp8, TheModelsLinearLayersButNotTheHead) {
+  absl::StatusOr<ModelWeights> w = LoadModel("tiny");
+  ASSERT_TRUE(w.ok()) << w.status();
+  const void* head = w->lm_head.data;
+  ASSERT_TRUE(QuantizeWeights(&*w, WeightQuant::kFp8Block).ok());
+  EXPECT_EQ(w->linear_format, WeightFormat::kFp8Scaled);
+  EXPECT_EQ(w->layers[0].attn.q_proj.format, WeightFormat::kFp8Scaled);
+  EXPECT_EQ(w->layers[0].attn.q_proj.scale_block_rows, 128);
+  EXPECT_EQ(w->layers[1].moe.experts[0].down.dtype, DType::kF8E4M3);
+  EXPECT_EQ(w->lm_head.data, head);  // kept as stored, as the FP8 releases keep it
+  EXPECT_EQ(w->lm_head.format, WeightFormat::kDense);
+  EXPECT_EQ(QuantizeWeights(&*w, WeightQuant::kFp8Channel).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ParseWeightQuant("fp8_channel"), WeightQuant::kFp8Channel);
+  EXPECT_STREQ(WeightQuantName(WeightQuant::kFp8Block), "fp8_block");
+  EXPECT_FALSE(ParseWeightQuant("fp8").ok());
 }
 
 TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
