@@ -332,7 +332,8 @@ absl::StatusOr<KServeForward> ToKServeForward(const inference::ModelInferRequest
   out.logits = glmserve::LogitsRows::kNone;
   for (const std::string& name : call.outputs) {
     if (name == kKServeLogits) {
-      out.logits = out.last_position_only ? glmserve::LogitsRows::kLast : glmserve::LogitsRows::kAll;
+      out.logits =
+          out.last_position_only ? glmserve::LogitsRows::kLast : glmserve::LogitsRows::kAll;
     } else {
       out.return_hidden = true;
     }
