@@ -119,16 +119,24 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
       return absl::InvalidArgumentError("input: set token_ids or hidden_states");
   }
 
-  if (!request.session_id().empty()) {
-    RETURN_IF_ERROR(glmserve::ValidateSessionId(request.session_id()));
-  }
   out.session_id = request.session_id();
-  if (request.create_session() && out.session_id.empty()) {
+  out.create_session = request.create_session();
+  out.return_hidden = request.return_hidden_states();
+  out.last_position_only = request.last_position_only();
+  out.logits = !request.return_logits()       ? glmserve::LogitsRows::kNone
+               : request.last_position_only() ? glmserve::LogitsRows::kLast
+                                              : glmserve::LogitsRows::kAll;
+  RETURN_IF_ERROR(CheckForwardRequest(out, request.output_dtype(), config, limits));
+  return out;
+}
+
+absl::Status CheckForwardRequest(const glmserve::ForwardRequest& body, v1::DataType output_dtype,
+                                 const glmserve::ModelConfig& config, const ServingLimits& limits) {
+  if (!body.session_id.empty()) RETURN_IF_ERROR(glmserve::ValidateSessionId(body.session_id));
+  if (body.create_session && body.session_id.empty()) {
     return absl::InvalidArgumentError("create_session needs a session_id");
   }
-  out.create_session = request.create_session();
-
-  switch (request.output_dtype()) {
+  switch (output_dtype) {
     case v1::DATA_TYPE_UNSPECIFIED:
     case v1::DATA_TYPE_FP32:
     case v1::DATA_TYPE_BF16:
@@ -136,16 +144,11 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "output_dtype ", static_cast<int>(request.output_dtype()), " is not a known DataType"));
+          "output_dtype ", static_cast<int>(output_dtype), " is not a known DataType"));
   }
-  out.return_hidden = request.return_hidden_states();
-  out.last_position_only = request.last_position_only();
-  out.logits = !request.return_logits()       ? glmserve::LogitsRows::kNone
-               : request.last_position_only() ? glmserve::LogitsRows::kLast
-                                              : glmserve::LogitsRows::kAll;
   // A few tokens can ask for gigabytes of logits (2000 positions x 151552 fp32 = 1.2 GB):
   // refuse from the shape, before the engine computes anything.
-  const ForwardOutputSize size = ForwardOutputBytes(out, config, request.output_dtype());
+  const ForwardOutputSize size = ForwardOutputBytes(body, config, output_dtype);
   if (size.reply_bytes > limits.max_reply_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the reply would be ", size.reply_bytes,
@@ -153,7 +156,7 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
                      " bytes; ask for last_position_only, fewer positions per call, "
                      "a 16-bit output_dtype, or hidden states without logits"));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 ForwardOutputSize ForwardOutputBytes(const glmserve::ForwardRequest& body,

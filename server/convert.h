@@ -61,6 +61,15 @@ absl::StatusOr<glmserve::ForwardRequest> ToEngineForward(const v1::ForwardReques
                                                          const glmserve::ModelRunner& model,
                                                          const ServingLimits& limits);
 
+// What every Forward front end checks once its own wire form is decoded into `body` (the
+// native ForwardRequest through ToEngineForward, KServe's ModelInfer through
+// server/kserve_convert.h): a session id's form, create_session needing one, the output dtype
+// being known, and the reply's size from the shape (RESOURCE_EXHAUSTED over max_reply_bytes,
+// before any compute). The span, the input's emptiness and every other request rule are the
+// engine's (ValidateForward).
+absl::Status CheckForwardRequest(const glmserve::ForwardRequest& body, v1::DataType output_dtype,
+                                 const glmserve::ModelConfig& config, const ServingLimits& limits);
+
 // Server-side timings relative to `arrival` (the handler's entry).
 void FillTimings(const glmserve::Timestamps& times, glmserve::SteadyTime arrival, v1::Timings* out);
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
+#include "proto/tensor_codec.h"
 
 namespace glmserve {
 namespace {
@@ -88,16 +89,15 @@ bool OnlyField(const inference::InferTensorContents& c, int field_count) {
 }
 
 absl::Status ReadTokenIds(const InputTensor& input, const std::string* raw, int64_t n,
-                          v1::ForwardRequest* out) {
+                          std::vector<int32_t>* ids) {
   const bool int64 = input.datatype() == "INT64";
-  auto* ids = out->mutable_token_ids()->mutable_ids();
-  ids->Reserve(static_cast<int>(n));
+  ids->reserve(static_cast<size_t>(n));
   const auto add = [&](int64_t id) -> absl::Status {
     if (id < 0 || id > INT32_MAX) {
       return absl::InvalidArgumentError(
           absl::StrCat("input 'input_ids': token id ", id, " is outside [0, 2^31)"));
     }
-    ids->Add(static_cast<int32_t>(id));
+    ids->push_back(static_cast<int32_t>(id));
     return absl::OkStatus();
   };
   if (raw != nullptr) {
@@ -132,9 +132,16 @@ absl::Status ReadTokenIds(const InputTensor& input, const std::string* raw, int6
   return absl::OkStatus();
 }
 
+// hidden_states sent as typed contents: FP32 only, exactly n x hidden values, into t's bytes.
+absl::Status ReadFp32Contents(const InputTensor& input, int64_t n, const KServeModel& model,
+                              int64_t bytes, v1::Tensor* t);
+
+// The hidden states [n, hidden] as fp32, through the wire-tensor codec (proto/tensor_codec.h:
+// the byte count, the BF16/FP16 widening and the finite check the native API's tensors get).
 absl::Status ReadHiddenStates(const InputTensor& input, std::string* raw, int64_t n,
-                              const KServeModel& model, v1::ForwardRequest* out) {
-  v1::Tensor* t = out->mutable_hidden_states();
+                              const KServeModel& model, glmserve::ForwardRequest* out) {
+  v1::Tensor tensor;
+  v1::Tensor* t = &tensor;
   t->set_dtype(WireDatatype(input.datatype()));
   t->add_shape(n);
   t->add_shape(model.hidden_size);
@@ -146,8 +153,16 @@ absl::Status ReadHiddenStates(const InputTensor& input, std::string* raw, int64_
                        ShapeString(input.shape()), " of ", input.datatype(), " needs ", bytes));
     }
     t->set_raw_data(std::move(*raw));
-    return absl::OkStatus();
+  } else {
+    RETURN_IF_ERROR(ReadFp32Contents(input, n, model, bytes, t));
   }
+  ASSIGN_OR_RETURN(out->hidden, DecodeTensor(*t, "hidden_states"));
+  out->num_tokens = n;
+  return absl::OkStatus();
+}
+
+absl::Status ReadFp32Contents(const InputTensor& input, int64_t n, const KServeModel& model,
+                              int64_t bytes, v1::Tensor* t) {
   if (input.datatype() != "FP32") {
     return absl::InvalidArgumentError(
         "input 'hidden_states': BF16 and FP16 tensors travel only as raw_input_contents");
@@ -165,7 +180,8 @@ absl::Status ReadHiddenStates(const InputTensor& input, std::string* raw, int64_
 }
 
 // The request parameters glmserve reads, each with its one accepted type.
-absl::Status ReadParameters(const inference::ModelInferRequest& request, v1::ForwardRequest* out) {
+absl::Status ReadParameters(const inference::ModelInferRequest& request, KServeForward* out) {
+  glmserve::ForwardRequest& body = out->body;
   for (const auto& entry : request.parameters()) {
     // Named copies, not structured bindings: clang 14 cannot capture those in the lambda.
     const std::string& key = entry.first;
@@ -178,21 +194,14 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request, v1::For
     };
     if (key == "layer_begin" || key == "layer_end") {
       RETURN_IF_ERROR(want(inference::InferParameter::kInt64Param, "int64"));
-      if (key == "layer_begin") {
-        out->set_layer_begin(value.int64_param());
-      } else {
-        out->set_layer_end(value.int64_param());
-      }
+      (key == "layer_begin" ? body.layer_begin : body.layer_end) = value.int64_param();
     } else if (key == "last_position_only" || key == "create_session") {
       RETURN_IF_ERROR(want(inference::InferParameter::kBoolParam, "bool"));
-      if (key == "create_session") {
-        out->set_create_session(value.bool_param());
-      } else {
-        out->set_last_position_only(value.bool_param());
-      }
+      (key == "create_session" ? body.create_session : body.last_position_only) =
+          value.bool_param();
     } else if (key == "session_id") {
       RETURN_IF_ERROR(want(inference::InferParameter::kStringParam, "string"));
-      out->set_session_id(value.string_param());
+      body.session_id = value.string_param();
     } else if (key == "output_datatype") {
       RETURN_IF_ERROR(want(inference::InferParameter::kStringParam, "string"));
       const v1::DataType dtype = WireDatatype(value.string_param());
@@ -201,7 +210,7 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request, v1::For
                                                        value.string_param().substr(0, 32),
                                                        "'; use FP32, BF16 or FP16"));
       }
-      out->set_output_dtype(dtype);
+      out->output_dtype = dtype;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown parameter '", key.substr(0, 64),
@@ -254,8 +263,9 @@ void FillKServeModelMetadata(const KServeModel& model, inference::ModelMetadataR
 absl::StatusOr<KServeForward> ToKServeForward(const inference::ModelInferRequest& request,
                                               const KServeModel& model, int64_t max_positions) {
   KServeForward call;
-  v1::ForwardRequest& out = call.forward;
-  out.set_request_id(request.id());
+  glmserve::ForwardRequest& out = call.body;
+  out.layer_begin = model.layer_begin;  // the served span unless the parameters narrow it
+  out.layer_end = model.layer_end;
   if (request.inputs_size() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelInfer takes exactly one input ('input_ids' or 'hidden_states'); got ",
@@ -294,11 +304,11 @@ absl::StatusOr<KServeForward> ToKServeForward(const inference::ModelInferRequest
   std::string raw_bytes;
   if (raw) raw_bytes = request.raw_input_contents(0);
   if (ids) {
-    RETURN_IF_ERROR(ReadTokenIds(input, raw ? &raw_bytes : nullptr, n, &out));
+    RETURN_IF_ERROR(ReadTokenIds(input, raw ? &raw_bytes : nullptr, n, &out.token_ids));
   } else {
     RETURN_IF_ERROR(ReadHiddenStates(input, raw ? &raw_bytes : nullptr, n, model, &out));
   }
-  RETURN_IF_ERROR(ReadParameters(request, &out));
+  RETURN_IF_ERROR(ReadParameters(request, &call));
 
   for (const auto& o : request.outputs()) {
     if (o.name() != kKServeHiddenStates && o.name() != kKServeLogits) {
@@ -317,36 +327,41 @@ absl::StatusOr<KServeForward> ToKServeForward(const inference::ModelInferRequest
     call.outputs.push_back(o.name());
   }
   if (call.outputs.empty()) {
-    const int64_t end = out.has_layer_end() ? out.layer_end() : model.layer_end;
-    call.outputs.push_back(end == model.num_layers ? kKServeLogits : kKServeHiddenStates);
+    call.outputs.push_back(out.layer_end == model.num_layers ? kKServeLogits : kKServeHiddenStates);
   }
+  out.logits = glmserve::LogitsRows::kNone;
   for (const std::string& name : call.outputs) {
     if (name == kKServeLogits) {
-      out.set_return_logits(true);
+      out.logits =
+          out.last_position_only ? glmserve::LogitsRows::kLast : glmserve::LogitsRows::kAll;
     } else {
-      out.set_return_hidden_states(true);
+      out.return_hidden = true;
     }
   }
   return call;
 }
 
-void FillKServeInferResponse(v1::ForwardResponse&& forward, const KServeForward& call,
+void FillKServeInferResponse(const glmserve::ForwardOutput& output, const KServeForward& call,
                              const inference::ModelInferRequest& request, const KServeModel& model,
                              inference::ModelInferResponse* out) {
   out->set_model_name(model.name);
   out->set_model_version(kKServeModelVersion);
   out->set_id(request.id());
-  (*out->mutable_parameters())["start_position"].set_int64_param(forward.start_position());
+  (*out->mutable_parameters())["start_position"].set_int64_param(output.start_position);
   for (const std::string& name : call.outputs) {
     const bool logits = name == kKServeLogits;
-    v1::Tensor* t = logits ? forward.mutable_logits() : forward.mutable_hidden_states();
+    const int64_t width = logits ? model.vocab_size : model.hidden_size;
+    // The wire codec's encoding (proto/tensor_codec.h), its bytes moved into the reply.
+    v1::Tensor t;
+    const int64_t shape[] = {output.rows, width};
+    EncodeTensor(logits ? output.logits : output.hidden, shape, call.output_dtype, &t);
     auto* o = out->add_outputs();
     o->set_name(name);
-    o->set_datatype(DatatypeName(t->dtype()));
+    o->set_datatype(DatatypeName(t.dtype()));
     if (call.batch_dim) o->add_shape(1);
-    o->add_shape(forward.rows());
-    o->add_shape(logits ? model.vocab_size : model.hidden_size);
-    out->add_raw_output_contents(std::move(*t->mutable_raw_data()));
+    o->add_shape(output.rows);
+    o->add_shape(width);
+    out->add_raw_output_contents(std::move(*t.mutable_raw_data()));
   }
 }
 

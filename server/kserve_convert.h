@@ -7,8 +7,9 @@
 // none named: logits when the span ends at the model's last layer, else hidden_states).
 // Request parameters carry what Forward's other fields do: layer_begin, layer_end (int64),
 // last_position_only, create_session (bool), session_id, output_datatype ("FP32", "BF16",
-// "FP16"; string). The request becomes a v1::ForwardRequest so that it passes exactly the
-// checks of the native API (server/convert.cc, then Engine::Submit). docs/api_kserve.md.
+// "FP16"; string). The request becomes the engine's ForwardRequest directly; the checks after
+// decoding are the native API's (CheckForwardRequest, server/convert.h) and the engine's
+// (Engine::Submit). docs/api_kserve.md.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/engine/engine.h"
+#include "core/model/config.h"
 #include "glmserve/v1/glmserve.pb.h"
 #include "inference/grpc_service.pb.h"
 
@@ -44,10 +47,12 @@ absl::Status CheckKServeModel(const std::string& name, const std::string& versio
 
 void FillKServeModelMetadata(const KServeModel& model, inference::ModelMetadataResponse* out);
 
-// A ModelInfer request as a Forward call, with the output names in the order they are
-// answered and whether the client used a leading batch dimension of 1 (kept in the outputs).
+// A ModelInfer request as the engine's Forward request, with the output dtype, the output
+// names in the order they are answered and whether the client used a leading batch dimension
+// of 1 (kept in the outputs).
 struct KServeForward {
-  v1::ForwardRequest forward;
+  glmserve::ForwardRequest body;
+  v1::DataType output_dtype = v1::DATA_TYPE_UNSPECIFIED;
   std::vector<std::string> outputs;
   bool batch_dim = false;
 };
@@ -62,7 +67,7 @@ absl::StatusOr<KServeForward> ToKServeForward(const inference::ModelInferRequest
 
 // The reply: each requested output with its datatype and shape, its bytes moved from the
 // Forward response into raw_output_contents; parameter start_position.
-void FillKServeInferResponse(v1::ForwardResponse&& forward, const KServeForward& call,
+void FillKServeInferResponse(const glmserve::ForwardOutput& output, const KServeForward& call,
                              const inference::ModelInferRequest& request, const KServeModel& model,
                              inference::ModelInferResponse* out);
 

@@ -74,23 +74,22 @@ class ModelInferReactor final : public ForwardCallReactor {
         ToKServeForward(request, model_, backend->limits.max_prompt_tokens);
     if (!call.ok()) return Reply(ToGrpcStatus(call.status()));
     call_ = *std::move(call);
-    absl::StatusOr<glmserve::ForwardRequest> body =
-        ToEngineForward(call_.forward, backend->engine->model(), backend->limits);
-    if (!body.ok()) return Reply(ToGrpcStatus(body.status()));
-    // The tensors are in `body` now; the wire copy is no longer needed.
-    call_.forward.clear_token_ids();
-    call_.forward.clear_hidden_states();
-    Submit(*backend, *std::move(body), call_.forward.output_dtype(), request.id());
+    if (absl::Status s = CheckForwardRequest(call_.body, call_.output_dtype,
+                                             backend->engine->model().config(), backend->limits);
+        !s.ok()) {
+      return Reply(ToGrpcStatus(s));
+    }
+    glmserve::ForwardRequest body = std::move(call_.body);
+    call_.body = glmserve::ForwardRequest();  // the tensors travel on in `body`
+    Submit(*backend, std::move(body), call_.output_dtype, request.id());
   }
 
  private:
   absl::Status Encode(glmserve::ForwardOutput& output, const glmserve::FinishEvent&,
-                      const ModelConfig& config) override {
-    v1::ForwardResponse forward;
-    FillForwardResponse(output, config, call_.forward, &forward);
-    output = glmserve::ForwardOutput();  // the floats are encoded: free them now
+                      const ModelConfig&) override {
     inference::ModelInferResponse response;
-    FillKServeInferResponse(std::move(forward), call_, request_, model_, &response);
+    FillKServeInferResponse(output, call_, request_, model_, &response);
+    output = glmserve::ForwardOutput();  // the floats are encoded: free them now
     return SerializeRawReply(response, raw_response_);
   }
 

@@ -45,15 +45,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     GLM_FUZZ_CHECK(f.status().code() == absl::StatusCode::kInvalidArgument);
     return 0;
   }
-  const glmserve::v1::ForwardRequest& fwd = f->forward;
-  GLM_FUZZ_CHECK(fwd.has_token_ids() != fwd.has_hidden_states());
-  if (fwd.has_token_ids()) {
-    GLM_FUZZ_CHECK(fwd.token_ids().ids_size() >= 1 && fwd.token_ids().ids_size() <= kMaxPositions);
+  const glmserve::ForwardRequest& fwd = f->body;
+  GLM_FUZZ_CHECK(fwd.token_ids.empty() != fwd.hidden.empty());
+  if (!fwd.token_ids.empty()) {
+    GLM_FUZZ_CHECK(static_cast<int64_t>(fwd.token_ids.size()) <= kMaxPositions);
   } else {
-    GLM_FUZZ_CHECK(fwd.hidden_states().shape_size() == 2 &&
-                   fwd.hidden_states().shape(0) <= kMaxPositions &&
-                   fwd.hidden_states().shape(1) == model.hidden_size);
+    GLM_FUZZ_CHECK(fwd.num_tokens >= 1 && fwd.num_tokens <= kMaxPositions &&
+                   static_cast<int64_t>(fwd.hidden.size()) == fwd.num_tokens * model.hidden_size);
   }
+  GLM_FUZZ_CHECK(fwd.return_hidden || fwd.logits != glmserve::LogitsRows::kNone);
   GLM_FUZZ_CHECK(!f->outputs.empty() && f->outputs.size() <= 2);
   return 0;
 }

@@ -94,7 +94,9 @@ TEST(QuantizeFp8, ScalesPerBlockAndCodesWithinHalfAStep) {
     }
     // Each block's largest element maps to 448 exactly; the zero row's block (per channel) gets 1.
     for (size_t b = 0; b < scales.size(); ++b) EXPECT_GT(scales[b], 0) << b;
-    if (br == 1) EXPECT_EQ(scales[129], 1.0f);
+    if (br == 1) {
+      EXPECT_EQ(scales[129], 1.0f);
+    }
   }
 }
 
