@@ -115,10 +115,6 @@ absl::StatusOr<glmserve::DType> ParseDType(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("--dtype: '", s, "' is not bf16, f16 or f32"));
 }
 
-int32_t ArgMax(const float* v, int64_t n) {
-  return static_cast<int32_t>(std::max_element(v, v + n) - v);
-}
-
 // Every flag, parsed and checked against the others before anything is loaded.
 struct RunFlags {
   std::vector<int32_t> prompt;
@@ -232,7 +228,8 @@ absl::StatusOr<bool> Compare(const std::string& what, const std::string& path,
     const int64_t vocab = shape.back(), rows = static_cast<int64_t>(data.size()) / vocab;
     int64_t agree = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      agree += ArgMax(&data[r * vocab], vocab) == ArgMax(&ref.data[r * vocab], vocab);
+      agree += glmserve::ArgMaxRow(&data[r * vocab], vocab) ==
+               glmserve::ArgMaxRow(&ref.data[r * vocab], vocab);
     }
     absl::StrAppendFormat(&line, ", argmax %d/%d rows", agree, rows);
   }
@@ -330,7 +327,8 @@ absl::Status Run() {
 
   // Greedy decode, one token per step through the KV cache.
   std::vector<int32_t> generated;
-  int32_t next = ArgMax(result.logits.data() + result.logits.size() - c.vocab_size, c.vocab_size);
+  int32_t next =
+      glmserve::ArgMaxRow(result.logits.data() + result.logits.size() - c.vocab_size, c.vocab_size);
   options = glmserve::ForwardOptions{};
   const auto t_decode = Clock::now();
   for (int step = 0; step < f.max_new_tokens; ++step) {
@@ -342,7 +340,7 @@ absl::Status Run() {
     batch.sequences = {{1, n + step, &table}};
     batch.token_ids = absl::MakeConstSpan(&next, 1);
     RETURN_IF_ERROR(runner->Forward(batch, cache.get(), options, &result));
-    next = ArgMax(result.logits.data(), c.vocab_size);
+    next = glmserve::ArgMaxRow(result.logits.data(), c.vocab_size);
   }
   const double decode_s = Seconds(t_decode, Clock::now());
   const int64_t steps = std::max<int64_t>(0, static_cast<int64_t>(generated.size()) - 1);
