@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <list>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,13 +29,6 @@ int64_t TargetSize(Target t) { return t == Target::kBf16 ? 2 : t == Target::kF32
 
 bool IsFp8(const Matrix& m) { return m.format == WeightFormat::kFp8Scaled; }
 
-// Where an FP8 matrix's codes and scales sit in the image (-1: absent), and its shape.
-struct Fp8Offsets {
-  int64_t codes = -1;
-  int64_t scales = -1;
-  Fp8DeviceMatrix shape;  // codes and scales null until resolved
-};
-
 // One contiguous piece of the device image: `count` elements from `src` (of `src_type`;
 // null: zeros) converted to `target` at byte `offset`.
 struct Piece {
@@ -53,13 +47,22 @@ struct GeneratedCodes {
   float value_scale = 0;
 };
 
-// Plans the device image: byte offsets of every tensor, in upload order.
+// Plans the device image: the byte offset of every tensor, in upload order, and the device
+// pointer each will have once the image sits at `base`. The plan runs twice over the same
+// weights: first with base 0 to size and check the image (its pointers are then plain
+// offsets, never used), then at the allocation's address to fill the DeviceWeights the
+// kernels read. The Plan* functions below are the one list of the device layout.
 class ImagePlan {
  public:
-  explicit ImagePlan(const ModelWeights& w) {
+  ImagePlan(const ModelWeights& w, char* base) : base_(reinterpret_cast<uintptr_t>(base)) {
     for (const ModelWeights::DeviceGeneratedFp8& g : w.device_generated_fp8) {
       generated_[g.matrix] = &g;
     }
+  }
+  // The device address of the byte at `offset`.
+  template <typename T>
+  const T* At(int64_t offset) const {
+    return reinterpret_cast<const T*>(base_ + static_cast<uintptr_t>(offset));
   }
   // Starts a new tensor at an aligned offset; pieces added until the next Begin() follow it
   // contiguously (fused matrices).
@@ -83,9 +86,9 @@ class ImagePlan {
   }
   // FP8 matrices of one shape, [rows, cols] each (one, or a layer's routed experts: stacked),
   // with the same scale blocks: codes as they are at one offset, fp32 scales at another.
-  Fp8Offsets AddFp8(const std::vector<const Matrix*>& ms, int64_t rows, int64_t cols, bool per_step,
-                    const std::string& what) {
-    Fp8Offsets out;
+  Fp8DeviceMatrix AddFp8(const std::vector<const Matrix*>& ms, int64_t rows, int64_t cols,
+                         bool per_step, const std::string& what) {
+    Fp8DeviceMatrix out;
     const Matrix& first = *ms.front();
     for (const Matrix* m : ms) {
       if (m->empty() && generated_.count(m) == 0) {
@@ -106,7 +109,7 @@ class ImagePlan {
         return out;
       }
     }
-    out.codes = Begin();
+    out.codes = At<uint8_t>(Begin());
     for (const Matrix* m : ms) {
       if (auto g = generated_.find(m); g != generated_.end()) {
         // No piece to copy: the device fills these bytes after the copies.
@@ -117,17 +120,17 @@ class ImagePlan {
       }
       Add(m->data, DType::kF8E4M3, rows * cols, Target::kU8, per_step);
     }
-    out.scales = Begin();
+    out.scales = At<float>(Begin());
     for (const Matrix* m : ms) {
       Add(m->scales, DType::kF32, m->scale_rows() * m->scale_cols(), Target::kF32, per_step);
     }
-    out.shape.rows = rows;
-    out.shape.cols = cols;
-    out.shape.block_rows = first.scale_block_rows;
-    out.shape.block_cols = first.scale_block_cols;
+    out.rows = rows;
+    out.cols = cols;
+    out.block_rows = first.scale_block_rows;
+    out.block_cols = first.scale_block_cols;
     return out;
   }
-  Fp8Offsets AddFp8(const Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
+  Fp8DeviceMatrix AddFp8(const Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
     return AddFp8(std::vector<const Matrix*>{&m}, rows, cols, /*per_step=*/true, what);
   }
   void Fail(std::string why) {
@@ -144,6 +147,22 @@ class ImagePlan {
     if (m.empty() || m.rows != rows || m.cols != cols) bad_shapes_ = true;
     AddMatrix(m, target, per_step);
   }
+  // One tensor of its own: a vector (fp32), or a matrix checked against [rows, cols].
+  const float* Vector(const std::vector<float>& v, int64_t count) {
+    const int64_t at = Begin();
+    AddVector(v, count);
+    return At<float>(at);
+  }
+  const uint16_t* Bf16(const Matrix& m, int64_t rows, int64_t cols) {
+    const int64_t at = Begin();
+    AddMatrix(m, rows, cols, Target::kBf16);
+    return At<uint16_t>(at);
+  }
+  // A vector computed at load (not in the checkpoint): the plan keeps it until the upload.
+  const float* OwnedVector(std::vector<float> v) {
+    owned_.push_back(std::move(v));
+    return Vector(owned_.back(), static_cast<int64_t>(owned_.back().size()));
+  }
   bool bad_shapes() const { return bad_shapes_; }
   void CountStepBytes(int64_t bytes) { step_bytes_ += bytes; }
   int64_t size() const { return size_; }
@@ -153,6 +172,8 @@ class ImagePlan {
 
  private:
   std::vector<Piece> pieces_;
+  uintptr_t base_ = 0;
+  std::list<std::vector<float>> owned_;  // stable addresses for OwnedVector's pieces
   std::unordered_map<const Matrix*, const ModelWeights::DeviceGeneratedFp8*> generated_;
   std::vector<GeneratedCodes> generated_codes_;
   int64_t size_ = 0;
@@ -243,20 +264,6 @@ absl::Status Execute(const ImagePlan& plan, char* device_base, cudaStream_t stre
   return absl::OkStatus();
 }
 
-// Byte offsets of one layer's tensors (-1: absent).
-struct LayerOffsets {
-  int64_t input_norm = -1, post_norm = -1, qkv = -1, qkv_bias = -1, o = -1, q_norm = -1,
-          k_norm = -1, dense_gate_up = -1, dense_down = -1, router = -1, router_bias = -1,
-          experts_gate_up = -1, experts_down = -1, shared_gate_up = -1, shared_down = -1;
-  // GLM-5
-  int64_t q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1, mla_o = -1,
-          wq_b = -1, wk = -1, ik_norm = -1, ik_norm_bias = -1, weights_proj = -1;
-  // FP8 projections (codes -1: the bf16 ones above)
-  Fp8Offsets q_a8, q_b8, kv_a8, kv_b8, mla_o8, wq_b8, wk8;  // GLM-5 (FP8)
-  Fp8Offsets q8, k8, v8, o8, dense_gate8, dense_up8, dense_down8, shared_gate8, shared_up8,
-      shared_down8, experts_gate8, experts_up8, experts_down8;
-};
-
 // Whether a group of projections that run together is FP8: all of them (true) or none (false);
 // a mix is refused (docs/fp8.md).
 absl::StatusOr<bool> GroupIsFp8(const std::vector<const Matrix*>& ms, const std::string& what) {
@@ -271,22 +278,21 @@ absl::StatusOr<bool> GroupIsFp8(const std::vector<const Matrix*>& ms, const std:
   return fp8 != 0;
 }
 
-// An FFN's gate, up and down: FP8 (offsets set in g8/u8/d8) or fused bf16 (gate_up, down).
-absl::Status PlanFfn(const FfnWeights& f, ImagePlan& plan, const std::string& what,
-                     int64_t& gate_up, int64_t& down, Fp8Offsets& g8, Fp8Offsets& u8,
-                     Fp8Offsets& d8) {
+// An FFN's gate, up and down: FP8 as a group (gate8, up8, down8) or bf16 (gate|up fused, down).
+absl::Status PlanFfn(const FfnWeights& f, ImagePlan& plan, const std::string& what, DeviceFfn& d) {
   ASSIGN_OR_RETURN(const bool fp8, GroupIsFp8({&f.gate, &f.up, &f.down}, what));
+  d.width = f.gate.rows;
   if (fp8) {
-    g8 = plan.AddFp8(f.gate, f.gate.rows, f.gate.cols, what);
-    u8 = plan.AddFp8(f.up, f.up.rows, f.up.cols, what);
-    d8 = plan.AddFp8(f.down, f.down.rows, f.down.cols, what);
+    d.gate8 = plan.AddFp8(f.gate, f.gate.rows, f.gate.cols, what);
+    d.up8 = plan.AddFp8(f.up, f.up.rows, f.up.cols, what);
+    d.down8 = plan.AddFp8(f.down, f.down.rows, f.down.cols, what);
     return absl::OkStatus();
   }
-  gate_up = plan.Begin();
+  const int64_t gate_up = plan.Begin();
   plan.AddMatrix(f.gate, Target::kBf16);
   plan.AddMatrix(f.up, Target::kBf16);
-  down = plan.Begin();
-  plan.AddMatrix(f.down, Target::kBf16);
+  d.gate_up = plan.At<uint16_t>(gate_up);
+  d.down = plan.Bf16(f.down, f.down.rows, f.down.cols);
   return absl::OkStatus();
 }
 
@@ -296,56 +302,48 @@ absl::Status PlanFfn(const FfnWeights& f, ImagePlan& plan, const std::string& wh
 // copy's bytes). Whether a layer has an indexer is the config's word: an FP8 preset's
 // device-generated wq_b has no host data.
 absl::Status PlanMla(const ModelConfig& c, int64_t layer, const MlaWeights& m, ImagePlan& plan,
-                     LayerOffsets& o) {
+                     DeviceMla& d) {
   const int64_t hidden = c.hidden_size, q_rank = c.q_lora_rank, r = c.kv_lora_rank;
   const int64_t dr = c.qk_rope_head_dim, heads = c.num_attention_heads;
+  const int64_t q_b_rows = heads * c.qk_head_dim();
   const int64_t kv_b_rows = heads * (c.qk_nope_head_dim + c.v_head_dim);
+  const int64_t o_cols = heads * c.v_head_dim;
   const std::string where = absl::StrCat("layer ", layer, " MLA attention");
   ASSIGN_OR_RETURN(
       const bool fp8,
       GroupIsFp8({&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.o_proj}, where));
   if (fp8) {
-    o.q_a8 = plan.AddFp8(m.q_a_proj, q_rank, hidden, where);
-    o.q_b8 = plan.AddFp8(m.q_b_proj, heads * c.qk_head_dim(), q_rank, where);
-    o.kv_a8 = plan.AddFp8(m.kv_a_proj, r + dr, hidden, where);
-    o.kv_b8 = plan.AddFp8(m.kv_b_proj, kv_b_rows, r, where);
-    o.mla_o8 = plan.AddFp8(m.o_proj, hidden, heads * c.v_head_dim, where);
+    d.q_a8 = plan.AddFp8(m.q_a_proj, q_rank, hidden, where);
+    d.q_b8 = plan.AddFp8(m.q_b_proj, q_b_rows, q_rank, where);
+    d.kv_a8 = plan.AddFp8(m.kv_a_proj, r + dr, hidden, where);
+    d.kv_b8 = plan.AddFp8(m.kv_b_proj, kv_b_rows, r, where);
+    d.o8 = plan.AddFp8(m.o_proj, hidden, o_cols, where);
   } else {
-    o.q_a = plan.Begin();
-    plan.AddMatrix(m.q_a_proj, q_rank, hidden, Target::kBf16);
-    o.q_b = plan.Begin();
-    plan.AddMatrix(m.q_b_proj, heads * c.qk_head_dim(), q_rank, Target::kBf16);
-    o.kv_a = plan.Begin();
-    plan.AddMatrix(m.kv_a_proj, r + dr, hidden, Target::kBf16);
-    o.kv_b = plan.Begin();
-    plan.AddMatrix(m.kv_b_proj, kv_b_rows, r, Target::kBf16);
-    o.mla_o = plan.Begin();
-    plan.AddMatrix(m.o_proj, hidden, heads * c.v_head_dim, Target::kBf16);
+    d.q_a = plan.Bf16(m.q_a_proj, q_rank, hidden);
+    d.q_b = plan.Bf16(m.q_b_proj, q_b_rows, q_rank);
+    d.kv_a = plan.Bf16(m.kv_a_proj, r + dr, hidden);
+    d.kv_b = plan.Bf16(m.kv_b_proj, kv_b_rows, r);
+    d.o = plan.Bf16(m.o_proj, hidden, o_cols);
   }
-  o.q_a_norm = plan.Begin();
-  plan.AddVector(m.q_a_norm, q_rank);
-  o.kv_a_norm = plan.Begin();
-  plan.AddVector(m.kv_a_norm, r);
+  d.q_a_norm = plan.Vector(m.q_a_norm, q_rank);
+  d.kv_a_norm = plan.Vector(m.kv_a_norm, r);
   if (!c.has_indexer(layer)) return absl::OkStatus();
   const IndexerWeights& x = m.indexer;
   const int64_t di = c.index_head_dim;
   const std::string iwhere = absl::StrCat("layer ", layer, " DSA indexer");
   ASSIGN_OR_RETURN(const bool ifp8, GroupIsFp8({&x.wq_b, &x.wk}, iwhere));
   if (ifp8) {
-    o.wq_b8 = plan.AddFp8(x.wq_b, c.index_n_heads * di, q_rank, iwhere);
-    o.wk8 = plan.AddFp8(x.wk, di, hidden, iwhere);
+    d.wq_b8 = plan.AddFp8(x.wq_b, c.index_n_heads * di, q_rank, iwhere);
+    d.wk8 = plan.AddFp8(x.wk, di, hidden, iwhere);
   } else {
-    o.wq_b = plan.Begin();
-    plan.AddMatrix(x.wq_b, c.index_n_heads * di, q_rank, Target::kBf16);
-    o.wk = plan.Begin();
-    plan.AddMatrix(x.wk, di, hidden, Target::kBf16);
+    d.wq_b = plan.Bf16(x.wq_b, c.index_n_heads * di, q_rank);
+    d.wk = plan.Bf16(x.wk, di, hidden);
   }
-  o.ik_norm = plan.Begin();
-  plan.AddVector(x.k_norm, di);
-  o.ik_norm_bias = plan.Begin();
-  plan.AddVector(x.k_norm_bias, di);
-  o.weights_proj = plan.Begin();
+  d.k_norm = plan.Vector(x.k_norm, di);
+  d.k_norm_bias = plan.Vector(x.k_norm_bias, di);
+  const int64_t weights_proj = plan.Begin();
   plan.AddMatrix(x.weights_proj, c.index_n_heads, hidden, Target::kF32);
+  d.weights_proj = plan.At<float>(weights_proj);
   return absl::OkStatus();
 }
 
@@ -363,45 +361,44 @@ absl::Status CheckFfn(const FfnWeights& f, int64_t hidden, const char* what) {
 
 // GLM-4.5's attention: q, k, v (fused bf16, or FP8 as a group), their biases, o, the QK norms.
 absl::Status PlanAttention(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan,
-                           LayerOffsets& o) {
+                           DeviceLayer& d) {
   const AttentionWeights& a = l.attn;
   const int64_t hidden = c.hidden_size;
   const std::string where = absl::StrCat("layer ", l.layer_index, " attention");
   ASSIGN_OR_RETURN(const bool qkv8, GroupIsFp8({&a.q_proj, &a.k_proj, &a.v_proj}, where));
   if (qkv8) {
-    o.q8 = plan.AddFp8(a.q_proj, c.q_dim(), hidden, where);
-    o.k8 = plan.AddFp8(a.k_proj, c.kv_dim(), hidden, where);
-    o.v8 = plan.AddFp8(a.v_proj, c.kv_dim(), hidden, where);
+    d.q8 = plan.AddFp8(a.q_proj, c.q_dim(), hidden, where);
+    d.k8 = plan.AddFp8(a.k_proj, c.kv_dim(), hidden, where);
+    d.v8 = plan.AddFp8(a.v_proj, c.kv_dim(), hidden, where);
   } else {
-    o.qkv = plan.Begin();
+    const int64_t qkv = plan.Begin();
     plan.AddMatrix(a.q_proj, c.q_dim(), hidden, Target::kBf16);
     plan.AddMatrix(a.k_proj, c.kv_dim(), hidden, Target::kBf16);
     plan.AddMatrix(a.v_proj, c.kv_dim(), hidden, Target::kBf16);
+    d.qkv = plan.At<uint16_t>(qkv);
   }
   if (!a.q_bias.empty() || !a.k_bias.empty() || !a.v_bias.empty()) {
-    o.qkv_bias = plan.Begin();  // a missing one of the three reads as zeros
+    const int64_t bias = plan.Begin();  // a missing one of the three reads as zeros
     plan.AddVector(a.q_bias, c.q_dim());
     plan.AddVector(a.k_bias, c.kv_dim());
     plan.AddVector(a.v_bias, c.kv_dim());
+    d.qkv_bias = plan.At<float>(bias);
   }
   if (IsFp8(a.o_proj)) {
-    o.o8 = plan.AddFp8(a.o_proj, hidden, c.q_dim(), where);
+    d.o8 = plan.AddFp8(a.o_proj, hidden, c.q_dim(), where);
   } else {
-    o.o = plan.Begin();
-    plan.AddMatrix(a.o_proj, hidden, c.q_dim(), Target::kBf16);
+    d.o = plan.Bf16(a.o_proj, hidden, c.q_dim());
   }
   if (!a.q_norm.empty()) {
-    o.q_norm = plan.Begin();
-    plan.AddVector(a.q_norm, c.head_dim);
-    o.k_norm = plan.Begin();
-    plan.AddVector(a.k_norm, c.head_dim);
+    d.q_norm = plan.Vector(a.q_norm, c.head_dim);
+    d.k_norm = plan.Vector(a.k_norm, c.head_dim);
   }
   return absl::OkStatus();
 }
 
 // A MoE layer's router (fp32), its routed experts (FP8 as a group, or bf16 gate+up then down)
 // and its shared expert. `routed_bytes`: what one routed expert's matrices take.
-absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, LayerOffsets& o,
+absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, DeviceLayer& d,
                      int64_t* routed_bytes) {
   const int64_t hidden = c.hidden_size;
   const MoeWeights& m = l.moe;
@@ -411,10 +408,10 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& pla
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", l.layer_index, ": router or expert count does not match"));
   }
-  o.router = plan.Begin();
+  const int64_t router = plan.Begin();
   plan.AddMatrix(m.router, Target::kF32);
-  o.router_bias = plan.Begin();
-  plan.AddVector(m.router_bias, c.n_routed_experts);
+  d.router = plan.At<float>(router);
+  d.router_bias = plan.Vector(m.router_bias, c.n_routed_experts);
   std::vector<const Matrix*> gates, ups, downs, all;
   for (const FfnWeights& e : m.experts) {
     RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
@@ -430,46 +427,79 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& pla
   ASSIGN_OR_RETURN(const bool experts8, GroupIsFp8(all, experts_what));
   const int64_t width = c.moe_intermediate_size;
   if (experts8) {
-    o.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
-    o.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
-    o.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
+    d.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
+    d.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
+    d.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
     const FfnWeights& e0 = m.experts.front();
     *routed_bytes = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
   } else {
-    o.experts_gate_up = plan.Begin();
+    const int64_t gate_up = plan.Begin();
     for (const FfnWeights& e : m.experts) {
       plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
       plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
     }
-    o.experts_down = plan.Begin();
+    const int64_t down = plan.Begin();
     for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
+    d.experts_gate_up = plan.At<uint16_t>(gate_up);
+    d.experts_down = plan.At<uint16_t>(down);
     *routed_bytes = 3 * width * hidden * 2;
   }
-  if (!Absent(m.shared.gate)) {
+  if (!Absent(m.shared.gate)) {  // has_shared(), device-generated codes included
     RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
-    RETURN_IF_ERROR(PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"),
-                            o.shared_gate_up, o.shared_down, o.shared_gate8, o.shared_up8,
-                            o.shared_down8));
+    RETURN_IF_ERROR(
+        PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"), d.shared));
   }
   return absl::OkStatus();
 }
 
 // One decoder layer: its norms, attention (GLM-4.5's or GLM-5's MLA) and FFN (dense or MoE).
-absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan,
-                       LayerOffsets& o, int64_t* routed_bytes) {
-  o.input_norm = plan.Begin();
-  plan.AddVector(l.input_norm, c.hidden_size);
-  o.post_norm = plan.Begin();
-  plan.AddVector(l.post_attention_norm, c.hidden_size);
+absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, DeviceLayer& d,
+                       int64_t* routed_bytes) {
+  d.input_norm = plan.Vector(l.input_norm, c.hidden_size);
+  d.post_norm = plan.Vector(l.post_attention_norm, c.hidden_size);
   if (c.is_mla()) {
-    RETURN_IF_ERROR(PlanMla(c, l.layer_index, l.mla, plan, o));
+    RETURN_IF_ERROR(PlanMla(c, l.layer_index, l.mla, plan, d.mla));
   } else {
-    RETURN_IF_ERROR(PlanAttention(c, l, plan, o));
+    RETURN_IF_ERROR(PlanAttention(c, l, plan, d));
   }
-  if (l.is_moe) return PlanMoe(c, l, plan, o, routed_bytes);
+  d.is_moe = l.is_moe;
+  if (l.is_moe) return PlanMoe(c, l, plan, d, routed_bytes);
   RETURN_IF_ERROR(CheckFfn(l.dense, c.hidden_size, "dense FFN"));
-  return PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"),
-                 o.dense_gate_up, o.dense_down, o.dense_gate8, o.dense_up8, o.dense_down8);
+  return PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"), d.dense);
+}
+
+// The whole image: embedding, layers, final norm and LM head (tied: the embedding's), RoPE
+// frequencies. Fills `out`'s pointers for the plan's base and its per-step byte counts.
+absl::Status PlanImage(const ModelWeights& w, ImagePlan& plan, DeviceWeights& out) {
+  const ModelConfig& c = w.config;
+  const int64_t hidden = c.hidden_size;
+  if (w.has_embedding()) {
+    const int64_t embed = plan.Begin();
+    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
+                   /*per_step=*/false);  // only the batch's rows are read
+    out.embed = plan.At<uint16_t>(embed);
+  }
+  out.layers.assign(w.layers.size(), DeviceLayer{});
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], plan, out.layers[i], &out.routed_expert_bytes));
+  }
+  if (w.has_head()) {
+    out.final_norm = plan.Vector(w.final_norm, hidden);
+    const bool tied = w.has_embedding() && w.lm_head.data == w.embed_tokens.data &&
+                      w.lm_head.dtype == w.embed_tokens.dtype &&
+                      w.lm_head.rows == w.embed_tokens.rows;
+    if (tied) {
+      out.lm_head = out.embed;
+      plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
+    } else {
+      out.lm_head = plan.Bf16(w.lm_head, c.vocab_size, hidden);
+    }
+  }
+  out.inv_freq = plan.OwnedVector(RopeInvFreq(c.rotary_dim(), c.rope_theta));
+  plan.Begin();
+  out.bytes = plan.size();
+  out.dense_step_bytes = plan.step_bytes();
+  return absl::OkStatus();
 }
 
 // A planned image that cannot be uploaded: bad shapes, an unsupported form, or more bytes
@@ -491,125 +521,25 @@ absl::Status CheckPlan(const ImagePlan& plan) {
   return absl::OkStatus();
 }
 
-// Offsets into the uploaded image -> device pointers (-1: absent, null).
-struct Binder {
-  char* base;
-  const uint16_t* bf16(int64_t off) const {
-    return off < 0 ? nullptr : reinterpret_cast<const uint16_t*>(base + off);
-  }
-  const float* f32(int64_t off) const {
-    return off < 0 ? nullptr : reinterpret_cast<const float*>(base + off);
-  }
-  Fp8DeviceMatrix fp8(const Fp8Offsets& off) const {
-    Fp8DeviceMatrix m = off.shape;
-    if (off.codes >= 0) {
-      m.codes = reinterpret_cast<const uint8_t*>(base + off.codes);
-      m.scales = reinterpret_cast<const float*>(base + off.scales);
-    }
-    return m;
-  }
-
-  DeviceLayer Layer(const LayerWeights& l, const LayerOffsets& o) const {
-    DeviceLayer d;
-    d.input_norm = f32(o.input_norm);
-    d.post_norm = f32(o.post_norm);
-    d.qkv = bf16(o.qkv);
-    d.qkv_bias = f32(o.qkv_bias);
-    d.o = bf16(o.o);
-    d.q_norm = f32(o.q_norm);
-    d.k_norm = f32(o.k_norm);
-    d.q8 = fp8(o.q8);
-    d.k8 = fp8(o.k8);
-    d.v8 = fp8(o.v8);
-    d.o8 = fp8(o.o8);
-    d.mla = {bf16(o.q_a),      f32(o.q_a_norm), bf16(o.q_b),         bf16(o.kv_a),
-             f32(o.kv_a_norm), bf16(o.kv_b),    bf16(o.mla_o),       bf16(o.wq_b),
-             bf16(o.wk),       f32(o.ik_norm),  f32(o.ik_norm_bias), f32(o.weights_proj)};
-    d.mla.q_a8 = fp8(o.q_a8);
-    d.mla.q_b8 = fp8(o.q_b8);
-    d.mla.kv_a8 = fp8(o.kv_a8);
-    d.mla.kv_b8 = fp8(o.kv_b8);
-    d.mla.o8 = fp8(o.mla_o8);
-    d.mla.wq_b8 = fp8(o.wq_b8);
-    d.mla.wk8 = fp8(o.wk8);
-    d.is_moe = l.is_moe;
-    if (!l.is_moe) {
-      d.dense = {bf16(o.dense_gate_up), bf16(o.dense_down), l.dense.gate.rows,
-                 fp8(o.dense_gate8),    fp8(o.dense_up8),   fp8(o.dense_down8)};
-      return d;
-    }
-    d.router = f32(o.router);
-    d.router_bias = f32(o.router_bias);
-    d.experts_gate_up = bf16(o.experts_gate_up);
-    d.experts_down = bf16(o.experts_down);
-    d.experts_gate8 = fp8(o.experts_gate8);
-    d.experts_up8 = fp8(o.experts_up8);
-    d.experts_down8 = fp8(o.experts_down8);
-    if (!Absent(l.moe.shared.gate)) {  // has_shared(), device-generated codes included
-      d.shared = {bf16(o.shared_gate_up), bf16(o.shared_down), l.moe.shared.gate.rows,
-                  fp8(o.shared_gate8),    fp8(o.shared_up8),   fp8(o.shared_down8)};
-    }
-    return d;
-  }
-};
-
 }  // namespace
 
-// Plan (every tensor's offset in one image) -> upload (Execute) -> bind (offsets to pointers).
+// Size and check the image (a plan at base 0) -> allocate -> plan again at the allocation,
+// filling the pointers -> upload (Execute).
 absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
                                             const LoadProgressCallback& progress) {
-  const ModelConfig& c = w.config;
-  const int64_t hidden = c.hidden_size;
-  ImagePlan plan(w);
-  int64_t embed = -1, final_norm = -1, lm_head = -1, inv_freq = -1;
-  int64_t routed_bytes = 0;
-
-  if (w.has_embedding()) {
-    embed = plan.Begin();
-    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
-                   /*per_step=*/false);  // only the batch's rows are read
-  }
-  std::vector<LayerOffsets> offsets(w.layers.size());
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], plan, offsets[i], &routed_bytes));
-  }
-  if (w.has_head()) {
-    final_norm = plan.Begin();
-    plan.AddVector(w.final_norm, hidden);
-    const bool tied = w.has_embedding() && w.lm_head.data == w.embed_tokens.data &&
-                      w.lm_head.dtype == w.embed_tokens.dtype &&
-                      w.lm_head.rows == w.embed_tokens.rows;
-    if (tied) {
-      lm_head = embed;
-      plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
-    } else {
-      lm_head = plan.Begin();
-      plan.AddMatrix(w.lm_head, c.vocab_size, hidden, Target::kBf16);
-    }
-  }
-  const std::vector<float> rope_inv_freq = RopeInvFreq(c.rotary_dim(), c.rope_theta);
-  inv_freq = plan.Begin();
-  plan.AddVector(rope_inv_freq, c.rotary_dim() / 2);  // read at upload, below
-  plan.Begin();
-  RETURN_IF_ERROR(CheckPlan(plan));
+  ImagePlan sizing(w, /*base=*/nullptr);
+  DeviceWeights unused;
+  RETURN_IF_ERROR(PlanImage(w, sizing, unused));
+  RETURN_IF_ERROR(CheckPlan(sizing));
 
   DeviceWeights out;
-  ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(plan.size())));
+  ASSIGN_OR_RETURN(DeviceBuffer memory, DeviceBuffer::Create(static_cast<size_t>(sizing.size())));
   out.memory = std::move(memory);
   char* base = static_cast<char*>(out.memory.get());
+  ImagePlan plan(w, base);
+  RETURN_IF_ERROR(PlanImage(w, plan, out));
+  if (plan.size() != sizing.size()) return absl::InternalError("device image plan changed");
   RETURN_IF_ERROR(Execute(plan, base, stream, progress));
-
-  const Binder bind{base};
-  out.embed = bind.bf16(embed);
-  out.final_norm = bind.f32(final_norm);
-  out.lm_head = bind.bf16(lm_head);
-  out.inv_freq = bind.f32(inv_freq);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    out.layers.push_back(bind.Layer(w.layers[i], offsets[i]));
-  }
-  out.bytes = plan.size();
-  out.dense_step_bytes = plan.step_bytes();
-  out.routed_expert_bytes = routed_bytes;
   return out;
 }
 
