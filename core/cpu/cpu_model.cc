@@ -22,12 +22,17 @@ CpuModel::CpuModel(ModelWeights weights, CpuMath math)
   // The AMX kernel reads weights in place as tiles, which must sit on cache lines
   // (core/cpu/weight_align.h); a checkpoint's tensors usually do not.
   if (math_ == CpuMath::kBf16Amx) AlignLinearMatrices(&weights_);
+  // A shared MTP head is the model's head as it is now (aligned or quantized at load).
+  if (weights_.mtp && !weights_.mtp_head_stored) weights_.mtp->head = weights_.lm_head;
   const ModelConfig& c = weights_.config;
   if (!c.is_mla()) return;
   mla_shape_ = MlaShapeOf(c);
   index_shape_ = IndexerShapeOf(c);
   for (const LayerWeights& layer : weights_.layers) {
     absorbed_k_.push_back(AbsorbedKeyWeights(layer.mla.kv_b_proj, mla_shape_));
+  }
+  if (weights_.mtp) {  // the MTP layer's, at its cache layer's index
+    absorbed_k_.push_back(AbsorbedKeyWeights(weights_.mtp->layer.mla.kv_b_proj, mla_shape_));
   }
 }
 
@@ -53,19 +58,30 @@ std::string CpuModel::compute_description() const {
       math_ != CpuMath::kExact && !bf16_weights ? " (weights are not bf16: exact arithmetic)" : "");
 }
 
+absl::Status CpuModel::EnableMtp() {
+  if (!weights_.mtp) {
+    return absl::FailedPreconditionError(
+        "the model has no MTP layer (a checkpoint without model.layers.<num_hidden_layers>.*, "
+        "or a layer span): serve with --mtp_draft_tokens=0");
+  }
+  mtp_enabled_ = true;
+  return absl::OkStatus();
+}
+
 KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
-  KvCacheShape shape = CacheShapeFor(config(), num_span_layers(), num_blocks, block_size);
+  const int64_t layers = num_span_layers() + (mtp_enabled_ ? 1 : 0);
+  KvCacheShape shape = CacheShapeFor(config(), layers, num_blocks, block_size);
   shape.fp8 = kv_fp8_;
   return shape;
 }
 
 int64_t CpuModel::kv_bytes_per_token() const {
+  const int64_t layers = num_span_layers() + (mtp_enabled_ ? 1 : 0);
   if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
     const ModelConfig& c = config();
-    return num_span_layers() * 2 * c.num_key_value_heads * (c.head_dim + 4);
+    return layers * 2 * c.num_key_value_heads * (c.head_dim + 4);
   }
-  return num_span_layers() * config().cache_values_per_token_layer() *
-         static_cast<int64_t>(sizeof(float));
+  return layers * config().cache_values_per_token_layer() * static_cast<int64_t>(sizeof(float));
 }
 
 absl::Status CpuModel::SetKvCacheDType(KvCacheDType dtype) {
@@ -94,7 +110,7 @@ absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cach
   if (cache.host_fp8() && config().is_mla()) {  // the latent kernels read fp32 rows
     return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
   }
-  if (cache.shape().num_layers != num_span_layers()) {
+  if (cache.shape().num_layers != num_span_layers() + (mtp_enabled_ ? 1 : 0)) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
   // A shared indexer layer reuses the top-k of the full layer before it, which must run in
@@ -154,19 +170,9 @@ void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choi
   }
 }
 
-absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
-                               const ForwardOptions& options, ForwardResult* result) {
-  const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
-  const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
-  ASSIGN_OR_RETURN(const bool wants_logits, StepWantsLogits(batch, options));
-  RETURN_IF_ERROR(ValidateRunSpan(run_begin, run_end, layer_begin(), layer_end(),
-                                  config().num_hidden_layers, wants_logits));
-  RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
+void CpuModel::ResizeBuffers(int64_t t) {
   const ModelConfig& c = config();
-  const int64_t t = batch.total_tokens();
   const int64_t hidden = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-
   h_.resize(t * hidden);
   x_.resize(t * hidden);
   out_.resize(t * hidden);
@@ -189,13 +195,90 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
     v_.resize(t * c.kv_dim());
     attn_.resize(t * c.q_dim());
   }
-  std::vector<int32_t> positions;
-  positions.reserve(t);
-  for (const SequenceSlice& s : batch.sequences) {
-    for (int64_t i = 0; i < s.num_tokens; ++i) {
-      positions.push_back(static_cast<int32_t>(s.start_position + i));
+}
+
+bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
+                            const ForwardBatch& batch, const std::vector<int32_t>& positions,
+                            KvCache* cache, bool prune, std::vector<int64_t>* rows, int64_t* live,
+                            std::vector<std::vector<int32_t>>* expert_choices) {
+  const ModelConfig& c = config();
+  const int64_t t = static_cast<int64_t>(positions.size());
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
+  if (c.is_mla()) {
+    MlaBlock(layer, cache_layer, batch, positions, cache);
+  } else {
+    AttentionBlock(layer, cache_layer, batch, positions, cache);
+  }
+  if (prune && static_cast<int64_t>(rows->size()) < t) {
+    *live = static_cast<int64_t>(rows->size());
+    if (*live == 0) return false;
+    const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
+    KeepRows(*rows, attn_width, attn_.data());
+    KeepRows(*rows, hidden, h_.data());
+    for (int64_t r = 0; r < *live; ++r) (*rows)[r] = r;
+  }
+  const int64_t n = *live;
+  // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
+  if (c.is_mla()) {
+    Linear(attn_.data(), n, layer.mla.o_proj, nullptr, out_.data());
+  } else {
+    Linear(attn_.data(), n, layer.attn.o_proj, nullptr, out_.data(), math_);
+  }
+  for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
+  RmsNorm(h_.data(), layer.post_attention_norm.data(), n, hidden, eps, x_.data());
+  int32_t* choices = nullptr;
+  if (layer.is_moe && expert_choices != nullptr) {
+    choices = expert_choices->emplace_back(n * c.num_experts_per_tok).data();
+  }
+  FfnBlock(layer, n, choices);
+  for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
+  return true;
+}
+
+void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vector<float>& norm,
+                    const Matrix& head, bool head_input, ForwardResult* result) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  result->logits.clear();
+  result->head_input.clear();
+  if (head_input) {  // every row is live: rows index h_ directly
+    result->head_input.resize(t * hidden);
+    RmsNorm(h_.data(), norm.data(), t, hidden, eps, result->head_input.data());
+  }
+  // Only the rows whose logits are wanted go through the head.
+  if (rows.empty()) return;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> normed(n * hidden);
+  for (int64_t r = 0; r < n; ++r) {
+    if (head_input) {
+      std::copy_n(result->head_input.data() + rows[r] * hidden, hidden, normed.data() + r * hidden);
+    } else {
+      RmsNorm(h_.data() + rows[r] * hidden, norm.data(), 1, hidden, eps,
+              normed.data() + r * hidden);
     }
   }
+  result->logits.resize(n * c.vocab_size);
+  Linear(normed.data(), n, head, nullptr, result->logits.data(), math_);
+}
+
+absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
+                               const ForwardOptions& options, ForwardResult* result) {
+  if (options.mtp) return ForwardMtp(batch, cache, options, result);
+  const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
+  const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;
+  ASSIGN_OR_RETURN(const bool wants_logits, StepWantsLogits(batch, options));
+  RETURN_IF_ERROR(ValidateRunSpan(run_begin, run_end, layer_begin(), layer_end(),
+                                  config().num_hidden_layers, wants_logits));
+  if (options.return_head_input && run_end != config().num_hidden_layers) {
+    return absl::InvalidArgumentError("head inputs need a run that ends at the last layer");
+  }
+  RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
+  const int64_t t = batch.total_tokens();
+  ResizeBuffers(t);
+  const std::vector<int32_t> positions = BatchPositions(batch);
 
   if (run_begin == 0) {
     EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
@@ -205,47 +288,25 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   result->layer_hidden.clear();
   if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
 
-  // Which rows of the run's output anyone reads: all when hidden states are returned, else
-  // the logits rows (none for a prefill chunk mid-prompt). The run's last layer needs every
-  // row only up to attention, which writes each token's K/V into the cache; from o_proj on it
-  // runs on the read rows alone (the FFN of the other rows of a prefill is never seen). Each
-  // row's arithmetic does not depend on the others (linear.h), so no bit changes.
+  // Which rows of the run's output anyone reads: all when hidden states (or head inputs) are
+  // returned, else the logits rows (none for a prefill chunk mid-prompt). The run's last layer
+  // needs every row only up to attention, which writes each token's K/V into the cache; from
+  // o_proj on it runs on the read rows alone (the FFN of the other rows of a prefill is never
+  // seen). Each row's arithmetic does not depend on the others (linear.h), so no bit changes.
   std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
-  const bool all_rows_read =
-      options.return_hidden || options.return_layer_hidden || options.return_expert_choices;
+  const bool all_rows_read = options.return_hidden || options.return_layer_hidden ||
+                             options.return_expert_choices || options.return_head_input;
   result->expert_choices.clear();
+  std::vector<std::vector<int32_t>>* choices =
+      options.return_expert_choices ? &result->expert_choices : nullptr;
   const int64_t last = run_end - layer_begin() - 1;
   int64_t live = t;  // rows of h_ still computed
   for (int64_t i = run_begin - layer_begin(); i <= last; ++i) {
-    const LayerWeights& layer = weights_.layers[i];
-    RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
-    if (c.is_mla()) {
-      MlaBlock(layer, i, batch, positions, cache);
-    } else {
-      AttentionBlock(layer, i, batch, positions, cache);
+    const bool prune = i == last && !all_rows_read;
+    if (!DecoderLayer(weights_.layers[i], i, batch, positions, cache, prune, &rows, &live,
+                      choices)) {
+      break;
     }
-    if (i == last && !all_rows_read && static_cast<int64_t>(rows.size()) < t) {
-      live = static_cast<int64_t>(rows.size());
-      if (live == 0) break;
-      const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
-      KeepRows(rows, attn_width, attn_.data());
-      KeepRows(rows, hidden, h_.data());
-      for (int64_t r = 0; r < live; ++r) rows[r] = r;
-    }
-    // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
-    if (c.is_mla()) {
-      Linear(attn_.data(), live, layer.mla.o_proj, nullptr, out_.data());
-    } else {
-      Linear(attn_.data(), live, layer.attn.o_proj, nullptr, out_.data(), math_);
-    }
-    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
-    RmsNorm(h_.data(), layer.post_attention_norm.data(), live, hidden, eps, x_.data());
-    int32_t* choices = nullptr;
-    if (layer.is_moe && options.return_expert_choices) {
-      choices = result->expert_choices.emplace_back(live * c.num_experts_per_tok).data();
-    }
-    FfnBlock(layer, live, choices);
-    for (int64_t j = 0; j < live * hidden; ++j) h_[j] += out_[j];
     if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
   }
 
@@ -254,17 +315,7 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   } else {
     result->hidden.clear();
   }
-  result->logits.clear();
-  // Only the rows whose logits are wanted go through the final norm and lm_head.
-  if (rows.empty()) return absl::OkStatus();
-  const int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<float> normed(n * hidden);
-  for (int64_t r = 0; r < n; ++r) {
-    RmsNorm(h_.data() + rows[r] * hidden, weights_.final_norm.data(), 1, hidden, eps,
-            normed.data() + r * hidden);
-  }
-  result->logits.resize(n * c.vocab_size);
-  Linear(normed.data(), n, weights_.lm_head, nullptr, result->logits.data(), math_);
+  Head(rows, t, weights_.final_norm, weights_.lm_head, options.return_head_input, result);
   return absl::OkStatus();
 }
 

@@ -55,6 +55,9 @@ class CpuModel final : public ModelRunner {
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+  absl::Status EnableMtp() override;
+  bool mtp_enabled() const override { return mtp_enabled_; }
 
   // The KV cache shape this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheShape CacheShape(int64_t num_blocks, int64_t block_size = 16) const;
@@ -79,10 +82,27 @@ class CpuModel final : public ModelRunner {
   void MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                 const std::vector<int32_t>& positions, KvCache* cache);
   void FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices = nullptr);
+  // One decoder layer on h_: attention for every row (K/V into cache layer `cache_layer`),
+  // then o_proj and the FFN. With `prune` (the run's last layer, other rows unread) those
+  // run on `rows` alone, which move to the front of h_ (rows and live updated). Returns
+  // false when no row is left to compute.
+  bool DecoderLayer(const LayerWeights& layer, int64_t cache_layer, const ForwardBatch& batch,
+                    const std::vector<int32_t>& positions, KvCache* cache, bool prune,
+                    std::vector<int64_t>* rows, int64_t* live,
+                    std::vector<std::vector<int32_t>>* expert_choices);
+  // The MTP layer's step (ForwardOptions::mtp, cpu_model_mtp.cc).
+  absl::Status ForwardMtp(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                          ForwardResult* result);
+  // Sizes the run buffers for t tokens.
+  void ResizeBuffers(int64_t t);
+  // Logits (and head inputs) from h_ [rows, hidden]: norm `norm`, then `head`.
+  void Head(const std::vector<int64_t>& rows, int64_t t, const std::vector<float>& norm,
+            const Matrix& head, bool head_input, ForwardResult* result);
 
   ModelWeights weights_;
   CpuMath math_;
-  bool kv_fp8_ = false;  // SetKvCacheDType(kFp8E4M3)
+  bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3)
+  bool mtp_enabled_ = false;  // EnableMtp(): caches hold one more layer, the MTP layer's
   RotaryEmbedding rope_;
   RouterParams router_;
 
@@ -94,6 +114,7 @@ class CpuModel final : public ModelRunner {
   std::vector<float> v_;     // [T, kv_heads * head_dim]
   std::vector<float> attn_;  // [T, heads * head_dim]
   std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
+  std::vector<float> cat_;   // [T, 2 hidden] MTP input: enorm(embedding) | hnorm(h)
 
   // GLM-5 (is_mla) only. Shapes for T tokens; H heads, Q q_lora_rank, R kv_lora_rank.
   MlaShape mla_shape_;

@@ -38,8 +38,9 @@ absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name) {
   for (const auto& entry : kWeightQuantNames) {
     if (name == entry.name) return entry.quant;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "weight dtype '", name.substr(0, 64), "' is not one of stored, int8, fp8_channel, fp8_block"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight dtype '", name.substr(0, 64),
+                   "' is not one of stored, int8, fp8_channel, fp8_block"));
 }
 
 absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math) {
@@ -115,7 +116,8 @@ namespace {
 absl::Status QuantizeWeightsFp8(ModelWeights* weights, bool per_channel) {
   std::vector<Matrix*> matrices;
   for (Matrix* m : weights->LinearMatrices()) {
-    if (m != &weights->lm_head) matrices.push_back(m);
+    const bool head = m == &weights->lm_head || (weights->mtp && m == &weights->mtp->head);
+    if (!head) matrices.push_back(m);
   }
   struct Out {
     std::shared_ptr<char[]> codes, scales;

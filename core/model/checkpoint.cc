@@ -266,7 +266,13 @@ class CheckpointLoader {
     const bool has_head = w_->layer_end == c.num_hidden_layers;
     int64_t layer = 0;
     if (ParseLayerName(name, &layer)) {
-      if (layer >= c.num_hidden_layers) return true;  // MTP layer(s): not used yet
+      if (layer >= c.num_hidden_layers) {
+        // MTP layer(s): skipped unless loaded (docs/mtp.md); a loaded one may also store a
+        // copy of the embedding, which the model's own serves.
+        return !w_->mtp || layer > c.num_hidden_layers ||
+               absl::EndsWith(name, ".embed_tokens.weight") ||
+               absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
+      }
       if (layer < w_->layer_begin || layer >= w_->layer_end) return true;
       // Old checkpoints store the RoPE table; it is recomputed from the config.
       return absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
@@ -456,6 +462,14 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
   w.head_stored_despite_tie = config.tie_word_embeddings &&
                               resolved.end == config.num_hidden_layers &&
                               store.Find("lm_head.weight") != nullptr;
+  // The MTP layer comes with the whole model when the checkpoint stores it.
+  const std::string mtp_prefix = LayerPrefix(config.num_hidden_layers);
+  if (resolved.begin == 0 && resolved.end == config.num_hidden_layers &&
+      config.num_nextn_predict_layers >= 1 &&
+      store.Find(mtp_prefix + "eh_proj.weight") != nullptr) {
+    PrepareMtp(&w);
+    w.mtp_head_stored = store.Find(mtp_prefix + "shared_head.head.weight") != nullptr;
+  }
   CheckpointLoader loader(dir, store, fp8, &w);
   RETURN_IF_ERROR(loader.Load());
   if (progress) {
@@ -469,7 +483,8 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& dir, LayerSpan sp
 }
 
 bool Fp8PresetKeepsUnquantized(const ModelConfig& config, const std::string& name) {
-  return IsUnquantizedMatrix(name) ||
+  return IsUnquantizedMatrix(name) || absl::EndsWith(name, ".eh_proj.weight") ||
+         absl::EndsWith(name, ".shared_head.head.weight") ||
          (config.is_mla() && absl::EndsWith(name, ".indexer.weights_proj.weight"));
 }
 
@@ -498,6 +513,12 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
 
   ModelWeights w;
   PrepareWeights(config, resolved.begin, resolved.end, &w);
+  if (options.mtp) {
+    if (resolved.begin != 0 || resolved.end != config.num_hidden_layers) {
+      return absl::InvalidArgumentError("an MTP layer needs the whole model, not a span");
+    }
+    PrepareMtp(&w);
+  }
   const std::vector<WeightSlot> slots = ListWeightSlots(&w);
 
   // FP8 presets (docs/fp8.md): the linear layers as e4m3 with one fp32 scale per output

@@ -28,7 +28,9 @@ absl::StatusOr<LayerSpan> ResolveLayerSpan(const ModelConfig& config, LayerSpan 
 // are mapped (with the embedding when begin is 0, final norm and lm_head when end is the
 // last layer). Every tensor of the span must be present with the right shape; a tensor the
 // loader does not recognise is an error naming it, except the MTP layer(s) (index
-// num_hidden_layers and up), which are recognised and skipped. Accepts per-expert and fused
+// num_hidden_layers and up): with the whole model, the first one is loaded into
+// ModelWeights::mtp when the checkpoint stores it (docs/mtp.md); otherwise they are skipped.
+// Accepts per-expert and fused
 // (`mlp.experts.gate_up_proj` / `mlp.experts.down_proj`) expert tensors.
 //
 // With `progress`, the bytes of every tensor the span uses are also read once before
@@ -64,6 +66,9 @@ struct RandomWeightOptions {
   // device, bit for bit the host's (so a 110 GB preset needs no host copy). Only the CUDA
   // runner accepts such weights.
   bool fp8_codes_on_device = false;
+  // Also the MTP layer (docs/mtp.md; the whole model only), its tensors seeded by name as
+  // every other.
+  bool mtp = false;
 };
 // FP8 presets (docs/fp8.md): whether the matrix `name` stays bf16 (embedding, head, routers,
 // and GLM-5's indexer weights_proj), and how many fp32 scales an FP8 matrix [rows, cols] has

@@ -75,7 +75,9 @@ struct ModelConfig {
   }
   // GLM-5's latent attention (model_type glm_moe_dsa).
   bool is_mla() const { return model_type == "glm_moe_dsa"; }
+  // Layer num_hidden_layers is the MTP layer, which keeps its own indexer (GLM-5).
   bool has_indexer(int64_t layer) const {
+    if (layer >= num_hidden_layers) return is_mla();
     return is_mla() && indexer_types[static_cast<size_t>(layer)] == "full";
   }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

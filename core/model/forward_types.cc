@@ -27,6 +27,17 @@ KvCacheShape CacheShapeFor(const ModelConfig& config, int64_t layers, int64_t nu
   return shape;
 }
 
+std::vector<int32_t> BatchPositions(const ForwardBatch& batch) {
+  std::vector<int32_t> positions;
+  positions.reserve(static_cast<size_t>(batch.total_tokens()));
+  for (const SequenceSlice& s : batch.sequences) {
+    for (int64_t i = 0; i < s.num_tokens; ++i) {
+      positions.push_back(static_cast<int32_t>(s.start_position + i));
+    }
+  }
+  return positions;
+}
+
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const ModelConfig& c,
                                   const KvCacheShape& cache, bool token_input) {
   const KvCacheShape want = CacheShapeFor(c, cache.num_layers, cache.num_blocks, cache.block_size);

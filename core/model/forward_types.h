@@ -46,6 +46,15 @@ struct ForwardOptions {
   // Each MoE layer's routing choices for every token of the run (the CPU runner; the CUDA
   // runner refuses it): the expert-load statistics of bench/moe_routing_bench.
   bool return_expert_choices = false;
+  // The vectors the LM head reads (after the final norm; the MTP layer's shared_head.norm),
+  // one per token of the step: what the MTP layer takes as `h` (docs/mtp.md). Every row then
+  // runs to the end, as with return_hidden.
+  bool return_head_input = false;
+  // Run the MTP layer (ModelRunner::EnableMtp) instead of the model: token_ids are the next
+  // tokens t[i+1] and hidden_in the head inputs h[i] [total_tokens, hidden], each pair at its
+  // position i, with the slices' block tables; its K/V go to the cache's extra layer. Logits
+  // rows as for the model; layer_begin / layer_end must stay -1.
+  bool mtp = false;
   // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own
   // bounds). Token input iff layer_begin == 0; logits iff layer_end is the model's last layer.
   int64_t layer_begin = -1;
@@ -53,8 +62,9 @@ struct ForwardOptions {
 };
 
 struct ForwardResult {
-  std::vector<float> logits;  // [rows, vocab], rows per ForwardOptions::logits
-  std::vector<float> hidden;  // [total_tokens, hidden] (pre final norm), if requested
+  std::vector<float> logits;      // [rows, vocab], rows per ForwardOptions::logits
+  std::vector<float> hidden;      // [total_tokens, hidden] (pre final norm), if requested
+  std::vector<float> head_input;  // [total_tokens, hidden] with return_head_input
   // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
   // output when the span starts at 0), entry i + 1 the output of the span's i-th layer.
   std::vector<std::vector<float>> layer_hidden;
@@ -62,6 +72,9 @@ struct ForwardResult {
   // chosen experts, best first.
   std::vector<std::vector<int32_t>> expert_choices;
 };
+
+// Each token's absolute position, in batch order.
+std::vector<int32_t> BatchPositions(const ForwardBatch& batch);
 
 // The KV cache geometry `config` needs for `layers` layers: kv_heads x head_dim key and value
 // rows (GLM-4.5), or one latent row of cache_values_per_token_layer() values (GLM-5).

@@ -19,4 +19,11 @@ absl::Status ModelRunner::SetKvCacheDType(KvCacheDType dtype) {
       device_name(), " backend keeps its KV cache in its own format (docs/kv_cache.md)"));
 }
 
+absl::Status ModelRunner::EnableMtp() {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", device_name(),
+                   " backend does not run the MTP layer yet (docs/mtp.md); serve "
+                   "with --mtp_draft_tokens=0 or on the CPU"));
+}
+
 }  // namespace glmserve

@@ -46,6 +46,14 @@ class ModelRunner {
   // backend overrides this (the CPU backend's FP8 cache; the CUDA runner keeps bf16).
   virtual absl::Status SetKvCacheDType(KvCacheDType dtype);
 
+  // The MTP layer (docs/mtp.md): whether the loaded weights have one, and turning it on, which
+  // must come before CreateCache: caches then hold one more layer (the MTP layer's K/V) and
+  // Forward takes ForwardOptions::mtp. FAILED_PRECONDITION without MTP weights or for a span,
+  // UNIMPLEMENTED where the backend does not run it.
+  virtual bool has_mtp() const { return false; }
+  virtual absl::Status EnableMtp();
+  virtual bool mtp_enabled() const { return false; }
+
   // A KV cache this runner's Forward can use: `num_blocks` blocks of `block_size` tokens.
   virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                                int64_t block_size) = 0;

@@ -8,17 +8,39 @@ namespace glmserve {
 
 std::string LayerPrefix(int64_t layer) { return absl::StrCat("model.layers.", layer, "."); }
 
+namespace {
+
+void PrepareLayer(const ModelConfig& config, int64_t l, bool is_moe, LayerWeights* layer) {
+  layer->layer_index = l;
+  layer->is_moe = is_moe;
+  if (is_moe) layer->moe.experts.assign(static_cast<size_t>(config.n_routed_experts), {});
+}
+
+}  // namespace
+
 void PrepareWeights(const ModelConfig& config, int64_t begin, int64_t end, ModelWeights* w) {
   w->config = config;
   w->layer_begin = begin;
   w->layer_end = end;
   w->layers.assign(static_cast<size_t>(end - begin), LayerWeights{});
   for (int64_t l = begin; l < end; ++l) {
-    LayerWeights& layer = w->layers[static_cast<size_t>(l - begin)];
-    layer.layer_index = l;
-    layer.is_moe = config.is_moe_layer(l);
-    if (layer.is_moe) layer.moe.experts.assign(static_cast<size_t>(config.n_routed_experts), {});
+    PrepareLayer(config, l, config.is_moe_layer(l), &w->layers[static_cast<size_t>(l - begin)]);
   }
+  w->mtp.reset();
+}
+
+bool MtpLayerIsMoe(const ModelConfig& config) {
+  // mlp_layer_types lists the main layers only; the MTP layer follows the last one's form
+  // (sparse in every released GLM model).
+  const int64_t n = config.num_hidden_layers;
+  return config.mlp_layer_types.empty() ? n >= config.first_k_dense_replace
+                                        : config.is_moe_layer(n - 1);
+}
+
+void PrepareMtp(ModelWeights* w) {
+  const ModelConfig& c = w->config;
+  w->mtp.emplace();
+  PrepareLayer(c, c.num_hidden_layers, MtpLayerIsMoe(c), &w->mtp->layer);
 }
 
 namespace {
@@ -62,6 +84,90 @@ void AddMla(const ModelConfig& c, const std::string& ap, int64_t l, bool indexer
   matrix("indexer.weights_proj.weight", c.index_n_heads, hidden, &x.weights_proj);
 }
 
+// One decoder layer's tensors (a main layer, or the MTP layer's decoder part).
+void AddLayer(const ModelConfig& c, LayerWeights* layer_ptr, std::vector<WeightSlot>* out) {
+  LayerWeights& layer = *layer_ptr;
+  std::vector<WeightSlot>& slots = *out;
+  const int64_t hidden = c.hidden_size;
+  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t index,
+                    bool linear = false) {
+    slots.push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, index});
+    slots.back().linear = linear;
+  };
+  auto vec = [&](std::string name, int64_t n, std::vector<float>* v, ParamInit init,
+                 int64_t index) {
+    slots.push_back({std::move(name), {n}, nullptr, v, init, index});
+  };
+  const int64_t l = layer.layer_index;
+  const std::string p = LayerPrefix(l);
+  vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
+  vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm, ParamInit::kOnes,
+      l);
+  if (c.is_mla()) {
+    AddMla(c, p + "self_attn.", l, c.has_indexer(l), &layer.mla, &slots);
+  } else {
+    AttentionWeights& a = layer.attn;
+    const std::string ap = p + "self_attn.";
+    matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l, true);
+    matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l, true);
+    matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l, true);
+    matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l, true);
+    if (c.attention_bias) {
+      vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
+      vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
+      vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
+    }
+    if (c.use_qk_norm) {
+      vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
+      vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
+    }
+  }
+  const std::string mp = p + "mlp.";
+  if (!layer.is_moe) {
+    AddFfn(mp, c.intermediate_size, hidden, l, &layer.dense, &slots);
+    return;
+  }
+  MoeWeights& moe = layer.moe;
+  matrix(mp + "gate.weight", c.n_routed_experts, hidden, &moe.router, l);
+  vec(mp + "gate.e_score_correction_bias", c.n_routed_experts, &moe.router_bias, ParamInit::kZeros,
+      l);
+  const int64_t width = c.moe_intermediate_size;
+  for (int64_t e = 0; e < static_cast<int64_t>(moe.experts.size()); ++e) {
+    FfnWeights& f = moe.experts[static_cast<size_t>(e)];
+    const std::string ep = absl::StrCat(mp, "experts.", e, ".");
+    slots.push_back({ep + "gate_proj.weight",
+                     {width, hidden},
+                     &f.gate,
+                     nullptr,
+                     ParamInit::kNormal,
+                     l,
+                     e,
+                     ExpertPart::kGate,
+                     /*linear=*/true});
+    slots.push_back({ep + "up_proj.weight",
+                     {width, hidden},
+                     &f.up,
+                     nullptr,
+                     ParamInit::kNormal,
+                     l,
+                     e,
+                     ExpertPart::kUp,
+                     /*linear=*/true});
+    slots.push_back({ep + "down_proj.weight",
+                     {hidden, width},
+                     &f.down,
+                     nullptr,
+                     ParamInit::kNormal,
+                     l,
+                     e,
+                     ExpertPart::kDown,
+                     /*linear=*/true});
+  }
+  if (c.n_shared_experts > 0) {
+    AddFfn(mp + "shared_experts.", c.shared_intermediate_size(), hidden, l, &moe.shared, &slots);
+  }
+}
+
 }  // namespace
 
 std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
@@ -86,76 +192,7 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
     matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1, /*linear=*/true);
   }
 
-  for (LayerWeights& layer : w->layers) {
-    const int64_t l = layer.layer_index;
-    const std::string p = LayerPrefix(l);
-    vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
-    vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm, ParamInit::kOnes,
-        l);
-    if (c.is_mla()) {
-      AddMla(c, p + "self_attn.", l, c.has_indexer(l), &layer.mla, &slots);
-    } else {
-      AttentionWeights& a = layer.attn;
-      const std::string ap = p + "self_attn.";
-      matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l, true);
-      matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l, true);
-      matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l, true);
-      matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l, true);
-      if (c.attention_bias) {
-        vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
-        vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
-        vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
-      }
-      if (c.use_qk_norm) {
-        vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
-        vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
-      }
-    }
-    const std::string mp = p + "mlp.";
-    if (!layer.is_moe) {
-      AddFfn(mp, c.intermediate_size, hidden, l, &layer.dense, &slots);
-      continue;
-    }
-    MoeWeights& moe = layer.moe;
-    matrix(mp + "gate.weight", c.n_routed_experts, hidden, &moe.router, l);
-    vec(mp + "gate.e_score_correction_bias", c.n_routed_experts, &moe.router_bias,
-        ParamInit::kZeros, l);
-    const int64_t width = c.moe_intermediate_size;
-    for (int64_t e = 0; e < static_cast<int64_t>(moe.experts.size()); ++e) {
-      FfnWeights& f = moe.experts[static_cast<size_t>(e)];
-      const std::string ep = absl::StrCat(mp, "experts.", e, ".");
-      slots.push_back({ep + "gate_proj.weight",
-                       {width, hidden},
-                       &f.gate,
-                       nullptr,
-                       ParamInit::kNormal,
-                       l,
-                       e,
-                       ExpertPart::kGate,
-                       /*linear=*/true});
-      slots.push_back({ep + "up_proj.weight",
-                       {width, hidden},
-                       &f.up,
-                       nullptr,
-                       ParamInit::kNormal,
-                       l,
-                       e,
-                       ExpertPart::kUp,
-                       /*linear=*/true});
-      slots.push_back({ep + "down_proj.weight",
-                       {hidden, width},
-                       &f.down,
-                       nullptr,
-                       ParamInit::kNormal,
-                       l,
-                       e,
-                       ExpertPart::kDown,
-                       /*linear=*/true});
-    }
-    if (c.n_shared_experts > 0) {
-      AddFfn(mp + "shared_experts.", c.shared_intermediate_size(), hidden, l, &moe.shared, &slots);
-    }
-  }
+  for (LayerWeights& layer : w->layers) AddLayer(c, &layer, &slots);
 
   if (has_head) {
     vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
@@ -163,11 +200,27 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
       matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1, true);
     }
   }
+  if (w->mtp) {
+    // The MTP layer (docs/mtp.md): its decoder layer, then what joins it to the model;
+    // shared_head.head is optional (else the model's lm_head).
+    MtpWeights& m = *w->mtp;
+    const int64_t l = c.num_hidden_layers;
+    const std::string p = LayerPrefix(l);
+    AddLayer(c, &m.layer, &slots);
+    vec(p + "enorm.weight", hidden, &m.enorm, ParamInit::kOnes, l);
+    vec(p + "hnorm.weight", hidden, &m.hnorm, ParamInit::kOnes, l);
+    matrix(p + "eh_proj.weight", hidden, 2 * hidden, &m.eh_proj, l, /*linear=*/true);
+    vec(p + "shared_head.norm.weight", hidden, &m.head_norm, ParamInit::kOnes, l);
+    if (w->mtp_head_stored) {
+      matrix(p + "shared_head.head.weight", c.vocab_size, hidden, &m.head, l, /*linear=*/true);
+    }
+  }
   return slots;
 }
 
 void FinishWeights(ModelWeights* w) {
   const ModelConfig& c = w->config;
+  if (w->mtp && !w->mtp_head_stored) w->mtp->head = w->lm_head;
   if (c.tie_word_embeddings && w->layer_end == c.num_hidden_layers && w->layer_begin == 0 &&
       !w->head_stored_despite_tie) {
     w->lm_head = w->embed_tokens;

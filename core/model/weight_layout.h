@@ -40,6 +40,12 @@ std::string LayerPrefix(int64_t layer);
 // span must already be validated. Matrices and vectors are left empty.
 void PrepareWeights(const ModelConfig& config, int64_t begin, int64_t end, ModelWeights* w);
 
+// Adds the MTP layer to prepared whole-model weights (docs/mtp.md): ListWeightSlots then lists
+// its tensors (shared_head.head only when w->mtp_head_stored).
+void PrepareMtp(ModelWeights* w);
+// The MTP layer's FFN form: MoE unless the model's layers are all dense.
+bool MtpLayerIsMoe(const ModelConfig& config);
+
 // Every tensor the prepared span `w` holds, pointing into `w` (which must not move while the
 // slots are used). When the head is tied to the embedding it is not a slot of its own: the
 // model.embed_tokens.weight slot fills embed_tokens (begin == 0) or lm_head (begin > 0), and

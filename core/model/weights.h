@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/base/dtype.h"
@@ -144,6 +145,18 @@ struct LayerWeights {
   MoeWeights moe;    // when is_moe
 };
 
+// GLM's multi-token-prediction layer (docs/mtp.md), stored as model.layers.<N>.* with N =
+// num_hidden_layers: one more decoder layer whose input is
+// eh_proj(concat(enorm(embed(next token)), hnorm(h))), read by head(head_norm(output)).
+struct MtpWeights {
+  LayerWeights layer;            // the decoder layer (its own attention, MoE or dense FFN)
+  std::vector<float> enorm;      // [hidden]
+  std::vector<float> hnorm;      // [hidden]
+  Matrix eh_proj;                // [hidden, 2 hidden]: the embedding half's columns first
+  std::vector<float> head_norm;  // [hidden] shared_head.norm
+  Matrix head;                   // [vocab, hidden] shared_head.head, or a view of lm_head
+};
+
 // A span [layer_begin, layer_end) of the model. The embedding is present only when
 // layer_begin == 0; the final norm and lm_head only when layer_end == num_hidden_layers.
 struct ModelWeights {
@@ -159,6 +172,11 @@ struct ModelWeights {
   // FP8 checkpoint or preset supplied them (some matrices may still be kDense: the modules the
   // checkpoint keeps unquantized); else kDense.
   WeightFormat linear_format = WeightFormat::kDense;
+  // The MTP layer, loaded with a whole model whose checkpoint stores it (or a preset asked
+  // for it); empty otherwise.
+  std::optional<MtpWeights> mtp;
+  bool mtp_head_stored =
+      false;  // the checkpoint stores shared_head.head (else mtp->head = lm_head)
   // tie_word_embeddings is set but the checkpoint stores its own lm_head.weight, which is
   // used (Transformers 5.x): lm_head is then not a view of the embedding.
   bool head_stored_despite_tie = false;
