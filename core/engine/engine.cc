@@ -73,6 +73,7 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
       {"max_prompt_tokens", o.limits.max_prompt_tokens, 0, int64_t{1} << 31},
       {"max_new_tokens", o.limits.max_new_tokens, 0, int64_t{1} << 31},
       {"default_max_new_tokens", o.limits.default_max_new_tokens, 1, int64_t{1} << 31},
+      {"mtp_draft_tokens", o.mtp_draft_tokens, 0, kMaxMtpDraftTokens},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -113,6 +114,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
       l.max_new_tokens > 0 ? std::min(l.max_new_tokens, max_positions) : max_positions;
   l.default_max_new_tokens = std::min(l.default_max_new_tokens, l.max_new_tokens);
   RETURN_IF_ERROR(model->SetKvCacheDType(o.kv_cache_dtype));
+  if (o.mtp_draft_tokens > 0) RETURN_IF_ERROR(model->EnableMtp());  // before the cache
   ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                    model->CreateCache(BlocksFor(o.kv_capacity_tokens, o.block_size), o.block_size));
   std::unique_ptr<Engine> engine(new Engine(std::move(model), o));
@@ -187,6 +189,16 @@ absl::Status ValidateGenerate(const GenerateRequest& g, const ModelRunner& model
   if (g.forced.after_token < -1 || g.forced.after_token >= c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("forced after_token ", g.forced.after_token,
                                                    " is neither -1 nor in the vocabulary"));
+  }
+  if (g.mtp_draft_tokens < -1 || g.mtp_draft_tokens > kMaxMtpDraftTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mtp_draft_tokens must be in [0, ", kMaxMtpDraftTokens,
+                     "] (or -1: the server's), got ", g.mtp_draft_tokens));
+  }
+  if (g.mtp_draft_tokens > 0 && o.mtp_draft_tokens == 0) {
+    return absl::FailedPreconditionError(
+        "mtp_draft_tokens > 0, but this server does not run the MTP layer (start it with "
+        "--mtp_draft_tokens; docs/mtp.md)");
   }
   const int64_t total = static_cast<int64_t>(g.prompt.size()) + g.stop.max_new_tokens;
   if (static_cast<int64_t>(g.prompt.size()) >= c.max_position_embeddings) {
@@ -283,6 +295,8 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     if (!gen.request.forced.tokens.empty() && gen.request.forced.after_token < 0) {
       gen.forced_from = 0;
     }
+    gen.draft_k =
+        gen.request.mtp_draft_tokens < 0 ? options_.mtp_draft_tokens : gen.request.mtp_draft_tokens;
     seq->run_begin = 0;
     seq->run_end = model_->config().num_hidden_layers;
   } else {

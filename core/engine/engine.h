@@ -154,6 +154,11 @@ struct EngineOptions {
   // request is preempted); a later call on an evicted session gets NOT_FOUND.
   absl::Duration session_eviction_grace = absl::Seconds(1);
   RequestLimits limits;  // enforced at submission
+  // Speculative decoding with the model's MTP layer (docs/mtp.md): tokens drafted per step
+  // for requests that do not choose (GenerateRequest::mtp_draft_tokens), 0..
+  // kMaxMtpDraftTokens. Above 0 Engine::Create turns the layer on (ModelRunner::EnableMtp)
+  // and fails where the model or backend has none. Outputs are identical either way.
+  int32_t mtp_draft_tokens = 0;
   // Tests: after every step, verify the block accounting and request bookkeeping (every
   // block's reference count equals its holders; every live request is in exactly one
   // queue). The first violation is kept in EngineStats::invariant_error.
@@ -177,7 +182,14 @@ struct EngineStats {
   int64_t prefix_hits = 0;             // of which found in the cache
   int64_t prompt_tokens_computed = 0;  // prompt tokens that went through the model
   int64_t tokens_generated = 0;
-  std::string invariant_error;  // empty unless check_invariants found a violation
+  // Speculative decoding (docs/mtp.md): MTP drafts verified, how many the model agreed
+  // with, verify steps, and per step the tokens a sequence gained (acceptance length,
+  // accepted drafts + 1): acceptance_lengths[n] steps gained n tokens (index 0 unused).
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_verify_steps = 0;
+  std::vector<int64_t> spec_acceptance_lengths;  // [kMaxMtpDraftTokens + 2]
+  std::string invariant_error;                   // empty unless check_invariants found a violation
   double kv_usage() const {
     return kv_blocks_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_blocks_free) / kv_blocks_total;
   }
@@ -189,6 +201,8 @@ struct StepReport {
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
   int64_t forward_tokens = 0;  // Forward-request tokens
+  int64_t draft_tokens = 0;    // MTP drafts verified in this step
+  int64_t mtp_tokens = 0;      // positions through the MTP layer (its prefill, drafts)
   double seconds = 0;
 };
 

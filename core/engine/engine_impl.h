@@ -128,6 +128,25 @@ class Engine::Impl {
   void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows);
   // `finite`: the row's logits were all finite (else the request fails, nothing sampled).
   void AfterGenerateStep(Sequence* seq, SampledToken sampled, bool finite);
+  // The token a generation emits from `row` (forced or sampled), as SampleTokens draws it;
+  // false when the row is not all finite.
+  bool SampleOne(const Sequence& seq, const float* row, SampledToken* out) const;
+
+  // ---- Speculative decoding with the MTP layer (speculation.cc, docs/mtp.md) ----
+  // The drafts a sequence may verify in a step that feeds it `base` known tokens: its drafts,
+  // capped by the step's token budget `room` and its remaining output and context; KV blocks
+  // for them are taken only where free (evicting cached prefixes, never preempting): else
+  // fewer. Clears drafts it cannot verify.
+  int64_t DraftsToVerify(Sequence* seq, int64_t base, int64_t room);
+  // Emits a verify step's tokens: row j's token, then row j + 1's while draft j equals it.
+  // Returns the rows whose inputs were right (1 + accepted drafts, or fewer if it ended).
+  int64_t VerifyDrafts(Sequence* seq, const float* logits, int64_t rows);
+  // Keeps the head inputs of a generation's `valid` new rows for its MTP pass.
+  void KeepHeadInputs(Sequence* seq, const float* head_input, int64_t valid);
+  // After a step's outputs: the MTP layer over every pending (next token, head input) pair of
+  // the step's generations, then k - 1 chained passes, leaving each sequence's drafts.
+  void RunMtp(const std::vector<Sequence*>& selected, StepReport* report);
+  absl::Status CheckSpeculation(const Sequence& seq, const Generation& gen) const;
   // Ends a request: frees or keeps its blocks, queues its FinishEvent.
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void ReleaseBlocks(Sequence* seq, bool completed);
@@ -182,6 +201,9 @@ class Engine::Impl {
   EngineStats stats_;
   int64_t steps_ = 0, preemptions_ = 0, prompt_computed_ = 0, generated_total_ = 0;
   int64_t sessions_evicted_ = 0, nonfinite_outputs_ = 0;
+  int64_t spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0, spec_verify_steps_ = 0;
+  std::vector<int64_t> spec_acceptance_lengths_ = std::vector<int64_t>(kMaxMtpDraftTokens + 2, 0);
+  ForwardResult mtp_result_;  // reused by the MTP passes
 };
 
 }  // namespace glmserve

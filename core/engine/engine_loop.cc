@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 #include "core/engine/engine_impl.h"
 
 namespace glmserve {
@@ -173,6 +174,7 @@ void Engine::Impl::Deliver() {
 }
 
 void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  seq->finished = true;
   const Generation* gen = seq->generation();
   if (gen != nullptr && options_.prefix_caching && seq->admitted_order >= 0) {
     prefix_.Insert(gen->tokens, seq->computed, seq->own_blocks);
@@ -215,6 +217,7 @@ absl::Status Engine::Impl::CheckInvariants() {
   for (Sequence* seq : running_) {
     if (seq->session == nullptr) hold(seq->own_blocks);
     if (seq->admitted_order < 0) return absl::InternalError("running sequence not admitted");
+    if (const Generation* gen = seq->generation()) RETURN_IF_ERROR(CheckSpeculation(*seq, *gen));
     ++in_queues;
   }
   for (Sequence* seq : waiting_) {
@@ -268,6 +271,10 @@ void Engine::Impl::UpdateStats(int64_t step_delta) {
   s.prefix_hits = prefix_.hits();
   s.prompt_tokens_computed = prompt_computed_;
   s.tokens_generated = generated_total_;
+  s.spec_draft_tokens = spec_draft_tokens_;
+  s.spec_accepted_tokens = spec_accepted_tokens_;
+  s.spec_verify_steps = spec_verify_steps_;
+  s.spec_acceptance_lengths = spec_acceptance_lengths_;
   s.invariant_error = invariant_error_;
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_ = s;

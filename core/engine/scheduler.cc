@@ -90,6 +90,9 @@ bool Engine::Impl::AdmitOne(Sequence* seq) {
     const int64_t matched = prefix_.Match(gen->tokens, max_blocks, &table);
     seq->computed = matched * options_.block_size;
     if (seq->preemptions == 0) seq->cached_prompt_tokens = seq->computed;
+    // The matched blocks' MTP-layer rows are taken as they are (docs/mtp.md: they can only
+    // make a draft worse, never an output different).
+    seq->generation()->mtp_computed = seq->computed;
   }
   const int64_t needed =
       BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
@@ -132,6 +135,7 @@ void Engine::Impl::Preempt(Sequence* seq, std::vector<Sequence*>* selected) {
   }
   cache_->Free(&seq->own_blocks);
   seq->computed = 0;
+  if (Generation* gen = seq->generation()) gen->ResetSpeculation();
   if (ForwardCall* call = seq->forward_call()) {
     call->output = ForwardOutput{};  // a forward request recomputes all its rows
   }
@@ -192,9 +196,11 @@ void Engine::Impl::BuildStep(std::vector<Sequence*>* selected, std::vector<int64
       } else if (seq->admitted_order < 0) {  // preempted itself to make room for older ones
         restart = true;
       } else {
+        // A decode may verify its MTP drafts too, in whatever room is left.
+        const int64_t drafts = DraftsToVerify(seq, n, options_.max_batch_tokens - used - n);
         selected->push_back(seq);
-        counts->push_back(n);
-        used += n;
+        counts->push_back(n + drafts);
+        used += n + drafts;
       }
     }
   }

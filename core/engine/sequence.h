@@ -24,6 +24,23 @@ struct Generation {
   // from the request and `tokens`, which preemption keeps, so a recompute forces the same.
   int64_t forced_from = -1;
 
+  // Speculative decoding with the MTP layer (docs/mtp.md; core/engine/speculation.cc).
+  int32_t draft_k = 0;          // drafts per step (0: the MTP layer never runs for it)
+  std::vector<int32_t> drafts;  // drafted tokens after tokens.back(), verified next step
+  // Positions [0, mtp_computed) have the MTP layer's K/V in the cache; mtp_hidden holds the
+  // model's head inputs for positions [mtp_computed, ...) that still wait for their pass.
+  int64_t mtp_computed = 0;
+  std::vector<float> mtp_hidden;  // [rows, hidden]
+  // Known tokens from input position `from` on (the drafts not counted).
+  int64_t total_inputs_from(int64_t from) const {
+    return static_cast<int64_t>(tokens.size()) - from;
+  }
+  void ResetSpeculation() {
+    drafts.clear();
+    mtp_computed = 0;
+    mtp_hidden.clear();
+  }
+
   // The token forced at output index `generated`, or -1 when the sampler chooses.
   int32_t ForcedNext() const {
     const std::vector<int32_t>& forced = request.forced.tokens;
@@ -64,6 +81,7 @@ struct Sequence {
   int64_t admitted_order = -1;  // admission counter; -1 while waiting
   int64_t cached_prompt_tokens = 0;
   int64_t preemptions = 0;
+  bool finished = false;  // Finish ran; kept alive until its events are delivered
 
   Generation* generation() { return std::get_if<Generation>(&work); }
   const Generation* generation() const { return std::get_if<Generation>(&work); }

@@ -23,6 +23,11 @@ bool AllFinite(const float* values, int64_t n) {
   return finite;
 }
 
+// A sequence's head-input rows of the step starting at batch row `row` (null: not returned).
+const float* HeadRows(const ForwardResult& result, int64_t row, int64_t hidden) {
+  return result.head_input.empty() ? nullptr : result.head_input.data() + row * hidden;
+}
+
 absl::Status NonFiniteError(const char* what) {
   return absl::InternalError(absl::StrCat(
       "non-finite ", what, " (NaN or Inf): the model's weights or activations are broken"));
@@ -48,11 +53,19 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
     Sequence* seq = selected[i];
     const int64_t n = counts[i], from = seq->computed;
     in->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
-    const bool completes = from + n == seq->total_inputs();
     if (const Generation* gen = seq->generation()) {
-      in->ids.insert(in->ids.end(), gen->tokens.begin() + from, gen->tokens.begin() + from + n);
-      in->options.sequence_logits.push_back(completes ? LogitsRows::kLast : LogitsRows::kNone);
+      // Known tokens, then (a decode only) the MTP drafts to verify: a logits row for each.
+      const int64_t known = std::min(n, gen->total_inputs_from(from));
+      const int64_t drafts = n - known;
+      in->ids.insert(in->ids.end(), gen->tokens.begin() + from, gen->tokens.begin() + from + known);
+      in->ids.insert(in->ids.end(), gen->drafts.begin(), gen->drafts.begin() + drafts);
+      const bool done = from + known == seq->total_inputs();
+      in->options.sequence_logits.push_back(drafts > 0 ? LogitsRows::kAll
+                                            : done     ? LogitsRows::kLast
+                                                       : LogitsRows::kNone);
+      in->options.return_head_input |= gen->draft_k > 0;
       (from >= gen->prompt_tokens ? in->report.decode_tokens : in->report.prefill_tokens) += n;
+      in->report.draft_tokens += drafts;
     } else {
       const ForwardRequest& f = seq->forward_call()->request;
       if (seq->run_begin == 0) {
@@ -61,7 +74,7 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
         in->hidden.insert(in->hidden.end(), f.hidden.begin() + from * hidden_size,
                           f.hidden.begin() + (from + n) * hidden_size);
       }
-      in->options.sequence_logits.push_back(ForwardLogitsRows(f, completes));
+      in->options.sequence_logits.push_back(ForwardLogitsRows(f, from + n == seq->total_inputs()));
       in->options.return_hidden |= f.return_hidden;
       in->report.forward_tokens += n;
     }
@@ -79,6 +92,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   result.logits.clear();
   result.hidden.clear();
   result.layer_hidden.clear();
+  result.head_input.clear();
   const absl::Status status = model_->Forward(in.batch, cache_.get(), in.options, &result);
   if (!status.ok()) {
     for (Sequence* seq : selected) {
@@ -89,6 +103,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     return;
   }
   ScatterOutputs(selected, counts, in.options.sequence_logits, result);
+  RunMtp(selected, &in.report);
   in.report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   UpdateStats(1);
   std::function<void(const StepReport&)> observer;
@@ -108,45 +123,59 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
   int64_t row = 0, logits_row = 0;
   std::vector<Sequence*> finished_forwards, failed, to_sample;
   std::vector<const float*> sample_rows;
+  struct Verify {
+    Sequence* seq;
+    const float* logits;      // [rows, vocab]
+    const float* head_input;  // [rows, hidden] or null
+    int64_t rows;
+  };
+  std::vector<Verify> to_verify;
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
     const int64_t n = counts[i];
     const LogitsRows want = wants[i];
     const float* logits = result.logits.data() + logits_row * vocab;
     logits_row += want == LogitsRows::kAll ? n : (want == LogitsRows::kLast ? 1 : 0);
-    seq->computed += n;
-    if (const Generation* gen = seq->generation()) {
-      prompt_computed_ +=
-          std::max<int64_t>(0, std::min(seq->computed, gen->prompt_tokens) - (seq->computed - n));
+    if (Generation* gen = seq->generation()) {
+      const int64_t from = seq->computed;
+      seq->computed += want == LogitsRows::kAll ? 1 : n;  // a verify step: its first row
+      prompt_computed_ += std::max<int64_t>(0, std::min(seq->computed, gen->prompt_tokens) - from);
       if (want == LogitsRows::kLast) {
         to_sample.push_back(seq);
         sample_rows.push_back(logits);
+        if (gen->draft_k > 0) KeepHeadInputs(seq, HeadRows(result, row, hidden_size), n);
+      } else if (want == LogitsRows::kAll) {
+        to_verify.push_back({seq, logits, HeadRows(result, row, hidden_size), n});
+      } else if (gen->draft_k > 0) {
+        KeepHeadInputs(seq, HeadRows(result, row, hidden_size), n);
       }
-    } else {
-      ForwardCall& call = *seq->forward_call();
-      const ForwardRequest& f = call.request;
-      ForwardOutput& out = call.output;
-      bool finite = true;
-      if (f.return_hidden) {
-        const int64_t first = f.last_position_only ? n - 1 : 0;
-        if (!f.last_position_only || seq->computed == call.num_inputs) {
-          const float* rows_begin = result.hidden.data() + (row + first) * hidden_size;
-          const int64_t count = (n - first) * hidden_size;
-          finite &= AllFinite(rows_begin, count);
-          out.hidden.insert(out.hidden.end(), rows_begin, rows_begin + count);
-        }
+      row += n;
+      continue;
+    }
+    seq->computed += n;
+    ForwardCall& call = *seq->forward_call();
+    const ForwardRequest& f = call.request;
+    ForwardOutput& out = call.output;
+    bool finite = true;
+    if (f.return_hidden) {
+      const int64_t first = f.last_position_only ? n - 1 : 0;
+      if (!f.last_position_only || seq->computed == call.num_inputs) {
+        const float* rows_begin = result.hidden.data() + (row + first) * hidden_size;
+        const int64_t count = (n - first) * hidden_size;
+        finite &= AllFinite(rows_begin, count);
+        out.hidden.insert(out.hidden.end(), rows_begin, rows_begin + count);
       }
-      if (want != LogitsRows::kNone) {
-        const int64_t rows = want == LogitsRows::kAll ? n : 1;
-        finite &= AllFinite(logits, rows * vocab);
-        out.logits.insert(out.logits.end(), logits, logits + rows * vocab);
-      }
-      if (!finite) {
-        ++nonfinite_outputs_;
-        failed.push_back(seq);
-      } else if (seq->computed == call.num_inputs) {
-        finished_forwards.push_back(seq);
-      }
+    }
+    if (want != LogitsRows::kNone) {
+      const int64_t rows = want == LogitsRows::kAll ? n : 1;
+      finite &= AllFinite(logits, rows * vocab);
+      out.logits.insert(out.logits.end(), logits, logits + rows * vocab);
+    }
+    if (!finite) {
+      ++nonfinite_outputs_;
+      failed.push_back(seq);
+    } else if (seq->computed == call.num_inputs) {
+      finished_forwards.push_back(seq);
     }
     row += n;
   }
@@ -154,6 +183,10 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
   SampleTokens(to_sample, sample_rows);
   for (size_t i = 0; i < to_sample.size(); ++i) {
     AfterGenerateStep(to_sample[i], std::move(sampled_[i]), sampled_finite_[i] != 0);
+  }
+  for (const Verify& v : to_verify) {
+    const int64_t valid = VerifyDrafts(v.seq, v.logits, v.rows);
+    if (!v.seq->finished) KeepHeadInputs(v.seq, v.head_input, valid);
   }
   for (Sequence* seq : failed) {
     Finish(seq, FinishReason::kError, NonFiniteError("hidden states or logits"));
@@ -169,27 +202,30 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
   }
 }
 
+bool Engine::Impl::SampleOne(const Sequence& seq, const float* logits, SampledToken* out) const {
+  const int64_t vocab = model_->config().vocab_size;
+  // No token may be made up from NaN or Inf logits (checked here, in parallel too).
+  if (!AllFinite(logits, vocab)) return false;
+  const Generation& gen = *seq.generation();
+  const GenerateRequest& g = gen.request;
+  // The logprobs are a full pass over the row each: only when the request asked.
+  const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
+  const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
+  const absl::Span<const float> row = absl::MakeConstSpan(logits, limit);
+  const int32_t forced = gen.ForcedNext();
+  *out = forced >= 0
+             ? ForcedToken(row, forced, want)
+             : SampleToken(row, g.sampling, gen.tokens, static_cast<uint64_t>(gen.generated), want);
+  return true;
+}
+
 void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
                                 const std::vector<const float*>& rows) {
-  const int64_t vocab = model_->config().vocab_size;
   sampled_.resize(seqs.size());
   sampled_finite_.assign(seqs.size(), 0);
   auto sample = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const Sequence* seq = seqs[i];
-      // No token may be made up from NaN or Inf logits (checked here, in parallel too).
-      sampled_finite_[i] = AllFinite(rows[i], vocab);
-      if (!sampled_finite_[i]) continue;
-      const Generation& gen = *seq->generation();
-      const GenerateRequest& g = gen.request;
-      // The logprobs are a full pass over the row each: only when the request asked.
-      const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
-      const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
-      const absl::Span<const float> row = absl::MakeConstSpan(rows[i], limit);
-      const int32_t forced = gen.ForcedNext();
-      sampled_[i] = forced >= 0 ? ForcedToken(row, forced, want)
-                                : SampleToken(row, g.sampling, gen.tokens,
-                                              static_cast<uint64_t>(gen.generated), want);
+      sampled_finite_[i] = SampleOne(*seqs[i], rows[i], &sampled_[i]);
     }
   };
   const int64_t n = static_cast<int64_t>(seqs.size());

@@ -56,7 +56,13 @@ struct GenerateRequest {
   // ids, since a model's padding rows past them have no text.
   int32_t sample_vocab_limit = 0;
   ForcedTokens forced;  // ids within the vocabulary (and sample_vocab_limit when set)
+  // Tokens the MTP layer drafts per step for this request (docs/mtp.md): -1 the server's
+  // setting, 0 none, up to kMaxMtpDraftTokens on a server that runs the MTP layer. Never
+  // changes the output: drafts are verified against the model's own choice.
+  int32_t mtp_draft_tokens = -1;
 };
+
+inline constexpr int32_t kMaxMtpDraftTokens = 8;
 
 enum class FinishReason { kStop, kLength, kForwardDone, kCancelled, kDeadline, kError };
 const char* FinishReasonName(FinishReason reason);
