@@ -68,6 +68,7 @@ absl::StatusOr<glmserve::GenerateRequest> ToEngineGenerate(const v1::GenerateReq
   // Asking for alternatives implies asking for the chosen token's logprob.
   out.logprobs = logprobs.enabled() || logprobs.top_logprobs() > 0;
   out.top_logprobs = logprobs.top_logprobs();
+  out.mtp_draft_tokens = request.has_mtp_draft_tokens() ? request.mtp_draft_tokens() : -1;
   return out;
 }
 

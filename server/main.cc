@@ -100,6 +100,10 @@ ABSL_FLAG(double, gpu_memory_fraction, 0,
           "0: the KV cache holds --kv_capacity_tokens; in (0, 1] on a CUDA device: the KV cache "
           "takes what this fraction of the device's memory leaves after the weights and the "
           "activations (docs/fp8.md); refused with the numbers when the model does not fit");
+ABSL_FLAG(int32_t, mtp_draft_tokens, -1,
+          "speculative decoding with the model's MTP layer (docs/mtp.md): tokens drafted per "
+          "step (0: off, up to 8); -1: 1 when the model has an MTP layer its backend runs (the "
+          "CPU backend), else off. Outputs are identical either way");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
 ABSL_FLAG(double, session_kv_fraction, 0.5,
@@ -253,6 +257,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.mtp_draft_tokens = absl::GetFlag(FLAGS_mtp_draft_tokens);
   o.engine.session_kv_fraction = absl::GetFlag(FLAGS_session_kv_fraction);
   o.engine.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
@@ -295,7 +300,7 @@ const glmserve::cli::ProgramHelp& Help() {
          "http_max_body_bytes_in_flight"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "kv_cache_dtype", "gpu_memory_fraction", "block_size",
-         "max_batch_tokens", "max_running", "max_waiting", "prefix_caching"}},
+         "max_batch_tokens", "max_running", "max_waiting", "prefix_caching", "mtp_draft_tokens"}},
        {"Forward sessions",
         {"max_sessions", "session_kv_fraction", "max_session_tokens", "session_idle_timeout",
          "session_eviction_grace"}},

@@ -40,6 +40,8 @@ const Histogram::BucketBoundaries kBatchTokenBuckets = {1,   2,   4,   8,    16,
 const Histogram::BucketBoundaries kTokenizerBuckets = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
                                                        1e-3, 2.5e-3, 5e-3, 0.01, 0.025,  0.05,
                                                        0.1,  0.25,   0.5,  1,    2.5};
+// One bucket per length: 1 .. kMaxMtpDraftTokens + 1.
+const Histogram::BucketBoundaries kAcceptanceLengthBuckets = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 const Histogram::BucketBoundaries kRequestTokenBuckets = {
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 131072};
 
@@ -312,6 +314,16 @@ void Metrics::RegisterEngineMetrics(prometheus::Registry& r) {
                  "Prompt tokens in the full blocks looked up in the prefix cache");
   prefix_hit_tokens_ = NewCounter(r, "glmserve_prefix_cache_hit_tokens_total",
                                   "Prompt tokens whose KV came from the prefix cache");
+  spec_drafts_ = NewCounter(r, "glmserve_spec_decode_num_drafts_total",
+                            "Verify steps of speculative decoding (one per sequence and step that "
+                            "checked MTP drafts)");
+  spec_draft_tokens_ = NewCounter(r, "glmserve_spec_decode_num_draft_tokens_total",
+                                  "Tokens drafted by the MTP layer and verified");
+  spec_accepted_tokens_ = NewCounter(r, "glmserve_spec_decode_num_accepted_tokens_total",
+                                     "Drafted tokens the model agreed with (emitted)");
+  spec_acceptance_length_ = NewHistogram(
+      r, "glmserve_spec_decode_acceptance_length",
+      "Tokens a verify step gave its sequence (accepted drafts + 1)", kAcceptanceLengthBuckets);
 }
 
 // The names and help texts every Prometheus client library exports.
@@ -443,6 +455,22 @@ void Metrics::Refresh() const {
   }
   add(prefix_query_blocks_, s.prefix_queries, &last_.prefix_queries);
   add(prefix_hit_blocks_, s.prefix_hits, &last_.prefix_hits);
+  add(spec_drafts_, s.spec_verify_steps, &last_.spec_verify_steps);
+  add(spec_draft_tokens_, s.spec_draft_tokens, &last_.spec_draft_tokens);
+  add(spec_accepted_tokens_, s.spec_accepted_tokens, &last_.spec_accepted_tokens);
+  // The engine counts steps per length; the histogram takes what is new in bulk.
+  std::vector<double> increments(kAcceptanceLengthBuckets.size() + 1, 0.0);
+  double sum = 0, any = 0;
+  last_.spec_acceptance_lengths.resize(s.spec_acceptance_lengths.size(), 0);
+  for (size_t n = 1; n < s.spec_acceptance_lengths.size(); ++n) {
+    const int64_t delta = s.spec_acceptance_lengths[n] - last_.spec_acceptance_lengths[n];
+    if (delta <= 0) continue;
+    increments[std::min(n - 1, increments.size() - 1)] += static_cast<double>(delta);
+    sum += static_cast<double>(n) * static_cast<double>(delta);
+    any += static_cast<double>(delta);
+  }
+  if (any > 0) spec_acceptance_length_->ObserveMultiple(increments, sum);
+  last_.spec_acceptance_lengths = s.spec_acceptance_lengths;
 }
 
 }  // namespace glmserve

@@ -139,6 +139,11 @@ class Metrics {
   prometheus::Counter* prefix_hit_blocks_;
   prometheus::Counter* prefix_query_tokens_;
   prometheus::Counter* prefix_hit_tokens_;
+  // Speculative decoding with the MTP layer (docs/mtp.md), named as vLLM names its own.
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Histogram* spec_acceptance_length_;
   // process_*: the standard Prometheus process metrics, read from /proc at scrape time.
   prometheus::Gauge* process_rss_;
   prometheus::Gauge* process_vsize_;

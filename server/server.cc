@@ -130,6 +130,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
       // At least one largest body, or such a request could never be served.
       {"--http_max_body_bytes_in_flight", o.http.max_body_bytes_in_flight, o.http.max_body_bytes,
        int64_t{1} << 40},
+      {"--mtp_draft_tokens", o.mtp_draft_tokens, -1, glmserve::kMaxMtpDraftTokens},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {
@@ -267,8 +268,12 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   const int64_t layer_begin = model->layer_begin();
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
+  glmserve::EngineOptions engine_options = options_.engine;
+  engine_options.mtp_draft_tokens = options_.mtp_draft_tokens >= 0 ? options_.mtp_draft_tokens
+                                    : model->has_mtp() && model->EnableMtp().ok() ? 1
+                                                                                  : 0;
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
-                   glmserve::Engine::Create(std::move(model), options_.engine));
+                   glmserve::Engine::Create(std::move(model), engine_options));
   engine_ = std::move(engine);
   kv_bytes_per_token_ = engine_->kv_bytes_per_token();  // in the cache's dtype
   ServingLimits limits;
@@ -307,6 +312,8 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
                           : kv_dtype == glmserve::DType::kBF16 ? "bf16"
                                                                : "fp32");
   info.set_kv_bytes_per_token(kv_bytes_per_token_);
+  info.set_mtp_draft_tokens(engine_->options().mtp_draft_tokens);
+  info.set_has_mtp_layer(engine_->model().has_mtp());
   v1::Limits* l = info.mutable_limits();
   l->set_max_prompt_tokens(limits.max_prompt_tokens);
   l->set_max_new_tokens(limits.max_new_tokens);
@@ -360,6 +367,13 @@ std::string GlmServer::StartupSummary() const {
                   i.kv_block_size(), " (", kv_bytes_per_token_, " bytes per token, ",
                   i.kv_cache_dtype(), "), prefix caching ",
                   options_.engine.prefix_caching ? "on" : "off", "\n");
+  absl::StrAppend(&out, "speculation ",
+                  i.mtp_draft_tokens() > 0
+                      ? absl::StrCat("MTP layer, ", i.mtp_draft_tokens(), " draft token",
+                                     i.mtp_draft_tokens() == 1 ? "" : "s", " per step")
+                      : std::string(i.has_mtp_layer() ? "off (the model has an MTP layer)"
+                                                      : "off (no MTP layer)"),
+                  "\n");
   absl::StrAppend(&out, "engine      max_batch_tokens ", l.max_batch_tokens(), ", max_running ",
                   l.max_running(), ", max_waiting ", l.max_waiting(), ", max_sessions ",
                   l.max_sessions(), "\n");

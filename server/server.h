@@ -63,7 +63,10 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;
   ServiceOptions service;          // streams, deadlines (auth_tokens filled from the file)
   glmserve::EngineOptions engine;  // includes the request limits (engine.limits)
-  std::string model_name;          // what ModelInfo and build_info call the model
+  // Speculative decoding (docs/mtp.md): engine.mtp_draft_tokens, or -1: 1 when the model has
+  // an MTP layer that its backend runs, else 0 (resolved by Serve).
+  int32_t mtp_draft_tokens = -1;
+  std::string model_name;  // what ModelInfo and build_info call the model
   std::string access_log;  // file (appended) or "-" (stdout) for one line per call; empty: off
   LogFormat log_format = LogFormat::kText;
 };

@@ -344,6 +344,7 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vec
                                                    "' must be in [0, ", kMaxTopLogprobs, "]"));
   }
   out.top_logprobs = r.top_logprobs;
+  out.mtp_draft_tokens = r.mtp_draft_tokens.value_or(-1);
   return out;
 }
 

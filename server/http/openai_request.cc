@@ -368,6 +368,13 @@ absl::Status Seed(const Json& v, const char* name, OpenAIRequest* out) {
   return absl::OkStatus();
 }
 
+// Its bound is the engine's (kMaxMtpDraftTokens, checked when the engine request is built).
+absl::Status MtpDraftTokens(const Json& v, const char* name, OpenAIRequest* out) {
+  ASSIGN_OR_RETURN(int64_t k, Int(v, name, 0, std::numeric_limits<int32_t>::max()));
+  out->mtp_draft_tokens = static_cast<int32_t>(k);
+  return absl::OkStatus();
+}
+
 absl::Status StopTokenIds(const Json& v, const char* name, OpenAIRequest* out) {
   ASSIGN_OR_RETURN(out->stop_token_ids, TokenIds(v, name, kMaxWireStopTokenIds));
   return absl::OkStatus();
@@ -456,6 +463,7 @@ const Field kFields[] = {
     {"min_p", kBoth, false, true, SetFloat<&OpenAIRequest::min_p>},
     {"repetition_penalty", kBoth, false, true, SetFloat<&OpenAIRequest::repetition_penalty>},
     {"seed", kBoth, false, true, Seed},
+    {"mtp_draft_tokens", kBoth, false, true, MtpDraftTokens},
     {"stop", kBoth, false, true,
      [](const Json& v, const char*, OpenAIRequest* out) { return ParseStop(v, out); }},
     {"stop_token_ids", kBoth, false, true, StopTokenIds},

@@ -54,6 +54,9 @@ struct OpenAIRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool skip_special_tokens = true;
+  // glmserve's extension: MTP drafts per step (GenerateRequest::mtp_draft_tokens); unset: the
+  // server's setting.
+  std::optional<int32_t> mtp_draft_tokens;
 };
 
 // INVALID_ARGUMENT naming the field (and its JSON path for nested ones) for: a body that is

@@ -518,6 +518,12 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
        "repetition_penalty must be finite and > 0"},
       {"21 alternatives", "/v1/completions", with("logprobs", 21), 400,
        "'logprobs' must be in [0, 20]"},
+      {"negative mtp_draft_tokens", "/v1/completions", with("mtp_draft_tokens", -1), 400,
+       "'mtp_draft_tokens' must be in [0, "},
+      {"mtp_draft_tokens over the bound", "/v1/completions", with("mtp_draft_tokens", 9), 400,
+       "mtp_draft_tokens must be in [0, 8]"},
+      {"mtp_draft_tokens without an MTP layer", "/v1/completions", with("mtp_draft_tokens", 2), 422,
+       "does not run the MTP layer"},
       {"duplicate key", "/v1/completions",
        R"({"model": "tiny", "prompt": "a", "max_tokens": 2, "max_tokens": 3})", 400,
        "duplicate key 'max_tokens'"},
@@ -607,7 +613,7 @@ TEST_F(OpenAIHttpTest, EveryBadRequestGetsItsStatusAndChangesNothing) {
   EXPECT_TRUE(WaitUntil([&] {
     return Counter(
                "glmserve_requests_total{api=\"openai\",code=\"INVALID_ARGUMENT\",rpc=\"/v1/"
-               "completions\"}") == 22;
+               "completions\"}") == 24;
   }));
 }
 
