@@ -18,6 +18,7 @@
 #include "core/base/file_io.h"
 #include "core/base/parallel.h"
 #include "core/base/status_macros.h"
+#include "core/engine/mtp_policy.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -269,9 +270,14 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   const int64_t layer_end = model->layer_end();
   const int64_t weight_bytes = model->weight_bytes();
   glmserve::EngineOptions engine_options = options_.engine;
-  engine_options.mtp_draft_tokens = options_.mtp_draft_tokens >= 0 ? options_.mtp_draft_tokens
-                                    : model->has_mtp() && model->EnableMtp().ok() ? 1
-                                                                                  : 0;
+  engine_options.mtp_draft_tokens = std::max(0, options_.mtp_draft_tokens);
+  if (options_.mtp_draft_tokens < 0 && model->has_mtp() && model->EnableMtp().ok()) {
+    // Auto: draft where it pays on this model and machine (core/engine/mtp_policy.h).
+    ASSIGN_OR_RETURN(const glmserve::MtpStepCosts costs, glmserve::MeasureMtpStepCosts(*model));
+    std::string why;
+    engine_options.mtp_draft_tokens = glmserve::AutoMtpDraftTokens(costs, &why);
+    mtp_choice_ = absl::StrCat("auto, ", why);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
                    glmserve::Engine::Create(std::move(model), engine_options));
   engine_ = std::move(engine);
@@ -373,7 +379,7 @@ std::string GlmServer::StartupSummary() const {
                                      i.mtp_draft_tokens() == 1 ? "" : "s", " per step")
                       : std::string(i.has_mtp_layer() ? "off (the model has an MTP layer)"
                                                       : "off (no MTP layer)"),
-                  "\n");
+                  mtp_choice_.empty() ? "" : absl::StrCat(" (", mtp_choice_, ")"), "\n");
   absl::StrAppend(&out, "engine      max_batch_tokens ", l.max_batch_tokens(), ", max_running ",
                   l.max_running(), ", max_waiting ", l.max_waiting(), ", max_sessions ",
                   l.max_sessions(), "\n");

@@ -131,7 +131,8 @@ class GlmServer {
   std::unique_ptr<glmserve::Engine> engine_;
   std::atomic<int64_t> steps_observed_{0};  // steps the metrics observer has seen
   v1::ModelInfo info_;                      // as GetModelInfo answers, set by Serve
-  int64_t kv_bytes_per_token_ = 0;          // set by Serve
+  std::string mtp_choice_;          // why --mtp_draft_tokens=-1 chose what it did (startup summary)
+  int64_t kv_bytes_per_token_ = 0;  // set by Serve
   int port_ = 0;
   int metrics_port_ = -1;
   bool ready_ = false;

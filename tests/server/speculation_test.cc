@@ -59,15 +59,33 @@ double Metric(const GlmServer& server, const std::string& name) {
   return v.ok() ? *v : -1;
 }
 
-TEST(SpeculationServerTest, OnByDefaultWithTheTrainedModelAndOutputsUnchanged) {
+// --mtp_draft_tokens=-1 measures the step costs on the loaded model and says why it chose
+// what it did; either choice is 0 or 1.
+TEST(SpeculationServerTest, AutoChoosesByMeasuredCosts) {
   std::unique_ptr<GlmServer> server = KjvServer(/*mtp_draft_tokens=*/-1);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<v1::ModelInfo> info = Connect(*server)->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->has_mtp_layer());
+  EXPECT_GE(info->mtp_draft_tokens(), 0);
+  EXPECT_LE(info->mtp_draft_tokens(), 1);
+  const std::string summary = server->StartupSummary();
+  EXPECT_NE(summary.find("(auto, a verify step costs "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(info->mtp_draft_tokens() == 1 ? "speculation MTP layer, 1 draft token"
+                                                       : "speculation off (the model has an MTP"),
+            std::string::npos)
+      << summary;
+}
+
+TEST(SpeculationServerTest, OnWithTheTrainedModelAndOutputsUnchanged) {
+  std::unique_ptr<GlmServer> server = KjvServer(/*mtp_draft_tokens=*/1);
   ASSERT_NE(server, nullptr);
   std::unique_ptr<Client> client = Connect(*server);
   absl::StatusOr<v1::ModelInfo> info = client->Info();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->mtp_draft_tokens(), 1);
   EXPECT_TRUE(info->has_mtp_layer());
-  EXPECT_NE(server->StartupSummary().find("speculation MTP layer, 1 draft token per step"),
+  EXPECT_NE(server->StartupSummary().find("speculation MTP layer, 1 draft token per step\n"),
             std::string::npos)
       << server->StartupSummary();
 
