@@ -517,6 +517,10 @@ absl::StatusOr<ModelWeights> RandomWeights(const ModelConfig& config,
     if (resolved.begin != 0 || resolved.end != config.num_hidden_layers) {
       return absl::InvalidArgumentError("an MTP layer needs the whole model, not a span");
     }
+    if (config.num_nextn_predict_layers < 1) {
+      return absl::InvalidArgumentError(
+          "an MTP layer needs a config with num_nextn_predict_layers >= 1");
+    }
     PrepareMtp(&w);
   }
   const std::vector<WeightSlot> slots = ListWeightSlots(&w);

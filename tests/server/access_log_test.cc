@@ -180,8 +180,8 @@ TEST(AccessLogTest, GlmServerBinaryLogsProgressSummaryAndCalls) {
        "--log_format=json"},
       &target);
   const std::string& out = child->output();
-  EXPECT_NE(out.find("sharded_fp32: 0.0 of 0.6 MB (0.0%)\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("sharded_fp32: 0.6 of 0.6 MB (100.0%)"), std::string::npos) << out;
+  EXPECT_NE(out.find("sharded_fp32: 0.0 of 0.8 MB (0.0%)\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("sharded_fp32: 0.8 of 0.8 MB (100.0%)"), std::string::npos) << out;
   EXPECT_LT(out.find("(100.0%)"), out.find("\nmodel       ")) << out;
   EXPECT_NE(out.find("\nkv cache    32768 tokens"), std::string::npos) << out;
   EXPECT_NE(out.find("\nlogging     access log stdout (json)\n"), std::string::npos) << out;

@@ -131,7 +131,9 @@ TEST_P(SpeculationTest, ConcurrentOutputsEqualPlainDecoding) {
       static_cast<long long>(s.spec_draft_tokens), mean);
   // The trained MTP layer's drafts are accepted (half greedy, half sampled requests here;
   // bench/mtp_bench measures the greedy figures); random drafts almost never.
-  if (p.model == Model::kKjv) EXPECT_GT(mean, 1.3);
+  if (p.model == Model::kKjv) {
+    EXPECT_GT(mean, 1.3);
+  }
 }
 
 TEST_P(SpeculationTest, PreemptionAndPrefixHitsKeepTheOutput) {

@@ -245,15 +245,17 @@ TEST(LoadProgressTest, ReportsEveryUsedByteOfAMultiShardCheckpoint) {
   absl::StatusOr<ModelConfig> config = LoadConfigFile(dir + "/config.json");
   ASSERT_TRUE(config.ok());
   // What each span must read: its layers' tensors, the embedding for layer 0, the final norm
-  // and head for the last layer; never the MTP layer.
+  // and head for the last layer; the MTP layer (stored, complete) with the whole model only.
   const auto expected_bytes = [&](int64_t begin, int64_t end) {
     int64_t bytes = 0;
     for (const std::string& name : store->Names()) {
       int64_t layer = -1;
       const bool in_layer = absl::StartsWith(name, "model.layers.") &&
                             absl::SimpleAtoi(name.substr(13, name.find('.', 13) - 13), &layer);
+      const int64_t n = config->num_hidden_layers;
+      const bool mtp = layer == n && begin == 0 && end == n;
       const bool used =
-          in_layer ? layer >= begin && layer < end
+          in_layer ? (layer >= begin && layer < end) || mtp
           : name == "model.embed_tokens.weight"
               ? begin == 0 || (end == config->num_hidden_layers && config->tie_word_embeddings)
               : end == config->num_hidden_layers;
@@ -299,21 +301,60 @@ TEST(LoadProgressTest, Describes) {
   EXPECT_EQ(DescribeLoadProgress(small), "0.2 of 0.5 MB (50.0%), 0.50 MB/s, ETA 1s");
 }
 
-TEST_F(CheckpointTest, MtpAndRotaryTablesAreSkipped) {
+// Old checkpoints' RoPE tables are recomputed, not loaded; an MTP layer is skipped by a span.
+TEST_F(CheckpointTest, RotaryTablesAndASpansMtpLayerAreSkipped) {
   const ModelWeights saved = SaveTiny(TinyConfig());
   static const float kZero[64 * 128] = {};
   Rewrite([](std::vector<TensorToWrite>* t) {
     t->push_back({"model.layers.3.eh_proj.weight", DType::kF32, {64, 128}, {{kZero, 32768}}});
-    t->push_back({"model.layers.3.enorm.weight", DType::kF32, {64}, {{kZero, 256}}});
-    t->push_back(
-        {"model.layers.3.mlp.experts.0.gate_proj.weight", DType::kF32, {32, 64}, {{kZero, 8192}}});
-    t->push_back(
-        {"model.layers.3.shared_head.head.weight", DType::kF32, {64, 64}, {{kZero, 16384}}});
     t->push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {4}, {{kZero, 16}}});
   });
+  absl::StatusOr<ModelWeights> span = LoadCheckpoint(dir_, {0, 2});
+  ASSERT_TRUE(span.ok()) << span.status();
+  EXPECT_FALSE(span->mtp.has_value());
+  // The whole model takes the MTP layer, which must then be complete: a missing tensor is an
+  // error naming it, as for any other layer.
+  absl::StatusOr<ModelWeights> whole = LoadCheckpoint(dir_);
+  ASSERT_FALSE(whole.ok());
+  EXPECT_NE(whole.status().message().find("missing tensor 'model.layers.3."), std::string::npos)
+      << whole.status();
+}
+
+// A model saved with its MTP layer (the slot list writes it) loads it back, bit for bit; the
+// head it shares is the model's unless shared_head.head is stored.
+TEST_F(CheckpointTest, MtpLayerRoundTrips) {
+  ModelConfig config = TinyConfig();
+  config.num_nextn_predict_layers = 1;
+  absl::StatusOr<ModelWeights> random = RandomWeights(config, {.seed = 5, .mtp = true});
+  ASSERT_TRUE(random.ok()) << random.status();
+  ASSERT_TRUE(random->mtp.has_value());
+  EXPECT_EQ(random->mtp->head.data, random->lm_head.data);
+  EXPECT_EQ(random->mtp->layer.layer_index, config.num_hidden_layers);
+  ASSERT_TRUE(SaveCheckpoint(*random, dir_).ok());
   absl::StatusOr<ModelWeights> loaded = LoadCheckpoint(dir_);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  ExpectSameWeights(*loaded, saved);
+  ASSERT_TRUE(loaded->mtp.has_value());
+  EXPECT_FALSE(loaded->mtp_head_stored);
+  EXPECT_EQ(loaded->mtp->head.data, loaded->lm_head.data);
+  ExpectSameWeights(*loaded, *random);
+  const MtpWeights& a = *loaded->mtp;
+  const MtpWeights& b = *random->mtp;
+  EXPECT_EQ(a.enorm, b.enorm);
+  EXPECT_EQ(a.hnorm, b.hnorm);
+  EXPECT_EQ(a.head_norm, b.head_norm);
+  ASSERT_EQ(a.eh_proj.rows, b.eh_proj.rows);
+  EXPECT_EQ(std::memcmp(a.eh_proj.data, b.eh_proj.data, a.eh_proj.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.layer.moe.experts[1].down.data, b.layer.moe.experts[1].down.data,
+                        a.layer.moe.experts[1].down.bytes()),
+            0);
+  EXPECT_EQ(loaded->ParameterBytes(), random->ParameterBytes());
+  // A config without num_nextn_predict_layers has no MTP layer to generate, and a span none.
+  ModelConfig none = config;
+  none.num_nextn_predict_layers = 0;
+  EXPECT_EQ(RandomWeights(none, {.seed = 5, .mtp = true}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RandomWeights(config, {.seed = 5, .mtp = true}, {0, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CheckpointTest, Spans) {
