@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_model.h"
+#include "core/cpu/quantize.h"
 #include "core/engine/engine.h"
 #include "core/model/checkpoint.h"
 #include "core/text/text_assets.h"
@@ -26,18 +27,25 @@ using testing::Outcome;
 
 const std::string kModel = testing::ModelDir("glm-4.5-kjv");
 
-// The trained default model (its MTP layer was trained: drafts get accepted), or the tiny
-// preset with random weights and a random MTP layer (drafts almost never accepted: every step
-// rolls back).
-enum class Model { kKjv, kRandomTiny };
+// The trained default model (its MTP layer was trained: drafts get accepted), the same made
+// FP8 at load (128x128 blocks, as GLM-5-FP8), or the tiny GLM-4.5 and GLM-5 presets with random
+// weights and a random MTP layer (drafts almost never accepted: every step rolls back; GLM-5's
+// MTP layer keeps its own indexer and latent cache layer).
+enum class Model { kKjv, kRandomTiny, kRandomGlm5, kKjvFp8 };
 
 std::unique_ptr<ModelRunner> MakeModel(Model model) {
-  if (model == Model::kKjv) {
+  if (model == Model::kKjv || model == Model::kKjvFp8) {
     absl::StatusOr<ModelWeights> w = LoadModel(kModel);
     EXPECT_TRUE(w.ok()) << w.status();
+    if (model == Model::kKjvFp8) {  // the MTP layer's matrices too, as FP8 checkpoints have them
+      EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kFp8Block).ok());
+      EXPECT_EQ(w->mtp->layer.moe.experts[0].gate.format, WeightFormat::kFp8Scaled);
+      return std::make_unique<CpuModel>(*std::move(w), CpuMath::kExact);
+    }
     return std::make_unique<CpuModel>(*std::move(w), CpuMath::kBf16);
   }
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny");
+  absl::StatusOr<ModelConfig> config =
+      PresetConfig(model == Model::kRandomGlm5 ? "tiny-glm5" : "tiny");
   EXPECT_TRUE(config.ok());
   config->max_position_embeddings = 512;
   config->num_nextn_predict_layers = 1;
@@ -73,7 +81,7 @@ std::vector<int32_t> HeldOutIds() {
 
 GenerateRequest Request(Model model, int key, int max_new, bool sample) {
   GenerateRequest g = testing::MakeGenerate(key, 4 + key % 29, max_new, sample);
-  if (model == Model::kKjv) {
+  if (model == Model::kKjv || model == Model::kKjvFp8) {
     static const std::vector<int32_t> held = HeldOutIds();
     const size_t at = static_cast<size_t>(key) * 97 % (held.size() - 64);
     g.prompt.assign(held.begin() + at, held.begin() + at + 8 + key % 33);
@@ -92,6 +100,12 @@ struct Case {
 };
 
 class SpeculationTest : public ::testing::TestWithParam<Case> {};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  static const char* const kNames[] = {"Kjv", "RandomTiny", "RandomGlm5", "KjvFp8"};
+  return std::string(kNames[static_cast<int>(info.param.model)]) + "K" +
+         std::to_string(info.param.k);
+}
 
 TEST_P(SpeculationTest, ConcurrentOutputsEqualPlainDecoding) {
   const Case p = GetParam();
@@ -131,7 +145,7 @@ TEST_P(SpeculationTest, ConcurrentOutputsEqualPlainDecoding) {
       static_cast<long long>(s.spec_draft_tokens), mean);
   // The trained MTP layer's drafts are accepted (half greedy, half sampled requests here;
   // bench/mtp_bench measures the greedy figures); random drafts almost never.
-  if (p.model == Model::kKjv) {
+  if (p.model == Model::kKjv || p.model == Model::kKjvFp8) {
     EXPECT_GT(mean, 1.3);
   }
 }
@@ -162,11 +176,9 @@ TEST_P(SpeculationTest, ChunkedPrefillEqualsPlain) {
 
 INSTANTIATE_TEST_SUITE_P(Models, SpeculationTest,
                          ::testing::Values(Case{Model::kKjv, 1}, Case{Model::kKjv, 2},
-                                           Case{Model::kKjv, 3}, Case{Model::kRandomTiny, 2}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.model == Model::kKjv ? "Kjv" : "Random") +
-                                  "K" + std::to_string(info.param.k);
-                         });
+                                           Case{Model::kKjv, 3}, Case{Model::kRandomTiny, 2},
+                                           Case{Model::kRandomGlm5, 2}, Case{Model::kKjvFp8, 2}),
+                         CaseName);
 
 // A verify step that could emit more than the request may: max_new_tokens and a stop token
 // reached inside a run of accepted drafts end the output exactly where plain decoding does.
