@@ -30,11 +30,15 @@ void PrepareWeights(const ModelConfig& config, int64_t begin, int64_t end, Model
 }
 
 bool MtpLayerIsMoe(const ModelConfig& config) {
-  // mlp_layer_types lists the main layers only; the MTP layer follows the last one's form
-  // (sparse in every released GLM model).
+  // mlp_layer_types lists the main layers only; the MTP layer is sparse in every released GLM
+  // model (vLLM and SGLang build it with MoE too). Without the list, first_k_dense_replace's
+  // rule extends to it.
   const int64_t n = config.num_hidden_layers;
-  return config.mlp_layer_types.empty() ? n >= config.first_k_dense_replace
-                                        : config.is_moe_layer(n - 1);
+  if (static_cast<int64_t>(config.mlp_layer_types.size()) > n) {
+    return config.mlp_layer_types[static_cast<size_t>(n)] == "sparse";
+  }
+  if (!config.mlp_layer_types.empty()) return config.n_routed_experts > 0;
+  return n >= config.first_k_dense_replace;
 }
 
 void PrepareMtp(ModelWeights* w) {
