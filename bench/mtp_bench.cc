@@ -40,6 +40,9 @@ ABSL_FLAG(int, prompt_tokens, 48, "prompt length");
 ABSL_FLAG(int, new_tokens, 64, "tokens generated per stream (greedy, eos ignored)");
 ABSL_FLAG(std::string, math, "bf16", "CPU arithmetic: exact, bf16, bf16_amx");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+ABSL_FLAG(int64_t, mtp_max_batch, 0,
+          "EngineOptions::mtp_max_batch (0: drafts at every batch size, the raw cost; the "
+          "server's default is 4)");
 ABSL_FLAG(std::string, step_tokens, "1,2,3,4", "new tokens of the timed batch-1 steps");
 ABSL_FLAG(int, step_reps, 7, "timed repetitions of each step (best of)");
 
@@ -115,6 +118,7 @@ struct Run {
 Run Serve(int k, const std::vector<std::vector<int32_t>>& prompts, glmserve::CpuMath math) {
   glmserve::EngineOptions options;
   options.mtp_draft_tokens = k;
+  options.mtp_max_batch = absl::GetFlag(FLAGS_mtp_max_batch);
   options.max_running = 64;
   options.kv_capacity_tokens = 16384;
   auto engine = Check(glmserve::Engine::Create(Runner(math), options), "engine");

@@ -104,6 +104,9 @@ ABSL_FLAG(int32_t, mtp_draft_tokens, -1,
           "speculative decoding with the model's MTP layer (docs/mtp.md): tokens drafted per "
           "step (0: off, up to 8); -1: 1 when the model has an MTP layer its backend runs (the "
           "CPU backend), else off. Outputs are identical either way");
+ABSL_FLAG(int64_t, mtp_max_batch, 4,
+          "speculative decoding pauses in steps where more sequences than this decode (0: "
+          "never); a big batch is compute-bound and drafts only add work (docs/mtp.md)");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
 ABSL_FLAG(double, session_kv_fraction, 0.5,
@@ -258,6 +261,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   o.mtp_draft_tokens = absl::GetFlag(FLAGS_mtp_draft_tokens);
+  o.engine.mtp_max_batch = absl::GetFlag(FLAGS_mtp_max_batch);
   o.engine.session_kv_fraction = absl::GetFlag(FLAGS_session_kv_fraction);
   o.engine.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);

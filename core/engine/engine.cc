@@ -74,6 +74,7 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
       {"max_new_tokens", o.limits.max_new_tokens, 0, int64_t{1} << 31},
       {"default_max_new_tokens", o.limits.default_max_new_tokens, 1, int64_t{1} << 31},
       {"mtp_draft_tokens", o.mtp_draft_tokens, 0, kMaxMtpDraftTokens},
+      {"mtp_max_batch", o.mtp_max_batch, 0, int64_t{1} << 16},
   };
   for (const auto& r : ranges) {
     if (r.value < r.min || r.value > r.max) {

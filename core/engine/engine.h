@@ -159,6 +159,11 @@ struct EngineOptions {
   // kMaxMtpDraftTokens. Above 0 Engine::Create turns the layer on (ModelRunner::EnableMtp)
   // and fails where the model or backend has none. Outputs are identical either way.
   int32_t mtp_draft_tokens = 0;
+  // Drafting pauses in steps where more sequences than this decode (0: never): a big batch is
+  // compute-bound, and every draft is then extra work (docs/mtp.md, "When it pays"). Paused
+  // sequences skip the MTP layer too; their next drafts read its cache rows of the skipped
+  // positions as they are (slower drafts, never different outputs).
+  int64_t mtp_max_batch = 4;
   // Tests: after every step, verify the block accounting and request bookkeeping (every
   // block's reference count equals its holders; every live request is in exactly one
   // queue). The first violation is kept in EngineStats::invariant_error.

@@ -111,9 +111,25 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
   ForwardBatch batch;
   ForwardOptions options;
   options.mtp = true;
+  // A busy step (more decoding sequences than mtp_max_batch) drafts nothing and skips the
+  // layer: the pending pairs are dropped, their MTP cache rows left as they are.
+  int64_t decoding = 0;
+  for (Sequence* seq : selected) {
+    const Generation* gen = seq->generation();
+    if (gen != nullptr && !seq->finished &&
+        seq->computed + 1 == static_cast<int64_t>(gen->tokens.size())) {
+      ++decoding;
+    }
+  }
+  const bool busy = options_.mtp_max_batch > 0 && decoding > options_.mtp_max_batch;
   for (Sequence* seq : selected) {
     Generation* gen = seq->generation();
     if (gen == nullptr || seq->finished || gen->draft_k == 0) continue;
+    if (busy) {
+      gen->mtp_computed = seq->computed;
+      gen->mtp_hidden.clear();
+      continue;
+    }
     const int64_t last = static_cast<int64_t>(gen->tokens.size()) - 1;
     const int64_t end = std::min(seq->computed, last);
     const int64_t pairs = end - gen->mtp_computed;

@@ -25,8 +25,7 @@ TEST_P(MtpGoldenTest, ModelAndMtpLogitsMatchTheReference) {
   const std::string dir = testing::GoldenDir(GetParam());
   std::ifstream f(dir + "/expected.json");
   ASSERT_TRUE(f.good()) << dir;
-  const std::vector<int32_t> ids =
-      nlohmann::json::parse(f)["prompt"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> ids = nlohmann::json::parse(f)["prompt"].get<std::vector<int32_t>>();
   absl::StatusOr<NpyArray> want_logits = ReadNpy(dir + "/logits.npy");
   absl::StatusOr<NpyArray> want_mtp = ReadNpy(dir + "/mtp_logits.npy");
   ASSERT_TRUE(want_logits.ok() && want_mtp.ok());

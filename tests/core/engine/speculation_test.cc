@@ -112,6 +112,7 @@ TEST_P(SpeculationTest, ConcurrentOutputsEqualPlainDecoding) {
   EngineOptions options;
   options.max_batch_tokens = 48;  // prompts in chunks, drafts fighting for room
   options.max_running = 12;
+  options.mtp_max_batch = 0;  // drafts at every batch size
   std::unique_ptr<Engine> engine = MakeEngine(p.model, p.k, options);
   Collector c;
   std::vector<GenerateRequest> requests;
@@ -218,6 +219,31 @@ TEST(SpeculationLimits, StopsAndLengthsInsideAcceptedRuns) {
   ExpectAllBlocksFree(*engine);
 }
 
+// Steps with more decoding sequences than mtp_max_batch draft nothing (and skip the MTP layer);
+// drafting resumes as the batch shrinks. Outputs stay the plain ones throughout.
+TEST(SpeculationLimits, BusyStepsPauseDrafting) {
+  std::vector<GenerateRequest> requests;
+  for (int key = 0; key < 8; ++key) {
+    requests.push_back(Request(Model::kKjv, key, 8 + 4 * key, /*sample=*/false));
+  }
+  int64_t verify_steps[2] = {0, 0};
+  for (int64_t limit : {int64_t{0}, int64_t{2}}) {
+    EngineOptions options;
+    options.mtp_max_batch = limit;
+    std::unique_ptr<Engine> engine = MakeEngine(Model::kKjv, 1, options);
+    Collector c;
+    for (int key = 0; key < 8; ++key) ASSERT_TRUE(engine->Submit({requests[key]}, c.For(key)).ok());
+    c.Wait(8);
+    for (int key = 0; key < 8; ++key) {
+      EXPECT_TRUE(c[key] == Plain(Model::kKjv, requests[key])) << "limit " << limit << " " << key;
+    }
+    ExpectAllBlocksFree(*engine);
+    verify_steps[limit == 0 ? 0 : 1] = engine->Stats().spec_verify_steps;
+  }
+  EXPECT_GT(verify_steps[1], 0);                // the last two streams drafted
+  EXPECT_LT(verify_steps[1], verify_steps[0]);  // the busy steps did not
+}
+
 TEST(SpeculationLimits, PerRequestSettingAndRefusals) {
   // A request may turn it off (or choose k) on a server that runs it: same output.
   std::unique_ptr<Engine> engine = MakeEngine(Model::kKjv, 1);
@@ -252,6 +278,9 @@ TEST(SpeculationLimits, PerRequestSettingAndRefusals) {
       Engine::Create(std::make_unique<CpuModel>(*std::move(w)), options);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   options.mtp_draft_tokens = kMaxMtpDraftTokens + 1;
+  EXPECT_EQ(ValidateEngineOptions(options).code(), absl::StatusCode::kInvalidArgument);
+  options.mtp_draft_tokens = 1;
+  options.mtp_max_batch = -1;
   EXPECT_EQ(ValidateEngineOptions(options).code(), absl::StatusCode::kInvalidArgument);
 }
 
