@@ -24,7 +24,8 @@ where M is a ONE-layer model of the same Transformers class (its layer 0 the sto
 MoE, and for GLM-5 an indexer of its own) with model.norm = shared_head.norm and lm_head =
 shared_head.head (else the model's lm_head): Transformers' decoder layer, RoPE at positions
 0..T-2, causal mask and head, nothing of ours. Outputs per case: the checkpoint, logits.npy
-(the model's [T, V]), mtp_logits.npy, expected.json (prompt, seed, provenance).
+(the model's [T, V]), mtp_logits.npy, mtp.json (prompt, seed, provenance; not named expected.json: these are
+not the standard fixtures the golden tests enumerate).
 """
 
 import json
@@ -219,7 +220,7 @@ def run_case(case):
                   "prompt[i + 2]",
         generator="tools/make_goldens_mtp.py", transformers=transformers.__version__,
         torch=torch.__version__)
-    with open(os.path.join(d, "expected.json"), "w") as f:
+    with open(os.path.join(d, "mtp.json"), "w") as f:
         json.dump(expected, f, indent=1)
         f.write("\n")
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))

@@ -191,7 +191,8 @@ def report(name, c, kv_tokens):
     print(f"## {name}")
     print(f"parameters (served, without MTP): {bf16 + fp32:,} ({(bf16 + fp32) / 1e9:.2f} B); "
           f"active per token: {active / 1e9:.2f} B")
-    print(f"MTP layer parameters (not loaded): {mtp_bf16 + mtp_fp32:,}")
+    print(f"MTP layer parameters (loaded with the whole model for speculative decoding, "
+          f"docs/mtp.md): {mtp_bf16 + mtp_fp32:,}")
     print(f"weights in bf16 (fp32 router bias): {weights:,} bytes = {weights / 1e9:.1f} GB = "
           f"{weights / GIB:.1f} GiB")
     print(f"checkpoint on disk with MTP: {ckpt / 1e9:.1f} GB = {ckpt / GIB:.1f} GiB")

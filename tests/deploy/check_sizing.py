@@ -46,6 +46,7 @@ def main():
             c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
         served = mtp = 0
         stored_head = False
+        mtp_head = False  # model_sizing counts the MTP layer with its own head, as releases store it
         for path in glob.glob(os.path.join(d, "*.safetensors")):
             with open(path, "rb") as fh:
                 header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
@@ -57,6 +58,7 @@ def main():
                 for x in t["shape"]:
                     n *= x
                 stored_head |= name == "lm_head.weight"
+                mtp_head |= name.endswith(".shared_head.head.weight")
                 m = re.match(r"model\.layers\.(\d+)\.", name)
                 if m and int(m.group(1)) >= c["num_hidden_layers"]:
                     mtp += n
@@ -69,6 +71,8 @@ def main():
             bf16 += c["vocab_size"] * c["hidden_size"]
         name = os.path.basename(d.rstrip("/"))
         f.check(served == bf16 + fp32, f"{name}: checkpoint has {served} parameters, model_sizing counts {bf16 + fp32}")
+        if mtp and not mtp_head:
+            mtp_bf16 -= c["vocab_size"] * c["hidden_size"]  # the MTP layer reads lm_head
         if mtp:
             f.check(mtp == mtp_bf16 + mtp_fp32, f"{name}: MTP layer has {mtp} parameters, model_sizing counts {mtp_bf16 + mtp_fp32}")
         print(f"{name}: {served} parameters{f' + {mtp} MTP' if mtp else ''}: exact")

@@ -23,7 +23,7 @@ class MtpGoldenTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(MtpGoldenTest, ModelAndMtpLogitsMatchTheReference) {
   const std::string dir = testing::GoldenDir(GetParam());
-  std::ifstream f(dir + "/expected.json");
+  std::ifstream f(dir + "/mtp.json");
   ASSERT_TRUE(f.good()) << dir;
   const std::vector<int32_t> ids = nlohmann::json::parse(f)["prompt"].get<std::vector<int32_t>>();
   absl::StatusOr<NpyArray> want_logits = ReadNpy(dir + "/logits.npy");
