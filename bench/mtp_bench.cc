@@ -10,6 +10,7 @@
 //
 //   build/bench/mtp_bench                      # the embedded glm-4.5-kjv, its held-out text
 //   build/bench/mtp_bench --streams=1 --drafts=0,1,3 --math=bf16_amx
+//   build/bench/mtp_bench --device=cuda     # a GPU (tools/gpu_bundle.sh runs it)
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -39,6 +40,8 @@ ABSL_FLAG(std::string, drafts, "0,1,2,3", "drafts per step to compare (comma lis
 ABSL_FLAG(int, prompt_tokens, 48, "prompt length");
 ABSL_FLAG(int, new_tokens, 64, "tokens generated per stream (greedy, eos ignored)");
 ABSL_FLAG(std::string, math, "bf16", "CPU arithmetic: exact, bf16, bf16_amx");
+ABSL_FLAG(std::string, device, "cpu",
+          "the runner: cpu or cuda (a GPU; the read floor is the CPU's)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(int64_t, mtp_max_batch, 0,
           "EngineOptions::mtp_max_batch (0: drafts at every batch size, the raw cost; the "
@@ -71,8 +74,10 @@ std::vector<int> IntList(const std::string& s) {
 
 std::unique_ptr<glmserve::ModelRunner> Runner(glmserve::CpuMath math) {
   glmserve::ModelWeights w = Check(glmserve::LoadModel(absl::GetFlag(FLAGS_model)), "model");
-  return Check(glmserve::CreateModelRunner(std::move(w), glmserve::DeviceKind::kCpu, math),
-               "runner");
+  const glmserve::DeviceKind device = absl::GetFlag(FLAGS_device) == "cuda"
+                                          ? glmserve::DeviceKind::kCuda
+                                          : glmserve::DeviceKind::kCpu;
+  return Check(glmserve::CreateModelRunner(std::move(w), device, math), "runner");
 }
 
 // Seconds of one step at batch 1 after a 48-token context: the model over `tokens` new tokens

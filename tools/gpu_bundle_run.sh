@@ -17,7 +17,7 @@
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
 # and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_glm5.log,
 # gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log,
-# sampler_bench.log, host_bench.log, moe_routing_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
+# sampler_bench.log, host_bench.log, moe_routing_bench.log, mtp_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -196,6 +196,9 @@ if [ "$gpu" = 1 ]; then
   run_step moe_routing_bench "$out/moe_routing_bench.log" "$here/bin/moe_routing_bench" \
     --device=cuda --model="$here/models/glm-4.5-kjv" --text="$here/golden/kjv/heldout.txt" \
     --presets=glm-4.5-mini,glm-4.5-air:layers=2
+  # Speculative decoding with the trained MTP layer on the GPU (docs/mtp.md).
+  run_step mtp_bench "$out/mtp_bench.log" "$here/bin/mtp_bench" --device=cuda \
+    --model="$here/models/glm-4.5-kjv" --text="$here/golden/kjv/heldout.txt"
 else
   # The CPU benchmarks in a quick form: they run, and their tables come out.
   run_step "sampler_bench (quick)" "$out/sampler_bench.log" "$here/bin/sampler_bench" --draws=3 \

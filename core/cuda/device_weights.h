@@ -83,19 +83,31 @@ struct DeviceLayer {
   DeviceFfn shared;  // width 0 without a shared expert
 };
 
+// The MTP layer (docs/mtp.md) beside its decoder block, which is DeviceWeights::layers' last
+// entry (one past the span's layers) when present.
+struct DeviceMtp {
+  const float* enorm = nullptr;       // [hidden]
+  const float* hnorm = nullptr;       // [hidden]
+  const uint16_t* eh_proj = nullptr;  // [hidden, 2 hidden]: the embedding half's columns first
+  const float* head_norm = nullptr;   // [hidden] shared_head.norm
+  const uint16_t* head = nullptr;     // [vocab, hidden]: shared_head.head, or the model's lm_head
+  bool present() const { return eh_proj != nullptr; }
+};
+
 struct DeviceWeights {
   DeviceBuffer memory;                // one allocation holding everything below
   const uint16_t* embed = nullptr;    // [vocab, hidden] or null
   const float* final_norm = nullptr;  // [hidden] or null
   const uint16_t* lm_head = nullptr;  // [vocab, hidden] or null (aliases embed when tied)
   const float* inv_freq = nullptr;    // [rotary_dim / 2], RotaryEmbedding's values
-  std::vector<DeviceLayer> layers;
+  std::vector<DeviceLayer> layers;    // the span's, then the MTP layer's block if mtp.present()
+  DeviceMtp mtp;
 
   int64_t bytes = 0;
   // What one decode step reads besides embedding rows and routed experts: every other matrix
   // and vector of the span. And the bytes of one routed expert (gate, up, down; FP8: codes
   // and fp32 scales).
-  int64_t dense_step_bytes = 0;
+  int64_t dense_step_bytes = 0;  // the MTP layer not counted
   int64_t routed_expert_bytes = 0;
 };
 

@@ -269,12 +269,11 @@ absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
   const bool compact = head_rows_ >= 0;
   GLM_CUDA_RETURN_IF_ERROR(
       LaunchAddRmsNorm(compact ? head_h() + row_begin * c.hidden_size : a_.h, nullptr,
-                       weights_.final_norm, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                       step_head_norm_, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
                        compact ? nullptr : meta(meta_layout_.logit_index() + row_begin), head_x_,
                        nullptr, stream_.get()));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(weights_.lm_head, c.hidden_size), c.vocab_size,
-                       c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
-                       c.vocab_size));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(step_head_, c.hidden_size), c.vocab_size, c.hidden_size,
+                       Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F, c.vocab_size));
   return absl::OkStatus();
 }
 

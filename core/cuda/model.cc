@@ -94,11 +94,13 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   options_ = WithEnvironmentOverrides(options);
   const ModelConfig& c = config_;
   for (const LayerWeights& l : weights.layers) has_moe_ = has_moe_ || l.is_moe;
+  if (weights.mtp) has_moe_ = has_moe_ || weights.mtp->layer.is_moe;
   is_mla_ = c.is_mla();
   // The config's word, not the weights': an FP8 preset's device-generated wq_b has no host data.
   for (const LayerWeights& l : weights.layers) {
     has_indexer_ |= is_mla_ && c.has_indexer(l.layer_index);
   }
+  if (weights.mtp) has_indexer_ |= is_mla_;  // the MTP layer keeps its own indexer
   const int64_t group = is_mla_ ? 1 : c.num_attention_heads / c.num_key_value_heads;
   if (is_mla_) {
     // The indexer kernel stages one token's queries and head weights in 48 KiB of shared
@@ -153,8 +155,9 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
 
   // Buffers whose size does not depend on the step. The split scratch covers any split
   // choice of ChooseSplits: tiles * kv_heads * splits < 4 * SMs whenever splits > 1.
-  const int64_t span_layers = layer_end_ - layer_begin_;
-  const int64_t offsets_count = has_moe_ ? span_layers * (c.n_routed_experts + 1) : 0;
+  // The MTP layer's block, when uploaded, is one more layer (DeviceWeights::layers).
+  const int64_t device_layers = static_cast<int64_t>(weights_.layers.size());
+  const int64_t offsets_count = has_moe_ ? device_layers * (c.n_routed_experts + 1) : 0;
   const int64_t scratch_floats =
       AttentionScratchFloats(2 * sm_count_, 1, group, c.head_dim, /*num_splits=*/2);
   if (is_mla_ && options_.mla_tensor_cores) {
@@ -226,10 +229,20 @@ std::string CudaModel::compute_description() const {
 
 int64_t CudaModel::kv_bytes_per_token() const {
   if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
-    return (layer_end_ - layer_begin_) * 2 * config_.num_key_value_heads * (config_.head_dim + 4);
+    return cache_layers() * 2 * config_.num_key_value_heads * (config_.head_dim + 4);
   }
   // bf16: K and V rows (GLM-4.5) or the latent row (GLM-5).
-  return (layer_end_ - layer_begin_) * config_.cache_values_per_token_layer() * 2;
+  return cache_layers() * config_.cache_values_per_token_layer() * 2;
+}
+
+absl::Status CudaModel::EnableMtp() {
+  if (!has_mtp()) {
+    return absl::FailedPreconditionError(
+        "the model has no MTP layer on the device (none in the checkpoint, a layer span, or an "
+        "FP8 eh_proj or head): serve with --mtp_draft_tokens=0");
+  }
+  mtp_enabled_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::SetKvCacheDType(KvCacheDType dtype) {
@@ -257,7 +270,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaModel::CreateCache(int64_t num_bloc
   if (num_blocks * block_size > int64_t{1} << 30) {
     return absl::InvalidArgumentError("CUDA KV cache: at most 2^30 token slots (int32 slot ids)");
   }
-  KvCacheShape shape = CacheShapeFor(config_, layer_end_ - layer_begin_, num_blocks, block_size);
+  KvCacheShape shape = CacheShapeFor(config_, cache_layers(), num_blocks, block_size);
   shape.fp8 = kv_fp8_;
   // bf16, or FP8: a byte per value, then (aligned) a 4-byte scale per head_dim values. The
   // checked byte count bounds every product below (the scales are 4 / head_dim of the codes).
@@ -328,7 +341,7 @@ absl::Status CudaModel::CheckBatch(const ForwardBatch& batch, const KvCache& cac
   if (cache.shape().fp8 && is_mla_) {  // the latent kernels read bf16 rows
     return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
   }
-  if (cache.shape().num_layers != layer_end_ - layer_begin_) {
+  if (cache.shape().num_layers != cache_layers()) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
   }
   return ValidateForwardBatch(batch, config_, cache.shape(), /*token_input=*/has_embedding_);
@@ -420,7 +433,10 @@ absl::Status CudaModel::UploadPlan() {
 }
 
 bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
-  if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden) return false;
+  if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden ||
+      options.return_head_input || options.mtp) {
+    return false;
+  }
   // GLM-5 decode steps are graphs too: the indexer's score rows take a fixed stride
   // (max_position_embeddings, Forward), its selection and the attention's key counts are
   // device data, nothing waits for the host.
@@ -460,6 +476,78 @@ absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::CopyHeadInput(const float* norm, int64_t rows, std::vector<float>* out) {
+  const ModelConfig& c = config_;
+  GLM_CUDA_RETURN_IF_ERROR(LaunchAddRmsNorm(a_.h, nullptr, norm, rows, c.hidden_size,
+                                            static_cast<float>(c.rms_norm_eps), nullptr, a_.x,
+                                            a_.x32, stream_.get()));
+  const size_t bytes = sizeof(float) * rows * c.hidden_size;
+  if (io_host_.bytes() < bytes) {
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+    io_host_ = std::move(host);
+  }
+  GLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(io_host_.get(), a_.x32, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+  out->assign(io_host_.as<float>(), io_host_.as<float>() + rows * c.hidden_size);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::UploadHiddenIn(absl::Span<const float> hidden_in, int64_t rows) {
+  const ModelConfig& c = config_;
+  const size_t bytes = sizeof(float) * rows * c.hidden_size;
+  if (io_host_.bytes() < bytes) {
+    ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
+    io_host_ = std::move(host);
+  }
+  std::memcpy(io_host_.get(), hidden_in.data(), bytes);
+  GLM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(a_.h, io_host_.get(), bytes, cudaMemcpyHostToDevice, stream_.get()));
+  if (plan_.tokens > rows) {  // padding rows: finite inputs
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a_.h + rows * c.hidden_size, 0,
+                                             sizeof(float) * (plan_.tokens - rows) * c.hidden_size,
+                                             stream_.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnsureIndexScores(bool graph) {
+  // A graph replays one score stride: max_position_embeddings, which CheckBatch holds every
+  // context to (GLM-5: 64 tiles x 202752 x 4 bytes, 52 MB). Eager steps take their longest.
+  const ModelConfig& c = config_;
+  index_stride_ = graph && has_indexer_ ? c.max_position_embeddings : plan_.max_kv_len;
+  if (has_indexer_ && (graph || plan_.max_kv_len > c.index_topk)) {
+    const size_t need = sizeof(float) * std::min(plan_.num_tiles, kIndexerTiles) *
+                        static_cast<size_t>(index_stride_);
+    if (index_scores_.bytes() < need) {
+      // Captured graphs point at the old buffer (UploadPlan waited: nothing queued reads it).
+      graphs_.clear();
+      index_scores_.Reset();
+      ASSIGN_OR_RETURN(DeviceBuffer scores, DeviceBuffer::Create(need));
+      index_scores_ = std::move(scores);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::ReadLogits(bool graph, ForwardResult* result) {
+  const int64_t vocab = config_.vocab_size;
+  // Appended chunk by chunk from the pinned staging buffer: no zero-filled resize first.
+  result->logits.reserve(plan_.real_logit_rows * vocab);
+  for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
+    const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
+    // A graph step computed all its (<= kLogitChunk) rows already.
+    if (!graph) RETURN_IF_ERROR(EnqueueLogits(begin, rows));
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
+                                             sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
+                                             stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    const float* staged = logits_host_.as<float>();
+    result->logits.insert(result->logits.end(), staged, staged + rows * vocab);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
                                 const ForwardOptions& options, ForwardResult* result) {
   if (cache == nullptr) return absl::InvalidArgumentError("no KV cache");
@@ -476,11 +564,14 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
+  if (options.mtp) return ForwardMtp(batch, cache, options, result);
+  if (options.return_head_input && !has_head_) {
+    return absl::InvalidArgumentError("head inputs need a run that ends at the last layer");
+  }
   RETURN_IF_ERROR(CheckBatch(batch, *cache));
   RETURN_IF_ERROR(ValidateRunSpan(layer_begin_, layer_end_, layer_begin_, layer_end_,
                                   config_.num_hidden_layers, options.logits != LogitsRows::kNone));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  const ModelConfig& c = config_;
   const bool graph = GraphEligible(batch, options);
   const int64_t real = batch.total_tokens();
   BuildStepPlan(batch, options.logits, cache->shape().block_size, tile_tokens_,
@@ -488,39 +579,15 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
   RETURN_IF_ERROR(UploadPlan());  // waits for the previous step: buffers may be replaced
-  // A graph replays one score stride: max_position_embeddings, which CheckBatch holds every
-  // context to (GLM-5: 64 tiles x 202752 x 4 bytes, 52 MB). Eager steps take their longest.
-  index_stride_ = graph && has_indexer_ ? c.max_position_embeddings : plan_.max_kv_len;
-  if (has_indexer_ && (graph || plan_.max_kv_len > c.index_topk)) {
-    const size_t need = sizeof(float) * std::min(plan_.num_tiles, kIndexerTiles) *
-                        static_cast<size_t>(index_stride_);
-    if (index_scores_.bytes() < need) {
-      // Captured graphs point at the old buffer (UploadPlan waited: nothing queued reads it).
-      graphs_.clear();
-      index_scores_.Reset();
-      ASSIGN_OR_RETURN(DeviceBuffer scores, DeviceBuffer::Create(need));
-      index_scores_ = std::move(scores);
-    }
-  }
+  RETURN_IF_ERROR(EnsureIndexScores(graph));
   last_step_valid_ = false;
-  if (!has_embedding_) {
-    const size_t bytes = sizeof(float) * real * c.hidden_size;
-    if (io_host_.bytes() < bytes) {
-      ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Create(bytes));
-      io_host_ = std::move(host);
-    }
-    std::memcpy(io_host_.get(), batch.hidden_in.data(), bytes);
-    GLM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(a_.h, io_host_.get(), bytes, cudaMemcpyHostToDevice, stream_.get()));
-    if (plan_.tokens > real) {  // padding rows: finite inputs
-      GLM_CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(a_.h + real * c.hidden_size, 0,
-                          sizeof(float) * (plan_.tokens - real) * c.hidden_size, stream_.get()));
-    }
-  }
+  if (!has_embedding_) RETURN_IF_ERROR(UploadHiddenIn(batch.hidden_in, real));
   result->logits.clear();
   result->hidden.clear();
   result->layer_hidden.clear();
+  result->head_input.clear();
+  step_head_norm_ = weights_.final_norm;
+  step_head_ = weights_.lm_head;
   const bool want_logits = options.logits != LogitsRows::kNone;
 
   head_rows_ = FinishOnlyHeadRows(options, graph) ? plan_.real_logit_rows : -1;
@@ -542,22 +609,10 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
     RETURN_IF_ERROR(EnqueueResolve(&pending));
     if (options.return_hidden) RETURN_IF_ERROR(CopyHidden(real, &result->hidden));
   }
-
-  if (want_logits) {
-    const int64_t vocab = c.vocab_size;
-    // Appended chunk by chunk from the pinned staging buffer: no zero-filled resize first.
-    result->logits.reserve(plan_.real_logit_rows * vocab);
-    for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
-      const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
-      // A graph step computed all its (<= kLogitChunk) rows already.
-      if (!graph) RETURN_IF_ERROR(EnqueueLogits(begin, rows));
-      GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
-                                               sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
-                                               stream_.get()));
-      GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-      const float* staged = logits_host_.as<float>();
-      result->logits.insert(result->logits.end(), staged, staged + rows * vocab);
-    }
+  if (want_logits) RETURN_IF_ERROR(ReadLogits(graph, result));
+  // After the logits: the head input's norm reuses the normed-input buffers.
+  if (options.return_head_input) {
+    RETURN_IF_ERROR(CopyHeadInput(weights_.final_norm, real, &result->head_input));
   }
   GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
   GLM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -571,8 +626,8 @@ bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, bool graph) co
   // per row.
   const ModelConfig& c = config_;
   return !graph && has_head_ && !is_mla_ && !options.return_hidden &&
-         !options.return_layer_hidden && plan_.real_logit_rows < plan_.tokens &&
-         c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
+         !options.return_layer_hidden && !options.return_head_input &&
+         plan_.real_logit_rows < plan_.tokens && c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
 }
 
 absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {

@@ -96,6 +96,12 @@ class CudaModel final : public ModelRunner {
   // kFp8E4M3: GLM-4.5's K/V as e4m3 codes with one fp32 scale per token, kind and KV head, the
   // CPU's format (core/model/kv_fp8.h); GLM-5's latent cache stays bf16 (FAILED_PRECONDITION).
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  // The MTP layer (docs/mtp.md), uploaded with a whole model whose weights have it (its
+  // eh_proj and head unquantized): EnableMtp before CreateCache adds its cache layer, and
+  // Forward then takes ForwardOptions::mtp (model_mtp.cc).
+  bool has_mtp() const override { return weights_.mtp.present(); }
+  absl::Status EnableMtp() override;
+  bool mtp_enabled() const override { return mtp_enabled_; }
   // A cache in device memory (bf16, or FP8 codes then scales after SetKvCacheDType; zero-filled).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
@@ -179,6 +185,20 @@ class CudaModel final : public ModelRunner {
   bool GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const;
   int ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const;
   absl::Status CopyHidden(int64_t rows, std::vector<float>* out);
+  // The step's head inputs: RMSNorm(h, norm) of every row in fp32 (ForwardOptions::
+  // return_head_input), read back. Clobbers the normed-input buffers.
+  absl::Status CopyHeadInput(const float* norm, int64_t rows, std::vector<float>* out);
+  // hidden_in [rows, hidden] into the residual stream (padding rows zero).
+  absl::Status UploadHiddenIn(absl::Span<const float> hidden_in, int64_t rows);
+  // The indexer's score buffer for this step's contexts (GLM-5).
+  absl::Status EnsureIndexScores(bool graph);
+  // The logits rows of the step through `norm` and `head` (the model's, or the MTP layer's),
+  // chunk by chunk into result->logits.
+  absl::Status ReadLogits(bool graph, ForwardResult* result);
+  // The MTP layer's step (model_mtp.cc).
+  absl::Status ForwardMtp(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                          ForwardResult* result);
+  int64_t cache_layers() const { return layer_end_ - layer_begin_ + (mtp_enabled_ ? 1 : 0); }
 
   // Enqueue only; nothing here waits for the device except the host-grouped MoE path.
   absl::Status EnqueueStepBody(KvCache* cache, bool logits);
@@ -244,6 +264,7 @@ class CudaModel final : public ModelRunner {
   bool is_mla_ = false;       // GLM-5: latent cache, MLA and the DSA indexer
   bool has_indexer_ = false;  // some span layer is a "full" indexer layer
   bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3): caches created from now on are FP8
+  bool mtp_enabled_ = false;  // EnableMtp(): caches hold one more layer, the MTP layer's
   rowmath::RouterRowParams router_;
   int tile_tokens_ = 1;
 
@@ -269,13 +290,17 @@ class CudaModel final : public ModelRunner {
   float* attn_scratch_ = nullptr;
   int32_t* expert_offsets_ = nullptr;  // [span layers, E + 1], kept for LastStepActiveExperts
   uint16_t* head_x_ = nullptr;         // [kLogitChunk, hidden]
+  // What EnqueueLogits reads this step: the model's final norm and lm_head, or the MTP
+  // layer's shared_head.norm and head.
+  const float* step_head_norm_ = nullptr;
+  const uint16_t* step_head_ = nullptr;
   // The step's last layer finishes only its logits rows (-1: every row; 0: none, a prefill
   // chunk whose logits nobody reads); their residual rows go to head_h().
   int64_t head_rows_ = -1;
-  float* logits_ = nullptr;            // [kLogitChunk, vocab]
-  PinnedBuffer logits_host_;           // [kLogitChunk, vocab]
-  PinnedBuffer offsets_host_;          // [span layers, E + 1]
-  PinnedBuffer io_host_;               // hidden states in and out (grows)
+  float* logits_ = nullptr;    // [kLogitChunk, vocab]
+  PinnedBuffer logits_host_;   // [kLogitChunk, vocab]
+  PinnedBuffer offsets_host_;  // [span layers, E + 1]
+  PinnedBuffer io_host_;       // hidden states in and out (grows)
   bool last_step_valid_ = false;
   DeviceBuffer index_scores_;  // indexer scores, kIndexerTiles * index_stride_ floats (grows)
   // The step's score row stride: its longest context eagerly, max_position_embeddings in a
