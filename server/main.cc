@@ -529,6 +529,11 @@ int main(int argc, char** argv) {
     // The cache's element format first (Engine::Create sets it again): the plan counts the
     // bytes per token of the cache the engine will make (an FP8 cache: about a quarter).
     if (absl::Status s = model->runner->SetKvCacheDType(*kv_dtype); !s.ok()) return Fail(s);
+    // And the MTP layer's cache layer, when speculation may use it (auto decides later; its
+    // layer is then reserved either way).
+    if (absl::GetFlag(FLAGS_mtp_draft_tokens) != 0 && model->runner->has_mtp()) {
+      if (absl::Status s = model->runner->EnableMtp(); !s.ok()) return Fail(s);
+    }
     if (absl::Status s = PlanKvCache(*model->runner, fraction, server->get()); !s.ok()) {
       return Fail(s);
     }
