@@ -4,7 +4,7 @@
 Transformers does not run the MTP layer, so the reference here is the published formula
 written with Transformers' own pieces (run by hand, never by CI; tools/requirements-goldens.txt):
 
-    /work/gvenv/bin/python tools/make_goldens_mtp.py            # all cases
+    /tmp/gvenv/bin/python tools/make_goldens_mtp.py            # all cases (venv: tools/make_goldens.py)
 
 For each case a tiny random model of N + 1 decoder layers is built with Transformers
 (Glm4MoeForCausalLM or GlmMoeDsaForCausalLM, weights by make_goldens.py's overwrite_weights);
