@@ -146,6 +146,21 @@ class Engine::Impl {
   // After a step's outputs: the MTP layer over every pending (next token, head input) pair of
   // the step's generations, then k - 1 chained passes, leaving each sequence's drafts.
   void RunMtp(const std::vector<Sequence*>& selected, StepReport* report);
+  // A busy step (more decoding sequences than mtp_max_batch): drops the pending pairs of every
+  // drafting sequence and returns true.
+  bool PauseDrafting(const std::vector<Sequence*>& selected);
+  // A sequence that drafts more than one token: its drafts so far and the MTP layer's head
+  // input for the next.
+  struct MtpDrafting {
+    Sequence* seq;
+    int64_t room;              // drafts it may take in all
+    std::vector<float> chain;  // [hidden]
+  };
+  // The pass over the pending pairs (first drafts); false when nothing ran or it failed (the
+  // sequences then ended).
+  bool MtpFirstPass(const std::vector<Sequence*>& selected, StepReport* report,
+                    std::vector<MtpDrafting>* drafting);
+  void MtpChainedPasses(std::vector<MtpDrafting> drafting, StepReport* report);
   absl::Status CheckSpeculation(const Sequence& seq, const Generation& gen) const;
   // Ends a request: frees or keeps its blocks, queues its FinishEvent.
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);

@@ -94,23 +94,13 @@ void Engine::Impl::KeepHeadInputs(Sequence* seq, const float* head_input, int64_
 
 void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* report) {
   if (options_.mtp_draft_tokens == 0) return;  // the engine runs no MTP layer
-  const ModelConfig& c = model_->config();
-  const int64_t hidden = c.hidden_size;
-  struct Drafting {
-    Sequence* seq;
-    int64_t room;              // drafts it may still take
-    std::vector<float> chain;  // [hidden] the MTP layer's head input for the next draft
-  };
-  std::vector<Drafting> drafting;
+  if (PauseDrafting(selected)) return;
+  std::vector<MtpDrafting> drafting;
+  if (!MtpFirstPass(selected, report, &drafting)) return;
+  MtpChainedPasses(std::move(drafting), report);
+}
 
-  // Pass 1: every pending pair (t[i+1], h[i]), i in [mtp_computed, min(computed, tokens - 1)).
-  std::vector<Sequence*> passed;
-  std::vector<int64_t> pairs_of;
-  std::vector<int32_t> ids;
-  std::vector<float> hs;
-  ForwardBatch batch;
-  ForwardOptions options;
-  options.mtp = true;
+bool Engine::Impl::PauseDrafting(const std::vector<Sequence*>& selected) {
   // A busy step (more decoding sequences than mtp_max_batch) drafts nothing and skips the
   // layer: the pending pairs are dropped, their MTP cache rows left as they are.
   int64_t decoding = 0;
@@ -121,15 +111,31 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
       ++decoding;
     }
   }
-  const bool busy = options_.mtp_max_batch > 0 && decoding > options_.mtp_max_batch;
+  if (options_.mtp_max_batch <= 0 || decoding <= options_.mtp_max_batch) return false;
   for (Sequence* seq : selected) {
     Generation* gen = seq->generation();
     if (gen == nullptr || seq->finished || gen->draft_k == 0) continue;
-    if (busy) {
-      gen->mtp_computed = seq->computed;
-      gen->mtp_hidden.clear();
-      continue;
-    }
+    gen->mtp_computed = seq->computed;
+    gen->mtp_hidden.clear();
+  }
+  return true;
+}
+
+bool Engine::Impl::MtpFirstPass(const std::vector<Sequence*>& selected, StepReport* report,
+                                std::vector<MtpDrafting>* drafting) {
+  const ModelConfig& c = model_->config();
+  const int64_t hidden = c.hidden_size;
+  // Every pending pair (t[i+1], h[i]), i in [mtp_computed, min(computed, tokens - 1)).
+  std::vector<Sequence*> passed;
+  std::vector<int64_t> pairs_of;
+  std::vector<int32_t> ids;
+  std::vector<float> hs;
+  ForwardBatch batch;
+  ForwardOptions options;
+  options.mtp = true;
+  for (Sequence* seq : selected) {
+    Generation* gen = seq->generation();
+    if (gen == nullptr || seq->finished || gen->draft_k == 0) continue;
     const int64_t last = static_cast<int64_t>(gen->tokens.size()) - 1;
     const int64_t end = std::min(seq->computed, last);
     const int64_t pairs = end - gen->mtp_computed;
@@ -144,7 +150,7 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
     passed.push_back(seq);
     pairs_of.push_back(pairs);
   }
-  if (passed.empty()) return;
+  if (passed.empty()) return false;
   batch.token_ids = ids;
   batch.hidden_in = hs;
   ForwardResult& result = mtp_result_;
@@ -165,7 +171,7 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
     const int64_t room = DraftRoom(gen, c.max_position_embeddings);
     if (room > 1) {
       const float* h = result.head_input.data() + (row - 1) * hidden;
-      drafting.push_back({seq, room, std::vector<float>(h, h + hidden)});
+      drafting->push_back({seq, room, std::vector<float>(h, h + hidden)});
     }
   }
   if (!status.ok()) {
@@ -173,9 +179,15 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
       Finish(seq, FinishReason::kError,
              absl::InternalError(absl::StrCat("MTP step failed: ", status.message())));
     }
-    return;
+    return false;
   }
+  return true;
+}
 
+void Engine::Impl::MtpChainedPasses(std::vector<MtpDrafting> drafting, StepReport* report) {
+  const ModelConfig& c = model_->config();
+  const int64_t hidden = c.hidden_size;
+  ForwardResult& result = mtp_result_;
   // Chained passes: one position per sequence, the previous draft and the MTP layer's own
   // head input, at position tokens - 2 + j for draft j + 1 (the cache layer's rows there are
   // provisional: the next pass 1 rewrites them once the tokens are known).
@@ -186,8 +198,8 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
     chain_options.logits = LogitsRows::kLast;
     std::vector<int32_t> chain_ids;
     std::vector<float> chain_hs;
-    std::vector<Drafting*> members;
-    for (Drafting& d : drafting) {
+    std::vector<MtpDrafting*> members;
+    for (MtpDrafting& d : drafting) {
       Generation& gen = *d.seq->generation();
       const int64_t position =
           d.seq->base_position + static_cast<int64_t>(gen.tokens.size()) - 2 + j;
@@ -207,18 +219,18 @@ void Engine::Impl::RunMtp(const std::vector<Sequence*>& selected, StepReport* re
     chain.token_ids = chain_ids;
     chain.hidden_in = chain_hs;
     chain_options.return_head_input = true;
-    status = model_->Forward(chain, cache_.get(), chain_options, &result);
+    const absl::Status status = model_->Forward(chain, cache_.get(), chain_options, &result);
     report->mtp_tokens += chain.total_tokens();
     if (!status.ok()) {
-      for (Drafting* d : members) {
+      for (MtpDrafting* d : members) {
         Finish(d->seq, FinishReason::kError,
                absl::InternalError(absl::StrCat("MTP step failed: ", status.message())));
       }
       return;
     }
-    std::vector<Drafting> next;
+    std::vector<MtpDrafting> next;
     for (size_t m = 0; m < members.size(); ++m) {
-      Drafting& d = *members[m];
+      MtpDrafting& d = *members[m];
       Generation& gen = *d.seq->generation();
       gen.drafts.push_back(
           ArgMaxRow(result.logits.data() + m * c.vocab_size, SampledIds(gen, c.vocab_size)));
