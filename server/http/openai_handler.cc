@@ -348,6 +348,67 @@ absl::StatusOr<GenerateRequest> ToEngineRequest(const OpenAIRequest& r, std::vec
   return out;
 }
 
+// Streams a generation's events to its client until the FinishEvent, which it returns; the
+// engine request is cancelled when the client leaves (*gone) or a stop string matched. *status:
+// INTERNAL for a token the tokenizer cannot decode.
+glmserve::FinishEvent StreamEvents(glmserve::EventQueue& queue, glmserve::Engine& engine,
+                                   glmserve::RequestId id, Responder& responder, TextStream& stream,
+                                   HttpExchange& exchange, Metrics* metrics,
+                                   glmserve::SteadyTime arrival, bool* gone, absl::Status* status) {
+  bool cancelled = false;
+  std::optional<glmserve::SteadyTime> last_token;
+  const auto cancel = [&] {
+    if (!cancelled) engine.Cancel(id);
+    cancelled = true;
+  };
+  if (*gone) cancel();
+  glmserve::FinishEvent finish;
+  // Checked every kDisconnectPoll whether events flow or not (a busy generation that
+  // writes nothing until the end must still notice its client leaving).
+  absl::Time next_check = absl::Now() + kDisconnectPoll;
+  for (;;) {
+    std::optional<glmserve::Event> event = queue.Pop(kDisconnectPoll);
+    if (!*gone && absl::Now() >= next_check) {
+      next_check = absl::Now() + kDisconnectPoll;
+      if (exchange.PeerClosed()) {
+        *gone = true;
+        cancel();
+      }
+    }
+    if (!event) continue;
+    if (auto* token = std::get_if<glmserve::TokenEvent>(&event->body)) {
+      if (!last_token) {
+        metrics->RecordTimeToFirstToken(Seconds(arrival, token->time));
+      } else {
+        metrics->RecordInterToken(Seconds(*last_token, token->time));
+      }
+      last_token = token->time;
+      if (*gone || stream.stopped()) continue;  // tokens still in flight after a cancel
+      absl::StatusOr<TextDelta> delta = stream.Push(token->token);
+      if (!delta.ok()) {
+        // An id the tokenizer cannot decode: ApplyTextDefaults keeps sampling away from them,
+        // so this is a bug, reported as such.
+        *status = absl::InternalError(delta.status().message());
+        cancel();
+        continue;
+      }
+      if (!responder.Token(*token, *delta)) {
+        *gone = true;
+        cancel();
+      } else if (delta->stopped) {
+        cancel();  // a stop string matched: no more steps for this request
+        metrics->RecordStopString();
+      }
+      continue;
+    }
+    if (auto* f = std::get_if<glmserve::FinishEvent>(&event->body)) {
+      finish = std::move(*f);
+      break;
+    }
+  }
+  return finish;
+}
+
 OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend, std::string body,
                                  bool chat, HttpExchange& exchange, glmserve::SteadyTime arrival) {
   OpenAICallResult result;
@@ -405,57 +466,8 @@ OpenAICallResult ServeCompletion(GlmServiceImpl& glm, const Backend& backend, st
   Metrics* metrics = glm.metrics();
   TextStream& stream = *prepared->stream;
   bool gone = !responder.Start();  // the client left before the first byte
-  bool cancelled = false;
-  std::optional<glmserve::SteadyTime> last_token;
-  const auto cancel = [&] {
-    if (!cancelled) engine->Cancel(*id);
-    cancelled = true;
-  };
-  if (gone) cancel();
-  glmserve::FinishEvent finish;
-  // Checked every kDisconnectPoll whether events flow or not (a busy generation that
-  // writes nothing until the end must still notice its client leaving).
-  absl::Time next_check = absl::Now() + kDisconnectPoll;
-  for (;;) {
-    std::optional<glmserve::Event> event = queue->Pop(kDisconnectPoll);
-    if (!gone && absl::Now() >= next_check) {
-      next_check = absl::Now() + kDisconnectPoll;
-      if (exchange.PeerClosed()) {
-        gone = true;
-        cancel();
-      }
-    }
-    if (!event) continue;
-    if (auto* token = std::get_if<glmserve::TokenEvent>(&event->body)) {
-      if (!last_token) {
-        metrics->RecordTimeToFirstToken(Seconds(arrival, token->time));
-      } else {
-        metrics->RecordInterToken(Seconds(*last_token, token->time));
-      }
-      last_token = token->time;
-      if (gone || stream.stopped()) continue;  // tokens still in flight after a cancel
-      absl::StatusOr<TextDelta> delta = stream.Push(token->token);
-      if (!delta.ok()) {
-        // An id the tokenizer cannot decode: ApplyTextDefaults keeps sampling away from them,
-        // so this is a bug, reported as such.
-        result.status = absl::InternalError(delta.status().message());
-        cancel();
-        continue;
-      }
-      if (!responder.Token(*token, *delta)) {
-        gone = true;
-        cancel();
-      } else if (delta->stopped) {
-        cancel();  // a stop string matched: no more steps for this request
-        metrics->RecordStopString();
-      }
-      continue;
-    }
-    if (auto* f = std::get_if<glmserve::FinishEvent>(&event->body)) {
-      finish = std::move(*f);
-      break;
-    }
-  }
+  const glmserve::FinishEvent finish = StreamEvents(
+      *queue, *engine, *id, responder, stream, exchange, metrics, arrival, &gone, &result.status);
   if (finish.times.first_scheduled) {
     metrics->RecordQueue(rpc, Seconds(arrival, *finish.times.first_scheduled));
   }
