@@ -88,42 +88,49 @@ void AddMla(const ModelConfig& c, const std::string& ap, int64_t l, bool indexer
   matrix("indexer.weights_proj.weight", c.index_n_heads, hidden, &x.weights_proj);
 }
 
+// Appends slots to a list: a 2-D weight (kept in its stored dtype; `linear`: quantization at
+// load converts it) or a 1-D parameter (widened to fp32).
+struct SlotAppender {
+  std::vector<WeightSlot>* slots;
+  void matrix(std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t layer,
+              bool linear = false) const {
+    slots->push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, layer});
+    slots->back().linear = linear;
+  }
+  void vec(std::string name, int64_t n, std::vector<float>* v, ParamInit init,
+           int64_t layer) const {
+    slots->push_back({std::move(name), {n}, nullptr, v, init, layer});
+  }
+};
+
 // One decoder layer's tensors (a main layer, or the MTP layer's decoder part).
 void AddLayer(const ModelConfig& c, LayerWeights* layer_ptr, std::vector<WeightSlot>* out) {
   LayerWeights& layer = *layer_ptr;
   std::vector<WeightSlot>& slots = *out;
   const int64_t hidden = c.hidden_size;
-  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t index,
-                    bool linear = false) {
-    slots.push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, index});
-    slots.back().linear = linear;
-  };
-  auto vec = [&](std::string name, int64_t n, std::vector<float>* v, ParamInit init,
-                 int64_t index) {
-    slots.push_back({std::move(name), {n}, nullptr, v, init, index});
-  };
+  const SlotAppender add{&slots};
   const int64_t l = layer.layer_index;
   const std::string p = LayerPrefix(l);
-  vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
-  vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm, ParamInit::kOnes,
-      l);
+  add.vec(p + "input_layernorm.weight", hidden, &layer.input_norm, ParamInit::kOnes, l);
+  add.vec(p + "post_attention_layernorm.weight", hidden, &layer.post_attention_norm,
+          ParamInit::kOnes, l);
   if (c.is_mla()) {
     AddMla(c, p + "self_attn.", l, c.has_indexer(l), &layer.mla, &slots);
   } else {
     AttentionWeights& a = layer.attn;
     const std::string ap = p + "self_attn.";
-    matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l, true);
-    matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l, true);
-    matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l, true);
-    matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l, true);
+    add.matrix(ap + "q_proj.weight", c.q_dim(), hidden, &a.q_proj, l, true);
+    add.matrix(ap + "k_proj.weight", c.kv_dim(), hidden, &a.k_proj, l, true);
+    add.matrix(ap + "v_proj.weight", c.kv_dim(), hidden, &a.v_proj, l, true);
+    add.matrix(ap + "o_proj.weight", hidden, c.q_dim(), &a.o_proj, l, true);
     if (c.attention_bias) {
-      vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
-      vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
-      vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
+      add.vec(ap + "q_proj.bias", c.q_dim(), &a.q_bias, ParamInit::kZeros, l);
+      add.vec(ap + "k_proj.bias", c.kv_dim(), &a.k_bias, ParamInit::kZeros, l);
+      add.vec(ap + "v_proj.bias", c.kv_dim(), &a.v_bias, ParamInit::kZeros, l);
     }
     if (c.use_qk_norm) {
-      vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
-      vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
+      add.vec(ap + "q_norm.weight", c.head_dim, &a.q_norm, ParamInit::kOnes, l);
+      add.vec(ap + "k_norm.weight", c.head_dim, &a.k_norm, ParamInit::kOnes, l);
     }
   }
   const std::string mp = p + "mlp.";
@@ -132,9 +139,9 @@ void AddLayer(const ModelConfig& c, LayerWeights* layer_ptr, std::vector<WeightS
     return;
   }
   MoeWeights& moe = layer.moe;
-  matrix(mp + "gate.weight", c.n_routed_experts, hidden, &moe.router, l);
-  vec(mp + "gate.e_score_correction_bias", c.n_routed_experts, &moe.router_bias, ParamInit::kZeros,
-      l);
+  add.matrix(mp + "gate.weight", c.n_routed_experts, hidden, &moe.router, l);
+  add.vec(mp + "gate.e_score_correction_bias", c.n_routed_experts, &moe.router_bias,
+          ParamInit::kZeros, l);
   const int64_t width = c.moe_intermediate_size;
   for (int64_t e = 0; e < static_cast<int64_t>(moe.experts.size()); ++e) {
     FfnWeights& f = moe.experts[static_cast<size_t>(e)];
@@ -179,29 +186,21 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
   const int64_t hidden = c.hidden_size;
   const bool has_head = w->layer_end == c.num_hidden_layers;
   std::vector<WeightSlot> slots;
-  auto matrix = [&](std::string name, int64_t rows, int64_t cols, Matrix* m, int64_t layer,
-                    bool linear = false) {
-    slots.push_back({std::move(name), {rows, cols}, m, nullptr, ParamInit::kNormal, layer});
-    slots.back().linear = linear;
-  };
-  auto vec = [&](std::string name, int64_t n, std::vector<float>* v, ParamInit init,
-                 int64_t layer) {
-    slots.push_back({std::move(name), {n}, nullptr, v, init, layer});
-  };
+  const SlotAppender add{&slots};
 
   if (w->layer_begin == 0) {
-    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->embed_tokens, -1);
+    add.matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->embed_tokens, -1);
   } else if (has_head && c.tie_word_embeddings && !w->head_stored_despite_tie) {
     // The tied head needs the embedding matrix even though this span does not embed.
-    matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1, /*linear=*/true);
+    add.matrix("model.embed_tokens.weight", c.vocab_size, hidden, &w->lm_head, -1, /*linear=*/true);
   }
 
   for (LayerWeights& layer : w->layers) AddLayer(c, &layer, &slots);
 
   if (has_head) {
-    vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
+    add.vec("model.norm.weight", hidden, &w->final_norm, ParamInit::kOnes, -1);
     if (!c.tie_word_embeddings || w->head_stored_despite_tie) {
-      matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1, true);
+      add.matrix("lm_head.weight", c.vocab_size, hidden, &w->lm_head, -1, true);
     }
   }
   if (w->mtp) {
@@ -211,12 +210,12 @@ std::vector<WeightSlot> ListWeightSlots(ModelWeights* w) {
     const int64_t l = c.num_hidden_layers;
     const std::string p = LayerPrefix(l);
     AddLayer(c, &m.layer, &slots);
-    vec(p + "enorm.weight", hidden, &m.enorm, ParamInit::kOnes, l);
-    vec(p + "hnorm.weight", hidden, &m.hnorm, ParamInit::kOnes, l);
-    matrix(p + "eh_proj.weight", hidden, 2 * hidden, &m.eh_proj, l, /*linear=*/true);
-    vec(p + "shared_head.norm.weight", hidden, &m.head_norm, ParamInit::kOnes, l);
+    add.vec(p + "enorm.weight", hidden, &m.enorm, ParamInit::kOnes, l);
+    add.vec(p + "hnorm.weight", hidden, &m.hnorm, ParamInit::kOnes, l);
+    add.matrix(p + "eh_proj.weight", hidden, 2 * hidden, &m.eh_proj, l, /*linear=*/true);
+    add.vec(p + "shared_head.norm.weight", hidden, &m.head_norm, ParamInit::kOnes, l);
     if (w->mtp_head_stored) {
-      matrix(p + "shared_head.head.weight", c.vocab_size, hidden, &m.head, l, /*linear=*/true);
+      add.matrix(p + "shared_head.head.weight", c.vocab_size, hidden, &m.head, l, /*linear=*/true);
     }
   }
   return slots;
