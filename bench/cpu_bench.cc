@@ -10,6 +10,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
+#include "core/base/op_times.h"
 #include "core/base/parallel.h"
 #include "core/cpu/cpu_model.h"
 #include "core/cpu/ops/linear.h"
@@ -34,6 +36,8 @@ ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 "
           "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+ABSL_FLAG(bool, breakdown, false,
+          "also print where the prefill's time goes, by op family (core/base/op_times.h)");
 
 namespace {
 
@@ -53,6 +57,7 @@ double MeasureBlasGflops() {
 
 struct PhaseResult {
   double prefill_s = 0;
+  std::array<double, static_cast<int>(glmserve::OpFamily::kCount)> prefill_ops{};
   double decode1_s = 0;  // per step
   double decode_batch_s = 0;
 };
@@ -75,9 +80,13 @@ bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, Pha
   glmserve::ForwardResult result;
   fb.sequences = {{prefill, 0, &tables[0]}};
   fb.token_ids = ids;
+  glmserve::TakeOpTimes();
+  glmserve::EnableOpTimes(absl::GetFlag(FLAGS_breakdown));
   const auto t_prefill = Clock::now();
   if (!model.Forward(fb, &cache, options, &result).ok()) return false;
   r->prefill_s = Since(t_prefill);
+  glmserve::EnableOpTimes(false);
+  r->prefill_ops = glmserve::TakeOpTimes();
 
   std::vector<int32_t> next(batch, 1);
   double decode_s = 0;
@@ -134,8 +143,8 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
       glmserve::bench::Cost(model.weights(), prefill, prefill, config.n_routed_experts, 1);
   const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
   std::printf(
-      "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
-      mode, prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
+      "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n", mode,
+      prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
       int8_math   ? "int8 dot"
       : amx_math  ? "AMX bf16"
       : bf16_math ? "bf16 dot"
@@ -173,6 +182,22 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
       "(read) | <= %.2f |\n",
       mode, batch, r.decode_batch_s * 1e3, batch / r.decode_batch_s, db_gb / r.decode_batch_s,
       db_gb, limits.read_gbs, db_gb / r.decode_batch_s / limits.read_gbs);
+}
+
+// Where the prefill's time went (--breakdown): each op family's wall time and share, and the
+// GEMM-rate families' achieved rate is left to the reader with the roofline row above.
+void PrintBreakdown(const std::string& mode, const PhaseResult& r) {
+  double timed = 0;
+  for (double s : r.prefill_ops) timed += s;
+  std::printf("\n| %s prefill breakdown | seconds | share of prefill |\n|---|---|---|\n",
+              mode.c_str());
+  for (int f = 0; f < static_cast<int>(glmserve::OpFamily::kCount); ++f) {
+    std::printf("| %s | %.3f | %.2f |\n",
+                glmserve::OpFamilyName(static_cast<glmserve::OpFamily>(f)), r.prefill_ops[f],
+                r.prefill_ops[f] / r.prefill_s);
+  }
+  std::printf("| (untimed) | %.3f | %.2f |\n\n", r.prefill_s - timed,
+              (r.prefill_s - timed) / r.prefill_s);
 }
 
 }  // namespace
@@ -240,6 +265,7 @@ int main(int argc, char** argv) {
     PhaseResult r;
     if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
     PrintModeRows(mode_name, math, model, r, limits, *config, prefill, steps, batch);
+    if (absl::GetFlag(FLAGS_breakdown)) PrintBreakdown(mode_name, r);
   }
   return 0;
 }

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/op_times.h"
 #include "core/base/status_macros.h"
+#include "core/cpu/ops/attention_amx.h"
 #include "core/cpu/ops/embedding.h"
 #include "core/cpu/ops/ffn.h"
 #include "core/cpu/ops/linear.h"
@@ -131,6 +134,7 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   const AttentionWeights& a = layer.attn;
   const int64_t t = static_cast<int64_t>(positions.size());
   const auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  std::optional<ScopedOpTime> timer(std::in_place, OpFamily::kQkv);
   const LinearJob qkv[] = {{x_.data(), t, &a.q_proj, bias(a.q_bias), q_.data()},
                            {x_.data(), t, &a.k_proj, bias(a.k_bias), k_.data()},
                            {x_.data(), t, &a.v_proj, bias(a.v_bias), v_.data()}};
@@ -143,9 +147,17 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   rope_.Apply(q_.data(), t, c.num_attention_heads, positions.data());
   rope_.Apply(k_.data(), t, c.num_key_value_heads, positions.data());
   WriteKv(k_.data(), v_.data(), batch.sequences, span_layer, cache);
+  timer.emplace(OpFamily::kAttention);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
-                 attn_.data());
+  // bf16_amx on bf16 weights runs attention in bf16 on the tile unit, as the reference's bf16
+  // forward does (attention_amx.h); every other case (and the FP8 cache) the fp32 path.
+  if (math_ == CpuMath::kBf16Amx && weights_.weight_dtype == DType::kBF16 && cache->host_fp32()) {
+    PagedAttentionAmx(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+                      attn_.data());
+  } else {
+    PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+                   attn_.data());
+  }
 }
 
 namespace {
@@ -163,9 +175,10 @@ void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
 }  // namespace
 
 void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices) {
-  if (layer.is_moe) {
+  if (layer.is_moe) {  // MoeFfn times its own parts
     MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_, choices);
   } else {
+    const ScopedOpTime timer(OpFamily::kDenseFfn);
     SwiGluFfn(x_.data(), tokens, layer.dense, out_.data(), math_);
   }
 }
@@ -205,7 +218,10 @@ bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
   const int64_t t = static_cast<int64_t>(positions.size());
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
+  {
+    const ScopedOpTime timer(OpFamily::kEmbedNorm);
+    RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
+  }
   if (c.is_mla()) {
     MlaBlock(layer, cache_layer, batch, positions, cache);
   } else {
@@ -220,19 +236,26 @@ bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
     for (int64_t r = 0; r < *live; ++r) (*rows)[r] = r;
   }
   const int64_t n = *live;
-  // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
-  if (c.is_mla()) {
-    Linear(attn_.data(), n, layer.mla.o_proj, nullptr, out_.data());
-  } else {
-    Linear(attn_.data(), n, layer.attn.o_proj, nullptr, out_.data(), math_);
+  {
+    // o_proj; GLM-5's latent attention runs its linears in the exact arithmetic.
+    const ScopedOpTime timer(OpFamily::kOProj);
+    if (c.is_mla()) {
+      Linear(attn_.data(), n, layer.mla.o_proj, nullptr, out_.data());
+    } else {
+      Linear(attn_.data(), n, layer.attn.o_proj, nullptr, out_.data(), math_);
+    }
   }
-  for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
-  RmsNorm(h_.data(), layer.post_attention_norm.data(), n, hidden, eps, x_.data());
+  {
+    const ScopedOpTime timer(OpFamily::kEmbedNorm);
+    for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
+    RmsNorm(h_.data(), layer.post_attention_norm.data(), n, hidden, eps, x_.data());
+  }
   int32_t* choices = nullptr;
   if (layer.is_moe && expert_choices != nullptr) {
     choices = expert_choices->emplace_back(n * c.num_experts_per_tok).data();
   }
   FfnBlock(layer, n, choices);
+  const ScopedOpTime timer(OpFamily::kEmbedNorm);
   for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
   return true;
 }
@@ -242,6 +265,7 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
   const ModelConfig& c = config();
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const ScopedOpTime timer(OpFamily::kHead);
   result->logits.clear();
   result->head_input.clear();
   if (head_input) {  // every row is live: rows index h_ directly
@@ -281,6 +305,7 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   const std::vector<int32_t> positions = BatchPositions(batch);
 
   if (run_begin == 0) {
+    const ScopedOpTime timer(OpFamily::kEmbedNorm);
     EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
   } else {
     std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());

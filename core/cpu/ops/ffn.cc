@@ -1,15 +1,22 @@
 #include "core/cpu/ops/ffn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/row_math.h"
 
 namespace glmserve {
 
 void SiluMul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = rowmath::SiluMul(g[i], u[i]);
+  // Elementwise: how the range is cut cannot change a bit. Decode-sized rows stay on the caller.
+  constexpr int64_t kGrain = int64_t{1} << 16;
+  ParallelFor((n + kGrain - 1) / kGrain, n > kGrain ? 1 : 2, [&](int64_t begin, int64_t end) {
+    const int64_t stop = std::min(n, end * kGrain);
+    for (int64_t i = begin * kGrain; i < stop; ++i) g[i] = rowmath::SiluMul(g[i], u[i]);
+  });
 }
 
 void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y, CpuMath math) {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <vector>
 
+#include "core/base/op_times.h"
 #include "core/cpu/ops/ffn.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/row_math.h"
@@ -24,6 +26,7 @@ void RouteTokens(const float* logits, int64_t tokens, const float* correction_bi
 void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterParams& p, float* y,
             CpuMath math, int32_t* choices) {
   const int64_t hidden = w.router.cols;
+  std::optional<ScopedOpTime> timer(std::in_place, OpFamily::kRouter);
   // Router in fp32 (weights widened exactly), as the reference does.
   std::vector<float> router_logits(tokens * p.n_experts);
   Linear(x, tokens, w.router, nullptr, router_logits.data());
@@ -32,6 +35,7 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   RouteTokens(router_logits.data(), tokens, w.router_bias.data(), p, chosen.data(),
               chosen_weight.data());
 
+  timer.emplace(OpFamily::kMoeShuffle);
   // Group tokens by expert: expert e gets rows routed_rows[e] with weights routed_w[e].
   std::vector<std::vector<int32_t>> routed_rows(p.n_experts);
   std::vector<std::vector<float>> routed_w(p.n_experts);
@@ -73,13 +77,17 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
     jobs.push_back({a.x, a.m, &a.w->gate, nullptr, a.gate.data()});
     jobs.push_back({a.x, a.m, &a.w->up, nullptr, a.up.data()});
   }
+  timer.emplace(OpFamily::kExpertGemm);
   LinearMany(jobs, math);
+  timer.emplace(OpFamily::kMoeShuffle);
   jobs.clear();
   for (Active& a : active) {
     SiluMul(a.gate.data(), a.up.data(), static_cast<int64_t>(a.gate.size()));
     jobs.push_back({a.gate.data(), a.m, &a.w->down, nullptr, a.out.data()});
   }
+  timer.emplace(OpFamily::kExpertGemm);
   LinearMany(jobs, math);
+  timer.emplace(OpFamily::kMoeShuffle);
 
   // y = sum over experts in ascending order of w * out, then + shared: per token, an order
   // that does not depend on the other tokens.

@@ -1,0 +1,228 @@
+// PagedAttentionAmx (attention_amx.h): packing K/V and the query rows, the work split, and the
+// portable emulation of the block step (the AMX one is in attention_amx_avx512.cc).
+#include "core/cpu/ops/attention_amx.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/base/aligned_vector.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/attention_amx_internal.h"
+#include "core/cpu/ops/attention_flash.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
+
+namespace glmserve {
+namespace internal {
+namespace {
+
+// The tile products of FlashRowBlock through AmxTileDpEmulated (linear_amx.h), which gives
+// TDPBF16PS's bits: A operands are copied to contiguous 16 x 32 tiles first.
+struct EmulatedTiles {
+  static void Scores(const uint16_t* k_rows, int64_t dp, const uint16_t* q_tiles, int mt,
+                     float* st) {
+    const int64_t chunks = dp / 32;
+    uint16_t a[kAmxTileElems];
+    float c[256];
+    for (int t = 0; t < 2; ++t) {
+      for (int u = 0; u < mt; ++u) {
+        std::fill_n(c, 256, 0.0f);
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          for (int r = 0; r < 16; ++r) {
+            std::copy_n(k_rows + (16 * t + r) * dp + 32 * ch, 32, a + r * 32);
+          }
+          AmxTileDpEmulated(c, a, q_tiles + (u * chunks + ch) * kAmxTileElems);
+        }
+        for (int r = 0; r < 16; ++r) std::copy_n(c + r * 16, 16, st + (16 * t + r) * 32 + 16 * u);
+      }
+    }
+  }
+  static void Pv(const uint16_t* vt, int64_t ld, int64_t dp, const uint16_t* pt, int mt,
+                 float* ot) {
+    uint16_t a[kAmxTileElems];
+    float c[256];
+    for (int64_t dt = 0; dt < dp / 16; ++dt) {
+      for (int r = 0; r < 16; ++r) std::copy_n(vt + (16 * dt + r) * ld, 32, a + r * 32);
+      for (int u = 0; u < mt; ++u) {
+        std::fill_n(c, 256, 0.0f);
+        AmxTileDpEmulated(c, a, pt + u * kAmxTileElems);
+        for (int r = 0; r < 16; ++r) std::copy_n(c + r * 16, 16, ot + (16 * dt + r) * 32 + 16 * u);
+      }
+    }
+  }
+};
+
+// One (sequence, KV head): its query rows are (token, head of the group), token-major.
+struct Unit {
+  int64_t seq = 0, kv_head = 0;
+  int64_t first_row = 0;  // the sequence's first batch row (token)
+  int64_t tokens = 0, start = 0, ctx = 0, ctx_pad = 0;
+  int64_t k_offset = 0, v_offset = 0;  // into the packing arena, in elements
+  int64_t row_blocks(int64_t group) const { return (tokens * group + kFlashRows - 1) / kFlashRows; }
+};
+
+constexpr int64_t kPackKeys = 256;                  // keys per packing work item
+constexpr int64_t kArenaBytes = int64_t{32} << 20;  // packed K/V per round of units
+
+// Keys [k0, k1) of a unit into its bf16 key rows [ctx_pad][dp] and transposed values
+// [dp][ctx_pad]; padding (keys >= ctx, dims >= head_dim) is +0.
+void PackKeys(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache, int64_t layer,
+              const BlockTable& blocks, int64_t dp, uint16_t* arena) {
+  const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
+  const int64_t kv_dim = cache.kv_dim(), off = u.kv_head * hd;
+  uint16_t* k_rows = arena + u.k_offset;
+  uint16_t* vt = arena + u.v_offset;
+  for (int64_t p = k0; p < k1; ++p) {
+    uint16_t* kr = k_rows + p * dp;
+    if (p >= u.ctx) {
+      std::fill_n(kr, dp, uint16_t{0});
+      for (int64_t d = 0; d < dp; ++d) vt[d * u.ctx_pad + p] = 0;
+      continue;
+    }
+    const int32_t block = blocks[p / bs];
+    const int64_t slot = (p % bs) * kv_dim + off;
+    const float* key = cache.keys(layer, block) + slot;
+    const float* value = cache.values(layer, block) + slot;
+    for (int64_t d = 0; d < hd; ++d) kr[d] = FloatToBf16(key[d]);
+    std::fill(kr + hd, kr + dp, uint16_t{0});
+    for (int64_t d = 0; d < hd; ++d) vt[d * u.ctx_pad + p] = FloatToBf16(value[d]);
+    for (int64_t d = hd; d < dp; ++d) vt[d * u.ctx_pad + p] = 0;
+  }
+}
+
+// Per-thread buffers of the block step.
+struct BlockBuffers {
+  AlignedVector<float> st, ot_blk, ot, q;
+  AlignedVector<uint16_t> pt, q_tiles;
+  void Size(int64_t dp, int64_t head_dim) {
+    st.resize(kFlashRows * kFlashKeys);
+    pt.resize(2 * kAmxTileElems);
+    ot_blk.resize(dp * kFlashRows);
+    ot.resize(dp * kFlashRows);
+    q.resize(kFlashRows * head_dim);
+    q_tiles.resize(AmxPackedSize(kFlashRows, head_dim));
+  }
+};
+
+}  // namespace
+
+void FlashRowBlockEmulated(const FlashBlock& block, const FlashScratch& scratch) {
+  FlashRowBlock<EmulatedTiles>(block, scratch);
+}
+
+const char* AttentionAmxKernelName() {
+  return CpuHasAmx() && CpuHasAvx512() ? "amx_bf16" : "generic_amx_bf16";
+}
+
+}  // namespace internal
+
+void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
+                       int64_t layer, int64_t heads, float scale, float* out) {
+  using internal::kFlashKeys;
+  using internal::kFlashRows;
+  using internal::Unit;
+  const int64_t head_dim = cache.shape().head_dim, kv_heads = cache.shape().kv_heads;
+  const int64_t group = heads / kv_heads;
+  const int64_t dp = (head_dim + 31) / 32 * 32;
+  const bool hardware = internal::CpuHasAmx() && internal::CpuHasAvx512();
+
+  std::vector<Unit> units;
+  int64_t row = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceSlice& slice = batch[s];
+    if (slice.num_tokens > 0) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        Unit u;
+        u.seq = static_cast<int64_t>(s);
+        u.kv_head = g;
+        u.first_row = row;
+        u.tokens = slice.num_tokens;
+        u.start = slice.start_position;
+        u.ctx = slice.start_position + slice.num_tokens;
+        u.ctx_pad = (u.ctx + kFlashKeys - 1) / kFlashKeys * kFlashKeys;
+        units.push_back(u);
+      }
+    }
+    row += slice.num_tokens;
+  }
+
+  // Units in rounds whose packed K/V fit the arena (a round takes at least one unit): pack
+  // every unit of the round in parallel, then run its row blocks in parallel.
+  static thread_local AlignedVector<uint16_t> arena;
+  for (size_t first = 0; first < units.size();) {
+    size_t last = first;
+    int64_t total = 0;
+    while (last < units.size()) {
+      const int64_t size = 2 * units[last].ctx_pad * dp;
+      if (last > first && (total + size) * 2 > internal::kArenaBytes) break;
+      units[last].k_offset = total;
+      units[last].v_offset = total + size / 2;
+      total += size;
+      ++last;
+    }
+    if (static_cast<int64_t>(arena.size()) < total) arena.resize(total);
+    uint16_t* packed = arena.data();  // the workers must not name this thread's thread_local
+    std::vector<int64_t> pack_starts{0}, block_starts{0};
+    for (size_t i = first; i < last; ++i) {
+      const int64_t pieces = (units[i].ctx_pad + internal::kPackKeys - 1) / internal::kPackKeys;
+      pack_starts.push_back(pack_starts.back() + pieces);
+      block_starts.push_back(block_starts.back() + units[i].row_blocks(group));
+    }
+    auto unit_of = [](const std::vector<int64_t>& starts, int64_t item) {
+      return std::upper_bound(starts.begin(), starts.end(), item) - starts.begin() - 1;
+    };
+    ParallelFor(pack_starts.back(), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t j = unit_of(pack_starts, item);
+        const Unit& u = units[first + j];
+        const int64_t k0 = (item - pack_starts[j]) * internal::kPackKeys;
+        internal::PackKeys(u, k0, std::min(u.ctx_pad, k0 + internal::kPackKeys), cache, layer,
+                           *batch[u.seq].blocks, dp, packed);
+      }
+    });
+    ParallelFor(block_starts.back(), 1, [&](int64_t begin, int64_t end) {
+      thread_local internal::BlockBuffers buf;
+      buf.Size(dp, head_dim);
+      const internal::FlashScratch scratch{buf.st.data(), buf.pt.data(), buf.ot_blk.data(),
+                                           buf.ot.data()};
+      if (hardware) internal::AmxThreadBegin();
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t j = unit_of(block_starts, item);
+        const Unit& u = units[first + j];
+        const int64_t r0 = (item - block_starts[j]) * kFlashRows;
+        const int rows = static_cast<int>(std::min<int64_t>(kFlashRows, u.tokens * group - r0));
+        int32_t pos[kFlashRows];
+        float* outs[kFlashRows];
+        for (int r = 0; r < kFlashRows; ++r) {
+          pos[r] = -1;
+          if (r >= rows) continue;
+          const int64_t t = (r0 + r) / group, h = u.kv_head * group + (r0 + r) % group;
+          const int64_t at = ((u.first_row + t) * heads + h) * head_dim;
+          pos[r] = static_cast<int32_t>(u.start + t);
+          outs[r] = out + at;
+          std::copy_n(q + at, head_dim, buf.q.data() + r * head_dim);
+        }
+        for (int64_t tile = 0; tile * 16 < rows; ++tile) {
+          internal::PackAmxActivations(buf.q.data(), rows, head_dim, tile, buf.q_tiles.data());
+        }
+        internal::FlashBlock block;
+        block.q_tiles = buf.q_tiles.data();
+        block.k_rows = packed + u.k_offset;
+        block.vt = packed + u.v_offset;
+        block.ctx_pad = u.ctx_pad;
+        block.dp = dp;
+        block.head_dim = head_dim;
+        block.rows = rows;
+        block.pos = pos;
+        block.scale = scale;
+        block.out = outs;
+        hardware ? internal::FlashRowBlockHardware(block, scratch)
+                 : internal::FlashRowBlockEmulated(block, scratch);
+      }
+      if (hardware) internal::AmxThreadEnd();
+    });
+    first = last;
+  }
+}
+
+}  // namespace glmserve

@@ -1,0 +1,135 @@
+// The block step of PagedAttentionAmx (attention_amx.h), written once and compiled twice: in
+// attention_amx.cc for any x86-64 (with the portable emulation of the tile products) and in
+// attention_amx_avx512.cc for AVX-512 (with the AMX tile products). Everything here has
+// internal linkage, so the two compilations never meet at link time (an inline function
+// compiled for AVX-512 must not be picked for a caller on a machine without it), and the
+// code uses only elementwise operations and sums written in one order: the compiler
+// vectorises the loops over query rows without reassociating (the build forbids FMA
+// contraction), so both give the same bits.
+//
+// The layout is transposed (keys and head dims as rows, query rows as columns) so that every
+// per-row quantity (the running max, the sum, the rescale factor) is a vector over the block's
+// 32 query rows, and the sums over keys are vector adds in key order.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu/ops/attention_amx_internal.h"
+
+namespace glmserve::internal {
+namespace {
+
+inline float FlashMax(float a, float b) { return a > b ? a : b; }
+
+// exp(x) for the softmax's x <= 0 (Cody-Waite reduction and a degree-6 polynomial, within 2 ulp
+// of expf): only +, *, selects and bit moves, so it vectorises and gives the same bits in every
+// compilation. Below -87 (2^n would leave the normal range) it returns +0; exp(-inf) = 0.
+inline float FlashExp(float x) {
+  const float xc = x > -87.0f ? x : -87.0f;
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * (r * r) + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.0f ? 0.0f : y * two_n;
+}
+
+// FloatToBf16 (core/base/dtype.h), here with internal linkage: round to nearest even, NaN quiet.
+inline uint16_t FlashBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// Tiles provides the two tile products (attention_amx.cc: emulated; attention_amx_avx512.cc: AMX):
+//   Scores(k_rows, dp, q_tiles, mt, st): st[key][row] for the block's 32 keys (rows of k_rows)
+//     and mt * 16 query rows, each element one TDPBF16PS chain over the dp / 32 chunks from +0.
+//   Pv(vt, ctx_pad, dp, pt, mt, ot_blk): ot_blk[d][row] = one TDPBF16PS from +0 over the 32 keys.
+template <typename Tiles>
+void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
+  // Every loop over rows runs all 32 (a fixed trip count, so the compiler vectorises it);
+  // padding rows (pos -1) are never active and never stored. With one row tile the second
+  // tile's score columns are stale: masked like every inactive row's.
+  constexpr int R = kFlashRows;
+  const int mt = b.rows > 16 ? 2 : 1;
+  const int64_t dp = b.dp;
+  const int32_t* pos = b.pos;
+  int32_t max_pos = -1;
+  for (int r = 0; r < R; ++r) max_pos = pos[r] > max_pos ? pos[r] : max_pos;
+  alignas(64) float m[R], l[R], alpha[R], m_new[R], sum[R];
+  for (int r = 0; r < R; ++r) {
+    m[r] = -__builtin_inff();
+    l[r] = 0.0f;
+  }
+  for (int64_t i = 0; i < dp * R; ++i) s.ot[i] = 0.0f;
+  const int64_t blocks = max_pos / kFlashKeys + 1;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
+    Tiles::Scores(b.k_rows + key0 * dp, dp, b.q_tiles, mt, s.st);
+    // Scale and mask (keys after the row's position: -inf), then the block's max per row.
+    for (int r = 0; r < R; ++r) m_new[r] = -__builtin_inff();
+    for (int k = 0; k < kFlashKeys; ++k) {
+      float* st = s.st + k * R;
+      for (int r = 0; r < R; ++r) {
+        const float v = key0 + k <= pos[r] ? st[r] * b.scale : -__builtin_inff();
+        st[r] = v;
+        m_new[r] = FlashMax(m_new[r], v);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      m_new[r] = FlashMax(m[r], m_new[r]);
+      alpha[r] = FlashExp(m[r] - m_new[r]);  // 0 on a row's first block (m = -inf)
+      sum[r] = 0.0f;
+    }
+    for (int k = 0; k < kFlashKeys; ++k) {
+      float* st = s.st + k * R;
+      for (int r = 0; r < R; ++r) {
+        st[r] = FlashExp(st[r] - m_new[r]);
+        sum[r] += st[r];  // in key order
+      }
+    }
+    // A row is active in this block when its position reaches the block's first key.
+    for (int r = 0; r < R; ++r) {
+      const bool active = key0 <= pos[r];
+      l[r] = active ? l[r] * alpha[r] + sum[r] : l[r];
+      m[r] = active ? m_new[r] : m[r];
+    }
+    // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15.
+    for (int u = 0; u < mt; ++u) {
+      for (int p = 0; p < 16; ++p) {
+        const float* even = s.st + (2 * p) * R + 16 * u;
+        const float* odd = even + R;
+        uint16_t* dst = s.pt + u * 512 + p * 32;
+        for (int i = 0; i < 16; ++i) {
+          dst[2 * i] = FlashBf16(even[i]);
+          dst[2 * i + 1] = FlashBf16(odd[i]);
+        }
+      }
+    }
+    Tiles::Pv(b.vt + key0, b.ctx_pad, dp, s.pt, mt, s.ot_blk);
+    // O = O alpha + P V on the active rows; an inactive row (all its keys masked) keeps every bit.
+    for (int64_t d = 0; d < dp; ++d) {
+      float* o = s.ot + d * R;
+      const float* c = s.ot_blk + d * R;
+      for (int r = 0; r < R; ++r) o[r] = key0 <= pos[r] ? o[r] * alpha[r] + c[r] : o[r];
+    }
+  }
+  for (int r = 0; r < b.rows; ++r) {
+    float* out = b.out[r];
+    for (int64_t d = 0; d < b.head_dim; ++d) out[d] = s.ot[d * R + r] / l[r];
+  }
+}
+
+}  // namespace
+}  // namespace glmserve::internal
