@@ -4,9 +4,12 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <utility>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/base/op_times.h"
+#include "core/base/parallel.h"
 #include "core/cpu/ops/ffn.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/row_math.h"
@@ -36,78 +39,83 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
               chosen_weight.data());
 
   timer.emplace(OpFamily::kMoeShuffle);
-  // Group tokens by expert: expert e gets rows routed_rows[e] with weights routed_w[e].
-  std::vector<std::vector<int32_t>> routed_rows(p.n_experts);
-  std::vector<std::vector<float>> routed_w(p.n_experts);
+  // Group tokens by expert, tokens ascending: expert e gets `count[e]` rows starting at row
+  // `first[e]` of the gathered buffers (experts ascending, the shared expert's rows last).
+  // pair_row[t * top_k + k] is where token t's k-th choice landed.
+  const int64_t pairs = tokens * p.top_k;
+  std::vector<int64_t> count(p.n_experts, 0), first(p.n_experts + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) ++count[chosen[i]];
+  for (int64_t e = 0; e < p.n_experts; ++e) first[e + 1] = first[e] + count[e];
+  std::vector<int64_t> pair_row(pairs), gathered_token(pairs), fill(first.begin(), first.end() - 1);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t k = 0; k < p.top_k; ++k) {
-      const int32_t e = chosen[t * p.top_k + k];
-      routed_rows[e].push_back(static_cast<int32_t>(t));
-      routed_w[e].push_back(chosen_weight[t * p.top_k + k]);
+      const int64_t row = fill[chosen[t * p.top_k + k]]++;
+      pair_row[t * p.top_k + k] = row;
+      gathered_token[row] = t;
     }
   }
   if (choices != nullptr) std::copy(chosen.begin(), chosen.end(), choices);
 
+  // One arena for every expert's rows (reused from call to call on this thread: a 2,048-token
+  // chunk's buffers are ~0.7 GB, whose page faults cost more than the copies).
+  const int64_t width = w.experts[0].gate.rows;
+  const int64_t shared_rows = w.has_shared() ? tokens : 0;
+  static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
+  gathered_arena.resize(pairs * hidden);
+  gate_arena.resize((pairs + shared_rows) * width);
+  up_arena.resize((pairs + shared_rows) * width);
+  out_arena.resize((pairs + shared_rows) * hidden);
+  // Plain pointers: the pool's threads must not name this thread's thread_locals.
+  float* gathered = gathered_arena.data();
+  float* gate = gate_arena.data();
+  float* up = up_arena.data();
+  float* out = out_arena.data();
+  ParallelFor(pairs, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      std::copy_n(x + gathered_token[r] * hidden, hidden, gathered + r * hidden);
+    }
+  });
+
   // Every active expert (and the shared one) in two parallel loops: all gate/up projections,
-  // then all down projections. Expert e's rows are gathered into xs[e].
-  struct Active {
-    const FfnWeights* w;
-    const float* x;
-    int64_t m;
-    std::vector<float> gathered, gate, up, out;
+  // then all down projections.
+  std::vector<LinearJob> gate_up, down;
+  auto add = [&](const FfnWeights& f, const float* xs, int64_t row0, int64_t m) {
+    gate_up.push_back({xs, m, &f.gate, nullptr, gate + row0 * width});
+    gate_up.push_back({xs, m, &f.up, nullptr, up + row0 * width});
+    down.push_back({gate + row0 * width, m, &f.down, nullptr, out + row0 * hidden});
   };
-  std::vector<Active> active;
   for (int64_t e = 0; e < p.n_experts; ++e) {
-    const std::vector<int32_t>& rows = routed_rows[e];
-    if (rows.empty()) continue;
-    Active a{&w.experts[e], nullptr, static_cast<int64_t>(rows.size()), {}, {}, {}, {}};
-    a.gathered.resize(a.m * hidden);
-    for (int64_t i = 0; i < a.m; ++i)
-      std::copy_n(x + rows[i] * hidden, hidden, a.gathered.data() + i * hidden);
-    active.push_back(std::move(a));
+    if (count[e] > 0) add(w.experts[e], gathered + first[e] * hidden, first[e], count[e]);
   }
-  for (Active& a : active) a.x = a.gathered.data();
-  if (w.has_shared()) active.push_back(Active{&w.shared, x, tokens, {}, {}, {}, {}});
-  std::vector<LinearJob> jobs;
-  for (Active& a : active) {
-    const int64_t width = a.w->gate.rows;
-    a.gate.resize(a.m * width);
-    a.up.resize(a.m * width);
-    a.out.resize(a.m * hidden);
-    jobs.push_back({a.x, a.m, &a.w->gate, nullptr, a.gate.data()});
-    jobs.push_back({a.x, a.m, &a.w->up, nullptr, a.up.data()});
-  }
+  if (w.has_shared()) add(w.shared, x, pairs, tokens);
   timer.emplace(OpFamily::kExpertGemm);
-  LinearMany(jobs, math);
+  LinearMany(gate_up, math);
   timer.emplace(OpFamily::kMoeShuffle);
-  jobs.clear();
-  for (Active& a : active) {
-    SiluMul(a.gate.data(), a.up.data(), static_cast<int64_t>(a.gate.size()));
-    jobs.push_back({a.gate.data(), a.m, &a.w->down, nullptr, a.out.data()});
-  }
+  SiluMul(gate, up, (pairs + shared_rows) * width);
   timer.emplace(OpFamily::kExpertGemm);
-  LinearMany(jobs, math);
+  LinearMany(down, math);
   timer.emplace(OpFamily::kMoeShuffle);
 
-  // y = sum over experts in ascending order of w * out, then + shared: per token, an order
-  // that does not depend on the other tokens.
-  std::fill_n(y, tokens * hidden, 0.f);
-  size_t next = 0;
-  for (int64_t e = 0; e < p.n_experts; ++e) {
-    const std::vector<int32_t>& rows = routed_rows[e];
-    if (rows.empty()) continue;
-    const Active& a = active[next++];
-    for (size_t i = 0; i < rows.size(); ++i) {
-      float* yr = y + rows[i] * hidden;
-      const float* er = a.out.data() + i * hidden;
-      const float wi = routed_w[e][i];
-      for (int64_t d = 0; d < hidden; ++d) yr[d] += er[d] * wi;
+  // y = sum over the token's experts in ascending expert order of w * out, from +0, then +
+  // shared: per token, an order that does not depend on the other tokens. Tokens in parallel.
+  ParallelFor(tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<std::pair<int32_t, int64_t>> order(p.top_k);  // (expert, choice)
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t k = 0; k < p.top_k; ++k) order[k] = {chosen[t * p.top_k + k], k};
+      std::sort(order.begin(), order.end());
+      float* yr = y + t * hidden;
+      std::fill_n(yr, hidden, 0.f);
+      for (const auto& [e, k] : order) {
+        const float* er = out + pair_row[t * p.top_k + k] * hidden;
+        const float wi = chosen_weight[t * p.top_k + k];
+        for (int64_t d = 0; d < hidden; ++d) yr[d] += er[d] * wi;
+      }
+      if (w.has_shared()) {
+        const float* sr = out + (pairs + t) * hidden;
+        for (int64_t d = 0; d < hidden; ++d) yr[d] += sr[d];
+      }
     }
-  }
-  if (w.has_shared()) {
-    const std::vector<float>& shared = active.back().out;
-    for (int64_t i = 0; i < tokens * hidden; ++i) y[i] += shared[i];
-  }
+  });
 }
 
 }  // namespace glmserve
