@@ -36,6 +36,11 @@ ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 "
           "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+ABSL_FLAG(int, decode_context, -1,
+          "context of the decode measurements: -1 decodes batch 1 after the prompt and the batch "
+          "after 16-token prompts; N >= 0 gives every decoded sequence N cached positions of "
+          "synthetic keys and values first (a decode step's cost does not depend on their "
+          "values; GLM-4.5 presets)");
 ABSL_FLAG(bool, breakdown, false,
           "also print where the prefill's time goes, by op family (core/base/op_times.h)");
 
@@ -60,14 +65,36 @@ struct PhaseResult {
   std::array<double, static_cast<int>(glmserve::OpFamily::kCount)> prefill_ops{};
   double decode1_s = 0;  // per step
   double decode_batch_s = 0;
+  int64_t decode1_context = 0, decode_batch_context = 0;  // positions cached at the first step
 };
 
+// Positions [0, n) of every table given random keys and values in every layer of the cache.
+void FillSyntheticContext(const std::vector<glmserve::BlockTable*>& tables, int64_t n,
+                          glmserve::KvCache* cache) {
+  const int64_t bs = cache->shape().block_size, width = bs * cache->kv_dim();
+  uint32_t state = 12345;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / (1 << 23);
+  };
+  for (int64_t layer = 0; layer < cache->shape().num_layers; ++layer) {
+    for (glmserve::BlockTable* t : tables) {
+      for (int64_t b = 0; b * bs < n; ++b) {
+        float* k = cache->keys(layer, (*t)[b]);
+        float* v = cache->values(layer, (*t)[b]);
+        for (int64_t i = 0; i < width; ++i) k[i] = next(), v[i] = next();
+      }
+    }
+  }
+}
+
 // Prefill of `prefill` tokens (after one warm-up prefill); then `steps` decode steps of one
-// sequence; then `steps` decode steps of `batch` sequences (each first prefilled with 16 tokens).
-// One warm-up step each.
-bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, PhaseResult* r) {
+// sequence; then `steps` decode steps of `batch` sequences (each first prefilled with 16 tokens,
+// or all of them after `decode_context` synthetic positions). One warm-up step each.
+bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, int decode_context,
+               PhaseResult* r) {
   const int64_t vocab = model.config().vocab_size;
-  const int per_seq = prefill + steps + 2;
+  const int per_seq = std::max(prefill, std::max(decode_context, 16)) + 2 * steps + 4;
   const int64_t blocks_per_seq = (per_seq + 15) / 16;
   glmserve::KvCache cache(model.CacheShape(blocks_per_seq * (batch + 1), 16));
   std::vector<glmserve::BlockTable> tables(batch + 1);
@@ -94,8 +121,17 @@ bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, Pha
 
   std::vector<int32_t> next(batch, 1);
   double decode_s = 0;
+  glmserve::BlockTable* decode1_table = &tables[0];
+  r->decode1_context = prefill;
+  if (decode_context >= 0) {
+    std::vector<glmserve::BlockTable*> batch_tables;
+    for (int k = 0; k < batch; ++k) batch_tables.push_back(&tables[k + 1]);
+    FillSyntheticContext(batch_tables, decode_context, &cache);
+    decode1_table = &tables[1];
+    r->decode1_context = decode_context;
+  }
   for (int step = 0; step <= steps; ++step) {  // step 0 warms up
-    fb.sequences = {{1, prefill + step, &tables[0]}};
+    fb.sequences = {{1, r->decode1_context + step, decode1_table}};
     fb.token_ids = absl::MakeConstSpan(next.data(), 1);
     const auto t = Clock::now();
     if (!model.Forward(fb, &cache, options, &result).ok()) return false;
@@ -103,13 +139,20 @@ bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, Pha
   }
   r->decode1_s = decode_s / steps;
 
-  const int context = 16;
-  std::vector<int32_t> prompts(batch * context);
-  for (int i = 0; i < batch * context; ++i) prompts[i] = static_cast<int32_t>((i * 104729) % vocab);
-  fb.sequences.clear();
-  for (int k = 0; k < batch; ++k) fb.sequences.push_back({context, 0, &tables[k + 1]});
-  fb.token_ids = prompts;
-  if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+  int64_t context = 16;
+  if (decode_context >= 0) {  // table 1 decoded steps + 1 positions above: all start past them
+    context = decode_context + steps + 1;
+  } else {
+    std::vector<int32_t> prompts(batch * context);
+    for (int i = 0; i < batch * context; ++i) {
+      prompts[i] = static_cast<int32_t>((i * 104729) % vocab);
+    }
+    fb.sequences.clear();
+    for (int k = 0; k < batch; ++k) fb.sequences.push_back({context, 0, &tables[k + 1]});
+    fb.token_ids = prompts;
+    if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+  }
+  r->decode_batch_context = context;
   decode_s = 0;
   for (int step = 0; step <= steps; ++step) {
     fb.sequences.clear();
@@ -167,25 +210,28 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
       mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
       t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
   const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
-      model.weights(), 1, prefill + steps / 2 + 1, config.num_experts_per_tok, 1);
+      model.weights(), 1, r.decode1_context + steps / 2 + 1, config.num_experts_per_tok, 1);
   const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
   std::printf(
-      "| %s | decode batch 1 | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f GB/s (read) "
+      "| %s | decode batch 1, context %lld | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f "
+      "GB/s (read) "
       "| %.2f |\n",
-      mode, r.decode1_s * 1e3, 1.0 / r.decode1_s, d1_gb / r.decode1_s, d1_gb, limits.read_gbs,
-      d1_gb / r.decode1_s / limits.read_gbs);
+      mode, static_cast<long long>(r.decode1_context), r.decode1_s * 1e3, 1.0 / r.decode1_s,
+      d1_gb / r.decode1_s, d1_gb, limits.read_gbs, d1_gb / r.decode1_s / limits.read_gbs);
   // Batch: the experts some token chose, at most top_k per token (an upper bound of the
   // distinct experts read).
   const int64_t distinct =
       std::min<int64_t>(config.n_routed_experts, batch * config.num_experts_per_tok);
-  const glmserve::bench::StepCost db =
-      glmserve::bench::Cost(model.weights(), batch, 16 + steps / 2 + 1, distinct, batch);
+  const glmserve::bench::StepCost db = glmserve::bench::Cost(
+      model.weights(), batch, r.decode_batch_context + steps / 2 + 1, distinct, batch);
   const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
   std::printf(
-      "| %s | decode batch %d | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) | %.1f GB/s "
+      "| %s | decode batch %d, context %lld | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) "
+      "| %.1f GB/s "
       "(read) | <= %.2f |\n",
-      mode, batch, r.decode_batch_s * 1e3, batch / r.decode_batch_s, db_gb / r.decode_batch_s,
-      db_gb, limits.read_gbs, db_gb / r.decode_batch_s / limits.read_gbs);
+      mode, batch, static_cast<long long>(r.decode_batch_context), r.decode_batch_s * 1e3,
+      batch / r.decode_batch_s, db_gb / r.decode_batch_s, db_gb, limits.read_gbs,
+      db_gb / r.decode_batch_s / limits.read_gbs);
 }
 
 // Where the prefill's time went (--breakdown): each op family's wall time and share, and the
@@ -242,6 +288,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 1;
   }
+  if (config->is_mla() && absl::GetFlag(FLAGS_decode_context) >= 0) {
+    std::fprintf(stderr, "--decode_context fills GLM-4.5 keys and values; %s is a GLM-5 preset\n",
+                 absl::GetFlag(FLAGS_preset).c_str());
+    return 1;
+  }
   // "-fp8" presets: e4m3 linear layers with per-channel scales (docs/fp8.md).
   glmserve::RandomWeightOptions random;
   if (glmserve::PresetIsFp8(absl::GetFlag(FLAGS_preset))) random.dtype = glmserve::DType::kF8E4M3;
@@ -267,7 +318,9 @@ int main(int argc, char** argv) {
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
     glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
-    if (!RunPhases(model, prefill, steps, batch, &r)) return 1;
+    if (!RunPhases(model, prefill, steps, batch, absl::GetFlag(FLAGS_decode_context), &r)) {
+      return 1;
+    }
     PrintModeRows(mode_name, math, model, r, limits, *config, prefill, steps, batch);
     if (absl::GetFlag(FLAGS_breakdown)) PrintBreakdown(mode_name, r);
   }
