@@ -148,6 +148,8 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
 
   // Units in rounds whose packed K/V fit the arena (a round takes at least one unit): pack
   // every unit of the round in parallel, then run its row blocks in parallel.
+  // The packed K/V of a round: kept from call to call on this thread (one layer's worth of a
+  // step, at most ~32 MiB beyond the largest single unit), so steps do not fault it in again.
   static thread_local AlignedVector<uint16_t> arena;
   for (size_t first = 0; first < units.size();) {
     size_t last = first;
