@@ -3,6 +3,7 @@
 #include "core/cpu/ops/attention_amx.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/base/aligned_vector.h"
@@ -61,39 +62,82 @@ struct Unit {
   int64_t row_blocks(int64_t group) const { return (tokens * group + kFlashRows - 1) / kFlashRows; }
 };
 
+constexpr int64_t kPrefetchKeys = 4;                // positions ahead that PackKeys prefetches
 constexpr int64_t kPackKeys = 256;                  // keys per packing work item
 constexpr int64_t kArenaBytes = int64_t{32} << 20;  // packed K/V per round of units
 
-// Keys [k0, k1) of a unit into its bf16 key rows [ctx_pad][dp] and transposed values
-// [dp][ctx_pad]; padding (keys >= ctx, dims >= head_dim) is +0.
+// FloatToBf16 (core/base/dtype.h) without its branch, so that the loops below vectorise.
+inline uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);
+}
+
+// Keys [k0, k1) of a unit (both multiples of 32) as bf16: key p's row at k_rows + (p - base) *
+// dp, its values at vt[d * ld + p - base] (transposed); padding (keys >= ctx, dims >= head_dim)
+// is +0. Values go through a [32][dp] staging tile so that the transpose reads it, not the cache.
 void PackKeys(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache, int64_t layer,
-              const BlockTable& blocks, int64_t dp, uint16_t* arena) {
+              const BlockTable& blocks, int64_t dp, int64_t base, uint16_t* k_rows, uint16_t* vt,
+              int64_t ld) {
   const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
   const int64_t kv_dim = cache.kv_dim(), off = u.kv_head * hd;
-  uint16_t* k_rows = arena + u.k_offset;
-  uint16_t* vt = arena + u.v_offset;
-  for (int64_t p = k0; p < k1; ++p) {
-    uint16_t* kr = k_rows + p * dp;
-    if (p >= u.ctx) {
-      std::fill_n(kr, dp, uint16_t{0});
-      for (int64_t d = 0; d < dp; ++d) vt[d * u.ctx_pad + p] = 0;
-      continue;
+  thread_local std::vector<uint16_t> staged;
+  staged.assign(kFlashKeys * dp, 0);
+  for (int64_t b0 = k0; b0 < k1; b0 += kFlashKeys) {
+    for (int64_t i = 0; i < kFlashKeys; ++i) {
+      const int64_t p = b0 + i;
+      uint16_t* kr = k_rows + (p - base) * dp;
+      uint16_t* vr = staged.data() + i * dp;
+      if (p >= u.ctx) {
+        std::fill_n(kr, dp, uint16_t{0});
+        std::fill_n(vr, dp, uint16_t{0});
+        continue;
+      }
+      const int32_t block = blocks[p / bs];
+      const int64_t slot = (p % bs) * kv_dim + off;
+      const float* key = cache.keys(layer, block) + slot;
+      const float* value = cache.values(layer, block) + slot;
+      // A KV head's slice of each position row sits in its own 4 KiB page (rows are kv_dim
+      // wide), where the hardware prefetchers do not follow: ask for a later position's slice.
+      const int64_t ahead = p + kPrefetchKeys;
+      if (ahead < u.ctx) {
+        const int64_t ahead_slot = (ahead % bs) * kv_dim + off;
+        const float* ka = cache.keys(layer, blocks[ahead / bs]) + ahead_slot;
+        const float* va = cache.values(layer, blocks[ahead / bs]) + ahead_slot;
+        for (int64_t d = 0; d < hd; d += 16) {
+          __builtin_prefetch(ka + d);
+          __builtin_prefetch(va + d);
+        }
+      }
+      for (int64_t d = 0; d < hd; ++d) kr[d] = ToBf16(key[d]);
+      for (int64_t d = 0; d < hd; ++d) vr[d] = ToBf16(value[d]);
+      std::fill(kr + hd, kr + dp, uint16_t{0});  // the staging tile's padding stays +0
     }
-    const int32_t block = blocks[p / bs];
-    const int64_t slot = (p % bs) * kv_dim + off;
-    const float* key = cache.keys(layer, block) + slot;
-    const float* value = cache.values(layer, block) + slot;
-    for (int64_t d = 0; d < hd; ++d) kr[d] = FloatToBf16(key[d]);
-    std::fill(kr + hd, kr + dp, uint16_t{0});
-    for (int64_t d = 0; d < hd; ++d) vt[d * u.ctx_pad + p] = FloatToBf16(value[d]);
-    for (int64_t d = hd; d < dp; ++d) vt[d * u.ctx_pad + p] = 0;
+    uint16_t* dst = vt + (b0 - base);
+    for (int64_t d = 0; d < dp; ++d) {
+      for (int64_t i = 0; i < kFlashKeys; ++i) dst[d * ld + i] = staged[i * dp + d];
+    }
   }
 }
+
+// FlashBlock::pack for a unit whose K/V are packed a key block at a time.
+struct BlockPacker {
+  const Unit* unit;
+  const KvCache* cache;
+  int64_t layer, dp;
+  const BlockTable* blocks;
+  static void Pack(const void* context, int64_t key0, uint16_t* k_block, uint16_t* vt_block) {
+    const BlockPacker& p = *static_cast<const BlockPacker*>(context);
+    PackKeys(*p.unit, key0, key0 + kFlashKeys, *p.cache, p.layer, *p.blocks, p.dp, key0, k_block,
+             vt_block, kFlashKeys);
+  }
+};
 
 // Per-thread buffers of the block step.
 struct BlockBuffers {
   AlignedVector<float> st, ot_blk, ot, q;
-  AlignedVector<uint16_t> pt, q_tiles;
+  AlignedVector<uint16_t> pt, q_tiles, k_block, vt_block;
   void Size(int64_t dp, int64_t head_dim) {
     st.resize(kFlashRows * kFlashKeys);
     pt.resize(2 * kAmxTileElems);
@@ -101,8 +145,61 @@ struct BlockBuffers {
     ot.resize(dp * kFlashRows);
     q.resize(kFlashRows * head_dim);
     q_tiles.resize(AmxPackedSize(kFlashRows, head_dim));
+    k_block.resize(kFlashKeys * dp);
+    vt_block.resize(dp * kFlashKeys);
+  }
+  FlashScratch Scratch() {
+    return {st.data(), pt.data(), ot_blk.data(), ot.data(), k_block.data(), vt_block.data()};
   }
 };
+
+// What every row block of a call shares.
+struct CallArgs {
+  const float* q;
+  float* out;
+  int64_t heads, group, head_dim, dp;
+  float scale;
+  bool hardware;
+};
+
+// Row block [r0, r0 + 32) of unit u: gathers and packs its query rows, runs the block step with
+// K/V from `packed` (the unit's offsets) or, when packer is set, a key block at a time.
+void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* packed,
+                 const BlockPacker* packer, BlockBuffers* buf) {
+  const int rows = static_cast<int>(std::min<int64_t>(kFlashRows, u.tokens * c.group - r0));
+  int32_t pos[kFlashRows];
+  float* outs[kFlashRows];
+  for (int r = 0; r < kFlashRows; ++r) {
+    pos[r] = -1;
+    if (r >= rows) continue;
+    const int64_t t = (r0 + r) / c.group, h = u.kv_head * c.group + (r0 + r) % c.group;
+    const int64_t at = ((u.first_row + t) * c.heads + h) * c.head_dim;
+    pos[r] = static_cast<int32_t>(u.start + t);
+    outs[r] = c.out + at;
+    std::copy_n(c.q + at, c.head_dim, buf->q.data() + r * c.head_dim);
+  }
+  for (int64_t tile = 0; tile * 16 < rows; ++tile) {
+    PackAmxActivations(buf->q.data(), rows, c.head_dim, tile, buf->q_tiles.data());
+  }
+  FlashBlock block;
+  block.q_tiles = buf->q_tiles.data();
+  if (packer != nullptr) {
+    block.pack = BlockPacker::Pack;
+    block.pack_context = packer;
+  } else {
+    block.k_rows = packed + u.k_offset;
+    block.vt = packed + u.v_offset;
+  }
+  block.ctx_pad = u.ctx_pad;
+  block.dp = c.dp;
+  block.head_dim = c.head_dim;
+  block.rows = rows;
+  block.pos = pos;
+  block.scale = c.scale;
+  block.out = outs;
+  c.hardware ? FlashRowBlockHardware(block, buf->Scratch())
+             : FlashRowBlockEmulated(block, buf->Scratch());
+}
 
 }  // namespace
 
@@ -146,19 +243,36 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     row += slice.num_tokens;
   }
 
-  // Units in rounds whose packed K/V fit the arena (a round takes at least one unit): pack
-  // every unit of the round in parallel, then run its row blocks in parallel.
-  // The packed K/V of a round: kept from call to call on this thread (one layer's worth of a
-  // step, at most ~32 MiB beyond the largest single unit), so steps do not fault it in again.
+  const internal::CallArgs args{q, out, heads, group, head_dim, dp, scale, hardware};
+  // Units of one row block (decodes, short chunks) pack their K/V a key block at a time inside
+  // their own work item: each cached row is read once, straight into L1.
+  std::vector<Unit> staged, fused;
+  for (const Unit& u : units) (u.row_blocks(group) == 1 ? fused : staged).push_back(u);
+  ParallelFor(static_cast<int64_t>(fused.size()), 1, [&](int64_t begin, int64_t end) {
+    thread_local internal::BlockBuffers buf;
+    buf.Size(dp, head_dim);
+    if (hardware) internal::AmxThreadBegin();
+    for (int64_t i = begin; i < end; ++i) {
+      const Unit& u = fused[i];
+      const internal::BlockPacker packer{&u, &cache, layer, dp, batch[u.seq].blocks};
+      internal::RunRowBlock(args, u, 0, nullptr, &packer, &buf);
+    }
+    if (hardware) internal::AmxThreadEnd();
+  });
+
+  // The others in rounds whose packed K/V fit the arena (a round takes at least one unit):
+  // pack every unit of the round in parallel, then run its row blocks in parallel. The arena is
+  // kept from call to call on this thread (one layer's worth of a step, at most ~32 MiB beyond
+  // the largest single unit), so steps do not fault it in again.
   static thread_local AlignedVector<uint16_t> arena;
-  for (size_t first = 0; first < units.size();) {
+  for (size_t first = 0; first < staged.size();) {
     size_t last = first;
     int64_t total = 0;
-    while (last < units.size()) {
-      const int64_t size = 2 * units[last].ctx_pad * dp;
+    while (last < staged.size()) {
+      const int64_t size = 2 * staged[last].ctx_pad * dp;
       if (last > first && (total + size) * 2 > internal::kArenaBytes) break;
-      units[last].k_offset = total;
-      units[last].v_offset = total + size / 2;
+      staged[last].k_offset = total;
+      staged[last].v_offset = total + size / 2;
       total += size;
       ++last;
     }
@@ -166,9 +280,9 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     uint16_t* packed = arena.data();  // the workers must not name this thread's thread_local
     std::vector<int64_t> pack_starts{0}, block_starts{0};
     for (size_t i = first; i < last; ++i) {
-      const int64_t pieces = (units[i].ctx_pad + internal::kPackKeys - 1) / internal::kPackKeys;
+      const int64_t pieces = (staged[i].ctx_pad + internal::kPackKeys - 1) / internal::kPackKeys;
       pack_starts.push_back(pack_starts.back() + pieces);
-      block_starts.push_back(block_starts.back() + units[i].row_blocks(group));
+      block_starts.push_back(block_starts.back() + staged[i].row_blocks(group));
     }
     auto unit_of = [](const std::vector<int64_t>& starts, int64_t item) {
       return std::upper_bound(starts.begin(), starts.end(), item) - starts.begin() - 1;
@@ -176,50 +290,22 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     ParallelFor(pack_starts.back(), 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t j = unit_of(pack_starts, item);
-        const Unit& u = units[first + j];
+        const Unit& u = staged[first + j];
         const int64_t k0 = (item - pack_starts[j]) * internal::kPackKeys;
         internal::PackKeys(u, k0, std::min(u.ctx_pad, k0 + internal::kPackKeys), cache, layer,
-                           *batch[u.seq].blocks, dp, packed);
+                           *batch[u.seq].blocks, dp, 0, packed + u.k_offset, packed + u.v_offset,
+                           u.ctx_pad);
       }
     });
     ParallelFor(block_starts.back(), 1, [&](int64_t begin, int64_t end) {
       thread_local internal::BlockBuffers buf;
       buf.Size(dp, head_dim);
-      const internal::FlashScratch scratch{buf.st.data(), buf.pt.data(), buf.ot_blk.data(),
-                                           buf.ot.data()};
       if (hardware) internal::AmxThreadBegin();
       for (int64_t item = begin; item < end; ++item) {
         const int64_t j = unit_of(block_starts, item);
-        const Unit& u = units[first + j];
-        const int64_t r0 = (item - block_starts[j]) * kFlashRows;
-        const int rows = static_cast<int>(std::min<int64_t>(kFlashRows, u.tokens * group - r0));
-        int32_t pos[kFlashRows];
-        float* outs[kFlashRows];
-        for (int r = 0; r < kFlashRows; ++r) {
-          pos[r] = -1;
-          if (r >= rows) continue;
-          const int64_t t = (r0 + r) / group, h = u.kv_head * group + (r0 + r) % group;
-          const int64_t at = ((u.first_row + t) * heads + h) * head_dim;
-          pos[r] = static_cast<int32_t>(u.start + t);
-          outs[r] = out + at;
-          std::copy_n(q + at, head_dim, buf.q.data() + r * head_dim);
-        }
-        for (int64_t tile = 0; tile * 16 < rows; ++tile) {
-          internal::PackAmxActivations(buf.q.data(), rows, head_dim, tile, buf.q_tiles.data());
-        }
-        internal::FlashBlock block;
-        block.q_tiles = buf.q_tiles.data();
-        block.k_rows = packed + u.k_offset;
-        block.vt = packed + u.v_offset;
-        block.ctx_pad = u.ctx_pad;
-        block.dp = dp;
-        block.head_dim = head_dim;
-        block.rows = rows;
-        block.pos = pos;
-        block.scale = scale;
-        block.out = outs;
-        hardware ? internal::FlashRowBlockHardware(block, scratch)
-                 : internal::FlashRowBlockEmulated(block, scratch);
+        const Unit& u = staged[first + j];
+        internal::RunRowBlock(args, u, (item - block_starts[j]) * kFlashRows, packed, nullptr,
+                              &buf);
       }
       if (hardware) internal::AmxThreadEnd();
     });

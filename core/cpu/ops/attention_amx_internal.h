@@ -21,14 +21,22 @@ struct FlashBlock {
   const int32_t* pos = nullptr;  // [32]
   float scale = 1.0f;
   float* const* out = nullptr;  // [rows]: each row's head_dim outputs
+  // When set, k_rows and vt are not read: before each key block the step calls
+  // pack(pack_context, key0, k_block [32][dp], vt_block [dp][32]) to pack that block alone
+  // (decode: the sequence's K/V are read once, straight from the cache, never staged whole).
+  void (*pack)(const void* pack_context, int64_t key0, uint16_t* k_block,
+               uint16_t* vt_block) = nullptr;
+  const void* pack_context = nullptr;
 };
 
 // Per-thread scratch of FlashRowBlock, sized for dp (64-byte aligned: tiles are loaded from it).
 struct FlashScratch {
-  float* st;      // [32 keys][32 rows]: scores, then probabilities
-  uint16_t* pt;   // [2][512]: the probabilities as B tiles (VNNI pairs of keys)
-  float* ot_blk;  // [dp][32]: one key block's P V, transposed
-  float* ot;      // [dp][32]: the running output, transposed
+  float* st;           // [32 keys][32 rows]: scores, then probabilities
+  uint16_t* pt;        // [2][512]: the probabilities as B tiles (VNNI pairs of keys)
+  float* ot_blk;       // [dp][32]: one key block's P V, transposed
+  float* ot;           // [dp][32]: the running output, transposed
+  uint16_t* k_block;   // [32][dp]: one key block, when FlashBlock::pack is set
+  uint16_t* vt_block;  // [dp][32]: its values, transposed
 };
 
 // The block step with the tile products on the AMX unit (call between AmxThreadBegin and

@@ -80,7 +80,17 @@ void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
   const int64_t blocks = max_pos / kFlashKeys + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
-    Tiles::Scores(b.k_rows + key0 * dp, dp, b.q_tiles, mt, s.st);
+    const uint16_t* k_rows = s.k_block;
+    const uint16_t* vt = s.vt_block;
+    int64_t ld = kFlashKeys;
+    if (b.pack != nullptr) {
+      b.pack(b.pack_context, key0, s.k_block, s.vt_block);
+    } else {
+      k_rows = b.k_rows + key0 * dp;
+      vt = b.vt + key0;
+      ld = b.ctx_pad;
+    }
+    Tiles::Scores(k_rows, dp, b.q_tiles, mt, s.st);
     // Scale and mask (keys after the row's position: -inf), then the block's max per row.
     for (int r = 0; r < R; ++r) m_new[r] = -__builtin_inff();
     for (int k = 0; k < kFlashKeys; ++k) {
@@ -121,7 +131,7 @@ void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
         }
       }
     }
-    Tiles::Pv(b.vt + key0, b.ctx_pad, dp, s.pt, mt, s.ot_blk);
+    Tiles::Pv(vt, ld, dp, s.pt, mt, s.ot_blk);
     // O = O alpha + P V on the active rows; an inactive row (all its keys masked) keeps every bit.
     for (int64_t d = 0; d < dp; ++d) {
       float* __restrict o = s.ot + d * R;

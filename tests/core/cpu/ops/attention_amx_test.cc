@@ -123,7 +123,9 @@ TEST(PagedAttentionAmxTest, MatchesFloat64ReferenceOnBf16Operands) {
 }
 
 // The arithmetic is per row: a prompt gives the same bits in one chunk, in chunks, token by
-// token, and inside any batch.
+// token, and inside any batch. A token alone (12 rows: one row block) packs its K/V a key block
+// at a time inside its work item; longer chunks stage the whole context first: both paths are
+// compared here with the whole prompt's.
 TEST(PagedAttentionAmxTest, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
   const int64_t heads = 12, kv_heads = 1, head_dim = 64, n = 75;
   AttnFixture whole(heads, kv_heads, head_dim, 16, {{0, n}}, 900);
