@@ -139,9 +139,14 @@ void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
       for (int r = 0; r < R; ++r) o[r] = key0 <= pos[r] ? o[r] * alpha[r] + c[r] : o[r];
     }
   }
+  // out = O / l: divided in place as vectors over the rows, then copied out row by row.
+  for (int64_t d = 0; d < b.head_dim; ++d) {
+    float* __restrict o = s.ot + d * R;
+    for (int r = 0; r < R; ++r) o[r] = o[r] / l[r];
+  }
   for (int r = 0; r < b.rows; ++r) {
     float* out = b.out[r];
-    for (int64_t d = 0; d < b.head_dim; ++d) out[d] = s.ot[d * R + r] / l[r];
+    for (int64_t d = 0; d < b.head_dim; ++d) out[d] = s.ot[d * R + r];
   }
 }
 
