@@ -14,6 +14,7 @@
 #include "core/model/checkpoint.h"
 #include "core/model/kv_cache.h"
 #include "nlohmann/json.hpp"
+#include "tests/mtp_steps.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -41,39 +42,9 @@ std::unique_ptr<ModelRunner> MtpRunner(CpuMath math = CpuMath::kExact) {
   return *std::move(r);
 }
 
-// The model over the prompt (head inputs of every row), then the MTP layer over the pairs
-// (ids[i + 1], h[i]) at positions 0..n-2: the reference's mtp_logits rows.
+// The model over the prompt, then the MTP layer over the pairs (ids[i + 1], h[i]).
 std::vector<float> MtpLogits(ModelRunner& runner, const std::vector<int32_t>& ids) {
-  const int64_t n = static_cast<int64_t>(ids.size());
-  auto cache = runner.CreateCache((n + 15) / 16, 16);
-  EXPECT_TRUE(cache.ok());
-  EXPECT_EQ((*cache)->shape().num_layers, runner.config().num_hidden_layers + 1);
-  BlockTable table;
-  EXPECT_TRUE((*cache)->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kNone;
-  options.return_head_input = true;
-  ForwardResult main;
-  EXPECT_TRUE(runner.Forward(batch, cache->get(), options, &main).ok());
-  const int64_t hidden = runner.config().hidden_size;
-  EXPECT_EQ(static_cast<int64_t>(main.head_input.size()), n * hidden);
-
-  const std::vector<int32_t> next(ids.begin() + 1, ids.end());
-  const std::vector<float> h(main.head_input.begin(), main.head_input.end() - hidden);
-  ForwardBatch mtp;
-  mtp.sequences = {{n - 1, 0, &table}};
-  mtp.token_ids = next;
-  mtp.hidden_in = h;
-  ForwardOptions mtp_options;
-  mtp_options.mtp = true;
-  mtp_options.logits = LogitsRows::kAll;
-  ForwardResult out;
-  const absl::Status s = runner.Forward(mtp, cache->get(), mtp_options, &out);
-  EXPECT_TRUE(s.ok()) << s;
-  return out.logits;
+  return testing::RunModelThenMtp(runner, ids, /*model_logits=*/false).mtp_logits;
 }
 
 TEST(Glm45KjvMtp, LogitsMatchTheReference) {

@@ -242,7 +242,7 @@ BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlock
 }  // namespace
 
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y) {
-  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}, {}}}, LinearBlockGeneric);
+  RunTasks({Task{LinearJob{x, m, &w, bias, y}, {}, {}, {}}}, LinearBlockGeneric);
 }
 
 }  // namespace internal

@@ -14,6 +14,7 @@
 #include "core/engine/runner_factory.h"
 #include "core/model/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tests/mtp_steps.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -38,37 +39,13 @@ TEST_P(MtpGoldenTest, ModelAndMtpLogitsMatchTheReference) {
   ASSERT_TRUE(r.ok()) << r.status();
   ModelRunner& runner = **r;
   ASSERT_TRUE(runner.EnableMtp().ok());
-  const int64_t n = static_cast<int64_t>(ids.size()), hidden = runner.config().hidden_size;
+  const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t vocab = runner.config().vocab_size;
   ASSERT_EQ(want_mtp->shape, (std::vector<int64_t>{n - 1, vocab}));
 
-  auto cache = runner.CreateCache((n + 15) / 16, 16);
-  ASSERT_TRUE(cache.ok());
-  BlockTable table;
-  ASSERT_TRUE((*cache)->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  options.return_head_input = true;
-  ForwardResult main;
-  ASSERT_TRUE(runner.Forward(batch, cache->get(), options, &main).ok());
-  const double main_rel = testing::RelativeError(main.logits, want_logits->data);
-
-  const std::vector<int32_t> next(ids.begin() + 1, ids.end());
-  const std::vector<float> h(main.head_input.begin(), main.head_input.end() - hidden);
-  ForwardBatch mtp;
-  mtp.sequences = {{n - 1, 0, &table}};
-  mtp.token_ids = next;
-  mtp.hidden_in = h;
-  ForwardOptions mtp_options;
-  mtp_options.mtp = true;
-  mtp_options.logits = LogitsRows::kAll;
-  ForwardResult out;
-  const absl::Status s = runner.Forward(mtp, cache->get(), mtp_options, &out);
-  ASSERT_TRUE(s.ok()) << s;
-  const double mtp_rel = testing::RelativeError(out.logits, want_mtp->data);
+  const testing::MtpPass pass = testing::RunModelThenMtp(runner, ids, /*model_logits=*/true);
+  const double main_rel = testing::RelativeError(pass.model_logits, want_logits->data);
+  const double mtp_rel = testing::RelativeError(pass.mtp_logits, want_mtp->data);
   std::printf("%s: model logits relative error %.3g, MTP logits %.3g\n", GetParam(), main_rel,
               mtp_rel);
   EXPECT_LE(main_rel, 1e-5);

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/engine/engine_harness.h"
+#include "tests/mtp_steps.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
@@ -43,38 +44,11 @@ std::unique_ptr<CudaModel> Model(const std::string& dir) {
 // The model over `ids` with head inputs, then the MTP layer over (ids[i + 1], h[i]).
 std::vector<float> MtpLogits(CudaModel& model, const std::vector<int32_t>& ids,
                              std::vector<float>* main_logits) {
-  const int64_t n = static_cast<int64_t>(ids.size()), hidden = model.config().hidden_size;
-  auto cache = model.CreateCache((n + 15) / 16, 16);
-  EXPECT_TRUE(cache.ok());
-  EXPECT_EQ((*cache)->shape().num_layers, model.config().num_hidden_layers + 1);
-  BlockTable table;
-  EXPECT_TRUE((*cache)->Reserve(&table, n).ok());
-  ForwardBatch batch;
-  batch.sequences = {{n, 0, &table}};
-  batch.token_ids = ids;
-  ForwardOptions options;
-  options.logits = LogitsRows::kAll;
-  options.return_head_input = true;
-  ForwardResult main;
-  const absl::Status s = model.Forward(batch, cache->get(), options, &main);
-  EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(static_cast<int64_t>(main.head_input.size()), n * hidden);
-  *main_logits = main.logits;
-  const std::vector<int32_t> next(ids.begin() + 1, ids.end());
-  const std::vector<float> h(main.head_input.begin(), main.head_input.end() - hidden);
-  ForwardBatch mtp;
-  mtp.sequences = {{n - 1, 0, &table}};
-  mtp.token_ids = next;
-  mtp.hidden_in = h;
-  ForwardOptions mtp_options;
-  mtp_options.mtp = true;
-  mtp_options.logits = LogitsRows::kAll;
-  mtp_options.return_head_input = true;
-  ForwardResult out;
-  const absl::Status m = model.Forward(mtp, cache->get(), mtp_options, &out);
-  EXPECT_TRUE(m.ok()) << m;
-  EXPECT_EQ(static_cast<int64_t>(out.head_input.size()), (n - 1) * hidden);
-  return out.logits;
+  ::glmserve::testing::MtpPass pass =
+      ::glmserve::testing::RunModelThenMtp(model, ids, /*model_logits=*/true,
+                                           /*mtp_head_input=*/true);
+  *main_logits = std::move(pass.model_logits);
+  return std::move(pass.mtp_logits);
 }
 
 class MtpCudaGoldenTest : public ::testing::TestWithParam<const char*> {};
