@@ -82,8 +82,9 @@ void PackKeys(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache, int64
               int64_t ld) {
   const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
   const int64_t kv_dim = cache.kv_dim(), off = u.kv_head * hd;
+  // Only [0, head_dim) of a staged row is ever written: the padding stays +0 while dp does.
   thread_local std::vector<uint16_t> staged;
-  staged.assign(kFlashKeys * dp, 0);
+  if (static_cast<int64_t>(staged.size()) != kFlashKeys * dp) staged.assign(kFlashKeys * dp, 0);
   for (int64_t b0 = k0; b0 < k1; b0 += kFlashKeys) {
     for (int64_t i = 0; i < kFlashKeys; ++i) {
       const int64_t p = b0 + i;

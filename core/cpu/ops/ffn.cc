@@ -11,9 +11,10 @@
 namespace glmserve {
 
 void SiluMul(float* g, const float* u, int64_t n) {
-  // Elementwise: how the range is cut cannot change a bit. Decode-sized rows stay on the caller.
+  // Elementwise: how the range is cut cannot change a bit. Chunks of kGrain values; a single
+  // chunk (decode-sized rows) runs on the caller, as ParallelFor does with one item.
   constexpr int64_t kGrain = int64_t{1} << 16;
-  ParallelFor((n + kGrain - 1) / kGrain, n > kGrain ? 1 : 2, [&](int64_t begin, int64_t end) {
+  ParallelFor((n + kGrain - 1) / kGrain, 1, [&](int64_t begin, int64_t end) {
     const int64_t stop = std::min(n, end * kGrain);
     for (int64_t i = begin * kGrain; i < stop; ++i) g[i] = rowmath::SiluMul(g[i], u[i]);
   });

@@ -58,12 +58,15 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
 
   // One arena for every expert's rows (reused from call to call on this thread: a 2,048-token
   // chunk's buffers are ~0.7 GB, whose page faults cost more than the copies).
+  // The shared expert's width is n_shared_experts times a routed one's: its gate/up rows follow
+  // the routed rows' at element offset pairs * width.
   const int64_t width = w.experts[0].gate.rows;
   const int64_t shared_rows = w.has_shared() ? tokens : 0;
+  const int64_t gate_size = pairs * width + shared_rows * w.shared.gate.rows;
   static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
   gathered_arena.resize(pairs * hidden);
-  gate_arena.resize((pairs + shared_rows) * width);
-  up_arena.resize((pairs + shared_rows) * width);
+  gate_arena.resize(gate_size);
+  up_arena.resize(gate_size);
   out_arena.resize((pairs + shared_rows) * hidden);
   // Plain pointers: the pool's threads must not name this thread's thread_locals.
   float* gathered = gathered_arena.data();
@@ -79,19 +82,22 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   // Every active expert (and the shared one) in two parallel loops: all gate/up projections,
   // then all down projections.
   std::vector<LinearJob> gate_up, down;
-  auto add = [&](const FfnWeights& f, const float* xs, int64_t row0, int64_t m) {
-    gate_up.push_back({xs, m, &f.gate, nullptr, gate + row0 * width});
-    gate_up.push_back({xs, m, &f.up, nullptr, up + row0 * width});
-    down.push_back({gate + row0 * width, m, &f.down, nullptr, out + row0 * hidden});
+  // gate_at: the job's first element of the gate/up arenas; its outputs are rows row0.. of out.
+  auto add = [&](const FfnWeights& f, const float* xs, int64_t gate_at, int64_t row0, int64_t m) {
+    gate_up.push_back({xs, m, &f.gate, nullptr, gate + gate_at});
+    gate_up.push_back({xs, m, &f.up, nullptr, up + gate_at});
+    down.push_back({gate + gate_at, m, &f.down, nullptr, out + row0 * hidden});
   };
   for (int64_t e = 0; e < p.n_experts; ++e) {
-    if (count[e] > 0) add(w.experts[e], gathered + first[e] * hidden, first[e], count[e]);
+    if (count[e] > 0) {
+      add(w.experts[e], gathered + first[e] * hidden, first[e] * width, first[e], count[e]);
+    }
   }
-  if (w.has_shared()) add(w.shared, x, pairs, tokens);
+  if (w.has_shared()) add(w.shared, x, pairs * width, pairs, tokens);
   timer.emplace(OpFamily::kExpertGemm);
   LinearMany(gate_up, math);
   timer.emplace(OpFamily::kMoeShuffle);
-  SiluMul(gate, up, (pairs + shared_rows) * width);
+  SiluMul(gate, up, gate_size);
   timer.emplace(OpFamily::kExpertGemm);
   LinearMany(down, math);
   timer.emplace(OpFamily::kMoeShuffle);

@@ -84,9 +84,10 @@ TEST(RouterTest, TiesPickLowerIndexAndEveryExpertCanBeChosen) {
   EXPECT_NEAR(sum, 1.0, 1e-6);
 }
 
-// A whole MoE FFN against a float64 evaluation of the same formula.
+// A whole MoE FFN against a float64 evaluation of the same formula; the shared expert twice as
+// wide as a routed one (n_shared_experts = 2).
 TEST(MoeFfnTest, MatchesFloat64Reference) {
-  const int64_t hidden = 24, inter = 10, n = 6, tokens = 5;
+  const int64_t hidden = 24, inter = 10, shared_inter = 20, n = 6, tokens = 5;
   RouterParams p = Params(n, 3, 3, 2, true, 1.7f);
   std::vector<std::vector<float>> storage;
   auto make = [&](int64_t rows, int64_t cols, uint32_t seed) {
@@ -101,7 +102,8 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
     w.experts.push_back(
         {make(inter, hidden, 10 + e), make(inter, hidden, 20 + e), make(hidden, inter, 30 + e)});
   }
-  w.shared = {make(inter, hidden, 40), make(inter, hidden, 41), make(hidden, inter, 42)};
+  w.shared = {make(shared_inter, hidden, 40), make(shared_inter, hidden, 41),
+              make(hidden, shared_inter, 42)};
   std::vector<float> x = testing::RandomVector(tokens * hidden, 3);
   std::vector<float> y(tokens * hidden, NAN);
   MoeFfn(x.data(), tokens, w, p, y.data());
@@ -110,8 +112,9 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
     auto at = [](const Matrix& m, int64_t r, int64_t c) {
       return double(static_cast<const float*>(m.data)[r * m.cols + c]);
     };
-    std::vector<double> act(inter);
-    for (int64_t i = 0; i < inter; ++i) {
+    const int64_t width = f.gate.rows;
+    std::vector<double> act(width);
+    for (int64_t i = 0; i < width; ++i) {
       double g = 0, u = 0;
       for (int64_t c = 0; c < hidden; ++c)
         g += at(f.gate, i, c) * xr[c], u += at(f.up, i, c) * xr[c];
@@ -119,7 +122,7 @@ TEST(MoeFfnTest, MatchesFloat64Reference) {
     }
     out.assign(hidden, 0);
     for (int64_t d = 0; d < hidden; ++d)
-      for (int64_t i = 0; i < inter; ++i) out[d] += at(f.down, d, i) * act[i];
+      for (int64_t i = 0; i < width; ++i) out[d] += at(f.down, d, i) * act[i];
   };
   std::vector<float> ref(tokens * hidden);
   for (int64_t t = 0; t < tokens; ++t) {
