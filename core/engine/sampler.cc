@@ -11,24 +11,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/engine/sampler_scan.h"
+#include "core/model/sample_math.h"
 
-// Processing order for temperature > 0 (the distribution's arithmetic in float64):
+// Processing order for temperature > 0 (the logits' arithmetic in float64, the weights' in
+// integers: core/model/sample_math.h):
 //   1. NaN logits are treated as -inf (a NaN would break every ordering below).
 //   2. Repetition penalty on each distinct in-range history id.
 //   3. Divide by the temperature.
 //   4. Top-k on the scaled logits: the k largest, ties broken by lower id.
-//   5. Probabilities over the kept tokens, exp(x - max), with their sum Z.
+//   5. Integer weights over the kept tokens, W = floor(exp(x - max) 2^S), with their sum Z.
 //   6. Top-p and min-p, both judged against the distribution from step 5 (so they commute and
 //      neither renormalises before the other). Both keep a prefix of the canonical order
 //      (descending probability, ties by lower id), so the kept set is the shorter prefix; the
 //      most likely token is always kept.
 //   7. Draw u in [0, 1) from (seed, token_index) alone and walk the kept prefix in canonical
-//      order until the running sum exceeds u times the kept mass.
-// Every sum is taken in an order fixed by the inputs (id order, or CanonicalWalk's bin by bin
-// order), never in the order a selection algorithm happens to leave elements, so the result
-// does not depend on the standard library's nth_element or heap either. No expression here
-// has the a * b + c shape that GCC fuses into an FMA by default where the ISA has one, so
-// results do not depend on -ffp-contract or the target; keep it that way.
+//      order until the running sum exceeds floor(u times the kept mass).
+// Integer sums are exact, so no result depends on the order of any addition: the device
+// sampler (core/cuda/sampling.cu) adds a row's weights in whatever order its threads meet
+// and still chooses this file's token. No expression here has the a * b + c shape that GCC
+// fuses into an FMA by default where the ISA has one, so results do not depend on
+// -ffp-contract or the target; keep it that way.
 //
 // Cost: only what the request needs is computed, and every shortcut below gives exactly the
 // token (and logprobs) of the plain full-row computation (tests/core/engine/sampler_legacy.cc, kept
@@ -45,12 +47,12 @@
 //   - The chosen token's logprob and the top logprobs, a full log-sum-exp and a top-n scan,
 //     are computed only when requested.
 // Plain temperature and top-p without top-k still need every token's weight: Z (step 5) is
-// a float64 sum in id order over the whole row, and it decides where the nucleus ends.
-// Why float64 is kept for the weights and sums: a request's seeded stream is a contract
-// (same seed, same tokens, across versions and machines), and float weights would move a
-// draw whenever u lands within ~1e-7 of a cumulative boundary, and put top_p's nucleus
-// boundary within float rounding of kTopPSlack. The float work is the scanning (argmax,
-// top-k, block skipping), where float is exact.
+// a sum over the whole row, and it decides where the nucleus ends.
+// Why the weights are exact: a request's seeded stream is a contract (same seed, same tokens,
+// across versions, machines and backends). Float weights and sums would move a draw whenever
+// u lands within rounding of a cumulative boundary, and make the answer depend on the order
+// of the additions. The float work is the scanning (argmax, top-k, block skipping), where
+// float compares are exact.
 
 namespace glmserve {
 namespace {
@@ -60,39 +62,19 @@ using sampler_internal::TopKFloat;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// top_p arrives as a float and the probabilities come from float logits, so each carries
-// about 1e-7 relative error. A nucleus that falls short of top_p by less than this still
-// counts as reaching it; otherwise top_p = 0.8 over probabilities 0.5 and 0.3 would keep a
-// third token or not depending on the last bit of exp.
-constexpr double kTopPSlack = 1e-6;
-
 // Min-p skips a block when its best log-weight is below log(min_p) by more than this: far
 // above the error of exp and log (~1e-16), so no token with weight >= min_p is skipped.
 constexpr double kMinPLogMargin = 1e-6;
 
 constexpr int32_t kBlock = 64;
 
-// The standard splitmix64 output function (Steele, Lea and Flood, "Fast splittable
-// pseudorandom number generators", 2014): a bijection with full avalanche, so consecutive
-// indices give independent-looking outputs without any generator state.
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using samplemath::IntWeight;
+using samplemath::NanToNegInf;
+using samplemath::Penalise;
+using samplemath::Uniform;
 
-// Uniform in [0, 1) with 53 random bits, a pure function of (seed, token_index): a request's
-// stream never depends on batching, preemption or how many tokens were drawn before.
-double Uniform(uint64_t seed, uint64_t token_index) {
-  return static_cast<double>(SplitMix64(seed ^ SplitMix64(token_index)) >> 11) * 0x1.0p-53;
-}
-
-double NanToNegInf(double x) { return std::isnan(x) ? -kInf : x; }
-
-// Unnormalised probability of a logit x given the maximum m of its set: exp(x - m), with the
-// limits taken when m is infinite (x - m would be NaN). With m = +inf the +inf logits share
-// all the mass; with m = -inf every logit is -inf and they are equally likely.
+// exp(x - m) in float64 for the log-softmax (logprobs, not the draw), with the limits taken
+// when m is infinite, as IntWeight takes them.
 double Weight(double x, double m) {
   if (m == kInf) return x == kInf ? 1.0 : 0.0;
   if (m == -kInf) return 1.0;
@@ -115,14 +97,8 @@ float ToFloat(double x) {
   return static_cast<float>(x);
 }
 
-// The CTRL penalty: shrink positive logits, push non-positive ones further down, so a
-// penalty > 1 always lowers the token's probability.
-double Penalise(double x, double penalty) {
-  return NanToNegInf(x > 0.0 ? x / penalty : x * penalty);
-}
-
 struct Candidate {
-  double weight;  // unnormalised probability, in [0, 1]
+  uint64_t weight;  // IntWeight: in [0, 2^S]
   int32_t id;
 };
 
@@ -141,10 +117,11 @@ struct Scratch {
   std::vector<std::pair<float, int32_t>> heap;
   std::vector<std::pair<double, int32_t>> pool;  // (scaled logit, id)
   std::vector<double> z;                         // scaled logits by id (whole-row path)
+  std::vector<uint64_t> w;                       // their weights
   std::vector<Candidate> candidates;
   std::vector<uint16_t> bins;  // CanonicalWalk: each candidate's bin
   std::vector<size_t> bin_count;
-  std::vector<double> bin_sum;
+  std::vector<uint64_t> bin_sum;
   std::vector<Candidate> members;
 };
 
@@ -232,18 +209,14 @@ struct Position {
   size_t rank = 0;
 };
 
-// The candidates grouped by weight into narrow bins (1/8 octave: the exponent and top three
-// mantissa bits of the double, which order non-negative doubles like their values), so that
-// walking the canonical order needs only bin totals plus a sort of the one bin the walk ends
-// in, rather than a sort of the vocabulary.
-//
-// Running sums add whole bins' totals (each summed in id order) and then, inside the bin where
-// the walk ends, single weights in canonical order. Which token a target picks therefore
-// depends on the inputs only, and differs from an exact canonical walk only by rounding.
-// Only the occupied bin range [lo, hi] is stored: empty bins add +0.0, which changes no sum.
+// The candidates grouped by weight into narrow bins (1/8 octave: the bit length and the three
+// bits below the leading one, which order integers like their values), so that walking the
+// canonical order needs only bin totals plus a sort of the one bin the walk ends in, rather
+// than a sort of the vocabulary. The sums are exact, so the walk stops where an exact walk
+// in canonical order stops. Only the occupied bin range [lo, hi] is stored.
 class CanonicalWalk {
  public:
-  // `candidates` (weights in [0, 1], ascending ids, not empty) must outlive this.
+  // `candidates` (ascending ids, not empty) must outlive this.
   CanonicalWalk(const std::vector<Candidate>& candidates, Scratch& s)
       : candidates_(candidates), s_(s) {
     s.bins.resize(candidates.size());
@@ -256,7 +229,7 @@ class CanonicalWalk {
       hi_ = std::max(hi_, bin);
     }
     s.bin_count.assign(hi_ - lo_ + 1, 0);
-    s.bin_sum.assign(hi_ - lo_ + 1, 0.0);
+    s.bin_sum.assign(hi_ - lo_ + 1, 0);
     for (size_t i = 0; i < candidates.size(); ++i) {
       ++s.bin_count[s.bins[i] - lo_];
       s.bin_sum[s.bins[i] - lo_] += candidates[i].weight;
@@ -267,9 +240,9 @@ class CanonicalWalk {
   // The last candidate in canonical order.
   Position last() const { return last_; }
 
-  // The sum of all weights, bin totals added from the heaviest bin down as Walk adds them.
-  double total() const {
-    double sum = 0.0;
+  // The sum of all weights (below 2^63: WeightShift).
+  uint64_t total() const {
+    uint64_t sum = 0;
     for (int bin = hi_; bin >= lo_; --bin) sum += sum_(bin);
     return sum;
   }
@@ -278,16 +251,16 @@ class CanonicalWalk {
 
   struct Stop {
     Position position;
-    double cumulative;  // running sum up to and including the token at `position`
+    uint64_t cumulative;  // running sum up to and including the token at `position`
   };
 
   // Walks the candidates up to and including `end` in canonical order and stops at the first
   // token whose running sum exceeds `target` (reaches it, if `inclusive`); at `end` if none.
-  Stop Walk(double target, bool inclusive, Position end) {
-    auto reached = [&](double cumulative) {
+  Stop Walk(uint64_t target, bool inclusive, Position end) {
+    auto reached = [&](uint64_t cumulative) {
       return inclusive ? cumulative >= target : cumulative > target;
     };
-    double cumulative = 0.0;
+    uint64_t cumulative = 0;
     for (int bin = hi_; bin >= end.bin; --bin) {
       if (count(bin) == 0) continue;
       // A bin the walk may leave whole: below its total, the target is not in it.
@@ -302,21 +275,23 @@ class CanonicalWalk {
         cumulative += members[rank].weight;
         if (reached(cumulative)) return {{bin, rank}, cumulative};
       }
-      // The bin's total said the target falls inside it, but adding in canonical rather than
-      // id order rounded short: its last token is the crossing.
-      return {{bin, n - 1}, cumulative};
+      return {{bin, n - 1}, cumulative};  // not reached: the sums are exact
     }
     return {end, cumulative};
   }
 
  private:
-  // 2^15 covers every non-negative double's top 15 bits; weights <= 1 use at most 8185.
-  static constexpr int kBins = 8185;
+  // Bit lengths 0..63, eight bins each.
+  static constexpr int kBins = 512;
 
-  static int Bin(double weight) { return static_cast<int>(std::bit_cast<uint64_t>(weight) >> 49); }
+  static int Bin(uint64_t weight) {
+    const int length = std::bit_width(weight);
+    const uint64_t below = length >= 4 ? weight >> (length - 4) : weight << (4 - length);
+    return length * 8 + static_cast<int>(below & 7);
+  }
 
   size_t count(int bin) const { return s_.bin_count[bin - lo_]; }
-  double sum_(int bin) const { return s_.bin_sum[bin - lo_]; }
+  uint64_t sum_(int bin) const { return s_.bin_sum[bin - lo_]; }
 
   // The bin's candidates in canonical order, collected on demand (a walk touches at most a
   // couple of bins).
@@ -357,9 +332,9 @@ void KeepTopK(size_t k, std::vector<std::pair<double, int32_t>>* pool) {
 // scaled logits lies among them and the penalised ids (pen_ids ascending, pen_values their
 // penalised logits). Fills the candidates (in id order) and returns Z.
 template <typename RawOf>
-double PoolCandidates(const std::vector<int32_t>& winners, RawOf raw_of,
-                      const std::vector<int32_t>& pen_ids, const std::vector<double>& pen_values,
-                      size_t k, double temperature, Scratch& s) {
+uint64_t PoolCandidates(const std::vector<int32_t>& winners, RawOf raw_of,
+                        const std::vector<int32_t>& pen_ids, const std::vector<double>& pen_values,
+                        size_t k, double temperature, int shift, Scratch& s) {
   // The union of the unpenalised winners and the penalised ids, in id order.
   std::vector<std::pair<double, int32_t>>& pool = s.pool;
   pool.clear();
@@ -376,25 +351,25 @@ double PoolCandidates(const std::vector<int32_t>& winners, RawOf raw_of,
   if (pool.size() > k) KeepTopK(k, &pool);
   double max_logit = -kInf;
   for (const auto& [z, id] : pool) max_logit = std::max(max_logit, z);
-  double total = 0.0;
+  uint64_t total = 0;
   for (const auto& [z, id] : pool) {
-    const double w = Weight(z, max_logit);
+    const uint64_t w = IntWeight(z, max_logit, shift);
     s.candidates.push_back({w, id});
     total += w;
   }
   return total;
 }
 
-double TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
+uint64_t TopKCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
   TopKFloat top(k, &s.heap);
   row.ForEach([&](int32_t begin, int32_t end) { top.Scan(row.data(), begin, end); }, [](size_t) {});
   return PoolCandidates(
       top.TakeIds(), [&row](int32_t id) { return row.raw(id); }, row.penalised_ids(),
-      row.penalised(), k, temperature, s);
+      row.penalised(), k, temperature, samplemath::WeightShift(row.size()), s);
 }
 
-// Min-p alone (no top-k or top-p): the candidates with weight >= min_p, in id order, skipping
-// blocks whose best weight is below it. Returns false (nothing done) when the maximum is
+// Min-p alone (no top-k or top-p): the candidates with weight >= MinPWeight, in id order,
+// skipping blocks whose best weight is below it. Returns false (nothing done) when the maximum is
 // infinite, where the block bound does not apply.
 bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, Scratch& s) {
   auto scaled = [temperature](double v) { return NanToNegInf(v / temperature); };
@@ -408,9 +383,11 @@ bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, S
   // z -> z - max_logit and x -> x / T are non-decreasing, so a block's largest float bounds
   // every member's log-weight.
   const double skip_below = std::log(min_p) - kMinPLogMargin;
+  const int shift = samplemath::WeightShift(row.size());
+  const uint64_t min_weight = samplemath::MinPWeight(static_cast<float>(min_p), shift);
   auto keep = [&](double z, int32_t id) {
-    const double w = Weight(z, max_logit);
-    if (w >= min_p) s.candidates.push_back({w, id});
+    const uint64_t w = IntWeight(z, max_logit, shift);
+    if (w >= min_weight) s.candidates.push_back({w, id});
   };
   row.ForEach(
       [&](int32_t begin, int32_t end) {
@@ -425,9 +402,35 @@ bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, S
   return true;
 }
 
+// w[i] = IntWeight(z[i], m, shift) for a row. DetExp is fma after fma: a library call each
+// where the instruction is not enabled at compile time, inlined (and vectorised, with AVX-512)
+// where it is. So the loop is compiled for three targets and picked by what the CPU has;
+// every version computes the same bits (fma is correctly rounded everywhere).
+template <typename Weigh>
+inline void WeighRow(const double* z, size_t n, double m, int shift, uint64_t* w, Weigh weigh) {
+  for (size_t i = 0; i < n; ++i) w[i] = weigh(z[i], m, shift);
+}
+__attribute__((flatten, target("avx512f,avx512dq,avx512vl,avx2,fma"))) void RowIntWeightsAvx512(
+    const double* z, size_t n, double m, int shift, uint64_t* w) {
+  WeighRow(z, n, m, shift, w, IntWeight);
+}
+__attribute__((flatten, target("avx2,fma"))) void RowIntWeightsFma(const double* z, size_t n,
+                                                                    double m, int shift,
+                                                                    uint64_t* w) {
+  WeighRow(z, n, m, shift, w, IntWeight);
+}
+void RowIntWeights(const double* z, size_t n, double m, int shift, uint64_t* w) {
+  static const int level = __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") ? 2
+                           : __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") ? 1
+                                                                                             : 0;
+  if (level == 2) return RowIntWeightsAvx512(z, n, m, shift, w);
+  if (level == 1) return RowIntWeightsFma(z, n, m, shift, w);
+  WeighRow(z, n, m, shift, w, IntWeight);
+}
+
 // Steps 3-5 over the whole row (top-k too when the temperature is infinite, where scaling
 // collapses distinct logits and top-k must compare the scaled values).
-double WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
+uint64_t WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature, Scratch& s) {
   const size_t vocab = static_cast<size_t>(row.size());
   std::vector<double>& z = s.z;
   z.resize(vocab);
@@ -439,9 +442,10 @@ double WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature,
   }
   double max_logit = -kInf;  // the top-k below always keeps it
   for (double x : z) max_logit = std::max(max_logit, x);
-  double total = 0.0;  // >= 1: the most likely token has weight 1
+  const int shift = samplemath::WeightShift(row.size());
+  uint64_t total = 0;  // >= 2^S: the most likely token's weight
   auto add = [&](int32_t id) {
-    const double w = Weight(z[id], max_logit);
+    const uint64_t w = IntWeight(z[id], max_logit, shift);
     s.candidates.push_back({w, id});
     total += w;
   };
@@ -452,42 +456,48 @@ double WholeRowCandidates(const PenalisedRow& row, size_t k, double temperature,
     KeepTopK(k, &pool);
     for (const auto& [value, id] : pool) add(id);
   } else {
-    for (size_t i = 0; i < vocab; ++i) add(static_cast<int32_t>(i));
+    std::vector<uint64_t>& w = s.w;
+    w.resize(vocab);
+    RowIntWeights(z.data(), vocab, max_logit, shift, w.data());
+    // A token of weight 0 is never where a walk stops: leaving it out changes no draw.
+    for (size_t i = 0; i < vocab; ++i) {
+      if (w[i] != 0) s.candidates.push_back({w[i], static_cast<int32_t>(i)});
+      total += w[i];
+    }
   }
   return total;
 }
 
 // Steps 6 and 7 over s.candidates (weights of step 5, ascending ids) with Z = `total`.
-int32_t Draw(const SamplingParams& params, double u, double total, Scratch& s) {
+int32_t Draw(const SamplingParams& params, double u, uint64_t total, int shift, Scratch& s) {
   std::vector<Candidate>& candidates = s.candidates;
   const bool top_p = params.top_p < 1.0f;
   // min_p >= 1 (unvalidated) would drop every token: ignored rather than left undefined.
   const bool min_p = params.min_p > 0.0f && params.min_p < 1.0f;
-  // Weights are relative to the most likely token's weight of 1, so min-p's
-  // "prob < min_p * max prob" is "weight < min_p"; the most likely token always survives.
+  // Weights are relative to the most likely token's weight of 2^S, so min-p's
+  // "prob < min_p * max prob" is "weight < MinPWeight"; the most likely token always survives.
   if (min_p) {
-    const double min_weight = params.min_p;
+    const uint64_t min_weight = samplemath::MinPWeight(params.min_p, shift);
     std::erase_if(candidates, [&](const Candidate& c) { return c.weight < min_weight; });
   }
 
   CanonicalWalk walk(candidates, s);
   Position end = walk.last();
-  double kept_mass = walk.total();
+  uint64_t kept_mass = walk.total();
   if (top_p) {
     // Against `total`, the mass before min-p: both filters judge the same distribution.
-    const double nucleus = (static_cast<double>(params.top_p) - kTopPSlack) * total;
-    const CanonicalWalk::Stop stop = walk.Walk(nucleus, /*inclusive=*/true, end);
+    const CanonicalWalk::Stop stop = walk.Walk(samplemath::NucleusTarget(params.top_p, total),
+                                               /*inclusive=*/true, end);
     end = stop.position;
     kept_mass = stop.cumulative;
   }
-  return walk.id(walk.Walk(u * kept_mass, /*inclusive=*/false, end).position);
+  return walk.id(
+      walk.Walk(samplemath::DrawTarget(u, kept_mass), /*inclusive=*/false, end).position);
 }
 
-// Steps 3-7 of the file comment on the penalised row. When the distribution was built over
-// the whole row from unchanged logits (temperature 1, no penalised id, no top-k), its Z is
-// exactly the log-softmax's sum (same weights, same id order) and is stored in *raw_sum.
+// Steps 3-7 of the file comment on the penalised row.
 int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, double u,
-                         Scratch& s, double* raw_sum) {
+                         Scratch& s) {
   const size_t vocab = static_cast<size_t>(row.size());
   const double temperature = params.temperature;
   const size_t k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : vocab;
@@ -495,32 +505,26 @@ int32_t SampleFromLogits(const PenalisedRow& row, const SamplingParams& params, 
   const bool min_p = params.min_p > 0.0f && params.min_p < 1.0f;
 
   s.candidates.clear();
-  double total;  // Z of step 5, before min-p; needed by top-p only
+  uint64_t total;  // Z of step 5, before min-p; needed by top-p only
   if (k < vocab && std::isfinite(temperature)) {
     total = TopKCandidates(row, k, temperature, s);
   } else if (k >= vocab && min_p && !top_p && MinPCandidates(row, temperature, params.min_p, s)) {
-    total = 0.0;  // unused without top-p; the candidates are min-p's survivors already
+    total = 0;  // unused without top-p; the candidates are min-p's survivors already
   } else {
     total = WholeRowCandidates(row, k, temperature, s);
-    if (temperature == 1.0 && k >= vocab && row.penalised_ids().empty()) *raw_sum = total;
   }
-  return Draw(params, u, total, s);
+  return Draw(params, u, total, samplemath::WeightShift(row.size()), s);
 }
 
 // The chosen token's logprob and the `top` most likely tokens' (log-softmax of the raw
-// logits: (x - max) - log(sum exp(x - max)), summed in id order; `known_sum` when the
-// sampler already has that sum, else NaN).
-void AddLogprobs(absl::Span<const float> logits, int32_t top, double known_sum, Scratch& s,
-                 SampledToken* result) {
+// logits in float64: (x - max) - log(sum exp(x - max)), summed in id order).
+void AddLogprobs(absl::Span<const float> logits, int32_t top, Scratch& s, SampledToken* result) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   const float* x = logits.data();
   auto raw = [x](int32_t i) { return NanToNegInf(x[i]); };
   const double raw_max = ArgMaxRange(x, 0, vocab).value;
-  double sum = known_sum;
-  if (std::isnan(sum)) {
-    sum = 0.0;
-    for (int32_t i = 0; i < vocab; ++i) sum += Weight(raw(i), raw_max);
-  }
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab; ++i) sum += Weight(raw(i), raw_max);
   const double log_sum = std::log(sum);
   auto logprob = [&](int32_t i) { return ToFloat(LogWeight(raw(i), raw_max) - log_sum); };
   result->logprob = logprob(result->token);
@@ -552,12 +556,11 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
   }
   Scratch& s = ThreadScratch();
   const PenalisedRow row(logits, params.repetition_penalty, history, s);
-  double raw_sum = std::numeric_limits<double>::quiet_NaN();
   // Written so that a NaN temperature (unvalidated params) falls back to greedy.
   result.token = params.temperature > 0.0f
-                     ? SampleFromLogits(row, params, Uniform(params.seed, token_index), s, &raw_sum)
+                     ? SampleFromLogits(row, params, Uniform(params.seed, token_index), s)
                      : ArgMax(row);
-  if (want.chosen || want.top > 0) AddLogprobs(logits, want.top, raw_sum, s, &result);
+  if (want.chosen || want.top > 0) AddLogprobs(logits, want.top, s, &result);
   return result;
 }
 
@@ -569,8 +572,7 @@ SampledToken ForcedToken(absl::Span<const float> logits, int32_t token, LogprobR
     return result;  // Engine::Submit keeps forced ids in the row
   }
   if (want.chosen || want.top > 0) {
-    AddLogprobs(logits, want.top, std::numeric_limits<double>::quiet_NaN(), ThreadScratch(),
-                &result);
+    AddLogprobs(logits, want.top, ThreadScratch(), &result);
   }
   return result;
 }
@@ -673,15 +675,16 @@ absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingP
   for (int32_t i : winners) winner_ids.push_back(row.top_ids[i]);
   Scratch& s = ThreadScratch();
   s.candidates.clear();
-  const double total = PoolCandidates(
+  const int shift = samplemath::WeightShift(row.vocab);
+  const uint64_t total = PoolCandidates(
       winner_ids,
       [&](int32_t id) {
         const size_t i = static_cast<size_t>(
             std::lower_bound(row.top_ids.begin(), row.top_ids.end(), id) - row.top_ids.begin());
         return raw(i);
       },
-      pen_ids, pen_values, k, static_cast<double>(params.temperature), s);
-  return Draw(params, Uniform(params.seed, token_index), total, s);
+      pen_ids, pen_values, k, static_cast<double>(params.temperature), shift, s);
+  return Draw(params, Uniform(params.seed, token_index), total, shift, s);
 }
 
 }  // namespace glmserve
