@@ -13,6 +13,7 @@
 
 #include "core/model/mla_shape.h"
 #include "core/model/row_math.h"
+#include "core/model/sample_math.h"
 
 namespace glmserve::cuda {
 
@@ -360,6 +361,16 @@ cudaError_t LaunchRowArgMax(const float* logits, int64_t rows, int64_t vocab, in
 inline constexpr int kMaxDeviceTopK = 1024;
 cudaError_t LaunchRowTopK(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
                           float* values, int32_t* finite, cudaStream_t stream);
+
+// ---- row_sample.cu --------------------------------------------------------------------
+// Each row's token, chosen on the device exactly as core/engine/sampler.cc's SampleToken
+// chooses it from the same row (core/model/sample_math.h: the same arithmetic, exact integer
+// sums): logits [rows, vocab] fp32; params[r] row r's sampling (its penalised ids at
+// penalised_ids[params[r].penalised_begin ..], ascending); tokens[r] the choice; finite[r] (when
+// not null) as LaunchRowArgMax. No scratch memory, no host round trip.
+cudaError_t LaunchRowSample(const float* logits, int64_t rows, int64_t vocab,
+                            const samplemath::RowSampling* params, const int32_t* penalised_ids,
+                            int32_t* tokens, int32_t* finite, cudaStream_t stream);
 
 // ---- elementwise.cu -------------------------------------------------------------------
 // h[t] = float(table[ids[t]]) (bf16 table [vocab, width]).

@@ -32,12 +32,6 @@ namespace glmserve::samplemath {
 // third token or not depending on the last bit of exp.
 inline constexpr double kTopPSlack = 1e-6;
 
-GLM_HD inline double Infinity() { return __builtin_huge_val(); }
-
-GLM_HD inline bool IsNan(double x) { return x != x; }
-
-GLM_HD inline double NanToNegInf(double x) { return IsNan(x) ? -Infinity() : x; }
-
 GLM_HD inline uint64_t DoubleBits(double x) {
 #if defined(__CUDA_ARCH__)
   return static_cast<uint64_t>(__double_as_longlong(x));
@@ -53,6 +47,12 @@ GLM_HD inline double BitsDouble(uint64_t bits) {
   return __builtin_bit_cast(double, bits);
 #endif
 }
+
+GLM_HD inline double Infinity() { return BitsDouble(0x7ff0000000000000ULL); }
+
+GLM_HD inline bool IsNan(double x) { return x != x; }
+
+GLM_HD inline double NanToNegInf(double x) { return IsNan(x) ? -Infinity() : x; }
 
 GLM_HD inline double Fma(double a, double b, double c) {
 #if defined(__CUDA_ARCH__)
@@ -152,5 +152,20 @@ GLM_HD inline uint64_t DrawTarget(double u, uint64_t kept) {
   const uint64_t v = static_cast<uint64_t>(t);
   return v < kept ? v : kept - 1;
 }
+
+// One row's request to a device sampler (core/cuda/kernels.h LaunchRowSample): the
+// SamplingParams fields the draw reads, and where the row's penalised ids (PenalisedIds:
+// distinct, ascending, in range; none when the penalty is 1) sit in the step's id array.
+struct RowSampling {
+  float temperature = 0.0f;  // <= 0 or NaN: greedy
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t top_k = 0;
+  int32_t penalised_begin = 0;
+  int32_t penalised_count = 0;
+  uint64_t seed = 0;
+  uint64_t token_index = 0;
+};
 
 }  // namespace glmserve::samplemath

@@ -2,7 +2,9 @@
 // scans (core/engine/sampler_scan.h), which they are to replace: the same ids and values, exactly,
 // on rows built for the edges (ties everywhere, NaN, +-inf, -0 next to +0, all -inf, rows
 // shorter than a block, k = 1, k = vocab, k = the maximum), and the per-row finite flags.
-// Outputs are poisoned first.
+// And the device sampler (core/cuda/row_sample.cu) against SampleToken: the same token on the
+// sampler's hard cases (tests/core/engine/sampler_cases.h), draw for draw, and frequencies that
+// match the softmax. Outputs are poisoned first.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "core/engine/sampler_scan.h"
 #include "tests/core/cuda/cuda_test_util.h"
 #include "tests/core/cuda/device_buffers.h"
+#include "tests/core/engine/sampler_cases.h"
 
 namespace glmserve::cuda {
 namespace {
@@ -145,6 +148,150 @@ TEST_F(CudaSampling, RowTopKRefusesAnImpossibleK) {
               cudaErrorInvalidValue)
         << k;
   }
+}
+
+// One launch of LaunchRowSample over `logits` rows, each with its params, history and token
+// index; returns the tokens (and checks the finite flags).
+std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& rows,
+                                  const std::vector<SamplingParams>& params,
+                                  const std::vector<const std::vector<int32_t>*>& histories,
+                                  const std::vector<uint64_t>& indices) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t vocab = static_cast<int64_t>(rows[0]->size());
+  std::vector<float> logits;
+  std::vector<samplemath::RowSampling> specs;
+  std::vector<int32_t> penalised;
+  for (int64_t r = 0; r < n; ++r) {
+    logits.insert(logits.end(), rows[r]->begin(), rows[r]->end());
+    const SamplingParams& p = params[r];
+    const std::vector<int32_t> ids = PenalisedIds(p, *histories[r], vocab);
+    samplemath::RowSampling spec;
+    spec.temperature = p.temperature;
+    spec.top_k = p.top_k;
+    spec.top_p = p.top_p;
+    spec.min_p = p.min_p;
+    spec.repetition_penalty = p.repetition_penalty;
+    spec.seed = p.seed;
+    spec.token_index = indices[r];
+    spec.penalised_begin = static_cast<int32_t>(penalised.size());
+    spec.penalised_count = static_cast<int32_t>(ids.size());
+    penalised.insert(penalised.end(), ids.begin(), ids.end());
+    specs.push_back(spec);
+  }
+  DeviceBuffer d_logits = Upload(logits), d_specs = Upload(specs), d_pen = Upload(penalised);
+  DeviceBuffer tokens = Poisoned<int32_t>(n), finite = Poisoned<int32_t>(n);
+  EXPECT_EQ(LaunchRowSample(d_logits.as<float>(), n, vocab, d_specs.as<samplemath::RowSampling>(),
+                            d_pen.as<int32_t>(), tokens.as<int32_t>(), finite.as<int32_t>(),
+                            nullptr),
+            cudaSuccess);
+  const std::vector<int32_t> flags = Download<int32_t>(finite, n);
+  for (int64_t r = 0; r < n; ++r) {
+    bool all = true;
+    for (float x : *rows[r]) all &= std::isfinite(x);
+    EXPECT_EQ(flags[r], all ? 1 : 0) << "row " << r;
+  }
+  return Download<int32_t>(tokens, n);
+}
+
+std::string Describe(const SamplingParams& p) {
+  return "T=" + std::to_string(p.temperature) + " k=" + std::to_string(p.top_k) +
+         " top_p=" + std::to_string(p.top_p) + " min_p=" + std::to_string(p.min_p) +
+         " penalty=" + std::to_string(p.repetition_penalty);
+}
+
+// Every (row, setting) of the sampler's hard cases, `draws` token indices each, in one launch:
+// the device's token must be SampleToken's.
+void ExpectDeviceEqualsHost(int vocab, int draws, size_t max_settings) {
+  const std::vector<sampler_cases::Row> cases = sampler_cases::Rows(vocab);
+  std::vector<SamplingParams> settings = sampler_cases::Settings(vocab);
+  if (settings.size() > max_settings) {
+    // An even spread over the list (it is ordered by path), the last (greedy on NaN) kept.
+    std::vector<SamplingParams> some;
+    for (size_t i = 0; i < max_settings; ++i) {
+      some.push_back(settings[i * (settings.size() - 1) / (max_settings - 1)]);
+    }
+    settings = some;
+  }
+  std::vector<std::vector<int32_t>> histories;
+  for (const auto& c : cases) histories.push_back(sampler_cases::History(c.logits));
+  std::vector<const std::vector<float>*> rows;
+  std::vector<SamplingParams> params;
+  std::vector<const std::vector<int32_t>*> hist;
+  std::vector<uint64_t> indices;
+  std::vector<std::string> names;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (const SamplingParams& p : settings) {
+      for (int d = 0; d < draws; ++d) {
+        rows.push_back(&cases[c].logits);
+        params.push_back(p);
+        hist.push_back(&histories[c]);
+        indices.push_back(static_cast<uint64_t>(d) * 7919 + 3);
+        names.push_back(cases[c].name + ", " + Describe(p));
+      }
+    }
+  }
+  const std::vector<int32_t> got = DeviceSample(rows, params, hist, indices);
+  int failures = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int32_t want =
+        SampleToken(*rows[r], params[r], *hist[r], indices[r], LogprobRequest{}).token;
+    if (got[r] != want && ++failures <= 10) {
+      ADD_FAILURE() << names[r] << ", index " << indices[r] << ": device " << got[r] << ", host "
+                    << want;
+    }
+  }
+  EXPECT_EQ(failures, 0) << "of " << rows.size() << " draws";
+}
+
+TEST_F(CudaSampling, RowSampleEqualsTheHostSamplerOnItsHardCases) {
+  ExpectDeviceEqualsHost(3000, 3, 1000);
+  ExpectDeviceEqualsHost(257, 2, 1000);
+  ExpectDeviceEqualsHost(2, 2, 1000);
+}
+
+TEST_F(CudaSampling, RowSampleEqualsTheHostSamplerOnGlmsVocabulary) {
+#if defined(GLMSERVE_CUDA_EMU)
+  const size_t settings = 6;  // each row is ~40 passes over 151552 ids on the CPU's fibers
+#else
+  const size_t settings = 1000;
+#endif
+  ExpectDeviceEqualsHost(151552, 1, settings);
+}
+
+// Draws from a six-token row: the frequencies must follow softmax(x / T) (chi-square, 5
+// degrees of freedom, p = 0.001 critical value 20.5), and a repeated launch gives the same
+// tokens (seeded; one row's draw does not depend on its neighbours).
+TEST_F(CudaSampling, RowSampleFrequenciesFollowTheSoftmax) {
+  const std::vector<float> row = {1.0f, 0.5f, -0.3f, 2.0f, 0.0f, -1.0f};
+  const std::vector<int32_t> history;
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.seed = 99;
+  const int draws = 3000;
+  std::vector<const std::vector<float>*> rows(draws, &row);
+  std::vector<SamplingParams> params(draws, p);
+  std::vector<const std::vector<int32_t>*> hist(draws, &history);
+  std::vector<uint64_t> indices(draws);
+  for (int i = 0; i < draws; ++i) indices[i] = static_cast<uint64_t>(i);
+  const std::vector<int32_t> got = DeviceSample(rows, params, hist, indices);
+  std::vector<double> count(row.size(), 0.0), prob(row.size());
+  for (int32_t t : got) {
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, static_cast<int32_t>(row.size()));
+    count[t] += 1.0;
+  }
+  double z = 0.0;
+  for (size_t i = 0; i < row.size(); ++i) z += prob[i] = std::exp(row[i] / 0.9);
+  double chi2 = 0.0;
+  for (size_t i = 0; i < row.size(); ++i) {
+    const double expected = draws * prob[i] / z;
+    chi2 += (count[i] - expected) * (count[i] - expected) / expected;
+  }
+  EXPECT_LT(chi2, 20.5);
+  // Same seeds, reversed batch order: the same token for each index.
+  std::vector<uint64_t> reversed(indices.rbegin(), indices.rend());
+  const std::vector<int32_t> again = DeviceSample(rows, params, hist, reversed);
+  for (int i = 0; i < draws; ++i) EXPECT_EQ(again[draws - 1 - i], got[i]) << i;
 }
 
 }  // namespace

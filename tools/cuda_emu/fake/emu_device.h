@@ -29,5 +29,10 @@ inline int atomicAdd(int* p, int v) {
   *p += v;
   return old;
 }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p += v;
+  return old;
+}
 using std::max;
 using std::min;

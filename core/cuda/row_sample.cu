@@ -1,0 +1,303 @@
+// Sampling on the device: each row's token chosen exactly as core/engine/sampler.cc's
+// SampleToken chooses it (greedy, temperature, top-k, top-p, min-p, repetition penalty,
+// seeded), so the logits never leave the device. Both sides share core/model/sample_math.h:
+// the penalty and the temperature in float64, integer weights from DetExp, exact sums. Sums of
+// integers do not depend on the order of the additions, so this kernel can add a row's
+// weights with shared-memory atomics and still agree with the host's loops bit for bit.
+//
+// One block per row. The canonical order (weight descending, id ascending) is never sorted:
+// every question about it is a radix selection over a key that orders ids the same way.
+//   - top-k: the k-th largest of (scaled logit, lower id first): a 96-bit key, count mass;
+//   - top-p: the first id whose running weight reaches NucleusTarget: the 64-bit key
+//     (W << id_bits) | (id_mask - id), weight mass;
+//   - the draw: the first id whose running weight exceeds DrawTarget, the same key.
+// Each selection decides the key eight bits at a time from the top: a 256-bin histogram of
+// the mass of the ids whose key matches the bits decided so far, then one thread finds the bin
+// where the running mass crosses the target. Nothing is stored per id: every pass recomputes
+// the id's scaled logit and weight from the row (a few dozen float64 operations), so the
+// kernel needs no scratch memory. Only __syncthreads and shared-memory atomics: it runs under
+// tools/cuda_emu as written.
+#include "core/cuda/device_util.cuh"
+#include "core/cuda/kernels.h"
+#include "core/model/sample_math.h"
+
+namespace glmserve::cuda {
+namespace {
+
+namespace sm = samplemath;
+
+constexpr int kThreads = 256;
+
+// A position in a canonical order: larger keys come first; `lo` breaks ties.
+struct Key96 {
+  uint64_t hi;
+  uint32_t lo;
+};
+
+__device__ __forceinline__ bool KeyLess(Key96 a, Key96 b) {
+  return a.hi < b.hi || (a.hi == b.hi && a.lo < b.lo);
+}
+
+// Order-preserving key of a double that holds no NaN (-0 and +0 map alike).
+__device__ __forceinline__ uint64_t DoubleKey(double x) {
+  if (x == 0.0) x = 0.0;
+  const uint64_t bits = sm::DoubleBits(x);
+  return (bits & 0x8000000000000000ULL) ? ~bits : (bits | 0x8000000000000000ULL);
+}
+
+// The 8-bit digit `pass` (0: the top) of a 96-bit key, and whether the key's digits above it
+// match `prefix`.
+__device__ __forceinline__ uint32_t Digit(Key96 k, int pass) {
+  return pass < 8 ? static_cast<uint32_t>(k.hi >> (56 - 8 * pass)) & 0xffu
+                  : (k.lo >> (24 - 8 * (pass - 8))) & 0xffu;
+}
+__device__ __forceinline__ bool AboveMatches(Key96 k, Key96 prefix, int pass) {
+  if (pass == 0) return true;
+  if (pass <= 8) return (k.hi >> (64 - 8 * pass)) == (prefix.hi >> (64 - 8 * pass));
+  return k.hi == prefix.hi && (k.lo >> (32 - 8 * (pass - 8))) == (prefix.lo >> (32 - 8 * (pass - 8)));
+}
+
+struct SelectState {
+  Key96 prefix;
+  uint64_t remaining;  // of the target, the mass still to cover among keys matching prefix
+  uint64_t before;     // the mass of the keys above the prefix's range so far
+};
+
+// The largest key K (over ids [0, vocab)) such that the mass of the keys >= K reaches
+// `target` (>= 1, at most the total mass): the id where a walk down the order first reaches
+// it. *before is set to the mass of the keys above K. `passes` is 8 for keys whose `lo` is 0
+// throughout (a 64-bit key), 12 otherwise. Reached by every thread; `hist` holds 256 entries.
+template <typename KeyOf, typename MassOf>
+__device__ Key96 SelectByMass(int64_t vocab, uint64_t target, int passes, KeyOf key_of,
+                              MassOf mass_of, unsigned long long* hist, SelectState* st,
+                              uint64_t* before) {
+  if (threadIdx.x == 0) {
+    st->prefix = {0, 0};
+    st->remaining = target;
+    st->before = 0;
+  }
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    const Key96 prefix = st->prefix;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const Key96 k = key_of(i);
+      if (!AboveMatches(k, prefix, pass)) continue;
+      const uint64_t mass = mass_of(i);
+      if (mass != 0) atomicAdd(&hist[Digit(k, pass)], static_cast<unsigned long long>(mass));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t above = 0;
+      int digit = 255;
+      for (; digit > 0 && above + hist[digit] < st->remaining; --digit) above += hist[digit];
+      st->remaining -= above;
+      st->before += above;
+      if (pass < 8) {
+        st->prefix.hi |= static_cast<uint64_t>(digit) << (56 - 8 * pass);
+      } else {
+        st->prefix.lo |= static_cast<uint32_t>(digit) << (24 - 8 * (pass - 8));
+      }
+    }
+    __syncthreads();
+  }
+  const Key96 result = st->prefix;
+  *before = st->before;
+  __syncthreads();  // st is reused by the next selection
+  return result;
+}
+
+// Block reductions through `slots` (kThreads entries). Reached by every thread.
+__device__ double BlockMax(double v, double* slots) {
+  slots[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) slots[threadIdx.x] = fmax(slots[threadIdx.x], slots[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const double result = slots[0];
+  __syncthreads();
+  return result;
+}
+
+__device__ uint64_t BlockSum(uint64_t v, unsigned long long* slots) {
+  slots[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) slots[threadIdx.x] += slots[threadIdx.x + half];
+    __syncthreads();
+  }
+  const uint64_t result = slots[0];
+  __syncthreads();
+  return result;
+}
+
+// The smallest key over the block (each thread offers its own smallest).
+__device__ Key96 BlockMinKey(Key96 k, unsigned long long* hi, uint32_t* lo) {
+  hi[threadIdx.x] = k.hi;
+  lo[threadIdx.x] = k.lo;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const Key96 other{hi[threadIdx.x + half], lo[threadIdx.x + half]};
+      if (KeyLess(other, Key96{hi[threadIdx.x], lo[threadIdx.x]})) {
+        hi[threadIdx.x] = other.hi;
+        lo[threadIdx.x] = other.lo;
+      }
+    }
+    __syncthreads();
+  }
+  const Key96 result{hi[0], lo[0]};
+  __syncthreads();
+  return result;
+}
+
+// Whether `id` is among the row's penalised ids (ascending): a binary search.
+__device__ __forceinline__ bool Penalised(const int32_t* ids, int count, int64_t id) {
+  int lo = 0, hi = count;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (ids[mid] < id) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < count && ids[lo] == id;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    RowSampleKernel(const float* __restrict__ logits, int64_t vocab,
+                    const sm::RowSampling* __restrict__ params,
+                    const int32_t* __restrict__ penalised_ids, int32_t* __restrict__ tokens,
+                    int32_t* __restrict__ finite) {
+  __shared__ unsigned long long hist[256];
+  __shared__ unsigned long long slots_u[kThreads];
+  __shared__ double slots_d[kThreads];
+  __shared__ uint32_t slots_lo[kThreads];
+  __shared__ SelectState st;
+  __shared__ int all_finite;
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const sm::RowSampling p = params[blockIdx.x];
+  const int32_t* pen = penalised_ids + p.penalised_begin;
+  const int pen_count = p.penalised_count;
+  const double penalty = p.repetition_penalty;
+
+  // The logit after the penalty (float64, NaN read as -inf): SampleToken's PenalisedRow.
+  auto value = [&](int64_t i) {
+    const double x = sm::NanToNegInf(static_cast<double>(row[i]));
+    return pen_count > 0 && Penalised(pen, pen_count, i) ? sm::Penalise(x, penalty) : x;
+  };
+
+  bool my_finite = true;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    my_finite &= (__float_as_uint(row[i]) & 0x7f800000u) != 0x7f800000u;
+  }
+  if (threadIdx.x == 0) all_finite = 1;
+  __syncthreads();
+  if (!my_finite) all_finite = 0;
+  __syncthreads();
+  if (threadIdx.x == 0 && finite != nullptr) finite[blockIdx.x] = all_finite;
+
+  // id_bits / id_mask: (id_mask - id) orders ids descending in the low bits of a 64-bit key.
+  int id_bits = 0;
+  while ((int64_t{1} << id_bits) < vocab) ++id_bits;
+  const uint64_t id_mask = (uint64_t{1} << id_bits) - 1;
+
+  if (!(p.temperature > 0.0f)) {
+    // Greedy: the largest value, the lowest id among equals (a key that is larger for both).
+    Key96 best{0, 0};
+    bool any = false;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const Key96 k{DoubleKey(value(i)), static_cast<uint32_t>(id_mask - i)};
+      if (!any || KeyLess(best, k)) best = k;
+      any = true;
+    }
+    // The smallest of the complements is the largest key.
+    const Key96 mine = any ? Key96{~best.hi, ~best.lo} : Key96{~0ULL, ~0u};
+    const Key96 top = BlockMinKey(mine, slots_u, slots_lo);
+    if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(id_mask - ~top.lo);
+    return;
+  }
+
+  const double temperature = p.temperature;
+  auto scaled = [&](int64_t i) { return sm::NanToNegInf(value(i) / temperature); };
+  double local_max = -sm::Infinity();
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_max = fmax(local_max, scaled(i));
+  const double m = BlockMax(local_max, slots_d);
+  const int shift = sm::WeightShift(vocab);
+
+  // Top-k: the k-th largest (scaled logit, lower id) decides who keeps a weight.
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  Key96 kth{0, 0};
+  auto z_key = [&](int64_t i) {
+    return Key96{DoubleKey(scaled(i)), static_cast<uint32_t>(id_mask - i)};
+  };
+  uint64_t unused;
+  if (top_k) {
+    kth = SelectByMass(
+        vocab, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; },
+        hist, &st, &unused);
+  }
+  auto weight = [&](int64_t i) -> uint64_t {
+    const double z = scaled(i);
+    if (top_k && KeyLess(Key96{DoubleKey(z), static_cast<uint32_t>(id_mask - i)}, kth)) return 0;
+    return sm::IntWeight(z, m, shift);
+  };
+  // The canonical key: weight, then lower id (W <= 2^S and S + 1 + id_bits <= 64).
+  auto w_key = [&](int64_t i) { return Key96{(weight(i) << id_bits) | (id_mask - i), 0}; };
+
+  uint64_t local_sum = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_sum += weight(i);
+  const uint64_t total = BlockSum(local_sum, slots_u);
+
+  // The kept prefix ends at `end` (a w_key): min-p's last survivor or top-p's nucleus,
+  // whichever comes first; all ids when neither applies.
+  Key96 end{0, 0};
+  uint64_t kept = total;
+  bool bounded = false;
+  if (p.min_p > 0.0f && p.min_p < 1.0f) {
+    const uint64_t min_weight = sm::MinPWeight(p.min_p, shift);
+    Key96 mine{~0ULL, ~0u};
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const uint64_t w = weight(i);
+      const Key96 k{(w << id_bits) | (id_mask - i), 0};
+      if (w >= min_weight && KeyLess(k, mine)) mine = k;
+    }
+    end = BlockMinKey(mine, slots_u, slots_lo);
+    bounded = true;
+  }
+  if (p.top_p < 1.0f) {
+    uint64_t before;
+    const Key96 nucleus = SelectByMass(vocab, sm::NucleusTarget(p.top_p, total), 8, w_key,
+                                       weight, hist, &st, &before);
+    if (!bounded || KeyLess(end, nucleus)) end = nucleus;
+    bounded = true;
+  }
+  if (bounded) {
+    uint64_t local_kept = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      if (!KeyLess(w_key(i), end)) local_kept += weight(i);
+    }
+    kept = BlockSum(local_kept, slots_u);
+  }
+
+  const double u = sm::Uniform(p.seed, p.token_index);
+  const Key96 chosen = SelectByMass(vocab, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist,
+                                    &st, &unused);
+  if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(id_mask - (chosen.hi & id_mask));
+}
+
+}  // namespace
+
+cudaError_t LaunchRowSample(const float* logits, int64_t rows, int64_t vocab,
+                            const samplemath::RowSampling* params, const int32_t* penalised_ids,
+                            int32_t* tokens, int32_t* finite, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  RowSampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, vocab, params, penalised_ids, tokens, finite);
+  return cudaGetLastError();
+}
+
+}  // namespace glmserve::cuda
