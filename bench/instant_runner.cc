@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/dtype.h"
+#include "core/base/status_macros.h"
+#include "core/engine/sampler.h"
 
 namespace glmserve {
 namespace {
@@ -75,7 +77,14 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
       options.sequence_logits.size() != batch.sequences.size()) {
     return absl::InvalidArgumentError("sequence_logits must have one entry per sequence");
   }
+  if (!options.sample.empty() && !device_sampling_) {
+    return absl::UnimplementedError("this instant runner returns rows (set_device_sampling)");
+  }
+  RETURN_IF_ERROR(ValidateSampleRequests(batch, options, config_.vocab_size));
   result->logits.clear();
+  result->tokens.clear();
+  result->row_finite.clear();
+  size_t entry = 0;  // index into options.sample
   result->hidden.clear();
   result->layer_hidden.clear();
   int64_t token = 0;  // index into batch.token_ids of the sequence's first new token
@@ -87,7 +96,33 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
     const int64_t end = want == LogitsRows::kNone ? 0 : s.num_tokens;
     for (int64_t r = first; r < end; ++r) {
       const std::vector<float>& row = RowFor(batch.token_ids[token + r], s.start_position + r);
-      result->logits.insert(result->logits.end(), row.begin(), row.end());
+      if (options.sample.empty()) {
+        result->logits.insert(result->logits.end(), row.begin(), row.end());
+        continue;
+      }
+      const RowSampleRequest& req = options.sample[entry++];
+      int32_t chosen = -1;
+      if (req.sample) {
+        const samplemath::RowSampling& p = req.params;
+        SamplingParams params;
+        params.temperature = p.temperature;
+        params.top_k = p.top_k;
+        params.top_p = p.top_p;
+        params.min_p = p.min_p;
+        params.repetition_penalty = p.repetition_penalty;
+        params.seed = p.seed;
+        const int64_t columns =
+            p.columns > 0 ? std::min<int64_t>(p.columns, row.size()) : row.size();
+        // The penalised ids are distinct: as a history they penalise exactly themselves.
+        const absl::Span<const int32_t> penalised = absl::MakeConstSpan(
+            options.penalised_ids.data() + p.penalised_begin, p.penalised_count);
+        chosen = SampleToken(absl::MakeConstSpan(row.data(), columns), params, penalised,
+                             p.token_index, LogprobRequest{})
+                     .token;
+      }
+      result->tokens.push_back(chosen);
+      result->row_finite.push_back(1);  // the pool's rows are finite
+      if (req.keep_logits) result->logits.insert(result->logits.end(), row.begin(), row.end());
     }
     token += s.num_tokens;
   }

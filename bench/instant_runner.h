@@ -10,6 +10,11 @@
 // Forward copies each requested row into the result, which is the host work the CUDA
 // runner does for it too (pinned staging buffer to the result); forward_seconds() reports
 // the time spent there, so a benchmark can separate it from the engine's.
+//
+// With set_device_sampling(true) it answers ForwardOptions::sample as the CUDA runner does:
+// a token per sampled row (SampleToken on the pool row, standing in for the device's
+// kernel: the same token) and only the rows a request keeps. That work is the device's, not
+// the host's: forward_seconds() counts it, and a benchmark leaves it out of host time.
 #pragma once
 
 #include <atomic>
@@ -32,6 +37,8 @@ class InstantRunner final : public ModelRunner {
   int64_t layer_begin() const override { return 0; }
   int64_t layer_end() const override { return config_.num_hidden_layers; }
   bool supports_sub_spans() const override { return false; }
+  bool samples_tokens() const override { return device_sampling_; }
+  void set_device_sampling(bool on) { device_sampling_ = on; }
   std::string device_name() const override { return "instant"; }
   int64_t weight_bytes() const override { return 0; }
   // As a bf16 cache of this config would take, so that sizing figures stay realistic.
@@ -54,6 +61,7 @@ class InstantRunner final : public ModelRunner {
  private:
   ModelConfig config_;
   std::vector<std::vector<float>> pool_;
+  bool device_sampling_ = false;
   std::atomic<int64_t> forward_nanos_{0};
 };
 

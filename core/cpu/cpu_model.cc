@@ -290,6 +290,10 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
 
 absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
                                const ForwardOptions& options, ForwardResult* result) {
+  if (!options.sample.empty()) {
+    return absl::UnimplementedError(
+        "the CPU runner returns logits rows; the engine samples them (samples_tokens() is false)");
+  }
   if (options.mtp) return ForwardMtp(batch, cache, options, result);
   const int64_t run_begin = options.layer_begin < 0 ? layer_begin() : options.layer_begin;
   const int64_t run_end = options.layer_end < 0 ? layer_end() : options.layer_end;

@@ -305,18 +305,44 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
                                                const ForwardOptions& options,
                                                ForwardResult* result) {
   ASSIGN_OR_RETURN(const bool any, StepWantsLogits(batch, options));
+  RETURN_IF_ERROR(ValidateSampleRequests(batch, options, config_.vocab_size));
   bool any_all = false;
   for (LogitsRows r : options.sequence_logits) any_all |= r == LogitsRows::kAll;
   ForwardOptions whole = options;
   whole.sequence_logits.clear();
   whole.logits = any_all ? LogitsRows::kAll : (any ? LogitsRows::kLast : LogitsRows::kNone);
+  const std::vector<int64_t> computed = ReturnedLogitRows(batch, whole);
+  const std::vector<int64_t> wanted =
+      any ? ReturnedLogitRows(batch, options) : std::vector<int64_t>{};
+  if (!options.sample.empty()) {
+    // One request per computed row: the wanted rows' own, nothing for the others.
+    whole.sample.assign(computed.size(), RowSampleRequest{false, {}, false});
+    size_t source = 0;
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      while (computed[source] != wanted[i]) ++source;
+      whole.sample[source] = options.sample[i];
+    }
+  }
   RETURN_IF_ERROR(Forward(batch, cache, whole, result));
   if (!any) return absl::OkStatus();
+  if (!options.sample.empty()) {
+    // The logits hold the kept rows only, in order already; tokens and flags are per
+    // computed row: keep the wanted ones.
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> finite;
+    size_t source = 0;
+    for (int64_t row : wanted) {
+      while (computed[source] != row) ++source;
+      tokens.push_back(result->tokens[source]);
+      finite.push_back(result->row_finite[source]);
+    }
+    result->tokens = std::move(tokens);
+    result->row_finite = std::move(finite);
+    return absl::OkStatus();
+  }
   // Compact in place: both row lists ascend and every wanted row was computed, so a kept row
   // only moves towards the front (its destination never passes its source): no second
   // buffer and, when every computed row is wanted (a decode-only step), no copy at all.
-  const std::vector<int64_t> computed = ReturnedLogitRows(batch, whole);
-  const std::vector<int64_t> wanted = ReturnedLogitRows(batch, options);
   const int64_t vocab = config_.vocab_size;
   float* logits = result->logits.data();
   size_t source = 0;
@@ -530,20 +556,92 @@ absl::Status CudaModel::EnsureIndexScores(bool graph) {
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::ReadLogits(bool graph, ForwardResult* result) {
+absl::Status CudaModel::UploadSampleRequests(const std::vector<RowSampleRequest>& sample,
+                                             const std::vector<int32_t>& penalised_ids) {
+  std::vector<samplemath::RowSampling> params;
+  params.reserve(sample.size());
+  for (const RowSampleRequest& r : sample) {
+    // A row nobody samples still gets its finite flag; greedy is the cheapest way there.
+    params.push_back(r.sample ? r.params : samplemath::RowSampling{});
+  }
+  const size_t rows = sample.size();
+  const size_t params_bytes = sizeof(samplemath::RowSampling) * rows;
+  const size_t ids_bytes = sizeof(int32_t) * std::max<size_t>(1, penalised_ids.size());
+  const size_t out_bytes = sizeof(int32_t) * 2 * rows;
+  for (auto [buffer, bytes] :
+       {std::pair{&sample_params_, params_bytes}, std::pair{&sample_ids_, ids_bytes},
+        std::pair{&sample_out_, out_bytes}}) {
+    if (buffer->bytes() < bytes) {
+      // Nothing queued reads the old buffer: the previous step ended with a synchronize.
+      buffer->Reset();
+      ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Create(bytes));
+      *buffer = std::move(grown);
+    }
+  }
+  GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_params_.get(), params.data(), params_bytes,
+                                           cudaMemcpyHostToDevice, stream_.get()));
+  if (!penalised_ids.empty()) {
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_ids_.get(), penalised_ids.data(),
+                                             sizeof(int32_t) * penalised_ids.size(),
+                                             cudaMemcpyHostToDevice, stream_.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::ReadLogits(bool graph, const std::vector<RowSampleRequest>* sample,
+                                   const std::vector<int32_t>& penalised_ids,
+                                   ForwardResult* result) {
   const int64_t vocab = config_.vocab_size;
+  const int64_t rows_total = plan_.real_logit_rows;
+  if (sample != nullptr) RETURN_IF_ERROR(UploadSampleRequests(*sample, penalised_ids));
+  int64_t kept_total = rows_total;
+  if (sample != nullptr) {
+    kept_total = 0;
+    for (const RowSampleRequest& r : *sample) kept_total += r.keep_logits ? 1 : 0;
+  }
   // Appended chunk by chunk from the pinned staging buffer: no zero-filled resize first.
-  result->logits.reserve(plan_.real_logit_rows * vocab);
-  for (int64_t begin = 0; begin < plan_.real_logit_rows; begin += kLogitChunk) {
-    const int64_t rows = std::min(kLogitChunk, plan_.real_logit_rows - begin);
+  result->logits.reserve(kept_total * vocab);
+  for (int64_t begin = 0; begin < rows_total; begin += kLogitChunk) {
+    const int64_t rows = std::min(kLogitChunk, rows_total - begin);
     // A graph step computed all its (<= kLogitChunk) rows already.
     if (!graph) RETURN_IF_ERROR(EnqueueLogits(begin, rows));
-    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
-                                             sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
-                                             stream_.get()));
+    int64_t copied = 0;
+    if (sample == nullptr) {
+      GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_,
+                                               sizeof(float) * rows * vocab, cudaMemcpyDeviceToHost,
+                                               stream_.get()));
+      copied = rows;
+    } else {
+      int32_t* out = sample_out_.as<int32_t>();
+      GLM_CUDA_RETURN_IF_ERROR(LaunchRowSample(
+          logits_, rows, vocab, sample_params_.as<samplemath::RowSampling>() + begin,
+          sample_ids_.as<int32_t>(), out + begin, out + rows_total + begin, stream_.get()));
+      // Only the rows a request keeps cross to the host (next to each other in staging).
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!(*sample)[begin + r].keep_logits) continue;
+        GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.as<float>() + copied * vocab,
+                                                 logits_ + r * vocab, sizeof(float) * vocab,
+                                                 cudaMemcpyDeviceToHost, stream_.get()));
+        ++copied;
+      }
+    }
+    if (copied == 0) continue;  // the next chunk's GEMM may overwrite logits_: same stream
     GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
     const float* staged = logits_host_.as<float>();
-    result->logits.insert(result->logits.end(), staged, staged + rows * vocab);
+    result->logits.insert(result->logits.end(), staged, staged + copied * vocab);
+  }
+  if (sample != nullptr) {
+    std::vector<int32_t> out(2 * rows_total);
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), sample_out_.get(),
+                                             sizeof(int32_t) * out.size(), cudaMemcpyDeviceToHost,
+                                             stream_.get()));
+    GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    result->tokens.resize(rows_total);
+    result->row_finite.resize(rows_total);
+    for (int64_t r = 0; r < rows_total; ++r) {
+      result->tokens[r] = (*sample)[r].sample ? out[r] : -1;
+      result->row_finite[r] = out[rows_total + r] != 0 ? 1 : 0;
+    }
   }
   return absl::OkStatus();
 }
@@ -564,6 +662,10 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   if (!options.sequence_logits.empty())
     return ForwardSelectingLogits(batch, cache, options, result);
+  if (!options.sample.empty() && (options.mtp || !has_head_)) {
+    return absl::InvalidArgumentError("device sampling needs a step of the model's own head");
+  }
+  RETURN_IF_ERROR(ValidateSampleRequests(batch, options, config_.vocab_size));
   if (options.mtp) return ForwardMtp(batch, cache, options, result);
   if (options.return_head_input && !has_head_) {
     return absl::InvalidArgumentError("head inputs need a run that ends at the last layer");
@@ -583,6 +685,8 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   last_step_valid_ = false;
   if (!has_embedding_) RETURN_IF_ERROR(UploadHiddenIn(batch.hidden_in, real));
   result->logits.clear();
+  result->tokens.clear();
+  result->row_finite.clear();
   result->hidden.clear();
   result->layer_hidden.clear();
   result->head_input.clear();
@@ -609,7 +713,10 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
     RETURN_IF_ERROR(EnqueueResolve(&pending));
     if (options.return_hidden) RETURN_IF_ERROR(CopyHidden(real, &result->hidden));
   }
-  if (want_logits) RETURN_IF_ERROR(ReadLogits(graph, result));
+  if (want_logits) {
+    RETURN_IF_ERROR(ReadLogits(graph, options.sample.empty() ? nullptr : &options.sample,
+                               options.penalised_ids, result));
+  }
   // After the logits: the head input's norm reuses the normed-input buffers.
   if (options.return_head_input) {
     RETURN_IF_ERROR(CopyHeadInput(weights_.final_norm, real, &result->head_input));

@@ -85,6 +85,9 @@ class CudaModel final : public ModelRunner {
 
   const ModelConfig& config() const override { return config_; }
   bool supports_sub_spans() const override { return false; }
+  // ForwardOptions::sample: tokens chosen on the device (core/cuda/row_sample.cu); only the
+  // rows a request keeps cross to the host.
+  bool samples_tokens() const override { return has_head_; }
   int64_t layer_begin() const override { return layer_begin_; }
   int64_t layer_end() const override { return layer_end_; }
   std::string device_name() const override { return device_name_; }
@@ -193,8 +196,13 @@ class CudaModel final : public ModelRunner {
   // The indexer's score buffer for this step's contexts (GLM-5).
   absl::Status EnsureIndexScores(bool graph);
   // The logits rows of the step through `norm` and `head` (the model's, or the MTP layer's),
-  // chunk by chunk into result->logits.
-  absl::Status ReadLogits(bool graph, ForwardResult* result);
+  // chunk by chunk into result->logits; with `sample` (one request per row, or null) each
+  // chunk's tokens are chosen on the device and only the kept rows are copied.
+  absl::Status ReadLogits(bool graph, const std::vector<RowSampleRequest>* sample,
+                          const std::vector<int32_t>& penalised_ids, ForwardResult* result);
+  // Uploads a step's sample requests and penalised ids (sample_params_, sample_ids_).
+  absl::Status UploadSampleRequests(const std::vector<RowSampleRequest>& sample,
+                                    const std::vector<int32_t>& penalised_ids);
   // The MTP layer's step (model_mtp.cc).
   absl::Status ForwardMtp(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
                           ForwardResult* result);
@@ -297,8 +305,13 @@ class CudaModel final : public ModelRunner {
   // The step's last layer finishes only its logits rows (-1: every row; 0: none, a prefill
   // chunk whose logits nobody reads); their residual rows go to head_h().
   int64_t head_rows_ = -1;
-  float* logits_ = nullptr;    // [kLogitChunk, vocab]
-  PinnedBuffer logits_host_;   // [kLogitChunk, vocab]
+  float* logits_ = nullptr;   // [kLogitChunk, vocab]
+  PinnedBuffer logits_host_;  // [kLogitChunk, vocab]
+  // Device sampling: a step's RowSampling per logits row, its penalised ids, and the chosen
+  // tokens then finite flags ([2, rows] int32); each grows to the largest step seen.
+  DeviceBuffer sample_params_;
+  DeviceBuffer sample_ids_;
+  DeviceBuffer sample_out_;
   PinnedBuffer offsets_host_;  // [span layers, E + 1]
   PinnedBuffer io_host_;       // hidden states in and out (grows)
   bool last_step_valid_ = false;

@@ -78,7 +78,9 @@ absl::Status CudaModel::ForwardMtp(const ForwardBatch& batch, KvCache* cache,
   result->expert_choices.clear();
   step_head_norm_ = m.head_norm;
   step_head_ = m.head;
-  if (options.logits != LogitsRows::kNone) RETURN_IF_ERROR(ReadLogits(/*graph=*/false, result));
+  if (options.logits != LogitsRows::kNone) {
+    RETURN_IF_ERROR(ReadLogits(/*graph=*/false, nullptr, {}, result));
+  }
   if (options.return_head_input) {
     RETURN_IF_ERROR(CopyHeadInput(m.head_norm, real, &result->head_input));
   }

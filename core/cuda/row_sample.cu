@@ -54,7 +54,8 @@ __device__ __forceinline__ uint32_t Digit(Key96 k, int pass) {
 __device__ __forceinline__ bool AboveMatches(Key96 k, Key96 prefix, int pass) {
   if (pass == 0) return true;
   if (pass <= 8) return (k.hi >> (64 - 8 * pass)) == (prefix.hi >> (64 - 8 * pass));
-  return k.hi == prefix.hi && (k.lo >> (32 - 8 * (pass - 8))) == (prefix.lo >> (32 - 8 * (pass - 8)));
+  return k.hi == prefix.hi &&
+         (k.lo >> (32 - 8 * (pass - 8))) == (prefix.lo >> (32 - 8 * (pass - 8)));
 }
 
 struct SelectState {
@@ -112,7 +113,8 @@ __device__ double BlockMax(double v, double* slots) {
   slots[threadIdx.x] = v;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) slots[threadIdx.x] = fmax(slots[threadIdx.x], slots[threadIdx.x + half]);
+    if (threadIdx.x < half)
+      slots[threadIdx.x] = fmax(slots[threadIdx.x], slots[threadIdx.x + half]);
     __syncthreads();
   }
   const double result = slots[0];
@@ -182,6 +184,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* pen = penalised_ids + p.penalised_begin;
   const int pen_count = p.penalised_count;
   const double penalty = p.repetition_penalty;
+  // The ids sampled from: the row's first `columns` (all when 0).
+  const int64_t n = p.columns > 0 && p.columns < vocab ? p.columns : vocab;
 
   // The logit after the penalty (float64, NaN read as -inf): SampleToken's PenalisedRow.
   auto value = [&](int64_t i) {
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
     return pen_count > 0 && Penalised(pen, pen_count, i) ? sm::Penalise(x, penalty) : x;
   };
 
-  bool my_finite = true;
+  bool my_finite = true;  // over the whole row, as the engine checks it
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     my_finite &= (__float_as_uint(row[i]) & 0x7f800000u) != 0x7f800000u;
   }
@@ -201,14 +205,14 @@ __global__ void __launch_bounds__(kThreads)
 
   // id_bits / id_mask: (id_mask - id) orders ids descending in the low bits of a 64-bit key.
   int id_bits = 0;
-  while ((int64_t{1} << id_bits) < vocab) ++id_bits;
+  while ((int64_t{1} << id_bits) < n) ++id_bits;
   const uint64_t id_mask = (uint64_t{1} << id_bits) - 1;
 
   if (!(p.temperature > 0.0f)) {
     // Greedy: the largest value, the lowest id among equals (a key that is larger for both).
     Key96 best{0, 0};
     bool any = false;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const Key96 k{DoubleKey(value(i)), static_cast<uint32_t>(id_mask - i)};
       if (!any || KeyLess(best, k)) best = k;
       any = true;
@@ -223,12 +227,12 @@ __global__ void __launch_bounds__(kThreads)
   const double temperature = p.temperature;
   auto scaled = [&](int64_t i) { return sm::NanToNegInf(value(i) / temperature); };
   double local_max = -sm::Infinity();
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_max = fmax(local_max, scaled(i));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_max = fmax(local_max, scaled(i));
   const double m = BlockMax(local_max, slots_d);
-  const int shift = sm::WeightShift(vocab);
+  const int shift = sm::WeightShift(n);
 
   // Top-k: the k-th largest (scaled logit, lower id) decides who keeps a weight.
-  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  const bool top_k = p.top_k > 0 && p.top_k < n;
   Key96 kth{0, 0};
   auto z_key = [&](int64_t i) {
     return Key96{DoubleKey(scaled(i)), static_cast<uint32_t>(id_mask - i)};
@@ -236,8 +240,8 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t unused;
   if (top_k) {
     kth = SelectByMass(
-        vocab, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; },
-        hist, &st, &unused);
+        n, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; }, hist,
+        &st, &unused);
   }
   auto weight = [&](int64_t i) -> uint64_t {
     const double z = scaled(i);
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   auto w_key = [&](int64_t i) { return Key96{(weight(i) << id_bits) | (id_mask - i), 0}; };
 
   uint64_t local_sum = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_sum += weight(i);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_sum += weight(i);
   const uint64_t total = BlockSum(local_sum, slots_u);
 
   // The kept prefix ends at `end` (a w_key): min-p's last survivor or top-p's nucleus,
@@ -259,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   if (p.min_p > 0.0f && p.min_p < 1.0f) {
     const uint64_t min_weight = sm::MinPWeight(p.min_p, shift);
     Key96 mine{~0ULL, ~0u};
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const uint64_t w = weight(i);
       const Key96 k{(w << id_bits) | (id_mask - i), 0};
       if (w >= min_weight && KeyLess(k, mine)) mine = k;
@@ -269,22 +273,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (p.top_p < 1.0f) {
     uint64_t before;
-    const Key96 nucleus = SelectByMass(vocab, sm::NucleusTarget(p.top_p, total), 8, w_key,
-                                       weight, hist, &st, &before);
+    const Key96 nucleus =
+        SelectByMass(n, sm::NucleusTarget(p.top_p, total), 8, w_key, weight, hist, &st, &before);
     if (!bounded || KeyLess(end, nucleus)) end = nucleus;
     bounded = true;
   }
   if (bounded) {
     uint64_t local_kept = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       if (!KeyLess(w_key(i), end)) local_kept += weight(i);
     }
     kept = BlockSum(local_kept, slots_u);
   }
 
   const double u = sm::Uniform(p.seed, p.token_index);
-  const Key96 chosen = SelectByMass(vocab, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist,
-                                    &st, &unused);
+  const Key96 chosen =
+      SelectByMass(n, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist, &st, &unused);
   if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(id_mask - (chosen.hi & id_mask));
 }
 

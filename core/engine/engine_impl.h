@@ -122,15 +122,24 @@ class Engine::Impl {
                     StepInputs* in);
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
   void ScatterOutputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
-                      const std::vector<LogitsRows>& wants, const ForwardResult& result);
+                      const ForwardOptions& options, const ForwardResult& result);
+  // A token the runner chose where the logits are (ForwardOptions::sample), with whether its
+  // row was all finite.
+  struct DeviceToken {
+    int32_t token = -1;
+    bool finite = false;
+  };
   // Samples every sequence's next token from its logits row (in parallel: each draw is a
-  // pure function of its own inputs), into sampled_.
-  void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows);
+  // pure function of its own inputs), into sampled_; with `device` (one per sequence) the
+  // runner chose them, and a row (rows[i], or null) is there only for logprobs.
+  void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows,
+                    const std::vector<DeviceToken>* device);
   // `finite`: the row's logits were all finite (else the request fails, nothing sampled).
   void AfterGenerateStep(Sequence* seq, SampledToken sampled, bool finite);
   // The token a generation emits from `row` (forced or sampled), as SampleTokens draws it;
   // false when the row is not all finite.
-  bool SampleOne(const Sequence& seq, const float* row, SampledToken* out) const;
+  bool SampleOne(const Sequence& seq, const float* row, const DeviceToken* device,
+                 SampledToken* out) const;
 
   // ---- Speculative decoding with the MTP layer (speculation.cc, docs/mtp.md) ----
   // The drafts a sequence may verify in a step that feeds it `base` known tokens: its drafts,

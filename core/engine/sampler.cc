@@ -415,14 +415,14 @@ __attribute__((flatten, target("avx512f,avx512dq,avx512vl,avx2,fma"))) void RowI
   WeighRow(z, n, m, shift, w, IntWeight);
 }
 __attribute__((flatten, target("avx2,fma"))) void RowIntWeightsFma(const double* z, size_t n,
-                                                                    double m, int shift,
-                                                                    uint64_t* w) {
+                                                                   double m, int shift,
+                                                                   uint64_t* w) {
   WeighRow(z, n, m, shift, w, IntWeight);
 }
 void RowIntWeights(const double* z, size_t n, double m, int shift, uint64_t* w) {
   static const int level = __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") ? 2
-                           : __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") ? 1
-                                                                                             : 0;
+                           : __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2")   ? 1
+                                                                                               : 0;
   if (level == 2) return RowIntWeightsAvx512(z, n, m, shift, w);
   if (level == 1) return RowIntWeightsFma(z, n, m, shift, w);
   WeighRow(z, n, m, shift, w, IntWeight);

@@ -68,7 +68,7 @@ int64_t Engine::Impl::VerifyDrafts(Sequence* seq, const float* logits, int64_t r
   int64_t accepted = 0;
   for (int64_t j = 0; j < rows; ++j) {
     SampledToken sampled;
-    const bool finite = SampleOne(*seq, logits + j * vocab, &sampled);
+    const bool finite = SampleOne(*seq, logits + j * vocab, nullptr, &sampled);
     const int32_t token = sampled.token;
     AfterGenerateStep(seq, std::move(sampled), finite);
     if (seq->finished || j + 1 == rows || gen.drafts[static_cast<size_t>(j)] != token) break;

@@ -41,6 +41,37 @@ LogitsRows ForwardLogitsRows(const ForwardRequest& f, bool completes) {
   return LogitsRows::kNone;
 }
 
+// What a runner that samples does with a generation's next-token row: choose the token where
+// the logits are (unless the request forces it) and return the row only when the request
+// wants logprobs, which the host computes from it. Appends the row's penalised ids.
+RowSampleRequest DeviceSampleRequest(const Generation& gen, int64_t vocab,
+                                     std::vector<int32_t>* penalised_ids) {
+  const GenerateRequest& g = gen.request;
+  RowSampleRequest r;
+  r.sample = gen.ForcedNext() < 0;
+  r.keep_logits = g.logprobs || g.top_logprobs > 0;
+  if (!r.sample) return r;
+  const int64_t limit =
+      g.sample_vocab_limit > 0 ? std::min<int64_t>(g.sample_vocab_limit, vocab) : vocab;
+  const std::vector<int32_t> ids = PenalisedIds(g.sampling, gen.tokens, limit);
+  samplemath::RowSampling& p = r.params;
+  p.temperature = g.sampling.temperature;
+  p.top_p = g.sampling.top_p;
+  p.min_p = g.sampling.min_p;
+  p.repetition_penalty = g.sampling.repetition_penalty;
+  p.top_k = g.sampling.top_k;
+  p.columns = static_cast<int32_t>(limit);
+  p.seed = g.sampling.seed;
+  p.token_index = static_cast<uint64_t>(gen.generated);
+  p.penalised_begin = static_cast<int32_t>(penalised_ids->size());
+  p.penalised_count = static_cast<int32_t>(ids.size());
+  penalised_ids->insert(penalised_ids->end(), ids.begin(), ids.end());
+  return r;
+}
+
+// A returned row the host needs whole: drafts to verify, a Forward call's logits.
+constexpr RowSampleRequest kKeepRow{false, {}, true};
+
 }  // namespace
 
 void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
@@ -49,6 +80,8 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
   in->options.layer_begin = selected[0]->run_begin;
   in->options.layer_end = selected[0]->run_end;
   in->report.sequences = static_cast<int64_t>(selected.size());
+  const bool device_sampling = model_->samples_tokens();
+  const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
     const int64_t n = counts[i], from = seq->computed;
@@ -63,6 +96,11 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
       in->options.sequence_logits.push_back(drafts > 0 ? LogitsRows::kAll
                                             : done     ? LogitsRows::kLast
                                                        : LogitsRows::kNone);
+      if (device_sampling && drafts > 0) {
+        in->options.sample.insert(in->options.sample.end(), n, kKeepRow);
+      } else if (device_sampling && done) {
+        in->options.sample.push_back(DeviceSampleRequest(*gen, vocab, &in->options.penalised_ids));
+      }
       in->options.return_head_input |= gen->draft_k > 0;
       (from >= gen->prompt_tokens ? in->report.decode_tokens : in->report.prefill_tokens) += n;
       in->report.draft_tokens += drafts;
@@ -74,7 +112,12 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
         in->hidden.insert(in->hidden.end(), f.hidden.begin() + from * hidden_size,
                           f.hidden.begin() + (from + n) * hidden_size);
       }
-      in->options.sequence_logits.push_back(ForwardLogitsRows(f, from + n == seq->total_inputs()));
+      const LogitsRows rows = ForwardLogitsRows(f, from + n == seq->total_inputs());
+      in->options.sequence_logits.push_back(rows);
+      if (device_sampling && rows != LogitsRows::kNone) {
+        in->options.sample.insert(in->options.sample.end(), rows == LogitsRows::kAll ? n : 1,
+                                  kKeepRow);
+      }
       in->options.return_hidden |= f.return_hidden;
       in->report.forward_tokens += n;
     }
@@ -90,6 +133,8 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   GatherInputs(selected, counts, &in);
   ForwardResult& result = step_result_;
   result.logits.clear();
+  result.tokens.clear();
+  result.row_finite.clear();
   result.hidden.clear();
   result.layer_hidden.clear();
   result.head_input.clear();
@@ -102,7 +147,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     UpdateStats(1);
     return;
   }
-  ScatterOutputs(selected, counts, in.options.sequence_logits, result);
+  ScatterOutputs(selected, counts, in.options, result);
   RunMtp(selected, &in.report);
   in.report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   UpdateStats(1);
@@ -115,14 +160,18 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
 }
 
 void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
-                                  const std::vector<int64_t>& counts,
-                                  const std::vector<LogitsRows>& wants,
+                                  const std::vector<int64_t>& counts, const ForwardOptions& options,
                                   const ForwardResult& result) {
+  const std::vector<LogitsRows>& wants = options.sequence_logits;
   const int64_t vocab = model_->config().vocab_size;
   const int64_t hidden_size = model_->config().hidden_size;
-  int64_t row = 0, logits_row = 0;
+  // `logits_row` counts the rows in result.logits; with device sampling that is the kept
+  // rows only, and `entry` counts every returned row (options.sample, result.tokens).
+  const bool device_sampling = !options.sample.empty();
+  int64_t row = 0, logits_row = 0, entry = 0;
   std::vector<Sequence*> finished_forwards, failed, to_sample;
   std::vector<const float*> sample_rows;
+  std::vector<DeviceToken> device_tokens;
   struct Verify {
     Sequence* seq;
     const float* logits;      // [rows, vocab]
@@ -135,7 +184,17 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
     const int64_t n = counts[i];
     const LogitsRows want = wants[i];
     const float* logits = result.logits.data() + logits_row * vocab;
-    logits_row += want == LogitsRows::kAll ? n : (want == LogitsRows::kLast ? 1 : 0);
+    const int64_t returned = want == LogitsRows::kAll ? n : (want == LogitsRows::kLast ? 1 : 0);
+    DeviceToken device_token;
+    if (device_sampling && returned > 0) {
+      const bool kept = options.sample[entry].keep_logits;
+      device_token = {result.tokens[entry], result.row_finite[entry] != 0};
+      if (!kept) logits = nullptr;
+      for (int64_t r = 0; r < returned; ++r) logits_row += options.sample[entry + r].keep_logits;
+      entry += returned;
+    } else {
+      logits_row += returned;
+    }
     if (Generation* gen = seq->generation()) {
       const int64_t from = seq->computed;
       seq->computed += want == LogitsRows::kAll ? 1 : n;  // a verify step: its first row
@@ -143,6 +202,7 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
       if (want == LogitsRows::kLast) {
         to_sample.push_back(seq);
         sample_rows.push_back(logits);
+        device_tokens.push_back(device_token);
         if (gen->draft_k > 0) KeepHeadInputs(seq, HeadRows(result, row, hidden_size), n);
       } else if (want == LogitsRows::kAll) {
         to_verify.push_back({seq, logits, HeadRows(result, row, hidden_size), n});
@@ -180,7 +240,7 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
     row += n;
   }
   // Generated tokens go out in batch order, before the forwards' outcomes.
-  SampleTokens(to_sample, sample_rows);
+  SampleTokens(to_sample, sample_rows, device_sampling ? &device_tokens : nullptr);
   for (size_t i = 0; i < to_sample.size(); ++i) {
     AfterGenerateStep(to_sample[i], std::move(sampled_[i]), sampled_finite_[i] != 0);
   }
@@ -202,17 +262,29 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
   }
 }
 
-bool Engine::Impl::SampleOne(const Sequence& seq, const float* logits, SampledToken* out) const {
+bool Engine::Impl::SampleOne(const Sequence& seq, const float* logits, const DeviceToken* device,
+                             SampledToken* out) const {
   const int64_t vocab = model_->config().vocab_size;
-  // No token may be made up from NaN or Inf logits (checked here, in parallel too).
-  if (!AllFinite(logits, vocab)) return false;
+  // No token may be made up from NaN or Inf logits (checked here, in parallel too, or by the
+  // device over the row it sampled).
+  if (device != nullptr ? !device->finite : !AllFinite(logits, vocab)) return false;
   const Generation& gen = *seq.generation();
   const GenerateRequest& g = gen.request;
   // The logprobs are a full pass over the row each: only when the request asked.
   const LogprobRequest want{g.logprobs || g.top_logprobs > 0, g.top_logprobs};
   const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
-  const absl::Span<const float> row = absl::MakeConstSpan(logits, limit);
   const int32_t forced = gen.ForcedNext();
+  if (device != nullptr) {
+    // The device chose the token (or it is forced); a row came back only for logprobs.
+    const int32_t token = forced >= 0 ? forced : device->token;
+    if (logits == nullptr) {
+      *out = SampledToken{token, 0.0f, {}};
+    } else {
+      *out = ForcedToken(absl::MakeConstSpan(logits, limit), token, want);
+    }
+    return true;
+  }
+  const absl::Span<const float> row = absl::MakeConstSpan(logits, limit);
   *out = forced >= 0
              ? ForcedToken(row, forced, want)
              : SampleToken(row, g.sampling, gen.tokens, static_cast<uint64_t>(gen.generated), want);
@@ -220,16 +292,21 @@ bool Engine::Impl::SampleOne(const Sequence& seq, const float* logits, SampledTo
 }
 
 void Engine::Impl::SampleTokens(const std::vector<Sequence*>& seqs,
-                                const std::vector<const float*>& rows) {
+                                const std::vector<const float*>& rows,
+                                const std::vector<DeviceToken>* device) {
   sampled_.resize(seqs.size());
   sampled_finite_.assign(seqs.size(), 0);
   auto sample = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      sampled_finite_[i] = SampleOne(*seqs[i], rows[i], &sampled_[i]);
+      sampled_finite_[i] =
+          SampleOne(*seqs[i], rows[i], device ? &(*device)[i] : nullptr, &sampled_[i]);
     }
   };
   const int64_t n = static_cast<int64_t>(seqs.size());
-  if (n > 1) {
+  // Rows to scan (host sampling, or logprobs of device tokens) are worth the pool.
+  bool row_work = device == nullptr;
+  for (int64_t i = 0; i < n && !row_work; ++i) row_work = rows[i] != nullptr;
+  if (n > 1 && row_work) {
     ParallelFor(n, 1, sample);
   } else {
     sample(0, n);

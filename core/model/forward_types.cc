@@ -1,6 +1,9 @@
 #include "core/model/forward_types.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "core/base/status_macros.h"
 
 namespace glmserve {
 
@@ -121,6 +124,37 @@ std::vector<int64_t> ReturnedLogitRows(const ForwardBatch& batch, const ForwardO
     first += count;
   }
   return rows;
+}
+
+absl::Status ValidateSampleRequests(const ForwardBatch& batch, const ForwardOptions& options,
+                                    int64_t vocab) {
+  if (options.sample.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool any, StepWantsLogits(batch, options));
+  const size_t rows = any ? ReturnedLogitRows(batch, options).size() : 0;
+  if (options.sample.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample has ", options.sample.size(), " requests for ", rows, " logits rows"));
+  }
+  const int64_t pool = static_cast<int64_t>(options.penalised_ids.size());
+  for (size_t i = 0; i < options.sample.size(); ++i) {
+    const RowSampleRequest& r = options.sample[i];
+    if (!r.sample) continue;
+    const samplemath::RowSampling& p = r.params;
+    const int64_t columns = p.columns > 0 ? std::min<int64_t>(p.columns, vocab) : vocab;
+    if (p.columns < 0 || p.penalised_begin < 0 || p.penalised_count < 0 ||
+        p.penalised_begin + int64_t{p.penalised_count} > pool) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample request ", i, ": columns or penalised id range out of bounds"));
+    }
+    const int32_t* ids = options.penalised_ids.data() + p.penalised_begin;
+    for (int32_t j = 0; j < p.penalised_count; ++j) {
+      if (ids[j] < 0 || ids[j] >= columns || (j > 0 && ids[j] <= ids[j - 1])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample request ", i, ": penalised ids must ascend, be distinct and below ", columns));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace glmserve

@@ -9,6 +9,7 @@
 #include "absl/types/span.h"
 #include "core/model/config.h"
 #include "core/model/kv_cache.h"
+#include "core/model/sample_math.h"
 
 namespace glmserve {
 
@@ -35,6 +36,17 @@ enum class LogitsRows {
   kAll,   // one row per new token
 };
 
+// What a runner that samples (ModelRunner::samples_tokens) does with one logits row of a step.
+struct RowSampleRequest {
+  // Choose the row's token where the logits are (core/model/sample_math.h: the host
+  // sampler's token, bit for bit): ForwardResult::tokens.
+  bool sample = false;
+  samplemath::RowSampling params;  // read when `sample`
+  // Return the row itself in ForwardResult::logits (a request that wants logprobs, a
+  // forced token's logprob, drafts to verify, a Forward call's logits).
+  bool keep_logits = true;
+};
+
 struct ForwardOptions {
   LogitsRows logits = LogitsRows::kLast;
   // When non-empty, one entry per batch sequence, overriding `logits` for that sequence
@@ -55,6 +67,12 @@ struct ForwardOptions {
   // position i, with the slices' block tables; its K/V go to the cache's extra layer. Logits
   // rows as for the model; layer_begin / layer_end must stay -1.
   bool mtp = false;
+  // Sampling where the logits are, for a runner whose samples_tokens() is true (others
+  // refuse a non-empty list): one entry per logits row the step returns (ReturnedLogitRows
+  // order). penalised_ids holds every sampled row's penalised ids (RowSampling::
+  // penalised_begin / penalised_count: ascending, distinct, below the row's columns).
+  std::vector<RowSampleRequest> sample;
+  std::vector<int32_t> penalised_ids;
   // Run only model layers [layer_begin, layer_end) of the loaded span (-1: the span's own
   // bounds). Token input iff layer_begin == 0; logits iff layer_end is the model's last layer.
   int64_t layer_begin = -1;
@@ -62,7 +80,14 @@ struct ForwardOptions {
 };
 
 struct ForwardResult {
-  std::vector<float> logits;      // [rows, vocab], rows per ForwardOptions::logits
+  // [rows, vocab], rows per ForwardOptions::logits; with ForwardOptions::sample only the rows
+  // whose request has keep_logits, in order.
+  std::vector<float> logits;
+  // With ForwardOptions::sample, one entry per request: the chosen token (-1 where not
+  // sampled), and whether every value of the row was finite (1) or not (0: no token may be
+  // made from it; the engine fails the request).
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> row_finite;
   std::vector<float> hidden;      // [total_tokens, hidden] (pre final norm), if requested
   std::vector<float> head_input;  // [total_tokens, hidden] with return_head_input
   // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
@@ -72,6 +97,13 @@ struct ForwardResult {
   // chosen experts, best first.
   std::vector<std::vector<int32_t>> expert_choices;
 };
+
+// The checks of ForwardOptions::sample against the step: one request per returned logits row,
+// each sampled row's penalised ids a valid range of penalised_ids, ascending, distinct and
+// within its columns (RowSampling::columns, 0 for all of `vocab`). INVALID_ARGUMENT naming
+// what is wrong.
+absl::Status ValidateSampleRequests(const ForwardBatch& batch, const ForwardOptions& options,
+                                    int64_t vocab);
 
 // Each token's absolute position, in batch order.
 std::vector<int32_t> BatchPositions(const ForwardBatch& batch);

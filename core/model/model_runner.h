@@ -31,6 +31,11 @@ class ModelRunner {
   // Whether Forward honours ForwardOptions::layer_begin / layer_end inside the loaded span.
   virtual bool supports_sub_spans() const { return true; }
 
+  // Whether Forward honours ForwardOptions::sample: chooses tokens where the logits are and
+  // returns only the rows a request keeps (the CUDA runner). A runner that does not refuses
+  // a non-empty sample list; the engine then samples on the host.
+  virtual bool samples_tokens() const { return false; }
+
   // "cpu" or e.g. "cuda:0 NVIDIA H200".
   virtual std::string device_name() const = 0;
   // How it computes, for logs and GetModelInfo (e.g. "cpu math bf16, kernel avx512_bf16");

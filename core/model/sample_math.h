@@ -97,10 +97,10 @@ GLM_HD inline int WeightShift(int64_t vocab) {
 GLM_HD inline double DetExp(double x) {
   if (!(x > -700.0)) return 0.0;
   const double k = rint(x * 0x1.71547652b82fep+0);  // x / ln 2, to the nearest integer
-  double r = Fma(-k, 0x1.62e42fee00000p-1, x);       // ln 2, high part (trailing zeros)
-  r = Fma(-k, 0x1.a39ef35793c76p-33, r);             // ln 2, low part
-  double p = 0x1.6124613a86d09p-33;                  // 1/13!
-  p = Fma(p, r, 0x1.1eed8eff8d898p-29);              // 1/12!
+  double r = Fma(-k, 0x1.62e42fee00000p-1, x);      // ln 2, high part (trailing zeros)
+  r = Fma(-k, 0x1.a39ef35793c76p-33, r);            // ln 2, low part
+  double p = 0x1.6124613a86d09p-33;                 // 1/13!
+  p = Fma(p, r, 0x1.1eed8eff8d898p-29);             // 1/12!
   p = Fma(p, r, 0x1.ae64567f544e4p-26);
   p = Fma(p, r, 0x1.27e4fb7789f5cp-22);
   p = Fma(p, r, 0x1.71de3a556c734p-19);
@@ -164,6 +164,9 @@ struct RowSampling {
   int32_t top_k = 0;
   int32_t penalised_begin = 0;
   int32_t penalised_count = 0;
+  // The row's first `columns` ids are the vocabulary sampled from (0: all of it), as the
+  // host sampler's row span (GenerateRequest::sample_vocab_limit).
+  int32_t columns = 0;
   uint64_t seed = 0;
   uint64_t token_index = 0;
 };

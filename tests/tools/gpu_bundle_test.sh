@@ -58,7 +58,8 @@ for c in bf16 fp8_channel fp8_block fp8_block_tensor_cores glm5 kv_fp8; do
   grep -q "ok   glm-run $c: CPU run, --device=cuda refused without a GPU" "$work/logs/summary.txt" ||
     die "glm-run check $c not run"
 done
-grep -q '^| greedy | 4 |' "$work/logs/host_bench.log" || die "host_bench printed no table"
+grep -q '^| greedy | rows | 4 |' "$work/logs/host_bench.log" &&
+  grep -q '^| greedy | tokens | 4 |' "$work/logs/host_bench.log" || die "host_bench printed no table"
 grep -q '^| greedy |' "$work/logs/sampler_bench.log" || die "sampler_bench printed no table"
 # run.sh itself fails a failing step: a test binary that exits non-zero.
 printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' >"$bundle/bin/core_cuda_zz_broken_test"

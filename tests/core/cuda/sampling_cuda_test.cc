@@ -155,7 +155,7 @@ TEST_F(CudaSampling, RowTopKRefusesAnImpossibleK) {
 std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& rows,
                                   const std::vector<SamplingParams>& params,
                                   const std::vector<const std::vector<int32_t>*>& histories,
-                                  const std::vector<uint64_t>& indices) {
+                                  const std::vector<uint64_t>& indices, int32_t columns = 0) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t vocab = static_cast<int64_t>(rows[0]->size());
   std::vector<float> logits;
@@ -164,7 +164,7 @@ std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& 
   for (int64_t r = 0; r < n; ++r) {
     logits.insert(logits.end(), rows[r]->begin(), rows[r]->end());
     const SamplingParams& p = params[r];
-    const std::vector<int32_t> ids = PenalisedIds(p, *histories[r], vocab);
+    const std::vector<int32_t> ids = PenalisedIds(p, *histories[r], columns > 0 ? columns : vocab);
     samplemath::RowSampling spec;
     spec.temperature = p.temperature;
     spec.top_k = p.top_k;
@@ -173,6 +173,7 @@ std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& 
     spec.repetition_penalty = p.repetition_penalty;
     spec.seed = p.seed;
     spec.token_index = indices[r];
+    spec.columns = columns;
     spec.penalised_begin = static_cast<int32_t>(penalised.size());
     spec.penalised_count = static_cast<int32_t>(ids.size());
     penalised.insert(penalised.end(), ids.begin(), ids.end());
@@ -180,10 +181,10 @@ std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& 
   }
   DeviceBuffer d_logits = Upload(logits), d_specs = Upload(specs), d_pen = Upload(penalised);
   DeviceBuffer tokens = Poisoned<int32_t>(n), finite = Poisoned<int32_t>(n);
-  EXPECT_EQ(LaunchRowSample(d_logits.as<float>(), n, vocab, d_specs.as<samplemath::RowSampling>(),
-                            d_pen.as<int32_t>(), tokens.as<int32_t>(), finite.as<int32_t>(),
-                            nullptr),
-            cudaSuccess);
+  EXPECT_EQ(
+      LaunchRowSample(d_logits.as<float>(), n, vocab, d_specs.as<samplemath::RowSampling>(),
+                      d_pen.as<int32_t>(), tokens.as<int32_t>(), finite.as<int32_t>(), nullptr),
+      cudaSuccess);
   const std::vector<int32_t> flags = Download<int32_t>(finite, n);
   for (int64_t r = 0; r < n; ++r) {
     bool all = true;
@@ -201,7 +202,9 @@ std::string Describe(const SamplingParams& p) {
 
 // Every (row, setting) of the sampler's hard cases, `draws` token indices each, in one launch:
 // the device's token must be SampleToken's.
-void ExpectDeviceEqualsHost(int vocab, int draws, size_t max_settings) {
+// With `columns` > 0 every row is sampled from its first `columns` ids (the host sees that
+// span), as GenerateRequest::sample_vocab_limit asks.
+void ExpectDeviceEqualsHost(int vocab, int draws, size_t max_settings, int32_t columns = 0) {
   const std::vector<sampler_cases::Row> cases = sampler_cases::Rows(vocab);
   std::vector<SamplingParams> settings = sampler_cases::Settings(vocab);
   if (settings.size() > max_settings) {
@@ -230,11 +233,12 @@ void ExpectDeviceEqualsHost(int vocab, int draws, size_t max_settings) {
       }
     }
   }
-  const std::vector<int32_t> got = DeviceSample(rows, params, hist, indices);
+  const std::vector<int32_t> got = DeviceSample(rows, params, hist, indices, columns);
   int failures = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
-    const int32_t want =
-        SampleToken(*rows[r], params[r], *hist[r], indices[r], LogprobRequest{}).token;
+    const absl::Span<const float> span =
+        absl::MakeConstSpan(*rows[r]).subspan(0, columns > 0 ? columns : vocab);
+    const int32_t want = SampleToken(span, params[r], *hist[r], indices[r], LogprobRequest{}).token;
     if (got[r] != want && ++failures <= 10) {
       ADD_FAILURE() << names[r] << ", index " << indices[r] << ": device " << got[r] << ", host "
                     << want;
@@ -247,6 +251,7 @@ TEST_F(CudaSampling, RowSampleEqualsTheHostSamplerOnItsHardCases) {
   ExpectDeviceEqualsHost(3000, 3, 1000);
   ExpectDeviceEqualsHost(257, 2, 1000);
   ExpectDeviceEqualsHost(2, 2, 1000);
+  ExpectDeviceEqualsHost(3000, 1, 1000, /*columns=*/1500);
 }
 
 TEST_F(CudaSampling, RowSampleEqualsTheHostSamplerOnGlmsVocabulary) {

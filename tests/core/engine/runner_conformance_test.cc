@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/engine/runner_factory.h"
+#include "core/engine/sampler.h"
 #include "core/model/checkpoint.h"
 #include "tests/core/all_logits.h"
 #include "tests/core/engine/runner_cases.h"
@@ -301,6 +302,93 @@ TEST_P(RunnerConformance, PerSequenceLogitsSelectTheRequestedRows) {
   } else {
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   }
+}
+
+// A runner that samples (samples_tokens(): the CUDA runner) chooses, for each requested row,
+// the host sampler's token from that very row, returns only the rows asked to be kept, and
+// flags them finite; the others refuse sample requests as unimplemented.
+TEST_P(RunnerConformance, SampleRequestsGiveTheHostSamplersTokens) {
+  std::unique_ptr<ModelRunner> runner = Make();
+  ASSERT_NE(runner, nullptr);
+  const int64_t vocab = runner->config().vocab_size;
+  const std::vector<int32_t> a = Tokens(5, 2), b = Tokens(3, 3), c = Tokens(4, 4);
+  std::vector<int32_t> ids(a);
+  ids.insert(ids.end(), b.begin(), b.end());
+  ids.insert(ids.end(), c.begin(), c.end());
+  const auto run = [&](const ForwardOptions& options, ForwardResult* result) {
+    std::unique_ptr<KvCache> cache = Cache(*runner, 16);
+    BlockTable ta, tb, tc;
+    EXPECT_TRUE(cache->Reserve(&ta, 5).ok() && cache->Reserve(&tb, 3).ok() &&
+                cache->Reserve(&tc, 4).ok());
+    ForwardBatch batch;
+    batch.sequences = {{5, 0, &ta}, {3, 0, &tb}, {4, 0, &tc}};
+    batch.token_ids = ids;
+    return runner->Forward(batch, cache.get(), options, result);
+  };
+  // Rows: a's last, then c's four (b returns none).
+  std::vector<SamplingParams> params(5);
+  params[0].temperature = 0.8f;
+  params[0].top_p = 0.9f;
+  params[0].repetition_penalty = 1.3f;
+  params[0].seed = 11;
+  params[1].temperature = 1.2f;
+  params[1].top_k = 7;
+  params[1].seed = 12;
+  params[2].temperature = 0.0f;  // greedy
+  params[3].temperature = 2.0f;
+  params[3].min_p = 0.1f;
+  params[3].seed = 13;
+  params[4].temperature = 0.7f;
+  params[4].seed = 14;
+  const std::vector<int32_t> history = {1, 5, 9, 5, 200};
+  ForwardOptions options;
+  options.sequence_logits = {LogitsRows::kLast, LogitsRows::kNone, LogitsRows::kAll};
+  for (size_t r = 0; r < params.size(); ++r) {
+    RowSampleRequest req;
+    req.sample = r != 4;  // the last row: returned, not sampled
+    req.keep_logits = true;
+    const std::vector<int32_t> pen = PenalisedIds(params[r], history, vocab);
+    samplemath::RowSampling& p = req.params;
+    p.temperature = params[r].temperature;
+    p.top_k = params[r].top_k;
+    p.top_p = params[r].top_p;
+    p.min_p = params[r].min_p;
+    p.repetition_penalty = params[r].repetition_penalty;
+    p.seed = params[r].seed;
+    p.token_index = 3 + r;
+    p.penalised_begin = static_cast<int32_t>(options.penalised_ids.size());
+    p.penalised_count = static_cast<int32_t>(pen.size());
+    options.penalised_ids.insert(options.penalised_ids.end(), pen.begin(), pen.end());
+    options.sample.push_back(req);
+  }
+  ForwardResult result;
+  const absl::Status status = run(options, &result);
+  if (!runner->samples_tokens()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    return;
+  }
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(result.logits.size(), static_cast<size_t>(5 * vocab));
+  ASSERT_EQ(result.tokens.size(), 5u);
+  ASSERT_EQ(result.row_finite.size(), 5u);
+  for (size_t r = 0; r < 5; ++r) {
+    const absl::Span<const float> row =
+        absl::MakeConstSpan(result.logits).subspan(r * vocab, vocab);
+    EXPECT_EQ(result.row_finite[r], 1) << "row " << r;
+    const int32_t want =
+        r == 4 ? -1 : SampleToken(row, params[r], history, 3 + r, LogprobRequest{}).token;
+    EXPECT_EQ(result.tokens[r], want) << "row " << r;
+  }
+  // The same step keeping only row 1: one row back, the same tokens.
+  const std::vector<float> kept(result.logits.begin() + vocab, result.logits.begin() + 2 * vocab);
+  const std::vector<int32_t> tokens = result.tokens;
+  for (size_t r = 0; r < 5; ++r) options.sample[r].keep_logits = r == 1;
+  ASSERT_TRUE(run(options, &result).ok());
+  EXPECT_EQ(result.tokens, tokens);
+  ExpectSame(result.logits, kept, "the one kept row");
+  // A malformed request is refused before any work.
+  options.sample.pop_back();
+  EXPECT_EQ(run(options, &result).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(RunnerConformance, LayerSpansChainToTheWholeStack) {

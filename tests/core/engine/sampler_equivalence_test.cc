@@ -22,6 +22,7 @@ namespace glmserve {
 namespace {
 
 using sampler_cases::History;
+using sampler_cases::ModelLike;
 using sampler_cases::Row;
 using sampler_cases::Rows;
 using sampler_cases::Settings;

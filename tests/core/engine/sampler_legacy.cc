@@ -7,14 +7,14 @@
 // column of bench/sampler_bench. Not part of the server.
 #include "tests/core/engine/sampler_legacy.h"
 
-#include "core/model/sample_math.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <numeric>
 #include <vector>
+
+#include "core/model/sample_math.h"
 
 // Processing order for temperature > 0 (the logits in float64, the weights in integers):
 //   1. NaN logits are treated as -inf (a NaN would break every ordering below).

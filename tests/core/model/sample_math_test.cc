@@ -39,8 +39,8 @@ TEST(SampleMathTest, WeightShiftKeepsAWholeRowBelowTwoToThe63) {
     ASSERT_GT(s, 0);
     // vocab * 2^s < 2^63, and one more bit would not be.
     EXPECT_LT(static_cast<unsigned __int128>(vocab) << s, static_cast<unsigned __int128>(1) << 63);
-    EXPECT_GE(static_cast<unsigned __int128>(vocab) << (s + 1),
-              static_cast<unsigned __int128>(1) << 63);
+    EXPECT_GE(static_cast<unsigned __int128>(vocab) << (s + 1), static_cast<unsigned __int128>(1)
+                                                                    << 63);
   }
   EXPECT_EQ(WeightShift(151552), 45);
 }
@@ -68,8 +68,8 @@ TEST(SampleMathTest, TargetsStayInRange) {
   EXPECT_EQ(NucleusTarget(0.5f, 1000), 500u);
   EXPECT_EQ(NucleusTarget(0.0f, 1000), 1u);
   EXPECT_EQ(NucleusTarget(1.0f, 1000), 1000u);
-  EXPECT_EQ(NucleusTarget(0.9f, uint64_t{1} << 62), static_cast<uint64_t>(std::ceil(
-                                                        (0.9f - kTopPSlack) * 0x1p62)));
+  EXPECT_EQ(NucleusTarget(0.9f, uint64_t{1} << 62),
+            static_cast<uint64_t>(std::ceil((0.9f - kTopPSlack) * 0x1p62)));
   EXPECT_EQ(DrawTarget(0.0, 7), 0u);
   EXPECT_EQ(DrawTarget(0.999999, 7), 6u);
   // u just below 1 over a mass that double cannot hold exactly still stays below it.
