@@ -35,6 +35,12 @@ struct Generation {
   int64_t total_inputs_from(int64_t from) const {
     return static_cast<int64_t>(tokens.size()) - from;
   }
+  // For a sampling runner: the distinct ids of tokens[0, penalised_upto) below the request's
+  // vocabulary limit, ascending (PenalisedIds of that history), brought up to date one new
+  // token at a time instead of sorting the whole history every step.
+  std::vector<int32_t> penalised;
+  int64_t penalised_upto = 0;
+
   void ResetSpeculation() {
     drafts.clear();
     mtp_computed = 0;

@@ -44,7 +44,7 @@ LogitsRows ForwardLogitsRows(const ForwardRequest& f, bool completes) {
 // What a runner that samples does with a generation's next-token row: choose the token where
 // the logits are (unless the request forces it) and return the row only when the request
 // wants logprobs, which the host computes from it. Appends the row's penalised ids.
-RowSampleRequest DeviceSampleRequest(const Generation& gen, int64_t vocab,
+RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
                                      std::vector<int32_t>* penalised_ids) {
   const GenerateRequest& g = gen.request;
   RowSampleRequest r;
@@ -53,7 +53,17 @@ RowSampleRequest DeviceSampleRequest(const Generation& gen, int64_t vocab,
   if (!r.sample) return r;
   const int64_t limit =
       g.sample_vocab_limit > 0 ? std::min<int64_t>(g.sample_vocab_limit, vocab) : vocab;
-  const std::vector<int32_t> ids = PenalisedIds(g.sampling, gen.tokens, limit);
+  if (static_cast<double>(g.sampling.repetition_penalty) != 1.0) {
+    // PenalisedIds(g.sampling, gen.tokens, limit), kept incrementally (a sorted insert per
+    // new token; tokens only grow, preemption included).
+    for (; gen.penalised_upto < static_cast<int64_t>(gen.tokens.size()); ++gen.penalised_upto) {
+      const int32_t id = gen.tokens[gen.penalised_upto];
+      if (id < 0 || id >= limit) continue;
+      const auto at = std::lower_bound(gen.penalised.begin(), gen.penalised.end(), id);
+      if (at == gen.penalised.end() || *at != id) gen.penalised.insert(at, id);
+    }
+  }
+  const std::vector<int32_t>& ids = gen.penalised;
   samplemath::RowSampling& p = r.params;
   p.temperature = g.sampling.temperature;
   p.top_p = g.sampling.top_p;
@@ -86,7 +96,7 @@ void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
     Sequence* seq = selected[i];
     const int64_t n = counts[i], from = seq->computed;
     in->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
-    if (const Generation* gen = seq->generation()) {
+    if (Generation* gen = seq->generation()) {
       // Known tokens, then (a decode only) the MTP drafts to verify: a logits row for each.
       const int64_t known = std::min(n, gen->total_inputs_from(from));
       const int64_t drafts = n - known;
