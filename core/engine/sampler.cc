@@ -408,7 +408,17 @@ bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, S
 // every version computes the same bits (fma is correctly rounded everywhere).
 template <typename Weigh>
 inline void WeighRow(const double* z, size_t n, double m, int shift, uint64_t* w, Weigh weigh) {
-  for (size_t i = 0; i < n; ++i) w[i] = weigh(z[i], m, shift);
+  if (!std::isfinite(m)) {
+    for (size_t i = 0; i < n; ++i) w[i] = weigh(z[i], m, shift);
+    return;
+  }
+  // IntWeight with m finite, as straight-line code: below -700 DetExp is 0, and the clamped
+  // value's weight, exp(-700) 2^S < 1, truncates to the same 0.
+  const double scale = samplemath::BitsDouble(static_cast<uint64_t>(shift + 1023) << 52);
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::max(z[i] - m, -700.0);
+    w[i] = static_cast<uint64_t>(samplemath::DetExpCore(d) * scale);
+  }
 }
 __attribute__((flatten, target("avx512f,avx512dq,avx512vl,avx2,fma"))) void RowIntWeightsAvx512(
     const double* z, size_t n, double m, int shift, uint64_t* w) {

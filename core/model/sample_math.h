@@ -94,8 +94,12 @@ GLM_HD inline int WeightShift(int64_t vocab) {
 // exp(x) for x <= 0, within a few ulp: x = k ln2 + r (Cody-Waite, ln2 split so that k * hi is
 // exact), e^r by its Taylor series to r^13 (|r| <= 0.35: truncation below 1e-17), times 2^k.
 // 0 below -700 (the weights that use it are zero long before).
-GLM_HD inline double DetExp(double x) {
-  if (!(x > -700.0)) return 0.0;
+GLM_HD inline double DetExpCore(double x);
+GLM_HD inline double DetExp(double x) { return x > -700.0 ? DetExpCore(x) : 0.0; }
+
+// DetExp without the range check, for x in [-700, 0] (a loop over a row can then run as
+// vectors: callers clamp instead of branching).
+GLM_HD inline double DetExpCore(double x) {
   const double k = rint(x * 0x1.71547652b82fep+0);  // x / ln 2, to the nearest integer
   double r = Fma(-k, 0x1.62e42fee00000p-1, x);      // ln 2, high part (trailing zeros)
   r = Fma(-k, 0x1.a39ef35793c76p-33, r);            // ln 2, low part
