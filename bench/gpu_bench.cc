@@ -4,7 +4,9 @@
 // GLM-4.5-Air-shaped stack of a few real-width layers with seeded random weights:
 //   decode at several batch sizes: tokens/s and the fraction of the copy bandwidth achieved,
 //     counting the bytes a step must read (every non-routed weight, the routed experts the
-//     step actually used, the KV cache of every sequence);
+//     step actually used, the KV cache of every sequence); each batch size once per
+//     --decode_sampling mode: every logits row copied to the host ("rows"), or a token per
+//     sequence sampled on the device, greedy or top-p ("greedy", "top_p");
 //   prefill: tokens/s and the fraction of the GEMM rate achieved by the step's GEMM FLOPs.
 // Prints one table at the end. Built only with the CUDA backend.
 //
@@ -47,6 +49,10 @@ ABSL_FLAG(std::string, model, "glm-4.5-air:layers=2",
 ABSL_FLAG(std::string, batches, "1,8,64", "decode batch sizes");
 ABSL_FLAG(int, context, 512, "prompt tokens per sequence before the timed decode steps");
 ABSL_FLAG(int, decode_steps, 32, "timed decode steps per batch size");
+ABSL_FLAG(std::string, decode_sampling, "rows,greedy,top_p",
+          "per decode batch, what each step returns: rows (every logits row copied to the "
+          "host, as before device sampling), greedy or top_p (T 1, top_p 0.95: tokens chosen "
+          "on the device, core/cuda/row_sample.cu, no rows)");
 ABSL_FLAG(int, prefill_tokens, 2048, "tokens of the timed single-sequence prefill step");
 ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decode contexts");
 ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
@@ -381,7 +387,8 @@ Row BenchPrefill(cuda::CudaModel& model, const MachineRates& rates) {
 }
 
 // Decode steps of `batch_size` sequences at --context positions, against the bytes they read.
-Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const MachineRates& rates) {
+Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const std::string& sampling,
+                const MachineRates& rates) {
   const int64_t context = absl::GetFlag(FLAGS_context);
   const int64_t steps = absl::GetFlag(FLAGS_decode_steps);
   const int64_t per_seq = (context + steps + 8 + kBenchBlock - 1) / kBenchBlock;
@@ -402,6 +409,19 @@ Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const MachineRates& 
       ids[s] = static_cast<int32_t>((pos * 31 + s) % model.config().vocab_size);
     }
     batch.token_ids = ids;
+    if (sampling != "rows") {
+      // One device draw per sequence, nothing copied back but the tokens.
+      options.sample.assign(batch_size, RowSampleRequest{});
+      for (int64_t s = 0; s < batch_size; ++s) {
+        RowSampleRequest& r = options.sample[s];
+        r.sample = true;
+        r.keep_logits = false;
+        r.params.temperature = sampling == "greedy" ? 0.0f : 1.0f;
+        r.params.top_p = sampling == "greedy" ? 1.0f : 0.95f;
+        r.params.seed = static_cast<uint64_t>(s);
+        r.params.token_index = static_cast<uint64_t>(pos);
+      }
+    }
     BENCH_CHECK(model.Forward(batch, cache.get(), options, &result));
     ++pos;
   };
@@ -427,7 +447,7 @@ Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const MachineRates& 
       static_cast<long long>(dw.routed_expert_bytes),
       static_cast<long long>(model.kv_bytes_per_token()), batch_size * (context + steps / 2.0),
       bytes);
-  return {absl::StrFormat("decode batch %d", batch_size),
+  return {absl::StrFormat("decode batch %d, %s", batch_size, sampling),
           absl::StrFormat("%.0f tok/s", batch_size / step_s),
           absl::StrFormat("%.2f ms/step, %.2f GB read/step (%.0f experts, KV %.2f GB)",
                           step_s * 1e3, bytes / 1e9, experts, kv_bytes / 1e9),
@@ -470,7 +490,14 @@ int Main() {
   for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int64_t batch_size = 0;
     if (!absl::SimpleAtoi(b, &batch_size) || batch_size <= 0) continue;
-    rows.push_back(BenchDecode(*model, batch_size, rates));
+    for (const std::string& sampling :
+         std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_decode_sampling), ','))) {
+      if (sampling != "rows" && sampling != "greedy" && sampling != "top_p") {
+        std::fprintf(stderr, "gpu_bench: --decode_sampling: unknown '%s'\n", sampling.c_str());
+        return 2;
+      }
+      rows.push_back(BenchDecode(*model, batch_size, sampling, rates));
+    }
   }
   PrintTable(*model, spec, rows);
   return 0;
