@@ -84,6 +84,19 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
   result->logits.clear();
   result->tokens.clear();
   result->row_finite.clear();
+  result->token_logprobs.clear();
+  result->top_ids.clear();
+  result->top_logprobs.clear();
+  bool any_logprobs = false;
+  for (const RowSampleRequest& r : options.sample) {
+    any_logprobs |= r.sample && (r.params.logprob || r.params.top_logprobs > 0);
+  }
+  const int64_t k = samplemath::kMaxRowTopLogprobs;
+  if (any_logprobs) {
+    result->token_logprobs.assign(options.sample.size(), 0.0f);
+    result->top_ids.assign(options.sample.size() * k, -1);
+    result->top_logprobs.assign(options.sample.size() * k, 0.0f);
+  }
   size_t entry = 0;  // index into options.sample
   result->hidden.clear();
   result->layer_hidden.clear();
@@ -100,7 +113,8 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
         result->logits.insert(result->logits.end(), row.begin(), row.end());
         continue;
       }
-      const RowSampleRequest& req = options.sample[entry++];
+      const size_t e = entry++;
+      const RowSampleRequest& req = options.sample[e];
       int32_t chosen = -1;
       if (req.sample) {
         const samplemath::RowSampling& p = req.params;
@@ -116,9 +130,19 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
         // The penalised ids are distinct: as a history they penalise exactly themselves.
         const absl::Span<const int32_t> penalised = absl::MakeConstSpan(
             options.penalised_ids.data() + p.penalised_begin, p.penalised_count);
-        chosen = SampleToken(absl::MakeConstSpan(row.data(), columns), params, penalised,
-                             p.token_index, LogprobRequest{})
-                     .token;
+        const absl::Span<const float> span = absl::MakeConstSpan(row.data(), columns);
+        const LogprobRequest want{p.logprob || p.top_logprobs > 0, p.top_logprobs};
+        const SampledToken t = p.forced >= 0
+                                   ? ForcedToken(span, p.forced, want)
+                                   : SampleToken(span, params, penalised, p.token_index, want);
+        chosen = t.token;
+        if (want.chosen) {
+          result->token_logprobs[e] = t.logprob;
+          for (size_t j = 0; j < t.top.size(); ++j) {
+            result->top_ids[e * k + j] = t.top[j].token;
+            result->top_logprobs[e * k + j] = t.top[j].logprob;
+          }
+        }
       }
       result->tokens.push_back(chosen);
       result->row_finite.push_back(1);  // the pool's rows are finite

@@ -366,11 +366,15 @@ cudaError_t LaunchRowTopK(const float* logits, int64_t rows, int64_t vocab, int 
 // Each row's token, chosen on the device exactly as core/engine/sampler.cc's SampleToken
 // chooses it from the same row (core/model/sample_math.h: the same arithmetic, exact integer
 // sums): logits [rows, vocab] fp32; params[r] row r's sampling (its penalised ids at
-// penalised_ids[params[r].penalised_begin ..], ascending); tokens[r] the choice; finite[r] (when
-// not null) as LaunchRowArgMax. No scratch memory, no host round trip.
+// penalised_ids[params[r].penalised_begin ..], ascending); tokens[r] the choice (or the
+// forced token); finite[r] (when not null) as LaunchRowArgMax. Where params[r] asks:
+// logprobs[r] the token's logprob, top_ids / top_logprobs [rows, kMaxRowTopLogprobs] the
+// first top_logprobs entries of row r, best first (ties to the lower id), as the host's
+// SampleToken computes them (ids exact, values to float64 rounding). No scratch memory.
 cudaError_t LaunchRowSample(const float* logits, int64_t rows, int64_t vocab,
                             const samplemath::RowSampling* params, const int32_t* penalised_ids,
-                            int32_t* tokens, int32_t* finite, cudaStream_t stream);
+                            int32_t* tokens, int32_t* finite, float* logprobs, int32_t* top_ids,
+                            float* top_logprobs, cudaStream_t stream);
 
 // ---- elementwise.cu -------------------------------------------------------------------
 // h[t] = float(table[ids[t]]) (bf16 table [vocab, width]).

@@ -328,16 +328,28 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
   if (!options.sample.empty()) {
     // The logits hold the kept rows only, in order already; tokens and flags are per
     // computed row: keep the wanted ones.
-    std::vector<int32_t> tokens;
+    std::vector<int32_t> tokens, top_ids;
     std::vector<uint8_t> finite;
+    std::vector<float> logprobs, top_logprobs;
+    const bool with_logprobs = !result->token_logprobs.empty();
+    const int64_t k = samplemath::kMaxRowTopLogprobs;
     size_t source = 0;
     for (int64_t row : wanted) {
       while (computed[source] != row) ++source;
       tokens.push_back(result->tokens[source]);
       finite.push_back(result->row_finite[source]);
+      if (!with_logprobs) continue;
+      logprobs.push_back(result->token_logprobs[source]);
+      top_ids.insert(top_ids.end(), result->top_ids.begin() + source * k,
+                     result->top_ids.begin() + (source + 1) * k);
+      top_logprobs.insert(top_logprobs.end(), result->top_logprobs.begin() + source * k,
+                          result->top_logprobs.begin() + (source + 1) * k);
     }
     result->tokens = std::move(tokens);
     result->row_finite = std::move(finite);
+    result->token_logprobs = std::move(logprobs);
+    result->top_ids = std::move(top_ids);
+    result->top_logprobs = std::move(top_logprobs);
     return absl::OkStatus();
   }
   // Compact in place: both row lists ascend and every wanted row was computed, so a kept row
@@ -556,6 +568,13 @@ absl::Status CudaModel::EnsureIndexScores(bool graph) {
   return absl::OkStatus();
 }
 
+CudaModel::SampleOut CudaModel::SampleOutLayout(int64_t rows) const {
+  int32_t* base = sample_out_.as<int32_t>();
+  const int64_t k = samplemath::kMaxRowTopLogprobs;
+  return {base, base + rows, reinterpret_cast<float*>(base + 2 * rows), base + 3 * rows,
+          reinterpret_cast<float*>(base + (3 + k) * rows)};
+}
+
 absl::Status CudaModel::UploadSampleRequests(const std::vector<RowSampleRequest>& sample,
                                              const std::vector<int32_t>& penalised_ids) {
   std::vector<samplemath::RowSampling> params;
@@ -567,7 +586,7 @@ absl::Status CudaModel::UploadSampleRequests(const std::vector<RowSampleRequest>
   const size_t rows = sample.size();
   const size_t params_bytes = sizeof(samplemath::RowSampling) * rows;
   const size_t ids_bytes = sizeof(int32_t) * std::max<size_t>(1, penalised_ids.size());
-  const size_t out_bytes = sizeof(int32_t) * 2 * rows;
+  const size_t out_bytes = sizeof(int32_t) * kSampleOutPerRow * rows;
   for (auto [buffer, bytes] :
        {std::pair{&sample_params_, params_bytes}, std::pair{&sample_ids_, ids_bytes},
         std::pair{&sample_out_, out_bytes}}) {
@@ -612,10 +631,12 @@ absl::Status CudaModel::ReadLogits(bool graph, const std::vector<RowSampleReques
                                                stream_.get()));
       copied = rows;
     } else {
-      int32_t* out = sample_out_.as<int32_t>();
+      const SampleOut out = SampleOutLayout(rows_total);
       GLM_CUDA_RETURN_IF_ERROR(LaunchRowSample(
           logits_, rows, vocab, sample_params_.as<samplemath::RowSampling>() + begin,
-          sample_ids_.as<int32_t>(), out + begin, out + rows_total + begin, stream_.get()));
+          sample_ids_.as<int32_t>(), out.tokens + begin, out.finite + begin, out.logprobs + begin,
+          out.top_ids + begin * samplemath::kMaxRowTopLogprobs,
+          out.top_logprobs + begin * samplemath::kMaxRowTopLogprobs, stream_.get()));
       // Only the rows a request keeps cross to the host (next to each other in staging).
       for (int64_t r = 0; r < rows; ++r) {
         if (!(*sample)[begin + r].keep_logits) continue;
@@ -631,7 +652,12 @@ absl::Status CudaModel::ReadLogits(bool graph, const std::vector<RowSampleReques
     result->logits.insert(result->logits.end(), staged, staged + copied * vocab);
   }
   if (sample != nullptr) {
-    std::vector<int32_t> out(2 * rows_total);
+    // Tokens and flags; the logprob arrays only when a request asked (they are 43x larger).
+    bool logprobs = false;
+    for (const RowSampleRequest& r : *sample) {
+      logprobs |= r.sample && (r.params.logprob || r.params.top_logprobs > 0);
+    }
+    std::vector<int32_t> out((logprobs ? kSampleOutPerRow : 2) * rows_total);
     GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), sample_out_.get(),
                                              sizeof(int32_t) * out.size(), cudaMemcpyDeviceToHost,
                                              stream_.get()));
@@ -641,6 +667,16 @@ absl::Status CudaModel::ReadLogits(bool graph, const std::vector<RowSampleReques
     for (int64_t r = 0; r < rows_total; ++r) {
       result->tokens[r] = (*sample)[r].sample ? out[r] : -1;
       result->row_finite[r] = out[rows_total + r] != 0 ? 1 : 0;
+    }
+    if (logprobs) {
+      // The same layout as SampleOutLayout, in host memory.
+      const int64_t k = samplemath::kMaxRowTopLogprobs;
+      const float* lp = reinterpret_cast<const float*>(out.data() + 2 * rows_total);
+      const int32_t* ids = out.data() + 3 * rows_total;
+      const float* top = reinterpret_cast<const float*>(out.data() + (3 + k) * rows_total);
+      result->token_logprobs.assign(lp, lp + rows_total);
+      result->top_ids.assign(ids, ids + k * rows_total);
+      result->top_logprobs.assign(top, top + k * rows_total);
     }
   }
   return absl::OkStatus();
@@ -687,6 +723,9 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   result->logits.clear();
   result->tokens.clear();
   result->row_finite.clear();
+  result->token_logprobs.clear();
+  result->top_ids.clear();
+  result->top_logprobs.clear();
   result->hidden.clear();
   result->layer_hidden.clear();
   result->head_input.clear();

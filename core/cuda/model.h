@@ -200,6 +200,17 @@ class CudaModel final : public ModelRunner {
   // chunk's tokens are chosen on the device and only the kept rows are copied.
   absl::Status ReadLogits(bool graph, const std::vector<RowSampleRequest>* sample,
                           const std::vector<int32_t>& penalised_ids, ForwardResult* result);
+  // sample_out_ for a step of `rows` sampled rows: tokens, finite flags and logprobs [rows],
+  // then top ids and top logprobs [rows, kMaxRowTopLogprobs] (kSampleOutPerRow words a row).
+  static constexpr int64_t kSampleOutPerRow = 3 + 2 * samplemath::kMaxRowTopLogprobs;
+  struct SampleOut {
+    int32_t* tokens;
+    int32_t* finite;
+    float* logprobs;
+    int32_t* top_ids;
+    float* top_logprobs;
+  };
+  SampleOut SampleOutLayout(int64_t rows) const;
   // Uploads a step's sample requests and penalised ids (sample_params_, sample_ids_).
   absl::Status UploadSampleRequests(const std::vector<RowSampleRequest>& sample,
                                     const std::vector<int32_t>& penalised_ids);
@@ -308,7 +319,7 @@ class CudaModel final : public ModelRunner {
   float* logits_ = nullptr;   // [kLogitChunk, vocab]
   PinnedBuffer logits_host_;  // [kLogitChunk, vocab]
   // Device sampling: a step's RowSampling per logits row, its penalised ids, and the chosen
-  // tokens then finite flags ([2, rows] int32); each grows to the largest step seen.
+  // outputs (SampleOutLayout); each grows to the largest step seen.
   DeviceBuffer sample_params_;
   DeviceBuffer sample_ids_;
   DeviceBuffer sample_out_;

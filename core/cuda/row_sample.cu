@@ -154,6 +154,46 @@ __device__ Key96 BlockMinKey(Key96 k, unsigned long long* hi, uint32_t* lo) {
   return result;
 }
 
+__device__ double BlockSumDouble(double v, double* slots) {
+  slots[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) slots[threadIdx.x] += slots[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double result = slots[0];
+  __syncthreads();
+  return result;
+}
+
+// Order-preserving key of a float, NaN read as -inf and -0 as +0.
+__device__ __forceinline__ uint32_t FloatKey(float x) {
+  if (x != x) x = __uint_as_float(0xff800000u);
+  if (x == 0.0f) x = 0.0f;
+  const uint32_t bits = __float_as_uint(x);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// exp(x - m) and its log with the limits the host's AddLogprobs takes where m is infinite.
+__device__ __forceinline__ double RawWeight(double x, double m) {
+  if (m == sm::Infinity()) return x == sm::Infinity() ? 1.0 : 0.0;
+  if (m == -sm::Infinity()) return 1.0;
+  return sm::DetExp(x - m);
+}
+__device__ __forceinline__ double LogWeight(double x, double m) {
+  if (m == sm::Infinity()) return x == sm::Infinity() ? 0.0 : -sm::Infinity();
+  if (m == -sm::Infinity()) return 0.0;
+  return x - m;
+}
+
+// double -> float, +-inf beyond the float range (as the host's ToFloat).
+__device__ __forceinline__ float ToFloat(double x) {
+  constexpr double kMax = 3.4028234663852886e38;
+  if (x > kMax) return __uint_as_float(0x7f800000u);
+  if (x < -kMax) return __uint_as_float(0xff800000u);
+  return static_cast<float>(x);
+}
+
 // Whether `id` is among the row's penalised ids (ascending): a binary search.
 __device__ __forceinline__ bool Penalised(const int32_t* ids, int count, int64_t id) {
   int lo = 0, hi = count;
@@ -172,13 +212,15 @@ __global__ void __launch_bounds__(kThreads)
     RowSampleKernel(const float* __restrict__ logits, int64_t vocab,
                     const sm::RowSampling* __restrict__ params,
                     const int32_t* __restrict__ penalised_ids, int32_t* __restrict__ tokens,
-                    int32_t* __restrict__ finite) {
+                    int32_t* __restrict__ finite, float* __restrict__ logprobs,
+                    int32_t* __restrict__ top_ids, float* __restrict__ top_logprobs) {
   __shared__ unsigned long long hist[256];
   __shared__ unsigned long long slots_u[kThreads];
   __shared__ double slots_d[kThreads];
   __shared__ uint32_t slots_lo[kThreads];
   __shared__ SelectState st;
   __shared__ int all_finite;
+  uint64_t unused_before;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const sm::RowSampling p = params[blockIdx.x];
   const int32_t* pen = penalised_ids + p.penalised_begin;
@@ -208,7 +250,8 @@ __global__ void __launch_bounds__(kThreads)
   while ((int64_t{1} << id_bits) < n) ++id_bits;
   const uint64_t id_mask = (uint64_t{1} << id_bits) - 1;
 
-  if (!(p.temperature > 0.0f)) {
+  int32_t token = p.forced;
+  if (token < 0 && !(p.temperature > 0.0f)) {
     // Greedy: the largest value, the lowest id among equals (a key that is larger for both).
     Key96 best{0, 0};
     bool any = false;
@@ -220,87 +263,136 @@ __global__ void __launch_bounds__(kThreads)
     // The smallest of the complements is the largest key.
     const Key96 mine = any ? Key96{~best.hi, ~best.lo} : Key96{~0ULL, ~0u};
     const Key96 top = BlockMinKey(mine, slots_u, slots_lo);
-    if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(id_mask - ~top.lo);
-    return;
-  }
+    token = static_cast<int32_t>(id_mask - ~top.lo);
+  } else if (token < 0) {
+    const double temperature = p.temperature;
+    auto scaled = [&](int64_t i) { return sm::NanToNegInf(value(i) / temperature); };
+    double local_max = -sm::Infinity();
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_max = fmax(local_max, scaled(i));
+    const double m = BlockMax(local_max, slots_d);
+    const int shift = sm::WeightShift(n);
 
-  const double temperature = p.temperature;
-  auto scaled = [&](int64_t i) { return sm::NanToNegInf(value(i) / temperature); };
-  double local_max = -sm::Infinity();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_max = fmax(local_max, scaled(i));
-  const double m = BlockMax(local_max, slots_d);
-  const int shift = sm::WeightShift(n);
-
-  // Top-k: the k-th largest (scaled logit, lower id) decides who keeps a weight.
-  const bool top_k = p.top_k > 0 && p.top_k < n;
-  Key96 kth{0, 0};
-  auto z_key = [&](int64_t i) {
-    return Key96{DoubleKey(scaled(i)), static_cast<uint32_t>(id_mask - i)};
-  };
-  uint64_t unused;
-  if (top_k) {
-    kth = SelectByMass(
-        n, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; }, hist,
-        &st, &unused);
-  }
-  auto weight = [&](int64_t i) -> uint64_t {
-    const double z = scaled(i);
-    if (top_k && KeyLess(Key96{DoubleKey(z), static_cast<uint32_t>(id_mask - i)}, kth)) return 0;
-    return sm::IntWeight(z, m, shift);
-  };
-  // The canonical key: weight, then lower id (W <= 2^S and S + 1 + id_bits <= 64).
-  auto w_key = [&](int64_t i) { return Key96{(weight(i) << id_bits) | (id_mask - i), 0}; };
-
-  uint64_t local_sum = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_sum += weight(i);
-  const uint64_t total = BlockSum(local_sum, slots_u);
-
-  // The kept prefix ends at `end` (a w_key): min-p's last survivor or top-p's nucleus,
-  // whichever comes first; all ids when neither applies.
-  Key96 end{0, 0};
-  uint64_t kept = total;
-  bool bounded = false;
-  if (p.min_p > 0.0f && p.min_p < 1.0f) {
-    const uint64_t min_weight = sm::MinPWeight(p.min_p, shift);
-    Key96 mine{~0ULL, ~0u};
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint64_t w = weight(i);
-      const Key96 k{(w << id_bits) | (id_mask - i), 0};
-      if (w >= min_weight && KeyLess(k, mine)) mine = k;
+    // Top-k: the k-th largest (scaled logit, lower id) decides who keeps a weight.
+    const bool top_k = p.top_k > 0 && p.top_k < n;
+    Key96 kth{0, 0};
+    auto z_key = [&](int64_t i) {
+      return Key96{DoubleKey(scaled(i)), static_cast<uint32_t>(id_mask - i)};
+    };
+    uint64_t unused;
+    if (top_k) {
+      kth = SelectByMass(
+          n, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; }, hist,
+          &st, &unused);
     }
-    end = BlockMinKey(mine, slots_u, slots_lo);
-    bounded = true;
-  }
-  if (p.top_p < 1.0f) {
-    uint64_t before;
-    const Key96 nucleus =
-        SelectByMass(n, sm::NucleusTarget(p.top_p, total), 8, w_key, weight, hist, &st, &before);
-    if (!bounded || KeyLess(end, nucleus)) end = nucleus;
-    bounded = true;
-  }
-  if (bounded) {
-    uint64_t local_kept = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      if (!KeyLess(w_key(i), end)) local_kept += weight(i);
-    }
-    kept = BlockSum(local_kept, slots_u);
-  }
+    auto weight = [&](int64_t i) -> uint64_t {
+      const double z = scaled(i);
+      if (top_k && KeyLess(Key96{DoubleKey(z), static_cast<uint32_t>(id_mask - i)}, kth)) return 0;
+      return sm::IntWeight(z, m, shift);
+    };
+    // The canonical key: weight, then lower id (W <= 2^S and S + 1 + id_bits <= 64).
+    auto w_key = [&](int64_t i) { return Key96{(weight(i) << id_bits) | (id_mask - i), 0}; };
 
-  const double u = sm::Uniform(p.seed, p.token_index);
-  const Key96 chosen =
-      SelectByMass(n, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist, &st, &unused);
-  if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(id_mask - (chosen.hi & id_mask));
+    uint64_t local_sum = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local_sum += weight(i);
+    const uint64_t total = BlockSum(local_sum, slots_u);
+
+    // The kept prefix ends at `end` (a w_key): min-p's last survivor or top-p's nucleus,
+    // whichever comes first; all ids when neither applies.
+    Key96 end{0, 0};
+    uint64_t kept = total;
+    bool bounded = false;
+    if (p.min_p > 0.0f && p.min_p < 1.0f) {
+      const uint64_t min_weight = sm::MinPWeight(p.min_p, shift);
+      Key96 mine{~0ULL, ~0u};
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint64_t w = weight(i);
+        const Key96 k{(w << id_bits) | (id_mask - i), 0};
+        if (w >= min_weight && KeyLess(k, mine)) mine = k;
+      }
+      end = BlockMinKey(mine, slots_u, slots_lo);
+      bounded = true;
+    }
+    if (p.top_p < 1.0f) {
+      uint64_t before;
+      const Key96 nucleus =
+          SelectByMass(n, sm::NucleusTarget(p.top_p, total), 8, w_key, weight, hist, &st, &before);
+      if (!bounded || KeyLess(end, nucleus)) end = nucleus;
+      bounded = true;
+    }
+    if (bounded) {
+      uint64_t local_kept = 0;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        if (!KeyLess(w_key(i), end)) local_kept += weight(i);
+      }
+      kept = BlockSum(local_kept, slots_u);
+    }
+
+    const double u = sm::Uniform(p.seed, p.token_index);
+    const Key96 chosen =
+        SelectByMass(n, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist, &st, &unused);
+    token = static_cast<int32_t>(id_mask - (chosen.hi & id_mask));
+  }
+  if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+  if (!p.logprob && p.top_logprobs <= 0) return;
+
+  // Logprobs: log-softmax of the raw logits over the columns, as the host's AddLogprobs
+  // (float64; the sum's order and exp differ, so values agree to float64 rounding, not bits).
+  auto raw = [&](int64_t i) { return sm::NanToNegInf(static_cast<double>(row[i])); };
+  double raw_local = -sm::Infinity();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) raw_local = fmax(raw_local, raw(i));
+  const double raw_max = BlockMax(raw_local, slots_d);
+  double sum_local = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_local += RawWeight(raw(i), raw_max);
+  const double log_sum = log(BlockSumDouble(sum_local, slots_d));
+  auto logprob = [&](int64_t i) { return ToFloat(LogWeight(raw(i), raw_max) - log_sum); };
+  if (threadIdx.x == 0 && logprobs != nullptr) logprobs[blockIdx.x] = logprob(token);
+  const int top = p.top_logprobs < n ? p.top_logprobs : static_cast<int>(n);
+  if (top <= 0 || top_ids == nullptr) return;
+  // The `top` largest raw logits, ties to the lower id: a count selection over
+  // (value key, lower id), then the winners gathered and put in order by one thread.
+  auto raw_key = [&](int64_t i) {
+    return Key96{(static_cast<uint64_t>(FloatKey(row[i])) << 32) | (id_mask - i), 0};
+  };
+  const Key96 kth = SelectByMass(
+      n, static_cast<uint64_t>(top), 8, raw_key, [](int64_t) { return uint64_t{1}; }, hist, &st,
+      &unused_before);
+  __shared__ int found;
+  __shared__ int32_t winners[sm::kMaxRowTopLogprobs];
+  if (threadIdx.x == 0) found = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (!KeyLess(raw_key(i), kth)) {
+      const int slot = atomicAdd(&found, 1);
+      if (slot < sm::kMaxRowTopLogprobs) winners[slot] = static_cast<int32_t>(i);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int count = found < top ? found : top;
+    for (int a = 1; a < count; ++a) {  // insertion sort, best first
+      const int32_t id = winners[a];
+      int b = a;
+      for (; b > 0 && KeyLess(raw_key(winners[b - 1]), raw_key(id)); --b)
+        winners[b] = winners[b - 1];
+      winners[b] = id;
+    }
+    for (int j = 0; j < count; ++j) {
+      top_ids[blockIdx.x * sm::kMaxRowTopLogprobs + j] = winners[j];
+      top_logprobs[blockIdx.x * sm::kMaxRowTopLogprobs + j] = logprob(winners[j]);
+    }
+  }
 }
 
 }  // namespace
 
 cudaError_t LaunchRowSample(const float* logits, int64_t rows, int64_t vocab,
                             const samplemath::RowSampling* params, const int32_t* penalised_ids,
-                            int32_t* tokens, int32_t* finite, cudaStream_t stream) {
+                            int32_t* tokens, int32_t* finite, float* logprobs, int32_t* top_ids,
+                            float* top_logprobs, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   RowSampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, vocab, params, penalised_ids, tokens, finite);
+      logits, vocab, params, penalised_ids, tokens, finite, logprobs, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

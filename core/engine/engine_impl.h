@@ -24,6 +24,17 @@ namespace glmserve {
 
 class Engine::Impl {
  public:
+  // A token the runner chose where the logits are (ForwardOptions::sample), with whether its
+  // row was all finite.
+  struct DeviceToken {
+    int32_t token = -1;
+    bool finite = false;
+    float logprob = 0.0f;           // where the request asked
+    std::vector<TokenLogprob> top;  // its top_logprobs alternatives
+  };
+  // Request `entry`'s token as a sampling runner returned it (ForwardResult::tokens ...).
+  static DeviceToken DeviceTokenOf(const ForwardOptions& options, const ForwardResult& result,
+                                   int64_t entry);
   Impl(ModelRunner* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
   ~Impl();  // stops the loop; unfinished requests end with CANCELLED
 
@@ -123,15 +134,9 @@ class Engine::Impl {
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
   void ScatterOutputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
                       const ForwardOptions& options, const ForwardResult& result);
-  // A token the runner chose where the logits are (ForwardOptions::sample), with whether its
-  // row was all finite.
-  struct DeviceToken {
-    int32_t token = -1;
-    bool finite = false;
-  };
   // Samples every sequence's next token from its logits row (in parallel: each draw is a
   // pure function of its own inputs), into sampled_; with `device` (one per sequence) the
-  // runner chose them, and a row (rows[i], or null) is there only for logprobs.
+  // runner chose them and their logprobs, and rows[i] is null.
   void SampleTokens(const std::vector<Sequence*>& seqs, const std::vector<const float*>& rows,
                     const std::vector<DeviceToken>* device);
   // `finite`: the row's logits were all finite (else the request fails, nothing sampled).

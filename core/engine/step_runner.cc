@@ -42,15 +42,17 @@ LogitsRows ForwardLogitsRows(const ForwardRequest& f, bool completes) {
 }
 
 // What a runner that samples does with a generation's next-token row: choose the token where
-// the logits are (unless the request forces it) and return the row only when the request
-// wants logprobs, which the host computes from it. Appends the row's penalised ids.
+// the logits are (or take the forced one) and compute the logprobs the request wants there
+// too; the row itself never comes back. Appends the row's penalised ids.
 RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
                                      std::vector<int32_t>* penalised_ids) {
   const GenerateRequest& g = gen.request;
   RowSampleRequest r;
-  r.sample = gen.ForcedNext() < 0;
-  r.keep_logits = g.logprobs || g.top_logprobs > 0;
-  if (!r.sample) return r;
+  r.sample = true;
+  r.keep_logits = false;
+  r.params.forced = gen.ForcedNext();
+  r.params.logprob = g.logprobs || g.top_logprobs > 0;
+  r.params.top_logprobs = g.top_logprobs;
   const int64_t limit =
       g.sample_vocab_limit > 0 ? std::min<int64_t>(g.sample_vocab_limit, vocab) : vocab;
   if (static_cast<double>(g.sampling.repetition_penalty) != 1.0) {
@@ -83,6 +85,22 @@ RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
 constexpr RowSampleRequest kKeepRow{false, {}, true};
 
 }  // namespace
+
+// Request `entry`'s token as the runner returned it, with its logprobs where asked.
+Engine::Impl::DeviceToken Engine::Impl::DeviceTokenOf(const ForwardOptions& options,
+                                                      const ForwardResult& result, int64_t entry) {
+  DeviceToken d;
+  d.token = result.tokens[entry];
+  d.finite = result.row_finite[entry] != 0;
+  const samplemath::RowSampling& p = options.sample[entry].params;
+  if (!(p.logprob || p.top_logprobs > 0) || result.token_logprobs.empty()) return d;
+  d.logprob = result.token_logprobs[entry];
+  const int64_t k = samplemath::kMaxRowTopLogprobs;
+  for (int32_t j = 0; j < p.top_logprobs; ++j) {
+    d.top.push_back({result.top_ids[entry * k + j], result.top_logprobs[entry * k + j]});
+  }
+  return d;
+}
 
 void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
                                 const std::vector<int64_t>& counts, StepInputs* in) {
@@ -198,7 +216,7 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
     DeviceToken device_token;
     if (device_sampling && returned > 0) {
       const bool kept = options.sample[entry].keep_logits;
-      device_token = {result.tokens[entry], result.row_finite[entry] != 0};
+      device_token = DeviceTokenOf(options, result, entry);
       if (!kept) logits = nullptr;
       for (int64_t r = 0; r < returned; ++r) logits_row += options.sample[entry + r].keep_logits;
       entry += returned;
@@ -285,13 +303,8 @@ bool Engine::Impl::SampleOne(const Sequence& seq, const float* logits, const Dev
   const int64_t limit = g.sample_vocab_limit > 0 ? g.sample_vocab_limit : vocab;
   const int32_t forced = gen.ForcedNext();
   if (device != nullptr) {
-    // The device chose the token (or it is forced); a row came back only for logprobs.
-    const int32_t token = forced >= 0 ? forced : device->token;
-    if (logits == nullptr) {
-      *out = SampledToken{token, 0.0f, {}};
-    } else {
-      *out = ForcedToken(absl::MakeConstSpan(logits, limit), token, want);
-    }
+    // The device chose the token (the forced one where forced) and computed its logprobs.
+    *out = SampledToken{device->token, want.chosen ? device->logprob : 0.0f, device->top};
     return true;
   }
   const absl::Span<const float> row = absl::MakeConstSpan(logits, limit);

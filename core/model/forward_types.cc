@@ -146,6 +146,11 @@ absl::Status ValidateSampleRequests(const ForwardBatch& batch, const ForwardOpti
       return absl::InvalidArgumentError(
           absl::StrCat("sample request ", i, ": columns or penalised id range out of bounds"));
     }
+    if (p.forced < -1 || p.forced >= columns || p.top_logprobs < 0 ||
+        p.top_logprobs > samplemath::kMaxRowTopLogprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample request ", i, ": forced token or top_logprobs out of range"));
+    }
     const int32_t* ids = options.penalised_ids.data() + p.penalised_begin;
     for (int32_t j = 0; j < p.penalised_count; ++j) {
       if (ids[j] < 0 || ids[j] >= columns || (j > 0 && ids[j] <= ids[j - 1])) {

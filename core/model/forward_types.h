@@ -88,6 +88,13 @@ struct ForwardResult {
   // made from it; the engine fails the request).
   std::vector<int32_t> tokens;
   std::vector<uint8_t> row_finite;
+  // With ForwardOptions::sample, for the requests that asked (RowSampling::logprob,
+  // top_logprobs; empty when none did): the token's logprob per request, and
+  // [requests, kMaxRowTopLogprobs] alternatives, best first, the first top_logprobs of each
+  // request valid.
+  std::vector<float> token_logprobs;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
   std::vector<float> hidden;      // [total_tokens, hidden] (pre final norm), if requested
   std::vector<float> head_input;  // [total_tokens, hidden] with return_head_input
   // [span layers + 1][total_tokens * hidden]: entry 0 is the span's input (the embedding
@@ -100,8 +107,9 @@ struct ForwardResult {
 
 // The checks of ForwardOptions::sample against the step: one request per returned logits row,
 // each sampled row's penalised ids a valid range of penalised_ids, ascending, distinct and
-// within its columns (RowSampling::columns, 0 for all of `vocab`). INVALID_ARGUMENT naming
-// what is wrong.
+// within its columns (RowSampling::columns, 0 for all of `vocab`), its forced token -1 or
+// within them, its top_logprobs in [0, kMaxRowTopLogprobs]. INVALID_ARGUMENT naming what is
+// wrong.
 absl::Status ValidateSampleRequests(const ForwardBatch& batch, const ForwardOptions& options,
                                     int64_t vocab);
 

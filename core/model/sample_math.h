@@ -157,6 +157,9 @@ GLM_HD inline uint64_t DrawTarget(double u, uint64_t kept) {
   return v < kept ? v : kept - 1;
 }
 
+// The most top logprobs a row may ask of a device sampler (GenerateRequest's kMaxTopLogprobs).
+inline constexpr int kMaxRowTopLogprobs = 20;
+
 // One row's request to a device sampler (core/cuda/kernels.h LaunchRowSample): the
 // SamplingParams fields the draw reads, and where the row's penalised ids (PenalisedIds:
 // distinct, ascending, in range; none when the penalty is 1) sit in the step's id array.
@@ -171,6 +174,13 @@ struct RowSampling {
   // The row's first `columns` ids are the vocabulary sampled from (0: all of it), as the
   // host sampler's row span (GenerateRequest::sample_vocab_limit).
   int32_t columns = 0;
+  // A token chosen by the caller (>= 0, within the columns: GenerateRequest::forced) instead
+  // of a draw; its logprobs are computed as a drawn token's.
+  int32_t forced = -1;
+  // The chosen token's logprob (log-softmax of the raw logits over the columns), and this many
+  // most likely tokens with theirs (0..kMaxRowTopLogprobs; > 0 implies the chosen one's).
+  bool logprob = false;
+  int32_t top_logprobs = 0;
   uint64_t seed = 0;
   uint64_t token_index = 0;
 };

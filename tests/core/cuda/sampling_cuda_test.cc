@@ -150,12 +150,23 @@ TEST_F(CudaSampling, RowTopKRefusesAnImpossibleK) {
   }
 }
 
+// What a LaunchRowSample launch gave back per row.
+struct DeviceDraws {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_ids;     // [rows, kMaxRowTopLogprobs]
+  std::vector<float> top_logprobs;  // [rows, kMaxRowTopLogprobs]
+};
+
 // One launch of LaunchRowSample over `logits` rows, each with its params, history and token
-// index; returns the tokens (and checks the finite flags).
-std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& rows,
-                                  const std::vector<SamplingParams>& params,
-                                  const std::vector<const std::vector<int32_t>*>& histories,
-                                  const std::vector<uint64_t>& indices, int32_t columns = 0) {
+// index, and (where `want` / `forced` have entries) its logprob request and forced token;
+// checks the finite flags.
+DeviceDraws DeviceSampleFull(const std::vector<const std::vector<float>*>& rows,
+                             const std::vector<SamplingParams>& params,
+                             const std::vector<const std::vector<int32_t>*>& histories,
+                             const std::vector<uint64_t>& indices, int32_t columns,
+                             const std::vector<LogprobRequest>& want,
+                             const std::vector<int32_t>& forced) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t vocab = static_cast<int64_t>(rows[0]->size());
   std::vector<float> logits;
@@ -174,24 +185,51 @@ std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& 
     spec.seed = p.seed;
     spec.token_index = indices[r];
     spec.columns = columns;
+    if (!want.empty()) {
+      spec.logprob = want[r].chosen || want[r].top > 0;
+      spec.top_logprobs = want[r].top;
+    }
+    if (!forced.empty()) spec.forced = forced[r];
     spec.penalised_begin = static_cast<int32_t>(penalised.size());
     spec.penalised_count = static_cast<int32_t>(ids.size());
     penalised.insert(penalised.end(), ids.begin(), ids.end());
     specs.push_back(spec);
   }
   DeviceBuffer d_logits = Upload(logits), d_specs = Upload(specs), d_pen = Upload(penalised);
+  const int64_t k = samplemath::kMaxRowTopLogprobs;
   DeviceBuffer tokens = Poisoned<int32_t>(n), finite = Poisoned<int32_t>(n);
-  EXPECT_EQ(
-      LaunchRowSample(d_logits.as<float>(), n, vocab, d_specs.as<samplemath::RowSampling>(),
-                      d_pen.as<int32_t>(), tokens.as<int32_t>(), finite.as<int32_t>(), nullptr),
-      cudaSuccess);
+  DeviceBuffer logprobs = Poisoned<float>(n), top_ids = Poisoned<int32_t>(n * k),
+               top_logprobs = Poisoned<float>(n * k);
+  EXPECT_EQ(LaunchRowSample(d_logits.as<float>(), n, vocab, d_specs.as<samplemath::RowSampling>(),
+                            d_pen.as<int32_t>(), tokens.as<int32_t>(), finite.as<int32_t>(),
+                            logprobs.as<float>(), top_ids.as<int32_t>(), top_logprobs.as<float>(),
+                            nullptr),
+            cudaSuccess);
   const std::vector<int32_t> flags = Download<int32_t>(finite, n);
   for (int64_t r = 0; r < n; ++r) {
     bool all = true;
     for (float x : *rows[r]) all &= std::isfinite(x);
     EXPECT_EQ(flags[r], all ? 1 : 0) << "row " << r;
   }
-  return Download<int32_t>(tokens, n);
+  return {Download<int32_t>(tokens, n), Download<float>(logprobs, n),
+          Download<int32_t>(top_ids, n * k), Download<float>(top_logprobs, n * k)};
+}
+
+std::vector<int32_t> DeviceSample(const std::vector<const std::vector<float>*>& rows,
+                                  const std::vector<SamplingParams>& params,
+                                  const std::vector<const std::vector<int32_t>*>& histories,
+                                  const std::vector<uint64_t>& indices, int32_t columns = 0) {
+  return DeviceSampleFull(rows, params, histories, indices, columns, {}, {}).tokens;
+}
+
+// Logprobs from the device and the host differ only by float64 rounding (another summation
+// order, DetExp against the C library's exp): equal as floats up to a couple of ulps.
+void ExpectLogprobNear(float got, float want, const std::string& what) {
+  if (std::isinf(want)) {
+    EXPECT_EQ(got, want) << what;
+  } else {
+    EXPECT_NEAR(got, want, 4e-7f * std::max(1.0f, std::abs(want))) << what;
+  }
 }
 
 std::string Describe(const SamplingParams& p) {
@@ -233,15 +271,27 @@ void ExpectDeviceEqualsHost(int vocab, int draws, size_t max_settings, int32_t c
       }
     }
   }
-  const std::vector<int32_t> got = DeviceSample(rows, params, hist, indices, columns);
+  // Every third draw also asks for the token's logprob and 5 alternatives.
+  std::vector<LogprobRequest> wants(rows.size());
+  for (size_t r = 0; r < rows.size(); r += 3) wants[r] = LogprobRequest{true, 5};
+  const DeviceDraws got = DeviceSampleFull(rows, params, hist, indices, columns, wants, {});
+  const int64_t k = samplemath::kMaxRowTopLogprobs;
   int failures = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     const absl::Span<const float> span =
         absl::MakeConstSpan(*rows[r]).subspan(0, columns > 0 ? columns : vocab);
-    const int32_t want = SampleToken(span, params[r], *hist[r], indices[r], LogprobRequest{}).token;
-    if (got[r] != want && ++failures <= 10) {
-      ADD_FAILURE() << names[r] << ", index " << indices[r] << ": device " << got[r] << ", host "
-                    << want;
+    const SampledToken want = SampleToken(span, params[r], *hist[r], indices[r], wants[r]);
+    if (got.tokens[r] != want.token && ++failures <= 10) {
+      ADD_FAILURE() << names[r] << ", index " << indices[r] << ": device " << got.tokens[r]
+                    << ", host " << want.token;
+    }
+    if (!wants[r].chosen) continue;
+    ExpectLogprobNear(got.logprobs[r], want.logprob, names[r] + ": logprob");
+    ASSERT_EQ(want.top.size(), std::min<size_t>(5, span.size()));
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      EXPECT_EQ(got.top_ids[r * k + j], want.top[j].token) << names[r] << ": top " << j;
+      ExpectLogprobNear(got.top_logprobs[r * k + j], want.top[j].logprob,
+                        names[r] + ": top logprob " + std::to_string(j));
     }
   }
   EXPECT_EQ(failures, 0) << "of " << rows.size() << " draws";
@@ -261,6 +311,39 @@ TEST_F(CudaSampling, RowSampleEqualsTheHostSamplerOnGlmsVocabulary) {
   const size_t settings = 1000;
 #endif
   ExpectDeviceEqualsHost(151552, 1, settings);
+}
+
+// A forced token comes back as itself, with the logprobs the host computes for it.
+TEST_F(CudaSampling, RowSampleReturnsForcedTokensWithTheirLogprobs) {
+  const std::vector<sampler_cases::Row> cases = sampler_cases::Rows(700);
+  const std::vector<int32_t> history;
+  std::vector<const std::vector<float>*> rows;
+  std::vector<SamplingParams> params;
+  std::vector<const std::vector<int32_t>*> hist;
+  std::vector<uint64_t> indices;
+  std::vector<LogprobRequest> wants;
+  std::vector<int32_t> forced;
+  for (const auto& c : cases) {
+    for (int32_t f : {0, 3, 699}) {
+      rows.push_back(&c.logits);
+      SamplingParams p;
+      p.temperature = 0.8f;
+      params.push_back(p);
+      hist.push_back(&history);
+      indices.push_back(1);
+      wants.push_back({true, 3});
+      forced.push_back(f);
+    }
+  }
+  const DeviceDraws got = DeviceSampleFull(rows, params, hist, indices, 0, wants, forced);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SampledToken want = ForcedToken(*rows[r], forced[r], wants[r]);
+    EXPECT_EQ(got.tokens[r], forced[r]);
+    ExpectLogprobNear(got.logprobs[r], want.logprob, "forced row " + std::to_string(r));
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      EXPECT_EQ(got.top_ids[r * samplemath::kMaxRowTopLogprobs + j], want.top[j].token);
+    }
+  }
 }
 
 // Draws from a six-token row: the frequencies must follow softmax(x / T) (chi-square, 5

@@ -1,8 +1,9 @@
 // The engine with a runner that samples where the logits are (ForwardOptions::sample, the
 // CUDA runner's contract; here bench/instant_runner.h in its device-sampling form, which
 // answers with SampleToken as the device kernel does): every request's tokens, logprobs and
-// alternatives equal those of the same engine sampling rows on the host; rows cross only for
-// requests that want logprobs; a row the runner flags non-finite fails its request alone.
+// alternatives equal those of the same engine sampling rows on the host; no row crosses, not
+// even for logprobs or forced tokens; a row the runner flags non-finite fails its request
+// alone.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -148,18 +149,16 @@ TEST(DeviceSamplingTest, SameTokensAndLogprobsAsSamplingOnTheHost) {
   for (int32_t t : host.outcomes[5].tokens) EXPECT_LT(t, 100);
 }
 
-TEST(DeviceSamplingTest, RowsCrossOnlyForLogprobs) {
+TEST(DeviceSamplingTest, NoRowCrossesLogprobsIncluded) {
   const EngineRun device = RunAll(true);
   const std::vector<GenerateRequest> requests = Requests();
-  int64_t want_rows = 0, tokens = 0;
+  int64_t tokens = 0, with_logprobs = 0;
   for (size_t k = 0; k < requests.size(); ++k) {
     tokens += static_cast<int64_t>(device.outcomes[k].tokens.size());
-    if (requests[k].logprobs || requests[k].top_logprobs > 0) {
-      want_rows += static_cast<int64_t>(device.outcomes[k].tokens.size());
-    }
+    if (requests[k].logprobs || requests[k].top_logprobs > 0) ++with_logprobs;
   }
-  EXPECT_GT(want_rows, 0);
-  EXPECT_EQ(device.rows, want_rows);
+  EXPECT_GT(with_logprobs, 0);
+  EXPECT_EQ(device.rows, 0);          // logprobs and forced tokens come from the runner too
   EXPECT_EQ(device.sampled, tokens);  // one request per next-token row, none for the rest
   const EngineRun host = RunAll(false);
   EXPECT_EQ(host.rows, tokens);
