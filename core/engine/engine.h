@@ -4,9 +4,10 @@
 //
 // One engine thread owns the ModelRunner, the KV cache, the scheduler and the sessions, and
 // runs the step loop. Any thread may Submit, Cancel or CloseSession; a request's events are
-// delivered through its callback, on the engine thread: callbacks must be quick and must not
-// block or call back into the engine other than Cancel (hand the event to your own queue; see
-// EventQueue).
+// delivered through its callback on the engine's delivery thread (event_delivery.h), in the
+// order the engine emitted them, never on the step loop: a slow callback delays other
+// requests' events, not the steps. Callbacks should still be quick (hand the event to your own
+// queue; see EventQueue) and may call Cancel or Submit.
 #pragma once
 
 #include <atomic>
@@ -111,8 +112,8 @@ struct Event {
   std::variant<TokenEvent, ForwardOutput, FinishEvent> body;
 };
 
-// Receives a request's events on the engine thread. Exactly one FinishEvent ends every
-// accepted request, whatever happens to it.
+// Receives a request's events on the engine's delivery thread, in order. Exactly one
+// FinishEvent ends every accepted request, whatever happens to it.
 using EventCallback = std::function<void(Event&&)>;
 
 // ---- Engine ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "core/engine/event_delivery.h"
 #include "core/engine/prefix_cache.h"
 #include "core/engine/sequence.h"
 #include "core/engine/session_registry.h"
@@ -223,7 +224,10 @@ class Engine::Impl {
     Event event;
   };
   std::vector<Outgoing> outbox_;
-  std::vector<std::unique_ptr<Sequence>> finished_;  // finished, events not yet delivered
+  std::vector<std::unique_ptr<Sequence>> finished_;  // finished, events not yet posted
+  // The callbacks' own thread (event_delivery.h): made before the loop starts, and reset by
+  // ~Impl once the loop has stopped, so that what is left goes out while the engine is whole.
+  std::unique_ptr<EventDelivery> delivery_;
 
   // Published counters.
   std::mutex stats_mu_;

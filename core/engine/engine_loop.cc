@@ -1,7 +1,7 @@
 // The engine thread's loop: takes submissions, cancellations and expiries, admits, runs one
 // step at a time (core/engine/scheduler.cc chooses it, core/engine/step_runner.cc runs it),
-// publishes the stats and then delivers the step's events; and ends every request with one
-// FinishEvent.
+// publishes the stats and then hands the step's events to the delivery thread
+// (event_delivery.h), which runs the callbacks; and ends every request with one FinishEvent.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +34,7 @@ Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique
       session_share_blocks_(
           static_cast<int64_t>(options.session_kv_fraction * cache_->allocator().num_blocks())) {
   UpdateStats(0);
+  delivery_ = std::make_unique<EventDelivery>();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -44,6 +45,7 @@ Engine::Impl::~Impl() {
   }
   cv_.notify_all();
   thread_.join();
+  delivery_.reset();  // every event out before the rest of the engine goes
 }
 
 bool Engine::Impl::TakeInbox() {
@@ -115,15 +117,20 @@ void Engine::Impl::Loop() {
   }
   UpdateStats(0);
   Deliver();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& seq : inbox_) {
-    FinishEvent finish;
-    finish.reason = FinishReason::kCancelled;
-    finish.status = absl::CancelledError("the engine shut down");
-    finish.times = seq->times;
-    seq->callback(Event{seq->id, std::move(finish)});
+  EventDelivery::Batch never_admitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& seq : inbox_) {
+      FinishEvent finish;
+      finish.reason = FinishReason::kCancelled;
+      finish.status = absl::CancelledError("the engine shut down");
+      finish.times = seq->times;
+      never_admitted.items.push_back({&seq->callback, Event{seq->id, std::move(finish)}});
+      never_admitted.keep_alive.push_back(std::move(seq));
+    }
+    inbox_.clear();
   }
-  inbox_.clear();
+  delivery_->Post(std::move(never_admitted));
 }
 
 void Engine::Impl::ExpireAndCancel(SteadyTime now, const std::vector<RequestId>& cancels) {
@@ -165,12 +172,13 @@ void Engine::Impl::Emit(Sequence* seq, std::variant<TokenEvent, ForwardOutput, F
 }
 
 void Engine::Impl::Deliver() {
-  // Callbacks may take a while (and may submit): nothing of the engine's is borrowed here.
-  std::vector<Outgoing> out;
-  out.swap(outbox_);
-  std::vector<std::unique_ptr<Sequence>> done;
-  done.swap(finished_);
-  for (Outgoing& o : out) o.seq->callback(std::move(o.event));
+  // Handed to the delivery thread: the callbacks run there, off the engine's loop, in order.
+  EventDelivery::Batch batch;
+  batch.items.reserve(outbox_.size());
+  for (Outgoing& o : outbox_) batch.items.push_back({&o.seq->callback, std::move(o.event)});
+  outbox_.clear();
+  batch.keep_alive.swap(finished_);
+  delivery_->Post(std::move(batch));
 }
 
 void Engine::Impl::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
