@@ -191,7 +191,8 @@ if [ "$gpu" = 1 ]; then
   wait "$server" 2>/dev/null
 
   run_step sampler_bench "$out/sampler_bench.log" "$here/bin/sampler_bench"
-  run_step host_bench "$out/host_bench.log" "$here/bin/host_bench"
+  # 16 and 64 streams, both runner forms (rows; tokens as device sampling returns them).
+  run_step host_bench "$out/host_bench.log" "$here/bin/host_bench" --streams=16,64
   # The MoE steps on the GPU with a trained router beside random ones (docs/quality.md).
   run_step moe_routing_bench "$out/moe_routing_bench.log" "$here/bin/moe_routing_bench" \
     --device=cuda --model="$here/models/glm-4.5-kjv" --text="$here/golden/kjv/heldout.txt" \
