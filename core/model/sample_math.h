@@ -1,5 +1,5 @@
 // The sampler's arithmetic, written once for the host sampler (core/engine/sampler.cc) and the
-// device sampler (core/cuda/sampling.cu), so that both choose the same token, bit for bit, for
+// device sampler (core/cuda/row_sample.cu), so that both choose the same token, bit for bit, for
 // the same row, parameters and seed (docs/cuda.md, "Sampling on the device").
 //
 // A token's probability weight is an integer: W = floor(exp(z - m) * 2^S), with z the token's
