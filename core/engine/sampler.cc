@@ -27,7 +27,7 @@
 //   7. Draw u in [0, 1) from (seed, token_index) alone and walk the kept prefix in canonical
 //      order until the running sum exceeds floor(u times the kept mass).
 // Integer sums are exact, so no result depends on the order of any addition: the device
-// sampler (core/cuda/sampling.cu) adds a row's weights in whatever order its threads meet
+// sampler (core/cuda/row_sample.cu) adds a row's weights in whatever order its threads meet
 // and still chooses this file's token. No expression here has the a * b + c shape that GCC
 // fuses into an FMA by default where the ISA has one, so results do not depend on
 // -ffp-contract or the target; keep it that way.
