@@ -118,13 +118,7 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
       int32_t chosen = -1;
       if (req.sample) {
         const samplemath::RowSampling& p = req.params;
-        SamplingParams params;
-        params.temperature = p.temperature;
-        params.top_k = p.top_k;
-        params.top_p = p.top_p;
-        params.min_p = p.min_p;
-        params.repetition_penalty = p.repetition_penalty;
-        params.seed = p.seed;
+        const SamplingParams params = SamplingParamsOf(p);
         const int64_t columns =
             p.columns > 0 ? std::min<int64_t>(p.columns, row.size()) : row.size();
         // The penalised ids are distinct: as a history they penalise exactly themselves.

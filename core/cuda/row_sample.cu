@@ -61,21 +61,18 @@ __device__ __forceinline__ bool AboveMatches(Key96 k, Key96 prefix, int pass) {
 struct SelectState {
   Key96 prefix;
   uint64_t remaining;  // of the target, the mass still to cover among keys matching prefix
-  uint64_t before;     // the mass of the keys above the prefix's range so far
 };
 
 // The largest key K (over ids [0, vocab)) such that the mass of the keys >= K reaches
 // `target` (>= 1, at most the total mass): the id where a walk down the order first reaches
-// it. *before is set to the mass of the keys above K. `passes` is 8 for keys whose `lo` is 0
+// it. `passes` is 8 for keys whose `lo` is 0
 // throughout (a 64-bit key), 12 otherwise. Reached by every thread; `hist` holds 256 entries.
 template <typename KeyOf, typename MassOf>
 __device__ Key96 SelectByMass(int64_t vocab, uint64_t target, int passes, KeyOf key_of,
-                              MassOf mass_of, unsigned long long* hist, SelectState* st,
-                              uint64_t* before) {
+                              MassOf mass_of, unsigned long long* hist, SelectState* st) {
   if (threadIdx.x == 0) {
     st->prefix = {0, 0};
     st->remaining = target;
-    st->before = 0;
   }
   for (int pass = 0; pass < passes; ++pass) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
@@ -93,7 +90,6 @@ __device__ Key96 SelectByMass(int64_t vocab, uint64_t target, int passes, KeyOf 
       int digit = 255;
       for (; digit > 0 && above + hist[digit] < st->remaining; --digit) above += hist[digit];
       st->remaining -= above;
-      st->before += above;
       if (pass < 8) {
         st->prefix.hi |= static_cast<uint64_t>(digit) << (56 - 8 * pass);
       } else {
@@ -103,7 +99,6 @@ __device__ Key96 SelectByMass(int64_t vocab, uint64_t target, int passes, KeyOf 
     __syncthreads();
   }
   const Key96 result = st->prefix;
-  *before = st->before;
   __syncthreads();  // st is reused by the next selection
   return result;
 }
@@ -220,7 +215,6 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t slots_lo[kThreads];
   __shared__ SelectState st;
   __shared__ int all_finite;
-  uint64_t unused_before;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const sm::RowSampling p = params[blockIdx.x];
   const int32_t* pen = penalised_ids + p.penalised_begin;
@@ -278,11 +272,10 @@ __global__ void __launch_bounds__(kThreads)
     auto z_key = [&](int64_t i) {
       return Key96{DoubleKey(scaled(i)), static_cast<uint32_t>(id_mask - i)};
     };
-    uint64_t unused;
     if (top_k) {
       kth = SelectByMass(
           n, static_cast<uint64_t>(p.top_k), 12, z_key, [](int64_t) { return uint64_t{1}; }, hist,
-          &st, &unused);
+          &st);
     }
     auto weight = [&](int64_t i) -> uint64_t {
       const double z = scaled(i);
@@ -313,9 +306,8 @@ __global__ void __launch_bounds__(kThreads)
       bounded = true;
     }
     if (p.top_p < 1.0f) {
-      uint64_t before;
       const Key96 nucleus =
-          SelectByMass(n, sm::NucleusTarget(p.top_p, total), 8, w_key, weight, hist, &st, &before);
+          SelectByMass(n, sm::NucleusTarget(p.top_p, total), 8, w_key, weight, hist, &st);
       if (!bounded || KeyLess(end, nucleus)) end = nucleus;
       bounded = true;
     }
@@ -328,8 +320,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     const double u = sm::Uniform(p.seed, p.token_index);
-    const Key96 chosen =
-        SelectByMass(n, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist, &st, &unused);
+    const Key96 chosen = SelectByMass(n, sm::DrawTarget(u, kept) + 1, 8, w_key, weight, hist, &st);
     token = static_cast<int32_t>(id_mask - (chosen.hi & id_mask));
   }
   if (threadIdx.x == 0) tokens[blockIdx.x] = token;
@@ -354,8 +345,7 @@ __global__ void __launch_bounds__(kThreads)
     return Key96{(static_cast<uint64_t>(FloatKey(row[i])) << 32) | (id_mask - i), 0};
   };
   const Key96 kth = SelectByMass(
-      n, static_cast<uint64_t>(top), 8, raw_key, [](int64_t) { return uint64_t{1}; }, hist, &st,
-      &unused_before);
+      n, static_cast<uint64_t>(top), 8, raw_key, [](int64_t) { return uint64_t{1}; }, hist, &st);
   __shared__ int found;
   __shared__ int32_t winners[sm::kMaxRowTopLogprobs];
   if (threadIdx.x == 0) found = 0;

@@ -406,10 +406,9 @@ bool MinPCandidates(const PenalisedRow& row, double temperature, double min_p, S
 // where the instruction is not enabled at compile time, inlined (and vectorised, with AVX-512)
 // where it is. So the loop is compiled for three targets and picked by what the CPU has;
 // every version computes the same bits (fma is correctly rounded everywhere).
-template <typename Weigh>
-inline void WeighRow(const double* z, size_t n, double m, int shift, uint64_t* w, Weigh weigh) {
+inline void WeighRow(const double* z, size_t n, double m, int shift, uint64_t* w) {
   if (!std::isfinite(m)) {
-    for (size_t i = 0; i < n; ++i) w[i] = weigh(z[i], m, shift);
+    for (size_t i = 0; i < n; ++i) w[i] = IntWeight(z[i], m, shift);
     return;
   }
   // IntWeight with m finite, as straight-line code: below -700 DetExp is 0, and the clamped
@@ -422,12 +421,12 @@ inline void WeighRow(const double* z, size_t n, double m, int shift, uint64_t* w
 }
 __attribute__((flatten, target("avx512f,avx512dq,avx512vl,avx2,fma"))) void RowIntWeightsAvx512(
     const double* z, size_t n, double m, int shift, uint64_t* w) {
-  WeighRow(z, n, m, shift, w, IntWeight);
+  WeighRow(z, n, m, shift, w);
 }
 __attribute__((flatten, target("avx2,fma"))) void RowIntWeightsFma(const double* z, size_t n,
                                                                    double m, int shift,
                                                                    uint64_t* w) {
-  WeighRow(z, n, m, shift, w, IntWeight);
+  WeighRow(z, n, m, shift, w);
 }
 void RowIntWeights(const double* z, size_t n, double m, int shift, uint64_t* w) {
   static const int level = __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") ? 2
@@ -435,7 +434,7 @@ void RowIntWeights(const double* z, size_t n, double m, int shift, uint64_t* w) 
                                                                                                : 0;
   if (level == 2) return RowIntWeightsAvx512(z, n, m, shift, w);
   if (level == 1) return RowIntWeightsFma(z, n, m, shift, w);
-  WeighRow(z, n, m, shift, w, IntWeight);
+  WeighRow(z, n, m, shift, w);
 }
 
 // Steps 3-5 over the whole row (top-k too when the temperature is infinite, where scaling
@@ -695,6 +694,29 @@ absl::StatusOr<int32_t> SampleFromSummary(const RowSummary& row, const SamplingP
       },
       pen_ids, pen_values, k, static_cast<double>(params.temperature), shift, s);
   return Draw(params, Uniform(params.seed, token_index), total, shift, s);
+}
+
+samplemath::RowSampling RowSamplingFor(const SamplingParams& params, uint64_t token_index) {
+  samplemath::RowSampling r;
+  r.temperature = params.temperature;
+  r.top_p = params.top_p;
+  r.min_p = params.min_p;
+  r.repetition_penalty = params.repetition_penalty;
+  r.top_k = params.top_k;
+  r.seed = params.seed;
+  r.token_index = token_index;
+  return r;
+}
+
+SamplingParams SamplingParamsOf(const samplemath::RowSampling& row) {
+  SamplingParams p;
+  p.temperature = row.temperature;
+  p.top_p = row.top_p;
+  p.min_p = row.min_p;
+  p.repetition_penalty = row.repetition_penalty;
+  p.top_k = row.top_k;
+  p.seed = row.seed;
+  return p;
 }
 
 }  // namespace glmserve

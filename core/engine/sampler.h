@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/model/sample_math.h"
 #include "core/request/sampling_params.h"
 
 namespace glmserve {
@@ -52,6 +53,13 @@ inline SampledToken SampleToken(absl::Span<const float> logits, const SamplingPa
                                 int32_t top_logprobs) {
   return SampleToken(logits, params, history, token_index, LogprobRequest{true, top_logprobs});
 }
+
+// ---- A device sampler's request (core/model/sample_math.h) -------------------------------
+// The fields of `params` a RowSampling carries, for output index `token_index` (the penalised
+// id range, columns, forced token and logprob request are the caller's to fill).
+samplemath::RowSampling RowSamplingFor(const SamplingParams& params, uint64_t token_index);
+// The SamplingParams a RowSampling describes.
+SamplingParams SamplingParamsOf(const samplemath::RowSampling& row);
 
 // ---- Sampling from a row summary --------------------------------------------------------
 // A device that holds the logits can send back, instead of the whole row, its few largest

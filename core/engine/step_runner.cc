@@ -50,6 +50,7 @@ RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
   RowSampleRequest r;
   r.sample = true;
   r.keep_logits = false;
+  r.params = RowSamplingFor(g.sampling, static_cast<uint64_t>(gen.generated));
   r.params.forced = gen.ForcedNext();
   r.params.logprob = g.logprobs || g.top_logprobs > 0;
   r.params.top_logprobs = g.top_logprobs;
@@ -67,14 +68,7 @@ RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
   }
   const std::vector<int32_t>& ids = gen.penalised;
   samplemath::RowSampling& p = r.params;
-  p.temperature = g.sampling.temperature;
-  p.top_p = g.sampling.top_p;
-  p.min_p = g.sampling.min_p;
-  p.repetition_penalty = g.sampling.repetition_penalty;
-  p.top_k = g.sampling.top_k;
   p.columns = static_cast<int32_t>(limit);
-  p.seed = g.sampling.seed;
-  p.token_index = static_cast<uint64_t>(gen.generated);
   p.penalised_begin = static_cast<int32_t>(penalised_ids->size());
   p.penalised_count = static_cast<int32_t>(ids.size());
   penalised_ids->insert(penalised_ids->end(), ids.begin(), ids.end());

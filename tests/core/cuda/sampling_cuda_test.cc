@@ -176,14 +176,7 @@ DeviceDraws DeviceSampleFull(const std::vector<const std::vector<float>*>& rows,
     logits.insert(logits.end(), rows[r]->begin(), rows[r]->end());
     const SamplingParams& p = params[r];
     const std::vector<int32_t> ids = PenalisedIds(p, *histories[r], columns > 0 ? columns : vocab);
-    samplemath::RowSampling spec;
-    spec.temperature = p.temperature;
-    spec.top_k = p.top_k;
-    spec.top_p = p.top_p;
-    spec.min_p = p.min_p;
-    spec.repetition_penalty = p.repetition_penalty;
-    spec.seed = p.seed;
-    spec.token_index = indices[r];
+    samplemath::RowSampling spec = RowSamplingFor(p, indices[r]);
     spec.columns = columns;
     if (!want.empty()) {
       spec.logprob = want[r].chosen || want[r].top > 0;

@@ -348,14 +348,8 @@ TEST_P(RunnerConformance, SampleRequestsGiveTheHostSamplersTokens) {
     req.sample = r != 4;  // the last row: returned, not sampled
     req.keep_logits = true;
     const std::vector<int32_t> pen = PenalisedIds(params[r], history, vocab);
+    req.params = RowSamplingFor(params[r], 3 + r);
     samplemath::RowSampling& p = req.params;
-    p.temperature = params[r].temperature;
-    p.top_k = params[r].top_k;
-    p.top_p = params[r].top_p;
-    p.min_p = params[r].min_p;
-    p.repetition_penalty = params[r].repetition_penalty;
-    p.seed = params[r].seed;
-    p.token_index = 3 + r;
     p.penalised_begin = static_cast<int32_t>(options.penalised_ids.size());
     p.penalised_count = static_cast<int32_t>(pen.size());
     options.penalised_ids.insert(options.penalised_ids.end(), pen.begin(), pen.end());
