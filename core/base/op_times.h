@@ -21,6 +21,7 @@ enum class OpFamily : int {
   kExpertGemm,  // routed and shared experts' gate/up and down projections
   kMoeShuffle,  // gathering tokens per expert, SiLU-mul, the weighted combine
   kHead,        // final norm and LM head
+  kCollective,  // tensor parallel: the ranks' sums and gathers (core/model/communicator.h)
   kCount,
 };
 

@@ -9,6 +9,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define GLM_CPU_RELAX() _mm_pause()
@@ -31,8 +35,13 @@ void RunChunk(const std::function<void(int64_t, int64_t)>& body, int64_t n, int6
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads) {
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  explicit ThreadPool(int threads, std::vector<int> cpus = {}) {
+    for (int i = 1; i < threads; ++i) {
+      workers_.emplace_back([this, cpus] {
+        if (!cpus.empty()) PinThisThread(cpus);
+        WorkerLoop();
+      });
+    }
   }
   ~ThreadPool() {
     {
@@ -135,13 +144,45 @@ std::unique_ptr<ThreadPool>& Pool() {
   return pool;
 }
 
+thread_local ThreadPool* tls_pool = nullptr;  // a ScopedThreadPool's, on its thread
+
+ThreadPool& CurrentPool() { return tls_pool != nullptr ? *tls_pool : *Pool(); }
+
 }  // namespace
+
+bool PinThisThread(const std::vector<int>& cpus) {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    CPU_SET(cpu, &set);
+  }
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+#else
+  (void)cpus;
+  return false;
+#endif
+}
+
+ScopedThreadPool::ScopedThreadPool(int threads, const std::vector<int>& cpus)
+    : pool_(nullptr), previous_(tls_pool) {
+  if (!cpus.empty()) PinThisThread(cpus);
+  auto* pool = new ThreadPool(std::max(1, threads), cpus);
+  pool_ = pool;
+  tls_pool = pool;
+}
+
+ScopedThreadPool::~ScopedThreadPool() {
+  tls_pool = static_cast<ThreadPool*>(previous_);
+  delete static_cast<ThreadPool*>(pool_);
+}
 
 void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t chunks = n / grain + (n % grain != 0 ? 1 : 0);  // ceil without overflow
-  ThreadPool& pool = *Pool();
+  ThreadPool& pool = CurrentPool();
   if (tls_inside_pool || pool.size() == 1 || chunks == 1) {
     for (int64_t c = 0; c < chunks; ++c) RunChunk(body, n, grain, c);
     return;
@@ -149,7 +190,7 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
   pool.Run(n, grain, chunks, body);
 }
 
-int NumThreads() { return Pool()->size(); }
+int NumThreads() { return CurrentPool().size(); }
 
 void SetNumThreads(int threads) {
   std::lock_guard<std::mutex> lock(pool_mu);

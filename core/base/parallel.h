@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace glmserve {
 
@@ -23,5 +24,26 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 int NumThreads();
 // Resizes the pool; call before any concurrent use (e.g. from main after parsing flags).
 void SetNumThreads(int threads);
+
+// A pool of its own for the thread that creates it: while it lives, ParallelFor and
+// NumThreads on that thread use it instead of the process's pool. A tensor-parallel rank's
+// thread holds one (core/model/rank_group.h), so ranks never queue behind each other's loops.
+// `cpus`, when not empty, pins the creating thread and the pool's workers to those CPUs
+// (sched_setaffinity), so a rank's memory is first touched on its NUMA node.
+class ScopedThreadPool {
+ public:
+  explicit ScopedThreadPool(int threads, const std::vector<int>& cpus = {});
+  ~ScopedThreadPool();
+  ScopedThreadPool(const ScopedThreadPool&) = delete;
+  ScopedThreadPool& operator=(const ScopedThreadPool&) = delete;
+
+ private:
+  void* pool_;      // the ThreadPool (parallel.cc)
+  void* previous_;  // the pool this thread used before
+};
+
+// Pins the calling thread to `cpus` (ids as /proc/cpuinfo numbers them). False when the
+// kernel refuses (an id outside the process's allowed set).
+bool PinThisThread(const std::vector<int>& cpus);
 
 }  // namespace glmserve

@@ -39,7 +39,49 @@ CpuModel::CpuModel(ModelWeights weights, CpuMath math)
   }
 }
 
+CpuModel::CpuModel(ModelWeights weights, CpuMath math, const RankLayout& layout,
+                   Communicator* comm)
+    : CpuModel(std::move(weights), math) {
+  layout_ = layout;
+  comm_ = comm;
+}
+
+void CpuModel::SumOverRanks(float* data, int64_t count) {
+  if (comm_ == nullptr || !comm_status_.ok()) return;
+  const ScopedOpTime timer(OpFamily::kCollective);
+  comm_status_ = comm_->AllReduceSum(data, count);
+}
+
+void CpuModel::Embed(const int32_t* ids, int64_t t, float* out) {
+  const Matrix& table = weights_.embed_tokens;
+  if (comm_ == nullptr) {
+    EmbedTokens(table, ids, t, out);
+    return;
+  }
+  // This rank's rows are ids [vocab.begin, vocab.end()); every other id embeds as zeros, and
+  // the sum over ranks (one non-zero term per element) is the embedding, exactly.
+  const int64_t hidden = table.cols;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t id = ids[i] - layout_.vocab.begin;
+    if (id >= 0 && id < layout_.vocab.count) {
+      const int32_t local = static_cast<int32_t>(id);
+      EmbedTokens(table, &local, 1, out + i * hidden);
+    } else {
+      std::fill_n(out + i * hidden, hidden, 0.0f);
+    }
+  }
+  SumOverRanks(out, t * hidden);
+}
+
 std::string CpuModel::compute_description() const {
+  if (comm_ != nullptr) {
+    return absl::StrCat(SingleRankDescription(), "; tensor parallel rank ", layout_.rank, " of ",
+                        layout_.size);
+  }
+  return SingleRankDescription();
+}
+
+std::string CpuModel::SingleRankDescription() const {
   // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
   const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
   if (weights_.linear_format == WeightFormat::kInt8Groups) {
@@ -245,6 +287,7 @@ bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
       Linear(attn_.data(), n, layer.attn.o_proj, nullptr, out_.data(), math_);
     }
   }
+  SumOverRanks(out_.data(), n * hidden);  // a rank's heads give a partial sum
   {
     const ScopedOpTime timer(OpFamily::kEmbedNorm);
     for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
@@ -255,6 +298,7 @@ bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
     choices = expert_choices->emplace_back(n * c.num_experts_per_tok).data();
   }
   FfnBlock(layer, n, choices);
+  SumOverRanks(out_.data(), n * hidden);  // a rank's width slice or experts: a partial sum
   const ScopedOpTime timer(OpFamily::kEmbedNorm);
   for (int64_t j = 0; j < n * hidden; ++j) h_[j] += out_[j];
   return true;
@@ -285,7 +329,36 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
     }
   }
   result->logits.resize(n * c.vocab_size);
-  Linear(normed.data(), n, head, nullptr, result->logits.data(), math_);
+  if (comm_ == nullptr) {
+    Linear(normed.data(), n, head, nullptr, result->logits.data(), math_);
+    return;
+  }
+  // This rank's vocabulary slice [n, head.rows]; the gather puts the ranks' slices one after
+  // another, which the copy below interleaves into rows.
+  std::vector<int64_t> counts(layout_.size);
+  int64_t total = 0;
+  for (int r = 0; r < layout_.size; ++r) {
+    counts[r] = n * SplitRange(c.vocab_size, 1, r, layout_.size).count;
+    total += counts[r];
+  }
+  std::vector<float> part(n * head.rows);
+  Linear(normed.data(), n, head, nullptr, part.data(), math_);
+  if (!comm_status_.ok()) return;
+  gather_.resize(total);
+  {
+    const ScopedOpTime collective(OpFamily::kCollective);
+    comm_status_ = comm_->AllGather(part.data(), counts, gather_.data());
+  }
+  int64_t at = 0, column = 0;
+  for (int r = 0; r < layout_.size; ++r) {
+    const int64_t width = counts[r] / std::max<int64_t>(n, 1);
+    for (int64_t row = 0; row < n; ++row) {
+      std::copy_n(gather_.data() + at + row * width, width,
+                  result->logits.data() + row * c.vocab_size + column);
+    }
+    at += counts[r];
+    column += width;
+  }
 }
 
 absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
@@ -304,13 +377,14 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
     return absl::InvalidArgumentError("head inputs need a run that ends at the last layer");
   }
   RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
+  if (comm_ != nullptr) comm_status_ = comm_->health();
   const int64_t t = batch.total_tokens();
   ResizeBuffers(t);
   const std::vector<int32_t> positions = BatchPositions(batch);
 
   if (run_begin == 0) {
     const ScopedOpTime timer(OpFamily::kEmbedNorm);
-    EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, h_.data());
+    Embed(batch.token_ids.data(), t, h_.data());
   } else {
     std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());
   }
@@ -345,7 +419,7 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
     result->hidden.clear();
   }
   Head(rows, t, weights_.final_norm, weights_.lm_head, options.return_head_input, result);
-  return absl::OkStatus();
+  return comm_status_;
 }
 
 }  // namespace glmserve

@@ -28,9 +28,11 @@
 #include "core/cpu/ops/mla.h"
 #include "core/cpu/ops/moe.h"
 #include "core/cpu/ops/rope.h"
+#include "core/model/communicator.h"
 #include "core/model/forward_types.h"
 #include "core/model/kv_cache.h"
 #include "core/model/model_runner.h"
+#include "core/model/parallel_layout.h"
 #include "core/model/weights.h"
 
 namespace glmserve {
@@ -39,6 +41,13 @@ class CpuModel final : public ModelRunner {
  public:
   // math: the arithmetic of the linear layers (core/cpu/ops/linear.h), fixed for the model's life.
   explicit CpuModel(ModelWeights weights, CpuMath math = CpuMath::kExact);
+
+  // One rank of a tensor-parallel group (docs/parallel.md): `weights` are the rank's slice
+  // (core/model/weight_shard.h, config with the rank's heads), and every partial output
+  // (o_proj, the FFN, the vocabulary slices of the embedding and the head) is combined with the
+  // other ranks through `comm` (rank order, core/model/communicator.h). The ranks run Forward
+  // together on the same batch, each with its own cache (core/model/rank_group.h).
+  CpuModel(ModelWeights weights, CpuMath math, const RankLayout& layout, Communicator* comm);
 
   CpuMath math() const { return math_; }
   std::string compute_description() const override;
@@ -70,6 +79,7 @@ class CpuModel final : public ModelRunner {
                        ForwardResult* result) override;
 
  private:
+  std::string SingleRankDescription() const;
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache, int64_t run_begin,
                           int64_t run_end) const;
   // The attention sub-blocks up to o_proj: write every new token's K/V (or latent row) into
@@ -95,6 +105,11 @@ class CpuModel final : public ModelRunner {
                           ForwardResult* result);
   // Sizes the run buffers for t tokens.
   void ResizeBuffers(int64_t t);
+  // out [t, hidden] = the embeddings of ids (this rank's vocabulary slice, summed over ranks).
+  void Embed(const int32_t* ids, int64_t t, float* out);
+  // Tensor parallel: data [count] summed over the ranks. The first failure is kept in
+  // comm_status_ (Forward returns it); later calls of the step do nothing.
+  void SumOverRanks(float* data, int64_t count);
   // Logits (and head inputs) from h_ [rows, hidden]: norm `norm`, then `head`.
   void Head(const std::vector<int64_t>& rows, int64_t t, const std::vector<float>& norm,
             const Matrix& head, bool head_input, ForwardResult* result);
@@ -103,6 +118,11 @@ class CpuModel final : public ModelRunner {
   CpuMath math_;
   bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3)
   bool mtp_enabled_ = false;  // EnableMtp(): caches hold one more layer, the MTP layer's
+  // Tensor parallel (the second constructor); comm_ is null for a model on its own.
+  RankLayout layout_;
+  Communicator* comm_ = nullptr;
+  absl::Status comm_status_;
+  std::vector<float> gather_;  // [ranks' vocab slices] the head's gathered logits
   RotaryEmbedding rope_;
   RouterParams router_;
 

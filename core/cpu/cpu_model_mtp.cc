@@ -46,7 +46,8 @@ absl::Status CpuModel::ForwardMtp(const ForwardBatch& batch, KvCache* cache,
   const std::vector<int32_t> positions = BatchPositions(batch);
 
   // x_ = embed(t[i+1]) (zero at position 0); out_ = hnorm(h). Then cat_ = [enorm(x_) | out_].
-  EmbedTokens(weights_.embed_tokens, batch.token_ids.data(), t, x_.data());
+  if (comm_ != nullptr) comm_status_ = comm_->health();
+  Embed(batch.token_ids.data(), t, x_.data());
   for (int64_t i = 0; i < t; ++i) {
     if (positions[i] == 0) std::fill_n(x_.data() + i * hidden, hidden, 0.0f);
   }
@@ -73,10 +74,10 @@ absl::Status CpuModel::ForwardMtp(const ForwardBatch& batch, KvCache* cache,
   if (!any) {
     result->logits.clear();
     result->head_input.clear();
-    return absl::OkStatus();
+    return comm_status_;
   }
   Head(rows, t, m.head_norm, m.head, options.return_head_input, result);
-  return absl::OkStatus();
+  return comm_status_;
 }
 
 }  // namespace glmserve

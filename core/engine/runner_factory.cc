@@ -1,7 +1,16 @@
 #include "core/engine/runner_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include <algorithm>
+#include <utility>
+
+#include "core/base/cpu_topology.h"
+#include "core/base/parallel.h"
+#include "core/base/status_macros.h"
 #include "core/cpu/cpu_model.h"
+#include "core/model/communicator.h"
+#include "core/model/rank_group.h"
+#include "core/model/weight_shard.h"
 #include "core/cuda/runner.h"
 
 namespace glmserve {
@@ -47,6 +56,32 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
   }
   if (to_cuda) return CreateCudaRunner(std::move(weights), upload_progress, fp8_tensor_cores);
   return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(std::move(weights), cpu_math));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuTensorParallelRunner(
+    ModelWeights weights, const ParallelConfig& parallel, CpuMath cpu_math, int threads_per_rank,
+    std::string* how) {
+  const int64_t unit = WeightSplitUnit(weights);
+  RETURN_IF_ERROR(CheckParallelLayout(weights.config, parallel, unit));
+  const int n = parallel.tensor_parallel;
+  RankGroupOptions options;
+  options.rank_cpus = RankCpuSets(n, how);
+  options.threads_per_rank =
+      threads_per_rank > 0 ? threads_per_rank : std::max(1, NumThreads() / n);
+  // The whole model's views stay alive in every rank's weights (shared storage); the group
+  // keeps this copy only until each rank has taken its slice.
+  auto whole = std::make_shared<const ModelWeights>(std::move(weights));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<RankGroup> group,
+      RankGroup::Create(whole->config, parallel, options, CreateThreadGroup(n),
+                        [&](int rank, Communicator* comm)
+                            -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+                          const RankLayout layout = LayoutOf(whole->config, parallel, rank, unit);
+                          ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(*whole, layout));
+                          return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(
+                              std::move(mine), cpu_math, layout, comm));
+                        }));
+  return std::unique_ptr<ModelRunner>(std::move(group));
 }
 
 }  // namespace glmserve

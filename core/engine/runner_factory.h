@@ -4,12 +4,14 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/checkpoint.h"
 #include "core/model/model_runner.h"
+#include "core/model/parallel_layout.h"
 #include "core/model/weights.h"
 
 namespace glmserve {
@@ -29,5 +31,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(
     ModelWeights weights, DeviceKind device, CpuMath cpu_math = CpuMath::kExact,
     const LoadProgressCallback& upload_progress = nullptr,
     Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff);
+
+// A tensor-parallel group of CPU ranks (docs/parallel.md): each rank a thread with its slice of
+// `weights` (core/model/weight_shard.h), `threads_per_rank` pool threads (0: the process's
+// threads divided among the ranks) pinned to its CPUs (core/base/cpu_topology.h: a NUMA node
+// each when there are as many nodes as ranks), sums through the in-process communicator.
+// INVALID_ARGUMENT for a layout the model cannot take (CheckParallelLayout); `how`, when
+// given, receives the pinning line for the startup summary.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuTensorParallelRunner(
+    ModelWeights weights, const ParallelConfig& parallel, CpuMath cpu_math,
+    int threads_per_rank = 0, std::string* how = nullptr);
 
 }  // namespace glmserve

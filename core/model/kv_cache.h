@@ -159,6 +159,24 @@ class KvCache {
   BlockAllocator& allocator() { return allocator_; }
   const BlockAllocator& allocator() const { return allocator_; }
 
+  // A tensor-parallel group's cache (core/model/rank_group.h): the engine holds rank 0's cache
+  // and allocates blocks from it; rank 0's cache owns the other ranks' caches (the same blocks
+  // and block size, each rank's own KV heads), which use the same block ids.
+  void AdoptRankCaches(std::vector<std::unique_ptr<KvCache>> caches) {
+    rank_caches_ = std::make_shared<std::vector<std::unique_ptr<KvCache>>>(std::move(caches));
+  }
+  int num_ranks() const { return rank_caches_ ? static_cast<int>(rank_caches_->size()) + 1 : 1; }
+  // Rank r's cache (rank 0: this one).
+  KvCache* rank_cache(int rank) { return rank == 0 ? this : (*rank_caches_)[rank - 1].get(); }
+  // Bytes per token over every rank's cache.
+  int64_t group_bytes_per_token() const {
+    int64_t total = bytes_per_token();
+    if (rank_caches_) {
+      for (const auto& c : *rank_caches_) total += c->bytes_per_token();
+    }
+    return total;
+  }
+
   // Grows `table` with fresh blocks until it covers `tokens` positions. All or nothing: on
   // RESOURCE_EXHAUSTED the table and the allocator are as they were.
   absl::Status Reserve(BlockTable* table, int64_t tokens);
@@ -183,6 +201,7 @@ class KvCache {
   bool external_storage_ = false;
   std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;
+  std::shared_ptr<std::vector<std::unique_ptr<KvCache>>> rank_caches_;  // ranks 1..N-1
 };
 
 }  // namespace glmserve

@@ -63,6 +63,10 @@ class ModelRunner {
   virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                                int64_t block_size) = 0;
 
+  // OK while the runner can run steps; otherwise why not (a tensor-parallel group whose rank
+  // failed, core/model/rank_group.h). glm-server reports not ready with this reason.
+  virtual absl::Status health() const { return absl::OkStatus(); }
+
   // One step over a ragged batch; see core/cpu/cpu_model.h for the contract.
   virtual absl::Status Forward(const ForwardBatch& batch, KvCache* cache,
                                const ForwardOptions& options, ForwardResult* result) = 0;

@@ -39,17 +39,24 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
               chosen_weight.data());
 
   timer.emplace(OpFamily::kMoeShuffle);
-  // Group tokens by expert, tokens ascending: expert e gets `count[e]` rows starting at row
-  // `first[e]` of the gathered buffers (experts ascending, the shared expert's rows last).
-  // pair_row[t * top_k + k] is where token t's k-th choice landed.
+  // Under expert parallel (docs/parallel.md) a rank holds some experts; the others' matrices
+  // are empty, and their pairs are computed (and added) by the ranks that hold them.
+  const auto held = [&](int64_t e) { return !w.experts[e].gate.empty(); };
+  // Group the held pairs by expert, tokens ascending: expert e gets `count[e]` rows starting at
+  // row `first[e]` of the gathered buffers (experts ascending, the shared expert's rows last).
+  // pair_row[t * top_k + k] is where token t's k-th choice landed (-1: not held here).
   const int64_t pairs = tokens * p.top_k;
   std::vector<int64_t> count(p.n_experts, 0), first(p.n_experts + 1, 0);
-  for (int64_t i = 0; i < pairs; ++i) ++count[chosen[i]];
+  for (int64_t i = 0; i < pairs; ++i) count[chosen[i]] += held(chosen[i]) ? 1 : 0;
   for (int64_t e = 0; e < p.n_experts; ++e) first[e + 1] = first[e] + count[e];
-  std::vector<int64_t> pair_row(pairs), gathered_token(pairs), fill(first.begin(), first.end() - 1);
+  const int64_t routed_rows = first[p.n_experts];
+  std::vector<int64_t> pair_row(pairs, -1), gathered_token(routed_rows);
+  std::vector<int64_t> fill(first.begin(), first.end() - 1);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t k = 0; k < p.top_k; ++k) {
-      const int64_t row = fill[chosen[t * p.top_k + k]]++;
+      const int32_t e = chosen[t * p.top_k + k];
+      if (!held(e)) continue;
+      const int64_t row = fill[e]++;
       pair_row[t * p.top_k + k] = row;
       gathered_token[row] = t;
     }
@@ -59,21 +66,22 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   // One arena for every expert's rows (reused from call to call on this thread: a 2,048-token
   // chunk's buffers are ~0.7 GB, whose page faults cost more than the copies).
   // The shared expert's width is n_shared_experts times a routed one's: its gate/up rows follow
-  // the routed rows' at element offset pairs * width.
-  const int64_t width = w.experts[0].gate.rows;
+  // the routed rows' at element offset routed_rows * width.
+  int64_t width = 0;
+  for (int64_t e = 0; e < p.n_experts && width == 0; ++e) width = w.experts[e].gate.rows;
   const int64_t shared_rows = w.has_shared() ? tokens : 0;
-  const int64_t gate_size = pairs * width + shared_rows * w.shared.gate.rows;
+  const int64_t gate_size = routed_rows * width + shared_rows * w.shared.gate.rows;
   static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
-  gathered_arena.resize(pairs * hidden);
+  gathered_arena.resize(routed_rows * hidden);
   gate_arena.resize(gate_size);
   up_arena.resize(gate_size);
-  out_arena.resize((pairs + shared_rows) * hidden);
+  out_arena.resize((routed_rows + shared_rows) * hidden);
   // Plain pointers: the pool's threads must not name this thread's thread_locals.
   float* gathered = gathered_arena.data();
   float* gate = gate_arena.data();
   float* up = up_arena.data();
   float* out = out_arena.data();
-  ParallelFor(pairs, 64, [&](int64_t begin, int64_t end) {
+  ParallelFor(routed_rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       std::copy_n(x + gathered_token[r] * hidden, hidden, gathered + r * hidden);
     }
@@ -89,11 +97,11 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
     down.push_back({gate + gate_at, m, &f.down, nullptr, out + row0 * hidden});
   };
   for (int64_t e = 0; e < p.n_experts; ++e) {
-    if (count[e] > 0) {
+    if (count[e] > 0 && held(e)) {
       add(w.experts[e], gathered + first[e] * hidden, first[e] * width, first[e], count[e]);
     }
   }
-  if (w.has_shared()) add(w.shared, x, pairs * width, pairs, tokens);
+  if (w.has_shared()) add(w.shared, x, routed_rows * width, routed_rows, tokens);
   timer.emplace(OpFamily::kExpertGemm);
   LinearMany(gate_up, math);
   timer.emplace(OpFamily::kMoeShuffle);
@@ -112,12 +120,14 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
       float* yr = y + t * hidden;
       std::fill_n(yr, hidden, 0.f);
       for (const auto& [e, k] : order) {
-        const float* er = out + pair_row[t * p.top_k + k] * hidden;
+        const int64_t row = pair_row[t * p.top_k + k];
+        if (row < 0) continue;  // another rank's expert
+        const float* er = out + row * hidden;
         const float wi = chosen_weight[t * p.top_k + k];
         for (int64_t d = 0; d < hidden; ++d) yr[d] += er[d] * wi;
       }
       if (w.has_shared()) {
-        const float* sr = out + (pairs + t) * hidden;
+        const float* sr = out + (routed_rows + t) * hidden;
         for (int64_t d = 0; d < hidden; ++d) yr[d] += sr[d];
       }
     }

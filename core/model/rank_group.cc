@@ -1,0 +1,200 @@
+#include "core/model/rank_group.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/parallel.h"
+#include "core/base/status_macros.h"
+
+namespace glmserve {
+
+// One rank: a thread that holds the rank's thread pool and runs the jobs posted to it.
+struct RankGroup::Rank {
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<ModelRunner> runner;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable wake;
+  std::function<void()> job;  // guarded by mu; empty when idle
+  bool stop = false;          // guarded by mu
+
+  void Loop(int threads, std::vector<int> cpus) {
+    const ScopedThreadPool pool(threads, cpus);
+    for (;;) {
+      std::function<void()> next;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait(lock, [&] { return stop || job != nullptr; });
+        if (job == nullptr) return;  // stop, nothing left to run
+        next = std::move(job);
+        job = nullptr;
+      }
+      next();
+    }
+  }
+  void Post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      job = std::move(f);
+    }
+    wake.notify_one();
+  }
+};
+
+RankGroup::RankGroup(const ModelConfig& whole, const ParallelConfig& parallel)
+    : whole_(whole), parallel_(parallel) {}
+
+RankGroup::~RankGroup() {
+  for (auto& rank : ranks_) {
+    {
+      std::lock_guard<std::mutex> lock(rank->mu);
+      rank->stop = true;
+    }
+    rank->wake.notify_one();
+  }
+  for (auto& rank : ranks_) {
+    if (rank->thread.joinable()) rank->thread.join();
+  }
+  // The runners go after their threads (with the members): they hold no thread pool.
+}
+
+absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
+    const ModelConfig& whole, const ParallelConfig& parallel, const RankGroupOptions& options,
+    std::vector<std::unique_ptr<Communicator>> communicators, const RankFactory& make) {
+  const int n = parallel.tensor_parallel;
+  if (static_cast<int>(communicators.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a group of ", n, " ranks needs ", n, " communicators"));
+  }
+  if (!options.rank_cpus.empty() && static_cast<int>(options.rank_cpus.size()) != n) {
+    return absl::InvalidArgumentError("rank_cpus needs one CPU list per rank");
+  }
+  std::unique_ptr<RankGroup> group(new RankGroup(whole, parallel));
+  group->failure_grace_ = options.failure_grace;
+  for (int r = 0; r < n; ++r) {
+    auto rank = std::make_unique<Rank>();
+    rank->comm = std::move(communicators[r]);
+    std::vector<int> cpus = options.rank_cpus.empty() ? std::vector<int>{} : options.rank_cpus[r];
+    Rank* raw = rank.get();
+    rank->thread = std::thread([raw, threads = options.threads_per_rank, cpus] {
+      raw->Loop(threads, cpus);
+    });
+    group->ranks_.push_back(std::move(rank));
+  }
+  RETURN_IF_ERROR(group->RunOnAll([&](int r) -> absl::Status {
+    Rank& rank = *group->ranks_[r];
+    ASSIGN_OR_RETURN(rank.runner, make(r, rank.comm.get()));
+    return absl::OkStatus();
+  }));
+  return group;
+}
+
+absl::Status RankGroup::RunOnAll(const std::function<absl::Status(int rank)>& job) {
+  const int n = size();
+  std::mutex mu;
+  std::condition_variable done;
+  int remaining = n;
+  bool any_failed = false;
+  std::vector<absl::Status> statuses(n);
+  for (int r = 0; r < n; ++r) {
+    ranks_[r]->Post([&, r] {
+      absl::Status s = job(r);
+      std::lock_guard<std::mutex> lock(mu);
+      statuses[r] = std::move(s);
+      any_failed |= !statuses[r].ok();
+      --remaining;
+      done.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  done.wait(lock, [&] { return remaining == 0 || any_failed; });
+  if (remaining > 0 &&
+      !done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
+                     [&] { return remaining == 0; })) {
+    // A rank failed and the others are still inside the step (waiting for it at a
+    // collective): stop them, then wait for every job to leave (they fail at once).
+    for (auto& rank : ranks_) rank->comm->Abort(absl::AbortedError("another rank failed"));
+    done.wait(lock, [&] { return remaining == 0; });
+  }
+  bool all_alike = true;
+  for (const absl::Status& s : statuses) all_alike &= s == statuses[0];
+  if (all_alike) return statuses[0];  // OK, or a refusal every rank made alike
+  for (int r = 0; r < n; ++r) {
+    if (statuses[r].ok()) continue;
+    const absl::Status failure = absl::UnavailableError(absl::StrCat(
+        "tensor-parallel rank ", r, " of ", n, " failed: ", statuses[r].ToString()));
+    for (auto& rank : ranks_) rank->comm->Abort(failure);
+    return failure;
+  }
+  return statuses[0];
+}
+
+ModelRunner& RankGroup::rank_runner(int r) { return *ranks_[r]->runner; }
+int64_t RankGroup::layer_begin() const { return ranks_[0]->runner->layer_begin(); }
+int64_t RankGroup::layer_end() const { return ranks_[0]->runner->layer_end(); }
+bool RankGroup::supports_sub_spans() const { return ranks_[0]->runner->supports_sub_spans(); }
+bool RankGroup::has_mtp() const { return ranks_[0]->runner->has_mtp(); }
+bool RankGroup::mtp_enabled() const { return ranks_[0]->runner->mtp_enabled(); }
+
+absl::Status RankGroup::health() const { return ranks_[0]->comm->health(); }
+
+std::string RankGroup::device_name() const {
+  return absl::StrCat(ranks_[0]->runner->device_name(), " x", size(), " ranks");
+}
+
+std::string RankGroup::compute_description() const {
+  return absl::StrCat(ranks_[0]->runner->compute_description(), "; ",
+                      DescribeParallel(whole_, parallel_));
+}
+
+int64_t RankGroup::weight_bytes() const {
+  int64_t total = 0;
+  for (const auto& rank : ranks_) total += rank->runner->weight_bytes();
+  return total;
+}
+
+int64_t RankGroup::kv_bytes_per_token() const {
+  int64_t total = 0;
+  for (const auto& rank : ranks_) total += rank->runner->kv_bytes_per_token();
+  return total;
+}
+
+absl::Status RankGroup::SetKvCacheDType(KvCacheDType dtype) {
+  return RunOnAll([&](int r) { return ranks_[r]->runner->SetKvCacheDType(dtype); });
+}
+
+absl::Status RankGroup::EnableMtp() {
+  return RunOnAll([&](int r) { return ranks_[r]->runner->EnableMtp(); });
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> RankGroup::CreateCache(int64_t num_blocks,
+                                                                int64_t block_size) {
+  std::vector<std::unique_ptr<KvCache>> caches(size());
+  RETURN_IF_ERROR(RunOnAll([&](int r) -> absl::Status {  // first touch on the rank's CPUs
+    ASSIGN_OR_RETURN(caches[r], ranks_[r]->runner->CreateCache(num_blocks, block_size));
+    return absl::OkStatus();
+  }));
+  std::unique_ptr<KvCache> first = std::move(caches[0]);
+  caches.erase(caches.begin());
+  first->AdoptRankCaches(std::move(caches));
+  return first;
+}
+
+absl::Status RankGroup::Forward(const ForwardBatch& batch, KvCache* cache,
+                                const ForwardOptions& options, ForwardResult* result) {
+  RETURN_IF_ERROR(health());
+  if (cache->num_ranks() != size()) {
+    return absl::InvalidArgumentError("KV cache was not created by this tensor-parallel group");
+  }
+  // Every rank computes the whole result (the head's slices are gathered); rank 0's is kept.
+  std::vector<ForwardResult> others(size() - 1);
+  return RunOnAll([&](int r) {
+    ForwardResult* out = r == 0 ? result : &others[r - 1];
+    return ranks_[r]->runner->Forward(batch, cache->rank_cache(r), options, out);
+  });
+}
+
+}  // namespace glmserve

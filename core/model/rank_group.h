@@ -1,0 +1,85 @@
+// A tensor-parallel group as one ModelRunner (docs/parallel.md): the engine schedules and
+// samples once; every step runs on all ranks at once, each a thread with its own runner (its
+// slice of the weights, core/model/weight_shard.h), its own thread pool (pinned to its CPUs,
+// a NUMA node's when the ranks are nodes) and its own KV cache, combining partial outputs
+// through a Communicator. Rank 0's result is the step's.
+//
+// Failure: a rank whose step fails while the others succeed, or that does not finish, poisons
+// the group: the step and every later one fail with UNAVAILABLE naming the first failure, and
+// health() says so (glm-server then reports not ready: the instance restarts as a unit). A
+// step every rank refuses alike (a malformed batch, checked before any collective) is just
+// that step's error.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/model/communicator.h"
+#include "core/model/model_runner.h"
+#include "core/model/parallel_layout.h"
+
+namespace glmserve {
+
+struct RankGroupOptions {
+  int threads_per_rank = 1;
+  // rank_cpus[r]: the CPUs rank r's threads are pinned to; empty: no pinning.
+  std::vector<std::vector<int>> rank_cpus;
+  // How long a rank waits for the others at a collective, and how long the group waits for the
+  // other ranks once one has failed, before declaring the group dead.
+  absl::Duration collective_timeout = absl::Seconds(60);
+  absl::Duration failure_grace = absl::Seconds(2);
+};
+
+class RankGroup final : public ModelRunner {
+ public:
+  // Builds rank r's runner on rank r's thread (its pool and pinning in place, so what it
+  // copies is first-touched there), given its communicator.
+  using RankFactory =
+      std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(int rank, Communicator* comm)>;
+
+  // `communicators`: one per rank (CreateThreadGroup, or NCCL's); `whole`: the model's config
+  // (each rank's runner has its own).
+  static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
+      const ModelConfig& whole, const ParallelConfig& parallel, const RankGroupOptions& options,
+      std::vector<std::unique_ptr<Communicator>> communicators, const RankFactory& make);
+  ~RankGroup() override;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  ModelRunner& rank_runner(int r);
+
+  const ModelConfig& config() const override { return whole_; }
+  int64_t layer_begin() const override;
+  int64_t layer_end() const override;
+  bool supports_sub_spans() const override;
+  std::string device_name() const override;
+  std::string compute_description() const override;
+  int64_t weight_bytes() const override;
+  int64_t kv_bytes_per_token() const override;
+  absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  bool has_mtp() const override;
+  absl::Status EnableMtp() override;
+  bool mtp_enabled() const override;
+  // Rank 0's cache, owning the others' (KvCache::AdoptRankCaches).
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
+                                                       int64_t block_size) override;
+  absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                       ForwardResult* result) override;
+  absl::Status health() const override;
+
+ private:
+  struct Rank;
+  RankGroup(const ModelConfig& whole, const ParallelConfig& parallel);
+  // Runs job(r) on every rank's thread and waits; the group's failure rule (above) applies.
+  absl::Status RunOnAll(const std::function<absl::Status(int rank)>& job);
+
+  ModelConfig whole_;
+  ParallelConfig parallel_;
+  absl::Duration failure_grace_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+}  // namespace glmserve
