@@ -121,7 +121,8 @@ grpc::ServerUnaryReactor* KServeServiceImpl::ServerReady(grpc::CallbackServerCon
                                                          const inference::ServerReadyRequest*,
                                                          inference::ServerReadyResponse* response) {
   glm_->CallStarted();
-  response->set_ready(glm_->backend() != nullptr && !glm_->draining());
+  response->set_ready(glm_->backend() != nullptr && !glm_->draining() &&
+                     glm_->backend()->engine->health().ok());
   return Reply(context, grpc::Status::OK);
 }
 
@@ -147,7 +148,7 @@ grpc::ServerUnaryReactor* KServeServiceImpl::ModelReady(grpc::CallbackServerCont
   } else {
     status =
         ToGrpcStatus(CheckKServeModel(request.name(), request.version(), KServeModelOf(*backend)));
-    response.set_ready(status.ok());
+    response.set_ready(status.ok() && backend->engine->health().ok());
   }
   // An error status sends no reply message: only an OK one is serialized.
   if (status.ok()) status = ToGrpcStatus(SerializeRawReply(response, raw_response));

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -290,6 +291,12 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   engine_->SetStepObserver([metrics, observed](const glmserve::StepReport& r) {
     metrics->ObserveStep(r);
     observed->fetch_add(1);
+  });
+  // A runner that can no longer run steps (a tensor-parallel rank died or hung) takes the
+  // instance out of readiness, with the reason on stderr: the orchestrator restarts it whole.
+  engine_->SetUnhealthyObserver([this](const absl::Status& why) {
+    std::fprintf(stderr, "glm-server: not ready: %s\n", why.ToString().c_str());
+    SetReady(false);
   });
   if (absl::Status s = Warmup(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("warm-up: ", s.message()));

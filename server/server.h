@@ -135,7 +135,7 @@ class GlmServer {
   int64_t kv_bytes_per_token_ = 0;  // set by Serve
   int port_ = 0;
   int metrics_port_ = -1;
-  bool ready_ = false;
+  std::atomic<bool> ready_{false};  // set by the engine thread too (an unhealthy runner)
   std::mutex drain_mu_;   // serialises Drain
   bool stopped_ = false;  // guarded by drain_mu_
 };

@@ -278,6 +278,7 @@ absl::StatusOr<RequestId> Engine::Submit(Request request, EventCallback callback
     return absl::UnavailableError("the server is draining and accepts no new requests");
   }
   if (!callback) return absl::InvalidArgumentError("no event callback");
+  if (absl::Status health = model_->health(); !health.ok()) return health;
   if (impl_->QueuedCount() >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the waiting queue is full (", options_.max_waiting, " requests)"));
@@ -345,6 +346,10 @@ EngineStats Engine::Stats() const { return impl_->Stats(); }
 
 void Engine::SetStepObserver(std::function<void(const StepReport&)> observer) {
   impl_->SetStepObserver(std::move(observer));
+}
+
+void Engine::SetUnhealthyObserver(std::function<void(const absl::Status&)> observer) {
+  impl_->SetUnhealthyObserver(std::move(observer));
 }
 
 }  // namespace glmserve

@@ -254,6 +254,12 @@ class Engine {
   bool Idle() const;
 
   EngineStats Stats() const;
+  // The runner's health (ModelRunner::health): not OK once it can no longer run steps (a
+  // tensor-parallel rank failed, core/model/rank_group.h). Submit then refuses with it.
+  absl::Status health() const { return model_->health(); }
+  // Called once, on the engine thread, when a step fails and the runner reports itself
+  // unhealthy (glm-server then reports not ready, with the reason); must be quick.
+  void SetUnhealthyObserver(std::function<void(const absl::Status&)> observer);
   // Called on the engine thread after every step; must be quick.
   void SetStepObserver(std::function<void(const StepReport&)> observer);
 

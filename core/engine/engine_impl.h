@@ -98,6 +98,10 @@ class Engine::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     observer_ = std::move(observer);
   }
+  void SetUnhealthyObserver(std::function<void(const absl::Status&)> observer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unhealthy_observer_ = std::move(observer);
+  }
 
  private:
   // ---- The loop ----
@@ -207,6 +211,8 @@ class Engine::Impl {
   int64_t queued_count_ = 0;   // accepted, not running, not finished
   int64_t running_count_ = 0;  // mirrors running_.size()
   std::function<void(const StepReport&)> observer_;
+  std::function<void(const absl::Status&)> unhealthy_observer_;  // guarded by mu_
+  bool reported_unhealthy_ = false;                               // the loop's
 
   // Engine-thread state.
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> live_;

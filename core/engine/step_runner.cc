@@ -162,11 +162,26 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   result.head_input.clear();
   const absl::Status status = model_->Forward(in.batch, cache_.get(), in.options, &result);
   if (!status.ok()) {
+    // A runner that can no longer run steps (a tensor-parallel rank died) fails its requests
+    // as UNAVAILABLE (retryable elsewhere) and is reported once; any other failure is this
+    // step's.
+    const absl::Status health = model_->health();
     for (Sequence* seq : selected) {
       Finish(seq, FinishReason::kError,
-             absl::InternalError(absl::StrCat("forward step failed: ", status.message())));
+             health.ok() ? absl::InternalError(
+                               absl::StrCat("forward step failed: ", status.message()))
+                         : health);
     }
     UpdateStats(1);
+    if (!health.ok() && !reported_unhealthy_) {
+      reported_unhealthy_ = true;
+      std::function<void(const absl::Status&)> observer;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        observer = unhealthy_observer_;
+      }
+      if (observer) observer(health);
+    }
     return;
   }
   ScatterOutputs(selected, counts, in.options, result);

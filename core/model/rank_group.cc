@@ -97,39 +97,37 @@ absl::Status RankGroup::RunOnAll(const std::function<absl::Status(int rank)>& jo
   std::mutex mu;
   std::condition_variable done;
   int remaining = n;
-  bool any_failed = false;
+  int first_failed = -1;  // the rank whose job failed first: the cause, not a consequence
   std::vector<absl::Status> statuses(n);
   for (int r = 0; r < n; ++r) {
     ranks_[r]->Post([&, r] {
       absl::Status s = job(r);
       std::lock_guard<std::mutex> lock(mu);
+      if (!s.ok() && first_failed < 0) first_failed = r;
       statuses[r] = std::move(s);
-      any_failed |= !statuses[r].ok();
       --remaining;
       done.notify_all();
     });
   }
   std::unique_lock<std::mutex> lock(mu);
-  done.wait(lock, [&] { return remaining == 0 || any_failed; });
-  if (remaining > 0 &&
-      !done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
-                     [&] { return remaining == 0; })) {
+  done.wait(lock, [&] { return remaining == 0 || first_failed >= 0; });
+  const auto failure = [&] {
+    return absl::UnavailableError(absl::StrCat("tensor-parallel rank ", first_failed, " of ", n,
+                                               " failed: ", statuses[first_failed].ToString()));
+  };
+  if (remaining > 0 && !done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
+                                      [&] { return remaining == 0; })) {
     // A rank failed and the others are still inside the step (waiting for it at a
     // collective): stop them, then wait for every job to leave (they fail at once).
-    for (auto& rank : ranks_) rank->comm->Abort(absl::AbortedError("another rank failed"));
+    for (auto& rank : ranks_) rank->comm->Abort(failure());
     done.wait(lock, [&] { return remaining == 0; });
   }
   bool all_alike = true;
   for (const absl::Status& s : statuses) all_alike &= s == statuses[0];
   if (all_alike) return statuses[0];  // OK, or a refusal every rank made alike
-  for (int r = 0; r < n; ++r) {
-    if (statuses[r].ok()) continue;
-    const absl::Status failure = absl::UnavailableError(absl::StrCat(
-        "tensor-parallel rank ", r, " of ", n, " failed: ", statuses[r].ToString()));
-    for (auto& rank : ranks_) rank->comm->Abort(failure);
-    return failure;
-  }
-  return statuses[0];
+  const absl::Status why = failure();
+  for (auto& rank : ranks_) rank->comm->Abort(why);  // the first reason recorded stays
+  return why;
 }
 
 ModelRunner& RankGroup::rank_runner(int r) { return *ranks_[r]->runner; }
