@@ -13,6 +13,7 @@
 #include "core/cpu/cpu_model.h"
 #include "core/cpu/quantize.h"
 #include "core/engine/engine.h"
+#include "core/engine/runner_factory.h"
 #include "core/model/checkpoint.h"
 #include "core/text/text_assets.h"
 #include "tests/core/engine/engine_harness.h"
@@ -31,12 +32,21 @@ const std::string kModel = testing::ModelDir("glm-4.5-kjv");
 // FP8 at load (128x128 blocks, as GLM-5-FP8), or the tiny GLM-4.5 and GLM-5 presets with random
 // weights and a random MTP layer (drafts almost never accepted: every step rolls back; GLM-5's
 // MTP layer keeps its own indexer and latent cache layer).
-enum class Model { kKjv, kRandomTiny, kRandomGlm5, kKjvFp8 };
+// kKjvTp2: the trained model on a tensor-parallel group of two CPU ranks (docs/parallel.md),
+// its MTP layer sliced like every layer.
+enum class Model { kKjv, kRandomTiny, kRandomGlm5, kKjvFp8, kKjvTp2 };
 
 std::unique_ptr<ModelRunner> MakeModel(Model model) {
-  if (model == Model::kKjv || model == Model::kKjvFp8) {
+  if (model == Model::kKjv || model == Model::kKjvFp8 || model == Model::kKjvTp2) {
     absl::StatusOr<ModelWeights> w = LoadModel(kModel);
     EXPECT_TRUE(w.ok()) << w.status();
+    if (model == Model::kKjvTp2) {
+      ParallelConfig parallel;
+      parallel.tensor_parallel = 2;
+      auto group = CreateCpuTensorParallelRunner(*std::move(w), parallel, CpuMath::kBf16, 1);
+      EXPECT_TRUE(group.ok()) << group.status();
+      return *std::move(group);
+    }
     if (model == Model::kKjvFp8) {  // the MTP layer's matrices too, as FP8 checkpoints have them
       EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kFp8Block).ok());
       EXPECT_EQ(w->mtp->layer.moe.experts[0].gate.format, WeightFormat::kFp8Scaled);
@@ -81,7 +91,7 @@ std::vector<int32_t> HeldOutIds() {
 
 GenerateRequest Request(Model model, int key, int max_new, bool sample) {
   GenerateRequest g = testing::MakeGenerate(key, 4 + key % 29, max_new, sample);
-  if (model == Model::kKjv || model == Model::kKjvFp8) {
+  if (model != Model::kRandomTiny && model != Model::kRandomGlm5) {
     static const std::vector<int32_t> held = HeldOutIds();
     const size_t at = static_cast<size_t>(key) * 97 % (held.size() - 64);
     g.prompt.assign(held.begin() + at, held.begin() + at + 8 + key % 33);
@@ -102,7 +112,7 @@ struct Case {
 class SpeculationTest : public ::testing::TestWithParam<Case> {};
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  static const char* const kNames[] = {"Kjv", "RandomTiny", "RandomGlm5", "KjvFp8"};
+  static const char* const kNames[] = {"Kjv", "RandomTiny", "RandomGlm5", "KjvFp8", "KjvTp2"};
   return std::string(kNames[static_cast<int>(info.param.model)]) + "K" +
          std::to_string(info.param.k);
 }
@@ -146,7 +156,7 @@ TEST_P(SpeculationTest, ConcurrentOutputsEqualPlainDecoding) {
       static_cast<long long>(s.spec_draft_tokens), mean);
   // The trained MTP layer's drafts are accepted (half greedy, half sampled requests here;
   // bench/mtp_bench measures the greedy figures); random drafts almost never.
-  if (p.model == Model::kKjv || p.model == Model::kKjvFp8) {
+  if (p.model != Model::kRandomTiny && p.model != Model::kRandomGlm5) {
     EXPECT_GT(mean, 1.3);
   }
 }
@@ -178,7 +188,8 @@ TEST_P(SpeculationTest, ChunkedPrefillEqualsPlain) {
 INSTANTIATE_TEST_SUITE_P(Models, SpeculationTest,
                          ::testing::Values(Case{Model::kKjv, 1}, Case{Model::kKjv, 2},
                                            Case{Model::kKjv, 3}, Case{Model::kRandomTiny, 2},
-                                           Case{Model::kRandomGlm5, 2}, Case{Model::kKjvFp8, 2}),
+                                           Case{Model::kRandomGlm5, 2}, Case{Model::kKjvFp8, 2},
+                                           Case{Model::kKjvTp2, 2}),
                          CaseName);
 
 // A verify step that could emit more than the request may: max_new_tokens and a stop token
