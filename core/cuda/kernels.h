@@ -387,4 +387,11 @@ cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint
 cudaError_t LaunchFloatToBf16(const float* in, int64_t n, uint16_t* out, cudaStream_t stream);
 cudaError_t LaunchBf16ToFloat(const uint16_t* in, int64_t n, float* out, cudaStream_t stream);
 
+// ---- collective.cu --------------------------------------------------------------------
+// out[i] = parts[0][i] + parts[1][i] + ... + parts[ranks - 1][i], added in that order (parts
+// [ranks, count], the ranks' partials as an all-gather leaves them): the fixed reduction
+// order of core/model/communicator.h, so the bits match the CPU group's. out may be parts.
+cudaError_t LaunchRankOrderSum(const float* parts, int ranks, int64_t count, float* out,
+                               cudaStream_t stream);
+
 }  // namespace glmserve::cuda

@@ -1,0 +1,223 @@
+#include "core/cuda/nccl_communicator.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/kernels.h"
+#include "core/cuda/shared_library.h"
+
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define GLM_HAVE_NCCL_H 1
+#endif
+
+namespace glmserve::cuda {
+
+#if GLM_HAVE_NCCL_H
+namespace {
+
+struct NcclApi {
+  decltype(&ncclGetVersion) get_version;
+  decltype(&ncclGetUniqueId) get_unique_id;
+  decltype(&ncclCommInitRank) comm_init_rank;
+  decltype(&ncclCommDestroy) comm_destroy;
+  decltype(&ncclCommAbort) comm_abort;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error;
+  decltype(&ncclGetErrorString) error_string;
+  decltype(&ncclAllGather) all_gather;
+  decltype(&ncclBroadcast) broadcast;
+  decltype(&ncclGroupStart) group_start;
+  decltype(&ncclGroupEnd) group_end;
+};
+
+NcclApi api;
+absl::Status load_status = absl::UnknownError("not loaded");
+std::once_flag once;
+
+void Load() {
+  const std::string soname = absl::StrCat("libnccl.so.", NCCL_MAJOR);
+  absl::StatusOr<void*> opened = OpenCudaLibrary(soname, GLM_CUDA_LIBRARY_DIR, "NCCL");
+  if (!opened.ok()) {
+    load_status = opened.status();
+    return;
+  }
+  void* l = *opened;
+  const bool ok = Resolve(l, "ncclGetVersion", &api.get_version) &&
+                  Resolve(l, "ncclGetUniqueId", &api.get_unique_id) &&
+                  Resolve(l, "ncclCommInitRank", &api.comm_init_rank) &&
+                  Resolve(l, "ncclCommDestroy", &api.comm_destroy) &&
+                  Resolve(l, "ncclCommAbort", &api.comm_abort) &&
+                  Resolve(l, "ncclCommGetAsyncError", &api.comm_get_async_error) &&
+                  Resolve(l, "ncclGetErrorString", &api.error_string) &&
+                  Resolve(l, "ncclAllGather", &api.all_gather) &&
+                  Resolve(l, "ncclBroadcast", &api.broadcast) &&
+                  Resolve(l, "ncclGroupStart", &api.group_start) &&
+                  Resolve(l, "ncclGroupEnd", &api.group_end);
+  load_status = ok ? absl::OkStatus()
+                   : absl::FailedPreconditionError(
+                         absl::StrCat(soname, " lacks a function this build needs"));
+}
+
+absl::Status NcclError(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(what, ": ", api.error_string(r)));
+}
+
+absl::Status CudaError(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, cudaStream_t stream)
+      : comm_(comm), rank_(rank), size_(size), device_(device), stream_(stream) {}
+  ~NcclCommunicator() override {
+    if (failure_.ok()) {
+      api.comm_destroy(comm_);
+    } else {
+      api.comm_abort(comm_);
+    }
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  absl::Status AllReduceSum(float* data, int64_t count) override {
+    if (absl::Status s = health(); !s.ok()) return s;
+    if (size_ == 1 || count == 0) return absl::OkStatus();
+    if (absl::Status s = Reserve(count * size_); !s.ok()) return s;
+    absl::Status s = NcclError(
+        api.all_gather(data, scratch_, count, ncclFloat32, comm_, stream_), "ncclAllGather");
+    if (s.ok()) {
+      s = CudaError(LaunchRankOrderSum(scratch_, size_, count, data, stream_),
+                    "the rank-order sum");
+    }
+    return Fail(s);
+  }
+
+  absl::Status AllGather(const float* in, absl::Span<const int64_t> counts, float* out) override {
+    if (absl::Status s = health(); !s.ok()) return s;
+    if (static_cast<int>(counts.size()) != size_) {
+      return absl::InvalidArgumentError("AllGather needs one count per rank");
+    }
+    absl::Status s = NcclError(api.group_start(), "ncclGroupStart");
+    int64_t at = 0;
+    for (int r = 0; r < size_ && s.ok(); ++r) {
+      s = NcclError(api.broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32, r,
+                                  comm_, stream_),
+                    "ncclBroadcast");
+      at += counts[r];
+    }
+    const absl::Status end = NcclError(api.group_end(), "ncclGroupEnd");
+    return Fail(s.ok() ? end : s);
+  }
+
+  void Abort(const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = why;
+  }
+
+  absl::Status health() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the tensor-parallel group failed: ", failure_.ToString()));
+    }
+    ncclResult_t async = ncclSuccess;
+    if (api.comm_get_async_error(comm_, &async) == ncclSuccess && async != ncclSuccess) {
+      return NcclError(async, "NCCL (asynchronous)");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Reserve(int64_t floats) {
+    if (floats <= scratch_floats_) return absl::OkStatus();
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_floats_ = 0;
+    cudaSetDevice(device_);
+    if (absl::Status s = CudaError(cudaMalloc(&scratch_, floats * sizeof(float)), "cudaMalloc");
+        !s.ok()) {
+      return s;
+    }
+    scratch_floats_ = floats;
+    return absl::OkStatus();
+  }
+  absl::Status Fail(absl::Status s) {
+    if (!s.ok()) Abort(s);
+    return s;
+  }
+
+  ncclComm_t comm_;
+  const int rank_, size_, device_;
+  cudaStream_t stream_;
+  float* scratch_ = nullptr;  // [size, count] the gathered partials
+  int64_t scratch_floats_ = 0;
+  mutable std::mutex mu_;
+  absl::Status failure_;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::Status LoadNccl() {
+  std::call_once(once, Load);
+  return load_status;
+}
+
+absl::StatusOr<NcclGroupId> NcclNewGroupId() {
+  if (absl::Status s = LoadNccl(); !s.ok()) return s;
+  static_assert(sizeof(ncclUniqueId) == sizeof(NcclGroupId));
+  ncclUniqueId id;
+  if (absl::Status s = NcclError(api.get_unique_id(&id), "ncclGetUniqueId"); !s.ok()) return s;
+  NcclGroupId out;
+  std::memcpy(out.bytes, id.internal, sizeof(out.bytes));
+  return out;
+}
+
+std::string NcclVersion() {
+  if (absl::Status s = LoadNccl(); !s.ok()) return std::string(s.message());
+  int v = 0;
+  if (api.get_version(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z since 2.9.
+  return absl::StrCat(v / 10000, ".", v / 100 % 100, ".", v % 100);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId& id,
+                                                                     int rank, int size,
+                                                                     int device,
+                                                                     cudaStream_t stream) {
+  if (absl::Status s = LoadNccl(); !s.ok()) return s;
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", size));
+  }
+  if (absl::Status s = CudaError(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  ncclUniqueId nid;
+  std::memcpy(nid.internal, id.bytes, sizeof(id.bytes));
+  ncclComm_t comm = nullptr;
+  if (absl::Status s = NcclError(api.comm_init_rank(&comm, size, nid, rank), "ncclCommInitRank");
+      !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(comm, rank, size, device, stream));
+}
+
+#else  // a CUDA toolkit without nccl.h
+
+absl::Status LoadNccl() {
+  return absl::FailedPreconditionError("this build has no NCCL (nccl.h was not found)");
+}
+absl::StatusOr<NcclGroupId> NcclNewGroupId() { return LoadNccl(); }
+std::string NcclVersion() { return std::string(LoadNccl().message()); }
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId&, int, int,
+                                                                     int, cudaStream_t) {
+  return LoadNccl();
+}
+
+#endif
+
+}  // namespace glmserve::cuda
