@@ -35,6 +35,7 @@
 #include "core/model/checkpoint.h"
 #include "core/model/gpu_memory_plan.h"
 #include "core/text/text_assets.h"
+#include "server/plan_command.h"
 #include "server/server.h"
 #include "tools/cli.h"
 
@@ -149,6 +150,15 @@ ABSL_FLAG(std::string, access_log, "",
           "one line per finished call (request id, rpc, code, tokens, queue/TTFT/total ms) "
           "appended to this file, or '-' for stdout (default: off)");
 ABSL_FLAG(std::string, log_format, "text", "access log lines: text (key=value) or json");
+ABSL_FLAG(bool, plan, false,
+          "print the memory plan of --model over --devices (one tensor-parallel rank each: "
+          "weights, activations and KV tokens per rank) and exit: 0 when it fits, 1 with the "
+          "numbers when not; reads the config only (docs/parallel_memory.md)");
+ABSL_FLAG(std::string, devices, "",
+          "for --plan: COUNTxSIZE of identical devices, e.g. 8x80GB, 4x141GB, 2x80GiB, 8xH200");
+ABSL_FLAG(int, tensor_parallel, 0, "for --plan: ranks (0: the device count; one rank a device)");
+ABSL_FLAG(bool, expert_parallel, true,
+          "for --plan: routed experts whole per rank (false: every expert's width split)");
 
 namespace {
 
@@ -293,7 +303,8 @@ const glmserve::cli::ProgramHelp& Help() {
       "serves a GLM-4.5-family model over gRPC, with health, reflection and /metrics",
       {"glm-server                                   # glm-4.5-kjv (embedded) on 127.0.0.1:50051",
        "glm-server --model=/models/GLM-4.5-Air --address=0.0.0.0",
-       "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage"},
+       "glm-server --model=glm-4.5-air:layers=8 --layers=4:8   # a pipeline stage",
+       "glm-server --plan --model=glm-4.5-fp8 --devices=8x80GB  # memory plan, then exit"},
       {{"Model and device",
         {"model", "tokenizer_dir", "device", "layers", "threads", "seed", "verify_weights",
          "cpu_math", "weight_dtype", "fp8_tensor_cores"}},
@@ -314,6 +325,7 @@ const glmserve::cli::ProgramHelp& Help() {
          "default_deadline", "max_deadline", "max_output_bytes_in_flight"}},
        {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
        {"Logging", {"access_log", "log_format"}},
+       {"Memory plan", {"plan", "devices", "tensor_parallel", "expert_parallel"}},
        {"Shutdown", {"drain_grace"}}},
       "server/main.cc",
       "SIGTERM/SIGINT drain: readiness goes NOT_SERVING, calls in flight get --drain_grace."};
@@ -372,6 +384,26 @@ absl::Status ValidateMainFlags() {
     return s;
   }
   return glmserve::ParseVerifyWeights(absl::GetFlag(FLAGS_verify_weights)).status();
+}
+
+// --plan: the plan of --model over --devices, printed; no server starts and no weight loads.
+int PrintPlan(bool fp8_kv) {
+  glmserve::PlanCommandOptions o;
+  o.model = ModelPath();
+  o.devices = absl::GetFlag(FLAGS_devices);
+  o.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  o.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+  o.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  o.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
+  o.fp8_kv = fp8_kv;
+  o.mtp_cache = absl::GetFlag(FLAGS_mtp_draft_tokens) != 0;
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  const absl::StatusOr<std::string> plan = glmserve::PlanCommand(o);
+  if (!plan.ok()) return Fail(plan.status());
+  std::printf("%s", plan->c_str());
+  return 0;
 }
 
 // The flags that choose and load the model, parsed and checked before anything starts.
@@ -494,6 +526,9 @@ int main(int argc, char** argv) {
   options.engine.kv_cache_dtype = *kv_dtype;
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
+  if (absl::GetFlag(FLAGS_plan)) {
+    return PrintPlan(*kv_dtype == glmserve::KvCacheDType::kFp8E4M3);
+  }
   absl::StatusOr<ModelFlags> model_flags = ParseModelFlags();
   if (!model_flags.ok()) return BadFlag(model_flags.status());
   glmserve::ReturnLargeAllocationsToTheSystem();
