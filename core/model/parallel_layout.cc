@@ -39,6 +39,14 @@ absl::Status CheckParallelLayout(const ModelConfig& c, const ParallelConfig& p,
         absl::StrCat("tensor parallel ", n, ": the ", kv,
                      " KV heads neither split evenly nor replicate evenly across the ranks"));
   }
+  // o_proj's columns are cut by heads: with a scale block along them, each rank's heads must
+  // cover whole blocks.
+  const int64_t head_cols = (c.num_attention_heads / n) * (c.is_mla() ? c.v_head_dim : c.head_dim);
+  if (width_unit > 1 && n > 1 && head_cols % width_unit != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel ", n, ": a rank's ", c.num_attention_heads / n, " heads are ", head_cols,
+        " columns of o_proj, not whole scale blocks of ", width_unit));
+  }
   const auto units = [&](int64_t extent) { return (extent + width_unit - 1) / width_unit; };
   if (c.first_k_dense_replace > 0 && units(c.intermediate_size) < n) {
     return absl::InvalidArgumentError(

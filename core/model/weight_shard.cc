@@ -5,66 +5,12 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/model/parallel_plan.h"
 #include "core/model/weight_layout.h"
 
 namespace glmserve {
 namespace {
-
-// What a rank keeps of one tensor: all of it, a range of its rows (output features; a
-// vector's elements), a range of its columns (input features), or nothing (a routed expert
-// another rank holds).
-enum class Cut { kAll, kRows, kColumns, kNone };
-struct SliceRule {
-  Cut cut = Cut::kAll;
-  IndexRange range;
-};
-
-// The rule for one tensor, by its Hugging Face name (core/model/weight_layout.h lists them).
-SliceRule RuleFor(const WeightSlot& slot, const ModelConfig& c, const RankLayout& l) {
-  const std::string& n = slot.name;
-  const auto times = [](IndexRange r, int64_t width) {
-    return IndexRange{r.begin * width, r.count * width};
-  };
-  if (absl::EndsWith(n, "embed_tokens.weight") || absl::EndsWith(n, "lm_head.weight") ||
-      absl::EndsWith(n, "shared_head.head.weight")) {
-    return {Cut::kRows, l.vocab};
-  }
-  if (slot.expert >= 0) {  // a routed expert
-    if (!l.expert_width_split) {
-      const bool held = slot.expert >= l.experts.begin && slot.expert < l.experts.end();
-      return {held ? Cut::kAll : Cut::kNone, {}};
-    }
-    return {slot.part == ExpertPart::kDown ? Cut::kColumns : Cut::kRows, l.ExpertWidth(c)};
-  }
-  const bool down = absl::EndsWith(n, "down_proj.weight");
-  if (absl::StrContains(n, "mlp.shared_experts.")) {
-    return {down ? Cut::kColumns : Cut::kRows, l.SharedWidth(c)};
-  }
-  if (absl::EndsWith(n, "mlp.gate_proj.weight") || absl::EndsWith(n, "mlp.up_proj.weight") ||
-      absl::EndsWith(n, "mlp.down_proj.weight")) {
-    return {down ? Cut::kColumns : Cut::kRows, l.DenseWidth(c)};
-  }
-  if (!absl::StrContains(n, "self_attn.")) return {};  // norms, router, eh_proj: replicated
-  if (c.is_mla()) {
-    if (absl::EndsWith(n, "q_b_proj.weight")) return {Cut::kRows, times(l.q_heads, c.qk_head_dim())};
-    if (absl::EndsWith(n, "kv_b_proj.weight")) {
-      return {Cut::kRows, times(l.q_heads, c.qk_nope_head_dim + c.v_head_dim)};
-    }
-    if (absl::EndsWith(n, "o_proj.weight")) return {Cut::kColumns, times(l.q_heads, c.v_head_dim)};
-    return {};  // q_a / kv_a projections, their norms, the indexer
-  }
-  if (absl::EndsWith(n, "q_proj.weight") || absl::EndsWith(n, "q_proj.bias")) {
-    return {Cut::kRows, times(l.q_heads, c.head_dim)};
-  }
-  if (absl::EndsWith(n, "k_proj.weight") || absl::EndsWith(n, "v_proj.weight") ||
-      absl::EndsWith(n, "k_proj.bias") || absl::EndsWith(n, "v_proj.bias")) {
-    return {Cut::kRows, times(l.kv_heads, c.head_dim)};
-  }
-  if (absl::EndsWith(n, "o_proj.weight")) return {Cut::kColumns, times(l.q_heads, c.head_dim)};
-  return {};  // q_norm, k_norm
-}
 
 // Columns [begin, begin + count) of every row, copied into a buffer added to `storage`.
 absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, IndexRange cols, const std::string& name,
@@ -125,31 +71,28 @@ absl::StatusOr<ModelWeights> ShardWeights(const ModelWeights& whole, const RankL
   }
   const ModelConfig& c = whole.config;
   ModelWeights rank = whole;  // matrices are views: copying them copies no weights
+  // Which part of each tensor the rank keeps: parallel_plan.h's SliceOfSlot, the rule the
+  // memory planner counts with.
   for (const WeightSlot& slot : ListWeightSlots(&rank)) {
-    const SliceRule rule = RuleFor(slot, c, layout);
+    const SlotSlice cut = SliceOfSlot(c, layout, slot);
     if (slot.vector != nullptr) {
-      if (rule.cut == Cut::kRows) {
-        std::vector<float>& v = *slot.vector;
-        v = std::vector<float>(v.begin() + rule.range.begin, v.begin() + rule.range.end());
+      std::vector<float>& v = *slot.vector;
+      if (cut.rows.count != static_cast<int64_t>(v.size())) {
+        v = std::vector<float>(v.begin() + cut.rows.begin, v.begin() + cut.rows.end());
       }
       continue;
     }
     Matrix& m = *slot.matrix;
-    switch (rule.cut) {
-      case Cut::kAll:
-        break;
-      case Cut::kNone:
-        m = Matrix{};
-        break;
-      case Cut::kRows:
-        m = m.RowSlice(rule.range.begin, rule.range.count);
-        break;
-      case Cut::kColumns: {
-        absl::StatusOr<Matrix> cut = ColumnSlice(m, rule.range, slot.name, &rank.storage);
-        if (!cut.ok()) return cut.status();
-        m = *cut;
-        break;
-      }
+    if (m.empty()) continue;
+    if (cut.empty()) {  // a routed expert another rank holds
+      m = Matrix{};
+      continue;
+    }
+    if (cut.rows.count != m.rows) m = m.RowSlice(cut.rows.begin, cut.rows.count);
+    if (cut.cols.count != m.cols) {
+      absl::StatusOr<Matrix> sliced = ColumnSlice(m, cut.cols, slot.name, &rank.storage);
+      if (!sliced.ok()) return sliced.status();
+      m = *sliced;
     }
   }
   FinishWeights(&rank);  // ties the head (and the MTP head) to the sliced embedding

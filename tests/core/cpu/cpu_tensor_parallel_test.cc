@@ -12,6 +12,7 @@
 #include "core/cpu/quantize.h"
 #include "core/engine/runner_factory.h"
 #include "core/model/checkpoint.h"
+#include "core/model/parallel_plan.h"
 #include "core/model/weight_shard.h"
 #include "tests/test_util.h"
 
@@ -196,25 +197,55 @@ TEST(CpuTensorParallelTest, AMalformedBatchIsRefusedByEveryRankAndTheGroupStaysH
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CpuTensorParallelTest, EachRankHoldsItsSliceOnly) {
-  const ModelWeights w = Weights(TpConfig());
-  const int64_t whole = w.ParameterBytes();
-  for (const int tp : {2, 4}) {
-    ParallelConfig parallel;
-    parallel.tensor_parallel = tp;
-    int64_t sum = 0;
-    for (int r = 0; r < tp; ++r) {
-      auto rank = ShardWeights(w, LayoutOf(w.config, parallel, r));
-      ASSERT_TRUE(rank.ok()) << rank.status();
-      const int64_t bytes = rank->ParameterBytes();
-      EXPECT_LT(bytes, whole / tp * 3 / 2) << "TP " << tp << " rank " << r;
-      sum += bytes;
+// Each rank holds exactly the bytes the memory planner counts for it (core/model/
+// parallel_plan.h computes them from the shapes alone), in every weight form.
+TEST(CpuTensorParallelTest, EachRankHoldsWhatThePlannerCounts) {
+  struct Form {
+    WeightQuant quant;
+    PlanWeightForm plan;
+  };
+  PlanWeightForm fp8_block, fp8_channel;
+  fp8_block.fp8 = fp8_channel.fp8 = true;
+  fp8_block.converted_at_load = fp8_channel.converted_at_load = true;
+  fp8_block.fp8_block = 128;
+  for (const Form& form : {Form{WeightQuant::kStored, PlanWeightForm{}},
+                           Form{WeightQuant::kFp8Block, fp8_block},
+                           Form{WeightQuant::kFp8Channel, fp8_channel}}) {
+    const ModelWeights w = Weights(TpConfig(), form.quant);
+    for (const int tp : {1, 2, 4}) {
+      for (const bool ep : {true, false}) {
+        ParallelConfig parallel;
+        parallel.tensor_parallel = tp;
+        parallel.expert_parallel = ep;
+        const int64_t unit = WeightSplitUnit(w);
+        EXPECT_EQ(unit, form.plan.width_unit());
+        if (!CheckParallelLayout(w.config, parallel, unit).ok()) {
+          // Only 128-blocks at TP 4: two 32-wide heads a rank are half a block of o_proj.
+          EXPECT_TRUE(form.quant == WeightQuant::kFp8Block && tp == 4);
+          continue;
+        }
+        int64_t sum = 0, replicated = 0;
+        for (int r = 0; r < tp; ++r) {
+          const RankLayout layout = LayoutOf(w.config, parallel, r, unit);
+          auto rank = ShardWeights(w, layout);
+          ASSERT_TRUE(rank.ok()) << rank.status();
+          const RankWeightBytes planned = RankWeights(w.config, layout, form.plan);
+          EXPECT_EQ(rank->ParameterBytes(), planned.total)
+              << WeightQuantName(form.quant) << " TP " << tp << (ep ? " EP" : "") << " rank " << r;
+          sum += rank->ParameterBytes();
+          replicated = planned.replicated;
+        }
+        // Together the ranks hold the model once plus every rank's copy of the replicated part
+        // (exactly, where no KV head is replicated (TP <= 2 here) and no scale block is cut
+        // between two ranks (128-blocks: the k/v rows, 64 a rank)).
+        if (tp == 1 || (tp == 2 && form.quant != WeightQuant::kFp8Block)) {
+          EXPECT_EQ(sum, w.ParameterBytes() + (tp - 1) * replicated)
+              << WeightQuantName(form.quant) << " TP " << tp;
+        } else {
+          EXPECT_GT(sum, w.ParameterBytes() + (tp - 1) * replicated);
+        }
+      }
     }
-    // The ranks together hold the model once plus what every rank replicates: the norms, the
-    // routers and their biases, the q/k norms, and (TP 4: 2 KV heads over 4 ranks) the
-    // duplicated KV projections.
-    EXPECT_GE(sum, whole);
-    EXPECT_LT(sum, whole + whole / 4);
   }
 }
 

@@ -95,8 +95,14 @@ TEST(ParallelLayoutTest, RefusalsNameTheNumbers) {
   p.tensor_parallel = 4;  // 3 KV heads: neither divides nor is divided by 4
   s = CheckParallelLayout(odd, p);
   EXPECT_NE(s.message().find("3 KV heads"), absl::string_view::npos) << s;
-  p.tensor_parallel = 2;  // the shared expert (32 wide) in units of 128: one unit, two ranks
+  p.tensor_parallel = 2;  // two 16-wide heads a rank: 32 columns of o_proj, not a 128-block
   s = CheckParallelLayout(c, p, 128);
+  EXPECT_NE(s.message().find("32 columns of o_proj, not whole scale blocks of 128"),
+            absl::string_view::npos)
+      << s;
+  ModelConfig wide_heads = c;  // heads of 128: o_proj fine; the shared expert (32 wide) is not
+  wide_heads.head_dim = 128;
+  s = CheckParallelLayout(wide_heads, p, 128);
   EXPECT_NE(s.message().find("fewer units of 128"), absl::string_view::npos) << s;
   ModelConfig few = c;
   few.num_attention_heads = 16;
