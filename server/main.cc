@@ -156,9 +156,12 @@ ABSL_FLAG(bool, plan, false,
           "numbers when not; reads the config only (docs/parallel_memory.md)");
 ABSL_FLAG(std::string, devices, "",
           "for --plan: COUNTxSIZE of identical devices, e.g. 8x80GB, 4x141GB, 2x80GiB, 8xH200");
-ABSL_FLAG(int, tensor_parallel, 0, "for --plan: ranks (0: the device count; one rank a device)");
+ABSL_FLAG(int, tensor_parallel, 0,
+          "ranks of a tensor-parallel group (docs/parallel.md). Serving: 0 or 1 one rank; N > 1 "
+          "N CPU ranks (threads, each a share of --threads, pinned per NUMA node when there are "
+          "N nodes; --device=cpu). --plan: 0 is the device count (one rank a device)");
 ABSL_FLAG(bool, expert_parallel, true,
-          "for --plan: routed experts whole per rank (false: every expert's width split)");
+          "tensor parallel: routed experts whole per rank (false: every expert's width split)");
 
 namespace {
 
@@ -325,7 +328,7 @@ const glmserve::cli::ProgramHelp& Help() {
          "default_deadline", "max_deadline", "max_output_bytes_in_flight"}},
        {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
        {"Logging", {"access_log", "log_format"}},
-       {"Memory plan", {"plan", "devices", "tensor_parallel", "expert_parallel"}},
+       {"Parallelism and memory plans", {"tensor_parallel", "expert_parallel", "plan", "devices"}},
        {"Shutdown", {"drain_grace"}}},
       "server/main.cc",
       "SIGTERM/SIGINT drain: readiness goes NOT_SERVING, calls in flight get --drain_grace."};
@@ -424,6 +427,18 @@ absl::StatusOr<ModelFlags> ParseModelFlags() {
   ASSIGN_OR_RETURN(f.quant, glmserve::ParseWeightQuant(absl::GetFlag(FLAGS_weight_dtype)));
   RETURN_IF_ERROR(glmserve::CheckWeightQuantMath(f.quant, f.cpu_math));
   ASSIGN_OR_RETURN(f.span, ParseLayers(absl::GetFlag(FLAGS_layers)));
+  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (tensor_parallel < 0) {
+    return absl::InvalidArgumentError("--tensor_parallel must be >= 0");
+  }
+  if (tensor_parallel > 1) {
+    if (f.device == glmserve::DeviceKind::kCuda) {
+      return absl::InvalidArgumentError(
+          "--tensor_parallel > 1 runs CPU ranks; the CUDA backend serves one device per process "
+          "today (docs/parallel.md): use --device=cpu, or --plan to size a multi-GPU group");
+    }
+    f.device = glmserve::DeviceKind::kCpu;
+  }
   return f;
 }
 
@@ -486,6 +501,17 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
     std::printf("glm-server: linear layers quantized to %s at load: %.2f GB -> %.2f GB in %.1f s\n",
                 glmserve::WeightQuantName(f.quant), stored_bytes / 1e9,
                 weights.ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
+  }
+  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (tensor_parallel > 1) {  // CPU ranks (ParseModelFlags refused a CUDA device)
+    glmserve::ParallelConfig parallel;
+    parallel.tensor_parallel = tensor_parallel;
+    parallel.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+    std::string pinning;
+    ASSIGN_OR_RETURN(model.runner, glmserve::CreateCpuTensorParallelRunner(
+                                       std::move(weights), parallel, f.cpu_math, 0, &pinning));
+    std::printf("glm-server: %d CPU ranks: %s\n", tensor_parallel, pinning.c_str());
+    return model;
   }
   ASSIGN_OR_RETURN(model.runner,
                    glmserve::CreateModelRunner(std::move(weights), f.device, f.cpu_math,
