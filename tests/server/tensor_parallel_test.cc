@@ -3,11 +3,16 @@
 // refused at start-up with the reason.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/cpu/cpu_model.h"
+#include "core/model/checkpoint.h"
+#include "core/model/rank_group.h"
+#include "core/model/weight_shard.h"
 #include "tests/server/test_server.h"
 
 namespace glmserve {
@@ -60,6 +65,71 @@ TEST(GlmServerTensorParallelTest, MisuseIsRefusedAtStartUp) {
   r = testing::RunCommand(
       absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --tensor_parallel=-1"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// A rank that runs normally until told to fail (as a rank whose device or memory died).
+class BreakableRank final : public ModelRunner {
+ public:
+  BreakableRank(std::unique_ptr<ModelRunner> inner, std::atomic<bool>* broken)
+      : inner_(std::move(inner)), broken_(broken) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t layer_begin() const override { return inner_->layer_begin(); }
+  int64_t layer_end() const override { return inner_->layer_end(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
+  int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t blocks, int64_t size) override {
+    return inner_->CreateCache(blocks, size);
+  }
+  absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
+                       ForwardResult* result) override {
+    if (broken_->load()) return absl::InternalError("rank 1's memory is gone");
+    return inner_->Forward(batch, cache, options, result);
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  std::atomic<bool>* broken_;
+};
+
+TEST(GlmServerTensorParallelTest, ARankFailureTakesTheServerOutOfReadiness) {
+  absl::StatusOr<ModelWeights> weights = LoadModel("tiny");
+  ASSERT_TRUE(weights.ok());
+  ParallelConfig parallel;
+  parallel.tensor_parallel = 2;
+  RankGroupOptions group_options;
+  group_options.failure_grace = absl::Milliseconds(100);
+  std::atomic<bool> broken{false};
+  auto group = RankGroup::Create(
+      weights->config, parallel, group_options, CreateThreadGroup(2),
+      [&](int r, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+        const RankLayout layout = LayoutOf(weights->config, parallel, r);
+        absl::StatusOr<ModelWeights> mine = ShardWeights(*weights, layout);
+        if (!mine.ok()) return mine.status();
+        auto model = std::make_unique<CpuModel>(*std::move(mine), CpuMath::kExact, layout, comm);
+        if (r == 0) return std::unique_ptr<ModelRunner>(std::move(model));
+        return std::unique_ptr<ModelRunner>(
+            std::make_unique<BreakableRank>(std::move(model), &broken));
+      });
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto server = GlmServer::Start(testing::TinyOptions());
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->Serve(*std::move(group), weights->weight_dtype).ok());
+  std::unique_ptr<Client> client = testing::Connect(**server);
+  EXPECT_EQ(*client->Health(""), grpc::health::v1::HealthCheckResponse::SERVING);
+  auto generate = [&] {
+    return client->GenerateChunks(testing::GreedyRequest({1, 2, 3}, 4),
+                                  [](const v1::GenerateResponse&) {});
+  };
+  ASSERT_TRUE(generate().ok());
+  broken = true;
+  const absl::StatusOr<v1::Finished> failed = generate();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_NE(failed.status().message().find("rank 1"), std::string::npos) << failed.status();
+  // Out of readiness, with the reason; new requests are refused at once.
+  EXPECT_TRUE(testing::WaitUntil([&] { return !(*server)->ready(); }));
+  EXPECT_EQ(*client->Health(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(generate().status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
