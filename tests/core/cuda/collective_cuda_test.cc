@@ -52,10 +52,13 @@ TEST(CollectiveCudaTest, RankOrderSumMatchesTheCpuGroupBitForBit) {
 
 #ifndef GLMSERVE_CUDA_EMU
 // One rank per device, up to 2 (a single-GPU host runs a group of one: NCCL loads, joins and
-// runs the same calls).
+// runs the same calls; the sums are then the rank's own values, the kernel's order checked by
+// the case above).
 TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
   GLM_REQUIRE_CUDA_DEVICE();
-  ASSERT_TRUE(LoadNccl().ok()) << LoadNccl();
+  // NCCL comes from the host's CUDA installation (the GPU bundle does not carry it: too large);
+  // a GPU host without it skips this case with the loader's reason.
+  if (const absl::Status nccl = LoadNccl(); !nccl.ok()) GTEST_SKIP() << nccl;
   std::printf("NCCL %s\n", NcclVersion().c_str());
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
