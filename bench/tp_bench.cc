@@ -104,8 +104,8 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const int total = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
-                                                      : glmserve::NumThreads();
+  const int total =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : glmserve::NumThreads();
   glmserve::SetNumThreads(total);
   std::vector<int> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_tensor_parallel), ',')) {
@@ -161,15 +161,16 @@ int main(int argc, char** argv) {
   std::vector<Figures> figures(sizes.size());
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (size_t i = 0; i < sizes.size(); ++i) {  // interleaved: noise hits every layout alike
-      if (!Round(*runners[i], absl::GetFlag(FLAGS_prefill_tokens), absl::GetFlag(FLAGS_decode_steps),
-                 &figures[i])) {
+      if (!Round(*runners[i], absl::GetFlag(FLAGS_prefill_tokens),
+                 absl::GetFlag(FLAGS_decode_steps), &figures[i])) {
         std::fprintf(stderr, "TP %d: a step failed\n", sizes[i]);
         return 1;
       }
     }
   }
-  std::printf("\n| layout | threads per rank | phase | median | vs TP %d | greedy tokens = TP %d |\n",
-              sizes[0], sizes[0]);
+  std::printf(
+      "\n| layout | threads per rank | phase | median | vs TP %d | greedy tokens = TP %d |\n",
+      sizes[0], sizes[0]);
   std::printf("|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int per_rank = sizes[i] == 1 ? total : std::max(1, total / sizes[i]);

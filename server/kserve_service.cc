@@ -122,7 +122,7 @@ grpc::ServerUnaryReactor* KServeServiceImpl::ServerReady(grpc::CallbackServerCon
                                                          inference::ServerReadyResponse* response) {
   glm_->CallStarted();
   response->set_ready(glm_->backend() != nullptr && !glm_->draining() &&
-                     glm_->backend()->engine->health().ok());
+                      glm_->backend()->engine->health().ok());
   return Reply(context, grpc::Status::OK);
 }
 

@@ -136,8 +136,8 @@ class GlmServer {
   int port_ = 0;
   int metrics_port_ = -1;
   std::atomic<bool> ready_{false};  // set by the engine thread too (an unhealthy runner)
-  std::mutex drain_mu_;   // serialises Drain
-  bool stopped_ = false;  // guarded by drain_mu_
+  std::mutex drain_mu_;             // serialises Drain
+  bool stopped_ = false;            // guarded by drain_mu_
 };
 
 // Reads a token file: one token per line, surrounding whitespace trimmed, blank lines and

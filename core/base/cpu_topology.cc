@@ -21,8 +21,8 @@ std::vector<int> ParseCpuList(const std::string& text) {
     if (part.empty()) continue;
     const std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
     int lo = 0, hi = 0;
-    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) ||
-        !absl::SimpleAtoi(ends.back(), &hi) || lo < 0 || hi < lo || hi > 65535) {
+    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) || !absl::SimpleAtoi(ends.back(), &hi) ||
+        lo < 0 || hi < lo || hi > 65535) {
       return {};
     }
     for (int c = lo; c <= hi; ++c) cpus.push_back(c);

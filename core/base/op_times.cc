@@ -10,9 +10,9 @@ std::array<std::atomic<int64_t>, kFamilies> sums{};
 }  // namespace
 
 const char* OpFamilyName(OpFamily f) {
-  static constexpr const char* kNames[kFamilies] = {"embed+norm",  "qkv",         "attention",
-                                                    "o_proj",      "dense ffn",   "router",
-                                                    "expert gemm", "moe shuffle", "head", "collective"};
+  static constexpr const char* kNames[kFamilies] = {
+      "embed+norm", "qkv",         "attention",   "o_proj", "dense ffn",
+      "router",     "expert gemm", "moe shuffle", "head",   "collective"};
   const int i = static_cast<int>(f);
   return i >= 0 && i < kFamilies ? kNames[i] : "?";
 }

@@ -39,8 +39,7 @@ CpuModel::CpuModel(ModelWeights weights, CpuMath math)
   }
 }
 
-CpuModel::CpuModel(ModelWeights weights, CpuMath math, const RankLayout& layout,
-                   Communicator* comm)
+CpuModel::CpuModel(ModelWeights weights, CpuMath math, const RankLayout& layout, Communicator* comm)
     : CpuModel(std::move(weights), math) {
   layout_ = layout;
   comm_ = comm;

@@ -43,17 +43,16 @@ void Load() {
     return;
   }
   void* l = *opened;
-  const bool ok = Resolve(l, "ncclGetVersion", &api.get_version) &&
-                  Resolve(l, "ncclGetUniqueId", &api.get_unique_id) &&
-                  Resolve(l, "ncclCommInitRank", &api.comm_init_rank) &&
-                  Resolve(l, "ncclCommDestroy", &api.comm_destroy) &&
-                  Resolve(l, "ncclCommAbort", &api.comm_abort) &&
-                  Resolve(l, "ncclCommGetAsyncError", &api.comm_get_async_error) &&
-                  Resolve(l, "ncclGetErrorString", &api.error_string) &&
-                  Resolve(l, "ncclAllGather", &api.all_gather) &&
-                  Resolve(l, "ncclBroadcast", &api.broadcast) &&
-                  Resolve(l, "ncclGroupStart", &api.group_start) &&
-                  Resolve(l, "ncclGroupEnd", &api.group_end);
+  const bool ok =
+      Resolve(l, "ncclGetVersion", &api.get_version) &&
+      Resolve(l, "ncclGetUniqueId", &api.get_unique_id) &&
+      Resolve(l, "ncclCommInitRank", &api.comm_init_rank) &&
+      Resolve(l, "ncclCommDestroy", &api.comm_destroy) &&
+      Resolve(l, "ncclCommAbort", &api.comm_abort) &&
+      Resolve(l, "ncclCommGetAsyncError", &api.comm_get_async_error) &&
+      Resolve(l, "ncclGetErrorString", &api.error_string) &&
+      Resolve(l, "ncclAllGather", &api.all_gather) && Resolve(l, "ncclBroadcast", &api.broadcast) &&
+      Resolve(l, "ncclGroupStart", &api.group_start) && Resolve(l, "ncclGroupEnd", &api.group_end);
   load_status = ok ? absl::OkStatus()
                    : absl::FailedPreconditionError(
                          absl::StrCat(soname, " lacks a function this build needs"));
@@ -89,8 +88,8 @@ class NcclCommunicator final : public Communicator {
     if (absl::Status s = health(); !s.ok()) return s;
     if (size_ == 1 || count == 0) return absl::OkStatus();
     if (absl::Status s = Reserve(count * size_); !s.ok()) return s;
-    absl::Status s = NcclError(
-        api.all_gather(data, scratch_, count, ncclFloat32, comm_, stream_), "ncclAllGather");
+    absl::Status s = NcclError(api.all_gather(data, scratch_, count, ncclFloat32, comm_, stream_),
+                               "ncclAllGather");
     if (s.ok()) {
       s = CudaError(LaunchRankOrderSum(scratch_, size_, count, data, stream_),
                     "the rank-order sum");
@@ -187,8 +186,7 @@ std::string NcclVersion() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId& id,
-                                                                     int rank, int size,
-                                                                     int device,
+                                                                     int rank, int size, int device,
                                                                      cudaStream_t stream) {
   if (absl::Status s = LoadNccl(); !s.ok()) return s;
   if (size < 1 || rank < 0 || rank >= size) {

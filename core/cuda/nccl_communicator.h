@@ -42,8 +42,7 @@ std::string NcclVersion();
 // Rank `rank` of `size` on CUDA device `device`, collectives on `stream`. Blocks until every
 // rank has joined (NCCL's init).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId& id,
-                                                                     int rank, int size,
-                                                                     int device,
+                                                                     int rank, int size, int device,
                                                                      cudaStream_t stream);
 
 }  // namespace glmserve::cuda

@@ -212,7 +212,7 @@ class Engine::Impl {
   int64_t running_count_ = 0;  // mirrors running_.size()
   std::function<void(const StepReport&)> observer_;
   std::function<void(const absl::Status&)> unhealthy_observer_;  // guarded by mu_
-  bool reported_unhealthy_ = false;                               // the loop's
+  bool reported_unhealthy_ = false;                              // the loop's
 
   // Engine-thread state.
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> live_;

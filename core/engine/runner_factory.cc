@@ -1,17 +1,17 @@
 #include "core/engine/runner_factory.h"
 
-#include "absl/strings/str_cat.h"
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/cpu_topology.h"
 #include "core/base/parallel.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/cpu_model.h"
+#include "core/cuda/runner.h"
 #include "core/model/communicator.h"
 #include "core/model/rank_group.h"
 #include "core/model/weight_shard.h"
-#include "core/cuda/runner.h"
 
 namespace glmserve {
 
@@ -73,14 +73,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuTensorParallelRunner(
   auto whole = std::make_shared<const ModelWeights>(std::move(weights));
   ASSIGN_OR_RETURN(
       std::unique_ptr<RankGroup> group,
-      RankGroup::Create(whole->config, parallel, options, CreateThreadGroup(n),
-                        [&](int rank, Communicator* comm)
-                            -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-                          const RankLayout layout = LayoutOf(whole->config, parallel, rank, unit);
-                          ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(*whole, layout));
-                          return std::unique_ptr<ModelRunner>(std::make_unique<CpuModel>(
-                              std::move(mine), cpu_math, layout, comm));
-                        }));
+      RankGroup::Create(
+          whole->config, parallel, options, CreateThreadGroup(n),
+          [&](int rank, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+            const RankLayout layout = LayoutOf(whole->config, parallel, rank, unit);
+            ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(*whole, layout));
+            return std::unique_ptr<ModelRunner>(
+                std::make_unique<CpuModel>(std::move(mine), cpu_math, layout, comm));
+          }));
   return std::unique_ptr<ModelRunner>(std::move(group));
 }
 

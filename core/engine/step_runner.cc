@@ -168,9 +168,9 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
     const absl::Status health = model_->health();
     for (Sequence* seq : selected) {
       Finish(seq, FinishReason::kError,
-             health.ok() ? absl::InternalError(
-                               absl::StrCat("forward step failed: ", status.message()))
-                         : health);
+             health.ok()
+                 ? absl::InternalError(absl::StrCat("forward step failed: ", status.message()))
+                 : health);
     }
     UpdateStats(1);
     if (!health.ok() && !reported_unhealthy_) {

@@ -36,8 +36,7 @@ class Communicator {
 
   // Rank r contributes in [counts[r]]; out [sum of counts] receives every rank's block in rank
   // order (each rank passes the same counts).
-  virtual absl::Status AllGather(const float* in, absl::Span<const int64_t> counts,
-                                 float* out) = 0;
+  virtual absl::Status AllGather(const float* in, absl::Span<const int64_t> counts, float* out) = 0;
 
   // Fails every pending and later collective of the group with `why` (a rank that failed
   // outside a collective calls it so that the others stop waiting for it).

@@ -43,26 +43,25 @@ absl::Status CheckParallelLayout(const ModelConfig& c, const ParallelConfig& p,
   // cover whole blocks.
   const int64_t head_cols = (c.num_attention_heads / n) * (c.is_mla() ? c.v_head_dim : c.head_dim);
   if (width_unit > 1 && n > 1 && head_cols % width_unit != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallel ", n, ": a rank's ", c.num_attention_heads / n, " heads are ", head_cols,
-        " columns of o_proj, not whole scale blocks of ", width_unit));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel ", n, ": a rank's ", c.num_attention_heads / n, " heads are ",
+                     head_cols, " columns of o_proj, not whole scale blocks of ", width_unit));
   }
   const auto units = [&](int64_t extent) { return (extent + width_unit - 1) / width_unit; };
   if (c.first_k_dense_replace > 0 && units(c.intermediate_size) < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor parallel ", n, ": the dense FFN width ", c.intermediate_size,
-                     " has fewer units of ", width_unit, " than ranks"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel ", n, ": the dense FFN width ",
+                                                   c.intermediate_size, " has fewer units of ",
+                                                   width_unit, " than ranks"));
   }
   if (c.n_shared_experts > 0 && units(c.shared_intermediate_size()) < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor parallel ", n, ": the shared expert's width ",
-                     c.shared_intermediate_size(), " has fewer units of ", width_unit,
-                     " than ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel ", n, ": the shared expert's width ", c.shared_intermediate_size(),
+        " has fewer units of ", width_unit, " than ranks"));
   }
   if (p.expert_parallel && c.n_routed_experts < n) {
-    return absl::InvalidArgumentError(absl::StrCat("expert parallel over ", n, " ranks needs at least ", n,
-                                                   " routed experts, the model has ",
-                                                   c.n_routed_experts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert parallel over ", n, " ranks needs at least ", n,
+                     " routed experts, the model has ", c.n_routed_experts));
   }
   if (!p.expert_parallel && units(c.moe_intermediate_size) < n) {
     return absl::InvalidArgumentError(
@@ -104,22 +103,21 @@ std::string DescribeParallel(const ModelConfig& c, const ParallelConfig& p) {
   const int n = p.tensor_parallel;
   if (n == 1) return "one rank";
   const RankLayout first = LayoutOf(c, p, 0);
-  std::string kv = c.is_mla() ? "the latent cache replicated on every rank"
-                   : c.num_key_value_heads % n == 0
-                       ? absl::StrCat(first.kv_heads.count, " KV heads per rank")
-                       : absl::StrCat("each of the ", c.num_key_value_heads,
-                                      " KV heads replicated on ", n / c.num_key_value_heads,
-                                      " ranks");
+  std::string kv =
+      c.is_mla() ? "the latent cache replicated on every rank"
+      : c.num_key_value_heads % n == 0
+          ? absl::StrCat(first.kv_heads.count, " KV heads per rank")
+          : absl::StrCat("each of the ", c.num_key_value_heads, " KV heads replicated on ",
+                         n / c.num_key_value_heads, " ranks");
   std::string experts =
-      p.expert_parallel
-          ? absl::StrCat("routed experts whole per rank (", c.n_routed_experts / n,
-                         c.n_routed_experts % n != 0 ? absl::StrCat(" or ", c.n_routed_experts / n + 1)
-                                                     : std::string(),
-                         " each)")
-          : std::string("every routed expert's width split");
-  return absl::StrCat("tensor parallel ", n, ": ", first.q_heads.count,
-                      " query heads per rank, ", kv, ", ", experts,
-                      ", FFN widths, embedding and head split");
+      p.expert_parallel ? absl::StrCat("routed experts whole per rank (", c.n_routed_experts / n,
+                                       c.n_routed_experts % n != 0
+                                           ? absl::StrCat(" or ", c.n_routed_experts / n + 1)
+                                           : std::string(),
+                                       " each)")
+                        : std::string("every routed expert's width split");
+  return absl::StrCat("tensor parallel ", n, ": ", first.q_heads.count, " query heads per rank, ",
+                      kv, ", ", experts, ", FFN widths, embedding and head split");
 }
 
 }  // namespace glmserve

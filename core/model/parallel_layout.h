@@ -31,8 +31,8 @@
 namespace glmserve {
 
 struct ParallelConfig {
-  int tensor_parallel = 1;       // ranks in the group (N)
-  bool expert_parallel = true;   // routed experts whole per rank (else their width is split)
+  int tensor_parallel = 1;      // ranks in the group (N)
+  bool expert_parallel = true;  // routed experts whole per rank (else their width is split)
 };
 
 // [begin, begin + count) of some dimension.

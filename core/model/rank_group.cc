@@ -79,9 +79,8 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     rank->comm = std::move(communicators[r]);
     std::vector<int> cpus = options.rank_cpus.empty() ? std::vector<int>{} : options.rank_cpus[r];
     Rank* raw = rank.get();
-    rank->thread = std::thread([raw, threads = options.threads_per_rank, cpus] {
-      raw->Loop(threads, cpus);
-    });
+    rank->thread =
+        std::thread([raw, threads = options.threads_per_rank, cpus] { raw->Loop(threads, cpus); });
     group->ranks_.push_back(std::move(rank));
   }
   RETURN_IF_ERROR(group->RunOnAll([&](int r) -> absl::Status {

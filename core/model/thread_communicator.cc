@@ -67,9 +67,9 @@ struct GroupState {
         continue;
       }
       if (spins % 64 == 0 && absl::Now() > deadline) {
-        Fail(absl::DeadlineExceededError(
-            absl::StrCat("rank ", rank, " waited ", absl::FormatDuration(timeout),
-                         " at a collective for the other ranks")));
+        Fail(absl::DeadlineExceededError(absl::StrCat("rank ", rank, " waited ",
+                                                      absl::FormatDuration(timeout),
+                                                      " at a collective for the other ranks")));
         return Failure();
       }
       std::this_thread::yield();

@@ -71,9 +71,8 @@ TEST(Glm45KjvTensorParallel, GreedyReplyAndPerplexityMatchTransformers) {
   for (const Layout l : {Layout{2, true}, Layout{2, false}, Layout{4, true}, Layout{4, false}}) {
     auto runner = Group(l.tp, l.ep);
     ASSERT_NE(runner, nullptr);
-    absl::StatusOr<std::vector<int32_t>> got =
-        GreedyTokens(*runner, prompt["ids"].get<std::vector<int32_t>>(),
-                     static_cast<int64_t>(expected.size()));
+    absl::StatusOr<std::vector<int32_t>> got = GreedyTokens(
+        *runner, prompt["ids"].get<std::vector<int32_t>>(), static_cast<int64_t>(expected.size()));
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, expected) << "TP " << l.tp;
     absl::StatusOr<TokenScores> s = ScoreTokens(*runner, held, kWindow);

@@ -22,8 +22,7 @@ std::vector<int32_t> GreedyFrom(const std::string& target) {
   std::unique_ptr<Client> client = testing::Connect(target);
   std::vector<int32_t> tokens;
   const absl::StatusOr<v1::Finished> done = client->GenerateChunks(
-      testing::GreedyRequest({5, 100, 200, 300, 42, 7, 9}, 24),
-      [&](const v1::GenerateResponse& r) {
+      testing::GreedyRequest({5, 100, 200, 300, 42, 7, 9}, 24), [&](const v1::GenerateResponse& r) {
         for (const auto& t : r.tokens()) tokens.push_back(t.token_id());
       });
   EXPECT_TRUE(done.ok()) << done.status();

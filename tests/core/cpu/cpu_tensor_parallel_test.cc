@@ -58,7 +58,8 @@ Trace Greedy(ModelRunner& runner, int steps) {
   const int64_t vocab = runner.config().vocab_size;
   auto cache = runner.CreateCache(16, 4);
   EXPECT_TRUE(cache.ok()) << cache.status();
-  std::vector<std::vector<int32_t>> seqs = {{3, 17, 42, 9, 100}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}};
+  std::vector<std::vector<int32_t>> seqs = {{3, 17, 42, 9, 100},
+                                            {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}};
   std::vector<BlockTable> tables(2);
   std::vector<int64_t> done(2, 0);
   Trace trace;
@@ -208,9 +209,9 @@ TEST(CpuTensorParallelTest, EachRankHoldsWhatThePlannerCounts) {
   fp8_block.fp8 = fp8_channel.fp8 = true;
   fp8_block.converted_at_load = fp8_channel.converted_at_load = true;
   fp8_block.fp8_block = 128;
-  for (const Form& form : {Form{WeightQuant::kStored, PlanWeightForm{}},
-                           Form{WeightQuant::kFp8Block, fp8_block},
-                           Form{WeightQuant::kFp8Channel, fp8_channel}}) {
+  for (const Form& form :
+       {Form{WeightQuant::kStored, PlanWeightForm{}}, Form{WeightQuant::kFp8Block, fp8_block},
+        Form{WeightQuant::kFp8Channel, fp8_channel}}) {
     const ModelWeights w = Weights(TpConfig(), form.quant);
     for (const int tp : {1, 2, 4}) {
       for (const bool ep : {true, false}) {

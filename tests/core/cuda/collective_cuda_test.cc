@@ -43,7 +43,8 @@ TEST(CollectiveCudaTest, RankOrderSumMatchesTheCpuGroupBitForBit) {
     auto comms = CreateThreadGroup(ranks);
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] { EXPECT_TRUE(comms[r]->AllReduceSum(host[r].data(), count).ok()); });
+      threads.emplace_back(
+          [&, r] { EXPECT_TRUE(comms[r]->AllReduceSum(host[r].data(), count).ok()); });
     }
     for (std::thread& t : threads) t.join();
     ASSERT_EQ(std::memcmp(got.data(), host[0].data(), count * sizeof(float)), 0) << ranks;
@@ -78,13 +79,14 @@ TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
       DeviceBuffer d = Upload(mine);
       ASSERT_TRUE((*comm)->AllReduceSum(static_cast<float*>(d.get()), count).ok());
       sums[r] = Download<float>(d, count);
-      const std::vector<int64_t> counts = n == 2 ? std::vector<int64_t>{3, 5}
-                                                 : std::vector<int64_t>{3};
+      const std::vector<int64_t> counts =
+          n == 2 ? std::vector<int64_t>{3, 5} : std::vector<int64_t>{3};
       DeviceBuffer in = Upload(std::vector<float>(counts[r], 10.f * (r + 1)));
       DeviceBuffer out = Poisoned<float>(8);
-      ASSERT_TRUE((*comm)->AllGather(static_cast<float*>(in.get()), counts,
-                                     static_cast<float*>(out.get()))
-                      .ok());
+      ASSERT_TRUE(
+          (*comm)
+              ->AllGather(static_cast<float*>(in.get()), counts, static_cast<float*>(out.get()))
+              .ok());
       gathered[r] = Download<float>(out, n == 2 ? 8 : 3);
       EXPECT_TRUE((*comm)->health().ok());
     });

@@ -98,7 +98,8 @@ TEST(RankGroupTest, EveryRankRunsEachStepOnItsOwnPool) {
     ASSERT_TRUE(Step(*group, cache->get(), 1, &result).ok());
     EXPECT_EQ(result.logits, std::vector<float>{6.f});  // 1 + 2 + 3
   }
-  for (SumRunner* r : runners) EXPECT_EQ(r->threads_seen_, 2);  // the rank's pool, not the process's
+  for (SumRunner* r : runners)
+    EXPECT_EQ(r->threads_seen_, 2);  // the rank's pool, not the process's
   EXPECT_EQ(group->weight_bytes(), 300);
   EXPECT_EQ(group->kv_bytes_per_token(), 30);
 }
