@@ -129,7 +129,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
 Engine::~Engine() { impl_.reset(); }
 
 int64_t Engine::kv_capacity_tokens() const { return impl_->cache().capacity_tokens(); }
-int64_t Engine::kv_bytes_per_token() const { return impl_->cache().bytes_per_token(); }
+// A tensor-parallel group: every rank's cache (each holds its KV heads, or the whole latent row).
+int64_t Engine::kv_bytes_per_token() const { return impl_->cache().group_bytes_per_token(); }
 DType Engine::kv_cache_dtype() const { return impl_->cache().dtype(); }
 
 namespace {

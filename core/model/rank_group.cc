@@ -187,9 +187,10 @@ absl::Status RankGroup::Forward(const ForwardBatch& batch, KvCache* cache,
     return absl::InvalidArgumentError("KV cache was not created by this tensor-parallel group");
   }
   // Every rank computes the whole result (the head's slices are gathered); rank 0's is kept.
-  std::vector<ForwardResult> others(size() - 1);
+  // The others' results live on (others_) so their buffers are reused from step to step.
+  others_.resize(size() - 1);
   return RunOnAll([&](int r) {
-    ForwardResult* out = r == 0 ? result : &others[r - 1];
+    ForwardResult* out = r == 0 ? result : &others_[r - 1];
     return ranks_[r]->runner->Forward(batch, cache->rank_cache(r), options, out);
   });
 }

@@ -80,6 +80,7 @@ class RankGroup final : public ModelRunner {
   ParallelConfig parallel_;
   absl::Duration failure_grace_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<ForwardResult> others_;  // ranks 1..N-1's step results (rank 0's is the caller's)
 };
 
 }  // namespace glmserve

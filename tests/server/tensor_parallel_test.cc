@@ -33,6 +33,8 @@ TEST(GlmServerTensorParallelTest, TwoCpuRanksServeTheSingleRanksTokens) {
   std::string target;
   auto one = testing::StartServerProcess({"--device=cpu"}, &target, /*default_model=*/true);
   const std::vector<int32_t> want = GreedyFrom(target);
+  absl::StatusOr<v1::ModelInfo> one_info = testing::Connect(target)->Info();
+  ASSERT_TRUE(one_info.ok());
   one->Signal(SIGTERM);
   EXPECT_EQ(one->Wait(absl::Seconds(30)), 0);
   ASSERT_EQ(want.size(), 24u);
@@ -45,6 +47,11 @@ TEST(GlmServerTensorParallelTest, TwoCpuRanksServeTheSingleRanksTokens) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_NE(info->device().find("x2 ranks"), std::string::npos) << info->device();
   EXPECT_NE(info->compute().find("tensor parallel 2"), std::string::npos) << info->compute();
+  // Two KV heads, one a rank: the group's KV bytes per token are one rank's twice.
+  EXPECT_EQ(info->kv_bytes_per_token(), one_info->kv_bytes_per_token());
+  // Every rank's weights together: the model once plus the replicated parts (norms, routers).
+  EXPECT_GT(info->weight_bytes(), one_info->weight_bytes());
+  EXPECT_LT(info->weight_bytes(), one_info->weight_bytes() * 11 / 10);
   EXPECT_EQ(GreedyFrom(target), want);
   group->Signal(SIGTERM);
   EXPECT_EQ(group->Wait(absl::Seconds(30)), 0);
