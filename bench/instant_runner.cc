@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/dtype.h"
 #include "core/base/status_macros.h"
-#include "core/engine/sampler.h"
+#include "core/engine/host_sampling_runner.h"
 
 namespace glmserve {
 namespace {
@@ -82,22 +82,6 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   RETURN_IF_ERROR(ValidateSampleRequests(batch, options, config_.vocab_size));
   result->logits.clear();
-  result->tokens.clear();
-  result->row_finite.clear();
-  result->token_logprobs.clear();
-  result->top_ids.clear();
-  result->top_logprobs.clear();
-  bool any_logprobs = false;
-  for (const RowSampleRequest& r : options.sample) {
-    any_logprobs |= r.sample && (r.params.logprob || r.params.top_logprobs > 0);
-  }
-  const int64_t k = samplemath::kMaxRowTopLogprobs;
-  if (any_logprobs) {
-    result->token_logprobs.assign(options.sample.size(), 0.0f);
-    result->top_ids.assign(options.sample.size() * k, -1);
-    result->top_logprobs.assign(options.sample.size() * k, 0.0f);
-  }
-  size_t entry = 0;  // index into options.sample
   result->hidden.clear();
   result->layer_hidden.clear();
   int64_t token = 0;  // index into batch.token_ids of the sequence's first new token
@@ -109,40 +93,19 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
     const int64_t end = want == LogitsRows::kNone ? 0 : s.num_tokens;
     for (int64_t r = first; r < end; ++r) {
       const std::vector<float>& row = RowFor(batch.token_ids[token + r], s.start_position + r);
-      if (options.sample.empty()) {
-        result->logits.insert(result->logits.end(), row.begin(), row.end());
-        continue;
-      }
-      const size_t e = entry++;
-      const RowSampleRequest& req = options.sample[e];
-      int32_t chosen = -1;
-      if (req.sample) {
-        const samplemath::RowSampling& p = req.params;
-        const SamplingParams params = SamplingParamsOf(p);
-        const int64_t columns =
-            p.columns > 0 ? std::min<int64_t>(p.columns, row.size()) : row.size();
-        // The penalised ids are distinct: as a history they penalise exactly themselves.
-        const absl::Span<const int32_t> penalised = absl::MakeConstSpan(
-            options.penalised_ids.data() + p.penalised_begin, p.penalised_count);
-        const absl::Span<const float> span = absl::MakeConstSpan(row.data(), columns);
-        const LogprobRequest want{p.logprob || p.top_logprobs > 0, p.top_logprobs};
-        const SampledToken t = p.forced >= 0
-                                   ? ForcedToken(span, p.forced, want)
-                                   : SampleToken(span, params, penalised, p.token_index, want);
-        chosen = t.token;
-        if (want.chosen) {
-          result->token_logprobs[e] = t.logprob;
-          for (size_t j = 0; j < t.top.size(); ++j) {
-            result->top_ids[e * k + j] = t.top[j].token;
-            result->top_logprobs[e * k + j] = t.top[j].logprob;
-          }
-        }
-      }
-      result->tokens.push_back(chosen);
-      result->row_finite.push_back(1);  // the pool's rows are finite
-      if (req.keep_logits) result->logits.insert(result->logits.end(), row.begin(), row.end());
+      result->logits.insert(result->logits.end(), row.begin(), row.end());
     }
     token += s.num_tokens;
+  }
+  if (!options.sample.empty()) {
+    // The device's work: a token per sampled row, only the kept rows back.
+    RETURN_IF_ERROR(SampleReturnedRows(options, config_.vocab_size, result));
+  } else {
+    result->tokens.clear();
+    result->row_finite.clear();
+    result->token_logprobs.clear();
+    result->top_ids.clear();
+    result->top_logprobs.clear();
   }
   forward_nanos_ +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)

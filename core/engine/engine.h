@@ -165,6 +165,11 @@ struct EngineOptions {
   // sequences skip the MTP layer too; their next drafts read its cache rows of the skipped
   // positions as they are (slower drafts, never different outputs).
   int64_t mtp_max_batch = 4;
+  // Overlapped steps (docs/engine.md): with a runner that samples where the logits are
+  // (ModelRunner::samples_tokens) and no MTP layer on, steps run on a thread of their own and
+  // the engine builds step N + 1 while step N runs, its decodes taking step N's tokens
+  // without waiting for them. Outputs are the same either way.
+  bool overlap_steps = true;
   // Tests: after every step, verify the block accounting and request bookkeeping (every
   // block's reference count equals its holders; every live request is in exactly one
   // queue). The first violation is kept in EngineStats::invariant_error.
@@ -183,6 +188,7 @@ struct EngineStats {
   int64_t kv_blocks_free = 0;    // free plus evictable prefix-cache blocks
   int64_t kv_blocks_cached = 0;  // held only by the prefix cache
   int64_t steps = 0;
+  int64_t overlapped_steps = 0;  // of which built and launched while the one before ran
   int64_t preemptions = 0;
   int64_t prefix_queries = 0;          // full prompt blocks looked up
   int64_t prefix_hits = 0;             // of which found in the cache

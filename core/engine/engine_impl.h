@@ -20,6 +20,7 @@
 #include "core/engine/prefix_cache.h"
 #include "core/engine/sequence.h"
 #include "core/engine/session_registry.h"
+#include "core/engine/step_executor.h"
 
 namespace glmserve {
 
@@ -122,23 +123,32 @@ class Engine::Impl {
   bool EvictOneIdleSession(const Session* keep);  // false when none is evictable
   // Grows `seq`'s blocks to cover `tokens` positions, evicting cached prefixes and then
   // preempting later-admitted sequences as needed. False if it cannot.
-  bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected);
+  // Without `may_preempt`, false where preempting would be needed.
+  bool EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected,
+                    bool may_preempt = true);
   Sequence* PickVictim();  // the most recently admitted preemptible sequence
   void Preempt(Sequence* seq, std::vector<Sequence*>* selected);
   // The step: chosen by the scheduler (scheduler.cc), run by the step runner (step_runner.cc).
-  void BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts);
-  struct StepInputs {
-    ForwardBatch batch;  // views into ids / hidden
-    ForwardOptions options;
-    std::vector<int32_t> ids;   // [tokens] of the sequences starting at layer 0
-    std::vector<float> hidden;  // [tokens, hidden_size] of the others
-    StepReport report;
-  };
-  void GatherInputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
-                    StepInputs* in);
+  // With `blocked` (a step is running: the one being built is overlapped) no sequence is
+  // preempted: where one would have to be, *blocked is set and the selection is empty, and the
+  // engine builds again once the running step is read.
+  void BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts,
+                 bool* blocked = nullptr);
+  // Whether a sequence whose next input is a token still being sampled can take it in the step
+  // being built (what its sample request needs is known without that token).
+  bool CanDecodeAhead(const Sequence& seq) const;
+  std::unique_ptr<EngineStep> NewStep();
+  // Fills step->batch / options from its selected sequences and marks them in flight.
+  void GatherInputs(EngineStep* step);
+  // One step, run on this thread (no overlap), or built while the last launched one runs.
   void RunStep(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts);
-  void ScatterOutputs(const std::vector<Sequence*>& selected, const std::vector<int64_t>& counts,
-                      const ForwardOptions& options, const ForwardResult& result);
+  void StepOverlapped();
+  // Reads a step that ran (or was skipped): outputs, events, stats, the step observer.
+  void CompleteStep(std::unique_ptr<EngineStep> step);
+  // Takes a step's inputs off its sequences' in-flight counts.
+  void Unmark(const EngineStep& step);
+  void FailStep(const EngineStep& step);
+  void ScatterOutputs(const EngineStep& step);
   // Samples every sequence's next token from its logits row (in parallel: each draw is a
   // pure function of its own inputs), into sampled_; with `device` (one per sequence) the
   // runner chose them and their logprobs, and rows[i] is null.
@@ -220,9 +230,16 @@ class Engine::Impl {
   std::vector<Sequence*> running_;  // in admission order
   int64_t admissions_ = 0;
   const int64_t session_share_blocks_;
-  // Reused every step, so that the logits rows (megabytes a step) land in memory that is
+  // Steps are reused, so that the logits rows (megabytes a step) land in memory that is
   // already allocated and mapped rather than in a fresh, page-faulting buffer.
-  ForwardResult step_result_;
+  std::vector<std::unique_ptr<EngineStep>> spare_steps_;
+  uint64_t next_step_id_ = 1;
+  // Overlapped steps: on when the options ask and the runner samples (no MTP layer); the
+  // executor runs the steps, at most two launched and unread.
+  bool overlap_ = false;
+  std::unique_ptr<StepExecutor> executor_;
+  bool step_in_flight_ = false;
+  int64_t overlapped_steps_ = 0;
   std::vector<SampledToken> sampled_;
   std::vector<char> sampled_finite_;  // per sampled row: all logits finite
   struct Outgoing {

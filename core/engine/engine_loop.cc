@@ -33,6 +33,10 @@ Engine::Impl::Impl(ModelRunner* model, const EngineOptions& options, std::unique
       sessions_(SessionLimits(options, *cache_, model->config())),
       session_share_blocks_(
           static_cast<int64_t>(options.session_kv_fraction * cache_->allocator().num_blocks())) {
+  // Overlap needs the step's tokens where the step runs; the MTP passes read each step's
+  // outputs before the next is built, so they keep steps in sequence.
+  overlap_ = options.overlap_steps && model->samples_tokens() && !model->mtp_enabled();
+  if (overlap_) executor_ = std::make_unique<StepExecutor>(model_, cache_.get());
   UpdateStats(0);
   delivery_ = std::make_unique<EventDelivery>();
   thread_ = std::thread([this] { Loop(); });
@@ -50,7 +54,7 @@ Engine::Impl::~Impl() {
 
 bool Engine::Impl::TakeInbox() {
   std::unique_lock<std::mutex> lock(mu_);
-  const bool busy = !waiting_.empty() || !running_.empty();
+  const bool busy = !waiting_.empty() || !running_.empty() || step_in_flight_;
   if (!busy && inbox_.empty() && cancels_.empty() && abort_status_.ok() && !stop_ && !wake_) {
     // Idle: sleep until a submission, a cancel, a wake-up or the next housekeeping tick
     // (session expiry).
@@ -92,24 +96,34 @@ void Engine::Impl::Loop() {
       Deliver();
     }
 
-    std::vector<Sequence*> selected;
-    std::vector<int64_t> counts;
-    BuildStep(&selected, &counts);
-    if (selected.empty()) {
-      if (!waiting_.empty() || !running_.empty()) {
-        // Work exists but none can run now (e.g. a session waits for its previous call):
-        // wait briefly rather than spin.
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(2),
-                     [this] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
-      }
-      UpdateStats(0);
+    if (overlap_) {
+      StepOverlapped();  // publishes the stats and calls the step observer per step read
     } else {
-      RunStep(selected, counts);  // publishes the stats and calls the step observer
+      std::vector<Sequence*> selected;
+      std::vector<int64_t> counts;
+      BuildStep(&selected, &counts);
+      if (selected.empty()) {
+        if (!waiting_.empty() || !running_.empty()) {
+          // Work exists but none can run now (e.g. a session waits for its previous call):
+          // wait briefly rather than spin.
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_for(lock, std::chrono::milliseconds(2),
+                       [this] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+        }
+        UpdateStats(0);
+      } else {
+        RunStep(selected, counts);  // publishes the stats and calls the step observer
+      }
     }
     Deliver();
   }
-  // Shutdown: every unfinished request gets its FinishEvent.
+  // Shutdown: the launched step is read (its tokens go out), then every unfinished request
+  // gets its FinishEvent.
+  if (step_in_flight_) {
+    CompleteStep(executor_->Wait());
+    step_in_flight_ = false;
+  }
+  executor_.reset();
   std::vector<Sequence*> all;
   for (auto& [id, seq] : live_) all.push_back(seq.get());
   for (Sequence* seq : all) {
@@ -177,7 +191,12 @@ void Engine::Impl::Deliver() {
   batch.items.reserve(outbox_.size());
   for (Outgoing& o : outbox_) batch.items.push_back({&o.seq->callback, std::move(o.event)});
   outbox_.clear();
-  batch.keep_alive.swap(finished_);
+  // A finished sequence that a launched step still holds stays until that step is read.
+  std::vector<std::unique_ptr<Sequence>> held;
+  for (std::unique_ptr<Sequence>& seq : finished_) {
+    (seq->steps_in_flight > 0 ? held : batch.keep_alive).push_back(std::move(seq));
+  }
+  finished_.swap(held);
   delivery_->Post(std::move(batch));
 }
 
@@ -230,6 +249,9 @@ absl::Status Engine::Impl::CheckInvariants() {
   }
   for (Sequence* seq : waiting_) {
     if (!seq->own_blocks.empty()) return absl::InternalError("waiting sequence holds blocks");
+    if (seq->steps_in_flight != 0 || seq->in_flight != 0 || seq->pending_entry >= 0) {
+      return absl::InternalError("a waiting sequence is in a launched step");
+    }
     if (std::find(running_.begin(), running_.end(), seq) != running_.end()) {
       return absl::InternalError("a sequence is both waiting and running");
     }
@@ -274,6 +296,7 @@ void Engine::Impl::UpdateStats(int64_t step_delta) {
   s.kv_blocks_cached = prefix_.evictable_blocks();
   s.kv_blocks_free = cache_->allocator().num_free() + s.kv_blocks_cached;
   s.steps = steps_;
+  s.overlapped_steps = overlapped_steps_;
   s.preemptions = preemptions_;
   s.prefix_queries = prefix_.queries();
   s.prefix_hits = prefix_.hits();

@@ -151,12 +151,13 @@ void Engine::Impl::Preempt(Sequence* seq, std::vector<Sequence*>* selected) {
 }
 
 bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
-                                std::vector<Sequence*>* selected) {
+                                std::vector<Sequence*>* selected, bool may_preempt) {
   BlockTable& table = seq->blocks();
   const int64_t needed =
       BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());
   if (needed <= 0) return true;
   while (!prefix_.EnsureFree(needed) && !EvictIdleSessions(needed, seq->session)) {
+    if (!may_preempt) return false;
     // Idle sessions went first; then the most recently admitted sequence gives way, even when that
     // is `seq` itself: an older request never loses its place to a newer one.
     Sequence* victim = PickVictim();
@@ -167,12 +168,26 @@ bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
   return cache_->Reserve(&table, positions).ok();
 }
 
-void Engine::Impl::BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts) {
+bool Engine::Impl::CanDecodeAhead(const Sequence& seq) const {
+  const Generation* gen = seq.generation();
+  if (gen == nullptr) return false;
+  const GenerateRequest& g = gen->request;
+  // Its pending token must not be its last (a known length limit), its row's forced token
+  // must not hang on that token, and no MTP drafts follow it.
+  return gen->generated + 1 < g.stop.max_new_tokens &&
+         static_cast<int64_t>(gen->tokens.size()) + 1 < model_->config().max_position_embeddings &&
+         g.forced.tokens.empty() && gen->draft_k == 0;
+}
+
+void Engine::Impl::BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts,
+                             bool* blocked) {
   // Running sequences in admission order, all of one layer range (the first one's), each
   // taking up to the remaining token budget. Growing a sequence's blocks can take it out of
   // running_ (preempted, or failed when a pinned session cannot grow): the selection then
   // starts over. Preemption otherwise only removes later-admitted sequences, which are
-  // neither selected yet nor before the scan's position.
+  // neither selected yet nor before the scan's position. While a step runs (`blocked`), a
+  // sequence's inputs start after that step's, and nothing is preempted: the running step
+  // writes the cache of the sequences it holds.
   for (bool restart = true; restart;) {
     restart = false;
     selected->clear();
@@ -180,15 +195,27 @@ void Engine::Impl::BuildStep(std::vector<Sequence*>* selected, std::vector<int64
     int64_t used = 0;
     for (size_t i = 0; i < running_.size() && !restart; ++i) {
       Sequence* seq = running_[i];
-      const int64_t remaining = seq->total_inputs() - seq->computed;
+      const int64_t remaining = seq->known_inputs() - seq->scheduled();
       if (remaining <= 0) continue;
+      if (seq->pending_entry >= 0 && !CanDecodeAhead(*seq)) continue;  // waits for its token
       if (!selected->empty() && (seq->run_begin != selected->front()->run_begin ||
                                  seq->run_end != selected->front()->run_end)) {
         continue;
       }
       const int64_t n = std::min(remaining, options_.max_batch_tokens - used);
       if (n <= 0) break;
-      if (!EnsureBlocks(seq, seq->base_position + seq->computed + n, selected)) {
+      const int64_t positions = seq->base_position + seq->scheduled() + n;
+      if (blocked != nullptr) {
+        if (!EnsureBlocks(seq, positions, selected, /*may_preempt=*/false)) {
+          *blocked = true;
+          selected->clear();
+          counts->clear();
+          return;
+        }
+        selected->push_back(seq);
+        counts->push_back(n);
+        used += n;
+      } else if (!EnsureBlocks(seq, positions, selected)) {
         // Only a pinned session sequence can fail here: nothing left to preempt.
         Finish(seq, FinishReason::kError,
                absl::ResourceExhaustedError("the KV cache is full: this session cannot grow"));

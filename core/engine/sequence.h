@@ -83,6 +83,13 @@ struct Sequence {
   int64_t run_end = 0;
   int64_t base_position = 0;    // absolute position of input 0 (a session's offset)
   int64_t computed = 0;         // inputs whose keys and values are in the cache
+  // Overlapped steps (docs/engine.md): inputs of launched steps whose outputs the engine has
+  // not read yet, how many such steps hold it (it stays alive until they are read), and the
+  // token one of them samples for it: that step's id and sample entry (-1: none pending).
+  int64_t in_flight = 0;
+  int32_t steps_in_flight = 0;
+  uint64_t pending_step = 0;
+  int64_t pending_entry = -1;
   BlockTable own_blocks;        // the request's blocks when it has no session
   int64_t admitted_order = -1;  // admission counter; -1 while waiting
   int64_t cached_prompt_tokens = 0;
@@ -99,6 +106,11 @@ struct Sequence {
     const Generation* g = generation();
     return g != nullptr ? static_cast<int64_t>(g->tokens.size()) : forward_call()->num_inputs;
   }
+  // Input positions once the launched steps' outputs are read: a sampled token pending
+  // counts as an input already.
+  int64_t known_inputs() const { return total_inputs() + (pending_entry >= 0 ? 1 : 0); }
+  // The first input position no launched step covers.
+  int64_t scheduled() const { return computed + in_flight; }
   BlockTable& blocks() { return session != nullptr ? session->blocks : own_blocks; }
   // Sequences whose inputs the engine keeps can be preempted and recomputed; a session's
   // earlier calls are gone, so its cache is pinned.

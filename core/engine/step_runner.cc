@@ -44,13 +44,15 @@ LogitsRows ForwardLogitsRows(const ForwardRequest& f, bool completes) {
 // What a runner that samples does with a generation's next-token row: choose the token where
 // the logits are (or take the forced one) and compute the logprobs the request wants there
 // too; the row itself never comes back. Appends the row's penalised ids.
-RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab,
+// `ahead`: the row is one token past gen.tokens (a token still being sampled comes before it;
+// the executor adds it to the penalised ids).
+RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab, int64_t ahead,
                                      std::vector<int32_t>* penalised_ids) {
   const GenerateRequest& g = gen.request;
   RowSampleRequest r;
   r.sample = true;
   r.keep_logits = false;
-  r.params = RowSamplingFor(g.sampling, static_cast<uint64_t>(gen.generated));
+  r.params = RowSamplingFor(g.sampling, static_cast<uint64_t>(gen.generated + ahead));
   r.params.forced = gen.ForcedNext();
   r.params.logprob = g.logprobs || g.top_logprobs > 0;
   r.params.top_logprobs = g.top_logprobs;
@@ -96,109 +98,207 @@ Engine::Impl::DeviceToken Engine::Impl::DeviceTokenOf(const ForwardOptions& opti
   return d;
 }
 
-void Engine::Impl::GatherInputs(const std::vector<Sequence*>& selected,
-                                const std::vector<int64_t>& counts, StepInputs* in) {
+void Engine::Impl::GatherInputs(EngineStep* step) {
+  const std::vector<Sequence*>& selected = step->selected;
+  const std::vector<int64_t>& counts = step->counts;
   const int64_t hidden_size = model_->config().hidden_size;
-  in->options.layer_begin = selected[0]->run_begin;
-  in->options.layer_end = selected[0]->run_end;
-  in->report.sequences = static_cast<int64_t>(selected.size());
+  ForwardOptions& options = step->options;
+  StepReport& report = step->report;
+  options.layer_begin = selected[0]->run_begin;
+  options.layer_end = selected[0]->run_end;
+  report.sequences = static_cast<int64_t>(selected.size());
   const bool device_sampling = model_->samples_tokens();
   const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
-    const int64_t n = counts[i], from = seq->computed;
-    in->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
+    const int64_t n = counts[i], from = seq->scheduled();
+    step->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
     if (Generation* gen = seq->generation()) {
-      // Known tokens, then (a decode only) the MTP drafts to verify: a logits row for each.
-      const int64_t known = std::min(n, gen->total_inputs_from(from));
+      // Known tokens (the last possibly one the running step samples), then (a decode only)
+      // the MTP drafts to verify: a logits row for each.
+      const int64_t have = static_cast<int64_t>(gen->tokens.size());
+      const int64_t known = std::min(n, seq->known_inputs() - from);
       const int64_t drafts = n - known;
-      in->ids.insert(in->ids.end(), gen->tokens.begin() + from, gen->tokens.begin() + from + known);
-      in->ids.insert(in->ids.end(), gen->drafts.begin(), gen->drafts.begin() + drafts);
-      const bool done = from + known == seq->total_inputs();
-      in->options.sequence_logits.push_back(drafts > 0 ? LogitsRows::kAll
-                                            : done     ? LogitsRows::kLast
-                                                       : LogitsRows::kNone);
-      if (device_sampling && drafts > 0) {
-        in->options.sample.insert(in->options.sample.end(), n, kKeepRow);
-      } else if (device_sampling && done) {
-        in->options.sample.push_back(DeviceSampleRequest(*gen, vocab, &in->options.penalised_ids));
+      const int64_t stored = std::min(known, std::max<int64_t>(0, have - from));
+      step->ids.insert(step->ids.end(), gen->tokens.begin() + from,
+                       gen->tokens.begin() + from + stored);
+      if (stored < known) {  // the pending token: written in when the running step is done
+        step->pending.push_back({static_cast<int64_t>(step->ids.size()), seq->pending_entry, -1});
+        step->ids.push_back(0);
       }
-      in->options.return_head_input |= gen->draft_k > 0;
-      (from >= gen->prompt_tokens ? in->report.decode_tokens : in->report.prefill_tokens) += n;
-      in->report.draft_tokens += drafts;
+      step->ids.insert(step->ids.end(), gen->drafts.begin(), gen->drafts.begin() + drafts);
+      const bool done = from + known == seq->known_inputs();
+      options.sequence_logits.push_back(drafts > 0 ? LogitsRows::kAll
+                                        : done     ? LogitsRows::kLast
+                                                   : LogitsRows::kNone);
+      if (device_sampling && drafts > 0) {
+        options.sample.insert(options.sample.end(), n, kKeepRow);
+      } else if (device_sampling && done) {
+        const int64_t entry = static_cast<int64_t>(options.sample.size());
+        const int64_t ahead = stored < known ? 1 : 0;
+        options.sample.push_back(DeviceSampleRequest(*gen, vocab, ahead, &options.penalised_ids));
+        if (ahead && static_cast<double>(gen->request.sampling.repetition_penalty) != 1.0) {
+          step->pending.back().penalise_entry = entry;
+        }
+        if (overlap_) {
+          seq->pending_step = step->id;
+          seq->pending_entry = entry;
+        }
+      }
+      options.return_head_input |= gen->draft_k > 0;
+      (from >= gen->prompt_tokens ? report.decode_tokens : report.prefill_tokens) += n;
+      report.draft_tokens += drafts;
     } else {
       const ForwardRequest& f = seq->forward_call()->request;
       if (seq->run_begin == 0) {
-        in->ids.insert(in->ids.end(), f.token_ids.begin() + from, f.token_ids.begin() + from + n);
+        step->ids.insert(step->ids.end(), f.token_ids.begin() + from,
+                         f.token_ids.begin() + from + n);
       } else {
-        in->hidden.insert(in->hidden.end(), f.hidden.begin() + from * hidden_size,
-                          f.hidden.begin() + (from + n) * hidden_size);
+        step->hidden.insert(step->hidden.end(), f.hidden.begin() + from * hidden_size,
+                            f.hidden.begin() + (from + n) * hidden_size);
       }
       const LogitsRows rows = ForwardLogitsRows(f, from + n == seq->total_inputs());
-      in->options.sequence_logits.push_back(rows);
+      options.sequence_logits.push_back(rows);
       if (device_sampling && rows != LogitsRows::kNone) {
-        in->options.sample.insert(in->options.sample.end(), rows == LogitsRows::kAll ? n : 1,
-                                  kKeepRow);
+        options.sample.insert(options.sample.end(), rows == LogitsRows::kAll ? n : 1, kKeepRow);
       }
-      in->options.return_hidden |= f.return_hidden;
-      in->report.forward_tokens += n;
+      options.return_hidden |= f.return_hidden;
+      report.forward_tokens += n;
     }
+    seq->in_flight += n;
+    ++seq->steps_in_flight;
   }
-  in->batch.token_ids = in->ids;
-  in->batch.hidden_in = in->hidden;
+  step->batch.token_ids = step->ids;
+  step->batch.hidden_in = step->hidden;
+}
+
+std::unique_ptr<EngineStep> Engine::Impl::NewStep() {
+  std::unique_ptr<EngineStep> step;
+  if (spare_steps_.empty()) {
+    step = std::make_unique<EngineStep>();
+  } else {
+    step = std::move(spare_steps_.back());
+    spare_steps_.pop_back();
+    step->Clear();
+  }
+  step->id = next_step_id_++;
+  step->built = std::chrono::steady_clock::now();
+  return step;
 }
 
 void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
                            const std::vector<int64_t>& counts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  StepInputs in;
-  GatherInputs(selected, counts, &in);
-  ForwardResult& result = step_result_;
-  result.logits.clear();
-  result.tokens.clear();
-  result.row_finite.clear();
-  result.hidden.clear();
-  result.layer_hidden.clear();
-  result.head_input.clear();
-  const absl::Status status = model_->Forward(in.batch, cache_.get(), in.options, &result);
-  if (!status.ok()) {
-    // A runner that can no longer run steps (a tensor-parallel rank died) fails its requests
-    // as UNAVAILABLE (retryable elsewhere) and is reported once; any other failure is this
-    // step's.
-    const absl::Status health = model_->health();
-    for (Sequence* seq : selected) {
-      Finish(seq, FinishReason::kError,
-             health.ok()
-                 ? absl::InternalError(absl::StrCat("forward step failed: ", status.message()))
-                 : health);
-    }
-    UpdateStats(1);
-    if (!health.ok() && !reported_unhealthy_) {
-      reported_unhealthy_ = true;
-      std::function<void(const absl::Status&)> observer;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        observer = unhealthy_observer_;
-      }
-      if (observer) observer(health);
-    }
-    return;
-  }
-  ScatterOutputs(selected, counts, in.options, result);
-  RunMtp(selected, &in.report);
-  in.report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  UpdateStats(1);
-  std::function<void(const StepReport&)> observer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    observer = observer_;
-  }
-  if (observer) observer(in.report);
+  std::unique_ptr<EngineStep> step = NewStep();
+  step->selected = selected;
+  step->counts = counts;
+  GatherInputs(step.get());
+  step->status = model_->Forward(step->batch, cache_.get(), step->options, &step->result);
+  step->ran = true;
+  CompleteStep(std::move(step));
 }
 
-void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
-                                  const std::vector<int64_t>& counts, const ForwardOptions& options,
-                                  const ForwardResult& result) {
+void Engine::Impl::StepOverlapped() {
+  // The next step, built while the last launched one runs (when one does).
+  const bool running = step_in_flight_;
+  std::vector<Sequence*> selected;
+  std::vector<int64_t> counts;
+  bool blocked = false;
+  BuildStep(&selected, &counts, running ? &blocked : nullptr);
+  std::unique_ptr<EngineStep> next;
+  if (!selected.empty()) {
+    next = NewStep();
+    next->selected = std::move(selected);
+    next->counts = std::move(counts);
+    next->overlapped = running;
+    GatherInputs(next.get());
+    overlapped_steps_ += running;
+  }
+  const bool launched = next != nullptr;
+  if (launched) executor_->Launch(std::move(next));
+  if (running) {
+    std::unique_ptr<EngineStep> done = executor_->Wait();
+    const bool failed = !done->ran || !done->status.ok();
+    CompleteStep(std::move(done));
+    if (failed && launched) {
+      // The step just launched was built on this one's outcome: it is skipped; read it now so
+      // that its sequences are scheduled again from what is really computed.
+      CompleteStep(executor_->Wait());
+      step_in_flight_ = false;
+      return;
+    }
+  }
+  step_in_flight_ = launched;
+  if (!launched && !running && (!waiting_.empty() || !running_.empty())) {
+    // Work exists but none can run now (e.g. a session waits for its previous call): wait
+    // briefly rather than spin.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(2),
+                 [this] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+  }
+  if (!launched && !running) UpdateStats(0);
+}
+
+void Engine::Impl::Unmark(const EngineStep& step) {
+  for (size_t i = 0; i < step.selected.size(); ++i) {
+    Sequence* seq = step.selected[i];
+    seq->in_flight -= step.counts[i];
+    --seq->steps_in_flight;
+    if (seq->pending_entry >= 0 && seq->pending_step == step.id) seq->pending_entry = -1;
+  }
+}
+
+void Engine::Impl::FailStep(const EngineStep& step) {
+  // A runner that can no longer run steps (a tensor-parallel rank died) fails its requests
+  // as UNAVAILABLE (retryable elsewhere) and is reported once; any other failure is this
+  // step's.
+  const absl::Status health = model_->health();
+  for (Sequence* seq : step.selected) {
+    if (seq->finished) continue;
+    Finish(seq, FinishReason::kError,
+           health.ok()
+               ? absl::InternalError(absl::StrCat("forward step failed: ", step.status.message()))
+               : health);
+  }
+  UpdateStats(1);
+  if (!health.ok() && !reported_unhealthy_) {
+    reported_unhealthy_ = true;
+    std::function<void(const absl::Status&)> observer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      observer = unhealthy_observer_;
+    }
+    if (observer) observer(health);
+  }
+}
+
+void Engine::Impl::CompleteStep(std::unique_ptr<EngineStep> step) {
+  Unmark(*step);
+  if (!step->ran) {
+    // Skipped (the step before it failed): its sequences are scheduled again from what is
+    // computed; a sequence that step ended is finished already.
+  } else if (!step->status.ok()) {
+    FailStep(*step);
+  } else {
+    ScatterOutputs(*step);
+    if (!overlap_) RunMtp(step->selected, &step->report);
+    step->report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step->built).count();
+    UpdateStats(1);
+    std::function<void(const StepReport&)> observer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      observer = observer_;
+    }
+    if (observer) observer(step->report);
+  }
+  spare_steps_.push_back(std::move(step));
+}
+
+void Engine::Impl::ScatterOutputs(const EngineStep& step) {
+  const std::vector<Sequence*>& selected = step.selected;
+  const std::vector<int64_t>& counts = step.counts;
+  const ForwardOptions& options = step.options;
+  const ForwardResult& result = step.result;
   const std::vector<LogitsRows>& wants = options.sequence_logits;
   const int64_t vocab = model_->config().vocab_size;
   const int64_t hidden_size = model_->config().hidden_size;
@@ -231,6 +331,10 @@ void Engine::Impl::ScatterOutputs(const std::vector<Sequence*>& selected,
       entry += returned;
     } else {
       logits_row += returned;
+    }
+    if (seq->finished) {  // ended while this step ran (cancelled, or by the step before)
+      row += n;
+      continue;
     }
     if (Generation* gen = seq->generation()) {
       const int64_t from = seq->computed;
