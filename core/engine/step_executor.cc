@@ -11,6 +11,7 @@ void EngineStep::Clear() {
   options = ForwardOptions{};
   ids.clear();
   hidden.clear();
+  tables.clear();
   pending.clear();
   report = StepReport{};
   result.logits.clear();

@@ -32,7 +32,10 @@ struct EngineStep {
   uint64_t id = 0;  // launch order
   std::vector<Sequence*> selected;
   std::vector<int64_t> counts;  // new inputs per selected sequence
-  ForwardBatch batch;           // views into ids / hidden
+  ForwardBatch batch;           // views into ids / hidden / tables
+  // The sequences' block tables as the step was built: the engine grows and frees the live
+  // ones while the step runs.
+  std::vector<BlockTable> tables;
   ForwardOptions options;
   std::vector<int32_t> ids;   // [tokens] of the sequences starting at layer 0
   std::vector<float> hidden;  // [tokens, hidden_size] of the others

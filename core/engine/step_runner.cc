@@ -112,7 +112,8 @@ void Engine::Impl::GatherInputs(EngineStep* step) {
   for (size_t i = 0; i < selected.size(); ++i) {
     Sequence* seq = selected[i];
     const int64_t n = counts[i], from = seq->scheduled();
-    step->batch.sequences.push_back({n, seq->base_position + from, &seq->blocks()});
+    step->batch.sequences.push_back({n, seq->base_position + from, nullptr});
+    step->tables.push_back(seq->blocks());
     if (Generation* gen = seq->generation()) {
       // Known tokens (the last possibly one the running step samples), then (a decode only)
       // the MTP drafts to verify: a logits row for each.
@@ -168,6 +169,7 @@ void Engine::Impl::GatherInputs(EngineStep* step) {
     seq->in_flight += n;
     ++seq->steps_in_flight;
   }
+  for (size_t i = 0; i < selected.size(); ++i) step->batch.sequences[i].blocks = &step->tables[i];
   step->batch.token_ids = step->ids;
   step->batch.hidden_in = step->hidden;
 }

@@ -10,6 +10,7 @@
 
 #include "core/cpu/cpu_model.h"
 #include "core/cpu/quantize.h"
+#include "core/engine/host_sampling_runner.h"
 #include "core/model/checkpoint.h"
 #include "tests/core/engine/engine_harness.h"
 
@@ -28,6 +29,9 @@ struct ScopedPreset {
 CpuMath g_math = CpuMath::kExact;
 bool g_int8 = false;
 bool g_kv_fp8 = false;  // engines keep their KV cache in FP8 (--kv_cache_dtype=fp8_e4m3)
+// The runner samples after each step (HostSamplingRunner), so the engine overlaps its steps
+// (EngineOptions::overlap_steps, docs/engine.md).
+bool g_overlap = false;
 
 std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   ModelWeights w = testing::EngineTestWeights(g_preset, span);
@@ -35,7 +39,9 @@ std::unique_ptr<ModelRunner> TinyModel(LayerSpan span = {}) {
   if (g_int8) {
     EXPECT_TRUE(QuantizeWeights(&w, WeightQuant::kInt8).ok());
   }
-  return std::make_unique<CpuModel>(std::move(w), g_math);
+  auto model = std::make_unique<CpuModel>(std::move(w), g_math);
+  if (g_overlap) return std::make_unique<HostSamplingRunner>(std::move(model));
+  return model;
 }
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = {}) {
@@ -68,8 +74,9 @@ testing::EngineScenario CpuScenario() {
   return t;
 }
 
-// "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights) or "fp8_kv"
-// (exact math, FP8 KV cache: its per-token scales keep every invariant bit-exact).
+// "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights), "fp8_kv"
+// (exact math, FP8 KV cache: its per-token scales keep every invariant bit-exact) or
+// "overlap" (exact math, sampling in the runner: overlapped steps).
 class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -78,11 +85,13 @@ class EngineMathTest : public ::testing::TestWithParam<std::string> {
                                         : CpuMath::kBf16;
     g_int8 = GetParam() == "int8";
     g_kv_fp8 = GetParam() == "fp8_kv";
+    g_overlap = GetParam() == "overlap";
   }
   void TearDown() override {
     g_math = CpuMath::kExact;
     g_int8 = false;
     g_kv_fp8 = false;
+    g_overlap = false;
   }
 };
 
@@ -208,7 +217,7 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
-                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv"),
+                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv", "overlap"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {
