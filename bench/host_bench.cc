@@ -13,6 +13,10 @@
 //   build/bench/host_bench --streams=64 --server=false   # one engine row set
 //   build/bench/host_bench --returns=tokens --server=false
 //   GLM_NUM_THREADS=16 build/bench/host_bench            # the sampling pool's width
+// The third table (--overlap_device_ms) gives the instant runner a step time, as a device
+// would take, and measures the decode step period with the engine's steps in sequence and
+// overlapped (docs/engine.md): in sequence a step costs device + host time, overlapped the
+// longer of the two. The first table measures host time, so its steps run in sequence.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -49,6 +53,9 @@ ABSL_FLAG(std::string, returns, "rows,tokens",
 ABSL_FLAG(bool, server, true, "measure through the gRPC server and client (second table, greedy)");
 ABSL_FLAG(int, rounds, 2, "server table: requests per stream");
 ABSL_FLAG(double, gpu_step_ms, 3.0, "the GPU step time the host overhead is compared with");
+ABSL_FLAG(double, overlap_device_ms, 3.0,
+          "third table: a runner whose steps take this long (a device), its steps in sequence "
+          "and overlapped (docs/engine.md); 0 skips it");
 
 namespace {
 
@@ -89,10 +96,12 @@ std::vector<int32_t> Prompt(int key, int length, int64_t vocab) {
 struct StepSample {
   glmserve::StepReport report;
   double forward_seconds;  // the runner's share of the step
+  Clock::time_point read;  // when the engine had read it
 };
 
 struct EngineRow {
   int64_t decode_steps = 0;
+  double period_ms = 0;   // mean wall time between full decode steps' ends
   double step_ms = 0;     // mean host time of a decode step with every stream in it
   double forward_ms = 0;  // the runner's time: row copies (host) or sampling (device)
   double token_us = 0;    // step_ms per sequence
@@ -100,16 +109,20 @@ struct EngineRow {
 };
 
 // Runs `streams` requests together through an engine over the instant runner.
+// With `device_ms` > 0 each runner step takes that long; `overlap`: EngineOptions::overlap_steps.
 absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int streams,
-                                    const std::string& mode, bool device_sampling) {
+                                    const std::string& mode, bool device_sampling,
+                                    double device_ms = 0, bool overlap = false) {
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   auto owned = std::make_unique<glmserve::InstantRunner>(config);
   owned->set_device_sampling(device_sampling);
+  owned->set_step_time(std::chrono::microseconds(static_cast<int64_t>(device_ms * 1e3)));
   glmserve::InstantRunner* runner = owned.get();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<glmserve::Engine> engine,
-      glmserve::Engine::Create(std::move(owned), EngineOptionsFor(streams, prompt, new_tokens)));
+  glmserve::EngineOptions options = EngineOptionsFor(streams, prompt, new_tokens);
+  options.overlap_steps = overlap;
+  ASSIGN_OR_RETURN(std::unique_ptr<glmserve::Engine> engine,
+                   glmserve::Engine::Create(std::move(owned), options));
 
   std::mutex mu;
   std::condition_variable cv;
@@ -118,7 +131,7 @@ absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int str
   engine->SetStepObserver([&](const glmserve::StepReport& r) {
     const double f = runner->forward_seconds();
     std::lock_guard<std::mutex> lock(mu);
-    steps.push_back({r, f - last_forward});
+    steps.push_back({r, f - last_forward, Clock::now()});
     last_forward = f;
   });
   int finished = 0;
@@ -149,12 +162,19 @@ absl::StatusOr<EngineRow> RunEngine(const glmserve::ModelConfig& config, int str
   if (!failure.ok()) return failure;
   EngineRow row;
   double seconds = 0, forward = 0;
+  Clock::time_point first, last;
   for (const StepSample& s : steps) {
     const glmserve::StepReport& r = s.report;
     if (r.prefill_tokens != 0 || r.forward_tokens != 0 || r.sequences != streams) continue;
+    if (row.decode_steps == 0) first = s.read;
+    last = s.read;
     ++row.decode_steps;
     seconds += r.seconds;
     forward += s.forward_seconds;
+  }
+  if (row.decode_steps > 1) {
+    row.period_ms = 1e3 * std::chrono::duration<double>(last - first).count() /
+                    static_cast<double>(row.decode_steps - 1);
   }
   if (row.decode_steps > 0) {
     row.forward_ms = 1e3 * forward / row.decode_steps;
@@ -261,6 +281,29 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
       }
+    }
+  }
+  if (const double device_ms = absl::GetFlag(FLAGS_overlap_device_ms); device_ms > 0) {
+    std::printf(
+        "\noverlapped steps: the runner returns tokens and each step takes %.1f ms (a device); "
+        "decode step period, %s sampling\n",
+        device_ms, modes[0].c_str());
+    std::printf(
+        "| streams | in sequence ms/step | overlapped ms/step | host ms/step (in sequence) |"
+        " in sequence / device | overlapped / device |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|\n");
+    for (int n : streams) {
+      absl::StatusOr<EngineRow> seq = RunEngine(*config, n, modes[0], true, device_ms, false);
+      absl::StatusOr<EngineRow> ovl = RunEngine(*config, n, modes[0], true, device_ms, true);
+      if (!seq.ok() || !ovl.ok()) {
+        std::fprintf(stderr, "overlap, %d streams: %s\n", n,
+                     (seq.ok() ? ovl.status() : seq.status()).ToString().c_str());
+        return 1;
+      }
+      std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", n, seq->period_ms, ovl->period_ms,
+                  seq->period_ms - device_ms, seq->period_ms / device_ms,
+                  ovl->period_ms / device_ms);
+      std::fflush(stdout);
     }
   }
   if (!absl::GetFlag(FLAGS_server)) return 0;

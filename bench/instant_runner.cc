@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/dtype.h"
@@ -107,6 +108,7 @@ absl::Status InstantRunner::Forward(const ForwardBatch& batch, KvCache* cache,
     result->top_ids.clear();
     result->top_logprobs.clear();
   }
+  if (step_time_.count() > 0) std::this_thread::sleep_until(start + step_time_);
   forward_nanos_ +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,9 @@ class InstantRunner final : public ModelRunner {
   bool supports_sub_spans() const override { return false; }
   bool samples_tokens() const override { return device_sampling_; }
   void set_device_sampling(bool on) { device_sampling_ = on; }
+  // Each Forward takes at least this long (it sleeps the rest): a device's step time, for the
+  // overlapped-steps table of bench/host_bench.cc. 0 (the default): no wait.
+  void set_step_time(std::chrono::microseconds t) { step_time_ = t; }
   std::string device_name() const override { return "instant"; }
   int64_t weight_bytes() const override { return 0; }
   // As a bf16 cache of this config would take, so that sizing figures stay realistic.
@@ -62,6 +66,7 @@ class InstantRunner final : public ModelRunner {
   ModelConfig config_;
   std::vector<std::vector<float>> pool_;
   bool device_sampling_ = false;
+  std::chrono::microseconds step_time_{0};
   std::atomic<int64_t> forward_nanos_{0};
 };
 

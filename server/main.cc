@@ -108,6 +108,10 @@ ABSL_FLAG(int32_t, mtp_draft_tokens, -1,
 ABSL_FLAG(int64_t, mtp_max_batch, 4,
           "speculative decoding pauses in steps where more sequences than this decode (0: "
           "never); a big batch is compute-bound and drafts only add work (docs/mtp.md)");
+ABSL_FLAG(bool, overlap_steps, true,
+          "build each engine step while the one before it runs, where the backend samples "
+          "tokens itself (CUDA) and speculative decoding is off (docs/engine.md); outputs are "
+          "identical either way");
 ABSL_FLAG(int64_t, max_waiting, 1024, "queued requests at most; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_sessions, 64, "Forward sessions held at most");
 ABSL_FLAG(double, session_kv_fraction, 0.5,
@@ -275,6 +279,7 @@ glmserve::ServerOptions OptionsFromFlags() {
   o.engine.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   o.mtp_draft_tokens = absl::GetFlag(FLAGS_mtp_draft_tokens);
   o.engine.mtp_max_batch = absl::GetFlag(FLAGS_mtp_max_batch);
+  o.engine.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   o.engine.session_kv_fraction = absl::GetFlag(FLAGS_session_kv_fraction);
   o.engine.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   o.engine.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
@@ -318,8 +323,8 @@ const glmserve::cli::ProgramHelp& Help() {
          "http_max_body_bytes_in_flight"}},
        {"Engine and KV cache",
         {"kv_capacity_tokens", "kv_cache_dtype", "gpu_memory_fraction", "block_size",
-         "max_batch_tokens", "max_running", "max_waiting", "prefix_caching", "mtp_draft_tokens",
-         "mtp_max_batch"}},
+         "max_batch_tokens", "max_running", "max_waiting", "prefix_caching", "overlap_steps",
+         "mtp_draft_tokens", "mtp_max_batch"}},
        {"Forward sessions",
         {"max_sessions", "session_kv_fraction", "max_session_tokens", "session_idle_timeout",
          "session_eviction_grace"}},

@@ -296,6 +296,9 @@ void Metrics::RegisterEngineMetrics(prometheus::Registry& r) {
                                kBatchTokenBuckets);
   preemptions_ = NewCounter(r, "glmserve_preemptions_total",
                             "Sequences preempted (KV dropped, recomputed later)");
+  steps_overlapped_ = NewCounter(r, "glmserve_steps_overlapped_total",
+                                 "Engine steps built and launched while the step before them ran "
+                                 "(docs/engine.md, overlapped steps)");
   sessions_evicted_ =
       NewCounter(r, "glmserve_sessions_evicted_total",
                  "Idle Forward sessions evicted to free KV blocks for other requests");
@@ -443,6 +446,7 @@ void Metrics::Refresh() const {
     *last = now;
   };
   add(preemptions_, s.preemptions, &last_.preemptions);
+  add(steps_overlapped_, s.overlapped_steps, &last_.overlapped_steps);
   add(sessions_evicted_, s.sessions_evicted, &last_.sessions_evicted);
   add(nonfinite_outputs_, s.nonfinite_outputs, &last_.nonfinite_outputs);
   const int64_t block = engine_->options().block_size;

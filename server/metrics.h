@@ -132,6 +132,7 @@ class Metrics {
   prometheus::Histogram* step_mixed_;
   prometheus::Histogram* batch_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* steps_overlapped_;
   prometheus::Counter* sessions_evicted_;
   prometheus::Gauge* session_kv_usage_;
   prometheus::Counter* nonfinite_outputs_;

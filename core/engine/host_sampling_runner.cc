@@ -13,8 +13,9 @@ absl::Status SampleReturnedRows(const ForwardOptions& options, int64_t vocab,
                                 ForwardResult* result) {
   const int64_t entries = static_cast<int64_t>(options.sample.size());
   if (static_cast<int64_t>(result->logits.size()) != entries * vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(result->logits.size() / std::max<int64_t>(1, vocab),
-                                                   " rows for ", entries, " sample requests"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(result->logits.size() / std::max<int64_t>(1, vocab), " rows for ", entries,
+                     " sample requests"));
   }
   bool any_logprobs = false;
   for (const RowSampleRequest& r : options.sample) {
@@ -41,8 +42,8 @@ absl::Status SampleReturnedRows(const ForwardOptions& options, int64_t vocab,
     if (req.sample && finite) {
       const samplemath::RowSampling& p = req.params;
       const int64_t columns = p.columns > 0 ? std::min<int64_t>(p.columns, vocab) : vocab;
-      const absl::Span<const int32_t> penalised = absl::MakeConstSpan(
-          options.penalised_ids.data() + p.penalised_begin, p.penalised_count);
+      const absl::Span<const int32_t> penalised =
+          absl::MakeConstSpan(options.penalised_ids.data() + p.penalised_begin, p.penalised_count);
       const absl::Span<const float> span = absl::MakeConstSpan(row, columns);
       const LogprobRequest want{p.logprob || p.top_logprobs > 0, p.top_logprobs};
       const SampledToken t =

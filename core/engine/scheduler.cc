@@ -150,8 +150,8 @@ void Engine::Impl::Preempt(Sequence* seq, std::vector<Sequence*>* selected) {
   running_count_ = static_cast<int64_t>(running_.size());
 }
 
-bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions,
-                                std::vector<Sequence*>* selected, bool may_preempt) {
+bool Engine::Impl::EnsureBlocks(Sequence* seq, int64_t positions, std::vector<Sequence*>* selected,
+                                bool may_preempt) {
   BlockTable& table = seq->blocks();
   const int64_t needed =
       BlocksFor(positions, options_.block_size) - static_cast<int64_t>(table.size());

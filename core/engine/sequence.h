@@ -81,8 +81,8 @@ struct Sequence {
 
   int64_t run_begin = 0;  // layers this request runs
   int64_t run_end = 0;
-  int64_t base_position = 0;    // absolute position of input 0 (a session's offset)
-  int64_t computed = 0;         // inputs whose keys and values are in the cache
+  int64_t base_position = 0;  // absolute position of input 0 (a session's offset)
+  int64_t computed = 0;       // inputs whose keys and values are in the cache
   // Overlapped steps (docs/engine.md): inputs of launched steps whose outputs the engine has
   // not read yet, how many such steps hold it (it stays alive until they are read), and the
   // token one of them samples for it: that step's id and sample entry (-1: none pending).

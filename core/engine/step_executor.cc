@@ -1,6 +1,7 @@
 #include "core/engine/step_executor.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace glmserve {
 
@@ -102,6 +103,7 @@ void StepExecutor::Run(EngineStep* step) {
     last_tokens_.clear();
     return;
   }
+  step->started = std::chrono::steady_clock::now();
   const int64_t vocab = model_->config().vocab_size;
   for (const EngineStep::PendingToken& p : step->pending) {
     // A row that was not finite has no token (-1): its sequence ends when the engine reads

@@ -51,7 +51,8 @@ struct EngineStep {
   // Built while the step before it ran (on its expected outcome): skipped if that one failed.
   bool overlapped = false;
   StepReport report;
-  SteadyTime built;  // when the engine began building it
+  SteadyTime built;    // when the engine began building it
+  SteadyTime started;  // when it began to run: once built, or once the step before it ran
 
   ForwardResult result;
   absl::Status status;

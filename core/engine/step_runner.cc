@@ -194,6 +194,7 @@ void Engine::Impl::RunStep(const std::vector<Sequence*>& selected,
   step->selected = selected;
   step->counts = counts;
   GatherInputs(step.get());
+  step->started = step->built;
   step->status = model_->Forward(step->batch, cache_.get(), step->options, &step->result);
   step->ran = true;
   CompleteStep(std::move(step));
@@ -283,8 +284,10 @@ void Engine::Impl::CompleteStep(std::unique_ptr<EngineStep> step) {
   } else {
     ScatterOutputs(*step);
     if (!overlap_) RunMtp(step->selected, &step->report);
+    // From the start of its run to its outputs read (overlapped: not the time it waited
+    // behind the step before it).
     step->report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step->built).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step->started).count();
     UpdateStats(1);
     std::function<void(const StepReport&)> observer;
     {

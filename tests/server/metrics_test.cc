@@ -59,6 +59,7 @@ TEST_F(MetricsTest, EveryDocumentedFamilyIsExposed) {
                            "glmserve_step_duration_seconds",
                            "glmserve_batch_tokens",
                            "glmserve_preemptions_total",
+                           "glmserve_steps_overlapped_total",
                            "glmserve_prefix_cache_query_tokens_total",
                            "glmserve_prefix_cache_hit_tokens_total",
                            "glmserve_prefix_cache_query_blocks_total",

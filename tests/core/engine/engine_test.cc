@@ -217,7 +217,8 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
-                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv", "overlap"),
+                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv",
+                                           "overlap"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {

@@ -201,8 +201,8 @@ int32_t SomeGeneratedToken() {
   // after a step that already holds their next decode.
   EngineStats stats;
   GenerateRequest g = MakeGenerate(1, 7, 6, true);
-  const std::vector<Outcome> o = RunAll(CpuRunner(std::chrono::milliseconds(0)), {},
-                                        {Request{g}}, &stats);
+  const std::vector<Outcome> o =
+      RunAll(CpuRunner(std::chrono::milliseconds(0)), {}, {Request{g}}, &stats);
   return o[0].tokens.at(2);
 }
 
@@ -215,8 +215,8 @@ TEST(OverlapTest, SameOutputsAsStepsInSequence) {
     options.max_running = 8;
     options.overlap_steps = false;
     EngineStats sequential_stats, overlap_stats;
-    const std::vector<Outcome> want = RunAll(CpuRunner(std::chrono::milliseconds(0)), options,
-                                             requests, &sequential_stats);
+    const std::vector<Outcome> want =
+        RunAll(CpuRunner(std::chrono::milliseconds(0)), options, requests, &sequential_stats);
     options.overlap_steps = true;
     auto runner = CpuRunner(std::chrono::milliseconds(2));
     SlowRunner* slow = runner.get();
