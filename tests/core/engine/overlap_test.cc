@@ -52,7 +52,7 @@ class SlowRunner final : public ModelRunner {
   }
   absl::Status Forward(const ForwardBatch& batch, KvCache* cache, const ForwardOptions& options,
                        ForwardResult* result) override {
-    if (inside_.fetch_add(1) != 0) overlapped_inside_ = true;
+    if (inside_.fetch_add(1) != 0) *overlapped_inside_ = true;
     {
       std::unique_lock<std::mutex> lock(mu_);
       ++steps_;
@@ -85,13 +85,15 @@ class SlowRunner final : public ModelRunner {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return steps_ >= n; });
   }
-  bool overlapped_inside() const { return overlapped_inside_; }
+  // Whether two steps ever ran inside it at once; outlives the runner (the engine owns it).
+  std::shared_ptr<std::atomic<bool>> overlapped_inside() const { return overlapped_inside_; }
 
  private:
   std::unique_ptr<ModelRunner> inner_;
   std::chrono::milliseconds delay_;
   std::atomic<int> inside_{0};
-  std::atomic<bool> overlapped_inside_{false};
+  std::shared_ptr<std::atomic<bool>> overlapped_inside_ =
+      std::make_shared<std::atomic<bool>>(false);
   int32_t fail_token_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -219,12 +221,12 @@ TEST(OverlapTest, SameOutputsAsStepsInSequence) {
         RunAll(CpuRunner(std::chrono::milliseconds(0)), options, requests, &sequential_stats);
     options.overlap_steps = true;
     auto runner = CpuRunner(std::chrono::milliseconds(2));
-    SlowRunner* slow = runner.get();
+    const std::shared_ptr<std::atomic<bool>> inside = runner->overlapped_inside();
     const std::vector<Outcome> got = RunAll(std::move(runner), options, requests, &overlap_stats);
     ExpectSameOutcomes(got, want);
     EXPECT_EQ(sequential_stats.overlapped_steps, 0);
     EXPECT_GT(overlap_stats.overlapped_steps, overlap_stats.steps / 2) << "budget " << budget;
-    EXPECT_FALSE(slow->overlapped_inside());
+    EXPECT_FALSE(*inside) << "two steps ran in the runner at once";
     int stopped = 0;
     for (const Outcome& o : want) stopped += o.finish.reason == FinishReason::kStop;
     EXPECT_GT(stopped, 0) << "no request met its stop token: the case is not exercised";
