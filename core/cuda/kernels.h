@@ -69,6 +69,20 @@ cudaError_t LaunchFp8Experts(const float* x, const int64_t* row_offsets,
 cudaError_t LaunchRandomFp8(uint8_t* codes, int64_t n, uint64_t key, float value_scale,
                             cudaStream_t stream);
 
+// ---- fp8_moe_gemm_tc.cu --------------------------------------------------------------
+// LaunchFp8ExpertGemv's result for steps of any size on bf16 tensor cores (e4m3 codes widened
+// exactly to bf16, WMMA with fp32 accumulation; 64 x 64 output tiles): for every expert e and
+// row i in [offsets[e], offsets[e + 1]), out[i * out_ld + n] = in[i, :] . W_e[n, :],
+// n < expert0.rows; in: [pairs, expert0.cols] bf16; experts stacked as for LaunchFp8ExpertGemv.
+// `pairs` (offsets[n_experts], known to the host without reading the offsets) sizes the grid;
+// no host synchronisation, CUDA-graph capturable. Scales constant along k (per output
+// channel) or in blocks of the 128x128 form (block_rows a multiple of 64, block_cols of 32):
+// Fp8ExpertGemmTcSupported; cudaErrorNotSupported for other block shapes.
+bool Fp8ExpertGemmTcSupported(const Fp8DeviceMatrix& w);
+cudaError_t LaunchFp8ExpertGemmTc(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                  const int32_t* offsets, int64_t pairs, const uint16_t* in,
+                                  float* out, int64_t out_ld, cudaStream_t stream);
+
 // ---- fp8_gemv_vec.cu (the decode GEMVs with 16-byte loads) ----------------------------
 // LaunchFp8LinearBf16's GEMV (m <= kFp8GemvMaxRows) and LaunchFp8ExpertGemv with vectorised
 // weight and activation loads, several rows per warp, the scale once per row (per channel) or

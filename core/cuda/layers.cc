@@ -2,9 +2,10 @@
 // blocks) and the logits head, enqueued on the model's stream. FP8 projections (docs/fp8.md)
 // take fp8_linear.cu's kernels on the same bf16 inputs and fp32 outputs as the cuBLAS GEMMs
 // of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits
-// for the device except the large-batch MoE path of FP8 experts, which reads the per-expert row
-// counts back to size its per-expert FP8 GEMMs (bf16 experts take the grouped tensor-core GEMM
-// over the device-side counts at any size; steps captured as CUDA graphs never take the FP8 one).
+// for the device: MoE layers of any size run over the device-side per-expert counts (the
+// grouped tensor-core GEMMs for bf16 and FP8 experts alike), except the FP8 fallback of
+// EnqueueMoe (FP8 tensor cores on, or unserved scale blocks), which reads the counts back to
+// size its per-expert FP8 GEMMs (steps captured as CUDA graphs never take it).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,13 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
   const bool fp8 = l.experts_gate8.codes != nullptr;
+  // FP8 experts of large steps take the grouped GEMM unless FP8 tensor cores are on (their
+  // GEMMs and GEMVs quantize the activations, which this kernel does not) or a scale block
+  // shape is one it does not serve.
+  const bool fp8_grouped = fp8 && !device_path && !(fp8_tc_ != nullptr && fp8_tensor_cores_) &&
+                           Fp8ExpertGemmTcSupported(l.experts_gate8) &&
+                           Fp8ExpertGemmTcSupported(l.experts_up8) &&
+                           Fp8ExpertGemmTcSupported(l.experts_down8);
   if (device_path && fp8) {
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, pairs, a_.gate_up, 2 * width));
     RETURN_IF_ERROR(
@@ -217,9 +225,23 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_down, hidden, width, n_experts, offsets,
                                                 pairs, a_.act, a_.yp, stream));
+  } else if (fp8_grouped) {
+    // FP8 experts, any number of rows: the same grouped tensor-core GEMMs with the codes
+    // widened to bf16 (fp8_moe_gemm_tc.cu), the scales applied to fp32 sums.
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTc(l.experts_gate8, n_experts, offsets, pairs,
+                                                   a_.xp, a_.gate_up, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTc(l.experts_up8, n_experts, offsets, pairs, a_.xp,
+                                                   a_.gate_up + width, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTc(l.experts_down8, n_experts, offsets, pairs,
+                                                   a_.act, a_.yp, hidden, stream));
   } else {
-    // FP8 experts: per-expert row counts to the host, then one FP8 GEMM per active expert and
-    // projection (docs/cuda.md: the one MoE path that still synchronises).
+    // FP8 experts the grouped GEMM does not serve (FP8 tensor cores on: their quantized
+    // activation arithmetic, docs/cuda.md "One activation arithmetic"; or a scale block shape
+    // other than per channel / 128x128): per-expert row counts to the host, then one FP8 GEMM
+    // per active expert and projection (docs/cuda.md: the one MoE path that still
+    // synchronises).
+    ++moe_host_round_trips_;
     int32_t* host = offsets_host_.as<int32_t>() + layer * (n_experts + 1);
     GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, offsets, sizeof(int32_t) * (n_experts + 1),
                                              cudaMemcpyDeviceToHost, stream));

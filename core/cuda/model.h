@@ -48,8 +48,10 @@ struct CudaModelOptions {
   // Capture decode steps as CUDA graphs (see above). GLMSERVE_CUDA_GRAPHS=0 overrides.
   bool cuda_graphs = true;
   // MoE layers of steps with at most this many (token, expert) pairs run the device-driven
-  // expert GEMV (no host synchronisation, graph-capturable); larger steps read the per-expert
-  // row counts back to the host and run one cuBLAS GEMM per active expert.
+  // expert GEMV (graph-capturable); larger steps run grouped tensor-core GEMMs over the same
+  // device-side offsets (moe_gemm_tc.cu, fp8_moe_gemm_tc.cu). Neither synchronises with the
+  // host, except FP8 experts with FP8 tensor cores on or an unserved scale block shape, which
+  // read the per-expert row counts back and run one FP8 GEMM per active expert.
   int64_t device_moe_max_pairs = 1024;
   // FP8 prefill GEMMs (more than kFp8GemvMaxRows rows; per-channel or 128x128 weights) on FP8
   // tensor cores through cuBLASLt's block-scaled matmul, activations quantized per token and
@@ -133,6 +135,10 @@ class CudaModel final : public ModelRunner {
   const std::string& fp8_tensor_core_status() const { return fp8_tc_status_; }
   int64_t fp8_tensor_core_gemms() const { return fp8_tc_gemms_; }
   int64_t fp8_cuda_core_gemms() const { return fp8_fallback_gemms_; }
+  // MoE layers that read their per-expert row counts back to the host (cudaStreamSynchronize):
+  // only large steps of FP8 experts with FP8 tensor cores on or a scale block shape the
+  // grouped FP8 GEMM does not serve (layers.cc, EnqueueMoe).
+  int64_t moe_host_round_trips() const { return moe_host_round_trips_; }
   // Distinct (MoE layer, routed expert) pairs the last Forward ran. Synchronises.
   absl::StatusOr<int64_t> LastStepActiveExperts();
   // Runs only the FFN block of span layer `layer` on x ([tokens, hidden], the block's normed
@@ -348,6 +354,7 @@ class CudaModel final : public ModelRunner {
   float* fp8_x_scales_ = nullptr;
   int64_t fp8_tc_gemms_ = 0;
   int64_t fp8_fallback_gemms_ = 0;
+  int64_t moe_host_round_trips_ = 0;
 
   // CUDA graphs.
   std::map<GraphKey, GraphEntry> graphs_;

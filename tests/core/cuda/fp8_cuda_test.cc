@@ -1,8 +1,9 @@
 // The CUDA FP8 kernels (core/cuda/fp8_linear.cu) against the CPU's FP8 path (core/cpu/ops/linear.h
 // on a kFp8Scaled matrix) on awkward shapes: K not a multiple of 128 (partial scale blocks),
 // one output row, one activation row, the GEMV / GEMM boundary, per-channel and 128x128
-// block scales, and many experts with uneven (and empty) row counts. Outputs are poisoned
-// (NaN) before each run so an unwritten element shows.
+// block scales, and many experts with uneven (and empty) row counts; the grouped tensor-core
+// GEMM of large MoE steps (core/cuda/fp8_moe_gemm_tc.cu) likewise, and its batch invariance.
+// Outputs are poisoned (NaN) before each run so an unwritten element shows.
 //
 // Tolerance: relative error 1e-5 of the output's norm: both sides multiply the same fp32
 // weights (e4m3 x scale, one rounding) by the same fp32 activations; only the summation
@@ -10,6 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
@@ -237,6 +243,198 @@ TEST(Fp8CudaTest, ExpertGemvWithDeviceOffsetsMatchesTheCpu) {
     }
     for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "unwritten output";
     EXPECT_LT(RelativeError(got, want), 1e-5) << "block cols " << bc;
+  }
+}
+
+// Experts stacked as the device weights hold them (expert e's codes and scales after expert
+// 0's at e times their sizes), each also a host Matrix for the CPU's FP8 path.
+struct StackedExperts {
+  std::vector<std::unique_ptr<Fp8Pair>> experts;
+  DeviceBuffer d_codes, d_scales;
+  Fp8DeviceMatrix expert0;
+  StackedExperts(int64_t n_experts, int64_t n, int64_t k, int64_t br, int64_t bc, uint32_t seed) {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    for (int64_t e = 0; e < n_experts; ++e) {
+      experts.push_back(std::make_unique<Fp8Pair>(n, k, br, bc, seed + static_cast<uint32_t>(e)));
+      codes.insert(codes.end(), experts.back()->codes.begin(), experts.back()->codes.end());
+      scales.insert(scales.end(), experts.back()->scales.begin(), experts.back()->scales.end());
+    }
+    d_codes = Upload(codes);
+    d_scales = Upload(scales);
+    expert0 = {static_cast<const uint8_t*>(d_codes.get()),
+               static_cast<const float*>(d_scales.get()),
+               n,
+               k,
+               br,
+               bc};
+  }
+};
+
+std::vector<int32_t> OffsetsOf(const std::vector<int32_t>& counts) {
+  std::vector<int32_t> offsets = {0};
+  for (const int32_t c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+// LaunchFp8ExpertGemmTc on rows x16 ([pairs, k] bf16, grouped by expert as `offsets` says) into
+// columns [kCol, kCol + n) of NaN-poisoned rows of width n + kPad, plus guard rows past
+// `pairs`; everything outside those columns and rows must stay NaN. Returns out [pairs, n].
+constexpr int64_t kCol = 3, kPad = 8, kGuardRows = 2;
+std::vector<float> RunExpertGemmTc(const StackedExperts& w, const std::vector<int32_t>& offsets,
+                                   const std::vector<uint16_t>& x16) {
+  const int64_t n = w.expert0.rows, ld = n + kPad, pairs = offsets.back();
+  const int64_t n_experts = static_cast<int64_t>(offsets.size()) - 1;
+  DeviceBuffer d_off = Upload(offsets), dx = Upload(x16);
+  DeviceBuffer dy = Poisoned<float>((pairs + kGuardRows) * ld);
+  EXPECT_EQ(LaunchFp8ExpertGemmTc(w.expert0, n_experts, static_cast<const int32_t*>(d_off.get()),
+                                  pairs, static_cast<const uint16_t*>(dx.get()),
+                                  static_cast<float*>(dy.get()) + kCol, ld, nullptr),
+            cudaSuccess);
+  const std::vector<float> all = Download<float>(dy, (pairs + kGuardRows) * ld);
+  std::vector<float> got;
+  int64_t outside_written = 0, inside_unwritten = 0;
+  for (int64_t r = 0; r < pairs + kGuardRows; ++r) {
+    for (int64_t c = 0; c < ld; ++c) {
+      const float v = all[r * ld + c];
+      if (r < pairs && c >= kCol && c < kCol + n) {
+        inside_unwritten += std::isfinite(v) ? 0 : 1;
+        got.push_back(v);
+      } else {
+        outside_written += std::isnan(v) ? 0 : 1;
+      }
+    }
+  }
+  EXPECT_EQ(inside_unwritten, 0) << "unwritten outputs";
+  EXPECT_EQ(outside_written, 0) << "wrote outside its columns or past `pairs`";
+  return got;
+}
+
+// bf16 activations [rows, k], and the same values in fp32 for the CPU.
+void RandomBf16Rows(int64_t rows, int64_t k, uint32_t seed, std::vector<uint16_t>* x16,
+                    std::vector<float>* x) {
+  *x = RandomVector(rows * k, seed, 1.0f);
+  x16->resize(x->size());
+  for (size_t i = 0; i < x->size(); ++i) {
+    (*x16)[i] = FloatToBf16((*x)[i]);
+    (*x)[i] = Bf16ToFloat((*x16)[i]);
+  }
+}
+
+// The grouped tensor-core GEMM of large FP8 MoE steps against the CPU's FP8 path, expert by
+// expert: one row in all; 0, 1, 63, 64, 65 and 130 rows per expert (several without rows);
+// every expert chosen; n and k off the 64-column and 32-deep tiles; per-channel scales,
+// 128x128 blocks cut short at both edges (k 300 = 128 + 128 + 44, n 200 = 128 + 72), and
+// blocks wider than k (one scale per 128 output rows: the per-row form). A strided output at
+// a column offset, every row checked. Tolerance: each row within 1e-5 of its norm (the
+// weights' values differ from the CPU's only in where the scale multiplies; fp32 sums).
+TEST(Fp8CudaTest, ExpertGemmTcMatchesTheCpu) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  struct Case {
+    int64_t n, k, br, bc;
+    std::vector<int32_t> counts;
+  };
+  const std::vector<int32_t> edges = {63, 0, 1, 130, 0, 64, 65, 0};
+  const std::vector<int32_t> every = {3, 70, 17, 64, 2, 129};
+  for (const Case& t : std::vector<Case>{{72, 300, 1, 300, edges},
+                                         {200, 300, 128, 128, every},
+                                         {130, 160, 128, 128, {0, 0, 1, 0, 0}},
+                                         {40, 37, 128, 128, edges},
+                                         {64, 96, 1, 96, every}}) {
+    const std::string name = std::to_string(t.n) + "x" + std::to_string(t.k) + " blocks " +
+                             std::to_string(t.br) + "x" + std::to_string(t.bc);
+    const int64_t n_experts = static_cast<int64_t>(t.counts.size());
+    StackedExperts w(n_experts, t.n, t.k, t.br, t.bc, static_cast<uint32_t>(3000 + t.n));
+    ASSERT_TRUE(Fp8ExpertGemmTcSupported(w.expert0)) << name;
+    const std::vector<int32_t> offsets = OffsetsOf(t.counts);
+    const int64_t pairs = offsets.back();
+    std::vector<uint16_t> x16;
+    std::vector<float> x;
+    RandomBf16Rows(pairs, t.k, static_cast<uint32_t>(t.k), &x16, &x);
+    std::vector<float> want(pairs * t.n);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      if (t.counts[e] == 0) continue;
+      Linear(x.data() + offsets[e] * t.k, t.counts[e], w.experts[e]->host, nullptr,
+             want.data() + offsets[e] * t.n);
+    }
+    const std::vector<float> got = RunExpertGemmTc(w, offsets, x16);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    double worst = 0;
+    int64_t worst_row = -1, beyond = 0;
+    for (int64_t r = 0; r < pairs; ++r) {
+      const double err = RelativeError(got.data() + r * t.n, want.data() + r * t.n, t.n);
+      beyond += err < 1e-5 ? 0 : 1;
+      if (err > worst) {
+        worst = err;
+        worst_row = r;
+      }
+    }
+    std::printf("%s, %lld rows: worst row error %.2e\n", name.c_str(),
+                static_cast<long long>(pairs), worst);
+    EXPECT_EQ(beyond, 0) << name << ": rows beyond 1e-5, the worst " << worst_row << " at "
+                         << worst;
+  }
+}
+
+// A row's result is its own: the same rows of each expert computed among other rows (at other
+// positions in the 64-row tiles, other experts busier) give the same bits.
+TEST(Fp8CudaTest, ExpertGemmTcRowsAreBatchInvariant) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const int64_t bc : {int64_t{128}, int64_t{260}}) {
+    const int64_t n = 70, k = 260, br = bc == 128 ? 128 : 1;
+    const std::vector<int32_t> counts = {5, 70, 0, 33};
+    const std::vector<int32_t> before = {1, 30, 4, 64}, after = {2, 0, 9, 1};
+    StackedExperts w(static_cast<int64_t>(counts.size()), n, k, br, bc, 4000);
+    std::vector<uint16_t> x16, others;
+    std::vector<float> unused;
+    RandomBf16Rows(OffsetsOf(counts).back(), k, 41, &x16, &unused);
+    RandomBf16Rows(200, k, 42, &others, &unused);
+    // The second batch: expert e's rows behind before[e] other rows and ahead of after[e].
+    std::vector<uint16_t> mixed;
+    std::vector<int32_t> mixed_counts, own_row;  // own_row: where each first-batch row went
+    int64_t next_other = 0, next_own = 0;
+    const auto append_others = [&](int32_t rows) {
+      mixed.insert(mixed.end(), others.begin() + next_other * k,
+                   others.begin() + (next_other + rows) * k);
+      next_other += rows;
+    };
+    for (size_t e = 0; e < counts.size(); ++e) {
+      append_others(before[e]);
+      for (int32_t i = 0; i < counts[e]; ++i, ++next_own) {
+        own_row.push_back(static_cast<int32_t>(mixed.size() / k));
+        mixed.insert(mixed.end(), x16.begin() + next_own * k, x16.begin() + (next_own + 1) * k);
+      }
+      append_others(after[e]);
+      mixed_counts.push_back(before[e] + counts[e] + after[e]);
+    }
+    const std::vector<float> alone = RunExpertGemmTc(w, OffsetsOf(counts), x16);
+    const std::vector<float> among = RunExpertGemmTc(w, OffsetsOf(mixed_counts), mixed);
+    for (size_t r = 0; r < own_row.size(); ++r) {
+      EXPECT_EQ(0,
+                std::memcmp(alone.data() + r * n, among.data() + own_row[r] * n, sizeof(float) * n))
+          << "row " << r << " block cols " << bc;
+    }
+  }
+}
+
+// Scale blocks the grouped GEMM does not serve: cudaErrorNotSupported, nothing launched (the
+// runner keeps its per-expert FP8 GEMMs for them).
+TEST(Fp8CudaTest, ExpertGemmTcRefusesOtherBlockShapes) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const auto& [br, bc] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {32, 128}, {128, 16}, {128, 1}}) {
+    StackedExperts w(2, 70, 300, br, bc, 5000);
+    EXPECT_FALSE(Fp8ExpertGemmTcSupported(w.expert0)) << br << "x" << bc;
+    const std::vector<int32_t> offsets = {0, 3, 5};
+    DeviceBuffer d_off = Upload(offsets);
+    DeviceBuffer dx = Upload(std::vector<uint16_t>(5 * 300, 0x3f80));
+    DeviceBuffer dy = Poisoned<float>(5 * 70);
+    EXPECT_EQ(LaunchFp8ExpertGemmTc(w.expert0, 2, static_cast<const int32_t*>(d_off.get()), 5,
+                                    static_cast<const uint16_t*>(dx.get()),
+                                    static_cast<float*>(dy.get()), 70, nullptr),
+              cudaErrorNotSupported)
+        << br << "x" << bc;
+    for (float v : Download<float>(dy, 5 * 70)) ASSERT_TRUE(std::isnan(v)) << "wrote output";
   }
 }
 

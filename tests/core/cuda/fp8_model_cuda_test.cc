@@ -1,11 +1,13 @@
 // The CUDA runner's FP8 weights (core/cuda/device_weights.h, docs/fp8.md): what reaches the
 // device (codes at one byte per weight, scales, which projections stay bf16), the refusals
-// (a group mixing FP8 and unquantized matrices, an FP8 lm_head), and the block-scaled form's
-// partial blocks through the whole model. Forward results against the CPU are in
+// (a group mixing FP8 and unquantized matrices, an FP8 lm_head), the block-scaled form's
+// partial blocks through the whole model, and large MoE steps without a host round trip
+// (fp8_moe_gemm_tc.cu). Forward results against the CPU are in
 // model_cuda_test.cc (the fp8 case), runner_conformance_test.cc (cuda_fp8) and golden_test.cc
 // (the fp8_* fixtures).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -24,6 +26,7 @@ namespace glmserve::cuda {
 namespace {
 
 using ::glmserve::testing::AllLogits;
+using ::glmserve::testing::RelativeError;
 
 ModelWeights Random(const std::string& preset, DType dtype) {
   absl::StatusOr<ModelConfig> config = PresetConfig(preset);
@@ -186,6 +189,51 @@ TEST(Fp8ModelCudaTest, DeviceGeneratedPresetEqualsTheHostPreset) {
   }
   // And so the same logits, bit for bit.
   EXPECT_EQ(PromptLogits(**a), PromptLogits(**b));
+}
+
+// Prefill steps beyond device_moe_max_pairs with FP8 experts, per output channel (tiny) and in
+// 128x128 blocks (tiny-glm5, blocks cut short), FP8 tensor cores off (the default): every MoE
+// layer runs the grouped tensor-core GEMM over the device-side offsets and none reads its
+// counts back to the host. The logits agree with the device-offset GEMV path (the same
+// arithmetic up to the fp32 summation order: model_cuda_test's GPU-against-GPU 1e-2) and with
+// the CPU's FP8 path (its whole-model 3e-2). With FP8 tensor cores on, the synchronising
+// per-expert GEMMs keep their quantized activation arithmetic.
+TEST(Fp8ModelCudaTest, LargeMoeStepsRunWithoutAHostRoundTrip) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const std::string preset : {"tiny", "tiny-glm5"}) {
+    // 7 tokens: within tiny-glm5's index_topk (8), so its attention is dense on both sides.
+    const std::vector<int32_t> ids = {3, 17, 100, 42, 7, 250, 64};
+    CpuModel cpu(Random(preset, DType::kF8E4M3));
+    const std::vector<float> want = AllLogits(cpu, ids);
+    CudaModelOptions large;
+    large.device_moe_max_pairs = 4;  // 7 tokens x top-2: 14 pairs
+    absl::StatusOr<std::unique_ptr<CudaModel>> grouped =
+        CudaModel::Create(Random(preset, DType::kF8E4M3), large);
+    absl::StatusOr<std::unique_ptr<CudaModel>> gemv =
+        CudaModel::Create(Random(preset, DType::kF8E4M3));
+    ASSERT_TRUE(grouped.ok()) << grouped.status();
+    ASSERT_TRUE(gemv.ok()) << gemv.status();
+    for (const DeviceLayer& l : (*grouped)->device_weights().layers) {
+      if (!l.is_moe) continue;
+      ASSERT_NE(l.experts_gate8.codes, nullptr) << preset;
+      EXPECT_EQ(l.experts_gate8.block_rows, preset == "tiny" ? 1 : 128) << preset;
+    }
+    const std::vector<float> got = AllLogits(**grouped, ids);
+    EXPECT_EQ((*grouped)->moe_host_round_trips(), 0) << preset;
+    const double vs_gemv = RelativeError(got, AllLogits(**gemv, ids));
+    const double vs_cpu = RelativeError(got, want);
+    std::printf("%s FP8, grouped MoE GEMM: against the GEMV path %.2e, against the CPU %.2e\n",
+                preset.c_str(), vs_gemv, vs_cpu);
+    EXPECT_LT(vs_gemv, 1e-2) << preset;
+    EXPECT_LT(vs_cpu, 3e-2) << preset;
+    // FP8 tensor cores on, where the device has them (the emulated one does): the fallback,
+    // which synchronises.
+    (*grouped)->set_fp8_tensor_cores(true);
+    if ((*grouped)->fp8_tensor_core_status().rfind("unavailable", 0) != 0) {
+      AllLogits(**grouped, ids);
+      EXPECT_GT((*grouped)->moe_host_round_trips(), 0) << preset;
+    }
+  }
 }
 
 // A model whose weights exceed the device's free memory is refused before any allocation,

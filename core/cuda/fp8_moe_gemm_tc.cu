@@ -1,0 +1,213 @@
+// The routed experts' GEMMs of large steps for FP8 experts, on bf16 tensor cores, driven by
+// the device-side grouping (moe.cu's LaunchMoeSort offsets): moe_gemm_tc.cu's grouped GEMM
+// with e4m3 weights. No per-expert row count crosses to the host, so an FP8 MoE layer of any
+// size enqueues without a cudaStreamSynchronize and can be captured in a CUDA graph
+// (docs/cuda.md, "MoE without a host round trip").
+//
+// The grid is ExpertGemmTcKernel's: x covers the 64-column output tiles, y ceil(pairs / 64) +
+// n_experts row tiles (each expert adds at most one partial tile); block y finds its expert
+// and first row by walking the offsets, blocks past the last tile return. Each block computes
+// a 64 x 64 tile of out = in . W_e^T on WMMA bf16 16x16x16 fragments with fp32 accumulation,
+// K in steps of 32 staged through shared memory (4 warps, a 32 x 32 quarter each).
+//
+// Weights: every e4m3 value is a bf16 value (3 mantissa bits, exponents inside bf16's range,
+// subnormals included), so the codes are widened to bf16 exactly and each product code x
+// activation is exact; the fp32 scale multiplies outside the tensor cores:
+//  * scale constant along k (block_cols >= cols: per output channel, block_rows 1): the tile's
+//    sums are multiplied by the scale of their output column when written out;
+//  * scale blocks of the 128x128 form (generally: block_rows a multiple of 64, block_cols a
+//    multiple of 32): a tile's 64 columns start at a multiple of 64, so they lie in one block
+//    row, and a K stage lies in one block column; the products of one block column (one K
+//    group) are summed in fragments of their own, then scale x that partial sum is added to the
+//    running fragments (element-wise: the scale is uniform over the tile). Blocks cut short at
+//    the edges are the last group.
+// Other block shapes are not supported (cudaErrorNotSupported; the caller keeps the
+// per-expert FP8 GEMMs). The CPU's weight is e4m3 x scale rounded once in fp32; here the scale
+// is applied to a sum instead, so results agree with the CPU's FP8 path to fp32 rounding and
+// summation order. A row's result depends only on its own input row and its expert (K in
+// ascending order, fixed groups), never on the other rows of the step.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <cstdint>
+
+#include "core/cuda/device_util.cuh"
+#include "core/cuda/fp8_util.cuh"
+#include "core/cuda/kernels.h"
+
+namespace glmserve::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kM = 16;         // WMMA tile side
+constexpr int kBM = 64;        // rows (token, expert pairs) per block
+constexpr int kBN = 64;        // output columns per block
+constexpr int kBK = 32;        // K per shared-memory stage
+constexpr size_t kSmemAlign = 32;
+
+using FragA = wmma::fragment<wmma::matrix_a, kM, kM, kM, __nv_bfloat16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, kM, kM, kM, __nv_bfloat16, wmma::col_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, kM, kM, kM, float>;
+
+// a [64, 32] bf16, w [64, 32] bf16 (widened codes; B = W^T read column-major), c [64, 64] fp32.
+constexpr size_t kSmemBytes = kBM * kBK * 2 + kBN * kBK * 2 + kBM * kBN * 4 + kSmemAlign;
+
+// The scale forms the kernel serves (see the file comment); 0 when neither.
+enum ScaleForm : int { kUnsupported = 0, kPerRow = 1, kBlocks = 2 };
+
+ScaleForm FormOf(const Fp8DeviceMatrix& w) {
+  if (w.block_rows <= 0 || w.block_cols <= 0) return kUnsupported;
+  if (w.block_cols >= w.cols) return kPerRow;
+  if (w.block_rows % kBN == 0 && w.block_cols % kBK == 0) return kBlocks;
+  return kUnsupported;
+}
+
+// The e4m3 code as bf16 bits: exact (fp8_util.cuh's decode, whose fp32 result has at most 4
+// significant bits).
+__device__ __forceinline__ uint16_t E4m3ToBf16Bits(uint8_t code) {
+  return static_cast<uint16_t>(__float_as_uint(dev::E4m3ToFloat(code)) >> 16);
+}
+
+// One K stage [k0, k0 + 32) of the tile: the activations and the widened codes into shared
+// memory (zeros past k, past the tile's rows and past n), then acc[i][j] += their products.
+// we: the expert's codes [n, k]; a_s, w_s: [64, 32].
+__device__ __forceinline__ void Stage(const uint16_t* __restrict__ in, int row0, int rows,
+                                      const uint8_t* __restrict__ we, int64_t n, int64_t n0,
+                                      int64_t k, int64_t k0, uint16_t* a_s, uint16_t* w_s,
+                                      FragAcc (&acc)[2][2]) {
+  __syncthreads();  // the previous stage's readers are done
+  for (int i = threadIdx.x; i < kBM * kBK; i += kThreads) {
+    const int r = i / kBK, kk = i % kBK;
+    const int64_t col = k0 + kk;
+    a_s[i] = r < rows && col < k ? in[static_cast<int64_t>(row0 + r) * k + col] : 0;
+    w_s[i] = n0 + r < n && col < k ? E4m3ToBf16Bits(we[(n0 + r) * k + col]) : 0;
+  }
+  __syncthreads();
+  const auto* a_b = reinterpret_cast<const __nv_bfloat16*>(a_s);
+  const auto* w_b = reinterpret_cast<const __nv_bfloat16*>(w_s);
+  const int warp = threadIdx.x >> 5;
+  const int wr = warp / 2, wc = warp % 2;  // this warp's 32 x 32 quarter
+  for (int step = 0; step < kBK / kM; ++step) {
+    FragA a[2];
+    FragBCol b[2];
+    for (int i = 0; i < 2; ++i) {
+      wmma::load_matrix_sync(a[i], a_b + (wr * 32 + i * kM) * kBK + step * kM, kBK);
+      wmma::load_matrix_sync(b[i], w_b + (wc * 32 + i * kM) * kBK + step * kM, kBK);
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+  }
+}
+
+// kForm: kPerRow or kBlocks. w: expert 0 (the others follow at e times its codes' and
+// scales' sizes); out rows at out_ld.
+template <int kForm>
+__global__ void __launch_bounds__(kThreads)
+    Fp8ExpertGemmTcKernel(Fp8DeviceMatrix w, int n_experts, const int32_t* __restrict__ offsets,
+                          const uint16_t* __restrict__ in, float* __restrict__ out,
+                          int64_t out_ld) {
+  extern __shared__ float smem_raw[];
+  __shared__ int tile_info[3];  // expert, first row, rows in this tile (0: no tile)
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) &
+                                       ~(uintptr_t{kSmemAlign} - 1));
+  uint16_t* a_s = reinterpret_cast<uint16_t*>(base);       // [64, 32]
+  uint16_t* w_s = a_s + kBM * kBK;                         // [64, 32]
+  float* c_s = reinterpret_cast<float*>(w_s + kBN * kBK);  // [64, 64]
+
+  if (threadIdx.x == 0) {
+    // Expert e owns global row tiles [tiles before e, + ceil(rows_e / 64)).
+    int64_t target = blockIdx.y, before = 0;
+    tile_info[0] = -1;
+    tile_info[2] = 0;
+    for (int e = 0; e < n_experts; ++e) {
+      const int begin = offsets[e], rows = offsets[e + 1] - begin;
+      const int64_t tiles = (rows + kBM - 1) / kBM;
+      if (target < before + tiles) {
+        const int first = begin + static_cast<int>((target - before) * kBM);
+        tile_info[0] = e;
+        tile_info[1] = first;
+        tile_info[2] = min(kBM, offsets[e + 1] - first);
+        break;
+      }
+      before += tiles;
+    }
+  }
+  __syncthreads();
+  const int expert = tile_info[0], row0 = tile_info[1], rows = tile_info[2];
+  if (rows == 0) return;  // past the last tile: the whole block
+  const int64_t n = w.rows, k = w.cols;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  const int64_t scale_cols = (k + w.block_cols - 1) / w.block_cols;
+  const int64_t scale_rows = (n + w.block_rows - 1) / w.block_rows;
+  const uint8_t* we = w.codes + static_cast<int64_t>(expert) * n * k;  // [n, k]
+  const float* se = w.scales + static_cast<int64_t>(expert) * scale_rows * scale_cols;
+  const int warp = threadIdx.x >> 5;
+  const int wr = warp / 2, wc = warp % 2;
+
+  FragAcc acc[2][2];
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  if (kForm == kPerRow) {
+    for (int64_t k0 = 0; k0 < k; k0 += kBK) Stage(in, row0, rows, we, n, n0, k, k0, a_s, w_s, acc);
+  } else {
+    // One K group per block column; its scale is uniform over the tile (one block row).
+    const float* srow = se + (n0 / w.block_rows) * scale_cols;
+    for (int64_t g = 0; g < scale_cols; ++g) {
+      FragAcc part[2][2];
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(part[i][j], 0.f);
+      const int64_t g_end = (g + 1) * w.block_cols < k ? (g + 1) * w.block_cols : k;
+      for (int64_t k0 = g * w.block_cols; k0 < g_end; k0 += kBK) {
+        Stage(in, row0, rows, we, n, n0, k, k0, a_s, w_s, part);
+      }
+      const float s = srow[g];
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+          for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] += s * part[i][j].x[t];
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(c_s + (wr * 32 + i * kM) * kBN + wc * 32 + j * kM, acc[i][j], kBN,
+                              wmma::mem_row_major);
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kBM * kBN; i += kThreads) {
+    const int r = i / kBN, c = i % kBN;
+    if (r >= rows || n0 + c >= n) continue;
+    // Per row: one scale for the whole of k (scale_cols is 1).
+    const float v = kForm == kPerRow ? c_s[i] * se[(n0 + c) / w.block_rows] : c_s[i];
+    out[static_cast<int64_t>(row0 + r) * out_ld + n0 + c] = v;
+  }
+}
+
+}  // namespace
+
+bool Fp8ExpertGemmTcSupported(const Fp8DeviceMatrix& w) { return FormOf(w) != kUnsupported; }
+
+cudaError_t LaunchFp8ExpertGemmTc(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                  const int32_t* offsets, int64_t pairs, const uint16_t* in,
+                                  float* out, int64_t out_ld, cudaStream_t stream) {
+  if (expert0.rows <= 0 || expert0.cols <= 0 || n_experts <= 0 || pairs <= 0) {
+    return cudaSuccess;
+  }
+  if (out_ld < expert0.rows || expert0.block_rows <= 0 || expert0.block_cols <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const ScaleForm form = FormOf(expert0);
+  if (form == kUnsupported) return cudaErrorNotSupported;
+  const int64_t row_tiles = (pairs + kBM - 1) / kBM + n_experts;
+  const int64_t col_tiles = (expert0.rows + kBN - 1) / kBN;
+  if (row_tiles > 65535 || col_tiles > 2147483647 || n_experts > 2147483647) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(row_tiles));
+  auto kernel = form == kPerRow ? Fp8ExpertGemmTcKernel<kPerRow> : Fp8ExpertGemmTcKernel<kBlocks>;
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(expert0, static_cast<int>(n_experts), offsets, in,
+                                                 out, out_ld);
+  return cudaGetLastError();
+}
+
+}  // namespace glmserve::cuda
