@@ -23,6 +23,9 @@ struct RunnerCase {
   // --fp8_tensor_cores=auto: FP8 GEMMs on tensor cores, activations quantized per token and
   // 1x128 group in prefill and decode alike (docs/cuda.md "One activation arithmetic").
   bool fp8_tensor_cores = false;
+  // The runner wrapped in HostSamplingRunner (core/engine/host_sampling_runner.h): it samples
+  // where the logits are, as the CUDA runner does, so the engine overlaps its steps.
+  bool host_sampling = false;
   // Whether this runner's results must be bit-identical across batch composition and
   // chunking (the CPU kernels' fixed reduction order); otherwise they agree to a tolerance.
   bool exact() const { return device == DeviceKind::kCpu; }
@@ -55,7 +58,10 @@ inline constexpr RunnerCase kRunnerCases[] = {
     {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},
     // The FP8 KV cache (docs/kv_cache.md) on both backends, in the same format.
     {"cpu_f32_kvfp8", DeviceKind::kCpu, DType::kF32, "tiny", CpuMath::kExact, true},
-    {"cuda_bf16_kvfp8", DeviceKind::kCuda, DType::kBF16, "tiny", CpuMath::kExact, true}};
+    {"cuda_bf16_kvfp8", DeviceKind::kCuda, DType::kBF16, "tiny", CpuMath::kExact, true},
+    // The CPU runner sampling after each step: the sampling contract on the CPU.
+    {"cpu_bf16_sampling", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kExact, false, false,
+     true}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

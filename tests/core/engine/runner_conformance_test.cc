@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/host_sampling_runner.h"
 #include "core/engine/runner_factory.h"
 #include "core/engine/sampler.h"
 #include "core/model/checkpoint.h"
@@ -69,6 +70,7 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
       const absl::Status s = (*runner)->SetKvCacheDType(KvCacheDType::kFp8E4M3);
       EXPECT_TRUE(s.ok()) << s;
     }
+    if (GetParam().host_sampling) return std::make_unique<HostSamplingRunner>(*std::move(runner));
     return *std::move(runner);
   }
 
