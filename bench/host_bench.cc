@@ -53,6 +53,10 @@ ABSL_FLAG(std::string, returns, "rows,tokens",
 ABSL_FLAG(bool, server, true, "measure through the gRPC server and client (second table, greedy)");
 ABSL_FLAG(int, rounds, 2, "server table: requests per stream");
 ABSL_FLAG(double, gpu_step_ms, 3.0, "the GPU step time the host overhead is compared with");
+ABSL_FLAG(double, server_device_ms, 0,
+          "second table: > 0 gives the server's runner the tokens form with steps of this many "
+          "ms (a device), the engine's steps overlapped; 0: the rows form, no step time");
+ABSL_FLAG(bool, server_overlap, true, "second table: the engine's overlap_steps (docs/engine.md)");
 ABSL_FLAG(double, overlap_device_ms, 3.0,
           "third table: a runner whose steps take this long (a device), its steps in sequence "
           "and overlapped (docs/engine.md); 0 skips it");
@@ -195,14 +199,18 @@ absl::StatusOr<glmserve::BenchReport> RunServer(const glmserve::ModelConfig& con
   options.metrics_port = 0;  // ephemeral: the bench reads the engine's step time from it
   options.model_name = "instant";
   options.engine = EngineOptionsFor(streams, prompt, new_tokens);
+  options.engine.overlap_steps = absl::GetFlag(FLAGS_server_overlap);
   // Headroom over the bench's streams: a stream's next call may arrive before the server has
   // retired its previous one.
   options.service.max_concurrent_streams = streams + 64;
   ASSIGN_OR_RETURN(std::unique_ptr<glmserve::GlmServer> server,
                    glmserve::GlmServer::Start(options));
-  if (absl::Status s =
-          server->Serve(std::make_unique<glmserve::InstantRunner>(config), glmserve::DType::kBF16);
-      !s.ok()) {
+  auto runner = std::make_unique<glmserve::InstantRunner>(config);
+  if (const double device_ms = absl::GetFlag(FLAGS_server_device_ms); device_ms > 0) {
+    runner->set_device_sampling(true);
+    runner->set_step_time(std::chrono::microseconds(static_cast<int64_t>(device_ms * 1e3)));
+  }
+  if (absl::Status s = server->Serve(std::move(runner), glmserve::DType::kBF16); !s.ok()) {
     return s;
   }
   glmserve::ClientOptions client_options;
@@ -307,7 +315,14 @@ int main(int argc, char** argv) {
     }
   }
   if (!absl::GetFlag(FLAGS_server)) return 0;
-  std::printf("\ngRPC server + client, greedy (glm-client bench's Generate load, in-process)\n");
+  if (const double device_ms = absl::GetFlag(FLAGS_server_device_ms); device_ms > 0) {
+    std::printf(
+        "\ngRPC server + client, greedy (glm-client bench's Generate load, in-process); the "
+        "runner returns tokens, %.1f ms a step, steps %s\n",
+        device_ms, absl::GetFlag(FLAGS_server_overlap) ? "overlapped" : "in sequence");
+  } else {
+    std::printf("\ngRPC server + client, greedy (glm-client bench's Generate load, in-process)\n");
+  }
   std::printf(
       "| streams | tokens/s | engine ms/step | tokens/step | inter-token p50 ms |"
       " p50 / step | %% of %.1f ms step |\n",
