@@ -172,11 +172,12 @@ bool Engine::Impl::CanDecodeAhead(const Sequence& seq) const {
   const Generation* gen = seq.generation();
   if (gen == nullptr) return false;
   const GenerateRequest& g = gen->request;
-  // Its pending token must not be its last (a known length limit), its row's forced token
-  // must not hang on that token, and no MTP drafts follow it.
+  // Its pending token must not be its last (a known length limit), and no MTP drafts follow
+  // it. (A repetition penalty and forced tokens that start after a trigger token depend on
+  // the pending token: the executor completes those requests once it is known.)
   return gen->generated + 1 < g.stop.max_new_tokens &&
          static_cast<int64_t>(gen->tokens.size()) + 1 < model_->config().max_position_embeddings &&
-         g.forced.tokens.empty() && gen->draft_k == 0;
+         gen->draft_k == 0;
 }
 
 void Engine::Impl::BuildStep(std::vector<Sequence*>* selected, std::vector<int64_t>* counts,

@@ -47,13 +47,16 @@ struct Generation {
     mtp_hidden.clear();
   }
 
-  // The token forced at output index `generated`, or -1 when the sampler chooses.
-  int32_t ForcedNext() const {
+  // The token forced at output index `index`, or -1 when the sampler chooses (as far as
+  // known: before the trigger token, -1).
+  int32_t ForcedAt(int64_t index) const {
     const std::vector<int32_t>& forced = request.forced.tokens;
-    if (forced_from < 0 || generated < forced_from) return -1;
-    const int64_t i = generated - forced_from;
+    if (forced_from < 0 || index < forced_from) return -1;
+    const int64_t i = index - forced_from;
     return i < static_cast<int64_t>(forced.size()) ? forced[static_cast<size_t>(i)] : -1;
   }
+  // The token forced at output index `generated`, or -1 when the sampler chooses.
+  int32_t ForcedNext() const { return ForcedAt(generated); }
   // Called after each output token is appended: starts the forced part after its trigger.
   void NoteGenerated(int32_t token) {
     if (forced_from < 0 && !request.forced.tokens.empty() && token == request.forced.after_token) {

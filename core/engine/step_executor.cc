@@ -113,7 +113,10 @@ void StepExecutor::Run(EngineStep* step) {
                         : -1;
     if (token < 0) token = 0;
     step->ids[p.index] = token;
-    if (p.penalise_entry >= 0) AddPenalisedId(&step->options, p.penalise_entry, token, vocab);
+    if (p.entry >= 0 && p.penalise) AddPenalisedId(&step->options, p.entry, token, vocab);
+    if (p.entry >= 0 && p.force_after >= 0 && token == p.force_after) {
+      step->options.sample[p.entry].params.forced = p.force;
+    }
   }
   step->status = model_->Forward(step->batch, cache_, step->options, &step->result);
   step->ran = true;

@@ -40,12 +40,17 @@ struct EngineStep {
   std::vector<int32_t> ids;   // [tokens] of the sequences starting at layer 0
   std::vector<float> hidden;  // [tokens, hidden_size] of the others
   // An input that is a token the previous step samples: ids[index] = that step's
-  // result.tokens[source_entry]; and when penalise_entry >= 0, this step's sample request
-  // penalise_entry also penalises it (its history grew by that token).
+  // result.tokens[source_entry]. When entry >= 0, this step's sample request `entry` (the row
+  // after it) depends on it too: with `penalise` its penalised ids include it (its history
+  // grew by that token), and when it equals `force_after` the row is forced to `force` (the
+  // forced part of a request starts after that token: GenerateRequest::forced).
   struct PendingToken {
     int64_t index = 0;
     int64_t source_entry = 0;
-    int64_t penalise_entry = -1;
+    int64_t entry = -1;
+    bool penalise = false;
+    int32_t force_after = -1;
+    int32_t force = -1;
   };
   std::vector<PendingToken> pending;
   // Built while the step before it ran (on its expected outcome): skipped if that one failed.

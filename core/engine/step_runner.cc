@@ -53,7 +53,7 @@ RowSampleRequest DeviceSampleRequest(Generation& gen, int64_t vocab, int64_t ahe
   r.sample = true;
   r.keep_logits = false;
   r.params = RowSamplingFor(g.sampling, static_cast<uint64_t>(gen.generated + ahead));
-  r.params.forced = gen.ForcedNext();
+  r.params.forced = gen.ForcedAt(gen.generated + ahead);
   r.params.logprob = g.logprobs || g.top_logprobs > 0;
   r.params.top_logprobs = g.top_logprobs;
   const int64_t limit =
@@ -138,8 +138,16 @@ void Engine::Impl::GatherInputs(EngineStep* step) {
         const int64_t entry = static_cast<int64_t>(options.sample.size());
         const int64_t ahead = stored < known ? 1 : 0;
         options.sample.push_back(DeviceSampleRequest(*gen, vocab, ahead, &options.penalised_ids));
-        if (ahead && static_cast<double>(gen->request.sampling.repetition_penalty) != 1.0) {
-          step->pending.back().penalise_entry = entry;
+        if (ahead) {
+          EngineStep::PendingToken& p = step->pending.back();
+          const GenerateRequest& g = gen->request;
+          p.entry = entry;
+          p.penalise = static_cast<double>(g.sampling.repetition_penalty) != 1.0;
+          if (gen->forced_from < 0 && !g.forced.tokens.empty()) {
+            // Not started yet: it starts at this row if the pending token is the trigger.
+            p.force_after = g.forced.after_token;
+            p.force = g.forced.tokens[0];
+          }
         }
         if (overlap_) {
           seq->pending_step = step->id;

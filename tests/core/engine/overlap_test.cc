@@ -144,35 +144,6 @@ TEST(AddPenalisedIdTest, InsertsInOrderAndShiftsLaterRanges) {
   EXPECT_EQ(PenalisedIds(p, {7, 3, 5, 1, 6}, 8), (std::vector<int32_t>{1, 3, 5, 6, 7}));
 }
 
-// Every path a request can take: greedy and seeded sampling with a repetition penalty (the
-// pending token must join its penalised ids), min-p over the whole row, a vocabulary limit,
-// forced tokens (they wait for their token), logprobs, a stop token found by a first run, a
-// length limit of one, and Forward calls with logits.
-std::vector<Request> MixedRequests(int32_t stop_token) {
-  std::vector<Request> out;
-  for (int k = 0; k < 14; ++k) {
-    GenerateRequest g = MakeGenerate(k, 2 + (k * 5) % 23, 1 + (k * 7) % 17, k % 3 != 0);
-    g.logprobs = k % 2 == 0;
-    g.top_logprobs = k % 4 == 0 ? 3 : 0;
-    if (k % 5 == 2) {
-      g.sampling.top_k = 0;
-      g.sampling.top_p = 1.0f;
-      g.sampling.min_p = 0.05f;
-    }
-    if (k == 4) g.sample_vocab_limit = 60;
-    if (k == 7) g.forced.tokens = {3, 1, 4};
-    if (k % 4 == 1) g.stop.stop_token_ids = {stop_token};
-    out.push_back(Request{g});
-  }
-  for (int k = 0; k < 3; ++k) {
-    ForwardRequest f;
-    for (int i = 0; i < 9 + 4 * k; ++i) f.token_ids.push_back((k * 13 + i * 3) % 200);
-    f.logits = k == 1 ? LogitsRows::kAll : LogitsRows::kLast;
-    out.push_back(Request{f});
-  }
-  return out;
-}
-
 std::vector<Outcome> RunAll(std::unique_ptr<ModelRunner> runner, EngineOptions options,
                             const std::vector<Request>& requests, EngineStats* stats) {
   std::unique_ptr<Engine> engine = MakeEngine(std::move(runner), options);
@@ -198,18 +169,51 @@ void ExpectSameOutcomes(const std::vector<Outcome>& got, const std::vector<Outco
   }
 }
 
-int32_t SomeGeneratedToken() {
-  // A token the model generates early for request 1, so that stop tokens end some requests
-  // after a step that already holds their next decode.
+// The token `g` generates at output index `index` on its own (a stop or trigger token that
+// ends or forces some requests after a step that already holds their next decode).
+int32_t GeneratedToken(const GenerateRequest& g, int index) {
   EngineStats stats;
-  GenerateRequest g = MakeGenerate(1, 7, 6, true);
   const std::vector<Outcome> o =
       RunAll(CpuRunner(std::chrono::milliseconds(0)), {}, {Request{g}}, &stats);
-  return o[0].tokens.at(2);
+  return o[0].tokens.at(index);
+}
+
+// Every path a request can take: greedy and seeded sampling with a repetition penalty (the
+// pending token must join its penalised ids), min-p over the whole row, a vocabulary limit,
+// forced tokens from the start and after a trigger token (the pending token may be it),
+// logprobs, a stop token found by a first run, a length limit of one, and Forward calls with
+// logits.
+std::vector<Request> MixedRequests(int32_t stop_token) {
+  std::vector<Request> out;
+  for (int k = 0; k < 14; ++k) {
+    GenerateRequest g = MakeGenerate(k, 2 + (k * 5) % 23, 1 + (k * 7) % 17, k % 3 != 0);
+    g.logprobs = k % 2 == 0;
+    g.top_logprobs = k % 4 == 0 ? 3 : 0;
+    if (k % 5 == 2) {
+      g.sampling.top_k = 0;
+      g.sampling.top_p = 1.0f;
+      g.sampling.min_p = 0.05f;
+    }
+    if (k == 4) g.sample_vocab_limit = 60;
+    if (k == 7) g.forced.tokens = {3, 1, 4};
+    if (k == 9 || k == 12) {  // forced after a token the request generates on its own
+      g.forced.tokens = {5, 6};
+      g.forced.after_token = GeneratedToken(g, 2);
+    }
+    if (k % 4 == 1 && k != 9) g.stop.stop_token_ids = {stop_token};
+    out.push_back(Request{g});
+  }
+  for (int k = 0; k < 3; ++k) {
+    ForwardRequest f;
+    for (int i = 0; i < 9 + 4 * k; ++i) f.token_ids.push_back((k * 13 + i * 3) % 200);
+    f.logits = k == 1 ? LogitsRows::kAll : LogitsRows::kLast;
+    out.push_back(Request{f});
+  }
+  return out;
 }
 
 TEST(OverlapTest, SameOutputsAsStepsInSequence) {
-  const int32_t stop = SomeGeneratedToken();
+  const int32_t stop = GeneratedToken(MakeGenerate(1, 7, 6, true), 2);
   const std::vector<Request> requests = MixedRequests(stop);
   for (int64_t budget : {7, 64}) {
     EngineOptions options;
@@ -230,6 +234,16 @@ TEST(OverlapTest, SameOutputsAsStepsInSequence) {
     int stopped = 0;
     for (const Outcome& o : want) stopped += o.finish.reason == FinishReason::kStop;
     EXPECT_GT(stopped, 0) << "no request met its stop token: the case is not exercised";
+    // A trigger met: the forced tokens follow it in the reference.
+    int triggered = 0;
+    for (int k : {9, 12}) {
+      const std::vector<int32_t>& t = want[k].tokens;
+      for (size_t i = 0; i + 2 < t.size(); ++i) {
+        triggered += t[i] == std::get<GenerateRequest>(requests[k].body).forced.after_token &&
+                     t[i + 1] == 5 && t[i + 2] == 6;
+      }
+    }
+    EXPECT_GT(triggered, 0) << "no forced part started after its trigger: not exercised";
   }
 }
 
