@@ -82,6 +82,19 @@ bool Fp8ExpertGemmTcSupported(const Fp8DeviceMatrix& w);
 cudaError_t LaunchFp8ExpertGemmTc(const Fp8DeviceMatrix& expert0, int64_t n_experts,
                                   const int32_t* offsets, int64_t pairs, const uint16_t* in,
                                   float* out, int64_t out_ld, cudaStream_t stream);
+// The same GEMM on quantized activations (FP8 tensor cores on; docs/cuda.md "One activation
+// arithmetic"): x_codes [pairs, expert0.cols] e4m3 and x_scales from LaunchQuantizeFp8Groups of
+// the expert-sorted rows (row i's group g at x_scales[g * scale_ld + i], scale_ld >= pairs):
+// LaunchFp8ExpertGemvVecQ's result for every row, up to the fp32 summation order,
+//   out[i * out_ld + n] = (sum_g x_scale[i, g] * sB[n, g] * (W_e codes[n, g] . x_codes[i, g]))
+//                         * ws[n]
+// (128x128 form: sB the block scale, ws 1; per channel: sB 1, ws the row scale), the codes'
+// products on bf16 tensor cores with fp32 sums per 128-wide group. The same weight forms as
+// LaunchFp8ExpertGemmTc (cudaErrorNotSupported otherwise); no host synchronisation.
+cudaError_t LaunchFp8ExpertGemmTcQ(const Fp8DeviceMatrix& expert0, int64_t n_experts,
+                                   const int32_t* offsets, int64_t pairs, const uint8_t* x_codes,
+                                   const float* x_scales, int64_t scale_ld, float* out,
+                                   int64_t out_ld, cudaStream_t stream);
 
 // ---- fp8_gemv_vec.cu (the decode GEMVs with 16-byte loads) ----------------------------
 // LaunchFp8LinearBf16's GEMV (m <= kFp8GemvMaxRows) and LaunchFp8ExpertGemv with vectorised

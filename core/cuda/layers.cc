@@ -4,8 +4,9 @@
 // of the bf16 ones, writing their columns of the fused outputs (qkv, gate_up). Nothing here waits
 // for the device: MoE layers of any size run over the device-side per-expert counts (the
 // grouped tensor-core GEMMs for bf16 and FP8 experts alike), except the FP8 fallback of
-// EnqueueMoe (FP8 tensor cores on, or unserved scale blocks), which reads the counts back to
+// EnqueueMoe (scale blocks the grouped GEMM does not serve), which reads the counts back to
 // size its per-expert FP8 GEMMs (steps captured as CUDA graphs never take it).
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -199,13 +200,18 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
       LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
   const bool fp8 = l.experts_gate8.codes != nullptr;
-  // FP8 experts of large steps take the grouped GEMM unless FP8 tensor cores are on (their
-  // GEMMs and GEMVs quantize the activations, which this kernel does not) or a scale block
-  // shape is one it does not serve.
-  const bool fp8_grouped = fp8 && !device_path && !(fp8_tc_ != nullptr && fp8_tensor_cores_) &&
-                           Fp8ExpertGemmTcSupported(l.experts_gate8) &&
-                           Fp8ExpertGemmTcSupported(l.experts_up8) &&
-                           Fp8ExpertGemmTcSupported(l.experts_down8);
+  // FP8 experts of large steps take the grouped GEMM unless a scale block shape is one it
+  // does not serve. With FP8 tensor cores on, every FP8 GEMM and GEMV quantizes its
+  // activations (docs/cuda.md "One activation arithmetic"): the grouped GEMM's quantized form
+  // on the expert-sorted rows, quantized on the device as the small-step path does.
+  // (Weights cuBLASLt's FP8 GEMM does not serve keep bf16 activations there, and so here.)
+  const bool fp8_q_acts =
+      fp8_tc_ != nullptr && fp8_tensor_cores_ && Fp8TensorCoreGemm::Serves(l.experts_gate8) &&
+      Fp8TensorCoreGemm::Serves(l.experts_up8) && Fp8TensorCoreGemm::Serves(l.experts_down8);
+  const bool fp8_grouped =
+      fp8 && !device_path && Fp8ExpertGemmTcSupported(l.experts_gate8) &&
+      Fp8ExpertGemmTcSupported(l.experts_up8) && Fp8ExpertGemmTcSupported(l.experts_down8) &&
+      (!fp8_q_acts || (pairs <= fp8_scratch_rows_ && std::max(hidden, width) <= fp8_max_cols_));
   if (device_path && fp8) {
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, pairs, a_.gate_up, 2 * width));
     RETURN_IF_ERROR(
@@ -225,6 +231,23 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_down, hidden, width, n_experts, offsets,
                                                 pairs, a_.act, a_.yp, stream));
+  } else if (fp8_grouped && fp8_q_acts) {
+    // FP8 tensor cores on: the rows' e4m3 codes and per-1x128-group scales (scale_ld = pairs),
+    // then the grouped GEMMs on them: LaunchFp8ExpertGemvVecQ's arithmetic, no host round trip.
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeFp8Groups(a_.xp, pairs, hidden, fp8_x_codes_, fp8_x_scales_, pairs, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTcQ(l.experts_gate8, n_experts, offsets, pairs,
+                                                    fp8_x_codes_, fp8_x_scales_, pairs, a_.gate_up,
+                                                    2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTcQ(l.experts_up8, n_experts, offsets, pairs,
+                                                    fp8_x_codes_, fp8_x_scales_, pairs,
+                                                    a_.gate_up + width, 2 * width, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
+    GLM_CUDA_RETURN_IF_ERROR(
+        LaunchQuantizeFp8Groups(a_.act, pairs, width, fp8_x_codes_, fp8_x_scales_, pairs, stream));
+    GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTcQ(l.experts_down8, n_experts, offsets, pairs,
+                                                    fp8_x_codes_, fp8_x_scales_, pairs, a_.yp,
+                                                    hidden, stream));
   } else if (fp8_grouped) {
     // FP8 experts, any number of rows: the same grouped tensor-core GEMMs with the codes
     // widened to bf16 (fp8_moe_gemm_tc.cu), the scales applied to fp32 sums.
@@ -236,11 +259,10 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTc(l.experts_down8, n_experts, offsets, pairs,
                                                    a_.act, a_.yp, hidden, stream));
   } else {
-    // FP8 experts the grouped GEMM does not serve (FP8 tensor cores on: their quantized
-    // activation arithmetic, docs/cuda.md "One activation arithmetic"; or a scale block shape
-    // other than per channel / 128x128): per-expert row counts to the host, then one FP8 GEMM
-    // per active expert and projection (docs/cuda.md: the one MoE path that still
-    // synchronises).
+    // FP8 experts the grouped GEMM does not serve (a scale block shape other than per channel
+    // / 128x128; with FP8 tensor cores on, a step beyond the quantizer's scratch):
+    // per-expert row counts to the host, then one FP8 GEMM per active expert and projection
+    // (docs/cuda.md: the one MoE path that still synchronises).
     ++moe_host_round_trips_;
     int32_t* host = offsets_host_.as<int32_t>() + layer * (n_experts + 1);
     GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, offsets, sizeof(int32_t) * (n_experts + 1),

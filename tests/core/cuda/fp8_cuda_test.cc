@@ -2,7 +2,8 @@
 // on a kFp8Scaled matrix) on awkward shapes: K not a multiple of 128 (partial scale blocks),
 // one output row, one activation row, the GEMV / GEMM boundary, per-channel and 128x128
 // block scales, and many experts with uneven (and empty) row counts; the grouped tensor-core
-// GEMM of large MoE steps (core/cuda/fp8_moe_gemm_tc.cu) likewise, and its batch invariance.
+// GEMM of large MoE steps (core/cuda/fp8_moe_gemm_tc.cu) likewise, and its batch invariance;
+// its quantized-activation form against the quantized arithmetic and the quantizing GEMV.
 // Outputs are poisoned (NaN) before each run so an unwritten element shows.
 //
 // Tolerance: relative error 1e-5 of the output's norm: both sides multiply the same fp32
@@ -10,6 +11,7 @@
 // order differs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -432,6 +434,221 @@ TEST(Fp8CudaTest, ExpertGemmTcRefusesOtherBlockShapes) {
     EXPECT_EQ(LaunchFp8ExpertGemmTc(w.expert0, 2, static_cast<const int32_t*>(d_off.get()), 5,
                                     static_cast<const uint16_t*>(dx.get()),
                                     static_cast<float*>(dy.get()), 70, nullptr),
+              cudaErrorNotSupported)
+        << br << "x" << bc;
+    for (float v : Download<float>(dy, 5 * 70)) ASSERT_TRUE(std::isnan(v)) << "wrote output";
+  }
+}
+
+// Quantized activation rows as fp8_quant.cu leaves them: e4m3 codes [rows, k] and one scale
+// per row and 128-wide group, here row-major [rows, G] (Upload transposes to [G, scale_ld]).
+struct QuantRows {
+  int64_t k = 0;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  int64_t rows() const { return static_cast<int64_t>(codes.size()) / k; }
+  int64_t groups() const { return Fp8ActGroups(k); }
+  void Append(const QuantRows& from, int64_t row) {
+    codes.insert(codes.end(), from.codes.begin() + row * k, from.codes.begin() + (row + 1) * k);
+    scales.insert(scales.end(), from.scales.begin() + row * groups(),
+                  from.scales.begin() + (row + 1) * groups());
+  }
+};
+
+// Random codes (of N(0, 100) values, some subnormal) and scales |N(0, 1)| / 448 + 1e-3.
+QuantRows RandomQuantRows(int64_t rows, int64_t k, uint32_t seed) {
+  QuantRows q;
+  q.k = k;
+  for (float v : RandomVector(rows * k, seed, 100.0f)) q.codes.push_back(FloatToE4m3(v));
+  for (int64_t i = 0; i < rows * k; i += 13) q.codes[i] = static_cast<uint8_t>(i % 8);
+  for (float v : RandomVector(rows * q.groups(), seed + 7, 1.0f)) {
+    q.scales.push_back(std::fabs(v) / 448 + 1e-3f);
+  }
+  return q;
+}
+
+// The quantized arithmetic in double, per element: sum over c of x_scale[i, c / 128] x
+// w_scale[n / br, c / bc] x e4m3(W[n, c]) x e4m3(x[i, c]) (the per-channel form is the case
+// bc >= k), with S = the sum of the terms' magnitudes, which bounds fp32 summation errors.
+void QuantizedReference(const Fp8Pair& w, const QuantRows& x, int64_t first, int64_t rows,
+                        double* out, double* magnitude) {
+  const int64_t n = w.host.rows, k = w.host.cols;
+  const int64_t br = w.host.scale_block_rows, bc = w.host.scale_block_cols;
+  const int64_t scale_cols = (k + bc - 1) / bc;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t r = 0; r < n; ++r) {
+      double sum = 0, mag = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double t = static_cast<double>(x.scales[(first + i) * x.groups() + c / 128]) *
+                         w.scales[(r / br) * scale_cols + c / bc] *
+                         E4m3ToFloat(w.codes[r * k + c]) *
+                         E4m3ToFloat(x.codes[(first + i) * k + c]);
+        sum += t;
+        mag += std::fabs(t);
+      }
+      out[i * n + r] = sum;
+      magnitude[i * n + r] = mag;
+    }
+  }
+}
+
+// LaunchFp8ExpertGemmTcQ (or, gemv true, LaunchFp8ExpertGemvVecQ) on the quantized rows x
+// (scales at scale_ld = pairs + kScalePad), as RunExpertGemmTc does: columns [kCol, kCol + n)
+// of NaN-poisoned rows plus guard rows, nothing outside written. Returns out [pairs, n].
+constexpr int64_t kScalePad = 3;
+std::vector<float> RunExpertGemmTcQ(const StackedExperts& w, const std::vector<int32_t>& offsets,
+                                    const QuantRows& x, bool gemv = false) {
+  const int64_t n = w.expert0.rows, ld = n + kPad, pairs = offsets.back();
+  const int64_t n_experts = static_cast<int64_t>(offsets.size()) - 1;
+  const int64_t scale_ld = pairs + kScalePad;
+  std::vector<float> scales(x.groups() * scale_ld, std::nanf(""));
+  for (int64_t i = 0; i < pairs; ++i) {
+    for (int64_t g = 0; g < x.groups(); ++g)
+      scales[g * scale_ld + i] = x.scales[i * x.groups() + g];
+  }
+  DeviceBuffer d_off = Upload(offsets), d_codes = Upload(x.codes), d_scales = Upload(scales);
+  DeviceBuffer dy = Poisoned<float>((pairs + kGuardRows) * ld);
+  const auto* off = static_cast<const int32_t*>(d_off.get());
+  const auto* codes = static_cast<const uint8_t*>(d_codes.get());
+  const auto* sc = static_cast<const float*>(d_scales.get());
+  float* y = static_cast<float*>(dy.get()) + kCol;
+  EXPECT_EQ(
+      gemv ? LaunchFp8ExpertGemvVecQ(w.expert0, n_experts, off, codes, sc, scale_ld, y, ld, nullptr)
+           : LaunchFp8ExpertGemmTcQ(w.expert0, n_experts, off, pairs, codes, sc, scale_ld, y, ld,
+                                    nullptr),
+      cudaSuccess);
+  const std::vector<float> all = Download<float>(dy, (pairs + kGuardRows) * ld);
+  std::vector<float> got;
+  int64_t outside_written = 0, inside_unwritten = 0;
+  for (int64_t r = 0; r < pairs + kGuardRows; ++r) {
+    for (int64_t c = 0; c < ld; ++c) {
+      const float v = all[r * ld + c];
+      if (r < pairs && c >= kCol && c < kCol + n) {
+        inside_unwritten += std::isfinite(v) ? 0 : 1;
+        got.push_back(v);
+      } else {
+        outside_written += std::isnan(v) ? 0 : 1;
+      }
+    }
+  }
+  EXPECT_EQ(inside_unwritten, 0) << "unwritten outputs";
+  EXPECT_EQ(outside_written, 0) << "wrote outside its columns or past `pairs`";
+  return got;
+}
+
+// The quantized-activation form of the grouped GEMM (FP8 tensor cores on) against the
+// quantized arithmetic in double on ExpertGemmTcMatchesTheCpu's shapes (one row in all; 0, 1,
+// 63, 64, 65, 129 and 130 rows per expert; n, k off the tiles; 128x128 blocks cut short at both
+// edges; per-channel scales; k off the 128-wide activation groups), and, where it applies
+// (k and block_cols multiples of 16), against LaunchFp8ExpertGemvVecQ, the small-step path.
+// Bound, per element: both kernels form exact products (codes widen exactly; the scales
+// multiply partial sums) and sum at most k + 3 fp32 terms, so each lies within about
+// (k + 4) u S of the exact value (u = 2^-24, S = the sum of the terms' magnitudes); doubled
+// for tensor cores whose fp32 accumulation need not round to nearest: (k + 4) 2^-23 S
+// against the double reference, (k + 4) 2^-22 S between the two kernels.
+TEST(Fp8CudaTest, ExpertGemmTcQMatchesTheQuantizedArithmetic) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  struct Case {
+    int64_t n, k, br, bc;
+    std::vector<int32_t> counts;
+  };
+  const std::vector<int32_t> edges = {63, 0, 1, 130, 0, 64, 65, 0};
+  const std::vector<int32_t> every = {3, 70, 17, 64, 2, 129};
+  for (const Case& t : std::vector<Case>{{72, 300, 1, 300, edges},
+                                         {200, 300, 128, 128, every},
+                                         {130, 160, 128, 128, {0, 0, 1, 0, 0}},
+                                         {40, 37, 128, 128, edges},
+                                         {64, 96, 1, 96, every},
+                                         {70, 256, 128, 128, {9, 0, 66}}}) {
+    const std::string name = std::to_string(t.n) + "x" + std::to_string(t.k) + " blocks " +
+                             std::to_string(t.br) + "x" + std::to_string(t.bc);
+    const int64_t n_experts = static_cast<int64_t>(t.counts.size());
+    StackedExperts w(n_experts, t.n, t.k, t.br, t.bc, static_cast<uint32_t>(6000 + t.n));
+    const std::vector<int32_t> offsets = OffsetsOf(t.counts);
+    const int64_t pairs = offsets.back();
+    const QuantRows x = RandomQuantRows(pairs, t.k, static_cast<uint32_t>(t.k + 11));
+    std::vector<double> want(pairs * t.n), mag(pairs * t.n);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      QuantizedReference(*w.experts[e], x, offsets[e], t.counts[e], want.data() + offsets[e] * t.n,
+                         mag.data() + offsets[e] * t.n);
+    }
+    const std::vector<float> got = RunExpertGemmTcQ(w, offsets, x);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    const double u2 = std::ldexp(1.0, -23);
+    int64_t beyond = 0;
+    double worst = 0;  // |error| / S
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(got[i] - want[i]);
+      beyond += err <= (t.k + 4) * u2 * mag[i] ? 0 : 1;
+      worst = std::max(worst, err / mag[i]);
+    }
+    std::printf("%s, %lld rows: worst |error| / S %.2e (bound %.2e)\n", name.c_str(),
+                static_cast<long long>(pairs), worst, (t.k + 4) * u2);
+    EXPECT_EQ(beyond, 0) << name << ": elements beyond the bound, worst |error| / S " << worst;
+    if (t.k % 16 == 0 && (t.bc >= t.k || t.bc % 16 == 0)) {
+      const std::vector<float> gemv = RunExpertGemmTcQ(w, offsets, x, /*gemv=*/true);
+      ASSERT_EQ(gemv.size(), got.size()) << name;
+      int64_t apart = 0;
+      double widest = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double d = std::fabs(got[i] - gemv[i]);
+        apart += d <= (t.k + 4) * 2 * u2 * mag[i] ? 0 : 1;
+        widest = std::max(widest, d / mag[i]);
+      }
+      std::printf("  against LaunchFp8ExpertGemvVecQ: widest |difference| / S %.2e\n", widest);
+      EXPECT_EQ(apart, 0) << name << ": elements apart from LaunchFp8ExpertGemvVecQ's";
+    }
+  }
+}
+
+// The quantized form's rows are their own too (ExpertGemmTcRowsAreBatchInvariant's batches).
+TEST(Fp8CudaTest, ExpertGemmTcQRowsAreBatchInvariant) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const int64_t bc : {int64_t{128}, int64_t{260}}) {
+    const int64_t n = 70, k = 260, br = bc == 128 ? 128 : 1;
+    const std::vector<int32_t> counts = {5, 70, 0, 33};
+    const std::vector<int32_t> before = {1, 30, 4, 64}, after = {2, 0, 9, 1};
+    StackedExperts w(static_cast<int64_t>(counts.size()), n, k, br, bc, 7000);
+    const QuantRows own = RandomQuantRows(OffsetsOf(counts).back(), k, 51);
+    const QuantRows others = RandomQuantRows(200, k, 52);
+    QuantRows mixed;
+    mixed.k = k;
+    std::vector<int32_t> mixed_counts, own_row;
+    int64_t next_other = 0, next_own = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      for (int32_t i = 0; i < before[e]; ++i) mixed.Append(others, next_other++);
+      for (int32_t i = 0; i < counts[e]; ++i) {
+        own_row.push_back(static_cast<int32_t>(mixed.rows()));
+        mixed.Append(own, next_own++);
+      }
+      for (int32_t i = 0; i < after[e]; ++i) mixed.Append(others, next_other++);
+      mixed_counts.push_back(before[e] + counts[e] + after[e]);
+    }
+    const std::vector<float> alone = RunExpertGemmTcQ(w, OffsetsOf(counts), own);
+    const std::vector<float> among = RunExpertGemmTcQ(w, OffsetsOf(mixed_counts), mixed);
+    for (size_t r = 0; r < own_row.size(); ++r) {
+      EXPECT_EQ(0,
+                std::memcmp(alone.data() + r * n, among.data() + own_row[r] * n, sizeof(float) * n))
+          << "row " << r << " block cols " << bc;
+    }
+  }
+}
+
+// The quantized form refuses the same block shapes, writing nothing.
+TEST(Fp8CudaTest, ExpertGemmTcQRefusesOtherBlockShapes) {
+  GLM_REQUIRE_CUDA_DEVICE();
+  for (const auto& [br, bc] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {32, 128}, {128, 16}, {128, 1}}) {
+    StackedExperts w(2, 70, 300, br, bc, 8000);
+    const std::vector<int32_t> offsets = {0, 3, 5};
+    DeviceBuffer d_off = Upload(offsets);
+    DeviceBuffer dx = Upload(std::vector<uint8_t>(5 * 300, 0x38));
+    DeviceBuffer ds = Upload(std::vector<float>(5 * 3, 1.f));
+    DeviceBuffer dy = Poisoned<float>(5 * 70);
+    EXPECT_EQ(LaunchFp8ExpertGemmTcQ(w.expert0, 2, static_cast<const int32_t*>(d_off.get()), 5,
+                                     static_cast<const uint8_t*>(dx.get()),
+                                     static_cast<const float*>(ds.get()), 5,
+                                     static_cast<float*>(dy.get()), 70, nullptr),
               cudaErrorNotSupported)
         << br << "x" << bc;
     for (float v : Download<float>(dy, 5 * 70)) ASSERT_TRUE(std::isnan(v)) << "wrote output";
