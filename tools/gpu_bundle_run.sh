@@ -3,7 +3,7 @@
 # on a GPU host that has the NVIDIA driver and CUDA (for cuBLAS) but nothing of glmserve's
 # build dependencies. Every GPU test binary with GLMSERVE_REQUIRE_CUDA=1 (a skip is a
 # failure), glm-run's CUDA runner against its CPU runner on golden checkpoints, gpu_bench, glm-server on the GPU under glm-client bench at concurrency 1, 16 and
-# 64, and the CPU host benchmarks (sampler_bench, host_bench), each with a timeout; a few
+# 64 (and 16, 64 again with --overlap_steps=false), and the CPU host benchmarks (sampler_bench, host_bench), each with a timeout; a few
 # minutes in all.
 #
 #   bash run.sh [out-dir]            logs into out-dir (default: $OUT if set, else ./gpu-check-logs)
@@ -16,7 +16,8 @@
 # GLMSERVE_GOLDEN_DIR.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
 # and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_glm5.log,
-# gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log,
+# gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log, server_in_sequence.log,
+# client_bench_in_sequence_c<N>.log,
 # sampler_bench.log, host_bench.log, moe_routing_bench.log, mtp_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
@@ -170,25 +171,33 @@ if [ "$gpu" = 1 ]; then
     --model=glm-4.5-air-fp8 --kv_cache_dtype=fp8_e4m3 --batches=1,8,64 --context=2048 \
     --decode_steps=16 --prefill_tokens=2048
 
-  # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures).
-  port=$((20000 + ($$ % 20000)))
-  metrics=$((port + 1))
-  "$here/bin/glm-server" --device=cuda --model=glm-4.5-air:layers=2 --port="$port" \
-    --metrics_port="$metrics" --max_running=64 >"$out/server.log" 2>&1 &
-  server=$!
-  if timeout "$timeout_s" "$here/bin/glm-client" --target="127.0.0.1:$port" health \
-    --service=readiness --wait=240s >>"$out/server.log" 2>&1; then
-    note "ok   glm-server ready on port $port"
-    for c in 1 16 64; do
-      run_step "glm-client bench, concurrency $c" "$out/client_bench_c$c.log" \
-        "$here/bin/glm-client" --target="127.0.0.1:$port" bench --rpc=generate --concurrency="$c" \
-        --duration=10s --prompt_len=128 --max_new_tokens=64 --metrics="127.0.0.1:$metrics"
-    done
-  else
-    fail "glm-server did not become ready (see server.log)"
-  fi
-  kill -TERM "$server" 2>/dev/null
-  wait "$server" 2>/dev/null
+  # glm-server on the GPU, glm-client bench against it (the issue-9 serving figures): with
+  # the defaults (steps overlapped, docs/engine.md), then with the steps in sequence.
+  serve_and_bench() {  # <log suffix> <concurrencies> [glm-server flags...]
+    local suffix="$1" levels="$2"
+    shift 2
+    local port=$((20000 + ($$ % 20000))) metrics
+    metrics=$((port + 1))
+    "$here/bin/glm-server" --device=cuda --model=glm-4.5-air:layers=2 --port="$port" \
+      --metrics_port="$metrics" --max_running=64 "$@" >"$out/server$suffix.log" 2>&1 &
+    local server=$!
+    if timeout "$timeout_s" "$here/bin/glm-client" --target="127.0.0.1:$port" health \
+      --service=readiness --wait=240s >>"$out/server$suffix.log" 2>&1; then
+      note "ok   glm-server$suffix ready on port $port"
+      for c in $levels; do
+        run_step "glm-client bench$suffix, concurrency $c" "$out/client_bench${suffix}_c$c.log" \
+          "$here/bin/glm-client" --target="127.0.0.1:$port" bench --rpc=generate \
+          --concurrency="$c" --duration=10s --prompt_len=128 --max_new_tokens=64 \
+          --metrics="127.0.0.1:$metrics"
+      done
+    else
+      fail "glm-server$suffix did not become ready (see server$suffix.log)"
+    fi
+    kill -TERM "$server" 2>/dev/null
+    wait "$server" 2>/dev/null
+  }
+  serve_and_bench "" "1 16 64"
+  serve_and_bench "_in_sequence" "16 64" --overlap_steps=false
 
   run_step sampler_bench "$out/sampler_bench.log" "$here/bin/sampler_bench"
   # 16 and 64 streams, both runner forms (rows; tokens as device sampling returns them).
