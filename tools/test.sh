@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the command the README gives and .ci/run calls.
 #   tools/test.sh            # install deps if missing, configure, build, ctest, the engine-alone
-#                            # build with the CUDA emulation tests, 30 s per fuzzer
+#                            # build with the CUDA emulation tests, the engine's threads
+#                            # under ThreadSanitizer, 30 s per fuzzer
 # BUILD_DIR (default: build) and JOBS (default: nproc) may be set in the environment.
 # The build is tools/build.sh, the same script the Dockerfile's build stage runs.
 set -euo pipefail
@@ -23,6 +24,31 @@ if [ "${EMU:-1}" != 0 ]; then
     -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON
   cmake --build "$EMU_DIR" -j "$JOBS" --target glm-run cuda_emu_all
   ctest --test-dir "$EMU_DIR" -L cuda_emu --output-on-failure -j "$JOBS"
+fi
+# The engine's threads under ThreadSanitizer (its own build in ${BUILD_DIR}-tsan, the engine
+# alone as above): the step executor and overlapped steps, event delivery, the thread pool,
+# the tensor-parallel rank group and its communicator. TSAN=0 skips it.
+if [ "${TSAN:-1}" != 0 ]; then
+  TSAN_DIR="${BUILD_DIR}-tsan"
+  cmake -S . -B "$TSAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGLMSERVE_CUDA=OFF \
+    -DGLMSERVE_BUILD_SERVER=OFF -DGLMSERVE_BUILD_BENCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON \
+    -DCMAKE_DISABLE_FIND_PACKAGE_Protobuf=ON -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
+    -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DCMAKE_CXX_FLAGS="-fsanitize=thread" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread"
+  TSAN_TESTS="core_base_parallel_test core_engine_event_delivery_test
+    core_engine_device_sampling_test core_engine_overlap_test core_engine_engine_test
+    core_model_communicator_test core_model_rank_group_test"
+  # shellcheck disable=SC2086
+  cmake --build "$TSAN_DIR" -j "$JOBS" --target $TSAN_TESTS
+  for t in $TSAN_TESTS; do
+    filter='*'
+    # The engine suite's overlapped mode and its thread-heavy cases (its other math modes
+    # exercise the kernels, not the threads).
+    [ "$t" = core_engine_engine_test ] && filter='*overlap*:EngineTest.*'
+    echo "== $t (ThreadSanitizer)"
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      "$TSAN_DIR/tests/$t" --gtest_filter="$filter" --gtest_brief=1
+  done
 fi
 # Every fuzz target for a short fixed time under libFuzzer + ASan + UBSan (its own clang build
 # in build-fuzz/); FUZZ_SECONDS=0 skips it, tools/fuzz.sh 600 is a long run.
