@@ -18,25 +18,25 @@
 
 #include "core/cuda/device_util.cuh"
 #include "core/cuda/kernels.h"
+#include "core/cuda/moe_tile.cuh"
 
 namespace glmserve::cuda {
 namespace {
 
+// The shared tiling (moe_tile.cuh).
 namespace wmma = nvcuda::wmma;
-
-constexpr int kThreads = 128;  // 4 warps
-constexpr int kM = 16;         // WMMA tile side
-constexpr int kBM = 64;        // rows (token, expert pairs) per block
-constexpr int kBN = 64;        // output columns per block
-constexpr int kBK = 32;        // K per shared-memory stage
-constexpr size_t kSmemAlign = 32;
-
-using FragA = wmma::fragment<wmma::matrix_a, kM, kM, kM, __nv_bfloat16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, kM, kM, kM, __nv_bfloat16, wmma::col_major>;
-using FragAcc = wmma::fragment<wmma::accumulator, kM, kM, kM, float>;
-
-// a [64, 32] bf16, w [64, 32] bf16 (weight rows: B = W^T read column-major), c [64, 64] fp32.
-constexpr size_t kSmemBytes = kBM * kBK * 2 + kBN * kBK * 2 + kBM * kBN * 4 + kSmemAlign;
+using moe_tile::CarveSmem;
+using moe_tile::FindTile;
+using moe_tile::FragA;
+using moe_tile::FragAcc;
+using moe_tile::FragBCol;
+using moe_tile::kBK;
+using moe_tile::kBM;
+using moe_tile::kBN;
+using moe_tile::kM;
+using moe_tile::kSmemBytes;
+using moe_tile::kThreads;
+using moe_tile::Smem;
 
 __global__ void __launch_bounds__(kThreads)
     ExpertGemmTcKernel(const uint16_t* __restrict__ w, int64_t n, int64_t k, int n_experts,
@@ -44,33 +44,14 @@ __global__ void __launch_bounds__(kThreads)
                        float* __restrict__ out) {
   extern __shared__ float smem_raw[];
   __shared__ int tile_info[3];  // expert, first row, rows in this tile (0: no tile)
-  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + kSmemAlign - 1) &
-                                       ~(uintptr_t{kSmemAlign} - 1));
-  uint16_t* a_s = reinterpret_cast<uint16_t*>(base);       // [64, 32]
-  uint16_t* w_s = a_s + kBM * kBK;                         // [64, 32]
-  float* c_s = reinterpret_cast<float*>(w_s + kBN * kBK);  // [64, 64]
+  const Smem smem = CarveSmem(smem_raw);
+  uint16_t* a_s = smem.a;  // [64, 32]
+  uint16_t* w_s = smem.w;  // [64, 32]
+  float* c_s = smem.c;     // [64, 64]
   const auto* a_b = reinterpret_cast<const __nv_bfloat16*>(a_s);
   const auto* w_b = reinterpret_cast<const __nv_bfloat16*>(w_s);
 
-  if (threadIdx.x == 0) {
-    // Expert e owns global row tiles [tiles before e, + ceil(rows_e / 64)).
-    int64_t target = blockIdx.y, before = 0;
-    tile_info[0] = -1;
-    tile_info[2] = 0;
-    for (int e = 0; e < n_experts; ++e) {
-      const int begin = offsets[e], rows = offsets[e + 1] - begin;
-      const int64_t tiles = (rows + kBM - 1) / kBM;
-      if (target < before + tiles) {
-        const int first = begin + static_cast<int>((target - before) * kBM);
-        tile_info[0] = e;
-        tile_info[1] = first;
-        tile_info[2] = min(kBM, offsets[e + 1] - first);
-        break;
-      }
-      before += tiles;
-    }
-  }
-  __syncthreads();
+  FindTile(n_experts, offsets, tile_info);
   const int expert = tile_info[0], row0 = tile_info[1], rows = tile_info[2];
   if (rows == 0) return;  // past the last tile: the whole block
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
