@@ -183,6 +183,44 @@ absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   return absl::OkStatus();
 }
 
+CudaModel::MoePath CudaModel::ChooseMoePath(int64_t layer, int64_t tokens, bool device_path) const {
+  const ModelConfig& c = config_;
+  const DeviceLayer& l = weights_.layers[layer];
+  const int64_t pairs = tokens * c.num_experts_per_tok;
+  const bool fp8 = l.experts_gate8.codes != nullptr;
+  if (device_path) return fp8 ? MoePath::kDeviceGemvFp8 : MoePath::kDeviceGemv;
+  if (!fp8) return MoePath::kGroupedTc;
+  // FP8 experts of large steps take the grouped GEMM unless a scale block shape is one it
+  // does not serve. With FP8 tensor cores on, every FP8 GEMM and GEMV quantizes its
+  // activations (docs/cuda.md "One activation arithmetic"): the grouped GEMM's quantized form
+  // on the expert-sorted rows, quantized on the device as the small-step path does.
+  // (Weights cuBLASLt's FP8 GEMM does not serve keep bf16 activations there, and so here.)
+  const bool fp8_q_acts =
+      fp8_tc_ != nullptr && fp8_tensor_cores_ && Fp8TensorCoreGemm::Serves(l.experts_gate8) &&
+      Fp8TensorCoreGemm::Serves(l.experts_up8) && Fp8TensorCoreGemm::Serves(l.experts_down8);
+  const bool grouped = Fp8ExpertGemmTcSupported(l.experts_gate8) &&
+                       Fp8ExpertGemmTcSupported(l.experts_up8) &&
+                       Fp8ExpertGemmTcSupported(l.experts_down8);
+  if (grouped && !fp8_q_acts) return MoePath::kGroupedFp8Tc;
+  if (grouped && pairs <= fp8_scratch_rows_ &&
+      std::max(c.hidden_size, c.moe_intermediate_size) <= fp8_max_cols_) {
+    return MoePath::kGroupedFp8TcQ;
+  }
+  return MoePath::kHostGrouped;
+}
+
+bool CudaModel::MoeWaitsForHost(int64_t tokens, int64_t last_layer_tokens) const {
+  const int64_t top_k = config_.num_experts_per_tok, span = layer_end_ - layer_begin_;
+  for (int64_t i = 0; i < span; ++i) {
+    if (!weights_.layers[i].is_moe) continue;
+    const int64_t t = i + 1 == span ? last_layer_tokens : tokens;
+    if (t == 0) continue;
+    const bool device_path = t * top_k <= options_.device_moe_max_pairs;
+    if (ChooseMoePath(i, t, device_path) == MoePath::kHostGrouped) return true;
+  }
+  return false;
+}
+
 absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_path) {
   const ModelConfig& c = config_;
   const DeviceLayer& l = weights_.layers[layer];
@@ -199,39 +237,27 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   GLM_CUDA_RETURN_IF_ERROR(
       LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
-  const bool fp8 = l.experts_gate8.codes != nullptr;
-  // FP8 experts of large steps take the grouped GEMM unless a scale block shape is one it
-  // does not serve. With FP8 tensor cores on, every FP8 GEMM and GEMV quantizes its
-  // activations (docs/cuda.md "One activation arithmetic"): the grouped GEMM's quantized form
-  // on the expert-sorted rows, quantized on the device as the small-step path does.
-  // (Weights cuBLASLt's FP8 GEMM does not serve keep bf16 activations there, and so here.)
-  const bool fp8_q_acts =
-      fp8_tc_ != nullptr && fp8_tensor_cores_ && Fp8TensorCoreGemm::Serves(l.experts_gate8) &&
-      Fp8TensorCoreGemm::Serves(l.experts_up8) && Fp8TensorCoreGemm::Serves(l.experts_down8);
-  const bool fp8_grouped =
-      fp8 && !device_path && Fp8ExpertGemmTcSupported(l.experts_gate8) &&
-      Fp8ExpertGemmTcSupported(l.experts_up8) && Fp8ExpertGemmTcSupported(l.experts_down8) &&
-      (!fp8_q_acts || (pairs <= fp8_scratch_rows_ && std::max(hidden, width) <= fp8_max_cols_));
-  if (device_path && fp8) {
+  const MoePath path = ChooseMoePath(layer, tokens, device_path);
+  if (path == MoePath::kDeviceGemvFp8) {
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_gate8, offsets, a_.xp, pairs, a_.gate_up, 2 * width));
     RETURN_IF_ERROR(
         Fp8ExpertGemv(l.experts_up8, offsets, a_.xp, pairs, a_.gate_up + width, 2 * width));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     RETURN_IF_ERROR(Fp8ExpertGemv(l.experts_down8, offsets, a_.act, pairs, a_.yp, hidden));
-  } else if (device_path) {
+  } else if (path == MoePath::kDeviceGemv) {
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemv(l.experts_gate_up, 2 * width, hidden, n_experts,
                                               offsets, a_.xp, a_.gate_up, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     GLM_CUDA_RETURN_IF_ERROR(
         LaunchExpertGemv(l.experts_down, hidden, width, n_experts, offsets, a_.act, a_.yp, stream));
-  } else if (!fp8) {
+  } else if (path == MoePath::kGroupedTc) {
     // Any number of rows: grouped tensor-core GEMMs over the device-side offsets.
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_gate_up, 2 * width, hidden, n_experts,
                                                 offsets, pairs, a_.xp, a_.gate_up, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(a_.gate_up, pairs, width, a_.act, stream));
     GLM_CUDA_RETURN_IF_ERROR(LaunchExpertGemmTc(l.experts_down, hidden, width, n_experts, offsets,
                                                 pairs, a_.act, a_.yp, stream));
-  } else if (fp8_grouped && fp8_q_acts) {
+  } else if (path == MoePath::kGroupedFp8TcQ) {
     // FP8 tensor cores on: the rows' e4m3 codes and per-1x128-group scales (scale_ld = pairs),
     // then the grouped GEMMs on them: LaunchFp8ExpertGemvVecQ's arithmetic, no host round trip.
     GLM_CUDA_RETURN_IF_ERROR(
@@ -248,7 +274,7 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTcQ(l.experts_down8, n_experts, offsets, pairs,
                                                     fp8_x_codes_, fp8_x_scales_, pairs, a_.yp,
                                                     hidden, stream));
-  } else if (fp8_grouped) {
+  } else if (path == MoePath::kGroupedFp8Tc) {
     // FP8 experts, any number of rows: the same grouped tensor-core GEMMs with the codes
     // widened to bf16 (fp8_moe_gemm_tc.cu), the scales applied to fp32 sums.
     GLM_CUDA_RETURN_IF_ERROR(LaunchFp8ExpertGemmTc(l.experts_gate8, n_experts, offsets, pairs,

@@ -17,8 +17,12 @@
 namespace glmserve::cuda {
 namespace {
 
-constexpr int64_t kLogitChunk = 128;      // logits rows per lm_head GEMM (and graph bucket cap)
-constexpr int64_t kMaxGraphTokens = 128;  // largest decode batch captured as a graph
+constexpr int64_t kLogitChunk = 128;  // logits rows per lm_head GEMM (and a graph's most)
+// The largest steps captured as CUDA graphs: GLM-4.5 steps of any mix of prefill chunks and
+// decodes; GLM-5 decode steps (its prefill attention and indexer launches follow the step's
+// shape). Above a few hundred rows the launches are a small part of a step.
+constexpr int64_t kMaxGraphTokens = 512;
+constexpr int64_t kMaxMlaGraphTokens = 128;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr int64_t kMaxSplits = 16;
 constexpr int64_t kMinSplitKeys = 256;
@@ -30,8 +34,10 @@ static_assert(kAttentionTileInts == kTileInts, "step_plan.h and kernels.h tile l
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Graph buckets: powers of two.
+// Graph buckets: powers of two up to 128, then multiples of 64 (so at most a third of a
+// step above 128 rows is padding; 14 buckets up to kMaxGraphTokens).
 int64_t Bucket(int64_t tokens) {
+  if (tokens > 128) return RoundUp(tokens, 64);
   int64_t b = 1;
   while (b < tokens) b *= 2;
   return b;
@@ -169,7 +175,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     const int64_t per_token = l.q_cat_elems * 2 + 4 * (l.o_part_floats + l.ml_part_floats);
     // A power of two, so that every graph bucket up to it fits.
     const int64_t fit =
-        std::min(kMaxGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
+        std::min(kMaxMlaGraphTokens, kMlaTcScratchBytes / std::max<int64_t>(per_token, 1));
     mla_tc_tokens_ = l.supported && fit >= 1 ? 1 : 0;
     while (mla_tc_tokens_ > 0 && mla_tc_tokens_ * 2 <= fit) mla_tc_tokens_ *= 2;
   }
@@ -223,7 +229,7 @@ std::string CudaModel::compute_description() const {
         &text, "; attention on ",
         options_.attention_tensor_cores ? "tensor cores (bf16 KV cache)" : "CUDA cores");
   }
-  absl::StrAppend(&text, "; decode CUDA graphs ", options_.cuda_graphs ? "on" : "off");
+  absl::StrAppend(&text, "; CUDA graphs ", options_.cuda_graphs ? "on" : "off");
   return text;
 }
 
@@ -470,7 +476,8 @@ absl::Status CudaModel::UploadPlan() {
   return absl::OkStatus();
 }
 
-bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const {
+bool CudaModel::GraphPadding(const ForwardBatch& batch, const ForwardOptions& options,
+                             StepPadding* pad) const {
   if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden ||
       options.return_head_input || options.mtp) {
     return false;
@@ -479,12 +486,27 @@ bool CudaModel::GraphEligible(const ForwardBatch& batch, const ForwardOptions& o
   // (max_position_embeddings, Forward), its selection and the attention's key counts are
   // device data, nothing waits for the host.
   const int64_t tokens = batch.total_tokens();
-  if (tokens > kMaxGraphTokens) return false;
-  for (const SequenceSlice& s : batch.sequences) {
-    if (s.num_tokens != 1) return false;
+  if (tokens > (is_mla_ ? kMaxMlaGraphTokens : kMaxGraphTokens)) return false;
+  if (is_mla_) {
+    for (const SequenceSlice& s : batch.sequences) {
+      if (s.num_tokens != 1) return false;
+    }
   }
-  // The graph body must not wait for the host: MoE layers need the device-driven path.
-  return !has_moe_ || Bucket(tokens) * config_.num_experts_per_tok <= options_.device_moe_max_pairs;
+  // What the launches bake in: rows, tiles (at most one per row) and logits rows, each padded
+  // to its bucket; the tiles' contents, positions, slots and block tables are device data.
+  pad->tokens = Bucket(tokens);
+  pad->tiles = pad->tokens;
+  pad->logit_rows = 0;
+  if (options.logits != LogitsRows::kNone) {
+    const int64_t rows = static_cast<int64_t>(ReturnedLogitRows(batch, options).size());
+    pad->logit_rows = std::min(Bucket(rows), pad->tokens);
+    // The graph computes every logits row in one lm_head GEMM.
+    if (pad->logit_rows > kLogitChunk) return false;
+  }
+  // The graph body must not wait for the host: no MoE layer may read its counts back.
+  const int64_t last_rows =
+      FinishOnlyHeadRows(options, pad->logit_rows, pad->tokens) ? pad->logit_rows : pad->tokens;
+  return !has_moe_ || !MoeWaitsForHost(pad->tokens, last_rows);
 }
 
 int CudaModel::ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const {
@@ -710,10 +732,11 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   RETURN_IF_ERROR(ValidateRunSpan(layer_begin_, layer_end_, layer_begin_, layer_end_,
                                   config_.num_hidden_layers, options.logits != LogitsRows::kNone));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  const bool graph = GraphEligible(batch, options);
+  StepPadding pad;
+  const bool graph = GraphPadding(batch, options, &pad);
   const int64_t real = batch.total_tokens();
   BuildStepPlan(batch, options.logits, cache->shape().block_size, tile_tokens_,
-                graph ? Bucket(real) : 0, has_embedding_, &plan_);
+                graph ? pad : StepPadding{}, has_embedding_, &plan_);
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, graph);
   RETURN_IF_ERROR(UploadPlan());  // waits for the previous step: buffers may be replaced
@@ -733,9 +756,14 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   step_head_ = weights_.lm_head;
   const bool want_logits = options.logits != LogitsRows::kNone;
 
-  head_rows_ = FinishOnlyHeadRows(options, graph) ? plan_.real_logit_rows : -1;
+  // A graph's last layer finishes its padded logits rows (the count it was captured with).
+  head_rows_ =
+      FinishOnlyHeadRows(options, graph ? plan_.logit_rows : plan_.real_logit_rows, plan_.tokens)
+          ? (graph ? plan_.logit_rows : plan_.real_logit_rows)
+          : -1;
   if (graph) {
     RETURN_IF_ERROR(RunGraph(cache, want_logits));
+    if (real > static_cast<int64_t>(batch.sequences.size())) ++mixed_graph_launches_;
   } else {
     if (has_embedding_) RETURN_IF_ERROR(EnqueueEmbedding());
     if (options.return_layer_hidden) {
@@ -766,14 +794,14 @@ absl::Status CudaModel::Forward(const ForwardBatch& batch, KvCache* cache,
   return absl::OkStatus();
 }
 
-bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const {
-  // Graph steps (pure decode) read every row anyway. GLM-5's attention ends in its own
-  // kernels (not done there yet). head_h() lives in the qkv buffer: it must hold hidden floats
-  // per row.
+bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, int64_t logit_rows,
+                                   int64_t tokens) const {
+  // GLM-5's attention ends in its own kernels (not done there yet). head_h() lives in the qkv
+  // buffer: it must hold hidden floats per row.
   const ModelConfig& c = config_;
-  return !graph && has_head_ && !is_mla_ && !options.return_hidden &&
-         !options.return_layer_hidden && !options.return_head_input &&
-         plan_.real_logit_rows < plan_.tokens && c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
+  return has_head_ && !is_mla_ && !options.return_hidden && !options.return_layer_hidden &&
+         !options.return_head_input && logit_rows < tokens &&
+         c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
 }
 
 absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {
@@ -804,7 +832,7 @@ absl::Status CudaModel::Capture(KvCache* cache, bool logits, GraphExec* exec) {
 }
 
 absl::Status CudaModel::RunGraph(KvCache* cache, bool logits) {
-  const GraphKey key{plan_.tokens, logits};
+  const GraphKey key{plan_.tokens, plan_.logit_rows};
   auto it = graphs_.find(key);
   // A graph bakes in the cache's address and block geometry.
   if (it != graphs_.end() && (it->second.cache_storage != cache->storage() ||
@@ -815,7 +843,15 @@ absl::Status CudaModel::RunGraph(KvCache* cache, bool logits) {
   }
   if (it == graphs_.end()) {
     GraphEntry entry;
-    if (absl::Status s = Capture(cache, logits, &entry.exec); !s.ok()) {
+    // The FP8 GEMM counters count enqueued GEMMs: a capture enqueues none, each launch the
+    // captured ones.
+    const int64_t tc_before = fp8_tc_gemms_, fallback_before = fp8_fallback_gemms_;
+    const absl::Status s = Capture(cache, logits, &entry.exec);
+    entry.fp8_tc_gemms = fp8_tc_gemms_ - tc_before;
+    entry.fp8_fallback_gemms = fp8_fallback_gemms_ - fallback_before;
+    fp8_tc_gemms_ = tc_before;
+    fp8_fallback_gemms_ = fallback_before;
+    if (!s.ok()) {
       // Run this step (padded plan and all) eagerly and stay eager from now on.
       cudaGetLastError();
       graph_error_ = s.ToString();
@@ -831,6 +867,8 @@ absl::Status CudaModel::RunGraph(KvCache* cache, bool logits) {
   }
   GLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec.get(), stream_.get()));
   ++graph_launches_;
+  fp8_tc_gemms_ += it->second.fp8_tc_gemms;
+  fp8_fallback_gemms_ += it->second.fp8_fallback_gemms;
   return absl::OkStatus();
 }
 

@@ -16,9 +16,12 @@
 // the host cache's layout; block ids index it directly); one int32 metadata transfer per
 // step through pinned memory; logits back through pinned memory.
 //
-// Decode steps (every sequence one new token, no hidden states requested, at most 128
-// sequences) run as CUDA graphs captured per batch-size bucket (1, 2, 4, ..., 128 rows,
-// padded); set CudaModelOptions::cuda_graphs = false or GLMSERVE_CUDA_GRAPHS=0 to disable.
+// Steps of up to 512 rows (GLM-4.5: decodes and prefill chunks in any mix; GLM-5: decode
+// steps of up to 128) run as CUDA graphs, captured per (rows, logits rows) bucket: rows
+// padded to 1, 2, 4, ..., 128, then multiples of 64; attention tiles to one per row; logits
+// rows (at most 128) to their own bucket. Not steps that return hidden states, the MTP
+// layer's, or ones whose MoE would read counts back to the host. Set
+// CudaModelOptions::cuda_graphs = false or GLMSERVE_CUDA_GRAPHS=0 to disable (docs/cuda.md).
 //
 // Not thread-safe: one engine thread owns a CudaModel and its caches.
 #pragma once
@@ -45,7 +48,7 @@ namespace glmserve::cuda {
 
 struct CudaModelOptions {
   int device = 0;
-  // Capture decode steps as CUDA graphs (see above). GLMSERVE_CUDA_GRAPHS=0 overrides.
+  // Capture steps as CUDA graphs (see above). GLMSERVE_CUDA_GRAPHS=0 overrides.
   bool cuda_graphs = true;
   // MoE layers of steps with at most this many (token, expert) pairs run the device-driven
   // expert GEMV (graph-capturable); larger steps run grouped tensor-core GEMMs over the same
@@ -119,6 +122,8 @@ class CudaModel final : public ModelRunner {
   void set_device_moe_max_pairs(int64_t pairs) { options_.device_moe_max_pairs = pairs; }
   int64_t graphs_captured() const { return graphs_captured_; }
   int64_t graph_launches() const { return graph_launches_; }
+  // Graph steps with some sequence of more than one token (prefill chunks, mixed or alone).
+  int64_t mixed_graph_launches() const { return mixed_graph_launches_; }
   // GLM-5's attention kernel choice (CudaModelOptions::mla_tensor_cores); captured graphs are
   // dropped. mla_tc_tokens(): the largest step that takes the tensor cores (0: none).
   void set_mla_tensor_cores(bool on);
@@ -176,9 +181,11 @@ class CudaModel final : public ModelRunner {
     int32_t* sel_count = nullptr;  // [T] selected positions (-1: every causal key)
     int32_t* sel_pos = nullptr;    // [T, index_topk] ascending
   };
-  using GraphKey = std::pair<int64_t, bool>;  // (padded rows, with logits)
+  using GraphKey = std::pair<int64_t, int64_t>;  // (padded rows, padded logits rows)
   struct GraphEntry {
     GraphExec exec;
+    int64_t fp8_tc_gemms = 0;  // FP8 GEMMs each launch enqueues, per path
+    int64_t fp8_fallback_gemms = 0;
     const void* cache_storage = nullptr;
     int64_t block_size = 0;
     int64_t num_blocks = 0;
@@ -191,7 +198,9 @@ class CudaModel final : public ModelRunner {
   absl::Status CheckBatch(const ForwardBatch& batch, const KvCache& cache) const;
   absl::Status EnsureCapacity(int64_t tokens, int64_t block_table_entries);
   absl::Status UploadPlan();
-  bool GraphEligible(const ForwardBatch& batch, const ForwardOptions& options) const;
+  // Whether the step runs as a CUDA graph, and then the shape it is padded to (its key).
+  bool GraphPadding(const ForwardBatch& batch, const ForwardOptions& options,
+                    StepPadding* pad) const;
   int ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const;
   absl::Status CopyHidden(int64_t rows, std::vector<float>* out);
   // The step's head inputs: RMSNorm(h, norm) of every row in fp32 (ForwardOptions::
@@ -236,7 +245,8 @@ class CudaModel final : public ModelRunner {
   // the CPU runner's rule): after attention and o_proj of those rows, h's rows are gathered
   // into head_h() ([head_rows_, hidden]) and the post-norm and FFN run on them alone.
   absl::Status EnqueueHeadRows(int64_t layer);
-  bool FinishOnlyHeadRows(const ForwardOptions& options, bool graph) const;
+  // With `logit_rows` of `tokens` rows read (a graph step: both padded).
+  bool FinishOnlyHeadRows(const ForwardOptions& options, int64_t logit_rows, int64_t tokens) const;
   // The span's `layer` is the one that finishes only the head rows in this step.
   bool IsHeadRowsLayer(int64_t layer) const {
     return head_rows_ >= 0 && layer + 1 == layer_end_ - layer_begin_;
@@ -262,6 +272,21 @@ class CudaModel final : public ModelRunner {
   // Whether w's GEMV takes quantized activations (tensor cores on, per-channel weights the
   // quantizing GEMV supports, `rows` within the scratch): the prefill GEMM's arithmetic.
   bool Fp8QuantizedActs(const Fp8DeviceMatrix& w, int64_t rows) const;
+  // How EnqueueMoe runs a layer's routed experts: the device-offset GEMVs (small steps), the
+  // grouped tensor-core GEMMs (bf16; FP8 codes widened; FP8 with quantized activations), or
+  // the one path that reads the per-expert counts back to the host.
+  enum class MoePath {
+    kDeviceGemv,
+    kDeviceGemvFp8,
+    kGroupedTc,
+    kGroupedFp8Tc,
+    kGroupedFp8TcQ,
+    kHostGrouped
+  };
+  MoePath ChooseMoePath(int64_t layer, int64_t tokens, bool device_path) const;
+  // Some MoE layer of a step of `tokens` rows (the span's last layer: `last_layer_tokens`)
+  // would wait for the host: such a step cannot be a graph.
+  bool MoeWaitsForHost(int64_t tokens, int64_t last_layer_tokens) const;
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
@@ -360,6 +385,7 @@ class CudaModel final : public ModelRunner {
   std::map<GraphKey, GraphEntry> graphs_;
   int64_t graphs_captured_ = 0;
   int64_t graph_launches_ = 0;
+  int64_t mixed_graph_launches_ = 0;
   std::string graph_error_;
 };
 

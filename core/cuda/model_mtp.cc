@@ -34,7 +34,7 @@ absl::Status CudaModel::ForwardMtp(const ForwardBatch& batch, KvCache* cache,
   tokens_only.hidden_in = {};
   RETURN_IF_ERROR(CheckBatch(tokens_only, *cache));
   GLM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  BuildStepPlan(tokens_only, options.logits, cache->shape().block_size, tile_tokens_, 0,
+  BuildStepPlan(tokens_only, options.logits, cache->shape().block_size, tile_tokens_, StepPadding{},
                 /*has_embedding=*/true, &plan_);
   RETURN_IF_ERROR(EnsureCapacity(plan_.tokens, static_cast<int64_t>(plan_.block_tables.size())));
   num_splits_ = ChooseSplits(plan_.num_tiles, plan_.max_kv_len, /*for_graph=*/false);

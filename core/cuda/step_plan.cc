@@ -1,12 +1,12 @@
+#include "core/cuda/step_plan.h"
+
 #include <algorithm>
 #include <cstring>
-
-#include "core/cuda/step_plan.h"
 
 namespace glmserve::cuda {
 
 void BuildStepPlan(const ForwardBatch& batch, LogitsRows logits, int64_t block_size,
-                   int tile_tokens, int64_t pad_to, bool with_ids, StepPlan* plan) {
+                   int tile_tokens, const StepPadding& pad, bool with_ids, StepPlan* plan) {
   plan->ids.clear();
   plan->positions.clear();
   plan->slots.clear();
@@ -45,15 +45,24 @@ void BuildStepPlan(const ForwardBatch& batch, LogitsRows logits, int64_t block_s
   plan->real_logit_rows = static_cast<int64_t>(plan->logit_index.size());
   if (with_ids) plan->ids.assign(batch.token_ids.begin(), batch.token_ids.end());
 
-  // Padding rows: harmless inputs, no KV writes, zero attention, their own logits rows.
-  for (; row < pad_to; ++row) {
+  // Padding rows: harmless inputs, no KV writes, zero attention (finite values for the
+  // layers after it), their own logits rows.
+  const int64_t real = row;
+  for (; row < pad.tokens; ++row) {
     if (with_ids) plan->ids.push_back(0);
     plan->positions.push_back(0);
     plan->slots.push_back(-1);
     plan->tiles.insert(plan->tiles.end(), {static_cast<int32_t>(row), 1, 0, 0, 0});
-    if (logits != LogitsRows::kNone) plan->logit_index.push_back(static_cast<int32_t>(row));
   }
   plan->tokens = row;
+  while (static_cast<int64_t>(plan->tiles.size()) < pad.tiles * kAttentionTileInts) {
+    plan->tiles.insert(plan->tiles.end(), {0, 0, 0, 0, 0});
+  }
+  if (logits != LogitsRows::kNone) {
+    for (int64_t i = 0; plan->real_logit_rows + i < pad.logit_rows; ++i) {
+      plan->logit_index.push_back(static_cast<int32_t>(real + i < row ? real + i : 0));
+    }
+  }
   plan->logit_rows = static_cast<int64_t>(plan->logit_index.size());
   plan->num_tiles = static_cast<int64_t>(plan->tiles.size()) / kAttentionTileInts;
 }

@@ -30,13 +30,22 @@ struct StepPlan {
   std::vector<int32_t> block_tables;  // every sequence's table, concatenated
 };
 
+// A CUDA-graph step's fixed shape: the counts a captured graph bakes into its launches.
+// 0 leaves that count as the batch makes it.
+struct StepPadding {
+  int64_t tokens = 0;      // rows the kernels run over
+  int64_t tiles = 0;       // attention tiles launched
+  int64_t logit_rows = 0;  // logits rows computed (when the step computes logits)
+};
+
 // Fills `plan` for `batch` (already validated: tables cover positions, ids in range).
-// `tile_tokens`: query tokens per attention tile. `pad_to` > total tokens pads the step to
-// that many rows (CUDA-graph buckets): padding rows read token 0 at position 0, store no KV,
-// attend to nothing (kv_len 0, output 0) and get logits rows of their own.
+// `tile_tokens`: query tokens per attention tile. `pad` (CUDA-graph buckets): padding rows
+// read token 0 at position 0, store no KV and attend to nothing (each a one-row tile with
+// kv_len 0, output 0); tiles beyond those are empty (num_q 0: no rows, no work); logits rows
+// beyond the batch's are the padding rows' own, then row 0 again (computed, never returned).
 // `with_ids`: copy batch.token_ids (the span starts at layer 0).
 void BuildStepPlan(const ForwardBatch& batch, LogitsRows logits, int64_t block_size,
-                   int tile_tokens, int64_t pad_to, bool with_ids, StepPlan* plan);
+                   int tile_tokens, const StepPadding& pad, bool with_ids, StepPlan* plan);
 
 // Where each part of a plan lives in the int32 metadata buffer, for buffers sized for
 // `token_cap` tokens and `block_table_cap` block-table entries. Fixed offsets for fixed

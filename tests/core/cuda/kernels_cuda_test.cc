@@ -218,9 +218,11 @@ TEST_F(CudaKernels, PagedAttentionMatchesCpu) {
     std::vector<float> want(total * q_dim);
     PagedAttention(q.data(), batch.sequences, cpu, 0, c.heads, scale, want.data());
 
+    // Padded as a CUDA-graph step pads: two padding rows, and a tile per row (the tiles
+    // beyond the real ones and the padding rows' are empty: they must write nothing).
     StepPlan plan;
     BuildStepPlan(batch, LogitsRows::kNone, c.block_size, AttentionTileTokens(group),
-                  /*pad_to=*/total + 2, /*with_ids=*/false, &plan);
+                  StepPadding{total + 2, total + 2}, /*with_ids=*/false, &plan);
     // q rows for every planned row, padding included, laid out as in the fused qkv buffer.
     std::vector<float> q_strided(plan.tokens * q_stride, 0.f);
     for (int64_t t = 0; t < total; ++t)

@@ -165,7 +165,7 @@ TEST_F(KvFp8Cuda, PagedAttentionMatchesCpuAndTheBf16Kernel) {
 
     StepPlan plan;
     BuildStepPlan(batch, LogitsRows::kNone, block_size, AttentionTileTokens(group),
-                  /*pad_to=*/total, /*with_ids=*/false, &plan);
+                  StepPadding{total, total + 3}, /*with_ids=*/false, &plan);
     std::vector<float> q_strided(plan.tokens * q_stride, 0.f);
     for (int64_t t = 0; t < total; ++t) {
       std::copy_n(q.begin() + t * q_dim, q_dim, q_strided.begin() + t * q_stride);

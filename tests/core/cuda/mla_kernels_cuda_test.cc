@@ -90,7 +90,7 @@ struct LatentFixture {
       batch.sequences.push_back({lengths[s], 0, &tables[s]});
       tokens += lengths[s];
     }
-    BuildStepPlan(batch, LogitsRows::kNone, block_size, /*tile_tokens=*/1, 0, false, &plan);
+    BuildStepPlan(batch, LogitsRows::kNone, block_size, /*tile_tokens=*/1, StepPadding{}, false, &plan);
     // Cache rows: bf16-representable values; sequence 0's index keys at positions 10 and 17
     // repeat position 3's (exact score ties at every query that sees them).
     const int64_t width = mla.row_width();

@@ -1,8 +1,8 @@
 // The host-side step description the GPU kernels read (core/cuda/step_plan.h). Plain host
 // code: runs in CUDA builds whether or not a GPU is present.
-#include <gtest/gtest.h>
-
 #include "core/cuda/step_plan.h"
+
+#include <gtest/gtest.h>
 
 namespace glmserve::cuda {
 namespace {
@@ -14,7 +14,7 @@ TEST(CudaStepPlan, RaggedBatchTilesSlotsAndLogitRows) {
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
   batch.token_ids = ids;
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, /*block_size=*/4, /*tile_tokens=*/2, /*pad_to=*/0,
+  BuildStepPlan(batch, LogitsRows::kLast, /*block_size=*/4, /*tile_tokens=*/2, StepPadding{},
                 /*with_ids=*/true, &plan);
   EXPECT_EQ(plan.tokens, 8);
   EXPECT_EQ(plan.real_tokens, 8);
@@ -34,9 +34,9 @@ TEST(CudaStepPlan, RaggedBatchTilesSlotsAndLogitRows) {
   EXPECT_EQ(plan.logit_index, (std::vector<int32_t>{4, 7}));
   EXPECT_EQ(plan.real_logit_rows, 2);
 
-  BuildStepPlan(batch, LogitsRows::kAll, 4, 2, 0, true, &plan);
+  BuildStepPlan(batch, LogitsRows::kAll, 4, 2, StepPadding{}, true, &plan);
   EXPECT_EQ(plan.logit_rows, 8);
-  BuildStepPlan(batch, LogitsRows::kNone, 4, 2, 0, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kNone, 4, 2, StepPadding{}, false, &plan);
   EXPECT_EQ(plan.logit_rows, 0);
   EXPECT_TRUE(plan.ids.empty());
 }
@@ -48,7 +48,7 @@ TEST(CudaStepPlan, PaddingRowsAreInert) {
   const std::vector<int32_t> ids = {9, 10};
   batch.token_ids = ids;
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, 4, 8, /*pad_to=*/4, true, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 8, StepPadding{4, 4, 4}, true, &plan);
   EXPECT_EQ(plan.tokens, 4);
   EXPECT_EQ(plan.real_tokens, 2);
   EXPECT_EQ(plan.ids, (std::vector<int32_t>{9, 10, 0, 0}));
@@ -62,6 +62,42 @@ TEST(CudaStepPlan, PaddingRowsAreInert) {
   EXPECT_EQ(plan.logit_rows, 4);
 }
 
+TEST(CudaStepPlan, MixedGraphStepPadsTilesAndLogitRowsToTheirBuckets) {
+  // A prefill chunk after cached context (5 tokens, tiles of 2) and two decodes: 7 rows, 5
+  // tiles, 3 logits rows, padded to the graph shape (8 rows, 8 tiles, 4 logits rows).
+  const BlockTable a = {3, 1}, b = {2}, d = {0};
+  ForwardBatch batch;
+  batch.sequences = {{5, 3, &a}, {1, 2, &b}, {1, 0, &d}};
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7};
+  batch.token_ids = ids;
+  StepPlan plan;
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, StepPadding{8, 8, 4}, true, &plan);
+  EXPECT_EQ(plan.tokens, 8);
+  EXPECT_EQ(plan.real_tokens, 7);
+  EXPECT_EQ(plan.slots.back(), -1);
+  ASSERT_EQ(plan.num_tiles, 8);
+  // Real tiles, the padding row's own (kv_len 0), then two empty ones (num_q 0).
+  EXPECT_EQ(plan.tiles, (std::vector<int32_t>{0, 2, 3, 0, 5,  //
+                                              2, 2, 5, 0, 7,  //
+                                              4, 1, 7, 0, 8,  //
+                                              5, 1, 2, 2, 3,  //
+                                              6, 1, 0, 3, 1,  //
+                                              7, 1, 0, 0, 0,  //
+                                              0, 0, 0, 0, 0,  //
+                                              0, 0, 0, 0, 0}));
+  // The sequences' last rows, then the padding row.
+  EXPECT_EQ(plan.logit_index, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(plan.real_logit_rows, 3);
+  EXPECT_EQ(plan.logit_rows, 4);
+
+  // More padded logits rows than padding rows: row 0 again (computed, never returned).
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, StepPadding{8, 8, 6}, true, &plan);
+  EXPECT_EQ(plan.logit_index, (std::vector<int32_t>{4, 5, 6, 7, 0, 0}));
+  // No logits: no logits rows whatever the padding says.
+  BuildStepPlan(batch, LogitsRows::kNone, 4, 2, StepPadding{8, 8, 4}, true, &plan);
+  EXPECT_EQ(plan.logit_rows, 0);
+}
+
 TEST(CudaStepPlan, MetaLayoutPlacesEverySection) {
   const BlockTable a = {3, 4};
   ForwardBatch batch;
@@ -69,7 +105,7 @@ TEST(CudaStepPlan, MetaLayoutPlacesEverySection) {
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6};
   batch.token_ids = ids;
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kAll, 4, 4, 0, true, &plan);
+  BuildStepPlan(batch, LogitsRows::kAll, 4, 4, StepPadding{}, true, &plan);
   MetaLayout layout{8, 16};
   ASSERT_TRUE(layout.Fits(plan));
   std::vector<int32_t> meta(layout.total(), -7);
