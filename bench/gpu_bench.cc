@@ -7,7 +7,9 @@
 //     step actually used, the KV cache of every sequence); each batch size once per
 //     --decode_sampling mode: every logits row copied to the host ("rows"), or a token per
 //     sequence sampled on the device, greedy or top-p ("greedy", "top_p");
-//   prefill: tokens/s and the fraction of the GEMM rate achieved by the step's GEMM FLOPs.
+//   prefill: tokens/s and the fraction of the GEMM rate achieved by the step's GEMM FLOPs;
+//   a mixed step (a prefill chunk continuing a sequence, batched with decodes, as the engine
+//     schedules them): ms/step replayed from a CUDA graph against the same step run eagerly.
 // Prints one table at the end. Built only with the CUDA backend.
 //
 // FP8 presets (glm-4.5-air-fp8, glm-4.5-fp8, tiny-fp8; docs/fp8.md) generate their codes on
@@ -55,7 +57,9 @@ ABSL_FLAG(std::string, decode_sampling, "rows,greedy,top_p",
           "on the device, core/cuda/row_sample.cu, no rows)");
 ABSL_FLAG(int, prefill_tokens, 2048, "tokens of the timed single-sequence prefill step");
 ABSL_FLAG(int, prefill_chunk, 4096, "most tokens per step when filling the decode contexts");
-ABSL_FLAG(bool, cuda_graphs, true, "capture decode steps as CUDA graphs");
+ABSL_FLAG(bool, cuda_graphs, true, "capture steps as CUDA graphs");
+ABSL_FLAG(int, mixed_chunk, 96, "prefill tokens of the mixed step (0: no mixed row)");
+ABSL_FLAG(int, mixed_decodes, 31, "decoding sequences batched with the mixed step's chunk");
 ABSL_FLAG(int, gemm_size, 8192, "m = n = k of the GEMM-rate measurement");
 ABSL_FLAG(int, copy_mib, 1024, "MiB per copy of the bandwidth measurement");
 ABSL_FLAG(bool, fp8_tensor_cores, true,
@@ -386,6 +390,58 @@ Row BenchPrefill(cuda::CudaModel& model, const MachineRates& rates) {
       absl::StrFormat("%.1f%% of %s", 100.0 * flops / step / rates.prefill, rates.prefill_name)};
 }
 
+// A mixed step: --mixed_chunk tokens of one sequence's prompt after --context cached ones,
+// batched with --mixed_decodes sequences decoding at --context, each sequence's last logits
+// row returned; timed as a CUDA graph and eagerly (the launches a graph saves). Every run
+// repeats the same positions (rewriting the same K/V), so contexts stay put.
+Row BenchMixed(cuda::CudaModel& model, bool graphs) {
+  const int64_t chunk = absl::GetFlag(FLAGS_mixed_chunk);
+  const int64_t decodes = absl::GetFlag(FLAGS_mixed_decodes);
+  const int64_t context = absl::GetFlag(FLAGS_context);
+  const int reps = 8, warm = 3;
+  const int64_t longest = context + chunk;
+  const int64_t per_seq = (longest + kBenchBlock - 1) / kBenchBlock;
+  std::unique_ptr<KvCache> cache =
+      Check(model.CreateCache((decodes + 1) * per_seq, kBenchBlock), "cache");
+  std::vector<BlockTable> tables(decodes + 1);
+  for (BlockTable& t : tables) BENCH_CHECK(cache->Reserve(&t, longest));
+  Prefill(model, cache.get(), tables, context, absl::GetFlag(FLAGS_prefill_chunk));
+  const int64_t pos = context;
+  const int64_t vocab = model.config().vocab_size;
+  ForwardOptions options;
+  ForwardResult result;
+  std::vector<int32_t> ids;
+  const auto step = [&] {
+    ForwardBatch batch;
+    ids.clear();
+    batch.sequences.push_back({chunk, pos, &tables[0]});
+    for (int64_t i = 0; i < chunk; ++i) ids.push_back(static_cast<int32_t>((pos + i) % vocab));
+    for (int64_t s = 1; s <= decodes; ++s) {
+      batch.sequences.push_back({1, pos, &tables[s]});
+      ids.push_back(static_cast<int32_t>((pos * 31 + s) % vocab));
+    }
+    batch.token_ids = ids;
+    BENCH_CHECK(model.Forward(batch, cache.get(), options, &result));
+  };
+  const auto time = [&](bool on) {
+    model.set_cuda_graphs(on);
+    for (int i = 0; i < warm; ++i) step();  // capture, arena growth, cuBLAS heuristics
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) step();
+    return Since(t0) / reps;
+  };
+  const double eager = time(false);
+  const int64_t graphs_before = model.mixed_graph_launches();
+  const double graph = time(true);
+  const int64_t graph_steps = model.mixed_graph_launches() - graphs_before;
+  model.set_cuda_graphs(graphs);
+  return {absl::StrFormat("mixed step: %d prefill + %d decodes", chunk, decodes),
+          absl::StrFormat("%.3f ms/step", graph * 1e3),
+          absl::StrFormat("graph replay (%lld of %d steps graphs); eager %.3f ms/step",
+                          static_cast<long long>(graph_steps), reps + warm, eager * 1e3),
+          absl::StrFormat("eager / graph %.2fx", eager / graph)};
+}
+
 // Decode steps of `batch_size` sequences at --context positions, against the bytes they read.
 Row BenchDecode(cuda::CudaModel& model, int64_t batch_size, const std::string& sampling,
                 const MachineRates& rates) {
@@ -487,6 +543,9 @@ int Main() {
   const MachineRates rates = MeasureMachine(fp8, rows);
   std::unique_ptr<cuda::CudaModel> model = LoadBenchModel(spec, fp8);
   rows.push_back(BenchPrefill(*model, rates));
+  if (absl::GetFlag(FLAGS_mixed_chunk) > 0) {
+    rows.push_back(BenchMixed(*model, absl::GetFlag(FLAGS_cuda_graphs)));
+  }
   for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int64_t batch_size = 0;
     if (!absl::SimpleAtoi(b, &batch_size) || batch_size <= 0) continue;
