@@ -327,13 +327,14 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
               normed.data() + r * hidden);
     }
   }
-  result->logits.resize(n * c.vocab_size);
   if (comm_ == nullptr) {
+    result->logits.resize(n * c.vocab_size);
     Linear(normed.data(), n, head, nullptr, result->logits.data(), math_);
     return;
   }
-  // This rank's vocabulary slice [n, head.rows]; the gather puts the ranks' slices one after
-  // another, which the copy below interleaves into rows.
+  // This rank's vocabulary slice [n, head.rows], gathered on rank 0 only (the engine reads
+  // rank 0's result; the other ranks return no logits): the slices one after another, which
+  // the copy below interleaves into rows.
   std::vector<int64_t> counts(layout_.size);
   int64_t total = 0;
   for (int r = 0; r < layout_.size; ++r) {
@@ -343,11 +344,14 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
   std::vector<float> part(n * head.rows);
   Linear(normed.data(), n, head, nullptr, part.data(), math_);
   if (!comm_status_.ok()) return;
-  gather_.resize(total);
+  const bool root = layout_.rank == 0;
+  if (root) gather_.resize(total);
   {
     const ScopedOpTime collective(OpFamily::kCollective);
-    comm_status_ = comm_->AllGather(part.data(), counts, gather_.data());
+    comm_status_ = comm_->Gather(part.data(), counts, root ? gather_.data() : nullptr, 0);
   }
+  if (!root) return;
+  result->logits.resize(n * c.vocab_size);
   int64_t at = 0, column = 0;
   for (int r = 0; r < layout_.size; ++r) {
     const int64_t width = counts[r] / std::max<int64_t>(n, 1);

@@ -27,6 +27,8 @@ struct NcclApi {
   decltype(&ncclGetErrorString) error_string;
   decltype(&ncclAllGather) all_gather;
   decltype(&ncclBroadcast) broadcast;
+  decltype(&ncclSend) send;
+  decltype(&ncclRecv) recv;
   decltype(&ncclGroupStart) group_start;
   decltype(&ncclGroupEnd) group_end;
 };
@@ -52,6 +54,7 @@ void Load() {
       Resolve(l, "ncclCommGetAsyncError", &api.comm_get_async_error) &&
       Resolve(l, "ncclGetErrorString", &api.error_string) &&
       Resolve(l, "ncclAllGather", &api.all_gather) && Resolve(l, "ncclBroadcast", &api.broadcast) &&
+      Resolve(l, "ncclSend", &api.send) && Resolve(l, "ncclRecv", &api.recv) &&
       Resolve(l, "ncclGroupStart", &api.group_start) && Resolve(l, "ncclGroupEnd", &api.group_end);
   load_status = ok ? absl::OkStatus()
                    : absl::FailedPreconditionError(
@@ -108,6 +111,32 @@ class NcclCommunicator final : public Communicator {
       s = NcclError(api.broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32, r,
                                   comm_, stream_),
                     "ncclBroadcast");
+      at += counts[r];
+    }
+    const absl::Status end = NcclError(api.group_end(), "ncclGroupEnd");
+    return Fail(s.ok() ? end : s);
+  }
+
+  absl::Status Gather(const float* in, absl::Span<const int64_t> counts, float* out,
+                      int root) override {
+    if (absl::Status s = health(); !s.ok()) return s;
+    if (static_cast<int>(counts.size()) != size_ || root < 0 || root >= size_) {
+      return absl::InvalidArgumentError("Gather needs one count per rank and a rank as root");
+    }
+    // Point to point inside one group call: every other rank sends its block to the root,
+    // which receives each at its offset and copies its own.
+    absl::Status s = NcclError(api.group_start(), "ncclGroupStart");
+    int64_t at = 0;
+    for (int r = 0; r < size_ && s.ok(); ++r) {
+      if (rank_ == root && r != root && counts[r] > 0) {
+        s = NcclError(api.recv(out + at, counts[r], ncclFloat32, r, comm_, stream_), "ncclRecv");
+      } else if (rank_ == r && r != root && counts[r] > 0) {
+        s = NcclError(api.send(in, counts[r], ncclFloat32, root, comm_, stream_), "ncclSend");
+      } else if (rank_ == root && r == root && counts[r] > 0) {
+        s = CudaError(cudaMemcpyAsync(out + at, in, counts[r] * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream_),
+                      "cudaMemcpyAsync");
+      }
       at += counts[r];
     }
     const absl::Status end = NcclError(api.group_end(), "ncclGroupEnd");

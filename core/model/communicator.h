@@ -38,6 +38,12 @@ class Communicator {
   // order (each rank passes the same counts).
   virtual absl::Status AllGather(const float* in, absl::Span<const int64_t> counts, float* out) = 0;
 
+  // AllGather's result on rank `root` only (out [sum of counts] there; ignored, may be null,
+  // elsewhere): what a result only one rank reads needs (the head's logits, which the engine
+  // takes from rank 0), without N - 1 copies of it.
+  virtual absl::Status Gather(const float* in, absl::Span<const int64_t> counts, float* out,
+                              int root) = 0;
+
   // Fails every pending and later collective of the group with `why` (a rank that failed
   // outside a collective calls it so that the others stop waiting for it).
   virtual void Abort(const absl::Status& why) = 0;

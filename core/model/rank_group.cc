@@ -186,7 +186,7 @@ absl::Status RankGroup::Forward(const ForwardBatch& batch, KvCache* cache,
   if (cache->num_ranks() != size()) {
     return absl::InvalidArgumentError("KV cache was not created by this tensor-parallel group");
   }
-  // Every rank computes the whole result (the head's slices are gathered); rank 0's is kept.
+  // Every rank runs the whole step; the head's slices are gathered on rank 0, whose result is kept.
   // The others' results live on (others_) so their buffers are reused from step to step.
   others_.resize(size() - 1);
   return RunOnAll([&](int r) {

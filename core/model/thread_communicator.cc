@@ -116,6 +116,24 @@ class ThreadCommunicator final : public Communicator {
     return g.Barrier(rank_);  // no rank reuses `in` before every copy is done
   }
 
+  absl::Status Gather(const float* in, absl::Span<const int64_t> counts, float* out,
+                      int root) override {
+    GroupState& g = *group_;
+    if (static_cast<int>(counts.size()) != g.size || root < 0 || root >= g.size) {
+      return absl::InvalidArgumentError("Gather needs one count per rank and a rank as root");
+    }
+    g.in[rank_] = in;
+    if (absl::Status s = g.Barrier(rank_); !s.ok()) return s;
+    if (rank_ == root) {
+      int64_t at = 0;
+      for (int r = 0; r < g.size; ++r) {
+        std::copy_n(g.in[r], counts[r], out + at);
+        at += counts[r];
+      }
+    }
+    return g.Barrier(rank_);  // no rank reuses `in` before the root has copied it
+  }
+
   void Abort(const absl::Status& why) override { group_->Fail(why); }
 
   absl::Status health() const override {

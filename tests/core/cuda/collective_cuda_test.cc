@@ -67,7 +67,7 @@ TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
   absl::StatusOr<NcclGroupId> id = NcclNewGroupId();
   ASSERT_TRUE(id.ok()) << id.status();
   const int64_t count = 4096;
-  std::vector<std::vector<float>> sums(n), gathered(n);
+  std::vector<std::vector<float>> sums(n), gathered(n), rooted(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -88,6 +88,13 @@ TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
               ->AllGather(static_cast<float*>(in.get()), counts, static_cast<float*>(out.get()))
               .ok());
       gathered[r] = Download<float>(out, n == 2 ? 8 : 3);
+      // The same blocks on the last rank only.
+      DeviceBuffer at_root = Poisoned<float>(8);
+      ASSERT_TRUE((*comm)
+                      ->Gather(static_cast<float*>(in.get()), counts,
+                               r == n - 1 ? static_cast<float*>(at_root.get()) : nullptr, n - 1)
+                      .ok());
+      if (r == n - 1) rooted[r] = Download<float>(at_root, n == 2 ? 8 : 3);
       EXPECT_TRUE((*comm)->health().ok());
     });
   }
@@ -101,6 +108,7 @@ TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
     const std::vector<float> want = n == 2 ? std::vector<float>{10, 10, 10, 20, 20, 20, 20, 20}
                                            : std::vector<float>{10, 10, 10};
     EXPECT_EQ(gathered[r], want);
+    if (r == n - 1) EXPECT_EQ(rooted[r], want);
   }
 }
 #endif

@@ -61,6 +61,29 @@ TEST(ThreadCommunicatorTest, GathersUnevenBlocksInRankOrder) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], (std::vector<float>{0, 1, 20, 21, 22}));
 }
 
+TEST(ThreadCommunicatorTest, GathersOnTheRootOnly) {
+  const int n = 3;
+  const std::vector<int64_t> counts = {2, 0, 3};
+  for (const int root : {0, 2}) {
+    auto comms = CreateThreadGroup(n);
+    std::vector<std::vector<float>> out(n, std::vector<float>(5, -1.f));
+    RunRanks(comms, [&](int r, Communicator& comm) {
+      std::vector<float> mine(counts[r]);
+      for (int64_t i = 0; i < counts[r]; ++i) mine[i] = 10.f * r + i;
+      // Only the root passes an output buffer.
+      ASSERT_TRUE(comm.Gather(mine.data(), counts, r == root ? out[r].data() : nullptr, root).ok());
+    });
+    const std::vector<float> gathered = {0, 1, 20, 21, 22}, untouched(5, -1.f);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(out[r], r == root ? gathered : untouched) << "root " << root << " rank " << r;
+    }
+  }
+  auto comms = CreateThreadGroup(1);
+  const float one = 1.f;
+  EXPECT_EQ(comms[0]->Gather(&one, std::vector<int64_t>{1}, nullptr, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ThreadCommunicatorTest, AMissingRankTimesOutAndPoisonsTheGroup) {
   auto comms = CreateThreadGroup(2, absl::Milliseconds(200));
   float x = 1.f;
