@@ -43,6 +43,8 @@ void CudnnAttention::Disable(const std::string& why) {
 // cannot run: the interface stays, the path never runs.
 struct CudnnAttention::Impl {};
 
+bool CudnnAttentionBuilt() { return false; }
+
 absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const AttentionShape&,
                                                                        cudaStream_t) {
   return absl::FailedPreconditionError(
@@ -536,6 +538,8 @@ absl::Status BuildGraph(GraphBuilder& g, const GraphShape& s, const CudnnPlanKey
 }
 
 }  // namespace
+
+bool CudnnAttentionBuilt() { return true; }
 
 struct CudnnAttention::Impl {
   cudaStream_t stream = nullptr;

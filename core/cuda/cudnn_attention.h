@@ -45,6 +45,9 @@ namespace glmserve::cuda {
 inline constexpr float kCudnnCheckAbs = 1.5e-2f;
 inline constexpr float kCudnnCheckRel = 1.5e-2f;
 
+// False in a build without cuDNN's headers and under the emulation (Create always fails there).
+bool CudnnAttentionBuilt();
+
 class CudnnAttention {
  public:
   // cuDNN on `stream` for attention of `shape` (heads, kv_heads, head_dim, scale; q_stride and

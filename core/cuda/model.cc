@@ -166,8 +166,10 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
       cudnn_attn_ = *std::move(cudnn);
     } else {
       cudnn_attn_status_ = std::string(cudnn.status().message());
-      std::fprintf(stderr, "glmserve: cuDNN attention unavailable, tensor-core kernel: %s\n",
-                   cudnn_attn_status_.c_str());
+      if (CudnnAttentionBuilt()) {  // a build without cuDNN says so in compute_description()
+        std::fprintf(stderr, "glmserve: cuDNN attention unavailable, tensor-core kernel: %s\n",
+                     cudnn_attn_status_.c_str());
+      }
     }
   }
 
