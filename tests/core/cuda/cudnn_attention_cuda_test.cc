@@ -46,12 +46,13 @@ bool CudnnRequired() {
   return env != nullptr && env[0] == '1';
 }
 
-#define GLM_REQUIRE_CUDNN(status)                                                   \
-  do {                                                                              \
-    if (!(status).ok()) {                                                           \
-      if (CudnnRequired()) FAIL() << "GLMSERVE_REQUIRE_CUDNN=1 but " << (status);   \
-      GTEST_SKIP() << "cuDNN attention unavailable: " << (status).status().message(); \
-    }                                                                               \
+// `made`: a StatusOr from CudnnAttention::Create.
+#define GLM_REQUIRE_CUDNN(made)                                                          \
+  do {                                                                                   \
+    if (!(made).ok()) {                                                                  \
+      if (CudnnRequired()) FAIL() << "GLMSERVE_REQUIRE_CUDNN=1 but " << (made).status(); \
+      GTEST_SKIP() << "cuDNN attention unavailable: " << (made).status().message();      \
+    }                                                                                    \
   } while (false)
 
 struct Case {
