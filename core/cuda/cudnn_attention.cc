@@ -45,6 +45,11 @@ struct CudnnAttention::Impl {};
 
 bool CudnnAttentionBuilt() { return false; }
 
+absl::Status CudnnAttentionOpsForTest(const AttentionShape&, int64_t, int64_t,
+                                      const CudnnPlanKey&) {
+  return absl::FailedPreconditionError("cuDNN not available in this build");
+}
+
 absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const AttentionShape&,
                                                                        cudaStream_t) {
   return absl::FailedPreconditionError(
@@ -132,15 +137,16 @@ void Load() {
                   Resolve(library, "cudnnBackendGetAttribute", &api.get_attr) &&
                   Resolve(library, "cudnnBackendExecute", &api.execute);
   if (!ok) {
-    load_status = absl::FailedPreconditionError(
-        absl::StrCat(soname, " lacks a function this build needs"));
+    load_status =
+        absl::FailedPreconditionError(absl::StrCat(soname, " lacks a function this build needs"));
     return;
   }
   const size_t version = api.get_version();
   if (version < kMinCudnnVersion) {
-    load_status = absl::FailedPreconditionError(absl::StrCat(
-        "cuDNN ", version, " is older than 9.7 (paged K/V with ragged Q and a bottom-right causal "
-        "mask)"));
+    load_status = absl::FailedPreconditionError(
+        absl::StrCat("cuDNN ", version,
+                     " is older than 9.7 (paged K/V with ragged Q and a bottom-right causal "
+                     "mask)"));
     return;
   }
   load_status = absl::OkStatus();
@@ -166,12 +172,12 @@ absl::Status CudnnError(cudnnStatus_t s, const char* what) {
   return absl::FailedPreconditionError(text);
 }
 
-#define GLM_CUDNN_TRY(call, what)                                    \
-  do {                                                               \
-    const cudnnStatus_t glm_cudnn_status_ = (call);                  \
-    if (glm_cudnn_status_ != CUDNN_STATUS_SUCCESS) {                 \
-      return CudnnError(glm_cudnn_status_, what);                    \
-    }                                                                \
+#define GLM_CUDNN_TRY(call, what)                    \
+  do {                                               \
+    const cudnnStatus_t glm_cudnn_status_ = (call);  \
+    if (glm_cudnn_status_ != CUDNN_STATUS_SUCCESS) { \
+      return CudnnError(glm_cudnn_status_, what);    \
+    }                                                \
   } while (false)
 
 // One backend descriptor, destroyed with its owner.
@@ -255,8 +261,7 @@ class GraphBuilder {
     RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, "virtual"));
     if (by_value) {
       const bool b = true;
-      RETURN_IF_ERROR(
-          Set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &b, "by value"));
+      RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &b, "by value"));
     }
     if (ragged != nullptr) {
       RETURN_IF_ERROR(SetDesc(d, CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, ragged, "ragged offset"));
@@ -305,8 +310,8 @@ class GraphBuilder {
   absl::Status Reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                          cudnnBackendDescriptor_t y) {
     ASSIGN_OR_RETURN(Desc r, Desc::Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR));
-    RETURN_IF_ERROR(Set(r.get(), CUDNN_ATTR_REDUCTION_OPERATOR,
-                        CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction mode"));
+    RETURN_IF_ERROR(Set(r.get(), CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
+                        1, &mode, "reduction mode"));
     RETURN_IF_ERROR(SetType(r.get(), CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT, "red type"));
     GLM_CUDNN_TRY(api.finalize(r.get()), "finalize reduction");
     ASSIGN_OR_RETURN(Desc op, Desc::Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR));
@@ -362,8 +367,8 @@ class GraphBuilder {
                             container, "paged container"));
     RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC,
                             page_table, "page table"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC,
-                            seq_len, "paged seq len"));
+    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, seq_len,
+                            "paged seq len"));
     RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC, y, "paged y"));
     GLM_CUDNN_TRY(api.finalize(op.get()), "finalize paged cache load");
     ops_.push_back(std::move(op));
@@ -376,9 +381,8 @@ class GraphBuilder {
     ASSIGN_OR_RETURN(graph_, Desc::Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const Desc& op : ops_) ops.push_back(op.get());
-    RETURN_IF_ERROR(Set(graph_.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS,
-                        CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-                        ops.data(), "graph ops"));
+    RETURN_IF_ERROR(Set(graph_.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                        static_cast<int64_t>(ops.size()), ops.data(), "graph ops"));
     RETURN_IF_ERROR(Set(graph_.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
                         &handle, "graph handle"));
     GLM_CUDNN_TRY(api.finalize(graph_.get()), "finalize operation graph");
@@ -416,8 +420,8 @@ class GraphBuilder {
       }
       if (last.ok()) {
         const cudnnStatus_t s = api.finalize(plan->get());
-        last = s == CUDNN_STATUS_SUCCESS ? absl::OkStatus()
-                                         : CudnnError(s, "finalize execution plan");
+        last =
+            s == CUDNN_STATUS_SUCCESS ? absl::OkStatus() : CudnnError(s, "finalize execution plan");
       }
       if (!last.ok()) continue;
       int64_t workspace = 0, got = 0;
@@ -459,8 +463,8 @@ absl::Status BuildGraph(GraphBuilder& g, const GraphShape& s, const CudnnPlanKey
   const int64_t b = key.batch, hq = s.heads, hk = s.kv_heads, d = s.head_dim;
   const int64_t sq = key.max_q, pages = key.max_pages, skv = pages * s.block_size;
   const int64_t bs = s.block_size;
-  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, bf16 = CUDNN_DATA_BFLOAT16,
-                        i32 = CUDNN_DATA_INT32, boolean = CUDNN_DATA_BOOLEAN;
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, bf16 = CUDNN_DATA_BFLOAT16, i32 = CUDNN_DATA_INT32,
+                        boolean = CUDNN_DATA_BOOLEAN;
   const Dims lens_dims = {b, 1, 1, 1}, lens_strides = {1, 1, 1, 1};
   ASSIGN_OR_RETURN(auto seq_q, g.Tensor(kSeqLenQ, i32, lens_dims, lens_strides, false));
   ASSIGN_OR_RETURN(auto seq_kv, g.Tensor(kSeqLenKv, i32, lens_dims, lens_strides, false));
@@ -534,12 +538,20 @@ absl::Status BuildGraph(GraphBuilder& g, const GraphShape& s, const CudnnPlanKey
   ASSIGN_OR_RETURN(auto vl, g.Virtual(bf16, {b, hk, skv, d}, {d * skv * hk, d * skv, d, 1}));
   RETURN_IF_ERROR(g.PagedLoad(v_container, page_v, seq_kv, vl));
   RETURN_IF_ERROR(g.Matmul(p, vl, o, seq_q, nullptr, seq_kv, /*padded=*/false));
-  return g.Finish(handle);
+  return handle == nullptr ? absl::OkStatus() : g.Finish(handle);  // null: the ops only
 }
 
 }  // namespace
 
 bool CudnnAttentionBuilt() { return true; }
+
+absl::Status CudnnAttentionOpsForTest(const AttentionShape& shape, int64_t block_size,
+                                      int64_t num_blocks, const CudnnPlanKey& key) {
+  RETURN_IF_ERROR(LoadCudnn());
+  GraphBuilder g;
+  return BuildGraph(g, {shape.heads, shape.kv_heads, shape.head_dim, block_size, num_blocks}, key,
+                    nullptr);
+}
 
 struct CudnnAttention::Impl {
   cudaStream_t stream = nullptr;
@@ -569,17 +581,16 @@ struct CudnnAttention::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(
-    const AttentionShape& shape, cudaStream_t stream) {
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const AttentionShape& shape,
+                                                                       cudaStream_t stream) {
   RETURN_IF_ERROR(LoadCudnn());
   int device = 0, major = 0;
   GLM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   GLM_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 8) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuDNN's fused attention needs compute capability 8.0+ (this GPU: ", major,
-                     ".x)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuDNN's fused attention needs compute capability 8.0+ (this GPU: ", major, ".x)"));
   }
   if (shape.head_dim % 8 != 0 || shape.head_dim > 256) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -619,8 +630,8 @@ absl::Status Grow(DeviceBuffer* buffer, size_t bytes, cudaStream_t stream) {
 // The self-check's reference: LaunchPagedAttentionTc on the same inputs. Both read q in fp32
 // (cuDNN after its bf16 conversion), the cache layer and the step's tiles.
 struct CheckCase {
-  std::vector<float> q;          // [tokens, heads * head_dim] (q_stride = heads * head_dim)
-  std::vector<uint16_t> cache;   // [blocks, 2, block_size, kv_heads * head_dim]
+  std::vector<float> q;         // [tokens, heads * head_dim] (q_stride = heads * head_dim)
+  std::vector<uint16_t> cache;  // [blocks, 2, block_size, kv_heads * head_dim]
   StepPlan plan;
   int64_t blocks = 0;
 };
@@ -688,10 +699,10 @@ absl::Status CudnnAttention::SelfCheckForTest(int64_t block_size) {
   shape.block_size = block_size;
   shape.q_stride = row;
   const int32_t* d = dmeta.as<int32_t>();
-  GLM_CUDA_RETURN_IF_ERROR(LaunchPagedAttentionTc(
-      q.as<float>(), d + layout.tiles(), static_cast<int>(c.plan.num_tiles),
-      d + layout.block_tables(), cache.as<uint16_t>(), shape, /*num_splits=*/1, nullptr,
-      out_ref.as<uint16_t>(), m.stream));
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchPagedAttentionTc(q.as<float>(), d + layout.tiles(), static_cast<int>(c.plan.num_tiles),
+                             d + layout.block_tables(), cache.as<uint16_t>(), shape,
+                             /*num_splits=*/1, nullptr, out_ref.as<uint16_t>(), m.stream));
   const bool checked = self_check_;
   self_check_ = false;  // the check's own Enqueue must not recurse into it
   m.self_checked = true;
@@ -808,8 +819,8 @@ absl::StatusOr<bool> CudnnAttention::Enqueue(const StepPlan& plan, const float* 
     m.tokens = plan.tokens;
     m.prepared = true;
   }
-  GLM_CUDA_RETURN_IF_ERROR(LaunchRowsToBf16(q, plan.tokens, row, shape.q_stride,
-                                            m.q_bf16.as<uint16_t>(), m.stream));
+  GLM_CUDA_RETURN_IF_ERROR(
+      LaunchRowsToBf16(q, plan.tokens, row, shape.q_stride, m.q_bf16.as<uint16_t>(), m.stream));
   const int32_t* meta = m.meta.as<int32_t>();
   const int32_t* ragged = meta + m.batch.ragged_offset();
   const int32_t* pages = meta + m.batch.page_table_offset();
@@ -817,8 +828,8 @@ absl::StatusOr<bool> CudnnAttention::Enqueue(const StepPlan& plan, const float* 
   float scale = shape.scale;
   float neg_inf = api.get_version() < 91000 ? std::numeric_limits<float>::lowest()
                                             : -std::numeric_limits<float>::infinity();
-  const int64_t uids[] = {kQ,      kKContainer, kVContainer, kO,      kSeqLenQ, kSeqLenKv,
-                          kPageTableK, kPageTableV, kRaggedQ, kRaggedO, kScale, kNegInf};
+  const int64_t uids[] = {kQ,          kKContainer, kVContainer, kO,       kSeqLenQ, kSeqLenKv,
+                          kPageTableK, kPageTableV, kRaggedQ,    kRaggedO, kScale,   kNegInf};
   void* pointers[] = {m.q_bf16.get(),
                       const_cast<uint16_t*>(cache_layer),
                       const_cast<uint16_t*>(v_layer),

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/cuda/cudnn_attention_plan.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
 
@@ -47,6 +48,12 @@ inline constexpr float kCudnnCheckRel = 1.5e-2f;
 
 // False in a build without cuDNN's headers and under the emulation (Create always fails there).
 bool CudnnAttentionBuilt();
+
+// For tests on machines with libcudnn but no GPU: loads cuDNN and creates and finalizes every
+// tensor and operation of the SDPA graph for `shape` over a cache of `num_blocks` blocks of
+// `block_size`, bucketed as `key`; stops before the operation graph (that needs a device).
+absl::Status CudnnAttentionOpsForTest(const AttentionShape& shape, int64_t block_size,
+                                      int64_t num_blocks, const CudnnPlanKey& key);
 
 class CudnnAttention {
  public:

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "core/cpu/ops/attention.h"
 #include "core/cuda/cudnn_attention.h"
 #include "core/cuda/device_memory.h"
@@ -128,8 +129,8 @@ class CudnnAttentionTest : public ::testing::Test {
     DeviceBuffer ref = Poisoned<uint16_t>(total * q_dim);
     ASSERT_EQ(LaunchPagedAttentionTc(dq.as<float>(), dtiles.as<int32_t>(),
                                      static_cast<int>(plan.num_tiles), dbt.as<int32_t>(),
-                                     dcache.as<uint16_t>(), ashape, 1, nullptr,
-                                     ref.as<uint16_t>(), nullptr),
+                                     dcache.as<uint16_t>(), ashape, 1, nullptr, ref.as<uint16_t>(),
+                                     nullptr),
               cudaSuccess);
     const std::vector<float> kernel = FromBf16(Download<uint16_t>(ref, total * q_dim));
     // Twice: the second call reuses the step's uploaded metadata (a later layer's call).
@@ -159,6 +160,23 @@ class CudnnAttentionTest : public ::testing::Test {
 
   Stream stream_;
 };
+
+// Without a GPU too: where libcudnn loads, every tensor and operation descriptor of the graph
+// (types, dims, strides, ragged offsets, by-value scalars, masks, paged loads) finalizes.
+TEST(CudnnAttentionOps, DescriptorsFinalizeWithoutADevice) {
+  for (const Case c : {Case{4, 1, 64, 16}, Case{96, 8, 128, 16}, Case{12, 4, 128, 64}}) {
+    AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.block_size, 0, 0.1f};
+    for (const CudnnPlanKey key : {CudnnPlanKey{1, 1, 1}, CudnnPlanKey{8, 64, 32}}) {
+      const absl::Status s = CudnnAttentionOpsForTest(shape, c.block_size, 100, key);
+      if (!CudnnAttentionBuilt() || absl::StrContains(s.message(), "cannot load")) {
+        if (CudnnRequired()) FAIL() << "GLMSERVE_REQUIRE_CUDNN=1 but " << s;
+        GTEST_SKIP() << "cuDNN unavailable: " << s.message();
+      }
+      EXPECT_TRUE(s.ok()) << s << " (heads " << c.heads << ", key " << key.batch << "x" << key.max_q
+                          << "x" << key.max_pages << ")";
+    }
+  }
+}
 
 TEST_F(CudnnAttentionTest, MixedStepsMatchKernelAndCpu) {
   // A long prefill chunk after a cached prefix, a fresh prompt of odd length, decode rows deep
@@ -217,8 +235,7 @@ TEST(CudnnAttentionModel, ModelWithCudnnEqualsModelWithout) {
     CudaModelOptions model_options;
     model_options.cudnn_attention = cudnn;
     model_options.cuda_graphs = false;
-    absl::StatusOr<std::unique_ptr<CudaModel>> m =
-        CudaModel::Create(*std::move(w), model_options);
+    absl::StatusOr<std::unique_ptr<CudaModel>> m = CudaModel::Create(*std::move(w), model_options);
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? *std::move(m) : nullptr;
   };
@@ -226,7 +243,8 @@ TEST(CudnnAttentionModel, ModelWithCudnnEqualsModelWithout) {
   ASSERT_NE(with, nullptr);
   ASSERT_NE(without, nullptr);
   if (with->cudnn_attention() == nullptr) {
-    if (CudnnRequired()) FAIL() << "GLMSERVE_REQUIRE_CUDNN=1 but " << with->cudnn_attention_status();
+    if (CudnnRequired())
+      FAIL() << "GLMSERVE_REQUIRE_CUDNN=1 but " << with->cudnn_attention_status();
     GTEST_SKIP() << "cuDNN attention unavailable: " << with->cudnn_attention_status();
   }
   const int64_t block_size = 16, vocab = with->config().vocab_size;
@@ -246,7 +264,8 @@ TEST(CudnnAttentionModel, ModelWithCudnnEqualsModelWithout) {
       for (const auto& [seq, n] : step) {
         ASSERT_TRUE((*cache)->Reserve(&tables[seq], lengths[seq] + n).ok());
         batch.sequences.push_back({n, lengths[seq], &tables[seq]});
-        for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((lengths[seq] + i) * 31 + seq * 7) % 256);
+        for (int64_t i = 0; i < n; ++i)
+          ids.push_back(static_cast<int32_t>((lengths[seq] + i) * 31 + seq * 7) % 256);
         lengths[seq] += n;
       }
       batch.token_ids = ids;
@@ -265,9 +284,9 @@ TEST(CudnnAttentionModel, ModelWithCudnnEqualsModelWithout) {
     ASSERT_EQ(logits[0][i].size(), logits[1][i].size());
     const int64_t rows = static_cast<int64_t>(logits[0][i].size()) / vocab;
     for (int64_t r = 0; r < rows; ++r) {
-      EXPECT_LT(RelativeError(logits[0][i].data() + r * vocab, logits[1][i].data() + r * vocab,
-                              vocab),
-                3e-2)
+      EXPECT_LT(
+          RelativeError(logits[0][i].data() + r * vocab, logits[1][i].data() + r * vocab, vocab),
+          3e-2)
           << "step " << i << " row " << r;
     }
   }
