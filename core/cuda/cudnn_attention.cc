@@ -698,6 +698,9 @@ absl::Status CudnnAttention::SelfCheckForTest(int64_t block_size) {
   AttentionShape shape = sh;
   shape.block_size = block_size;
   shape.q_stride = row;
+  // The copies and fills above ran on the legacy stream, which a non-blocking stream does not
+  // wait for: finish them first (once per device).
+  RETURN_IF_ERROR(SynchronizeDevice());
   const int32_t* d = dmeta.as<int32_t>();
   GLM_CUDA_RETURN_IF_ERROR(
       LaunchPagedAttentionTc(q.as<float>(), d + layout.tiles(), static_cast<int>(c.plan.num_tiles),
