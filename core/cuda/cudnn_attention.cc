@@ -95,8 +95,10 @@ CudnnApi api;
 absl::Status load_status = absl::UnknownError("not loaded");
 std::once_flag once;
 
-// Paged cache loads with ragged Q/O and a bottom-right causal mask over padded lengths.
-constexpr size_t kMinCudnnVersion = 90700;
+// Paged cache loads with ragged Q/O and a bottom-right causal mask need 9.7; up to 9.9 decode
+// steps (one query row) with a causal mask and paged head_dim > 128 are refused, and bf16 SDPA
+// has known bugs in 9.10.0 and 9.10.1 (cudnn_frontend's support checks): 9.10.2 and newer.
+constexpr size_t kMinCudnnVersion = 91002;
 
 void Load() {
   const std::string soname = absl::StrCat("libcudnn.so.", CUDNN_MAJOR);
@@ -145,8 +147,8 @@ void Load() {
   if (version < kMinCudnnVersion) {
     load_status = absl::FailedPreconditionError(
         absl::StrCat("cuDNN ", version,
-                     " is older than 9.7 (paged K/V with ragged Q and a bottom-right causal "
-                     "mask)"));
+                     " is older than 9.10.2 (paged K/V with ragged Q, a bottom-right causal "
+                     "mask in decode steps, no known bf16 SDPA bugs)"));
     return;
   }
   load_status = absl::OkStatus();
