@@ -19,8 +19,10 @@
 // finalize or match turns the path off for good with one logged line, and the caller runs its
 // own kernel; a request never sees an error from here except CUDA errors on the stream.
 //
-// Steps captured as CUDA graphs (padded decode steps) never come here: the caller's kernel
-// reads device-side tiles a replay can change, a cuDNN plan's per-step upload could not.
+// Steps being captured as CUDA graphs (padded decode steps) are refused (Enqueue returns false
+// while the stream captures, and for padding rows): the caller's kernel reads device-side tiles
+// a replay refreshes, while a replay would reuse this path's per-step upload as captured.
+// Needs cuDNN 9.10.2+ and compute capability 8.0+.
 //
 // Without cuDNN's headers at build time, and under the CUDA emulation (tools/cuda_emu), the
 // same interface reports "cuDNN not available in this build".
