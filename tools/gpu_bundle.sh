@@ -74,7 +74,8 @@ done
 # Shared libraries: what ldd resolves for the binaries, except the C/C++ runtime (the host
 # has its own, and mixing loaders breaks) and the driver's libcuda / libnvidia-* (they must
 # match the host's kernel module). cuBLAS is not linked (core/cuda/cublas_api.h loads it at
-# run time from the host's CUDA), so it is not carried either.
+# run time from the host's CUDA), so it is not carried either; nor is cuDNN (dlopen'ed by
+# core/cuda/cudnn_attention.cc, hundreds of MB): run.sh finds the host's, or skips its tests.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+\.|libgcc_s\.|libcuda\.|libnvidia-)'
 ldd "$out"/bin/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r soname path; do

@@ -11,11 +11,17 @@
 #                                    skip (none may fail), the GPU benchmark and server are
 #                                    left out, the CPU benchmarks run in a quick form
 #
-# Environment: CUDA_HOME (default /usr/local/cuda; its lib64 holds libcublas), STEP_TIMEOUT
-# (seconds per step, default 300). The bundle's golden fixtures are passed to the tests as
+# Environment: CUDA_HOME (default /usr/local/cuda; its lib64 holds libcublas), CUDNN_HOME
+# (optional: where libcudnn.so.9 is, if not in the places below), STEP_TIMEOUT (seconds per
+# step, default 300). The bundle's golden fixtures are passed to the tests as
 # GLMSERVE_GOLDEN_DIR.
+# cuDNN (GLM-4.5's fused attention, core/cuda/cudnn_attention.h) is not in the bundle: it is
+# taken from the host when present (the loader's cache, CUDNN_HOME, CUDA_HOME's lib dirs, a
+# Python environment's nvidia-cudnn package) and then required by the cuDNN tests
+# (GLMSERVE_REQUIRE_CUDNN=1); without it they skip and summary.txt says so.
 # Writes: summary.txt (one line per step), device.txt, environment.txt, tests/<binary>.log
-# and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_glm5.log,
+# and .xml, gpu_bench.log, gpu_bench_attn_cuda_cores.log, gpu_bench_no_cudnn.log (with
+# cuDNN), gpu_bench_glm5.log,
 # gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log, server_in_sequence.log,
 # client_bench_in_sequence_c<N>.log,
 # sampler_bench.log, host_bench.log, moe_routing_bench.log, mtp_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
@@ -47,6 +53,40 @@ if [ "$gpu" = 1 ]; then
 else
   unset GLMSERVE_REQUIRE_CUDA
 fi
+# cuDNN from the host, if it has one: its directory goes on LD_LIBRARY_PATH and into
+# GLMSERVE_CUDNN_PATH (the loader's explicit search path).
+cudnn_dir=""
+cudnn_candidates=()
+[ -n "${CUDNN_HOME:-}" ] && cudnn_candidates+=("$CUDNN_HOME/lib" "$CUDNN_HOME/lib64" "$CUDNN_HOME")
+cudnn_candidates+=("$cuda_home/lib64" "$cuda_home/lib" /usr/lib/x86_64-linux-gnu /usr/lib64)
+for py in python3 python; do
+  if command -v "$py" >/dev/null 2>&1; then
+    pkg="$("$py" -c 'import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)"
+    [ -n "$pkg" ] && cudnn_candidates+=("$pkg")
+  fi
+done
+for d in /usr/local/lib/python3*/dist-packages/nvidia/cudnn/lib /usr/lib/python3*/site-packages/nvidia/cudnn/lib; do
+  [ -d "$d" ] && cudnn_candidates+=("$d")
+done
+for d in "${cudnn_candidates[@]}"; do
+  if [ -e "$d/libcudnn.so.9" ]; then
+    cudnn_dir="$d"
+    break
+  fi
+done
+if [ -z "$cudnn_dir" ] && ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9 '; then
+  cudnn_dir="$(dirname "$(ldconfig -p | sed -n 's/.*libcudnn\.so\.9 .*=> //p' | head -n 1)")"
+fi
+if [ -n "$cudnn_dir" ]; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn_dir"
+  export GLMSERVE_CUDNN_PATH="$cudnn_dir"
+  [ "$gpu" = 1 ] && export GLMSERVE_REQUIRE_CUDNN=1
+  cudnn_file="$(readlink -f "$cudnn_dir/libcudnn.so.9" 2>/dev/null)"
+  cudnn_note="cuDNN: $(basename "${cudnn_file:-libcudnn.so.9}") in $cudnn_dir (the cuDNN attention tests must run)"
+else
+  unset GLMSERVE_REQUIRE_CUDNN
+  cudnn_note="cuDNN: not found on this host (CUDNN_HOME, $cuda_home/lib*, the loader's cache, Python's nvidia-cudnn): the cuDNN attention tests skip, attention runs on the tensor-core kernel"
+fi
 {
   echo "bundle: $here"
   head -n 4 "$here/MANIFEST" 2>/dev/null
@@ -54,8 +94,11 @@ fi
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   echo "GLMSERVE_GOLDEN_DIR=$GLMSERVE_GOLDEN_DIR"
   echo "GLMSERVE_REQUIRE_CUDA=${GLMSERVE_REQUIRE_CUDA:-}"
+  echo "GLMSERVE_CUDNN_PATH=${GLMSERVE_CUDNN_PATH:-}"
+  echo "GLMSERVE_REQUIRE_CUDNN=${GLMSERVE_REQUIRE_CUDNN:-}"
 } >"$out/environment.txt"
 note "start: $([ "$gpu" = 1 ] && echo "GPU check" || echo "self-test without a GPU"), logs in $out"
+note "$cudnn_note"
 
 # Every binary must find its libraries before anything runs.
 missing="$(ldd "$here"/bin/* 2>/dev/null | grep 'not found' | sort -u)"
@@ -157,6 +200,15 @@ if [ "$gpu" = 1 ]; then
   run_step gpu_bench_attn_cuda_cores "$out/gpu_bench_attn_cuda_cores.log" env GLMSERVE_ATTN_TC=0 \
     "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 --batches=1 --context=512 --decode_steps=8 \
     --prefill_tokens=2048
+  # The same prefill without cuDNN's fused SDPA (the default prefill uses it where the host has
+  # cuDNN): the ratio of the two prefill rows is what cuDNN buys over attention_tc.cu.
+  if [ -n "$cudnn_dir" ]; then
+    run_step gpu_bench_no_cudnn "$out/gpu_bench_no_cudnn.log" env GLMSERVE_CUDNN_ATTN=0 \
+      "$here/bin/gpu_bench" --model=glm-4.5-air:layers=2 --batches=1 --context=512 \
+      --decode_steps=8 --prefill_tokens=2048
+  else
+    note "skip gpu_bench_no_cudnn: no cuDNN on this host"
+  fi
   # GLM-5's MLA + DSA kernels (plain ones, never timed on hardware): a context past
   # index_topk (2048), so decode runs the indexer's selection.
   run_step gpu_bench_glm5 "$out/gpu_bench_glm5.log" "$here/bin/gpu_bench" \

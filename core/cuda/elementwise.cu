@@ -32,6 +32,15 @@ __global__ void FloatToBf16Kernel(const float* __restrict__ in, int64_t n,
   }
 }
 
+__global__ void RowsToBf16Kernel(const float* __restrict__ in, int64_t rows, int64_t cols,
+                                 int64_t in_stride, uint16_t* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = dev::FloatToBf16(in[(i / cols) * in_stride + i % cols]);
+  }
+}
+
 __global__ void Bf16ToFloatKernel(const uint16_t* __restrict__ in, int64_t n,
                                   float* __restrict__ out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -59,6 +68,14 @@ cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint
 cudaError_t LaunchFloatToBf16(const float* in, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   FloatToBf16Kernel<<<GridStrideBlocks(n, 256), 256, 0, stream>>>(in, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRowsToBf16(const float* in, int64_t rows, int64_t cols, int64_t in_stride,
+                             uint16_t* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  RowsToBf16Kernel<<<GridStrideBlocks(rows * cols, 256), 256, 0, stream>>>(in, rows, cols,
+                                                                           in_stride, out);
   return cudaGetLastError();
 }
 

@@ -413,6 +413,10 @@ cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint
 // Conversions (tests, uploads).
 cudaError_t LaunchFloatToBf16(const float* in, int64_t n, uint16_t* out, cudaStream_t stream);
 cudaError_t LaunchBf16ToFloat(const uint16_t* in, int64_t n, float* out, cudaStream_t stream);
+// out[r, c] (bf16, [rows, cols]) = in[r * in_stride + c]: the first cols of strided fp32 rows
+// (cuDNN attention's packed bf16 q from the qkv rows).
+cudaError_t LaunchRowsToBf16(const float* in, int64_t rows, int64_t cols, int64_t in_stride,
+                             uint16_t* out, cudaStream_t stream);
 
 // ---- collective.cu --------------------------------------------------------------------
 // out[i] = parts[0][i] + parts[1][i] + ... + parts[ranks - 1][i], added in that order (parts

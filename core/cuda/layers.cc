@@ -118,12 +118,20 @@ absl::Status CudaModel::EnqueueAttention(int64_t layer, KvCache* cache) {
         meta(meta_layout_.block_tables()), fp8_layer, shape, num_splits_, attn_scratch_, a_.attn,
         stream_.get()));
   } else {
+    // cuDNN's fused SDPA where it serves the step (cudnn_attention.h), else our kernels.
+    bool done = false;
+    if (cudnn_attn_ != nullptr && options_.attention_tensor_cores) {
+      ASSIGN_OR_RETURN(done, cudnn_attn_->Enqueue(plan_, a_.qkv, cache_layer,
+                                                  cache->shape().num_blocks, shape, a_.attn));
+    }
     const auto launch =
         options_.attention_tensor_cores ? LaunchPagedAttentionTc : LaunchPagedAttention;
-    GLM_CUDA_RETURN_IF_ERROR(launch(a_.qkv, meta(meta_layout_.tiles()),
-                                    static_cast<int>(plan_.num_tiles),
-                                    meta(meta_layout_.block_tables()), cache_layer, shape,
-                                    num_splits_, attn_scratch_, a_.attn, stream_.get()));
+    if (!done) {
+      GLM_CUDA_RETURN_IF_ERROR(launch(a_.qkv, meta(meta_layout_.tiles()),
+                                      static_cast<int>(plan_.num_tiles),
+                                      meta(meta_layout_.block_tables()), cache_layer, shape,
+                                      num_splits_, attn_scratch_, a_.attn, stream_.get()));
+    }
   }
   // o_proj of every row, or of the head rows (gathered into the dead qkv buffer first).
   const bool head = IsHeadRowsLayer(layer);

@@ -3,6 +3,8 @@
 #include "core/cuda/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -71,6 +73,7 @@ CudaModelOptions WithEnvironmentOverrides(CudaModelOptions options) {
   if (off("GLMSERVE_CUDA_GRAPHS")) options.cuda_graphs = false;
   if (off("GLMSERVE_MLA_TC")) options.mla_tensor_cores = false;
   if (off("GLMSERVE_ATTN_TC")) options.attention_tensor_cores = false;
+  if (off("GLMSERVE_CUDNN_ATTN")) options.cudnn_attention = false;
   return options;
 }
 
@@ -153,6 +156,28 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   GLM_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_.get(), stream_.get()));
   GLM_CUBLAS_RETURN_IF_ERROR(
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
+  if (is_mla_ || !options_.attention_tensor_cores || !options_.cudnn_attention) {
+    cudnn_attn_status_ = is_mla_ ? "not used for MLA"
+                                 : "off (CudaModelOptions, GLMSERVE_CUDNN_ATTN=0 or "
+                                   "GLMSERVE_ATTN_TC=0)";
+  } else {
+    AttentionShape shape;
+    shape.heads = c.num_attention_heads;
+    shape.kv_heads = c.num_key_value_heads;
+    shape.head_dim = c.head_dim;
+    shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    absl::StatusOr<std::unique_ptr<CudnnAttention>> cudnn =
+        CudnnAttention::Create(shape, stream_.get());
+    if (cudnn.ok()) {
+      cudnn_attn_ = *std::move(cudnn);
+    } else {
+      cudnn_attn_status_ = std::string(cudnn.status().message());
+      if (CudnnAttentionBuilt()) {  // a build without cuDNN says so in compute_description()
+        std::fprintf(stderr, "glmserve: cuDNN attention unavailable, tensor-core kernel: %s\n",
+                     cudnn_attn_status_.c_str());
+      }
+    }
+  }
 
   ASSIGN_OR_RETURN(DeviceWeights uploaded,
                    UploadWeights(weights, stream_.get(), options_.upload_progress));
@@ -228,6 +253,12 @@ std::string CudaModel::compute_description() const {
     absl::StrAppend(
         &text, "; attention on ",
         options_.attention_tensor_cores ? "tensor cores (bf16 KV cache)" : "CUDA cores");
+    if (cudnn_attn_ != nullptr && !cudnn_attn_->disabled()) {
+      absl::StrAppend(&text, ", cuDNN fused SDPA for steps outside CUDA graphs (",
+                      cudnn_attn_->status(), "; ", cudnn_attn_->layer_calls(), " layer calls)");
+    } else {
+      absl::StrAppend(&text, "; cuDNN attention ", cudnn_attention_status());
+    }
   }
   absl::StrAppend(&text, "; CUDA graphs ", options_.cuda_graphs ? "on" : "off");
   return text;

@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/cuda/cudnn_attention.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/device_weights.h"
 #include "core/cuda/fp8_gemm.h"
@@ -79,6 +80,12 @@ struct CudaModelOptions {
   // style), else attention.cu's CUDA-core kernel (which the FP8 cache always uses). Both are
   // within the same bound of the CPU. GLMSERVE_ATTN_TC=0 overrides.
   bool attention_tensor_cores = true;
+  // GLM-4.5 with tensor-core attention over the bf16 cache: cuDNN's fused SDPA (libcudnn
+  // loaded at run time; core/cuda/cudnn_attention.h) for the steps not captured as CUDA
+  // graphs, self-checked against attention_tc.cu's kernel on first use. Missing or too old a
+  // cuDNN, a plan it cannot build or a failed check: attention_tc.cu for good, logged once.
+  // GLMSERVE_CUDNN_ATTN=0 overrides.
+  bool cudnn_attention = true;
 };
 
 class CudaModel final : public ModelRunner {
@@ -130,6 +137,12 @@ class CudaModel final : public ModelRunner {
   int64_t mla_tc_tokens() const { return options_.mla_tensor_cores ? mla_tc_tokens_ : 0; }
   // Why graphs were switched off after a failed capture (empty if they were not).
   const std::string& graph_error() const { return graph_error_; }
+  // cuDNN's fused attention (CudaModelOptions::cudnn_attention), or null when it is not used
+  // at all (cudnn_attention_status() says why).
+  const CudnnAttention* cudnn_attention() const { return cudnn_attn_.get(); }
+  std::string cudnn_attention_status() const {
+    return cudnn_attn_ != nullptr ? cudnn_attn_->status() : cudnn_attn_status_;
+  }
   const DeviceWeights& device_weights() const { return weights_; }
   // FP8 GEMMs beyond the GEMV's rows: tensor cores (cuBLASLt) when turned on
   // (CudaModelOptions::fp8_tensor_cores) and available, else the CUDA-core kernel; and how
@@ -325,6 +338,9 @@ class CudaModel final : public ModelRunner {
   Stream stream_;
   DeviceBuffer cublas_workspace_;
   CublasHandle cublas_;  // declared after its workspace and stream: destroyed before them
+  // cuDNN attention (after the stream: destroyed before it), or why there is none.
+  std::unique_ptr<CudnnAttention> cudnn_attn_;
+  std::string cudnn_attn_status_;
   DeviceWeights weights_;
 
   // Step state.

@@ -52,6 +52,9 @@ grep -q "done: every step passed" "$work/logs/summary.txt" || die "no success li
 for t in core_cuda_model_cuda_test core_engine_runner_conformance_test core_engine_golden_test; do
   grep -q "ok   $t" "$work/logs/summary.txt" || die "$t not run"
 done
+# Whether the host's cuDNN was found (and so whether the cuDNN attention tests must run) is said.
+grep -Eq '^\[[0-9]+ s\] cuDNN: ' "$work/logs/summary.txt" || die "run.sh did not say whether it found cuDNN"
+grep -q "core_cuda_cudnn_attention_cuda_test" "$work/logs/summary.txt" || die "the cuDNN attention tests did not run"
 grep -q "GLMSERVE_GOLDEN_DIR=$bundle/golden" "$work/logs/environment.txt" ||
   die "run.sh did not point the tests at the bundle's fixtures"
 for c in bf16 fp8_channel fp8_block fp8_block_tensor_cores glm5 kv_fp8; do

@@ -475,6 +475,18 @@ TEST_F(CudaKernels, EmbeddingSwiGluAndConversionsMatchCpu) {
   ASSERT_EQ(LaunchBf16ToFloat(b.as<uint16_t>(), 1001, back.as<float>(), nullptr), cudaSuccess);
   EXPECT_EQ(Download<uint16_t>(b, 1001), ToBf16(f)) << "device and host bf16 rounding agree";
   EXPECT_EQ(Download<float>(back, 1001), RoundBf16(f));
+
+  // The first `cols` of strided fp32 rows, packed as bf16 (cuDNN attention's q from qkv rows).
+  const int64_t rows = 7, cols = 48, stride = 80;
+  const std::vector<float> strided = RandomVector(rows * stride, 24);
+  std::vector<float> packed(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(strided.begin() + r * stride, cols, packed.begin() + r * cols);
+  }
+  DeviceBuffer ds = Upload(strided), dp = Poisoned<uint16_t>(rows * cols);
+  ASSERT_EQ(LaunchRowsToBf16(ds.as<float>(), rows, cols, stride, dp.as<uint16_t>(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(Download<uint16_t>(dp, rows * cols), ToBf16(packed));
 }
 
 TEST_F(CudaKernels, GemmMatchesLinear) {
