@@ -663,7 +663,7 @@ CheckCase MakeCheckCase(const AttentionShape& shape, int64_t block_size, int til
   }
   ForwardBatch batch;
   batch.sequences = {{13, 21, &tables[0]}, {1, 40, &tables[1]}, {1, 0, &tables[2]}};
-  BuildStepPlan(batch, LogitsRows::kLast, block_size, tile_tokens, 0, false, &c.plan);
+  BuildStepPlan(batch, LogitsRows::kLast, block_size, tile_tokens, StepPadding{}, false, &c.plan);
   const int64_t row = shape.heads * shape.head_dim;
   c.q.resize(c.plan.tokens * row);
   for (float& v : c.q) v = u(rng) * 2.0f;  // scores of a few units: a peaked softmax

@@ -1,5 +1,5 @@
-// CudaModel: creation, validation, memory, the step driver and CUDA graphs. The per-layer
-// work it enqueues is in layers.cc.
+// CudaModel: creation, validation, memory and the step driver. The per-layer work it enqueues
+// is in layers.cc, CUDA graphs in model_graphs.cc.
 #include "core/cuda/model.h"
 
 #include <algorithm>
@@ -19,15 +19,7 @@
 namespace glmserve::cuda {
 namespace {
 
-constexpr int64_t kLogitChunk = 128;  // logits rows per lm_head GEMM (and a graph's most)
-// The largest steps captured as CUDA graphs: GLM-4.5 steps of any mix of prefill chunks and
-// decodes; GLM-5 decode steps (its prefill attention and indexer launches follow the step's
-// shape). Above a few hundred rows the launches are a small part of a step.
-constexpr int64_t kMaxGraphTokens = 512;
-constexpr int64_t kMaxMlaGraphTokens = 128;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-constexpr int64_t kMaxSplits = 16;
-constexpr int64_t kMinSplitKeys = 256;
 // GLM-5's tensor-core attention scratch (partial outputs per token, head and key split):
 // GLM-5 needs 4.3 MB per token, so 256 MiB covers decode steps of up to 32 tokens.
 constexpr int64_t kMlaTcScratchBytes = int64_t{256} << 20;
@@ -35,15 +27,6 @@ constexpr int64_t kMlaTcScratchBytes = int64_t{256} << 20;
 static_assert(kAttentionTileInts == kTileInts, "step_plan.h and kernels.h tile layouts differ");
 
 int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// Graph buckets: powers of two up to 128, then multiples of 64 (so at most a third of a
-// step above 128 rows is padding; 14 buckets up to kMaxGraphTokens).
-int64_t Bucket(int64_t tokens) {
-  if (tokens > 128) return RoundUp(tokens, 64);
-  int64_t b = 1;
-  while (b < tokens) b *= 2;
-  return b;
-}
 
 // Carves aligned pieces out of one allocation: a first pass with base 0 sizes it.
 class Carver {
@@ -507,53 +490,6 @@ absl::Status CudaModel::UploadPlan() {
   return absl::OkStatus();
 }
 
-bool CudaModel::GraphPadding(const ForwardBatch& batch, const ForwardOptions& options,
-                             StepPadding* pad) const {
-  if (!options_.cuda_graphs || options.return_hidden || options.return_layer_hidden ||
-      options.return_head_input || options.mtp) {
-    return false;
-  }
-  // GLM-5 decode steps are graphs too: the indexer's score rows take a fixed stride
-  // (max_position_embeddings, Forward), its selection and the attention's key counts are
-  // device data, nothing waits for the host.
-  const int64_t tokens = batch.total_tokens();
-  if (tokens > (is_mla_ ? kMaxMlaGraphTokens : kMaxGraphTokens)) return false;
-  if (is_mla_) {
-    for (const SequenceSlice& s : batch.sequences) {
-      if (s.num_tokens != 1) return false;
-    }
-  }
-  // What the launches bake in: rows, tiles (at most one per row) and logits rows, each padded
-  // to its bucket; the tiles' contents, positions, slots and block tables are device data.
-  pad->tokens = Bucket(tokens);
-  pad->tiles = pad->tokens;
-  pad->logit_rows = 0;
-  if (options.logits != LogitsRows::kNone) {
-    const int64_t rows = static_cast<int64_t>(ReturnedLogitRows(batch, options).size());
-    pad->logit_rows = std::min(Bucket(rows), pad->tokens);
-    // The graph computes every logits row in one lm_head GEMM.
-    if (pad->logit_rows > kLogitChunk) return false;
-  }
-  // The graph body must not wait for the host: no MoE layer may read its counts back.
-  const int64_t last_rows =
-      FinishOnlyHeadRows(options, pad->logit_rows, pad->tokens) ? pad->logit_rows : pad->tokens;
-  return !has_moe_ || !MoeWaitsForHost(pad->tokens, last_rows);
-}
-
-int CudaModel::ChooseSplits(int64_t num_tiles, int64_t max_kv_len, bool for_graph) const {
-  // Split the KV range only when the tiles alone leave SMs idle. Graphs keep their split
-  // count while contexts grow, so for them it ignores the current length (the kernel cuts
-  // each tile's range by its own length; surplus splits are empty).
-  const int64_t blocks = num_tiles * config_.num_key_value_heads;
-  if (blocks <= 0 || blocks >= 2 * sm_count_) return 1;
-  int64_t splits = std::min<int64_t>((2 * sm_count_ + blocks - 1) / blocks, kMaxSplits);
-  if (!for_graph) {
-    splits =
-        std::min(splits, std::max<int64_t>(1, (max_kv_len + kMinSplitKeys - 1) / kMinSplitKeys));
-  }
-  return static_cast<int>(std::max<int64_t>(splits, 1));
-}
-
 absl::Status CudaModel::CopyHidden(int64_t rows, std::vector<float>* out) {
   const size_t bytes = sizeof(float) * rows * config_.hidden_size;
   if (io_host_.bytes() < bytes) {
@@ -833,74 +769,6 @@ bool CudaModel::FinishOnlyHeadRows(const ForwardOptions& options, int64_t logit_
   return has_head_ && !is_mla_ && !options.return_hidden && !options.return_layer_hidden &&
          !options.return_head_input && logit_rows < tokens &&
          c.hidden_size <= c.q_dim() + 2 * c.kv_dim();
-}
-
-absl::Status CudaModel::EnqueueStepBody(KvCache* cache, bool logits) {
-  if (has_embedding_) RETURN_IF_ERROR(EnqueueEmbedding());
-  bool pending = false;
-  for (int64_t i = 0; i < layer_end_ - layer_begin_; ++i) {
-    RETURN_IF_ERROR(EnqueueLayer(i, cache, &pending));
-  }
-  RETURN_IF_ERROR(EnqueueResolve(&pending));
-  if (logits) RETURN_IF_ERROR(EnqueueLogits(0, plan_.logit_rows));
-  return absl::OkStatus();
-}
-
-absl::Status CudaModel::Capture(KvCache* cache, bool logits, GraphExec* exec) {
-  // Capture from an idle stream: nothing queued before can be mistaken for part of the step.
-  GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-  GLM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-  const absl::Status body = EnqueueStepBody(cache, logits);
-  cudaGraph_t raw = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &raw);  // always leave capture
-  const Graph graph(raw);
-  RETURN_IF_ERROR(body);
-  GLM_CUDA_RETURN_IF_ERROR(end);
-  cudaGraphExec_t instance = nullptr;
-  GLM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&instance, graph.get(), 0));
-  *exec = GraphExec(instance);
-  return absl::OkStatus();
-}
-
-absl::Status CudaModel::RunGraph(KvCache* cache, bool logits) {
-  const GraphKey key{plan_.tokens, plan_.logit_rows};
-  auto it = graphs_.find(key);
-  // A graph bakes in the cache's address and block geometry.
-  if (it != graphs_.end() && (it->second.cache_storage != cache->storage() ||
-                              it->second.block_size != cache->shape().block_size ||
-                              it->second.num_blocks != cache->shape().num_blocks)) {
-    graphs_.erase(it);
-    it = graphs_.end();
-  }
-  if (it == graphs_.end()) {
-    GraphEntry entry;
-    // The FP8 GEMM counters count enqueued GEMMs: a capture enqueues none, each launch the
-    // captured ones.
-    const int64_t tc_before = fp8_tc_gemms_, fallback_before = fp8_fallback_gemms_;
-    const absl::Status s = Capture(cache, logits, &entry.exec);
-    entry.fp8_tc_gemms = fp8_tc_gemms_ - tc_before;
-    entry.fp8_fallback_gemms = fp8_fallback_gemms_ - fallback_before;
-    fp8_tc_gemms_ = tc_before;
-    fp8_fallback_gemms_ = fallback_before;
-    if (!s.ok()) {
-      // Run this step (padded plan and all) eagerly and stay eager from now on.
-      cudaGetLastError();
-      graph_error_ = s.ToString();
-      options_.cuda_graphs = false;
-      graphs_.clear();
-      return EnqueueStepBody(cache, logits);
-    }
-    entry.cache_storage = cache->storage();
-    entry.block_size = cache->shape().block_size;
-    entry.num_blocks = cache->shape().num_blocks;
-    it = graphs_.emplace(key, std::move(entry)).first;
-    ++graphs_captured_;
-  }
-  GLM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec.get(), stream_.get()));
-  ++graph_launches_;
-  fp8_tc_gemms_ += it->second.fp8_tc_gemms;
-  fp8_fallback_gemms_ += it->second.fp8_fallback_gemms;
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> CudaModel::LastStepActiveExperts() {

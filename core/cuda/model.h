@@ -194,6 +194,13 @@ class CudaModel final : public ModelRunner {
     int32_t* sel_count = nullptr;  // [T] selected positions (-1: every causal key)
     int32_t* sel_pos = nullptr;    // [T, index_topk] ascending
   };
+  // Logits rows per lm_head GEMM, and the most a graph step computes.
+  static constexpr int64_t kLogitChunk = 128;
+  // The largest steps captured as CUDA graphs: GLM-4.5 steps of any mix of prefill chunks and
+  // decodes; GLM-5 decode steps (its prefill attention and indexer launches follow the step's
+  // shape). Above a few hundred rows the launches are a small part of a step.
+  static constexpr int64_t kMaxGraphTokens = 512;
+  static constexpr int64_t kMaxMlaGraphTokens = 128;
   using GraphKey = std::pair<int64_t, int64_t>;  // (padded rows, padded logits rows)
   struct GraphEntry {
     GraphExec exec;

@@ -120,8 +120,8 @@ class CudnnAttentionTest : public ::testing::Test {
     PagedAttention(q.data(), batch.sequences, cpu, 0, c.heads, scale, want.data());
 
     StepPlan plan;
-    BuildStepPlan(batch, LogitsRows::kNone, c.block_size, AttentionTileTokens(group), 0, false,
-                  &plan);
+    BuildStepPlan(batch, LogitsRows::kNone, c.block_size, AttentionTileTokens(group), StepPadding{},
+                  false, &plan);
     std::vector<float> q_strided(plan.tokens * q_stride, 0.f);
     for (int64_t t = 0; t < total; ++t) {
       std::copy_n(q.begin() + t * q_dim, q_dim, q_strided.begin() + t * q_stride);
@@ -217,7 +217,7 @@ TEST_F(CudnnAttentionTest, RefusesPaddedGraphStepsWithoutTurningOff) {
   ForwardBatch batch;
   batch.sequences = {{1, 3, &table}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, c.block_size, 2, /*pad_to=*/2, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, c.block_size, 2, StepPadding{2}, false, &plan);
   absl::StatusOr<bool> ran = (*made)->Enqueue(plan, nullptr, nullptr, 1, ashape, nullptr);
   ASSERT_TRUE(ran.ok()) << ran.status();
   EXPECT_FALSE(*ran);

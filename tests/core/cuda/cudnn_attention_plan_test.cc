@@ -38,7 +38,8 @@ TEST(CudnnAttentionPlan, MixedStepRegroupsTilesPerSequence) {
   ForwardBatch batch;
   batch.sequences = {{5, 3, &a}, {1, 8, &b}, {1, 0, &c}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, /*block_size=*/4, /*tile_tokens=*/2, 0, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, /*block_size=*/4, /*tile_tokens=*/2, StepPadding{}, false,
+                &plan);
   ASSERT_EQ(plan.num_tiles, 5);  // 2 + 2 + 1 tiles for a, then b, then c
 
   CudnnAttentionBatch out;
@@ -71,7 +72,7 @@ TEST(CudnnAttentionPlan, DecodeBatchAndLongContexts) {
   ForwardBatch batch;
   batch.sequences = {{1, 36, &a}, {1, 2, &b}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, 4, 16, 0, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 16, StepPadding{}, false, &plan);
   CudnnAttentionBatch out;
   std::string why;
   ASSERT_TRUE(BuildCudnnAttentionBatch(plan, 4, 16, &out, &why)) << why;
@@ -90,7 +91,7 @@ TEST(CudnnAttentionPlan, RefusesPaddedGraphSteps) {
   ForwardBatch batch;
   batch.sequences = {{1, 0, &a}, {1, 1, &a}, {1, 2, &a}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, /*pad_to=*/4, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, StepPadding{4}, false, &plan);
   CudnnAttentionBatch out;
   std::string why;
   EXPECT_FALSE(BuildCudnnAttentionBatch(plan, 4, 8, &out, &why));
@@ -104,7 +105,7 @@ TEST(CudnnAttentionPlan, SequencesSharingATableStaySeparate) {
   ForwardBatch batch;
   batch.sequences = {{2, 4, &a}, {2, 4, &a}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, 4, 4, 0, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 4, StepPadding{}, false, &plan);
   CudnnAttentionBatch out;
   std::string why;
   ASSERT_TRUE(BuildCudnnAttentionBatch(plan, 4, 2, &out, &why)) << why;
@@ -119,7 +120,7 @@ TEST(CudnnAttentionPlan, RefusesInt32Overflow) {
   ForwardBatch batch;
   batch.sequences = {{2, 0, &a}};
   StepPlan plan;
-  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, 0, false, &plan);
+  BuildStepPlan(batch, LogitsRows::kLast, 4, 2, StepPadding{}, false, &plan);
   CudnnAttentionBatch out;
   std::string why;
   EXPECT_FALSE(BuildCudnnAttentionBatch(plan, 4, int64_t{1} << 31, &out, &why));
