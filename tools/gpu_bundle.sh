@@ -4,11 +4,16 @@
 # registry and none of the Debian -dev packages, so it cannot build glmserve itself
 # (docs/cuda.md, "Running the GPU check").
 #
-#   tools/gpu_bundle.sh [--build-dir DIR] [--out DIR] [--no-build]
+#   tools/gpu_bundle.sh [--build-dir DIR] [--out DIR] [--no-build] [--archive]
 #
 #   --build-dir  a CUDA-enabled build (default: build; configured here if missing)
 #   --out        the bundle (default: .gpubundle in the repository, ignored by git)
 #   --no-build   package what the build directory already holds
+#   --archive    also write DIR.tar.xz, what travels to a GPU host whose copy is size-limited
+#                (the device machine takes 64 MiB): xz -9 on one thread, whose 64 MiB window
+#                finds the engine's code and kernels repeated in every statically linked
+#                binary (about 40 MB for a 280 MB folder; xz -6's 8 MiB window gives 74 MB).
+#                Fails if the archive exceeds 60 MB. On the host: tar -xJf DIR.tar.xz first.
 #
 # The bundle: bin/ (the GPU test binaries, gpu_bench, glm-server, glm-client, glm-run and the
 # CPU host benchmarks), lib/ (every shared library they link that is not part of the C/C++
@@ -20,12 +25,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build"
 out="$root/.gpubundle"
 do_build=1
+archive=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build="$(cd "$2" 2>/dev/null && pwd || echo "$2")"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --no-build) do_build=0; shift ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    --archive) archive=1; shift ;;
+    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -103,3 +110,12 @@ chmod +x "$out/run.sh"
   (cd "$out" && find bin lib -type f -printf '  %p %s\n' | sort)
 } >"$out/MANIFEST"
 echo "gpu_bundle: $out ($(du -sh "$out" | cut -f1)); on the GPU host: bash $(basename "$out")/run.sh [out-dir]"
+if [ "$archive" = 1 ]; then
+  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | xz -T1 -9 >"$out.tar.xz"
+  bytes="$(stat -c %s "$out.tar.xz")"
+  echo "gpu_bundle: $out.tar.xz ($((bytes / 1000000)) MB); on the GPU host: tar -xJf $(basename "$out").tar.xz && bash $(basename "$out")/run.sh [out-dir]"
+  if [ "$bytes" -gt 60000000 ]; then
+    echo "gpu_bundle: the archive exceeds 60 MB: too large for the device machine's copy" >&2
+    exit 1
+  fi
+fi
