@@ -218,6 +218,10 @@ void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
 void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices) {
   if (layer.is_moe) {  // MoeFfn times its own parts
     MoeFfn(x_.data(), tokens, layer.moe, router_, out_.data(), math_, choices);
+  } else if (layer.dense.gate.empty()) {
+    // A tensor-parallel rank past the FFN's last scale block holds none of it (zero width,
+    // docs/parallel.md) and adds zeros to the sum.
+    std::fill_n(out_.data(), tokens * config().hidden_size, 0.f);
   } else {
     const ScopedOpTime timer(OpFamily::kDenseFfn);
     SwiGluFfn(x_.data(), tokens, layer.dense, out_.data(), math_);

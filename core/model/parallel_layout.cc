@@ -47,26 +47,12 @@ absl::Status CheckParallelLayout(const ModelConfig& c, const ParallelConfig& p,
         absl::StrCat("tensor parallel ", n, ": a rank's ", c.num_attention_heads / n, " heads are ",
                      head_cols, " columns of o_proj, not whole scale blocks of ", width_unit));
   }
-  const auto units = [&](int64_t extent) { return (extent + width_unit - 1) / width_unit; };
-  if (c.first_k_dense_replace > 0 && units(c.intermediate_size) < n) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel ", n, ": the dense FFN width ",
-                                                   c.intermediate_size, " has fewer units of ",
-                                                   width_unit, " than ranks"));
-  }
-  if (c.n_shared_experts > 0 && units(c.shared_intermediate_size()) < n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallel ", n, ": the shared expert's width ", c.shared_intermediate_size(),
-        " has fewer units of ", width_unit, " than ranks"));
-  }
+  // Widths of fewer units than ranks are fine: the ranks past the last unit hold none of that
+  // FFN (zero width) and add zeros to its sum.
   if (p.expert_parallel && c.n_routed_experts < n) {
     return absl::InvalidArgumentError(
         absl::StrCat("expert parallel over ", n, " ranks needs at least ", n,
                      " routed experts, the model has ", c.n_routed_experts));
-  }
-  if (!p.expert_parallel && units(c.moe_intermediate_size) < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor parallel ", n, ": an expert's width ", c.moe_intermediate_size,
-                     " has fewer units of ", width_unit, " than ranks (use expert parallel)"));
   }
   if (c.vocab_size < n) {
     return absl::InvalidArgumentError(

@@ -11,6 +11,7 @@
 //                    replicated: every rank stores every token's latent row
 //   dense FFN,       the width split in whole units (the FP8 scale block when block-scaled,
 //   shared expert    else 1): units [r U / N, (r + 1) U / N), so block scales stay aligned
+//                    (with fewer units U than ranks N, some ranks hold none: zero width)
 //   routed experts   expert parallel (default): whole experts [r E / N, (r + 1) E / N), E not
 //                    necessarily divisible by N; else each expert's width split as the FFN's
 //   embedding, head  vocabulary rows [r V / N, (r + 1) V / N)
@@ -76,9 +77,10 @@ struct RankLayout {
 };
 
 // INVALID_ARGUMENT, naming the numbers, when `config` cannot be cut this way: N < 1, query heads
-// not divisible by N, KV heads neither dividing nor divided by N, an FFN width or the
-// vocabulary with fewer units than ranks (a rank would hold nothing), fewer experts than ranks
-// under EP.
+// not divisible by N, KV heads neither dividing nor divided by N, o_proj head columns that are
+// not whole scale blocks, a vocabulary smaller than N, fewer experts than ranks under EP. An
+// FFN width of fewer units than ranks is fine: the ranks past its last unit hold none of it
+// (zero width) and add zeros to its sum.
 absl::Status CheckParallelLayout(const ModelConfig& config, const ParallelConfig& parallel,
                                  int64_t width_unit = 1);
 

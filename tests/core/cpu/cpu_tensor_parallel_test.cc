@@ -137,6 +137,20 @@ TEST(CpuTensorParallelTest, Fp8AndInt8WeightsSplitOnTheirScaleBlocks) {
                             1e-3);
 }
 
+TEST(CpuTensorParallelTest, RanksPastTheLastScaleBlockHoldZeroWidth) {
+  // Widths of 96: three int8 groups of 32 over four ranks, so rank 0 holds none of the dense
+  // FFN, the shared expert or (width split) any expert, and adds zeros to their sums; FP8
+  // 128-blocks: one block of a 96-wide FFN over two ranks (rank 1 holds none of the dense FFN
+  // or the shared expert; experts whole per rank).
+  ModelConfig c = TpConfig();
+  c.intermediate_size = 96;
+  c.moe_intermediate_size = 96;
+  ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kInt8), 4, false, CpuMath::kBf16, 1e-3);
+  ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kInt8), 4, true, CpuMath::kBf16, 1e-3);
+  c.head_dim = 128;  // o_proj's columns: a rank's 4 heads of 128, whole blocks
+  ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kFp8Block), 2, true);
+}
+
 TEST(CpuTensorParallelTest, ASequencesBitsDoNotDependOnItsBatch) {
   const ModelWeights w = Weights(TpConfig());
   ParallelConfig parallel;
