@@ -140,7 +140,7 @@ TEST(CpuTensorParallelTest, Fp8AndInt8WeightsSplitOnTheirScaleBlocks) {
 TEST(CpuTensorParallelTest, RanksPastTheLastScaleBlockHoldZeroWidth) {
   // Widths of 96: three int8 groups of 32 over four ranks, so rank 0 holds none of the dense
   // FFN, the shared expert or (width split) any expert, and adds zeros to their sums; FP8
-  // 128-blocks: one block of a 96-wide FFN over two ranks (rank 1 holds none of the dense FFN
+  // 128-blocks: one block of a 96-wide FFN over two ranks (rank 0 holds none of the dense FFN
   // or the shared expert; experts whole per rank).
   ModelConfig c = TpConfig();
   c.intermediate_size = 96;
@@ -148,7 +148,21 @@ TEST(CpuTensorParallelTest, RanksPastTheLastScaleBlockHoldZeroWidth) {
   ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kInt8), 4, false, CpuMath::kBf16, 1e-3);
   ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kInt8), 4, true, CpuMath::kBf16, 1e-3);
   c.head_dim = 128;  // o_proj's columns: a rank's 4 heads of 128, whole blocks
-  ExpectGroupMatchesOneRank(Weights(c, WeightQuant::kFp8Block), 2, true);
+  const ModelWeights fp8 = Weights(c, WeightQuant::kFp8Block);
+  ExpectGroupMatchesOneRank(fp8, 2, true);
+  // The zero-width rank holds what the planner counts for it.
+  PlanWeightForm form;
+  form.fp8 = form.converted_at_load = true;
+  form.fp8_block = 128;
+  ParallelConfig parallel;
+  parallel.tensor_parallel = 2;
+  for (int r = 0; r < 2; ++r) {
+    const RankLayout layout = LayoutOf(fp8.config, parallel, r, 128);
+    EXPECT_EQ(layout.DenseWidth(fp8.config).count, r == 0 ? 0 : 96);
+    auto rank = ShardWeights(fp8, layout);
+    ASSERT_TRUE(rank.ok()) << rank.status();
+    EXPECT_EQ(rank->ParameterBytes(), RankWeights(fp8.config, layout, form).total) << r;
+  }
 }
 
 TEST(CpuTensorParallelTest, ASequencesBitsDoNotDependOnItsBatch) {
