@@ -86,6 +86,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  void SetStream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
 
   absl::Status AllReduceSum(float* data, int64_t count) override {
     if (absl::Status s = health(); !s.ok()) return s;

@@ -44,6 +44,11 @@ class Communicator {
   virtual absl::Status Gather(const float* in, absl::Span<const int64_t> counts, float* out,
                               int root) = 0;
 
+  // Device communicators (NCCL): the stream every later collective is enqueued on, the model's
+  // own, so that collectives are ordered with its kernels and captured into its CUDA graphs
+  // (a cudaStream_t; null: the legacy default stream). Host communicators ignore it.
+  virtual void SetStream(void* stream) { (void)stream; }
+
   // Fails every pending and later collective of the group with `why` (a rank that failed
   // outside a collective calls it so that the others stop waiting for it).
   virtual void Abort(const absl::Status& why) = 0;
