@@ -16,7 +16,32 @@ __global__ void RankOrderSumKernel(const float* __restrict__ parts, int ranks, i
   }
 }
 
+// Rank r's block of a gathered head, [rows, V_r] row-major at rows * begin(r), becomes
+// columns [begin(r), begin(r + 1)) of out [rows, vocab]; begin(r) = r * vocab / ranks, the
+// vocabulary split of core/model/parallel_layout.h (SplitRange with unit 1).
+__global__ void InterleaveVocabKernel(const float* __restrict__ blocks, int64_t rows,
+                                      int64_t vocab, int ranks, float* __restrict__ out) {
+  const int64_t n = rows * vocab;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / vocab, v = i % vocab;
+    int r = static_cast<int>(v * ranks / vocab);  // a guess within one of the owner
+    while (r > 0 && r * vocab / ranks > v) --r;
+    while (r + 1 < ranks && (r + 1) * vocab / ranks <= v) ++r;
+    const int64_t begin = r * vocab / ranks, width = (r + 1) * vocab / ranks - begin;
+    out[i] = blocks[rows * begin + row * width + (v - begin)];
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchInterleaveVocab(const float* blocks, int64_t rows, int64_t vocab, int ranks,
+                                  float* out, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0 || ranks <= 0) return cudaSuccess;
+  InterleaveVocabKernel<<<GridStrideBlocks(rows * vocab, 256), 256, 0, stream>>>(blocks, rows,
+                                                                                 vocab, ranks, out);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchRankOrderSum(const float* parts, int ranks, int64_t count, float* out,
                                cudaStream_t stream) {

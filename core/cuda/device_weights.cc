@@ -398,8 +398,8 @@ absl::Status PlanAttention(const ModelConfig& c, const LayerWeights& l, ImagePla
 
 // A MoE layer's router (fp32), its routed experts (FP8 as a group, or bf16 gate+up then down)
 // and its shared expert. `routed_bytes`: what one routed expert's matrices take.
-absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, DeviceLayer& d,
-                     int64_t* routed_bytes) {
+absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, const IndexRange& held,
+                     ImagePlan& plan, DeviceLayer& d, int64_t* routed_bytes) {
   const int64_t hidden = c.hidden_size;
   const MoeWeights& m = l.moe;
   if (static_cast<int64_t>(m.experts.size()) != c.n_routed_experts ||
@@ -412,8 +412,14 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& pla
   plan.AddMatrix(m.router, Target::kF32);
   d.router = plan.At<float>(router);
   d.router_bias = plan.Vector(m.router_bias, c.n_routed_experts);
+  // The experts this rank holds (all of them on its own), stacked from local index 0.
+  if (held.begin < 0 || held.count < 1 || held.end() > c.n_routed_experts) {
+    return absl::InvalidArgumentError("held routed experts out of range");
+  }
+  const std::vector<FfnWeights> mine(m.experts.begin() + held.begin,
+                                     m.experts.begin() + held.end());
   std::vector<const Matrix*> gates, ups, downs, all;
-  for (const FfnWeights& e : m.experts) {
+  for (const FfnWeights& e : mine) {
     RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
     if (e.gate.rows != c.moe_intermediate_size) {
       return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
@@ -430,21 +436,23 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& pla
     d.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
     d.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
     d.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
-    const FfnWeights& e0 = m.experts.front();
+    const FfnWeights& e0 = mine.front();
     *routed_bytes = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
   } else {
     const int64_t gate_up = plan.Begin();
-    for (const FfnWeights& e : m.experts) {
+    for (const FfnWeights& e : mine) {
       plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
       plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
     }
     const int64_t down = plan.Begin();
-    for (const FfnWeights& e : m.experts) plan.AddMatrix(e.down, Target::kBf16, false);
+    for (const FfnWeights& e : mine) plan.AddMatrix(e.down, Target::kBf16, false);
     d.experts_gate_up = plan.At<uint16_t>(gate_up);
     d.experts_down = plan.At<uint16_t>(down);
     *routed_bytes = 3 * width * hidden * 2;
   }
-  if (!Absent(m.shared.gate)) {  // has_shared(), device-generated codes included
+  // has_shared(), device-generated codes included; a rank past the shared expert's last scale
+  // block holds none of it (zero width: it adds nothing to the sum).
+  if (!Absent(m.shared.gate) && m.shared.gate.rows > 0) {
     RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
     RETURN_IF_ERROR(
         PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"), d.shared));
@@ -453,8 +461,8 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, ImagePlan& pla
 }
 
 // One decoder layer: its norms, attention (GLM-4.5's or GLM-5's MLA) and FFN (dense or MoE).
-absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, ImagePlan& plan, DeviceLayer& d,
-                       int64_t* routed_bytes) {
+absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, const IndexRange& held,
+                       ImagePlan& plan, DeviceLayer& d, int64_t* routed_bytes) {
   d.input_norm = plan.Vector(l.input_norm, c.hidden_size);
   d.post_norm = plan.Vector(l.post_attention_norm, c.hidden_size);
   if (c.is_mla()) {
@@ -463,25 +471,31 @@ absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, ImagePlan& p
     RETURN_IF_ERROR(PlanAttention(c, l, plan, d));
   }
   d.is_moe = l.is_moe;
-  if (l.is_moe) return PlanMoe(c, l, plan, d, routed_bytes);
+  if (l.is_moe) return PlanMoe(c, l, held, plan, d, routed_bytes);
+  // A tensor-parallel rank past a narrow dense FFN's last scale block: width 0, output zeros.
+  if (l.dense.gate.rows == 0 && l.dense.gate.cols == c.hidden_size) return absl::OkStatus();
   RETURN_IF_ERROR(CheckFfn(l.dense, c.hidden_size, "dense FFN"));
   return PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"), d.dense);
 }
 
 // The whole image: embedding, layers, final norm and LM head (tied: the embedding's), RoPE
 // frequencies. Fills `out`'s pointers for the plan's base and its per-step byte counts.
-absl::Status PlanImage(const ModelWeights& w, ImagePlan& plan, DeviceWeights& out) {
+absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePlan& plan,
+                       DeviceWeights& out) {
   const ModelConfig& c = w.config;
   const int64_t hidden = c.hidden_size;
+  const int64_t vocab = slice.whole ? c.vocab_size : slice.vocab_rows;
+  const IndexRange held = slice.whole ? IndexRange{0, c.n_routed_experts} : slice.experts;
   if (w.has_embedding()) {
     const int64_t embed = plan.Begin();
-    plan.AddMatrix(w.embed_tokens, c.vocab_size, hidden, Target::kBf16,
+    plan.AddMatrix(w.embed_tokens, vocab, hidden, Target::kBf16,
                    /*per_step=*/false);  // only the batch's rows are read
     out.embed = plan.At<uint16_t>(embed);
   }
   out.layers.assign(w.layers.size(), DeviceLayer{});
   for (size_t i = 0; i < w.layers.size(); ++i) {
-    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], plan, out.layers[i], &out.routed_expert_bytes));
+    RETURN_IF_ERROR(
+        PlanLayer(c, w.layers[i], held, plan, out.layers[i], &out.routed_expert_bytes));
   }
   if (w.has_head()) {
     out.final_norm = plan.Vector(w.final_norm, hidden);
@@ -492,19 +506,19 @@ absl::Status PlanImage(const ModelWeights& w, ImagePlan& plan, DeviceWeights& ou
       out.lm_head = out.embed;
       plan.CountStepBytes(w.embed_tokens.rows * w.embed_tokens.cols * 2);  // read in full
     } else {
-      out.lm_head = plan.Bf16(w.lm_head, c.vocab_size, hidden);
+      out.lm_head = plan.Bf16(w.lm_head, vocab, hidden);
     }
   }
   out.inv_freq = plan.OwnedVector(RopeInvFreq(c.rotary_dim(), c.rope_theta));
   out.dense_step_bytes = plan.step_bytes();
   // The MTP layer, for a whole model, its matrices outside the decoder block unquantized (an
   // FP8 eh_proj or head leaves it on the host: the runner then has none).
-  if (w.mtp && w.has_embedding() && w.has_head() && w.mtp->eh_proj.format == WeightFormat::kDense &&
+  if (w.mtp && slice.whole && w.has_embedding() && w.has_head() && w.mtp->eh_proj.format == WeightFormat::kDense &&
       (!w.mtp_head_stored || w.mtp->head.format == WeightFormat::kDense)) {
     const MtpWeights& m = *w.mtp;
     out.layers.emplace_back();
     int64_t routed = 0;
-    RETURN_IF_ERROR(PlanLayer(c, m.layer, plan, out.layers.back(), &routed));
+    RETURN_IF_ERROR(PlanLayer(c, m.layer, held, plan, out.layers.back(), &routed));
     out.mtp.enorm = plan.Vector(m.enorm, hidden);
     out.mtp.hnorm = plan.Vector(m.hnorm, hidden);
     out.mtp.eh_proj = plan.Bf16(m.eh_proj, hidden, 2 * hidden);
@@ -540,10 +554,11 @@ absl::Status CheckPlan(const ImagePlan& plan) {
 // Size and check the image (a plan at base 0) -> allocate -> plan again at the allocation,
 // filling the pointers -> upload (Execute).
 absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
-                                            const LoadProgressCallback& progress) {
+                                            const LoadProgressCallback& progress,
+                                            const DeviceSlice& slice) {
   ImagePlan sizing(w, /*base=*/nullptr);
   DeviceWeights unused;
-  RETURN_IF_ERROR(PlanImage(w, sizing, unused));
+  RETURN_IF_ERROR(PlanImage(w, slice, sizing, unused));
   RETURN_IF_ERROR(CheckPlan(sizing));
 
   DeviceWeights out;
@@ -551,7 +566,7 @@ absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t 
   out.memory = std::move(memory);
   char* base = static_cast<char*>(out.memory.get());
   ImagePlan plan(w, base);
-  RETURN_IF_ERROR(PlanImage(w, plan, out));
+  RETURN_IF_ERROR(PlanImage(w, slice, plan, out));
   if (plan.size() != sizing.size()) return absl::InternalError("device image plan changed");
   RETURN_IF_ERROR(Execute(plan, base, stream, progress));
   return out;

@@ -23,6 +23,7 @@
 #include "core/cuda/device_memory.h"
 #include "core/cuda/kernels.h"
 #include "core/model/checkpoint.h"
+#include "core/model/parallel_layout.h"
 #include "core/model/weights.h"
 
 namespace glmserve::cuda {
@@ -111,11 +112,23 @@ struct DeviceWeights {
   int64_t routed_expert_bytes = 0;
 };
 
+// What a tensor-parallel rank's weights hold of the whole model's vocabulary and routed
+// experts (core/model/parallel_layout.h; its other slices are in the matrices' shapes):
+// embedding and lm_head rows, and the experts stacked on the device (the others are empty
+// matrices in `w`). A model on its own: whole.
+struct DeviceSlice {
+  bool whole = true;
+  int64_t vocab_rows = 0;
+  IndexRange experts;
+};
+
 // Uploads `w` through two pinned staging buffers on `stream` (the host converts or copies the
 // next chunk, from the checkpoint's file mapping or memory, while the previous chunk's async
 // copy runs) and waits for the copies. `progress` (may be null) gets the bytes copied so far:
 // at the start, about every 256 MiB and at the end; `seconds` counts from the start.
+// A rank's slice (`slice`) uploads its experts only, and no MTP layer.
 absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
-                                            const LoadProgressCallback& progress = nullptr);
+                                            const LoadProgressCallback& progress = nullptr,
+                                            const DeviceSlice& slice = {});
 
 }  // namespace glmserve::cuda

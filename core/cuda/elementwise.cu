@@ -5,10 +5,18 @@
 namespace glmserve::cuda {
 namespace {
 
+// Rows [first, first + count) of the vocabulary are the table's; other ids embed to zeros (a
+// tensor-parallel rank's slice: the group's sum is then the whole embedding, exactly).
 __global__ void EmbeddingKernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ ids,
-                                int64_t width, float* __restrict__ h) {
+                                int64_t first, int64_t count, int64_t width,
+                                float* __restrict__ h) {
   const int64_t t = blockIdx.x;
-  const uint16_t* row = table + static_cast<int64_t>(ids[t]) * width;
+  const int64_t id = static_cast<int64_t>(ids[t]) - first;
+  if (id < 0 || id >= count) {
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) h[t * width + c] = 0.f;
+    return;
+  }
+  const uint16_t* row = table + id * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
     h[t * width + c] = dev::Bf16ToFloat(row[c]);
 }
@@ -53,8 +61,15 @@ __global__ void Bf16ToFloatKernel(const uint16_t* __restrict__ in, int64_t n,
 
 cudaError_t LaunchEmbedding(const uint16_t* table, const int32_t* ids, int64_t tokens,
                             int64_t width, float* h, cudaStream_t stream) {
+  return LaunchEmbeddingSlice(table, ids, tokens, 0, INT64_MAX, width, h, stream);
+}
+
+cudaError_t LaunchEmbeddingSlice(const uint16_t* table, const int32_t* ids, int64_t tokens,
+                                 int64_t first, int64_t count, int64_t width, float* h,
+                                 cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
-  EmbeddingKernel<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(table, ids, width, h);
+  EmbeddingKernel<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(table, ids, first, count,
+                                                                     width, h);
   return cudaGetLastError();
 }
 

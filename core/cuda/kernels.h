@@ -370,10 +370,13 @@ cudaError_t LaunchExpertGemmTc(const uint16_t* w, int64_t n, int64_t k, int64_t 
 // out[t] = sum_k weights[t, k] * expert_out[pair_pos[t * top_k + k]] (fp32)
 //          (+ out[t] when accumulate: the shared expert's output already there).
 // The k terms are added in ascending expert id (experts [tokens, top_k]), as the CPU backend.
+// Only terms of experts in [expert_begin, expert_end) count (an expert-parallel rank's; the
+// others' expert_out rows are never computed there, and never read).
 cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
                              const int32_t* experts, const float* weights, int64_t tokens,
                              int64_t top_k, int64_t width, bool accumulate, float* out,
-                             cudaStream_t stream);
+                             cudaStream_t stream, int expert_begin = 0,
+                             int expert_end = INT32_MAX);
 
 // ---- sampling.cu ---------------------------------------------------------------------
 // Row scans with the CPU sampler's semantics (core/engine/sampler_scan.h): values compared as
@@ -407,6 +410,11 @@ cudaError_t LaunchRowSample(const float* logits, int64_t rows, int64_t vocab,
 // h[t] = float(table[ids[t]]) (bf16 table [vocab, width]).
 cudaError_t LaunchEmbedding(const uint16_t* table, const int32_t* ids, int64_t tokens,
                             int64_t width, float* h, cudaStream_t stream);
+// A tensor-parallel rank's slice: table holds vocabulary rows [first, first + count);
+// h[t] = float(table[ids[t] - first]) for ids inside it, zeros for the others.
+cudaError_t LaunchEmbeddingSlice(const uint16_t* table, const int32_t* ids, int64_t tokens,
+                                 int64_t first, int64_t count, int64_t width, float* h,
+                                 cudaStream_t stream);
 // out[r, c] = bf16(silu(gu[r, c]) * gu[r, width + c]): gu [rows, 2 width] fp32 (gate | up).
 cudaError_t LaunchSwiGlu(const float* gate_up, int64_t rows, int64_t width, uint16_t* out,
                          cudaStream_t stream);
@@ -424,5 +432,10 @@ cudaError_t LaunchRowsToBf16(const float* in, int64_t rows, int64_t cols, int64_
 // order of core/model/communicator.h, so the bits match the CPU group's. out may be parts.
 cudaError_t LaunchRankOrderSum(const float* parts, int ranks, int64_t count, float* out,
                                cudaStream_t stream);
+// The head's vocabulary slices gathered in rank order (blocks: rank r's [rows, V_r] logits,
+// one block after another) into out [rows, vocab]: rank r holds vocabulary
+// [r * vocab / ranks, (r + 1) * vocab / ranks) (core/model/parallel_layout.h).
+cudaError_t LaunchInterleaveVocab(const float* blocks, int64_t rows, int64_t vocab, int ranks,
+                                  float* out, cudaStream_t stream);
 
 }  // namespace glmserve::cuda

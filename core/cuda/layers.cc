@@ -32,10 +32,17 @@ Fp8DeviceMatrix Expert(Fp8DeviceMatrix m, int64_t e) {
 
 }  // namespace
 
+absl::Status CudaModel::EnqueueAllReduce(float* data, int64_t count) {
+  if (!tensor_parallel() || count == 0) return absl::OkStatus();
+  return comm_->AllReduceSum(data, count);
+}
+
 absl::Status CudaModel::EnqueueEmbedding() {
-  GLM_CUDA_RETURN_IF_ERROR(LaunchEmbedding(weights_.embed, meta(meta_layout_.ids()), plan_.tokens,
-                                           config_.hidden_size, a_.h, stream_.get()));
-  return absl::OkStatus();
+  // A rank embeds its vocabulary rows (zeros elsewhere); the sum is each token's row, exactly.
+  GLM_CUDA_RETURN_IF_ERROR(LaunchEmbeddingSlice(
+      weights_.embed, meta(meta_layout_.ids()), plan_.tokens, layout_.vocab.begin,
+      layout_.vocab.count, config_.hidden_size, a_.h, stream_.get()));
+  return EnqueueAllReduce(a_.h, plan_.tokens * config_.hidden_size);
 }
 
 absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pending) {
@@ -50,8 +57,14 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
                                             l.mla.has_indexer() ? a_.x32 : nullptr, stream_.get()));
   *pending = false;
   RETURN_IF_ERROR(is_mla_ ? EnqueueMla(layer, cache) : EnqueueAttention(layer, cache));
-  if (IsHeadRowsLayer(layer)) {
+  // Tensor parallel: o_proj's output (every row, or the head rows) is the rank's heads' part.
+  const bool head = IsHeadRowsLayer(layer);
+  const int64_t rows = head ? head_rows_ : t;
+  RETURN_IF_ERROR(EnqueueAllReduce(a_.delta, rows * c.hidden_size));
+  if (head) {
     RETURN_IF_ERROR(EnqueueHeadRows(layer));
+    // ... and so is the FFN's (of the rank's widths or experts).
+    RETURN_IF_ERROR(EnqueueAllReduce(a_.delta, rows * c.hidden_size));
     *pending = head_rows_ > 0;  // delta's head rows go to head_h() (EnqueueResolve)
     return absl::OkStatus();
   }
@@ -65,6 +78,7 @@ absl::Status CudaModel::EnqueueLayer(int64_t layer, KvCache* cache, bool* pendin
   } else {
     RETURN_IF_ERROR(EnqueueDenseFfn(l.dense, t));
   }
+  RETURN_IF_ERROR(EnqueueAllReduce(a_.delta, t * c.hidden_size));
   *pending = true;  // delta holds the FFN output, added to h by the next norm or Resolve
   return absl::OkStatus();
 }
@@ -175,6 +189,11 @@ absl::Status CudaModel::EnqueueHeadRows(int64_t layer) {
 
 absl::Status CudaModel::EnqueueDenseFfn(const DeviceFfn& ffn, int64_t rows) {
   const int64_t hidden = config_.hidden_size, width = ffn.width;
+  if (width == 0) {  // a rank past a narrow FFN's last scale block: it adds zeros to the sum
+    GLM_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(a_.delta, 0, sizeof(float) * rows * hidden, stream_.get()));
+    return absl::OkStatus();
+  }
   if (ffn.fp8()) {
     cudaStream_t stream = stream_.get();
     RETURN_IF_ERROR(Fp8Linear(a_.x, rows, ffn.gate8, a_.gate_up, 2 * width));
@@ -232,18 +251,24 @@ bool CudaModel::MoeWaitsForHost(int64_t tokens, int64_t last_layer_tokens) const
 absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_path) {
   const ModelConfig& c = config_;
   const DeviceLayer& l = weights_.layers[layer];
-  const int64_t hidden = c.hidden_size, n_experts = c.n_routed_experts;
+  const int64_t hidden = c.hidden_size, all_experts = c.n_routed_experts;
   const int64_t top_k = c.num_experts_per_tok, width = c.moe_intermediate_size;
   const int64_t pairs = tokens * top_k;
   cudaStream_t stream = stream_.get();
+  // The experts this model holds (all, or an expert-parallel rank's [begin, end)), stacked from
+  // local index 0: the GEMMs see their offsets only, rows routed elsewhere are never computed
+  // (the combine leaves them out).
+  const IndexRange held = layout_.experts;
+  const int64_t n_experts = held.count;
   // Router in fp32 on the fp32 normed input, as the reference.
-  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(l.router, hidden), n_experts, hidden, F32(a_.x32, hidden),
-                       tokens, a_.router_logits, CUDA_R_32F, n_experts));
+  RETURN_IF_ERROR(Gemm(cublas_.get(), F32(l.router, hidden), all_experts, hidden,
+                       F32(a_.x32, hidden), tokens, a_.router_logits, CUDA_R_32F, all_experts));
   GLM_CUDA_RETURN_IF_ERROR(LaunchRouter(a_.router_logits, tokens, l.router_bias, router_,
                                         a_.topk_ids, a_.topk_w, stream));
-  int32_t* offsets = expert_offsets_ + layer * (n_experts + 1);
+  int32_t* all_offsets = expert_offsets_ + layer * (all_experts + 1);
   GLM_CUDA_RETURN_IF_ERROR(
-      LaunchMoeSort(a_.topk_ids, pairs, n_experts, offsets, a_.sorted, a_.pair_pos, stream));
+      LaunchMoeSort(a_.topk_ids, pairs, all_experts, all_offsets, a_.sorted, a_.pair_pos, stream));
+  const int32_t* offsets = all_offsets + held.begin;
   GLM_CUDA_RETURN_IF_ERROR(LaunchGatherRows(a_.x, hidden, a_.sorted, pairs, top_k, a_.xp, stream));
   const MoePath path = ChooseMoePath(layer, tokens, device_path);
   if (path == MoePath::kDeviceGemvFp8) {
@@ -298,14 +323,16 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
     // per-expert row counts to the host, then one FP8 GEMM per active expert and projection
     // (docs/cuda.md: the one MoE path that still synchronises).
     ++moe_host_round_trips_;
-    int32_t* host = offsets_host_.as<int32_t>() + layer * (n_experts + 1);
-    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, offsets, sizeof(int32_t) * (n_experts + 1),
+    int32_t* all_host = offsets_host_.as<int32_t>() + layer * (all_experts + 1);
+    GLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_host, all_offsets,
+                                             sizeof(int32_t) * (all_experts + 1),
                                              cudaMemcpyDeviceToHost, stream));
     GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    if (host[n_experts] != pairs) {
-      return absl::InternalError(absl::StrCat("MoE grouping placed ", host[n_experts], " of ",
-                                              pairs, " (token, expert) pairs"));
+    if (all_host[all_experts] != pairs) {
+      return absl::InternalError(absl::StrCat("MoE grouping placed ", all_host[all_experts],
+                                              " of ", pairs, " (token, expert) pairs"));
     }
+    const int32_t* host = all_host + held.begin;  // local expert e: held.begin + e
     for (int64_t e = 0; e < n_experts; ++e) {
       // One expert's FP8 rows through the GEMV (<= 8 rows) or the tiled kernel.
       const int64_t first = host[e], rows = host[e + 1] - host[e];
@@ -326,8 +353,9 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
   // The shared expert writes delta (reusing gate_up / act after the routed experts are done
   // with them: same stream), then the routed sum is added to it.
   if (l.shared.present()) RETURN_IF_ERROR(EnqueueDenseFfn(l.shared, tokens));
-  GLM_CUDA_RETURN_IF_ERROR(LaunchMoeCombine(a_.yp, a_.pair_pos, a_.topk_ids, a_.topk_w, tokens,
-                                            top_k, hidden, l.shared.present(), a_.delta, stream));
+  GLM_CUDA_RETURN_IF_ERROR(LaunchMoeCombine(
+      a_.yp, a_.pair_pos, a_.topk_ids, a_.topk_w, tokens, top_k, hidden, l.shared.present(),
+      a_.delta, stream, static_cast<int>(held.begin), static_cast<int>(held.end())));
   return absl::OkStatus();
 }
 
@@ -350,8 +378,26 @@ absl::Status CudaModel::EnqueueLogits(int64_t row_begin, int64_t rows) {
                        step_head_norm_, rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
                        compact ? nullptr : meta(meta_layout_.logit_index() + row_begin), head_x_,
                        nullptr, stream_.get()));
-  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(step_head_, c.hidden_size), c.vocab_size, c.hidden_size,
-                       Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F, c.vocab_size));
+  if (!tensor_parallel()) {
+    RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(step_head_, c.hidden_size), c.vocab_size,
+                         c.hidden_size, Bf16(head_x_, c.hidden_size), rows, logits_, CUDA_R_32F,
+                         c.vocab_size));
+    return absl::OkStatus();
+  }
+  // Tensor parallel: this rank's vocabulary rows, gathered on rank 0 ([rows, V_r] blocks in
+  // rank order), which interleaves them into logits_ [rows, vocab].
+  const int64_t mine = layout_.vocab.count;
+  RETURN_IF_ERROR(Gemm(cublas_.get(), Bf16(step_head_, c.hidden_size), mine, c.hidden_size,
+                       Bf16(head_x_, c.hidden_size), rows, head_part_, CUDA_R_32F, mine));
+  std::vector<int64_t> counts(layout_.size);
+  for (int r = 0; r < layout_.size; ++r) {
+    counts[r] = rows * SplitRange(c.vocab_size, 1, r, layout_.size).count;
+  }
+  RETURN_IF_ERROR(comm_->Gather(head_part_, counts, head_root() ? head_gather_ : nullptr, 0));
+  if (head_root()) {
+    GLM_CUDA_RETURN_IF_ERROR(LaunchInterleaveVocab(head_gather_, rows, c.vocab_size, layout_.size,
+                                                   logits_, stream_.get()));
+  }
   return absl::OkStatus();
 }
 

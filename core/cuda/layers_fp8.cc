@@ -78,7 +78,7 @@ bool CudaModel::Fp8QuantizedActs(const Fp8DeviceMatrix& w, int64_t rows) const {
 absl::Status CudaModel::Fp8ExpertGemv(const Fp8DeviceMatrix& expert0, const int32_t* offsets,
                                       const uint16_t* in, int64_t rows, float* out,
                                       int64_t out_ld) {
-  const int64_t n_experts = config_.n_routed_experts;
+  const int64_t n_experts = layout_.experts.count;  // held, from offsets[0] (EnqueueMoe)
   if (Fp8QuantizedActs(expert0, rows)) {
     // The prefill GEMM's activation arithmetic (e4m3 per 1x128 group, fp8_quant.cu) for every
     // row.

@@ -69,6 +69,31 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(ModelWeights weight
   return model;
 }
 
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateRank(ModelWeights weights,
+                                                                 const CudaModelOptions& options,
+                                                                 const RankLayout& layout,
+                                                                 Communicator* comm) {
+  if (comm == nullptr || comm->size() != layout.size || comm->rank() != layout.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", layout.rank, " of ", layout.size, " needs that rank's communicator"));
+  }
+  // The routed experts' width this rank computes: kernels and buffers see the rank's width.
+  const int64_t expert_width = layout.ExpertWidth(weights.config).count;
+  if (weights.config.n_routed_experts > 0 && expert_width == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routed experts of width ", weights.config.moe_intermediate_size, " split over ",
+        layout.size, " ranks leave rank ", layout.rank,
+        " none of it; serve them expert parallel (--expert_parallel)"));
+  }
+  weights.config.moe_intermediate_size = expert_width;
+  weights.mtp.reset();  // the MTP layer is not sliced for CUDA ranks (docs/parallel.md)
+  std::unique_ptr<CudaModel> model = absl::WrapUnique(new CudaModel());
+  model->layout_ = layout;
+  model->comm_ = comm;
+  RETURN_IF_ERROR(model->Init(std::move(weights), options));
+  return model;
+}
+
 CudaModel::~CudaModel() {
   // Finish queued work before the buffers it uses go away (errors cannot be reported here).
   if (stream_) cudaStreamSynchronize(stream_.get());
@@ -79,6 +104,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     return absl::UnimplementedError(why);
   }
   config_ = weights.config;
+  if (comm_ == nullptr) layout_ = LayoutOf(config_, ParallelConfig{}, 0);  // all of it
   layer_begin_ = weights.layer_begin;
   layer_end_ = weights.layer_end;
   has_embedding_ = weights.has_embedding();
@@ -137,6 +163,7 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
   // Stream first: cublasSetStream resets the workspace to cuBLAS's own pool. A workspace of
   // our own keeps cuBLAS from allocating during graph capture.
   GLM_CUBLAS_RETURN_IF_ERROR(Cublas().set_stream(cublas_.get(), stream_.get()));
+  if (comm_ != nullptr) comm_->SetStream(stream_.get());
   GLM_CUBLAS_RETURN_IF_ERROR(
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
   if (is_mla_ || !options_.attention_tensor_cores || !options_.cudnn_attention) {
@@ -162,8 +189,14 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     }
   }
 
+  DeviceSlice slice;
+  if (tensor_parallel()) {
+    slice.whole = false;
+    slice.vocab_rows = layout_.vocab.count;
+    slice.experts = layout_.experts;
+  }
   ASSIGN_OR_RETURN(DeviceWeights uploaded,
-                   UploadWeights(weights, stream_.get(), options_.upload_progress));
+                   UploadWeights(weights, stream_.get(), options_.upload_progress, slice));
   weights_ = std::move(uploaded);
   weights = ModelWeights{};  // release the host copies (file mappings, random buffers)
 
@@ -195,6 +228,9 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
     expert_offsets_ = cv.Take<int32_t>(offsets_count);
     head_x_ = cv.Take<uint16_t>(has_head_ ? kLogitChunk * c.hidden_size : 0);
     logits_ = cv.Take<float>(has_head_ ? kLogitChunk * c.vocab_size : 0);
+    const bool split_head = has_head_ && tensor_parallel();
+    head_part_ = cv.Take<float>(split_head ? kLogitChunk * layout_.vocab.count : 0);
+    head_gather_ = cv.Take<float>(split_head && head_root() ? kLogitChunk * c.vocab_size : 0);
   };
   Carver sizer(nullptr);
   carve(sizer);
@@ -244,6 +280,10 @@ std::string CudaModel::compute_description() const {
     }
   }
   absl::StrAppend(&text, "; CUDA graphs ", options_.cuda_graphs ? "on" : "off");
+  if (tensor_parallel()) {
+    absl::StrAppend(&text, "; tensor-parallel rank ", layout_.rank, " of ", layout_.size,
+                    " (collectives on the model's stream)");
+  }
   return text;
 }
 
@@ -601,6 +641,14 @@ absl::Status CudaModel::ReadLogits(bool graph, const std::vector<RowSampleReques
                                    ForwardResult* result) {
   const int64_t vocab = config_.vocab_size;
   const int64_t rows_total = plan_.real_logit_rows;
+  if (!head_root()) {
+    // Another rank of a group: its head slices go to rank 0 (eagerly, chunk by chunk, or
+    // inside the step's graph), which samples and returns the logits; nothing comes back here.
+    for (int64_t begin = 0; !graph && begin < rows_total; begin += kLogitChunk) {
+      RETURN_IF_ERROR(EnqueueLogits(begin, std::min(kLogitChunk, rows_total - begin)));
+    }
+    return absl::OkStatus();
+  }
   if (sample != nullptr) RETURN_IF_ERROR(UploadSampleRequests(*sample, penalised_ids));
   int64_t kept_total = rows_total;
   if (sample != nullptr) {

@@ -23,6 +23,14 @@
 // layer's, or ones whose MoE would read counts back to the host. Set
 // CudaModelOptions::cuda_graphs = false or GLMSERVE_CUDA_GRAPHS=0 to disable (docs/cuda.md).
 //
+// Tensor parallel (CreateRank; docs/parallel.md): a rank holds its slice of the weights
+// (core/model/weight_shard.h: its query and KV heads, FFN widths, routed experts under EP or
+// their width, vocabulary rows) on its own GPU and runs every step of the group's batch.
+// Partial outputs are summed on the device through the group's Communicator (NCCL, enqueued
+// on the model's stream, so graphs capture them): the embedding (zeros outside the rank's
+// vocabulary), each layer's o_proj and FFN outputs. The head's vocabulary slices are gathered
+// on rank 0, the only one that samples or returns logits.
+//
 // Not thread-safe: one engine thread owns a CudaModel and its caches.
 #pragma once
 
@@ -42,7 +50,9 @@
 #include "core/cuda/fp8_gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/step_plan.h"
+#include "core/model/communicator.h"
 #include "core/model/model_runner.h"
+#include "core/model/parallel_layout.h"
 #include "core/model/row_math.h"
 
 namespace glmserve::cuda {
@@ -93,6 +103,13 @@ class CudaModel final : public ModelRunner {
   // Uploads `weights` to GPU `options.device` (host copies are released afterwards).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(ModelWeights weights,
                                                            const CudaModelOptions& options = {});
+  // Rank `layout.rank` of a tensor-parallel group: `weights` are its slice (ShardWeights, with
+  // the rank's config), `comm` the group's communicator for this rank (outlives the model; its
+  // collectives are enqueued on the model's stream). A rank runs no MTP layer.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> CreateRank(ModelWeights weights,
+                                                               const CudaModelOptions& options,
+                                                               const RankLayout& layout,
+                                                               Communicator* comm);
   ~CudaModel() override;
 
   const ModelConfig& config() const override { return config_; }
@@ -309,6 +326,12 @@ class CudaModel final : public ModelRunner {
   bool MoeWaitsForHost(int64_t tokens, int64_t last_layer_tokens) const;
   absl::Status EnqueueMoe(int64_t layer, int64_t tokens, bool device_path);
   absl::Status EnqueueResolve(bool* pending);
+  // Tensor parallel: data [count] (device) becomes the group's rank-order sum; nothing on a
+  // model on its own.
+  absl::Status EnqueueAllReduce(float* data, int64_t count);
+  bool tensor_parallel() const { return comm_ != nullptr && layout_.size > 1; }
+  // Rank 0 of a group (or a model on its own): the rank whose head holds the whole logits.
+  bool head_root() const { return layout_.rank == 0; }
   absl::Status EnqueueLogits(int64_t row_begin, int64_t rows);
   absl::Status RunGraph(KvCache* cache, bool logits);
   absl::Status Capture(KvCache* cache, bool logits, GraphExec* exec);
@@ -325,7 +348,10 @@ class CudaModel final : public ModelRunner {
   static Fp8KvLayer Fp8Layer(KvCache* cache, int64_t layer);
 
   // Model facts.
-  ModelConfig config_;
+  ModelConfig config_;  // a rank's: its head counts and routed expert width
+  // What this model holds of the whole (whole on its own), and the group's collectives.
+  RankLayout layout_;
+  Communicator* comm_ = nullptr;
   int64_t layer_begin_ = 0;
   int64_t layer_end_ = 0;
   bool has_embedding_ = false;
@@ -371,6 +397,10 @@ class CudaModel final : public ModelRunner {
   // chunk whose logits nobody reads); their residual rows go to head_h().
   int64_t head_rows_ = -1;
   float* logits_ = nullptr;   // [kLogitChunk, vocab]
+  // Tensor parallel: this rank's vocabulary slice of a logits chunk [kLogitChunk, V_r], and
+  // on rank 0 the gathered slices [kLogitChunk * vocab] before they are interleaved.
+  float* head_part_ = nullptr;
+  float* head_gather_ = nullptr;
   PinnedBuffer logits_host_;  // [kLogitChunk, vocab]
   // Device sampling: a step's RowSampling per logits row, its penalised ids, and the chosen
   // outputs (SampleOutLayout); each grows to the largest step seen.

@@ -178,19 +178,23 @@ constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads)
     MoeCombineKernel(const float* __restrict__ expert_out, const int32_t* __restrict__ pair_pos,
                      const int32_t* __restrict__ experts, const float* __restrict__ weights,
-                     int top_k, int64_t width, bool accumulate, float* __restrict__ out) {
+                     int top_k, int64_t width, bool accumulate, int expert_begin,
+                     int expert_end, float* __restrict__ out) {
   __shared__ int32_t pos[rowmath::kMaxTopK];
   __shared__ float wt[rowmath::kMaxTopK];
+  __shared__ int terms;
   const int64_t t = blockIdx.x;
   if (threadIdx.x == 0) {
     // The token's k terms ordered by expert id (insertion sort of <= 32 entries), so that the
-    // fp32 sum runs in the CPU backend's order.
+    // fp32 sum runs in the CPU backend's order; experts this rank does not hold are left out.
     int32_t ids[rowmath::kMaxTopK];
+    int n = 0;
     for (int k = 0; k < top_k; ++k) {
       const int32_t id = experts[t * top_k + k];
+      if (id < expert_begin || id >= expert_end) continue;
       const int32_t ps = pair_pos[t * top_k + k];
       const float wk = weights[t * top_k + k];
-      int j = k;
+      int j = n++;
       while (j > 0 && ids[j - 1] > id) {
         ids[j] = ids[j - 1];
         pos[j] = pos[j - 1];
@@ -201,11 +205,12 @@ __global__ void __launch_bounds__(kCombineThreads)
       pos[j] = ps;
       wt[j] = wk;
     }
+    terms = n;
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < width; d += blockDim.x) {
     float sum = 0.f;
-    for (int k = 0; k < top_k; ++k)
+    for (int k = 0; k < terms; ++k)
       sum += expert_out[static_cast<int64_t>(pos[k]) * width + d] * wt[k];
     float* o = out + t * width + d;
     *o = accumulate ? sum + *o : sum;
@@ -263,11 +268,12 @@ cudaError_t LaunchExpertGemv(const uint16_t* w, int64_t n, int64_t k, int64_t n_
 cudaError_t LaunchMoeCombine(const float* expert_out, const int32_t* pair_pos,
                              const int32_t* experts, const float* weights, int64_t tokens,
                              int64_t top_k, int64_t width, bool accumulate, float* out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int expert_begin, int expert_end) {
   if (tokens <= 0) return cudaSuccess;
   if (top_k <= 0 || top_k > rowmath::kMaxTopK) return cudaErrorInvalidValue;
   MoeCombineKernel<<<static_cast<unsigned>(tokens), kCombineThreads, 0, stream>>>(
-      expert_out, pair_pos, experts, weights, static_cast<int>(top_k), width, accumulate, out);
+      expert_out, pair_pos, experts, weights, static_cast<int>(top_k), width, accumulate,
+      expert_begin, expert_end, out);
   return cudaGetLastError();
 }
 

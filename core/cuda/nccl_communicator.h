@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model/communicator.h"
@@ -44,5 +45,10 @@ std::string NcclVersion();
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId& id,
                                                                      int rank, int size, int device,
                                                                      cudaStream_t stream);
+
+// One communicator per device of `devices` (rank r on devices[r]), made together from one
+// thread (ncclCommInitAll): a process driving several GPUs. Streams unset until SetStream.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
+    absl::Span<const int> devices);
 
 }  // namespace glmserve::cuda

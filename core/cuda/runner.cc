@@ -8,6 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/cuda/model.h"
+#include "core/cuda/nccl_communicator.h"
+#include "core/model/rank_group.h"
+#include "core/model/weight_shard.h"
 
 namespace glmserve {
 namespace {
@@ -88,6 +91,57 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
                    cuda::CudaModel::Create(std::move(weights), options));
   return std::unique_ptr<ModelRunner>(std::move(model));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
+    ModelWeights weights, const ParallelConfig& parallel, const LoadProgressCallback& upload_progress,
+    Fp8TensorCores fp8_tensor_cores, std::string* how) {
+  if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
+    return absl::UnimplementedError(why);
+  }
+  const int n = parallel.tensor_parallel;
+  const int64_t unit = WeightSplitUnit(weights);
+  RETURN_IF_ERROR(CheckParallelLayout(weights.config, parallel, unit));
+  if (!CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < n) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tensor_parallel=", n, " on CUDA needs ", n, " GPUs (a rank per GPU); this host has ",
+        devices));
+  }
+  std::vector<int> ids(n);
+  for (int r = 0; r < n; ++r) ids[r] = r;
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms, cuda::CreateNcclGroup(ids));
+  if (how != nullptr) {
+    *how = absl::StrCat(n, " CUDA ranks on GPUs 0..", n - 1, ", NCCL ", cuda::NcclVersion());
+  }
+  cuda::CudaModelOptions options;
+  options.upload_progress = upload_progress;
+  options.fp8_tensor_cores = fp8_tensor_cores != Fp8TensorCores::kOff;
+  options.fp8_tensor_cores_required = fp8_tensor_cores == Fp8TensorCores::kOn;
+  // Every rank reads its slice of the host weights (views of the mapped checkpoint) while it
+  // uploads them; the whole model is released once every rank has taken its slice.
+  auto whole = std::make_shared<const ModelWeights>(std::move(weights));
+  RankGroupOptions group_options;  // one host thread per rank: it only enqueues
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<RankGroup> group,
+      RankGroup::Create(
+          whole->config, parallel, group_options, std::move(comms),
+          [&](int rank, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+            const RankLayout layout = LayoutOf(whole->config, parallel, rank, unit);
+            ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(*whole, layout));
+            cuda::CudaModelOptions mine_options = options;
+            mine_options.device = rank;
+            if (rank != 0) mine_options.upload_progress = nullptr;  // one progress line
+            ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
+                             cuda::CudaModel::CreateRank(std::move(mine), mine_options, layout,
+                                                         comm));
+            return std::unique_ptr<ModelRunner>(std::move(model));
+          }));
+  return std::unique_ptr<ModelRunner>(std::move(group));
 }
 
 }  // namespace glmserve

@@ -9,6 +9,7 @@
 #include "core/model/config.h"
 #include "core/model/gpu_memory_plan.h"
 #include "core/model/model_runner.h"
+#include "core/model/parallel_layout.h"
 
 namespace glmserve {
 
@@ -37,5 +38,16 @@ inline std::string CudaUnsupportedReason(const ModelConfig& config) {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
     ModelWeights weights, const LoadProgressCallback& upload_progress = nullptr,
     Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff);
+
+// A tensor-parallel group of CUDA ranks in this process (docs/parallel.md): rank r on GPU r,
+// each with its slice of `weights` (core/model/weight_shard.h), summing and gathering through
+// NCCL (loaded at run time; core/cuda/nccl_communicator.h), behind one ModelRunner
+// (core/model/rank_group.h) that samples on rank 0's device. FAILED_PRECONDITION without
+// NCCL or with fewer GPUs than ranks; INVALID_ARGUMENT for a layout the model cannot take.
+// `how` (may be null) gets a line for the log.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
+    ModelWeights weights, const ParallelConfig& parallel,
+    const LoadProgressCallback& upload_progress = nullptr,
+    Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff, std::string* how = nullptr);
 
 }  // namespace glmserve

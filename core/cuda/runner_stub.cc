@@ -2,6 +2,8 @@
 #include "absl/status/status.h"
 #include "core/cuda/runner.h"
 
+#include <utility>
+
 namespace glmserve {
 
 bool CudaDeviceAvailable() { return false; }
@@ -21,6 +23,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
   return absl::FailedPreconditionError(
       "--device=cuda: this build has no CUDA backend (configure with nvcc present and "
       "-DGLMSERVE_CUDA=ON)");
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
+    ModelWeights weights, const ParallelConfig& /*parallel*/,
+    const LoadProgressCallback& upload_progress, Fp8TensorCores fp8_tensor_cores,
+    std::string* /*how*/) {
+  return CreateCudaRunner(std::move(weights), upload_progress, fp8_tensor_cores);
 }
 
 }  // namespace glmserve

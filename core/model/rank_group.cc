@@ -130,9 +130,11 @@ absl::Status RankGroup::RunOnAll(const std::function<absl::Status(int rank)>& jo
 }
 
 ModelRunner& RankGroup::rank_runner(int r) { return *ranks_[r]->runner; }
+Communicator& RankGroup::communicator(int r) { return *ranks_[r]->comm; }
 int64_t RankGroup::layer_begin() const { return ranks_[0]->runner->layer_begin(); }
 int64_t RankGroup::layer_end() const { return ranks_[0]->runner->layer_end(); }
 bool RankGroup::supports_sub_spans() const { return ranks_[0]->runner->supports_sub_spans(); }
+bool RankGroup::samples_tokens() const { return ranks_[0]->runner->samples_tokens(); }
 bool RankGroup::has_mtp() const { return ranks_[0]->runner->has_mtp(); }
 bool RankGroup::mtp_enabled() const { return ranks_[0]->runner->mtp_enabled(); }
 

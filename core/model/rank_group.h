@@ -50,11 +50,16 @@ class RankGroup final : public ModelRunner {
 
   int size() const { return static_cast<int>(ranks_.size()); }
   ModelRunner& rank_runner(int r);
+  // Rank r's communicator (tests abort one, as a dead peer would leave it).
+  Communicator& communicator(int r);
 
   const ModelConfig& config() const override { return whole_; }
   int64_t layer_begin() const override;
   int64_t layer_end() const override;
   bool supports_sub_spans() const override;
+  // Rank 0's: a group of CUDA ranks samples on rank 0's device (its head holds the gathered
+  // logits; the other ranks return nothing).
+  bool samples_tokens() const override;
   std::string device_name() const override;
   std::string compute_description() const override;
   int64_t weight_bytes() const override;
