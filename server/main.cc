@@ -162,8 +162,9 @@ ABSL_FLAG(std::string, devices, "",
           "for --plan: COUNTxSIZE of identical devices, e.g. 8x80GB, 4x141GB, 2x80GiB, 8xH200");
 ABSL_FLAG(int, tensor_parallel, 0,
           "ranks of a tensor-parallel group (docs/parallel.md). Serving: 0 or 1 one rank; N > 1 "
-          "N CPU ranks (threads, each a share of --threads, pinned per NUMA node when there are "
-          "N nodes; --device=cpu). --plan: 0 is the device count (one rank a device)");
+          "N ranks in this process: with --device=cuda (or auto with a GPU) one per GPU 0..N-1 "
+          "over NCCL, with --device=cpu threads, each a share of --threads, pinned per NUMA node "
+          "when there are N nodes. --plan: 0 is the device count (one rank a device)");
 ABSL_FLAG(bool, expert_parallel, true,
           "tensor parallel: routed experts whole per rank (false: every expert's width split)");
 
@@ -436,13 +437,9 @@ absl::StatusOr<ModelFlags> ParseModelFlags() {
   if (tensor_parallel < 0) {
     return absl::InvalidArgumentError("--tensor_parallel must be >= 0");
   }
-  if (tensor_parallel > 1) {
-    if (f.device == glmserve::DeviceKind::kCuda) {
-      return absl::InvalidArgumentError(
-          "--tensor_parallel > 1 runs CPU ranks; the CUDA backend serves one device per process "
-          "today (docs/parallel.md): use --device=cpu, or --plan to size a multi-GPU group");
-    }
-    f.device = glmserve::DeviceKind::kCpu;
+  if (tensor_parallel > 1 && f.device == glmserve::DeviceKind::kAuto) {
+    f.device = glmserve::CudaDeviceAvailable() ? glmserve::DeviceKind::kCuda
+                                               : glmserve::DeviceKind::kCpu;
   }
   return f;
 }
@@ -508,11 +505,18 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
                 weights.ParameterBytes() / 1e9, absl::ToDoubleSeconds(absl::Now() - t_quant));
   }
   const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-  if (tensor_parallel > 1) {  // CPU ranks (ParseModelFlags refused a CUDA device)
+  if (tensor_parallel > 1) {  // ranks in this process (ParseModelFlags resolved the device)
     glmserve::ParallelConfig parallel;
     parallel.tensor_parallel = tensor_parallel;
     parallel.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
     std::string pinning;
+    if (f.device == glmserve::DeviceKind::kCuda) {
+      ASSIGN_OR_RETURN(model.runner, glmserve::CreateCudaTensorParallelRunner(
+                                         std::move(weights), parallel, progress,
+                                         f.fp8_tensor_cores, &pinning));
+      std::printf("glm-server: %s\n", pinning.c_str());
+      return model;
+    }
     ASSIGN_OR_RETURN(model.runner, glmserve::CreateCpuTensorParallelRunner(
                                        std::move(weights), parallel, f.cpu_math, 0, &pinning));
     std::printf("glm-server: %d CPU ranks: %s\n", tensor_parallel, pinning.c_str());

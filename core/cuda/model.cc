@@ -456,6 +456,8 @@ absl::Status CudaModel::EnsureCapacity(int64_t tokens, int64_t block_table_entri
   last_step_valid_ = false;
   if (grow_tokens) {
     const int64_t t = RoundUp(std::max<int64_t>(tokens, 1), 256);
+    // The group's sums (the residual's rows) allocate nothing once a graph captures them.
+    if (tensor_parallel()) RETURN_IF_ERROR(comm_->Prepare(t * c.hidden_size));
     const int64_t p = t * c.num_experts_per_tok;
     const int64_t hidden = c.hidden_size;
     int64_t gu_rows_width = 0;  // max over FFN kinds of rows * width

@@ -49,6 +49,13 @@ class Communicator {
   // (a cudaStream_t; null: the legacy default stream). Host communicators ignore it.
   virtual void SetStream(void* stream) { (void)stream; }
 
+  // Sums of up to `max_count` elements allocate nothing from now on (a device communicator's
+  // scratch, sized ahead: a CUDA graph captures collectives, and capture forbids allocation).
+  virtual absl::Status Prepare(int64_t max_count) {
+    (void)max_count;
+    return absl::OkStatus();
+  }
+
   // Fails every pending and later collective of the group with `why` (a rank that failed
   // outside a collective calls it so that the others stop waiting for it).
   virtual void Abort(const absl::Status& why) = 0;
