@@ -13,7 +13,9 @@ output must equal ours; and the rendered objects agree with each other and with 
   --drain_grace; non-root (the image's uid), read-only root filesystem, no privilege
   escalation, all capabilities dropped; the model comes from a PVC mounted read-only and
   --model lies under the mount; memory requested; GPU limit and --device=cuda in the gpu
-  overlay, no GPU and --device=cpu in the cpu overlay; the selector matches the pod labels.
+  overlays (gpu, and gpu-8 with --tensor_parallel equal to its GPU count and a memory-backed
+  /dev/shm for NCCL), no GPU and --device=cpu in the cpu overlay; the selector matches the pod
+  labels.
 - Services: a regular one with ports grpc, metrics (and http when served), a headless one with
   grpc only; their
   selectors pick the pods and their targetPorts name real container ports.
@@ -188,6 +190,13 @@ def check_render(f, name, resources, root, variant):
         f.check(gpus >= 1, f"{name}: the gpu overlay must limit nvidia.com/gpu")
         f.check(eff.get("device") == "cuda", f"{name}: the gpu overlay must run --device=cuda")
         f.check(c["image"].endswith("-cuda"), f"{name}: the gpu overlay must use the CUDA image, uses {c['image']}")
+        # A tensor-parallel group runs a rank per GPU in this one process (docs/parallel.md).
+        tp = int(eff.get("tensor_parallel", 0) or 0)
+        f.check(max(tp, 1) == gpus, f"{name}: --tensor_parallel={tp} must equal the {gpus} GPUs the pod gets")
+        if tp > 1:
+            shm = [m for m in c.get("volumeMounts", []) if m.get("mountPath") == "/dev/shm"]
+            f.check(bool(shm) and "emptyDir" in {v["name"]: v for v in pod.get("volumes", [])}.get(shm[0]["name"], {}),
+                    f"{name}: a tensor-parallel pod needs a memory-backed /dev/shm for NCCL")
     else:
         f.check(gpus == 0, f"{name}: the cpu overlay must not ask for GPUs")
         f.check(eff.get("device") == "cpu", f"{name}: the cpu overlay must run --device=cpu")
@@ -414,6 +423,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="glm-deploy-")
     try:
         cases = []
+        # gpu-8: a tensor-parallel group of 8 GPUs in one pod, checked as a gpu overlay.
+        cases.append(("overlays/gpu-8", os.path.join(deploy, "overlays", "gpu-8"), "gpu"))
         for variant in ("cpu", "gpu"):
             overlay = os.path.join(deploy, "overlays", variant)
             cases.append((f"overlays/{variant}", overlay, variant))

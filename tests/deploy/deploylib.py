@@ -208,14 +208,17 @@ def strategic_merge(base, patch, key=None):
             all(isinstance(x, dict) for x in base + patch):
         mk = MERGE_KEYS[key]
         out = [copy.deepcopy(x) for x in base]
+        added = []
         for item in patch:
             for i, b in enumerate(out):
                 if b.get(mk) == item.get(mk):
                     out[i] = strategic_merge(b, item)
                     break
             else:
-                out.append(copy.deepcopy(item))
-        return out
+                added.append(copy.deepcopy(item))
+        # Elements only the patch has come first, in its order: kustomize's (kyaml's) merge
+        # orders them so, and `kubectl kustomize` is the reference this renderer must equal.
+        return added + out
     return copy.deepcopy(patch)
 
 
