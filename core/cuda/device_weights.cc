@@ -494,8 +494,7 @@ absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePla
   }
   out.layers.assign(w.layers.size(), DeviceLayer{});
   for (size_t i = 0; i < w.layers.size(); ++i) {
-    RETURN_IF_ERROR(
-        PlanLayer(c, w.layers[i], held, plan, out.layers[i], &out.routed_expert_bytes));
+    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], held, plan, out.layers[i], &out.routed_expert_bytes));
   }
   if (w.has_head()) {
     out.final_norm = plan.Vector(w.final_norm, hidden);
@@ -513,7 +512,8 @@ absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePla
   out.dense_step_bytes = plan.step_bytes();
   // The MTP layer, for a whole model, its matrices outside the decoder block unquantized (an
   // FP8 eh_proj or head leaves it on the host: the runner then has none).
-  if (w.mtp && slice.whole && w.has_embedding() && w.has_head() && w.mtp->eh_proj.format == WeightFormat::kDense &&
+  if (w.mtp && slice.whole && w.has_embedding() && w.has_head() &&
+      w.mtp->eh_proj.format == WeightFormat::kDense &&
       (!w.mtp_head_stored || w.mtp->head.format == WeightFormat::kDense)) {
     const MtpWeights& m = *w.mtp;
     out.layers.emplace_back();

@@ -329,8 +329,8 @@ absl::Status CudaModel::EnqueueMoe(int64_t layer, int64_t tokens, bool device_pa
                                              cudaMemcpyDeviceToHost, stream));
     GLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     if (all_host[all_experts] != pairs) {
-      return absl::InternalError(absl::StrCat("MoE grouping placed ", all_host[all_experts],
-                                              " of ", pairs, " (token, expert) pairs"));
+      return absl::InternalError(absl::StrCat("MoE grouping placed ", all_host[all_experts], " of ",
+                                              pairs, " (token, expert) pairs"));
     }
     const int32_t* host = all_host + held.begin;  // local expert e: held.begin + e
     for (int64_t e = 0; e < n_experts; ++e) {

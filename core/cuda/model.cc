@@ -80,10 +80,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateRank(ModelWeights we
   // The routed experts' width this rank computes: kernels and buffers see the rank's width.
   const int64_t expert_width = layout.ExpertWidth(weights.config).count;
   if (weights.config.n_routed_experts > 0 && expert_width == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "routed experts of width ", weights.config.moe_intermediate_size, " split over ",
-        layout.size, " ranks leave rank ", layout.rank,
-        " none of it; serve them expert parallel (--expert_parallel)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("routed experts of width ", weights.config.moe_intermediate_size,
+                     " split over ", layout.size, " ranks leave rank ", layout.rank,
+                     " none of it; serve them expert parallel (--expert_parallel)"));
   }
   weights.config.moe_intermediate_size = expert_width;
   weights.mtp.reset();  // the MTP layer is not sliced for CUDA ranks (docs/parallel.md)

@@ -396,7 +396,7 @@ class CudaModel final : public ModelRunner {
   // The step's last layer finishes only its logits rows (-1: every row; 0: none, a prefill
   // chunk whose logits nobody reads); their residual rows go to head_h().
   int64_t head_rows_ = -1;
-  float* logits_ = nullptr;   // [kLogitChunk, vocab]
+  float* logits_ = nullptr;  // [kLogitChunk, vocab]
   // Tensor parallel: this rank's vocabulary slice of a logits chunk [kLogitChunk, V_r], and
   // on rank 0 the gathered slices [kLogitChunk * vocab] before they are interleaved.
   float* head_part_ = nullptr;

@@ -94,8 +94,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
-    ModelWeights weights, const ParallelConfig& parallel, const LoadProgressCallback& upload_progress,
-    Fp8TensorCores fp8_tensor_cores, std::string* how) {
+    ModelWeights weights, const ParallelConfig& parallel,
+    const LoadProgressCallback& upload_progress, Fp8TensorCores fp8_tensor_cores,
+    std::string* how) {
   if (std::string why = CudaUnsupportedReason(weights.config); !why.empty()) {
     return absl::UnimplementedError(why);
   }
@@ -108,9 +109,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < n) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--tensor_parallel=", n, " on CUDA needs ", n, " GPUs (a rank per GPU); this host has ",
-        devices));
+    return absl::FailedPreconditionError(absl::StrCat("--tensor_parallel=", n, " on CUDA needs ", n,
+                                                      " GPUs (a rank per GPU); this host has ",
+                                                      devices));
   }
   std::vector<int> ids(n);
   for (int r = 0; r < n; ++r) ids[r] = r;
@@ -136,9 +137,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
             cuda::CudaModelOptions mine_options = options;
             mine_options.device = rank;
             if (rank != 0) mine_options.upload_progress = nullptr;  // one progress line
-            ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
-                             cuda::CudaModel::CreateRank(std::move(mine), mine_options, layout,
-                                                         comm));
+            ASSIGN_OR_RETURN(
+                std::unique_ptr<cuda::CudaModel> model,
+                cuda::CudaModel::CreateRank(std::move(mine), mine_options, layout, comm));
             return std::unique_ptr<ModelRunner>(std::move(model));
           }));
   return std::unique_ptr<ModelRunner>(std::move(group));

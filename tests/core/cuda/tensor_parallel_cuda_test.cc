@@ -36,16 +36,16 @@ constexpr double kGpuTolerance = 1e-2;
 // Skips (or fails under GLMSERVE_REQUIRE_CUDA=1) without a GPU; skips on a host with fewer GPUs
 // than the group needs or without NCCL: a hardware fact, not a missing feature (the emulation
 // has 8 devices and its NCCL stand-in).
-#define GLM_REQUIRE_GPUS(n)                                                               \
-  do {                                                                                    \
-    GLM_REQUIRE_CUDA_DEVICE();                                                            \
-    int glm_count_ = 0;                                                                   \
-    if (cudaGetDeviceCount(&glm_count_) != cudaSuccess || glm_count_ < (n)) {             \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, this host has " << glm_count_;           \
-    }                                                                                     \
-    if (const absl::Status glm_nccl_ = LoadNccl(); !glm_nccl_.ok()) {                     \
-      GTEST_SKIP() << glm_nccl_;                                                          \
-    }                                                                                     \
+#define GLM_REQUIRE_GPUS(n)                                                     \
+  do {                                                                          \
+    GLM_REQUIRE_CUDA_DEVICE();                                                  \
+    int glm_count_ = 0;                                                         \
+    if (cudaGetDeviceCount(&glm_count_) != cudaSuccess || glm_count_ < (n)) {   \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, this host has " << glm_count_; \
+    }                                                                           \
+    if (const absl::Status glm_nccl_ = LoadNccl(); !glm_nccl_.ok()) {           \
+      GTEST_SKIP() << glm_nccl_;                                                \
+    }                                                                           \
   } while (false)
 
 // GLM-4.5's structure, small: 8 query heads over 2 KV heads (TP 4 replicates them), 10 routed
