@@ -64,13 +64,13 @@ RankGroup::~RankGroup() {
 absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
     const ModelConfig& whole, const ParallelConfig& parallel, const RankGroupOptions& options,
     std::vector<std::unique_ptr<Communicator>> communicators, const RankFactory& make) {
-  const int n = parallel.tensor_parallel;
-  if (static_cast<int>(communicators.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a group of ", n, " ranks needs ", n, " communicators"));
+  const int n = static_cast<int>(communicators.size());  // members
+  if (n < 1 || n > parallel.tensor_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat("a group of ", parallel.tensor_parallel,
+                                                   " ranks cannot have ", n, " members"));
   }
   if (!options.rank_cpus.empty() && static_cast<int>(options.rank_cpus.size()) != n) {
-    return absl::InvalidArgumentError("rank_cpus needs one CPU list per rank");
+    return absl::InvalidArgumentError("rank_cpus needs one CPU list per member");
   }
   std::unique_ptr<RankGroup> group(new RankGroup(whole, parallel));
   group->failure_grace_ = options.failure_grace;
@@ -141,7 +141,16 @@ bool RankGroup::mtp_enabled() const { return ranks_[0]->runner->mtp_enabled(); }
 absl::Status RankGroup::health() const { return ranks_[0]->comm->health(); }
 
 std::string RankGroup::device_name() const {
-  return absl::StrCat(ranks_[0]->runner->device_name(), " x", size(), " ranks");
+  bool alike = size() == parallel_.tensor_parallel;
+  for (const auto& rank : ranks_) {
+    alike &= rank->runner->device_name() == ranks_[0]->runner->device_name();
+  }
+  if (alike) return absl::StrCat(ranks_[0]->runner->device_name(), " x", size(), " ranks");
+  std::string members;
+  for (int r = 1; r < size(); ++r)
+    absl::StrAppend(&members, "; ", ranks_[r]->runner->device_name());
+  return absl::StrCat(ranks_[0]->runner->device_name(), " and ", size() - 1, " more members (",
+                      parallel_.tensor_parallel, " ranks", members, ")");
 }
 
 std::string RankGroup::compute_description() const {

@@ -41,8 +41,11 @@ class RankGroup final : public ModelRunner {
   using RankFactory =
       std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(int rank, Communicator* comm)>;
 
-  // `communicators`: one per rank (CreateThreadGroup, or NCCL's); `whole`: the model's config
-  // (each rank's runner has its own).
+  // `communicators`: one per member (CreateThreadGroup, NCCL's, the socket communicator's; or
+  // a worker process's channel handle, core/model/remote_ranks.h); `whole`: the model's config
+  // (each rank's runner has its own). A member is one rank, or (RemoteRanks) all the ranks of
+  // a worker process: there are at most parallel.tensor_parallel members; `make` gets the
+  // member's index.
   static absl::StatusOr<std::unique_ptr<RankGroup>> Create(
       const ModelConfig& whole, const ParallelConfig& parallel, const RankGroupOptions& options,
       std::vector<std::unique_ptr<Communicator>> communicators, const RankFactory& make);

@@ -221,4 +221,56 @@ absl::Status DecodeReply(absl::string_view payload, absl::Status* status, int64_
   return absl::OkStatus();
 }
 
+namespace {
+
+void PutString(Writer& w, absl::string_view s) { w.PutSpan(s.data(), s.size()); }
+
+bool GetString(Reader& r, std::string* s) {
+  std::vector<char> chars;
+  if (!r.GetVector(1 << 16, &chars)) return false;
+  s->assign(chars.begin(), chars.end());
+  return true;
+}
+
+}  // namespace
+
+std::string EncodeHello(const WorkerHello& hello) {
+  Writer w;
+  PutString(w, hello.build);
+  PutString(w, hello.token);
+  w.Put(hello.node);
+  return w.Take();
+}
+
+absl::Status DecodeHello(absl::string_view payload, WorkerHello* hello) {
+  Reader r(payload);
+  if (!GetString(r, &hello->build) || !GetString(r, &hello->token) || !r.Get(&hello->node) ||
+      !r.done()) {
+    return absl::InvalidArgumentError("malformed hello from a worker process");
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeWorkerInfo(const WorkerInfo& info) {
+  Writer w;
+  const std::string reply = EncodeReply(info.status);
+  PutString(w, reply);
+  w.Put(info.kv_bytes_per_token);
+  w.Put(info.weight_bytes);
+  PutString(w, info.device_name);
+  return w.Take();
+}
+
+absl::Status DecodeWorkerInfo(absl::string_view payload, WorkerInfo* info) {
+  Reader r(payload);
+  std::string reply;
+  int64_t unused = 0;
+  if (!GetString(r, &reply) || !DecodeReply(reply, &info->status, &unused).ok() ||
+      !r.Get(&info->kv_bytes_per_token) || !r.Get(&info->weight_bytes) ||
+      !GetString(r, &info->device_name) || !r.done()) {
+    return absl::InternalError("malformed report from a worker process");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace glmserve

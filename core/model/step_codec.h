@@ -56,4 +56,24 @@ absl::Status DecodeInts(absl::string_view payload, size_t count, std::vector<int
 std::string EncodeReply(const absl::Status& status, int64_t value = 0);
 absl::Status DecodeReply(absl::string_view payload, absl::Status* status, int64_t* value);
 
+// The group's handshake. A worker's hello: its build (both ends must run the same build), the
+// group's token (pods of another group are refused) and its node index (1..nodes-1).
+struct WorkerHello {
+  std::string build;
+  std::string token;
+  int64_t node = 0;
+};
+std::string EncodeHello(const WorkerHello& hello);
+absl::Status DecodeHello(absl::string_view payload, WorkerHello* hello);
+
+// What a worker reports once its ranks are built (or why they could not be).
+struct WorkerInfo {
+  absl::Status status;
+  int64_t kv_bytes_per_token = 0;
+  int64_t weight_bytes = 0;
+  std::string device_name;
+};
+std::string EncodeWorkerInfo(const WorkerInfo& info);
+absl::Status DecodeWorkerInfo(absl::string_view payload, WorkerInfo* info);
+
 }  // namespace glmserve

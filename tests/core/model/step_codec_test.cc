@@ -146,3 +146,31 @@ TEST(StepCodecTest, RepliesAndIntegersRoundTrip) {
 
 }  // namespace
 }  // namespace glmserve
+
+namespace glmserve {
+namespace {
+
+TEST(StepCodecTest, HelloAndWorkerReportRoundTrip) {
+  WorkerHello hello{"build 1", "token", 3};
+  WorkerHello got;
+  ASSERT_TRUE(DecodeHello(EncodeHello(hello), &got).ok());
+  EXPECT_EQ(got.build, "build 1");
+  EXPECT_EQ(got.token, "token");
+  EXPECT_EQ(got.node, 3);
+  EXPECT_FALSE(DecodeHello(EncodeHello(hello).substr(1), &got).ok());
+  WorkerInfo info;
+  info.status = absl::InternalError("no weights");
+  info.kv_bytes_per_token = 123;
+  info.weight_bytes = 456;
+  info.device_name = "cpu ranks 2..3";
+  WorkerInfo back;
+  ASSERT_TRUE(DecodeWorkerInfo(EncodeWorkerInfo(info), &back).ok());
+  EXPECT_EQ(back.status, info.status);
+  EXPECT_EQ(back.kv_bytes_per_token, 123);
+  EXPECT_EQ(back.weight_bytes, 456);
+  EXPECT_EQ(back.device_name, "cpu ranks 2..3");
+  EXPECT_FALSE(DecodeWorkerInfo(EncodeWorkerInfo(info) + "x", &back).ok());
+}
+
+}  // namespace
+}  // namespace glmserve
