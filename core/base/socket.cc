@@ -358,12 +358,23 @@ uint64_t GetLe(const char* p, int bytes) {
 
 absl::Status SendFrame(Socket& socket, uint32_t type, absl::Span<const char> payload,
                        absl::Time deadline) {
+  const absl::Span<const char> parts[] = {payload};
+  return SendFrame(socket, type, parts, deadline);
+}
+
+absl::Status SendFrame(Socket& socket, uint32_t type,
+                       absl::Span<const absl::Span<const char>> parts, absl::Time deadline) {
+  uint64_t length = 0;
+  for (const absl::Span<const char> part : parts) length += part.size();
   char header[kFrameHeaderSize];
   PutLe32(header, kFrameMagic);
   PutLe32(header + 4, type);
-  PutLe64(header + 8, payload.size());
-  iovec iov[2] = {{header, sizeof(header)}, {const_cast<char*>(payload.data()), payload.size()}};
-  return SendIov(socket.fd(), iov, 2, deadline, socket.peer());
+  PutLe64(header + 8, length);
+  std::vector<iovec> iov = {{header, sizeof(header)}};
+  for (const absl::Span<const char> part : parts) {
+    iov.push_back({const_cast<char*>(part.data()), part.size()});
+  }
+  return SendIov(socket.fd(), iov.data(), static_cast<int>(iov.size()), deadline, socket.peer());
 }
 
 absl::StatusOr<FrameHeader> RecvFrameHeader(Socket& socket, uint64_t max_payload,

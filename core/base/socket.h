@@ -96,6 +96,10 @@ struct FrameHeader {
 // The header and the payload, sent as one message where the kernel allows it.
 absl::Status SendFrame(Socket& socket, uint32_t type, absl::Span<const char> payload,
                        absl::Time deadline);
+// The same with the payload in parts, sent back to back (no copy into one buffer): a message
+// header struct followed by a tensor's bytes, say.
+absl::Status SendFrame(Socket& socket, uint32_t type,
+                       absl::Span<const absl::Span<const char>> parts, absl::Time deadline);
 
 // A header only: DATA_LOSS on a wrong magic, RESOURCE_EXHAUSTED when its length exceeds
 // `max_payload`. The caller then reads exactly `length` payload bytes with RecvAll (into its
