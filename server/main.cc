@@ -31,6 +31,7 @@
 #include "core/base/status_macros.h"
 #include "core/cpu/quantize.h"
 #include "core/cuda/runner.h"
+#include "core/engine/multi_node.h"
 #include "core/engine/runner_factory.h"
 #include "core/model/checkpoint.h"
 #include "core/model/gpu_memory_plan.h"
@@ -165,6 +166,16 @@ ABSL_FLAG(int, tensor_parallel, 0,
           "N ranks in this process: with --device=cuda (or auto with a GPU) one per GPU 0..N-1 "
           "over NCCL, with --device=cpu threads, each a share of --threads, pinned per NUMA node "
           "when there are N nodes. --plan: 0 is the device count (one rank a device)");
+ABSL_FLAG(int, nodes, 1,
+          "processes of a tensor-parallel group of CPU ranks (docs/parallel.md \"Ranks in "
+          "several processes\"): --tensor_parallel ranks shared evenly; node 0 (the leader) "
+          "serves, the others (--node_rank >= 1) follow its steps");
+ABSL_FLAG(int, node_rank, 0, "this process's node in the group: 0 the leader, 1.. workers");
+ABSL_FLAG(std::string, leader_address, "",
+          "with --nodes > 1: host:port of the leader's step channel (the leader listens on the "
+          "port, and on port + 1 for the collectives; workers connect to both)");
+ABSL_FLAG(std::string, group_token, "glmserve",
+          "with --nodes > 1: only processes presenting the same token join the group");
 ABSL_FLAG(bool, expert_parallel, true,
           "tensor parallel: routed experts whole per rank (false: every expert's width split)");
 
@@ -334,7 +345,9 @@ const glmserve::cli::ProgramHelp& Help() {
          "default_deadline", "max_deadline", "max_output_bytes_in_flight"}},
        {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
        {"Logging", {"access_log", "log_format"}},
-       {"Parallelism and memory plans", {"tensor_parallel", "expert_parallel", "plan", "devices"}},
+       {"Parallelism and memory plans",
+        {"tensor_parallel", "expert_parallel", "nodes", "node_rank", "leader_address",
+         "group_token", "plan", "devices"}},
        {"Shutdown", {"drain_grace"}}},
       "server/main.cc",
       "SIGTERM/SIGINT drain: readiness goes NOT_SERVING, calls in flight get --drain_grace."};
@@ -424,6 +437,15 @@ struct ModelFlags {
   glmserve::LayerSpan span;
 };
 
+glmserve::NodeGroupOptions NodeOptionsFromFlags() {
+  glmserve::NodeGroupOptions o;
+  o.nodes = absl::GetFlag(FLAGS_nodes);
+  o.node = absl::GetFlag(FLAGS_node_rank);
+  o.leader_address = absl::GetFlag(FLAGS_leader_address);
+  o.token = absl::GetFlag(FLAGS_group_token);
+  return o;
+}
+
 absl::StatusOr<ModelFlags> ParseModelFlags() {
   ModelFlags f;
   ASSIGN_OR_RETURN(f.device, glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device)));
@@ -436,6 +458,17 @@ absl::StatusOr<ModelFlags> ParseModelFlags() {
   const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   if (tensor_parallel < 0) {
     return absl::InvalidArgumentError("--tensor_parallel must be >= 0");
+  }
+  if (absl::GetFlag(FLAGS_nodes) > 1) {  // a group over several processes: CPU ranks
+    if (f.device == glmserve::DeviceKind::kCuda) {
+      return absl::InvalidArgumentError(
+          "--nodes > 1 runs CPU ranks; CUDA ranks serve from one process (--tensor_parallel up "
+          "to the node's GPUs); across nodes they are not built yet (docs/parallel.md)");
+    }
+    f.device = glmserve::DeviceKind::kCpu;
+    RETURN_IF_ERROR(glmserve::CheckNodeGroup(
+        glmserve::ParallelConfig{tensor_parallel, absl::GetFlag(FLAGS_expert_parallel)},
+        NodeOptionsFromFlags()));
   }
   if (tensor_parallel > 1 && f.device == glmserve::DeviceKind::kAuto) {
     f.device = glmserve::CudaDeviceAvailable() ? glmserve::DeviceKind::kCuda
@@ -510,6 +543,26 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
     parallel.tensor_parallel = tensor_parallel;
     parallel.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
     std::string pinning;
+    const glmserve::NodeGroupOptions nodes = NodeOptionsFromFlags();
+    if (nodes.nodes > 1 && nodes.node > 0) {
+      // A worker: joins the leader and runs its steps until the leader goes away.
+      std::printf("glm-server: node %d of %d, joining the leader at %s\n", nodes.node,
+                  nodes.nodes, nodes.leader_address.c_str());
+      std::fflush(stdout);
+      const absl::Status stopped =
+          glmserve::RunCpuWorker(std::move(weights), parallel, f.cpu_math, nodes);
+      return absl::Status(stopped.code(),
+                          absl::StrCat("worker node ", nodes.node, " stopped: ", stopped.message()));
+    }
+    if (nodes.nodes > 1) {
+      std::printf("glm-server: leader of %d processes: waiting for the workers on %s\n",
+                  nodes.nodes, nodes.leader_address.c_str());
+      std::fflush(stdout);
+      ASSIGN_OR_RETURN(model.runner, glmserve::CreateCpuLeaderRunner(std::move(weights), parallel,
+                                                                     f.cpu_math, nodes, &pinning));
+      std::printf("glm-server: %s\n", pinning.c_str());
+      return model;
+    }
     if (f.device == glmserve::DeviceKind::kCuda) {
       ASSIGN_OR_RETURN(model.runner, glmserve::CreateCudaTensorParallelRunner(
                                          std::move(weights), parallel, progress,
@@ -573,6 +626,14 @@ int main(int argc, char** argv) {
                  "glm-server: warning: --auth_token_file without --tls_cert: bearer tokens "
                  "travel in plaintext; use TLS unless the network is trusted\n");
   }
+  if (absl::GetFlag(FLAGS_nodes) > 1 && absl::GetFlag(FLAGS_node_rank) > 0) {
+    // A worker process serves no front end: it loads its ranks and follows the leader's steps
+    // (LoadModelFromFlags returns only when it stops, with why); exiting non-zero lets the
+    // orchestrator restart the group. SIGTERM keeps its default action: nothing to drain.
+    if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
+    const absl::StatusOr<LoadedModel> stopped = LoadModelFromFlags(*model_flags);
+    return Fail(stopped.ok() ? absl::InternalError("worker returned") : stopped.status());
+  }
   const sigset_t signals = BlockShutdownSignals();
   absl::Notification stop;
   std::thread signal_thread([&signals, &stop] {
@@ -584,6 +645,7 @@ int main(int argc, char** argv) {
   signal_thread.detach();
 
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
+
 
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());

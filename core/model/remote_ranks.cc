@@ -179,6 +179,16 @@ absl::Status RemoteRanks::SetKvCacheDType(KvCacheDType dtype) {
   return status;
 }
 
+absl::Status RemoteRanks::EnableMtp() {
+  ASSIGN_OR_RETURN(const std::string reply,
+                   channel_->Call(static_cast<uint32_t>(StepCall::kEnableMtp), "",
+                                  absl::Now() + kCallTimeout));
+  absl::Status status;
+  RETURN_IF_ERROR(DecodeReply(reply, &status, &info_.kv_bytes_per_token));
+  mtp_enabled_ = status.ok();
+  return status;
+}
+
 absl::StatusOr<std::unique_ptr<KvCache>> RemoteRanks::CreateCache(int64_t num_blocks,
                                                                   int64_t block_size) {
   ASSIGN_OR_RETURN(
@@ -296,6 +306,13 @@ absl::Status ServeLeader(RemoteChannel& channel, ModelRunner* local_ranks, const
         }
         status = local.SetKvCacheDType(static_cast<KvCacheDType>(ints[0]));
         value = local.kv_bytes_per_token();
+        break;
+      case StepCall::kEnableMtp:
+        if (!frame.payload.empty()) {
+          return absl::InvalidArgumentError("malformed step from the leader: EnableMtp");
+        }
+        status = local.EnableMtp();
+        value = local.kv_bytes_per_token();  // the MTP layer's cache layer counts now
         break;
       case StepCall::kDestroyCache:
         RETURN_IF_ERROR(DecodeInts(frame.payload, 1, &ints));

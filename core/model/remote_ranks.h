@@ -100,6 +100,11 @@ class RemoteRanks final : public ModelRunner {
   int64_t weight_bytes() const override { return info_.weight_bytes; }
   int64_t kv_bytes_per_token() const override { return info_.kv_bytes_per_token; }
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  // The worker loaded the same checkpoint: its ranks have the MTP layer when rank 0 does
+  // (RankGroup asks rank 0); EnableMtp turns it on there.
+  bool has_mtp() const override { return true; }
+  absl::Status EnableMtp() override;
+  bool mtp_enabled() const override { return mtp_enabled_; }
   // A stand-in cache (no storage here; its bytes per token are the worker's); the worker
   // creates its caches with the same blocks.
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
@@ -116,6 +121,7 @@ class RemoteRanks final : public ModelRunner {
   ModelConfig whole_;
   WorkerInfo info_;
   std::map<const KvCache*, int64_t> remote_ids_;  // stand-in cache -> the worker's cache id
+  bool mtp_enabled_ = false;
 };
 
 // The RankGroup's handle on a worker's member (its "communicator"): Abort closes the channel

@@ -24,6 +24,7 @@ enum class StepCall : uint32_t {
   kSetKvDType = 2,    // KvCacheDType
   kForward = 3,       // cache id, batch, options
   kDestroyCache = 4,  // cache id
+  kEnableMtp = 5,     // no payload
 };
 
 // A decoded step: owns what the ForwardBatch views (token ids, hidden rows, block tables).

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/socket.h"
 #include "core/cpu/cpu_model.h"
+#include "core/cuda/runner.h"
 #include "core/model/checkpoint.h"
 #include "core/model/rank_group.h"
 #include "core/model/weight_shard.h"
@@ -63,14 +65,80 @@ TEST(GlmServerTensorParallelTest, MisuseIsRefusedAtStartUp) {
       absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --tensor_parallel=3"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("4 attention heads do not split evenly"), std::string::npos) << r.output;
+  // CUDA ranks need a CUDA build and as many GPUs (this test's machines have none).
+  if (!CudaDeviceAvailable()) {
+    r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
+                                         " --port=0 --metrics_port=-1 --tensor_parallel=2 "
+                                         "--device=cuda"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--device=cuda"), std::string::npos) << r.output;
+  }
+  // Several processes: evenly shared ranks, a leader address, CPU ranks.
   r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
-                                       " --port=0 --metrics_port=-1 --tensor_parallel=2 "
-                                       "--device=cuda"));
+                                       " --port=0 --metrics_port=-1 --tensor_parallel=2 --nodes=2"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--tensor_parallel > 1 runs CPU ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--leader_address"), std::string::npos) << r.output;
+  r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
+                                       " --port=0 --metrics_port=-1 --tensor_parallel=2 --nodes=4 "
+                                       "--leader_address=127.0.0.1:1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot be shared evenly"), std::string::npos) << r.output;
+  r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
+                                       " --port=0 --metrics_port=-1 --tensor_parallel=2 --nodes=2 "
+                                       "--node_rank=2 --leader_address=127.0.0.1:1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("node_rank"), std::string::npos) << r.output;
   r = testing::RunCommand(
       absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --tensor_parallel=-1"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// A free TCP port on the loopback interface (bound, read, released: a race with another
+// process taking it in between is possible but unlikely on a test machine).
+int FreePort() {
+  absl::StatusOr<Socket> s = Listen("127.0.0.1", 0);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? s->local_port() : 0;
+}
+
+TEST(GlmServerTensorParallelTest, ALeaderAndAWorkerProcessServeTheSingleRanksTokens) {
+  // Two glm-server processes, as two pods of a LeaderWorkerSet: the worker (node 1) holds rank
+  // 1, the leader rank 0 and the front ends. The tokens are one process's; a worker that dies
+  // takes the leader out of readiness with the reason.
+  std::string target;
+  auto one = testing::StartServerProcess({"--device=cpu"}, &target, /*default_model=*/true);
+  const std::vector<int32_t> want = GreedyFrom(target);
+  one->Signal(SIGTERM);
+  EXPECT_EQ(one->Wait(absl::Seconds(30)), 0);
+
+  const std::string leader = absl::StrCat("127.0.0.1:", FreePort());
+  const std::vector<std::string> group = {"--device=cpu", "--tensor_parallel=2", "--nodes=2",
+                                          "--threads=1", "--leader_address=" + leader,
+                                          "--group_token=test"};
+  std::vector<std::string> worker_argv = {GLM_SERVER_PATH};
+  worker_argv.insert(worker_argv.end(), group.begin(), group.end());
+  worker_argv.push_back("--node_rank=1");
+  testing::ChildProcess worker(worker_argv);
+  EXPECT_FALSE(worker.ReadUntil("joining the leader").empty()) << worker.output();
+  std::vector<std::string> leader_flags = group;
+  leader_flags.push_back("--node_rank=0");
+  auto server = testing::StartServerProcess(leader_flags, &target, /*default_model=*/true);
+  absl::StatusOr<v1::ModelInfo> info = testing::Connect(target)->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_NE(info->device().find("node 1"), std::string::npos) << info->device();
+  EXPECT_EQ(GreedyFrom(target), want);
+
+  worker.Signal(SIGKILL);
+  worker.Wait(absl::Seconds(10));
+  std::unique_ptr<Client> client = testing::Connect(target);
+  const absl::StatusOr<v1::Finished> failed = client->GenerateChunks(
+      testing::GreedyRequest({1, 2, 3}, 4), [](const v1::GenerateResponse&) {});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return *client->Health("") == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+  }));
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(absl::Seconds(30)), 0);
 }
 
 // A rank that runs normally until told to fail (as a rank whose device or memory died).
