@@ -292,9 +292,10 @@ class SocketCommunicator final : public Communicator {
     }
   }
 
+  // A peer's connection failure, named (Guard passes statuses that name a rank through).
   absl::Status PeerGone(int peer_rank, const absl::Status& s) {
-    return Poison(absl::UnavailableError(absl::StrCat(
-        "rank ", peer_rank, " (", PeerOf(peer_rank).socket.peer(), ") went away: ", s.message())));
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", peer_rank, " (", PeerOf(peer_rank).socket.peer(), ") went away: ", s.message()));
   }
 
   // Names the peer a transport error came from and poisons the group with it.
@@ -307,7 +308,7 @@ class SocketCommunicator final : public Communicator {
                        peer_rank, " at a collective")));
     }
     if (absl::IsUnavailable(s) && !absl::StartsWith(s.message(), "rank ")) {
-      return PeerGone(peer_rank, s);
+      return Poison(PeerGone(peer_rank, s));
     }
     return Poison(s);
   }
