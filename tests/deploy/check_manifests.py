@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks deploy/'s Kubernetes manifests: every YAML file parses; each overlay (cpu, gpu, and
+"""Checks deploy/'s Kubernetes manifests: every YAML file parses; each overlay (cpu, gpu, gpu-8,
+lws-cpu (checked by lws_checks.py), and
 each with the optional autoscaling component) renders, with this directory's own Kustomize
 renderer (deploylib.render) and, where kubectl is installed, with `kubectl kustomize`, whose
 output must equal ours; and the rendered objects agree with each other and with glm-server:
@@ -37,10 +38,12 @@ import tempfile
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploylib as dl  # noqa: E402
+import lws_checks  # noqa: E402
 import yaml  # noqa: E402
 
 KNOWN = {"Deployment", "Service", "PersistentVolumeClaim", "PodDisruptionBudget", "NetworkPolicy",
-         "ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler", "Job", "ConfigMap"}
+         "ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler", "Job", "ConfigMap",
+         "LeaderWorkerSet"}
 
 
 def project_version(root):
@@ -425,6 +428,8 @@ def main():
         cases = []
         # gpu-8: a tensor-parallel group of 8 GPUs in one pod, checked as a gpu overlay.
         cases.append(("overlays/gpu-8", os.path.join(deploy, "overlays", "gpu-8"), "gpu"))
+        # lws-cpu: one instance over several pods (a LeaderWorkerSet; lws_checks.py).
+        cases.append(("overlays/lws-cpu", os.path.join(deploy, "overlays", "lws-cpu"), "lws"))
         for variant in ("cpu", "gpu"):
             overlay = os.path.join(deploy, "overlays", variant)
             cases.append((f"overlays/{variant}", overlay, variant))
@@ -467,7 +472,11 @@ def main():
                 print(f"{name}: {len(theirs)} objects, identical to kubectl kustomize")
             else:
                 print(f"{name}: {len(ours)} objects")
-            check_render(f, name, theirs if theirs is not None else ours, root, variant)
+            rendered = theirs if theirs is not None else ours
+            if variant == "lws":
+                lws_checks.check_lws_render(f, name, rendered, root)
+            else:
+                check_render(f, name, rendered, root, variant)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     run_fetch_script(f, root)

@@ -269,28 +269,43 @@ def _matches(res, target):
     return all(target[k] == checks[k] for k in checks if k in target)
 
 
+def pod_specs(node):
+    """Every pod spec inside an object (a Deployment's template, a Job's, a LeaderWorkerSet's
+    leader and worker templates): kustomize's image transformer finds containers anywhere."""
+    if isinstance(node, dict):
+        if isinstance(node.get("containers"), list):
+            yield node
+        for v in node.values():
+            yield from pod_specs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from pod_specs(v)
+
+
 def _set_images(resources, images):
     for res in resources:
-        spec = res.get("spec", {}).get("template", {}).get("spec")
-        if not spec:
-            continue
-        for c in spec.get("containers", []) + spec.get("initContainers", []):
-            image = c.get("image", "")
-            name, tag = image, None
-            if "@" in name:
-                name = name.split("@")[0]
-            elif ":" in name.rsplit("/", 1)[-1]:
-                name, tag = name.rsplit(":", 1)
-            for im in images:
-                if im["name"] == name:
-                    new = im.get("newName", name)
-                    if "digest" in im:
-                        new += "@" + im["digest"]
-                    elif "newTag" in im:
-                        new += ":" + str(im["newTag"])
-                    elif tag:
-                        new += ":" + tag
-                    c["image"] = new
+        for spec in list(pod_specs(res)):
+            _set_pod_images(spec, images)
+
+
+def _set_pod_images(spec, images):
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        image = c.get("image", "")
+        name, tag = image, None
+        if "@" in name:
+            name = name.split("@")[0]
+        elif ":" in name.rsplit("/", 1)[-1]:
+            name, tag = name.rsplit(":", 1)
+        for im in images:
+            if im["name"] == name:
+                new = im.get("newName", name)
+                if "digest" in im:
+                    new += "@" + im["digest"]
+                elif "newTag" in im:
+                    new += ":" + str(im["newTag"])
+                elif tag:
+                    new += ":" + tag
+                c["image"] = new
 
 
 def _apply_patches(resources, patches, directory):
@@ -313,8 +328,11 @@ def _apply_patches(resources, patches, directory):
         else:  # strategic merge, target from the patch itself unless given
             target = p.get("target") or {"kind": body["kind"], "name": body["metadata"]["name"]}
             hits = [i for i, r in enumerate(resources) if _matches(r, target)]
-            for i in hits:
-                resources[i] = strategic_merge(resources[i], body)
+            if body.get("$patch") == "delete":  # the whole object goes
+                resources[:] = [r for i, r in enumerate(resources) if i not in hits]
+            else:
+                for i in hits:
+                    resources[i] = strategic_merge(resources[i], body)
         if not hits:
             raise ValueError(f"{directory}: patch {p.get('path', target)} matches no resource")
 
