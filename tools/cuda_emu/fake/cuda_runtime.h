@@ -13,8 +13,11 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureWrongThread = 908,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
 };

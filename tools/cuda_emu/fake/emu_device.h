@@ -6,11 +6,13 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+// Per thread: ranks of a tensor-parallel group run kernels concurrently on their own threads,
+// and a block's fibers all run on the thread that launched it.
+#define __shared__ static thread_local
 struct EmuDim {
   unsigned x, y, z;
 };
-extern EmuDim threadIdx, blockIdx, blockDim, gridDim;
+extern thread_local EmuDim threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
