@@ -13,15 +13,18 @@
 //
 // Pointers are device pointers on the communicator's device; every collective is enqueued on
 // its stream and returns without waiting. health() asks NCCL for asynchronous errors; Abort
-// aborts the NCCL communicator (pending collectives of every rank fail; the group is dead).
+// aborts the NCCL communicator, from any thread (pending collectives of every rank fail; the
+// group is dead).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/model/communicator.h"
 
 namespace glmserve::cuda {
@@ -33,7 +36,7 @@ struct NcclGroupId {
 };
 
 // FAILED_PRECONDITION when NCCL cannot be loaded (naming the library) or this build has no
-// nccl.h.
+// nccl.h (core/cuda/nccl_api.h).
 absl::Status LoadNccl();
 absl::StatusOr<NcclGroupId> NcclNewGroupId();
 // NCCL's version as "2.27.3", or the reason it cannot be loaded.
@@ -44,5 +47,11 @@ std::string NcclVersion();
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId& id,
                                                                      int rank, int size, int device,
                                                                      cudaStream_t stream);
+
+// One process driving several GPUs: a group of devices.size() ranks, rank r on devices[r]
+// (ncclCommInitAll, from this one thread), each meant for its own thread afterwards. Their
+// streams are the legacy stream until SetStream gives each its own.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
+    absl::Span<const int> devices);
 
 }  // namespace glmserve::cuda

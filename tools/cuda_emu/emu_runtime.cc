@@ -25,7 +25,7 @@
 #include "emu_device.h"
 #include "emu_internal.h"
 
-thread_local EmuDim threadIdx, blockIdx, blockDim, gridDim;
+__thread EmuDim threadIdx, blockIdx, blockDim, gridDim;
 
 namespace {
 

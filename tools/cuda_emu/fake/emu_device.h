@@ -12,7 +12,9 @@
 struct EmuDim {
   unsigned x, y, z;
 };
-extern thread_local EmuDim threadIdx, blockIdx, blockDim, gridDim;
+// Per thread (__thread, not thread_local: a plain TLS load at every use in a kernel, with no
+// dynamic-initialisation check).
+extern __thread EmuDim threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
