@@ -41,8 +41,8 @@ class NcclCommunicator final : public Communicator {
     if (absl::Status s = health(); !s.ok()) return s;
     if (size_ == 1 || count == 0) return absl::OkStatus();
     if (absl::Status s = Reserve(count * size_); !s.ok()) return s;
-    absl::Status s = NcclError(Nccl().all_gather(data, scratch_, count, ncclFloat32, comm_, stream_),
-                               "ncclAllGather");
+    absl::Status s = NcclError(
+        Nccl().all_gather(data, scratch_, count, ncclFloat32, comm_, stream_), "ncclAllGather");
     if (s.ok()) {
       s = CudaError(LaunchRankOrderSum(scratch_, size_, count, data, stream_),
                     "the rank-order sum");
@@ -58,8 +58,8 @@ class NcclCommunicator final : public Communicator {
     absl::Status s = NcclError(Nccl().group_start(), "ncclGroupStart");
     int64_t at = 0;
     for (int r = 0; r < size_ && s.ok(); ++r) {
-      s = NcclError(Nccl().broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32, r,
-                                  comm_, stream_),
+      s = NcclError(Nccl().broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32,
+                                     r, comm_, stream_),
                     "ncclBroadcast");
       at += counts[r];
     }
@@ -194,8 +194,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
   if (devices.empty()) return absl::InvalidArgumentError("an NCCL group of no devices");
   const int n = static_cast<int>(devices.size());
   std::vector<ncclComm_t> comms(n, nullptr);
-  if (absl::Status s = NcclError(Nccl().comm_init_all(comms.data(), n, devices.data()),
-                                 "ncclCommInitAll");
+  if (absl::Status s =
+          NcclError(Nccl().comm_init_all(comms.data(), n, devices.data()), "ncclCommInitAll");
       !s.ok()) {
     return s;
   }

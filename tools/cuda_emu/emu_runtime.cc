@@ -147,8 +147,8 @@ struct StreamState {
   std::thread::id capturer;
   std::vector<Op> ops;
 };
-std::mutex g_mu;  // guards g_streams, every stream's capture state and ops, g_func_smem
-StreamState g_null_stream;        // never captures (cudaStreamBeginCapture refuses it)
+std::mutex g_mu;            // guards g_streams, every stream's capture state and ops, g_func_smem
+StreamState g_null_stream;  // never captures (cudaStreamBeginCapture refuses it)
 std::atomic<int> g_capturing{0};  // streams capturing now: 0 skips the lock
 std::vector<StreamState*> g_streams;
 
@@ -256,7 +256,7 @@ struct StackPool {
 };
 thread_local StackPool g_stack_pool;
 thread_local std::mt19937 g_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED"))
-                                                         : 12345);
+                                                        : 12345);
 
 void FiberEntry() {
   (*g_block.body)();
@@ -402,8 +402,8 @@ void RunKernel(const void* func, const LaunchConfig& cfg, std::function<void()> 
   if (cfg.stream != nullptr && S(cfg.stream)->device != g_device) {
     // CUDA: a stream belongs to the device it was created on; launching into it from another
     // device is an invalid handle (a rank thread that did not call cudaSetDevice).
-    std::fprintf(stderr, "EMU: kernel launched on device %d into a stream of device %d\n",
-                 g_device, S(cfg.stream)->device);
+    std::fprintf(stderr, "EMU: kernel launched on device %d into a stream of device %d\n", g_device,
+                 S(cfg.stream)->device);
     Fail(cudaErrorInvalidResourceHandle);
     return;
   }

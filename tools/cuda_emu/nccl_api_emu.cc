@@ -6,11 +6,11 @@ namespace glmserve::cuda {
 absl::Status LoadNccl() { return absl::OkStatus(); }
 
 const NcclApi& Nccl() {
-  static const NcclApi api{ncclGetVersion,      ncclGetUniqueId,   ncclCommInitRank,
-                           ncclCommInitAll,     ncclCommDestroy,   ncclCommAbort,
+  static const NcclApi api{ncclGetVersion,        ncclGetUniqueId,    ncclCommInitRank,
+                           ncclCommInitAll,       ncclCommDestroy,    ncclCommAbort,
                            ncclCommGetAsyncError, ncclGetErrorString, ncclAllGather,
-                           ncclBroadcast,       ncclSend,          ncclRecv,
-                           ncclGroupStart,      ncclGroupEnd};
+                           ncclBroadcast,         ncclSend,           ncclRecv,
+                           ncclGroupStart,        ncclGroupEnd};
   return api;
 }
 

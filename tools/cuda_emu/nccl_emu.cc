@@ -104,8 +104,8 @@ std::string Describe(const Item& it) {
     case Kind::kAllGather:
       return Str("ncclAllGather(count %zu, type %d)", it.count, static_cast<int>(it.type));
     case Kind::kBroadcast:
-      return Str("ncclBroadcast(count %zu, type %d, root %d)", it.count,
-                 static_cast<int>(it.type), it.peer);
+      return Str("ncclBroadcast(count %zu, type %d, root %d)", it.count, static_cast<int>(it.type),
+                 it.peer);
     case Kind::kSend:
       return Str("ncclSend(count %zu, type %d, to %d)", it.count, static_cast<int>(it.type),
                  it.peer);
@@ -200,8 +200,8 @@ CommPtr Find(ncclComm_t comm, const char* fn) {
   std::lock_guard lock(g_mu);
   auto it = g_comms.find(comm);
   if (it != g_comms.end()) return it->second;
-  std::fprintf(stderr, "EMU NCCL: %s: %p is not a live communicator (destroyed or aborted?)\n",
-               fn, static_cast<void*>(comm));
+  std::fprintf(stderr, "EMU NCCL: %s: %p is not a live communicator (destroyed or aborted?)\n", fn,
+               static_cast<void*>(comm));
   return nullptr;
 }
 
@@ -222,8 +222,7 @@ bool Wait(Group& g, std::unique_lock<std::mutex>& lk, const std::function<bool()
       Break(g, ncclRemoteError, what() + ": " + who + " destroyed its communicator");
       return false;
     }
-    if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && !ready() &&
-        g.broken.empty()) {
+    if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && !ready() && g.broken.empty()) {
       Break(g, ncclRemoteError,
             what() + Str(": timed out after %g s (EMU_NCCL_TIMEOUT_S)", TimeoutSeconds()));
       return false;
@@ -364,8 +363,8 @@ ncclResult_t RunBatch(const CommPtr& comm, const std::vector<Item>& items) {
     std::lock_guard lock(g.mu);
     if (c.gone) {
       Break(g, ncclInvalidUsage,
-            Str("rank %d's communicator was destroyed, then its %s ran (a graph replayed?)",
-                c.rank, Describe(items).c_str()));
+            Str("rank %d's communicator was destroyed, then its %s ran (a graph replayed?)", c.rank,
+                Describe(items).c_str()));
     }
     if (!g.broken.empty()) {
       result = g.broken_code;
@@ -410,10 +409,8 @@ ncclResult_t RunBatch(const CommPtr& comm, const std::vector<Item>& items) {
 // call's; recorded, the call succeeds and a failure at replay is the asynchronous error.
 ncclResult_t Submit(const CommPtr& comm, cudaStream_t stream, std::vector<Item> items) {
   auto ran = std::make_shared<std::atomic<int>>(-1);
-  const cudaError_t e =
-      emu::EnqueueHostOp(stream, [comm, items = std::move(items), ran] {
-        ran->store(RunBatch(comm, items));
-      });
+  const cudaError_t e = emu::EnqueueHostOp(
+      stream, [comm, items = std::move(items), ran] { ran->store(RunBatch(comm, items)); });
   if (e != cudaSuccess) {
     std::fprintf(stderr, "EMU NCCL: rank %d: enqueueing on its stream failed (cudaError %d)\n",
                  comm->rank, static_cast<int>(e));
@@ -584,9 +581,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
     for (const CommPtr& c : joining->comms) g_comms[c.get()] = c;
     joining->complete = true;
     g_join_cv.notify_all();
-  } else if (!g_join_cv.wait_until(lk, Deadline(), [&] {
-               return joining->complete || !joining->failed.empty();
-             })) {
+  } else if (!g_join_cv.wait_until(lk, Deadline(),
+                                   [&] { return joining->complete || !joining->failed.empty(); })) {
     joining->failed = Str("only %d of %d ranks joined within %g s (EMU_NCCL_TIMEOUT_S)",
                           joining->joined, nranks, TimeoutSeconds());
     if (auto it = g_joining.find(key); it != g_joining.end() && it->second == joining) {

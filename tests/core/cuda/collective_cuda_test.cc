@@ -235,7 +235,8 @@ TEST(CollectiveCudaTest, NcclGroupOfThreadsMatchesTheCpuGroupBitForBit) {
       ASSERT_TRUE(comm.AllGather(in.as<float>(), counts, out.as<float>()).ok());
       DeviceBuffer at_root = Poisoned<float>(blocks.size());
       ASSERT_TRUE(
-          comm.Gather(in.as<float>(), counts, r == root ? at_root.as<float>() : nullptr, root).ok());
+          comm.Gather(in.as<float>(), counts, r == root ? at_root.as<float>() : nullptr, root)
+              .ok());
       ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
       sums[r] = Download<float>(d, count);
       gathered[r] = Download<float>(out, blocks.size());
@@ -288,7 +289,8 @@ TEST(CollectiveCudaTest, NcclCollectivesCapturedIntoGraphsRunAtEachReplay) {
     EXPECT_TRUE((*comm)->AllReduceSum(d.as<float>(), count).ok());
     EXPECT_TRUE((*comm)->AllGather(in.as<float>(), counts, out.as<float>()).ok());
     EXPECT_TRUE(
-        (*comm)->Gather(in.as<float>(), counts, r == root ? at_root.as<float>() : nullptr, root)
+        (*comm)
+            ->Gather(in.as<float>(), counts, r == root ? at_root.as<float>() : nullptr, root)
             .ok());
     cudaGraph_t captured = nullptr;
     ASSERT_EQ(cudaStreamEndCapture(stream.get(), &captured), cudaSuccess);
@@ -362,9 +364,9 @@ TEST(CollectiveCudaTest, TwoDevicesRunKernelsAndCopiesConcurrently) {
     DeviceBuffer d_out = Poisoned<float>(count);
     DeviceBuffer d_copy = Poisoned<float>(count);
     for (int k = 0; k < rounds; ++k) {
-      ASSERT_EQ(LaunchRankOrderSum(d_parts.as<float>(), ranks, count, d_out.as<float>(),
-                                   stream.get()),
-                cudaSuccess);
+      ASSERT_EQ(
+          LaunchRankOrderSum(d_parts.as<float>(), ranks, count, d_out.as<float>(), stream.get()),
+          cudaSuccess);
       ASSERT_EQ(LaunchAdd(d_out.as<float>(), d_delta.as<float>(), count, stream.get()),
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpyAsync(d_copy.get(), d_out.get(), count * sizeof(float),
