@@ -2,68 +2,20 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/kernels.h"
-#include "core/cuda/shared_library.h"
-
-#if __has_include(<nccl.h>)
-#include <nccl.h>
-#define GLM_HAVE_NCCL_H 1
-#endif
+#include "core/cuda/nccl_api.h"
 
 namespace glmserve::cuda {
 
 #if GLM_HAVE_NCCL_H
 namespace {
 
-struct NcclApi {
-  decltype(&ncclGetVersion) get_version;
-  decltype(&ncclGetUniqueId) get_unique_id;
-  decltype(&ncclCommInitRank) comm_init_rank;
-  decltype(&ncclCommDestroy) comm_destroy;
-  decltype(&ncclCommAbort) comm_abort;
-  decltype(&ncclCommGetAsyncError) comm_get_async_error;
-  decltype(&ncclGetErrorString) error_string;
-  decltype(&ncclAllGather) all_gather;
-  decltype(&ncclBroadcast) broadcast;
-  decltype(&ncclSend) send;
-  decltype(&ncclRecv) recv;
-  decltype(&ncclGroupStart) group_start;
-  decltype(&ncclGroupEnd) group_end;
-};
-
-NcclApi api;
-absl::Status load_status = absl::UnknownError("not loaded");
-std::once_flag once;
-
-void Load() {
-  const std::string soname = absl::StrCat("libnccl.so.", NCCL_MAJOR);
-  absl::StatusOr<void*> opened = OpenCudaLibrary(soname, GLM_CUDA_LIBRARY_DIR, "NCCL");
-  if (!opened.ok()) {
-    load_status = opened.status();
-    return;
-  }
-  void* l = *opened;
-  const bool ok =
-      Resolve(l, "ncclGetVersion", &api.get_version) &&
-      Resolve(l, "ncclGetUniqueId", &api.get_unique_id) &&
-      Resolve(l, "ncclCommInitRank", &api.comm_init_rank) &&
-      Resolve(l, "ncclCommDestroy", &api.comm_destroy) &&
-      Resolve(l, "ncclCommAbort", &api.comm_abort) &&
-      Resolve(l, "ncclCommGetAsyncError", &api.comm_get_async_error) &&
-      Resolve(l, "ncclGetErrorString", &api.error_string) &&
-      Resolve(l, "ncclAllGather", &api.all_gather) && Resolve(l, "ncclBroadcast", &api.broadcast) &&
-      Resolve(l, "ncclSend", &api.send) && Resolve(l, "ncclRecv", &api.recv) &&
-      Resolve(l, "ncclGroupStart", &api.group_start) && Resolve(l, "ncclGroupEnd", &api.group_end);
-  load_status = ok ? absl::OkStatus()
-                   : absl::FailedPreconditionError(
-                         absl::StrCat(soname, " lacks a function this build needs"));
-}
-
 absl::Status NcclError(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(what, ": ", api.error_string(r)));
+  return absl::UnavailableError(absl::StrCat(what, ": ", Nccl().error_string(r)));
 }
 
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -76,24 +28,24 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device, cudaStream_t stream)
       : comm_(comm), rank_(rank), size_(size), device_(device), stream_(stream) {}
   ~NcclCommunicator() override {
-    if (failure_.ok()) {
-      api.comm_destroy(comm_);
-    } else {
-      api.comm_abort(comm_);
-    }
+    // An aborted communicator is gone already (ncclCommAbort frees it).
+    if (!aborted_) Nccl().comm_destroy(comm_);
     if (scratch_ != nullptr) cudaFree(scratch_);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void SetStream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  // The gathered partials' scratch for sums of up to max_count, allocated now (not during a
+  // CUDA graph's capture, which forbids it).
+  absl::Status Prepare(int64_t max_count) override { return Reserve(max_count * size_); }
 
   absl::Status AllReduceSum(float* data, int64_t count) override {
     if (absl::Status s = health(); !s.ok()) return s;
     if (size_ == 1 || count == 0) return absl::OkStatus();
     if (absl::Status s = Reserve(count * size_); !s.ok()) return s;
-    absl::Status s = NcclError(api.all_gather(data, scratch_, count, ncclFloat32, comm_, stream_),
-                               "ncclAllGather");
+    absl::Status s = NcclError(
+        Nccl().all_gather(data, scratch_, count, ncclFloat32, comm_, stream_), "ncclAllGather");
     if (s.ok()) {
       s = CudaError(LaunchRankOrderSum(scratch_, size_, count, data, stream_),
                     "the rank-order sum");
@@ -106,15 +58,15 @@ class NcclCommunicator final : public Communicator {
     if (static_cast<int>(counts.size()) != size_) {
       return absl::InvalidArgumentError("AllGather needs one count per rank");
     }
-    absl::Status s = NcclError(api.group_start(), "ncclGroupStart");
+    absl::Status s = NcclError(Nccl().group_start(), "ncclGroupStart");
     int64_t at = 0;
     for (int r = 0; r < size_ && s.ok(); ++r) {
-      s = NcclError(api.broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32, r,
-                                  comm_, stream_),
+      s = NcclError(Nccl().broadcast(r == rank_ ? in : out + at, out + at, counts[r], ncclFloat32,
+                                     r, comm_, stream_),
                     "ncclBroadcast");
       at += counts[r];
     }
-    const absl::Status end = NcclError(api.group_end(), "ncclGroupEnd");
+    const absl::Status end = NcclError(Nccl().group_end(), "ncclGroupEnd");
     return Fail(s.ok() ? end : s);
   }
 
@@ -126,13 +78,13 @@ class NcclCommunicator final : public Communicator {
     }
     // Point to point inside one group call: every other rank sends its block to the root,
     // which receives each at its offset and copies its own.
-    absl::Status s = NcclError(api.group_start(), "ncclGroupStart");
+    absl::Status s = NcclError(Nccl().group_start(), "ncclGroupStart");
     int64_t at = 0;
     for (int r = 0; r < size_ && s.ok(); ++r) {
       if (rank_ == root && r != root && counts[r] > 0) {
-        s = NcclError(api.recv(out + at, counts[r], ncclFloat32, r, comm_, stream_), "ncclRecv");
+        s = NcclError(Nccl().recv(out + at, counts[r], ncclFloat32, r, comm_, stream_), "ncclRecv");
       } else if (rank_ == r && r != root && counts[r] > 0) {
-        s = NcclError(api.send(in, counts[r], ncclFloat32, root, comm_, stream_), "ncclSend");
+        s = NcclError(Nccl().send(in, counts[r], ncclFloat32, root, comm_, stream_), "ncclSend");
       } else if (rank_ == root && r == root && counts[r] > 0) {
         s = CudaError(cudaMemcpyAsync(out + at, in, counts[r] * sizeof(float),
                                       cudaMemcpyDeviceToDevice, stream_),
@@ -140,13 +92,21 @@ class NcclCommunicator final : public Communicator {
       }
       at += counts[r];
     }
-    const absl::Status end = NcclError(api.group_end(), "ncclGroupEnd");
+    const absl::Status end = NcclError(Nccl().group_end(), "ncclGroupEnd");
     return Fail(s.ok() ? end : s);
   }
 
+  // Also from another thread while this rank waits in a collective: ncclCommAbort is what
+  // releases it (its pending operations fail), and the other ranks' with it. Once: the
+  // handle is freed by the first.
   void Abort(const absl::Status& why) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failure_.ok()) failure_ = why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure_.ok()) failure_ = why;
+      if (aborted_) return;
+      aborted_ = true;
+    }
+    Nccl().comm_abort(comm_);
   }
 
   absl::Status health() const override {
@@ -155,8 +115,9 @@ class NcclCommunicator final : public Communicator {
       return absl::UnavailableError(
           absl::StrCat("the tensor-parallel group failed: ", failure_.ToString()));
     }
+    // Not aborted (failure_ would be set): the handle is live.
     ncclResult_t async = ncclSuccess;
-    if (api.comm_get_async_error(comm_, &async) == ncclSuccess && async != ncclSuccess) {
+    if (Nccl().comm_get_async_error(comm_, &async) == ncclSuccess && async != ncclSuccess) {
       return NcclError(async, "NCCL (asynchronous)");
     }
     return absl::OkStatus();
@@ -188,20 +149,16 @@ class NcclCommunicator final : public Communicator {
   int64_t scratch_floats_ = 0;
   mutable std::mutex mu_;
   absl::Status failure_;  // guarded by mu_
+  bool aborted_ = false;  // guarded by mu_: comm_ was aborted (and freed)
 };
 
 }  // namespace
-
-absl::Status LoadNccl() {
-  std::call_once(once, Load);
-  return load_status;
-}
 
 absl::StatusOr<NcclGroupId> NcclNewGroupId() {
   if (absl::Status s = LoadNccl(); !s.ok()) return s;
   static_assert(sizeof(ncclUniqueId) == sizeof(NcclGroupId));
   ncclUniqueId id;
-  if (absl::Status s = NcclError(api.get_unique_id(&id), "ncclGetUniqueId"); !s.ok()) return s;
+  if (absl::Status s = NcclError(Nccl().get_unique_id(&id), "ncclGetUniqueId"); !s.ok()) return s;
   NcclGroupId out;
   std::memcpy(out.bytes, id.internal, sizeof(out.bytes));
   return out;
@@ -210,7 +167,7 @@ absl::StatusOr<NcclGroupId> NcclNewGroupId() {
 std::string NcclVersion() {
   if (absl::Status s = LoadNccl(); !s.ok()) return std::string(s.message());
   int v = 0;
-  if (api.get_version(&v) != ncclSuccess) return "unknown";
+  if (Nccl().get_version(&v) != ncclSuccess) return "unknown";
   // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z since 2.9.
   return absl::StrCat(v / 10000, ".", v / 100 % 100, ".", v % 100);
 }
@@ -226,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclG
   ncclUniqueId nid;
   std::memcpy(nid.internal, id.bytes, sizeof(id.bytes));
   ncclComm_t comm = nullptr;
-  if (absl::Status s = NcclError(api.comm_init_rank(&comm, size, nid, rank), "ncclCommInitRank");
+  if (absl::Status s = NcclError(Nccl().comm_init_rank(&comm, size, nid, rank), "ncclCommInitRank");
       !s.ok()) {
     return s;
   }
@@ -234,15 +191,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclG
       std::make_unique<NcclCommunicator>(comm, rank, size, device, stream));
 }
 
-#else  // a CUDA toolkit without nccl.h
-
-absl::Status LoadNccl() {
-  return absl::FailedPreconditionError("this build has no NCCL (nccl.h was not found)");
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
+    absl::Span<const int> devices) {
+  if (absl::Status s = LoadNccl(); !s.ok()) return s;
+  if (devices.empty()) return absl::InvalidArgumentError("an NCCL group of no devices");
+  const int n = static_cast<int>(devices.size());
+  std::vector<ncclComm_t> comms(n, nullptr);
+  if (absl::Status s =
+          NcclError(Nccl().comm_init_all(comms.data(), n, devices.data()), "ncclCommInitAll");
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::unique_ptr<Communicator>> group;
+  for (int r = 0; r < n; ++r) {
+    group.push_back(std::make_unique<NcclCommunicator>(comms[r], r, n, devices[r], nullptr));
+  }
+  return group;
 }
+
+#else  // a CUDA toolkit without nccl.h: LoadNccl says so
+
 absl::StatusOr<NcclGroupId> NcclNewGroupId() { return LoadNccl(); }
 std::string NcclVersion() { return std::string(LoadNccl().message()); }
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclGroupId&, int, int,
                                                                      int, cudaStream_t) {
+  return LoadNccl();
+}
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(absl::Span<const int>) {
   return LoadNccl();
 }
 

@@ -13,7 +13,8 @@
 //
 // Pointers are device pointers on the communicator's device; every collective is enqueued on
 // its stream and returns without waiting. health() asks NCCL for asynchronous errors; Abort
-// aborts the NCCL communicator (pending collectives of every rank fail; the group is dead).
+// aborts the NCCL communicator, from any thread (pending collectives of every rank fail; the
+// group is dead).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/model/communicator.h"
 
 namespace glmserve::cuda {
@@ -34,7 +36,7 @@ struct NcclGroupId {
 };
 
 // FAILED_PRECONDITION when NCCL cannot be loaded (naming the library) or this build has no
-// nccl.h.
+// nccl.h (core/cuda/nccl_api.h).
 absl::Status LoadNccl();
 absl::StatusOr<NcclGroupId> NcclNewGroupId();
 // NCCL's version as "2.27.3", or the reason it cannot be loaded.
@@ -46,8 +48,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclG
                                                                      int rank, int size, int device,
                                                                      cudaStream_t stream);
 
-// One communicator per device of `devices` (rank r on devices[r]), made together from one
-// thread (ncclCommInitAll): a process driving several GPUs. Streams unset until SetStream.
+// One process driving several GPUs: a group of devices.size() ranks, rank r on devices[r]
+// (ncclCommInitAll, from this one thread), each meant for its own thread afterwards. Their
+// streams are the legacy stream until SetStream gives each its own.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclGroup(
     absl::Span<const int> devices);
 

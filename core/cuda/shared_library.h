@@ -1,6 +1,7 @@
 // The CUDA toolkit's shared libraries opened at run time (cublas_api.h says why cuBLAS and
 // cuBLASLt are dlopen'ed): one search order and one error form for both. Used only by the
-// real loaders (cublas_api.cc, cublaslt_api.cc); the emulation links fakes instead.
+// real loaders (cublas_api.cc, cublaslt_api.cc, nccl_api.cc); the emulation links fakes
+// instead.
 #pragma once
 
 #include <dlfcn.h>

@@ -1,19 +1,31 @@
 // Fake CUDA runtime and cuBLAS for tools/cuda_emu: kernels run on the CPU, every block as
 // cooperative fibers (see README.md). Verification only; never linked into the product.
+//
+// Threads: the ranks of a tensor-parallel group run as threads of one process, each on its
+// own device, stream and kernels, so this runtime is thread-safe. What a CUDA thread owns is
+// thread_local here (the current device, the last error, the running block's fibers and the
+// scheduling RNG); what the process shares (allocations, streams and their capture state,
+// function attributes) is behind a mutex that is never held while an operation runs: an
+// operation may block (an emulated NCCL collective waits for the other ranks).
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <shared_mutex>
+#include <thread>
 #include <vector>
 
 #include "cublas_v2.h"
 #include "emu_device.h"
+#include "emu_internal.h"
 
-EmuDim threadIdx, blockIdx, blockDim, gridDim;
+__thread EmuDim threadIdx, blockIdx, blockDim, gridDim;
 
 namespace {
 
@@ -23,7 +35,18 @@ namespace {
   std::abort();
 }
 
-cudaError_t g_last_error = cudaSuccess;
+thread_local cudaError_t g_last_error = cudaSuccess;  // CUDA's last error is per thread
+
+// EMU_DEVICES devices (default 8), or none with EMU_NO_DEVICE.
+int Devices() {
+  static const int n = [] {
+    if (std::getenv("EMU_NO_DEVICE")) return 0;
+    const char* env = std::getenv("EMU_DEVICES");
+    return env != nullptr ? std::max(0, std::atoi(env)) : 8;
+  }();
+  return n;
+}
+thread_local int g_device = 0;  // cudaSetDevice's, per thread as in CUDA
 cudaError_t Fail(cudaError_t e) {
   g_last_error = e;
   return e;
@@ -36,12 +59,15 @@ struct Alloc {
   size_t map_size;
   size_t size;
   size_t padded;
+  int device;  // -1: pinned host memory
 };
-std::map<char*, Alloc> g_allocs;  // user start -> allocation
+// Read (range checks, canary sweeps) far more often than changed: a shared mutex.
+std::shared_mutex g_alloc_mu;
+std::map<char*, Alloc> g_allocs;  // user start -> allocation; guarded by g_alloc_mu
 
 size_t RoundUp(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
-void* Allocate(size_t size) {
+void* Allocate(size_t size, int device) {
   const size_t padded = RoundUp(std::max<size_t>(size, 1), 256);
   const size_t body = RoundUp(padded, kPage);
   const size_t map_size = kPage + body + kPage;
@@ -53,11 +79,13 @@ void* Allocate(size_t size) {
   char* user = map + kPage + body - padded;  // ends at the back guard page (256-aligned)
   std::memset(map + kPage, 0xa5, body);      // canary before
   std::memset(user, 0xff, size);             // uninitialised device memory reads as NaN
-  g_allocs[user] = {map, map_size, size, padded};
+  std::unique_lock lock(g_alloc_mu);
+  g_allocs[user] = {map, map_size, size, padded, device};
   return user;
 }
 
 void CheckCanaries() {
+  std::shared_lock lock(g_alloc_mu);
   for (const auto& [user, a] : g_allocs) {
     for (size_t i = a.size; i < a.padded; ++i) {
       if (static_cast<unsigned char>(user[i]) != 0xa5) {
@@ -71,20 +99,30 @@ void CheckCanaries() {
 
 void Release(void* p) {
   if (p == nullptr) return;
-  auto it = g_allocs.find(static_cast<char*>(p));
-  if (it == g_allocs.end()) Die("free of an unknown pointer");
   CheckCanaries();
-  munmap(it->second.map, it->second.map_size);
-  g_allocs.erase(it);
+  Alloc a;
+  {
+    std::unique_lock lock(g_alloc_mu);
+    auto it = g_allocs.find(static_cast<char*>(p));
+    if (it == g_allocs.end()) Die("free of an unknown pointer");
+    a = it->second;
+    g_allocs.erase(it);
+  }
+  // Unmapped once out of the map, so that no other thread's canary sweep reads it.
+  munmap(a.map, a.map_size);
 }
 
-// True when [p, p + n) lies inside one allocation (device or pinned).
-bool Inside(const void* p, size_t n) {
+// The allocation holding [p, p + n) (device or pinned), or null. Needs g_alloc_mu.
+const Alloc* Holding(const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   auto it = g_allocs.upper_bound(const_cast<char*>(c));
-  if (it == g_allocs.begin()) return false;
+  if (it == g_allocs.begin()) return nullptr;
   --it;
-  return c >= it->first && c + n <= it->first + it->second.size;
+  return c >= it->first && c + n <= it->first + it->second.size ? &it->second : nullptr;
+}
+bool Inside(const void* p, size_t n) {
+  std::shared_lock lock(g_alloc_mu);
+  return Holding(p, n) != nullptr;
 }
 void CheckDevice(const void* p, size_t n, const char* what) {
   if (n > 0 && !Inside(p, n)) {
@@ -94,36 +132,71 @@ void CheckDevice(const void* p, size_t n, const char* what) {
 }
 
 // ---- streams, capture, graphs ---------------------------------------------------------
+// A capture belongs to its stream: whatever thread enqueues on a capturing stream records
+// into it. Which synchronous calls a capture forbids depends, as in CUDA, on its mode and
+// on the thread that began it: Global forbids them on every thread, ThreadLocal on that
+// thread only, Relaxed on none; and the legacy stream, which synchronises with the blocking
+// streams of its device, cannot be used while one of them captures.
 using Op = std::function<void()>;
 struct StreamState {
+  int device = -1;  // -1: the legacy stream, which is every device's
+  bool blocking = true;
   bool capturing = false;
   bool invalidated = false;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id capturer;
   std::vector<Op> ops;
 };
-StreamState g_null_stream;
-int g_capturing = 0;
+std::mutex g_mu;            // guards g_streams, every stream's capture state and ops, g_func_smem
+StreamState g_null_stream;  // never captures (cudaStreamBeginCapture refuses it)
+std::atomic<int> g_capturing{0};  // streams capturing now: 0 skips the lock
 std::vector<StreamState*> g_streams;
 
 StreamState* S(cudaStream_t s) {
   return s == nullptr ? &g_null_stream : reinterpret_cast<StreamState*>(s);
 }
-cudaError_t Unsafe() {  // a synchronous call while some stream captures
-  if (g_capturing > 0) {
-    for (StreamState* s : g_streams) {
-      if (s->capturing) s->invalidated = true;
+// Needs g_mu. Whether a capture forbids a synchronous call (or, with `legacy`, a use of the
+// legacy stream) on this thread; the captures that forbid it are invalidated, as in CUDA.
+bool Forbidden(bool legacy) {
+  const std::thread::id me = std::this_thread::get_id();
+  bool forbidden = false;
+  for (StreamState* s : g_streams) {
+    if (!s->capturing) continue;
+    const bool mine = s->capturer == me;
+    if ((mine && s->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && s->mode == cudaStreamCaptureModeGlobal) ||
+        (legacy && s->blocking && s->device == g_device)) {
+      s->invalidated = true;
+      forbidden = true;
     }
-    std::fprintf(stderr, "EMU: synchronous CUDA call during stream capture\n");
-    return Fail(cudaErrorStreamCaptureUnsupported);
   }
-  return cudaSuccess;
+  return forbidden;
 }
-cudaError_t Enqueue(cudaStream_t stream, Op op) {
-  StreamState* s = S(stream);
-  if (s->capturing) {
-    s->ops.push_back(std::move(op));
-    return cudaSuccess;
+cudaError_t Unsafe(bool legacy = false) {  // a synchronous call while some stream captures
+  if (g_capturing.load() == 0) return cudaSuccess;
+  {
+    std::lock_guard lock(g_mu);
+    if (!Forbidden(legacy)) return cudaSuccess;
   }
-  if (stream == nullptr && g_capturing > 0) return Unsafe();  // legacy stream during capture
+  std::fprintf(stderr, "EMU: %s during stream capture\n",
+               legacy ? "use of the legacy stream" : "synchronous CUDA call");
+  return Fail(cudaErrorStreamCaptureUnsupported);
+}
+// Runs `op` at once on this thread (no lock held: it may block), or records it into a
+// capturing stream.
+cudaError_t Enqueue(cudaStream_t stream, Op op) {
+  if (g_capturing.load() > 0) {
+    if (stream == nullptr) {
+      if (cudaError_t e = Unsafe(/*legacy=*/true); e != cudaSuccess) return e;
+    } else {
+      StreamState* s = S(stream);
+      std::lock_guard lock(g_mu);
+      if (s->capturing) {
+        s->ops.push_back(std::move(op));
+        return cudaSuccess;
+      }
+    }
+  }
   op();
   return cudaSuccess;
 }
@@ -172,9 +245,18 @@ struct Block {
   std::vector<float> shfl;
   std::vector<char> dyn_smem;
 };
-Block g_block;
-std::vector<char*> g_stack_pool;
-std::mt19937 g_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED")) : 12345);
+// The block a thread runs, its fiber stacks and its scheduling order: per thread, since
+// every thread (rank) runs its own kernels.
+thread_local Block g_block;
+struct StackPool {
+  std::vector<char*> stacks;
+  ~StackPool() {
+    for (char* s : stacks) std::free(s);
+  }
+};
+thread_local StackPool g_stack_pool;
+thread_local std::mt19937 g_rng(std::getenv("EMU_SEED") ? std::atoi(std::getenv("EMU_SEED"))
+                                                        : 12345);
 
 void FiberEntry() {
   (*g_block.body)();
@@ -218,13 +300,13 @@ void RunBlock(unsigned threads, size_t smem, const std::function<void()>& body) 
   b.warp_alive.assign(warps, 0);
   b.shfl.assign(warps * 32, 0.f);
   b.dyn_smem.assign(smem, static_cast<char>(0xff));  // uninitialised shared memory: NaN
-  while (g_stack_pool.size() < threads) {
-    g_stack_pool.push_back(static_cast<char*>(std::aligned_alloc(64, kStack)));
+  while (g_stack_pool.stacks.size() < threads) {
+    g_stack_pool.stacks.push_back(static_cast<char*>(std::aligned_alloc(64, kStack)));
   }
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& f = b.fibers[i];
     f.tid = i;
-    f.stack = g_stack_pool[i];
+    f.stack = g_stack_pool.stacks[i];
     char* top = f.stack + kStack;
     void** sp = reinterpret_cast<void**>(reinterpret_cast<uintptr_t>(top) / 16 * 16 - 64);
     for (int r = 0; r < 6; ++r) sp[r] = nullptr;
@@ -255,7 +337,7 @@ void RunBlock(unsigned threads, size_t smem, const std::function<void()>& body) 
   }
 }
 
-std::map<const void*, int> g_func_smem;
+std::map<const void*, int> g_func_smem;  // guarded by g_mu
 
 }  // namespace
 
@@ -295,7 +377,18 @@ cudaError_t EnqueueHostOp(cudaStream_t stream, std::function<void()> op) {
 }
 void CheckDeviceRange(const void* p, size_t n, const char* what) { CheckDevice(p, n, what); }
 
-void SetFuncMaxSmem(const void* func, int bytes) { g_func_smem[func] = bytes; }
+void SetFuncMaxSmem(const void* func, int bytes) {
+  std::lock_guard lock(g_mu);
+  g_func_smem[func] = bytes;
+}
+
+int DeviceCount() { return Devices(); }
+int AllocationDevice(const void* p, size_t n) {
+  std::shared_lock lock(g_alloc_mu);
+  const Alloc* a = Holding(p, n);
+  return a != nullptr ? a->device : -2;
+}
+int StreamDevice(cudaStream_t s) { return s == nullptr ? g_device : S(s)->device; }
 
 void RunKernel(const void* func, const LaunchConfig& cfg, std::function<void()> body) {
   if (cfg.block.x == 0 || cfg.block.x > 1024 || cfg.block.y != 1 || cfg.block.z != 1 ||
@@ -306,9 +399,20 @@ void RunKernel(const void* func, const LaunchConfig& cfg, std::function<void()> 
     Fail(cudaErrorInvalidConfiguration);
     return;
   }
+  if (cfg.stream != nullptr && S(cfg.stream)->device != g_device) {
+    // CUDA: a stream belongs to the device it was created on; launching into it from another
+    // device is an invalid handle (a rank thread that did not call cudaSetDevice).
+    std::fprintf(stderr, "EMU: kernel launched on device %d into a stream of device %d\n", g_device,
+                 S(cfg.stream)->device);
+    Fail(cudaErrorInvalidResourceHandle);
+    return;
+  }
   size_t limit = 48 * 1024;
-  if (auto it = g_func_smem.find(func); it != g_func_smem.end()) {
-    limit = std::max<size_t>(limit, it->second);
+  {
+    std::lock_guard lock(g_mu);
+    if (auto it = g_func_smem.find(func); it != g_func_smem.end()) {
+      limit = std::max<size_t>(limit, it->second);
+    }
   }
   if (cfg.smem > limit) {
     std::fprintf(stderr, "EMU: %zu bytes of dynamic shared memory, limit %zu\n", cfg.smem, limit);
@@ -344,15 +448,19 @@ const char* cudaGetErrorString(cudaError_t e) {
   return e == cudaSuccess ? "no error" : "emulated error";
 }
 const char* cudaGetErrorName(cudaError_t e) {
-  static char buf[64];
+  thread_local char buf[64];
   std::snprintf(buf, sizeof buf, "cudaError(%d)", static_cast<int>(e));
   return buf;
 }
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = std::getenv("EMU_NO_DEVICE") ? 0 : 1;
+  *n = Devices();
   return cudaSuccess;
 }
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+namespace {
+bool ValidDevice(int d) { return d >= 0 && d < Devices(); }
+}  // namespace
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (!ValidDevice(d)) return Fail(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
   std::strcpy(p->name, "Emulated GPU");
   p->totalGlobalMem = size_t{80} << 30;
@@ -361,12 +469,20 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   p->minor = 0;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-cudaError_t cudaGetDevice(int* d) {
-  *d = 0;
+cudaError_t cudaSetDevice(int d) {
+  if (!ValidDevice(d)) {
+    std::fprintf(stderr, "EMU: cudaSetDevice(%d) with %d devices\n", d, Devices());
+    return Fail(cudaErrorInvalidDevice);
+  }
+  g_device = d;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) {
+cudaError_t cudaGetDevice(int* d) {
+  *d = g_device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int d) {
+  if (!ValidDevice(d)) return Fail(cudaErrorInvalidDevice);
   *v = 227 * 1024;
   return cudaSuccess;
 }
@@ -377,14 +493,18 @@ cudaError_t cudaDeviceSynchronize() {
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
   if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
-  *p = Allocate(n);
+  *p = Allocate(n, g_device);
   return *p ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFree(void* p) {
   Release(p);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t cudaMallocHost(void** p, size_t n) {
+  if (cudaError_t e = Unsafe(); e != cudaSuccess) return e;
+  *p = Allocate(n, -1);
+  return *p ? cudaSuccess : Fail(cudaErrorMemoryAllocation);
+}
 
 // The emulated device claims 16 GiB, all free: enough for the memory planner's arithmetic.
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -423,21 +543,31 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
   CheckDevice(p, n, "memset");
   return Enqueue(s, [=] { std::memset(p, v, n); });
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   auto* st = new StreamState;
+  st->device = g_device;
+  st->blocking = (flags & cudaStreamNonBlocking) == 0;
+  std::lock_guard lock(g_mu);
   g_streams.push_back(st);
   *s = reinterpret_cast<cudaStream_t>(st);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   auto* st = S(s);
+  std::lock_guard lock(g_mu);
   g_streams.erase(std::find(g_streams.begin(), g_streams.end(), st));
+  if (st->capturing) --g_capturing;
   delete st;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (S(s)->capturing) {
-    S(s)->invalidated = true;
+  bool capturing = false;
+  {
+    std::lock_guard lock(g_mu);
+    capturing = S(s)->capturing;
+    if (capturing) S(s)->invalidated = true;
+  }
+  if (capturing) {
     std::fprintf(stderr, "EMU: cudaStreamSynchronize on a capturing stream\n");
     return Fail(cudaErrorStreamCaptureUnsupported);
   }
@@ -463,33 +593,48 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 1.f;
   return cudaSuccess;
 }
+// A graph's operations are immutable once captured and shared by its instantiations and by
+// the launches still recorded in other captures.
+using Ops = std::shared_ptr<const std::vector<Op>>;
 struct EmuGraph {
-  std::vector<Op> ops;
+  Ops ops;
 };
 struct EmuGraphExec {
-  std::vector<Op> ops;
+  Ops ops;
 };
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   StreamState* st = S(s);
+  std::lock_guard lock(g_mu);
   if (s == nullptr || st->capturing) return Fail(cudaErrorInvalidValue);
   st->capturing = true;
   st->invalidated = false;
+  st->mode = mode;
+  st->capturer = std::this_thread::get_id();
   st->ops.clear();
   ++g_capturing;
   return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
   StreamState* st = S(s);
-  if (!st->capturing) return Fail(cudaErrorInvalidValue);
-  st->capturing = false;
-  --g_capturing;
-  if (st->invalidated) {
+  std::vector<Op> ops;
+  bool invalidated = false;
+  {
+    std::lock_guard lock(g_mu);
+    if (!st->capturing) return Fail(cudaErrorInvalidValue);
+    if (st->mode != cudaStreamCaptureModeRelaxed && st->capturer != std::this_thread::get_id()) {
+      return Fail(cudaErrorStreamCaptureWrongThread);
+    }
+    st->capturing = false;
+    --g_capturing;
+    invalidated = st->invalidated;
+    ops.swap(st->ops);
+  }
+  if (invalidated) {
     *g = nullptr;
-    st->ops.clear();
     return Fail(cudaErrorStreamCaptureInvalidated);
   }
-  *g = reinterpret_cast<cudaGraph_t>(new EmuGraph{std::move(st->ops)});
-  st->ops.clear();
+  *g = reinterpret_cast<cudaGraph_t>(
+      new EmuGraph{std::make_shared<const std::vector<Op>>(std::move(ops))});
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long) {
@@ -497,9 +642,9 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned lon
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
-  const std::vector<Op> ops = reinterpret_cast<EmuGraphExec*>(e)->ops;
-  return Enqueue(s, [ops] {
-    for (const Op& op : ops) op();
+  Ops ops = reinterpret_cast<EmuGraphExec*>(e)->ops;
+  return Enqueue(s, [ops = std::move(ops)] {
+    for (const Op& op : *ops) op();
   });
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {

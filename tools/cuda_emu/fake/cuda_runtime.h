@@ -13,8 +13,11 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureWrongThread = 908,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
 };
@@ -90,5 +93,10 @@ cudaError_t cudaGraphDestroy(cudaGraph_t);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t);
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F* func, cudaFuncAttribute attr, int value);
+// The runtime header's typed overload (cuda_runtime.h wraps the void** one the same way).
+template <typename T>
+cudaError_t cudaMalloc(T** p, size_t n) {
+  return cudaMalloc(reinterpret_cast<void**>(p), n);
+}
 
 #include "emu.h"

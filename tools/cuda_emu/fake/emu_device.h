@@ -6,11 +6,15 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+// Per thread: ranks of a tensor-parallel group run kernels concurrently on their own threads,
+// and a block's fibers all run on the thread that launched it.
+#define __shared__ static thread_local
 struct EmuDim {
   unsigned x, y, z;
 };
-extern EmuDim threadIdx, blockIdx, blockDim, gridDim;
+// Per thread (__thread, not thread_local: a plain TLS load at every use in a kernel, with no
+// dynamic-initialisation check).
+extern __thread EmuDim threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
