@@ -103,12 +103,14 @@ class ImagePlan {
                           cols, "]"));
         return out;
       }
-      // A row slice starting inside a block row (core/model/weights.h) has no device form.
-      if (m->scale_row_phase != 0) {
-        Fail(absl::StrCat(what, ": an FP8 row slice starting inside a scale block"));
+      // A row slice starting inside a block row (core/model/weights.h: a tensor-parallel
+      // rank's k or v rows) takes the row-granular form below; stacked experts never do.
+      if (m->scale_row_phase != 0 && ms.size() > 1) {
+        Fail(absl::StrCat(what, ": stacked FP8 row slices starting inside a scale block"));
         return out;
       }
     }
+    const bool row_scales = first.scale_row_phase != 0;
     out.codes = At<uint8_t>(Begin());
     for (const Matrix* m : ms) {
       if (auto g = generated_.find(m); g != generated_.end()) {
@@ -121,13 +123,28 @@ class ImagePlan {
       Add(m->data, DType::kF8E4M3, rows * cols, Target::kU8, per_step);
     }
     out.scales = At<float>(Begin());
-    for (const Matrix* m : ms) {
-      Add(m->scales, DType::kF32, m->scale_rows() * m->scale_cols(), Target::kF32, per_step);
-    }
     out.rows = rows;
     out.cols = cols;
     out.block_rows = first.scale_block_rows;
     out.block_cols = first.scale_block_cols;
+    if (row_scales) {
+      // Its first block row is cut short at the top: each row's own copy of its block's scales
+      // (block_rows 1, the same value per element; the kernels index scales generically).
+      std::vector<float> expanded;
+      expanded.reserve(rows * first.scale_cols());
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = first.Fp8RowScales(r);
+        expanded.insert(expanded.end(), row, row + first.scale_cols());
+      }
+      owned_.push_back(std::move(expanded));
+      Add(owned_.back().data(), DType::kF32, static_cast<int64_t>(owned_.back().size()),
+          Target::kF32, per_step);
+      out.block_rows = 1;
+      return out;
+    }
+    for (const Matrix* m : ms) {
+      Add(m->scales, DType::kF32, m->scale_rows() * m->scale_cols(), Target::kF32, per_step);
+    }
     return out;
   }
   Fp8DeviceMatrix AddFp8(const Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
@@ -452,7 +469,7 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, const IndexRan
   }
   // has_shared(), device-generated codes included; a rank past the shared expert's last scale
   // block holds none of it (zero width: it adds nothing to the sum).
-  if (!Absent(m.shared.gate) && m.shared.gate.rows > 0) {
+  if (!Absent(m.shared.gate) && !m.shared.gate.empty()) {
     RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
     RETURN_IF_ERROR(
         PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"), d.shared));
@@ -461,8 +478,9 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, const IndexRan
 }
 
 // One decoder layer: its norms, attention (GLM-4.5's or GLM-5's MLA) and FFN (dense or MoE).
+// `slice`: a tensor-parallel rank's layer (ShardWeights), whose narrow FFNs may be empty.
 absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, const IndexRange& held,
-                       ImagePlan& plan, DeviceLayer& d, int64_t* routed_bytes) {
+                       bool slice, ImagePlan& plan, DeviceLayer& d, int64_t* routed_bytes) {
   d.input_norm = plan.Vector(l.input_norm, c.hidden_size);
   d.post_norm = plan.Vector(l.post_attention_norm, c.hidden_size);
   if (c.is_mla()) {
@@ -472,8 +490,11 @@ absl::Status PlanLayer(const ModelConfig& c, const LayerWeights& l, const IndexR
   }
   d.is_moe = l.is_moe;
   if (l.is_moe) return PlanMoe(c, l, held, plan, d, routed_bytes);
-  // A tensor-parallel rank past a narrow dense FFN's last scale block: width 0, output zeros.
-  if (l.dense.gate.rows == 0 && l.dense.gate.cols == c.hidden_size) return absl::OkStatus();
+  // A tensor-parallel rank past a narrow dense FFN's last scale block holds none of it
+  // (ShardWeights leaves the matrices empty): width 0, its output zeros.
+  if (slice && l.dense.gate.empty() && l.dense.up.empty() && l.dense.down.empty()) {
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(CheckFfn(l.dense, c.hidden_size, "dense FFN"));
   return PlanFfn(l.dense, plan, absl::StrCat("layer ", l.layer_index, " dense FFN"), d.dense);
 }
@@ -494,7 +515,8 @@ absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePla
   }
   out.layers.assign(w.layers.size(), DeviceLayer{});
   for (size_t i = 0; i < w.layers.size(); ++i) {
-    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], held, plan, out.layers[i], &out.routed_expert_bytes));
+    RETURN_IF_ERROR(PlanLayer(c, w.layers[i], held, !slice.whole, plan, out.layers[i],
+                              &out.routed_expert_bytes));
   }
   if (w.has_head()) {
     out.final_norm = plan.Vector(w.final_norm, hidden);
@@ -518,7 +540,7 @@ absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePla
     const MtpWeights& m = *w.mtp;
     out.layers.emplace_back();
     int64_t routed = 0;
-    RETURN_IF_ERROR(PlanLayer(c, m.layer, held, plan, out.layers.back(), &routed));
+    RETURN_IF_ERROR(PlanLayer(c, m.layer, held, false, plan, out.layers.back(), &routed));
     out.mtp.enorm = plan.Vector(m.enorm, hidden);
     out.mtp.hnorm = plan.Vector(m.hnorm, hidden);
     out.mtp.eh_proj = plan.Bf16(m.eh_proj, hidden, 2 * hidden);
