@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <mutex>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/kernels.h"

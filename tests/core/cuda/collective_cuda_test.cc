@@ -410,6 +410,7 @@ TEST(CollectiveCudaTest, TwoDevicesRunKernelsAndCopiesConcurrently) {
 TEST(CollectiveCudaTest, EmulatedNcclAbortReleasesRanksWaitingForOneThatNeverComes) {
   GLM_REQUIRE_NCCL();
   const int n = 3;
+  if (Devices() < n) GTEST_SKIP() << "needs 3 devices (EMU_DEVICES)";
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> group =
       CreateNcclGroup(FirstDevices(n));
   ASSERT_TRUE(group.ok()) << group.status();
@@ -447,6 +448,7 @@ TEST(CollectiveCudaTest, EmulatedNcclAbortReleasesRanksWaitingForOneThatNeverCom
 // branch of the model) fail with the reason instead of exchanging the wrong bytes.
 TEST(CollectiveCudaTest, EmulatedNcclRefusesRanksThatDisagree) {
   GLM_REQUIRE_NCCL();
+  if (Devices() < 2) GTEST_SKIP() << "needs 2 devices (EMU_DEVICES)";
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> group =
       CreateNcclGroup(FirstDevices(2));
   ASSERT_TRUE(group.ok()) << group.status();
