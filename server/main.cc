@@ -167,7 +167,7 @@ ABSL_FLAG(int, tensor_parallel, 0,
           "over NCCL, with --device=cpu threads, each a share of --threads, pinned per NUMA node "
           "when there are N nodes. --plan: 0 is the device count (one rank a device)");
 ABSL_FLAG(int, nodes, 1,
-          "processes of a tensor-parallel group of CPU ranks (docs/parallel.md \"Ranks in "
+          "processes of a tensor-parallel group (docs/parallel.md \"Ranks in "
           "several processes\"): --tensor_parallel ranks shared evenly; node 0 (the leader) "
           "serves, the others (--node_rank >= 1) follow its steps");
 ABSL_FLAG(int, node_rank, 0, "this process's node in the group: 0 the leader, 1.. workers");
@@ -446,6 +446,16 @@ glmserve::NodeGroupOptions NodeOptionsFromFlags() {
   return o;
 }
 
+// The ranks of a group over several processes: CUDA ranks (a GPU each) or CPU ranks.
+absl::StatusOr<glmserve::RankBackend> RankBackendFor(const ModelFlags& f,
+                                                     const glmserve::ParallelConfig& parallel,
+                                                     const glmserve::NodeGroupOptions& nodes) {
+  if (f.device == glmserve::DeviceKind::kCuda) {
+    return glmserve::CudaRankBackend(parallel, f.fp8_tensor_cores);
+  }
+  return glmserve::CpuRankBackend(parallel, f.cpu_math, nodes);
+}
+
 absl::StatusOr<ModelFlags> ParseModelFlags() {
   ModelFlags f;
   ASSIGN_OR_RETURN(f.device, glmserve::ParseDeviceKind(absl::GetFlag(FLAGS_device)));
@@ -459,20 +469,14 @@ absl::StatusOr<ModelFlags> ParseModelFlags() {
   if (tensor_parallel < 0) {
     return absl::InvalidArgumentError("--tensor_parallel must be >= 0");
   }
-  if (absl::GetFlag(FLAGS_nodes) > 1) {  // a group over several processes: CPU ranks
-    if (f.device == glmserve::DeviceKind::kCuda) {
-      return absl::InvalidArgumentError(
-          "--nodes > 1 runs CPU ranks; CUDA ranks serve from one process (--tensor_parallel up "
-          "to the node's GPUs); across nodes they are not built yet (docs/parallel.md)");
-    }
-    f.device = glmserve::DeviceKind::kCpu;
+  if (absl::GetFlag(FLAGS_nodes) > 1) {  // a group over several processes
     RETURN_IF_ERROR(glmserve::CheckNodeGroup(
         glmserve::ParallelConfig{tensor_parallel, absl::GetFlag(FLAGS_expert_parallel)},
         NodeOptionsFromFlags()));
   }
   if (tensor_parallel > 1 && f.device == glmserve::DeviceKind::kAuto) {
-    f.device = glmserve::CudaDeviceAvailable() ? glmserve::DeviceKind::kCuda
-                                               : glmserve::DeviceKind::kCpu;
+    f.device =
+        glmserve::CudaDeviceAvailable() ? glmserve::DeviceKind::kCuda : glmserve::DeviceKind::kCpu;
   }
   return f;
 }
@@ -546,27 +550,29 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const ModelFlags& f) {
     const glmserve::NodeGroupOptions nodes = NodeOptionsFromFlags();
     if (nodes.nodes > 1 && nodes.node > 0) {
       // A worker: joins the leader and runs its steps until the leader goes away.
-      std::printf("glm-server: node %d of %d, joining the leader at %s\n", nodes.node,
-                  nodes.nodes, nodes.leader_address.c_str());
+      std::printf("glm-server: node %d of %d, joining the leader at %s\n", nodes.node, nodes.nodes,
+                  nodes.leader_address.c_str());
       std::fflush(stdout);
+      ASSIGN_OR_RETURN(const glmserve::RankBackend backend, RankBackendFor(f, parallel, nodes));
       const absl::Status stopped =
-          glmserve::RunCpuWorker(std::move(weights), parallel, f.cpu_math, nodes);
-      return absl::Status(stopped.code(),
-                          absl::StrCat("worker node ", nodes.node, " stopped: ", stopped.message()));
+          glmserve::RunWorker(std::move(weights), parallel, backend, nodes);
+      return absl::Status(stopped.code(), absl::StrCat("worker node ", nodes.node,
+                                                       " stopped: ", stopped.message()));
     }
     if (nodes.nodes > 1) {
       std::printf("glm-server: leader of %d processes: waiting for the workers on %s\n",
                   nodes.nodes, nodes.leader_address.c_str());
       std::fflush(stdout);
-      ASSIGN_OR_RETURN(model.runner, glmserve::CreateCpuLeaderRunner(std::move(weights), parallel,
-                                                                     f.cpu_math, nodes, &pinning));
+      ASSIGN_OR_RETURN(const glmserve::RankBackend backend, RankBackendFor(f, parallel, nodes));
+      ASSIGN_OR_RETURN(model.runner, glmserve::CreateLeaderRunner(std::move(weights), parallel,
+                                                                  backend, nodes, &pinning));
       std::printf("glm-server: %s\n", pinning.c_str());
       return model;
     }
     if (f.device == glmserve::DeviceKind::kCuda) {
-      ASSIGN_OR_RETURN(model.runner, glmserve::CreateCudaTensorParallelRunner(
-                                         std::move(weights), parallel, progress,
-                                         f.fp8_tensor_cores, &pinning));
+      ASSIGN_OR_RETURN(model.runner,
+                       glmserve::CreateCudaTensorParallelRunner(
+                           std::move(weights), parallel, progress, f.fp8_tensor_cores, &pinning));
       std::printf("glm-server: %s\n", pinning.c_str());
       return model;
     }
@@ -645,7 +651,6 @@ int main(int argc, char** argv) {
   signal_thread.detach();
 
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
-
 
   absl::StatusOr<std::unique_ptr<glmserve::GlmServer>> server = glmserve::GlmServer::Start(options);
   if (!server.ok()) return Fail(server.status());

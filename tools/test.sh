@@ -27,7 +27,8 @@ if [ "${EMU:-1}" != 0 ]; then
 fi
 # The engine's threads under ThreadSanitizer (its own build in ${BUILD_DIR}-tsan, the engine
 # alone as above): the step executor and overlapped steps, event delivery, the thread pool,
-# the tensor-parallel rank group and its communicator. TSAN=0 skips it.
+# the tensor-parallel rank group and its communicators (in-process and over TCP), the step
+# channel to worker processes. TSAN=0 skips it.
 if [ "${TSAN:-1}" != 0 ]; then
   TSAN_DIR="${BUILD_DIR}-tsan"
   cmake -S . -B "$TSAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGLMSERVE_CUDA=OFF \
@@ -37,7 +38,8 @@ if [ "${TSAN:-1}" != 0 ]; then
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread"
   TSAN_TESTS="core_base_parallel_test core_engine_event_delivery_test
     core_engine_device_sampling_test core_engine_overlap_test core_engine_engine_test
-    core_model_communicator_test core_model_rank_group_test"
+    core_model_communicator_test core_model_rank_group_test core_model_socket_communicator_test
+    core_model_remote_ranks_test"
   # shellcheck disable=SC2086
   cmake --build "$TSAN_DIR" -j "$JOBS" --target $TSAN_TESTS
   for t in $TSAN_TESTS; do
@@ -45,6 +47,8 @@ if [ "${TSAN:-1}" != 0 ]; then
     # The engine suite's overlapped mode and its thread-heavy cases (its other math modes
     # exercise the kernels, not the threads).
     [ "$t" = core_engine_engine_test ] && filter='*overlap*:EngineTest.*'
+    # Its forked-process cases: ThreadSanitizer does not follow a threaded program's fork.
+    [ "$t" = core_model_socket_communicator_test ] && filter='-*Process*'
     echo "== $t (ThreadSanitizer)"
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       "$TSAN_DIR/tests/$t" --gtest_filter="$filter" --gtest_brief=1

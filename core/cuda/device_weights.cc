@@ -433,10 +433,12 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, const IndexRan
   if (held.begin < 0 || held.count < 1 || held.end() > c.n_routed_experts) {
     return absl::InvalidArgumentError("held routed experts out of range");
   }
-  const std::vector<FfnWeights> mine(m.experts.begin() + held.begin,
-                                     m.experts.begin() + held.end());
+  // Pointers into the weights themselves: device-generated FP8 codes are found by address.
+  std::vector<const FfnWeights*> mine;
+  for (int64_t e = held.begin; e < held.end(); ++e) mine.push_back(&m.experts[e]);
   std::vector<const Matrix*> gates, ups, downs, all;
-  for (const FfnWeights& e : mine) {
+  for (const FfnWeights* expert : mine) {
+    const FfnWeights& e = *expert;
     RETURN_IF_ERROR(CheckFfn(e, hidden, "expert"));
     if (e.gate.rows != c.moe_intermediate_size) {
       return absl::InvalidArgumentError("expert width differs from moe_intermediate_size");
@@ -453,23 +455,23 @@ absl::Status PlanMoe(const ModelConfig& c, const LayerWeights& l, const IndexRan
     d.experts_gate8 = plan.AddFp8(gates, width, hidden, /*per_step=*/false, experts_what);
     d.experts_up8 = plan.AddFp8(ups, width, hidden, false, experts_what);
     d.experts_down8 = plan.AddFp8(downs, hidden, width, false, experts_what);
-    const FfnWeights& e0 = mine.front();
+    const FfnWeights& e0 = *mine.front();
     *routed_bytes = e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
   } else {
     const int64_t gate_up = plan.Begin();
-    for (const FfnWeights& e : mine) {
-      plan.AddMatrix(e.gate, Target::kBf16, /*per_step=*/false);
-      plan.AddMatrix(e.up, Target::kBf16, /*per_step=*/false);
+    for (const FfnWeights* e : mine) {
+      plan.AddMatrix(e->gate, Target::kBf16, /*per_step=*/false);
+      plan.AddMatrix(e->up, Target::kBf16, /*per_step=*/false);
     }
     const int64_t down = plan.Begin();
-    for (const FfnWeights& e : mine) plan.AddMatrix(e.down, Target::kBf16, false);
+    for (const FfnWeights* e : mine) plan.AddMatrix(e->down, Target::kBf16, false);
     d.experts_gate_up = plan.At<uint16_t>(gate_up);
     d.experts_down = plan.At<uint16_t>(down);
     *routed_bytes = 3 * width * hidden * 2;
   }
-  // has_shared(), device-generated codes included; a rank past the shared expert's last scale
-  // block holds none of it (zero width: it adds nothing to the sum).
-  if (!Absent(m.shared.gate) && !m.shared.gate.empty()) {
+  // has_shared(), device-generated codes included. A rank past the shared expert's last scale
+  // block holds none of it (ShardWeights leaves it absent: it adds nothing to the sum).
+  if (!Absent(m.shared.gate)) {
     RETURN_IF_ERROR(CheckFfn(m.shared, hidden, "shared expert"));
     RETURN_IF_ERROR(
         PlanFfn(m.shared, plan, absl::StrCat("layer ", l.layer_index, " shared expert"), d.shared));

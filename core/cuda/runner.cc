@@ -5,6 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/cuda/model.h"
@@ -56,6 +59,18 @@ const Probe& GetProbe() {
     return p;
   }();
   return probe;
+}
+
+// Rank `rank`'s CudaModel: its slice of `whole`, uploaded to options.device.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRank(const ModelWeights& whole,
+                                                        const ParallelConfig& parallel, int rank,
+                                                        const cuda::CudaModelOptions& options,
+                                                        Communicator* comm) {
+  const RankLayout layout = LayoutOf(whole.config, parallel, rank, WeightSplitUnit(whole));
+  ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(whole, layout));
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model,
+                   cuda::CudaModel::CreateRank(std::move(mine), options, layout, comm));
+  return std::unique_ptr<ModelRunner>(std::move(model));
 }
 
 }  // namespace
@@ -132,17 +147,65 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
       RankGroup::Create(
           whole->config, parallel, group_options, std::move(comms),
           [&](int rank, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-            const RankLayout layout = LayoutOf(whole->config, parallel, rank, unit);
-            ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(*whole, layout));
-            cuda::CudaModelOptions mine_options = options;
-            mine_options.device = rank;
-            if (rank != 0) mine_options.upload_progress = nullptr;  // one progress line
-            ASSIGN_OR_RETURN(
-                std::unique_ptr<cuda::CudaModel> model,
-                cuda::CudaModel::CreateRank(std::move(mine), mine_options, layout, comm));
-            return std::unique_ptr<ModelRunner>(std::move(model));
+            cuda::CudaModelOptions mine = options;
+            mine.device = rank;
+            if (rank != 0) mine.upload_progress = nullptr;  // one progress line
+            return CreateRank(*whole, parallel, rank, mine, comm);
           }));
   return std::unique_ptr<ModelRunner>(std::move(group));
+}
+
+absl::StatusOr<std::string> NewCudaGroupId() {
+  if (!CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError(absl::StrCat("--device=cuda: ", CudaDeviceDescription()));
+  }
+  ASSIGN_OR_RETURN(const cuda::NcclGroupId id, cuda::NcclNewGroupId());
+  return std::string(id.bytes, sizeof(id.bytes));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinCudaGroup(const std::string& id,
+                                                                         int first_rank, int count,
+                                                                         int size,
+                                                                         int first_device) {
+  cuda::NcclGroupId nid;
+  if (id.size() != sizeof(nid.bytes)) {
+    return absl::InvalidArgumentError("the leader's welcome holds no NCCL group id");
+  }
+  std::memcpy(nid.bytes, id.data(), sizeof(nid.bytes));
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < first_device + count) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        count, " CUDA ranks here need ", first_device + count, " GPUs; this host has ", devices));
+  }
+  // ncclCommInitRank blocks until every rank of the group has joined: this process's ranks
+  // join together, a thread each.
+  std::vector<absl::StatusOr<std::unique_ptr<Communicator>>> made(count);
+  std::vector<std::thread> joins;
+  for (int i = 0; i < count; ++i) {
+    joins.emplace_back([&, i] {
+      made[i] = cuda::CreateNcclCommunicator(nid, first_rank + i, size, first_device + i, nullptr);
+    });
+  }
+  for (std::thread& t : joins) t.join();
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (auto& m : made) {
+    RETURN_IF_ERROR(m.status());
+    out.push_back(*std::move(m));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRank(const ModelWeights& whole,
+                                                            const ParallelConfig& parallel,
+                                                            int rank, int device,
+                                                            Communicator* comm,
+                                                            Fp8TensorCores fp8_tensor_cores) {
+  cuda::CudaModelOptions options;
+  options.device = device;
+  options.fp8_tensor_cores = fp8_tensor_cores != Fp8TensorCores::kOff;
+  options.fp8_tensor_cores_required = fp8_tensor_cores == Fp8TensorCores::kOn;
+  return CreateRank(whole, parallel, rank, options, comm);
 }
 
 }  // namespace glmserve

@@ -4,8 +4,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/model/communicator.h"
 #include "core/model/config.h"
 #include "core/model/gpu_memory_plan.h"
 #include "core/model/model_runner.h"
@@ -49,5 +51,21 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
     ModelWeights weights, const ParallelConfig& parallel,
     const LoadProgressCallback& upload_progress = nullptr,
     Fp8TensorCores fp8_tensor_cores = Fp8TensorCores::kOff, std::string* how = nullptr);
+
+// The pieces of a CUDA group spanning processes (core/engine/multi_node.h):
+// NCCL's unique id for the group, as bytes for the leader's welcome;
+absl::StatusOr<std::string> NewCudaGroupId();
+// ranks [first_rank, first_rank + count) of `size` in this process, rank first_rank + i on GPU
+// first_device + i, joined to the group `id` names (blocks until every rank has joined);
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinCudaGroup(const std::string& id,
+                                                                         int first_rank, int count,
+                                                                         int size,
+                                                                         int first_device);
+// and rank `rank`'s CudaModel on GPU `device`, from its slice of `whole`.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRank(const ModelWeights& whole,
+                                                            const ParallelConfig& parallel,
+                                                            int rank, int device,
+                                                            Communicator* comm,
+                                                            Fp8TensorCores fp8_tensor_cores);
 
 }  // namespace glmserve

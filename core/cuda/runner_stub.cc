@@ -1,8 +1,8 @@
 // Built when GLMSERVE_CUDA is off: the CUDA entry points say so.
+#include <utility>
+
 #include "absl/status/status.h"
 #include "core/cuda/runner.h"
-
-#include <utility>
 
 namespace glmserve {
 
@@ -30,6 +30,21 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaTensorParallelRunner(
     const LoadProgressCallback& upload_progress, Fp8TensorCores fp8_tensor_cores,
     std::string* /*how*/) {
   return CreateCudaRunner(std::move(weights), upload_progress, fp8_tensor_cores);
+}
+
+absl::StatusOr<std::string> NewCudaGroupId() {
+  return absl::FailedPreconditionError("CUDA ranks: this build has no CUDA backend");
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinCudaGroup(const std::string&, int,
+                                                                         int, int, int) {
+  return absl::FailedPreconditionError("CUDA ranks: this build has no CUDA backend");
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRank(const ModelWeights&,
+                                                            const ParallelConfig&, int, int,
+                                                            Communicator*, Fp8TensorCores) {
+  return absl::FailedPreconditionError("CUDA ranks: this build has no CUDA backend");
 }
 
 }  // namespace glmserve

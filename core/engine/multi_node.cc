@@ -10,6 +10,7 @@
 #include "core/base/socket.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/cpu_model.h"
+#include "core/cuda/runner.h"
 #include "core/model/rank_group.h"
 #include "core/model/remote_ranks.h"
 #include "core/model/socket_communicator.h"
@@ -70,27 +71,14 @@ RankGroupOptions GroupOptions(const NodeGroupOptions& options, int64_t local_ran
   return g;
 }
 
-// Rank `rank`'s CpuModel on its member thread (its slice first-touched there).
-absl::StatusOr<std::unique_ptr<ModelRunner>> LocalRank(const ModelWeights& whole,
-                                                       const ParallelConfig& parallel,
-                                                       CpuMath cpu_math, int rank,
-                                                       Communicator* comm) {
-  const RankLayout layout = LayoutOf(whole.config, parallel, rank, WeightSplitUnit(whole));
-  ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(whole, layout));
-  return std::unique_ptr<ModelRunner>(
-      std::make_unique<CpuModel>(std::move(mine), cpu_math, layout, comm));
-}
-
 }  // namespace
 
 absl::Status CheckNodeGroup(const ParallelConfig& parallel, const NodeGroupOptions& options) {
   if (options.nodes < 1 || options.node < 0 || options.node >= options.nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--node_rank=", options.node, " of --nodes=", options.nodes,
-                     ": need 0 <= node_rank < nodes"));
+    return absl::InvalidArgumentError(absl::StrCat("--node_rank=", options.node, " of --nodes=",
+                                                   options.nodes, ": need 0 <= node_rank < nodes"));
   }
-  if (parallel.tensor_parallel < options.nodes ||
-      parallel.tensor_parallel % options.nodes != 0) {
+  if (parallel.tensor_parallel < options.nodes || parallel.tensor_parallel % options.nodes != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tensor_parallel=", parallel.tensor_parallel,
                      " ranks cannot be shared evenly by --nodes=", options.nodes, " processes"));
@@ -107,29 +95,71 @@ IndexRange NodeRanks(const ParallelConfig& parallel, const NodeGroupOptions& opt
   return IndexRange{node * per, per};
 }
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuLeaderRunner(
-    ModelWeights weights, const ParallelConfig& parallel, CpuMath cpu_math,
-    const NodeGroupOptions& options, std::string* how) {
+absl::StatusOr<RankBackend> CpuRankBackend(const ParallelConfig& parallel, CpuMath cpu_math,
+                                           const NodeGroupOptions& options) {
+  ASSIGN_OR_RETURN(const Ports ports, PortsOf(options));
+  const bool leader = options.node == 0;
+  RankBackend b;
+  b.name = "CPU";
+  b.make_welcome = [] { return std::string(); };
+  b.join = [=](const IndexRange& mine, int size, const std::string&) {
+    // The leader's own ranks reach its rank 0 on this machine.
+    return JoinCollectives(mine, size, leader ? std::string("localhost") : ports.host, ports,
+                           options);
+  };
+  b.make_rank = [=](const ModelWeights& whole, int rank, int,
+                    Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    const RankLayout layout = LayoutOf(whole.config, parallel, rank, WeightSplitUnit(whole));
+    ASSIGN_OR_RETURN(ModelWeights mine, ShardWeights(whole, layout));
+    return std::unique_ptr<ModelRunner>(
+        std::make_unique<CpuModel>(std::move(mine), cpu_math, layout, comm));
+  };
+  return b;
+}
+
+RankBackend CudaRankBackend(const ParallelConfig& parallel, Fp8TensorCores fp8_tensor_cores,
+                            int first_device) {
+  RankBackend b;
+  b.name = "CUDA";
+  b.make_welcome = [] { return NewCudaGroupId(); };
+  b.join = [=](const IndexRange& mine, int size, const std::string& welcome) {
+    return JoinCudaGroup(welcome, static_cast<int>(mine.begin), static_cast<int>(mine.count), size,
+                         first_device);
+  };
+  b.make_rank = [=](const ModelWeights& whole, int rank, int local, Communicator* comm) {
+    return CreateCudaRank(whole, parallel, rank, first_device + local, comm, fp8_tensor_cores);
+  };
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateLeaderRunner(ModelWeights weights,
+                                                                const ParallelConfig& parallel,
+                                                                const RankBackend& backend,
+                                                                const NodeGroupOptions& options,
+                                                                std::string* how) {
   RETURN_IF_ERROR(CheckNodeGroup(parallel, options));
   if (options.node != 0) return absl::InvalidArgumentError("the leader is node 0");
   RETURN_IF_ERROR(CheckParallelLayout(weights.config, parallel, WeightSplitUnit(weights)));
-  ASSIGN_OR_RETURN(const Ports ports, PortsOf(options));
+  ASSIGN_OR_RETURN(const HostPort address, ParseHostPort(options.leader_address));
   const absl::Time deadline = absl::Now() + options.join_timeout;
-  ASSIGN_OR_RETURN(Socket listener, Listen("", ports.steps));
+  ASSIGN_OR_RETURN(const std::string welcome, backend.make_welcome());
+  ASSIGN_OR_RETURN(Socket listener, Listen("", address.port));
   ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RemoteChannel>> workers,
-                   AcceptWorkers(listener, options.nodes - 1, options.token, "", deadline));
+                   AcceptWorkers(listener, options.nodes - 1, options.token, welcome, deadline));
   const IndexRange mine = NodeRanks(parallel, options, 0);
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
-                   JoinCollectives(mine, parallel.tensor_parallel, "localhost", ports, options));
+                   backend.join(mine, parallel.tensor_parallel, welcome));
   for (size_t w = 0; w < workers.size(); ++w) {
     const IndexRange theirs = NodeRanks(parallel, options, static_cast<int>(w + 1));
-    comms.push_back(ChannelHandle(workers[w], static_cast<int>(theirs.begin),
-                                  parallel.tensor_parallel));
+    comms.push_back(
+        ChannelHandle(workers[w], static_cast<int>(theirs.begin), parallel.tensor_parallel));
   }
   if (how != nullptr) {
-    *how = absl::StrCat(parallel.tensor_parallel, " CPU ranks over ", options.nodes,
-                        " processes (", mine.count, " here); steps to the workers on port ",
-                        ports.steps, ", collectives on ", ports.collectives);
+    *how = absl::StrCat(parallel.tensor_parallel, " ", backend.name, " ranks over ", options.nodes,
+                        " processes (", mine.count,
+                        " here); steps to the workers on "
+                        "port ",
+                        address.port);
   }
   auto whole = std::make_shared<const ModelWeights>(std::move(weights));
   ASSIGN_OR_RETURN(
@@ -138,22 +168,21 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuLeaderRunner(
           whole->config, parallel, GroupOptions(options, mine.count), std::move(comms),
           [&](int member, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
             if (member < mine.count) {
-              return LocalRank(*whole, parallel, cpu_math, member, comm);
+              return backend.make_rank(*whole, static_cast<int>(mine.begin) + member, member, comm);
             }
-            ASSIGN_OR_RETURN(std::unique_ptr<RemoteRanks> remote,
-                             RemoteRanks::Create(workers[member - mine.count], whole->config,
-                                                 deadline));
+            ASSIGN_OR_RETURN(
+                std::unique_ptr<RemoteRanks> remote,
+                RemoteRanks::Create(workers[member - mine.count], whole->config, deadline));
             return std::unique_ptr<ModelRunner>(std::move(remote));
           }));
   return std::unique_ptr<ModelRunner>(std::move(group));
 }
 
-absl::Status RunCpuWorker(ModelWeights weights, const ParallelConfig& parallel, CpuMath cpu_math,
-                          const NodeGroupOptions& options) {
+absl::Status RunWorker(ModelWeights weights, const ParallelConfig& parallel,
+                       const RankBackend& backend, const NodeGroupOptions& options) {
   RETURN_IF_ERROR(CheckNodeGroup(parallel, options));
   if (options.node == 0) return absl::InvalidArgumentError("a worker is node 1 or later");
   RETURN_IF_ERROR(CheckParallelLayout(weights.config, parallel, WeightSplitUnit(weights)));
-  ASSIGN_OR_RETURN(const Ports ports, PortsOf(options));
   const absl::Time deadline = absl::Now() + options.join_timeout;
   ASSIGN_OR_RETURN(auto joined,
                    ConnectToLeader(options.leader_address, options.node, options.token, deadline));
@@ -162,13 +191,12 @@ absl::Status RunCpuWorker(ModelWeights weights, const ParallelConfig& parallel, 
   WorkerInfo info;
   std::unique_ptr<RankGroup> group;
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms =
-      JoinCollectives(mine, parallel.tensor_parallel, ports.host, ports, options);
+      backend.join(mine, parallel.tensor_parallel, joined.second);
   if (comms.ok()) {
     absl::StatusOr<std::unique_ptr<RankGroup>> made = RankGroup::Create(
         weights.config, parallel, GroupOptions(options, mine.count), *std::move(comms),
         [&](int member, Communicator* comm) {
-          return LocalRank(weights, parallel, cpu_math, static_cast<int>(mine.begin) + member,
-                           comm);
+          return backend.make_rank(weights, static_cast<int>(mine.begin) + member, member, comm);
         });
     info.status = made.status();
     if (made.ok()) group = *std::move(made);
@@ -178,7 +206,8 @@ absl::Status RunCpuWorker(ModelWeights weights, const ParallelConfig& parallel, 
   if (group != nullptr) {
     info.kv_bytes_per_token = group->kv_bytes_per_token();
     info.weight_bytes = group->weight_bytes();
-    info.device_name = absl::StrCat("cpu ranks ", mine.begin, "..", mine.end() - 1);
+    info.device_name = absl::StrCat(backend.name == "CPU" ? "cpu" : group->device_name(), " ranks ",
+                                    mine.begin, "..", mine.end() - 1);
   }
   weights = ModelWeights{};  // every rank holds its slice (views keep the mapping alive)
   StepLimits limits;

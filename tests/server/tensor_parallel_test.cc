@@ -74,8 +74,8 @@ TEST(GlmServerTensorParallelTest, MisuseIsRefusedAtStartUp) {
     EXPECT_NE(r.output.find("--device=cuda"), std::string::npos) << r.output;
   }
   // Several processes: evenly shared ranks, a leader address, CPU ranks.
-  r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
-                                       " --port=0 --metrics_port=-1 --tensor_parallel=2 --nodes=2"));
+  r = testing::RunCommand(
+      absl::StrCat(GLM_SERVER_PATH, " --port=0 --metrics_port=-1 --tensor_parallel=2 --nodes=2"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--leader_address"), std::string::npos) << r.output;
   r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH,
@@ -112,9 +112,9 @@ TEST(GlmServerTensorParallelTest, ALeaderAndAWorkerProcessServeTheSingleRanksTok
   EXPECT_EQ(one->Wait(absl::Seconds(30)), 0);
 
   const std::string leader = absl::StrCat("127.0.0.1:", FreePort());
-  const std::vector<std::string> group = {"--device=cpu", "--tensor_parallel=2", "--nodes=2",
-                                          "--threads=1", "--leader_address=" + leader,
-                                          "--group_token=test"};
+  const std::vector<std::string> group = {
+      "--device=cpu", "--tensor_parallel=2",        "--nodes=2",
+      "--threads=1",  "--leader_address=" + leader, "--group_token=test"};
   std::vector<std::string> worker_argv = {GLM_SERVER_PATH};
   worker_argv.insert(worker_argv.end(), group.begin(), group.end());
   worker_argv.push_back("--node_rank=1");
@@ -134,9 +134,8 @@ TEST(GlmServerTensorParallelTest, ALeaderAndAWorkerProcessServeTheSingleRanksTok
   const absl::StatusOr<v1::Finished> failed = client->GenerateChunks(
       testing::GreedyRequest({1, 2, 3}, 4), [](const v1::GenerateResponse&) {});
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
-  EXPECT_TRUE(testing::WaitUntil([&] {
-    return *client->Health("") == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
-  }));
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return *client->Health("") == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }));
   server->Signal(SIGTERM);
   EXPECT_EQ(server->Wait(absl::Seconds(30)), 0);
 }

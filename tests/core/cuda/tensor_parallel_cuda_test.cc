@@ -14,12 +14,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/socket.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/quantize.h"
 #include "core/cuda/model.h"
 #include "core/cuda/nccl_communicator.h"
+#include "core/engine/multi_node.h"
 #include "core/model/checkpoint.h"
 #include "core/model/rank_group.h"
 #include "core/model/weight_shard.h"
@@ -187,6 +190,13 @@ TEST(CudaTensorParallelTest, Glm45RanksMatchOneGpu) {
   ExpectGroupMatchesOneGpu(w, 4, /*expert_parallel=*/false, /*graphs=*/true);
 }
 
+TEST(CudaTensorParallelTest, Glm45EightRanksMatchOneGpu) {
+  // One query head a rank, each KV head replicated four times; 10 experts over 8 ranks (two
+  // ranks hold two).
+  GLM_REQUIRE_GPUS(8);
+  ExpectGroupMatchesOneGpu(Weights(TpConfig()), 8, /*expert_parallel=*/true, /*graphs=*/true);
+}
+
 TEST(CudaTensorParallelTest, Fp8BlockScaledRanksMatchOneGpu) {
   // 128x128 blocks: o_proj's columns split on a block (8 heads of 32 = 2 blocks), and the
   // 96-wide dense FFN and 32-wide shared expert are one block each, so rank 1 holds none of
@@ -210,6 +220,55 @@ TEST(CudaTensorParallelTest, Glm5MlaRanksMatchOneGpu) {
   GLM_REQUIRE_GPUS(2);
   const ModelWeights w = Weights(*PresetConfig("tiny-glm5"));
   ExpectGroupMatchesOneGpu(w, 2, /*expert_parallel=*/true, /*graphs=*/true);
+}
+
+TEST(CudaTensorParallelTest, TwoProcessesOfTwoGpusMatchOneGpu) {
+  // A group over two processes (core/engine/multi_node.h), played by two threads of this test
+  // on one host: the leader holds ranks 0-1 on GPUs 0-1 and the engine's view of the group; the
+  // worker holds ranks 2-3 on GPUs 2-3 and follows the leader's steps over TCP. NCCL's group id
+  // travels in the leader's welcome; the sums cross "processes" through NCCL.
+  GLM_REQUIRE_GPUS(4);
+  const ModelWeights w = Weights(TpConfig());
+  absl::StatusOr<std::unique_ptr<CudaModel>> one = CudaModel::Create(w);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const Trace want = Greedy(**one, 5);
+
+  ParallelConfig parallel;
+  parallel.tensor_parallel = 4;
+  NodeGroupOptions nodes;
+  nodes.nodes = 2;
+  nodes.token = "test";
+  nodes.join_timeout = absl::Seconds(60);
+  {
+    absl::StatusOr<Socket> probe = Listen("127.0.0.1", 0);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    nodes.leader_address = absl::StrCat("127.0.0.1:", probe->local_port());
+  }
+  absl::Status worker_stopped;
+  std::thread worker([&] {
+    NodeGroupOptions mine = nodes;
+    mine.node = 1;
+    worker_stopped =
+        RunWorker(w, parallel, CudaRankBackend(parallel, Fp8TensorCores::kOff, 2), mine);
+  });
+  std::string how;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> leader = CreateLeaderRunner(
+      w, parallel, CudaRankBackend(parallel, Fp8TensorCores::kOff, 0), nodes, &how);
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  EXPECT_NE(how.find("4 CUDA ranks over 2 processes"), std::string::npos) << how;
+  EXPECT_TRUE((*leader)->samples_tokens());
+  const Trace got = Greedy(**leader, 5);
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    worst = std::max(worst, RelativeError(got.logits[i], want.logits[i]));
+  }
+  EXPECT_LT(worst, kGpuTolerance);
+  EXPECT_TRUE((*leader)->health().ok()) << (*leader)->health();
+  leader->reset();  // closes the step channel: the worker stops
+  worker.join();
+  EXPECT_EQ(worker_stopped.code(), absl::StatusCode::kUnavailable) << worker_stopped;
 }
 
 TEST(CudaTensorParallelTest, RanksSampleOnRankZeroAsOneGpuDoes) {
