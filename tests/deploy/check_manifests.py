@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks deploy/'s Kubernetes manifests: every YAML file parses; each overlay (cpu, gpu, gpu-8,
-lws-cpu (checked by lws_checks.py), and
+lws-cpu and lws-gpu (checked by lws_checks.py), and
 each with the optional autoscaling component) renders, with this directory's own Kustomize
 renderer (deploylib.render) and, where kubectl is installed, with `kubectl kustomize`, whose
 output must equal ours; and the rendered objects agree with each other and with glm-server:
@@ -430,6 +430,7 @@ def main():
         cases.append(("overlays/gpu-8", os.path.join(deploy, "overlays", "gpu-8"), "gpu"))
         # lws-cpu: one instance over several pods (a LeaderWorkerSet; lws_checks.py).
         cases.append(("overlays/lws-cpu", os.path.join(deploy, "overlays", "lws-cpu"), "lws"))
+        cases.append(("overlays/lws-gpu", os.path.join(deploy, "overlays", "lws-gpu"), "lws"))
         for variant in ("cpu", "gpu"):
             overlay = os.path.join(deploy, "overlays", variant)
             cases.append((f"overlays/{variant}", overlay, variant))

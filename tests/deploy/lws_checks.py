@@ -11,6 +11,8 @@ several processes").
   leader's ($(LWS_LEADER_ADDRESS)) at a port the leader's container exposes, with the next one
   (the collectives) exposed too; every $(VAR) in args is one LWS injects or the container
   defines.
+- CUDA groups: each pod gets --tensor_parallel / --nodes GPUs, the CUDA image, a memory-backed
+  /dev/shm for NCCL and the GPU toleration; CPU groups no GPU and the CPU image.
 - The leader serves (grpc, metrics and http ports equal to its flags; native gRPC probes on
   the health services glm-server registers); a worker serves no front end and has no probes.
 - Both pods: non-root as the image's user, read-only root filesystem, no privilege escalation,
@@ -153,6 +155,24 @@ def check_lws_render(f, name, resources, root):
                 f"{name}: workers serve no front end (--{flag})")
     _pod_hygiene(f, name, leader_t, lc, le, "leader", root, by)
     _pod_hygiene(f, name, worker_t, wc, we, "worker", root, by)
+
+    # the device: CUDA pods get a GPU per rank, the CUDA image and NCCL's /dev/shm; CPU pods none
+    for role, t, c in (("leader", leader_t, lc), ("worker", worker_t, wc)):
+        gpus = int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        if le.get("device") == "cuda":
+            f.check(gpus == tp // max(nodes, 1),
+                    f"{name}: a {role} pod must get --tensor_parallel / --nodes = {tp // max(nodes, 1)} GPUs, gets {gpus}")
+            f.check(c.get("image", "").endswith("-cuda"), f"{name}: {role}: the CUDA image")
+            vols = {v["name"]: v for v in t["spec"].get("volumes", [])}
+            shm = [m for m in c.get("volumeMounts", []) if m.get("mountPath") == "/dev/shm"]
+            f.check(bool(shm) and vols.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory",
+                    f"{name}: {role}: NCCL needs a memory-backed /dev/shm")
+            f.check(any(tol.get("key") == "nvidia.com/gpu" for tol in t["spec"].get("tolerations", [])),
+                    f"{name}: {role}: the GPU nodes' toleration")
+        else:
+            f.check(le.get("device") == "cpu", f"{name}: --device must be cpu or cuda")
+            f.check(gpus == 0, f"{name}: a CPU {role} asks for no GPU")
+            f.check(c.get("image", "").endswith("-cpu"), f"{name}: {role}: the CPU image")
 
     # Services: leaders only; the NetworkPolicy admits the group's ports
     leader_labels = dict(leader_t["metadata"]["labels"], **{INDEX_LABEL: "0"})
