@@ -114,7 +114,9 @@ TEST(CollectiveCudaTest, NcclGroupSumsInRankOrderAndGathersUnevenBlocks) {
     const std::vector<float> want = n == 2 ? std::vector<float>{10, 10, 10, 20, 20, 20, 20, 20}
                                            : std::vector<float>{10, 10, 10};
     EXPECT_EQ(gathered[r], want);
-    if (r == n - 1) EXPECT_EQ(rooted[r], want);
+    if (r == n - 1) {
+      EXPECT_EQ(rooted[r], want);
+    }
   }
 }
 int Devices() {
@@ -210,7 +212,9 @@ TEST(CollectiveCudaTest, NcclGroupOfThreadsMatchesTheCpuGroupBitForBit) {
       for (int q = n - 2; q >= 0; --q) reverse += Value(q, i);
       if (std::memcmp(&reverse, &want[0][i], sizeof(float)) != 0) ++reordered;
     }
-    if (n >= 3) EXPECT_GT(reordered, 0);
+    if (n >= 3) {
+      EXPECT_GT(reordered, 0);
+    }
 
     absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> group =
         CreateNcclGroup(FirstDevices(n));
