@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
   }
   std::unique_ptr<RankGroup> group(new RankGroup(whole, parallel));
   group->failure_grace_ = options.failure_grace;
+  group->step_timeout_ = options.step_timeout;
   for (int r = 0; r < n; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->comm = std::move(communicators[r]);
@@ -93,39 +94,68 @@ absl::StatusOr<std::unique_ptr<RankGroup>> RankGroup::Create(
 
 absl::Status RankGroup::RunOnAll(const std::function<absl::Status(int rank)>& job) {
   const int n = size();
-  std::mutex mu;
-  std::condition_variable done;
-  int remaining = n;
-  int first_failed = -1;  // the rank whose job failed first: the cause, not a consequence
-  std::vector<absl::Status> statuses(n);
+  // Shared with the jobs: a job that outlives this call (a rank that hangs past the step
+  // timeout) must find it alive.
+  struct Step {
+    std::mutex mu;
+    std::condition_variable done;
+    int remaining;
+    int first_failed = -1;  // the member whose job failed first: the cause, not a consequence
+    std::vector<absl::Status> statuses;
+    std::function<absl::Status(int)> job;
+  };
+  auto step = std::make_shared<Step>();
+  step->remaining = n;
+  step->statuses.resize(n);
+  step->job = job;
   for (int r = 0; r < n; ++r) {
-    ranks_[r]->Post([&, r] {
-      absl::Status s = job(r);
-      std::lock_guard<std::mutex> lock(mu);
-      if (!s.ok() && first_failed < 0) first_failed = r;
-      statuses[r] = std::move(s);
-      --remaining;
-      done.notify_all();
+    ranks_[r]->Post([step, r] {
+      absl::Status s = step->job(r);
+      std::lock_guard<std::mutex> lock(step->mu);
+      if (!s.ok() && step->first_failed < 0) step->first_failed = r;
+      step->statuses[r] = std::move(s);
+      --step->remaining;
+      step->done.notify_all();
     });
   }
-  std::unique_lock<std::mutex> lock(mu);
-  done.wait(lock, [&] { return remaining == 0 || first_failed >= 0; });
+  std::unique_lock<std::mutex> lock(step->mu);
   const auto failure = [&] {
-    return absl::UnavailableError(absl::StrCat("tensor-parallel rank ", first_failed, " of ", n,
-                                               " failed: ", statuses[first_failed].ToString()));
+    const int f = step->first_failed;
+    return absl::UnavailableError(absl::StrCat("tensor-parallel rank ", f, " of ", n,
+                                               " failed: ", step->statuses[f].ToString()));
   };
-  if (remaining > 0 && !done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
-                                      [&] { return remaining == 0; })) {
-    // A rank failed and the others are still inside the step (waiting for it at a
+  const auto abort_all = [&](const absl::Status& why) {
+    for (auto& rank : ranks_) rank->comm->Abort(why);  // the first reason recorded stays
+  };
+  // Every job done, or one failed, or the step timed out (a rank that hangs outside any
+  // collective, or inside one the communicator cannot time out: a GPU waiting in NCCL).
+  if (!step->done.wait_for(lock, absl::ToChronoMilliseconds(step_timeout_),
+                           [&] { return step->remaining == 0 || step->first_failed >= 0; })) {
+    const absl::Status why = absl::DeadlineExceededError(absl::StrCat(
+        "a tensor-parallel step did not finish within ", absl::FormatDuration(step_timeout_), " (",
+        step->remaining, " of ", n, " members still running): a rank hangs"));
+    abort_all(why);
+    // Aborted collectives release their ranks; a rank stuck elsewhere is left behind (the
+    // group is dead either way, and reports it).
+    step->done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
+                        [&] { return step->remaining == 0; });
+    return why;
+  }
+  if (step->remaining > 0 && !step->done.wait_for(lock, absl::ToChronoMilliseconds(failure_grace_),
+                                                  [&] { return step->remaining == 0; })) {
+    // A member failed and the others are still inside the step (waiting for it at a
     // collective): stop them, then wait for every job to leave (they fail at once).
-    for (auto& rank : ranks_) rank->comm->Abort(failure());
-    done.wait(lock, [&] { return remaining == 0; });
+    abort_all(failure());
+    if (!step->done.wait_for(lock, absl::ToChronoMilliseconds(step_timeout_),
+                             [&] { return step->remaining == 0; })) {
+      return failure();  // one is stuck outside any collective; the group is dead
+    }
   }
   bool all_alike = true;
-  for (const absl::Status& s : statuses) all_alike &= s == statuses[0];
-  if (all_alike) return statuses[0];  // OK, or a refusal every rank made alike
+  for (const absl::Status& s : step->statuses) all_alike &= s == step->statuses[0];
+  if (all_alike) return step->statuses[0];  // OK, or a refusal every member made alike
   const absl::Status why = failure();
-  for (auto& rank : ranks_) rank->comm->Abort(why);  // the first reason recorded stays
+  abort_all(why);
   return why;
 }
 

@@ -4,11 +4,11 @@
 // a NUMA node's when the ranks are nodes) and its own KV cache, combining partial outputs
 // through a Communicator. Rank 0's result is the step's.
 //
-// Failure: a rank whose step fails while the others succeed, or that does not finish, poisons
-// the group: the step and every later one fail with UNAVAILABLE naming the first failure, and
-// health() says so (glm-server then reports not ready: the instance restarts as a unit). A
-// step every rank refuses alike (a malformed batch, checked before any collective) is just
-// that step's error.
+// Failure: a rank whose step fails while the others succeed, or that does not finish (within
+// RankGroupOptions::step_timeout), poisons the group: the step and every later one fail with
+// UNAVAILABLE naming the first failure, and health() says so (glm-server then reports not ready:
+// the instance restarts as a unit). A step every rank refuses alike (a malformed batch, checked
+// before any collective) is just that step's error.
 #pragma once
 
 #include <functional>
@@ -32,6 +32,11 @@ struct RankGroupOptions {
   // other ranks once one has failed, before declaring the group dead.
   absl::Duration collective_timeout = absl::Seconds(60);
   absl::Duration failure_grace = absl::Seconds(2);
+  // The longest one step (or CreateCache, ...) may take on all members: past it the group is
+  // declared dead (DEADLINE_EXCEEDED, every communicator aborted), so a rank that hangs where
+  // no collective timeout reaches it (a GPU waiting in NCCL for a dead peer) takes the
+  // instance out of readiness instead of stalling it. Generous: a long prefill is not a hang.
+  absl::Duration step_timeout = absl::Minutes(15);
 };
 
 class RankGroup final : public ModelRunner {
@@ -87,6 +92,7 @@ class RankGroup final : public ModelRunner {
   ModelConfig whole_;
   ParallelConfig parallel_;
   absl::Duration failure_grace_;
+  absl::Duration step_timeout_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<ForwardResult> others_;  // ranks 1..N-1's step results (rank 0's is the caller's)
 };

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "core/base/parallel.h"
 #include "core/model/config.h"
 
@@ -135,6 +136,69 @@ TEST(RankGroupTest, ARankFailingAlonePoisonsTheGroupWithoutAHang) {
   EXPECT_EQ(group->health().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(group->health().message().find("rank 2"), absl::string_view::npos);
   EXPECT_EQ(Step(*group, cache->get(), 1, &result).code(), absl::StatusCode::kUnavailable);
+}
+
+// A rank that hangs outside any collective (a device that stopped answering) until released.
+class HangingRunner final : public ModelRunner {
+ public:
+  HangingRunner(const ModelConfig& c, absl::Notification* release) : c_(c), release_(release) {}
+  const ModelConfig& config() const override { return c_; }
+  int64_t layer_begin() const override { return 0; }
+  int64_t layer_end() const override { return c_.num_hidden_layers; }
+  std::string device_name() const override { return "hangs"; }
+  int64_t weight_bytes() const override { return 0; }
+  int64_t kv_bytes_per_token() const override { return 0; }
+  absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t blocks, int64_t size) override {
+    KvCacheShape shape;
+    shape.num_layers = 1;
+    shape.kv_heads = 1;
+    shape.head_dim = 1;
+    shape.block_size = size;
+    shape.num_blocks = blocks;
+    return std::make_unique<KvCache>(shape);
+  }
+  absl::Status Forward(const ForwardBatch&, KvCache*, const ForwardOptions&,
+                       ForwardResult*) override {
+    release_->WaitForNotification();
+    return absl::OkStatus();
+  }
+
+ private:
+  ModelConfig c_;
+  absl::Notification* release_;
+};
+
+TEST(RankGroupTest, ARankThatHangsOutsideACollectiveTimesTheStepOut) {
+  // Rank 1 hangs where no collective timeout reaches it; rank 0 waits at its sum (600 s). The
+  // step timeout (300 ms here) declares the group dead and aborts rank 0's wait.
+  const ModelConfig c = *PresetConfig("tiny");
+  ParallelConfig parallel;
+  parallel.tensor_parallel = 2;
+  RankGroupOptions options;
+  options.failure_grace = absl::Milliseconds(100);
+  options.step_timeout = absl::Milliseconds(300);
+  absl::Notification release;
+  auto group = RankGroup::Create(
+      c, parallel, options, CreateThreadGroup(2, absl::Seconds(600)),
+      [&](int r, Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+        if (r == 1)
+          return std::unique_ptr<ModelRunner>(std::make_unique<HangingRunner>(c, &release));
+        return std::unique_ptr<ModelRunner>(std::make_unique<SumRunner>(c, comm, -1));
+      });
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto cache = (*group)->CreateCache(4, 4);
+  ASSERT_TRUE(cache.ok());
+  ForwardResult result;
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = Step(**group, cache->get(), 1, &result);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("a rank hangs"), absl::string_view::npos) << s;
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_FALSE((*group)->health().ok());
+  EXPECT_EQ(Step(**group, cache->get(), 1, &result).code(), absl::StatusCode::kUnavailable);
+  release.Notify();  // let the hung rank's thread finish, so the group can be destroyed
 }
 
 TEST(RankGroupTest, AFailingFactoryFailsCreate) {
