@@ -206,8 +206,9 @@ absl::Status RunWorker(ModelWeights weights, const ParallelConfig& parallel,
   if (group != nullptr) {
     info.kv_bytes_per_token = group->kv_bytes_per_token();
     info.weight_bytes = group->weight_bytes();
-    info.device_name = absl::StrCat(backend.name == "CPU" ? "cpu" : group->device_name(), " ranks ",
-                                    mine.begin, "..", mine.end() - 1);
+    info.device_name = absl::StrCat(backend.name == "CPU" ? "cpu" : "cuda", " ranks ",
+                                    mine.begin, "..", mine.end() - 1, " (",
+                                    group->device_name(), ")");
   }
   weights = ModelWeights{};  // every rank holds its slice (views keep the mapping alive)
   StepLimits limits;

@@ -201,23 +201,25 @@ int64_t RankGroup::kv_bytes_per_token() const {
 }
 
 absl::Status RankGroup::SetKvCacheDType(KvCacheDType dtype) {
-  return RunOnAll([&](int r) { return ranks_[r]->runner->SetKvCacheDType(dtype); });
+  return RunOnAll([this, dtype](int r) { return ranks_[r]->runner->SetKvCacheDType(dtype); });
 }
 
 absl::Status RankGroup::EnableMtp() {
-  return RunOnAll([&](int r) { return ranks_[r]->runner->EnableMtp(); });
+  return RunOnAll([this](int r) { return ranks_[r]->runner->EnableMtp(); });
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> RankGroup::CreateCache(int64_t num_blocks,
                                                                 int64_t block_size) {
-  std::vector<std::unique_ptr<KvCache>> caches(size());
-  RETURN_IF_ERROR(RunOnAll([&](int r) -> absl::Status {  // first touch on the rank's CPUs
-    ASSIGN_OR_RETURN(caches[r], ranks_[r]->runner->CreateCache(num_blocks, block_size));
+  // Shared with the jobs (RunOnAll: a job may outlive a call that timed out).
+  auto caches = std::make_shared<std::vector<std::unique_ptr<KvCache>>>(size());
+  RETURN_IF_ERROR(RunOnAll([this, caches, num_blocks, block_size](int r) -> absl::Status {
+    // First touch on the rank's CPUs.
+    ASSIGN_OR_RETURN((*caches)[r], ranks_[r]->runner->CreateCache(num_blocks, block_size));
     return absl::OkStatus();
   }));
-  std::unique_ptr<KvCache> first = std::move(caches[0]);
-  caches.erase(caches.begin());
-  first->AdoptRankCaches(std::move(caches));
+  std::unique_ptr<KvCache> first = std::move((*caches)[0]);
+  caches->erase(caches->begin());
+  first->AdoptRankCaches(std::move(*caches));
   return first;
 }
 
@@ -230,9 +232,12 @@ absl::Status RankGroup::Forward(const ForwardBatch& batch, KvCache* cache,
   // Every rank runs the whole step; the head's slices are gathered on rank 0, whose result is kept.
   // The others' results live on (others_) so their buffers are reused from step to step.
   others_.resize(size() - 1);
-  return RunOnAll([&](int r) {
+  // Pointers by value: a job that outlives a timed-out step reads nothing of this frame.
+  const ForwardBatch* step_batch = &batch;
+  const ForwardOptions* step_options = &options;
+  return RunOnAll([this, step_batch, cache, step_options, result](int r) {
     ForwardResult* out = r == 0 ? result : &others_[r - 1];
-    return ranks_[r]->runner->Forward(batch, cache->rank_cache(r), options, out);
+    return ranks_[r]->runner->Forward(*step_batch, cache->rank_cache(r), *step_options, out);
   });
 }
 

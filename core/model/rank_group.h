@@ -87,6 +87,9 @@ class RankGroup final : public ModelRunner {
   struct Rank;
   RankGroup(const ModelConfig& whole, const ParallelConfig& parallel);
   // Runs job(r) on every rank's thread and waits; the group's failure rule (above) applies.
+  // After a step timeout a hung member's job may outlive the call: a job captures what it
+  // reads by value (pointers to objects that outlive the group's steps), never the caller's
+  // frame.
   absl::Status RunOnAll(const std::function<absl::Status(int rank)>& job);
 
   ModelConfig whole_;

@@ -29,7 +29,7 @@ std::string RemoteBuildId() {
 absl::StatusOr<std::string> RemoteChannel::Call(uint32_t type, const std::string& payload,
                                                 absl::Time deadline) {
   RETURN_IF_ERROR(health());
-  absl::MutexLock io(&io_mu_);
+  std::lock_guard<std::mutex> io(io_mu_);
   absl::Status s = SendFrame(socket_, type, payload, deadline);
   if (s.ok()) {
     absl::StatusOr<Frame> reply = RecvFrame(socket_, kMaxSmallFrame, deadline);
@@ -53,7 +53,7 @@ absl::Status RemoteChannel::Failed(const absl::Status& transport) {
 
 absl::StatusOr<Frame> RemoteChannel::Next(size_t max_payload) {
   RETURN_IF_ERROR(health());
-  absl::MutexLock io(&io_mu_);
+  std::lock_guard<std::mutex> io(io_mu_);
   absl::StatusOr<Frame> frame = RecvFrame(socket_, max_payload, absl::InfiniteFuture());
   if (!frame.ok()) return Failed(frame.status());
   return frame;
@@ -61,14 +61,14 @@ absl::StatusOr<Frame> RemoteChannel::Next(size_t max_payload) {
 
 absl::Status RemoteChannel::Send(uint32_t type, const std::string& payload) {
   RETURN_IF_ERROR(health());
-  absl::MutexLock io(&io_mu_);
+  std::lock_guard<std::mutex> io(io_mu_);
   const absl::Status s = SendFrame(socket_, type, payload, absl::Now() + kCallTimeout);
   return s.ok() ? s : Failed(s);
 }
 
 absl::StatusOr<std::string> RemoteChannel::Receive(uint32_t want_type, absl::Time deadline) {
   RETURN_IF_ERROR(health());
-  absl::MutexLock io(&io_mu_);
+  std::lock_guard<std::mutex> io(io_mu_);
   absl::StatusOr<Frame> frame = RecvFrame(socket_, kMaxSmallFrame, deadline);
   if (frame.ok() && frame->type == want_type) return std::move(frame->payload);
   return Failed(frame.ok() ? absl::InternalError(absl::StrCat("unexpected frame ", frame->type))
@@ -77,7 +77,7 @@ absl::StatusOr<std::string> RemoteChannel::Receive(uint32_t want_type, absl::Tim
 
 void RemoteChannel::Abort(const absl::Status& why) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return;
     failure_ = why;
   }
@@ -85,7 +85,7 @@ void RemoteChannel::Abort(const absl::Status& why) {
 }
 
 absl::Status RemoteChannel::health() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return failure_;
 }
 
@@ -180,9 +180,9 @@ absl::Status RemoteRanks::SetKvCacheDType(KvCacheDType dtype) {
 }
 
 absl::Status RemoteRanks::EnableMtp() {
-  ASSIGN_OR_RETURN(const std::string reply,
-                   channel_->Call(static_cast<uint32_t>(StepCall::kEnableMtp), "",
-                                  absl::Now() + kCallTimeout));
+  ASSIGN_OR_RETURN(
+      const std::string reply,
+      channel_->Call(static_cast<uint32_t>(StepCall::kEnableMtp), "", absl::Now() + kCallTimeout));
   absl::Status status;
   RETURN_IF_ERROR(DecodeReply(reply, &status, &info_.kv_bytes_per_token));
   mtp_enabled_ = status.ok();

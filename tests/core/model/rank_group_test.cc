@@ -198,7 +198,10 @@ TEST(RankGroupTest, ARankThatHangsOutsideACollectiveTimesTheStepOut) {
   EXPECT_LT(seconds, 10.0);
   EXPECT_FALSE((*group)->health().ok());
   EXPECT_EQ(Step(**group, cache->get(), 1, &result).code(), absl::StatusCode::kUnavailable);
-  release.Notify();  // let the hung rank's thread finish, so the group can be destroyed
+  // Let the hung rank's thread finish, and destroy the group (joining it) before the cache the
+  // abandoned step still points to.
+  release.Notify();
+  group->reset();
 }
 
 TEST(RankGroupTest, AFailingFactoryFailsCreate) {
