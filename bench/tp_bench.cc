@@ -6,6 +6,10 @@
 // threads); on a machine with one memory system the ranks share its bandwidth, so the best a
 // group can do here is to match one rank (docs/parallel.md states the two-socket model).
 //   tp_bench --preset=glm-4.5-air:layers=2 --mode=bf16 --tensor_parallel=1,2
+// With --device=cuda the ranks are GPUs (CUDA ranks over NCCL, a rank per GPU; bf16 weights):
+// the multi-GPU figures of docs/parallel.md, per GPU against one GPU (the GPU bundle runs it on
+// a host with several GPUs).
+//   tp_bench --device=cuda --preset=glm-4.5-air:layers=8 --tensor_parallel=1,2,4,8
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -19,6 +23,7 @@
 #include "bench/cpu_modes.h"
 #include "bench/machine_limits.h"
 #include "core/base/parallel.h"
+#include "core/cuda/runner.h"
 #include "core/engine/runner_factory.h"
 #include "core/engine/scoring.h"
 #include "core/model/checkpoint.h"
@@ -30,6 +35,8 @@ ABSL_FLAG(int, threads, 0, "threads in all (0: all cores), split evenly among a 
 ABSL_FLAG(int, rounds, 5, "interleaved rounds; each figure is the median");
 ABSL_FLAG(int, decode_steps, 8, "decode steps per round (after one warm-up step)");
 ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu (ranks are thread groups) or cuda (a rank per GPU; --mode and --threads unused)");
 
 namespace {
 
@@ -132,12 +139,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", weights.status().ToString().c_str());
     return 1;
   }
-  const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
-  std::printf("machine: read bandwidth %.1f GB/s, %d threads in all\nmodel: %s, mode %s, %.2f GB\n",
-              limits.read_gbs, total, absl::GetFlag(FLAGS_preset).c_str(), mode.c_str(),
-              weights->ParameterBytes() / 1e9);
+  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  if (!cuda && absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "--device: cpu or cuda\n");
+    return 1;
+  }
+  if (cuda) {
+    std::printf("machine: %s\nmodel: %s, bf16, %.2f GB\n",
+                glmserve::CudaDeviceDescription().c_str(), absl::GetFlag(FLAGS_preset).c_str(),
+                base->ParameterBytes() / 1e9);
+  } else {
+    const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
+    std::printf(
+        "machine: read bandwidth %.1f GB/s, %d threads in all\nmodel: %s, mode %s, %.2f GB\n",
+        limits.read_gbs, total, absl::GetFlag(FLAGS_preset).c_str(), mode.c_str(),
+        weights->ParameterBytes() / 1e9);
+  }
   std::vector<std::unique_ptr<glmserve::ModelRunner>> runners;
   for (const int n : sizes) {
+    if (cuda) {  // GPUs: one, or a group of n CUDA ranks (GPUs 0..n-1)
+      glmserve::ParallelConfig parallel;
+      parallel.tensor_parallel = n;
+      std::string how;
+      auto runner = n == 1 ? glmserve::CreateCudaRunner(*base)
+                           : glmserve::CreateCudaTensorParallelRunner(
+                                 *base, parallel, nullptr, glmserve::Fp8TensorCores::kOff, &how);
+      if (!runner.ok()) {
+        std::fprintf(stderr, "TP %d: %s\n", n, runner.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("TP %d: %s%s%s\n", n, (*runner)->device_name().c_str(), how.empty() ? "" : "; ",
+                  how.c_str());
+      runners.push_back(*std::move(runner));
+      continue;
+    }
     if (n == 1) {
       auto one = glmserve::CreateModelRunner(*weights, glmserve::DeviceKind::kCpu,
                                              glmserve::bench::MathOf(mode));
@@ -168,12 +203,15 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // Per rank (per GPU with --device=cuda): the base's time over n times this layout's time, the
+  // throughput each rank delivers against the base (1.0: perfect scaling).
   std::printf(
-      "\n| layout | threads per rank | phase | median | vs TP %d | greedy tokens = TP %d |\n",
-      sizes[0], sizes[0]);
-  std::printf("|---|---|---|---|---|---|\n");
+      "\n| layout | threads per rank | phase | median | vs TP %d | per rank vs TP %d | "
+      "greedy tokens = TP %d |\n",
+      sizes[0], sizes[0], sizes[0]);
+  std::printf("|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const int per_rank = sizes[i] == 1 ? total : std::max(1, total / sizes[i]);
+    const int per_rank = cuda ? 1 : sizes[i] == 1 ? total : std::max(1, total / sizes[i]);
     const bool same = figures[i].tokens == figures[0].tokens;
     const struct {
       const char* phase;
@@ -187,9 +225,10 @@ int main(int argc, char** argv) {
         {"decode batch 8", &figures[i].decode8_s, &figures[0].decode8_s, 1e3, "ms/step"},
     };
     for (const auto& r : rows) {
-      std::printf("| TP %d | %d | %s | %.3f %s | %.3fx | %s |\n", sizes[i], per_rank, r.phase,
-                  Median(*r.v) * r.scale, r.unit, Median(*r.v) / Median(*r.base),
-                  same ? "yes" : "NO");
+      const double ratio = Median(*r.v) / Median(*r.base);
+      std::printf("| TP %d | %d | %s | %.3f %s | %.3fx | %.3f | %s |\n", sizes[i], per_rank,
+                  r.phase, Median(*r.v) * r.scale, r.unit, ratio,
+                  static_cast<double>(sizes[0]) / (sizes[i] * ratio), same ? "yes" : "NO");
     }
   }
   for (size_t i = 1; i < sizes.size(); ++i) {

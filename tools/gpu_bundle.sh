@@ -45,7 +45,7 @@ done
 tests+=(core_engine_runner_conformance_test core_engine_golden_test)
 # The embedded default model on the GPU: perplexity and greedy agreement against the CPU.
 tests+=(models_glm45_kjv_cuda_test)
-benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench)
+benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench tp_bench)
 tools=(glm-server glm-client glm-run)
 
 if [ "$do_build" = 1 ]; then

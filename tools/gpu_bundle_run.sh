@@ -24,7 +24,8 @@
 # cuDNN), gpu_bench_glm5.log,
 # gpu_bench_fp8.log, gpu_bench_fp8_kv.log, server.log, client_bench_c<N>.log, server_in_sequence.log,
 # client_bench_in_sequence_c<N>.log,
-# sampler_bench.log, host_bench.log, moe_routing_bench.log, mtp_bench.log, glm_run_<case>.log. Exit status: 0 when every step passed.
+# sampler_bench.log, host_bench.log, moe_routing_bench.log, mtp_bench.log, tp_bench.log (with
+# 2 or more GPUs), glm_run_<case>.log. Exit status: 0 when every step passed.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -261,6 +262,18 @@ if [ "$gpu" = 1 ]; then
   # Speculative decoding with the trained MTP layer on the GPU (docs/mtp.md).
   run_step mtp_bench "$out/mtp_bench.log" "$here/bin/mtp_bench" --device=cuda \
     --model="$here/models/glm-4.5-kjv" --text="$here/golden/kjv/heldout.txt"
+  # Several GPUs: CUDA ranks over NCCL against one GPU, decode and prefill per GPU
+  # (docs/parallel.md; tensor_parallel_cuda_test's cases ran above with enough GPUs).
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "${gpus:-0}" -ge 2 ]; then
+    sizes=1
+    for n in 2 4 8; do [ "$n" -le "$gpus" ] && sizes="$sizes,$n"; done
+    run_step tp_bench "$out/tp_bench.log" "$here/bin/tp_bench" --device=cuda \
+      --preset=glm-4.5-air:layers=8 --tensor_parallel="$sizes" --rounds=3 --decode_steps=16 \
+      --prefill_tokens=2048
+  else
+    note "skip tp_bench: ${gpus:-0} GPU(s); the multi-GPU figures need 2 or more"
+  fi
 else
   # The CPU benchmarks in a quick form: they run, and their tables come out.
   run_step "sampler_bench (quick)" "$out/sampler_bench.log" "$here/bin/sampler_bench" --draws=3 \
