@@ -271,6 +271,53 @@ TEST(CudaTensorParallelTest, TwoProcessesOfTwoGpusMatchOneGpu) {
   EXPECT_EQ(worker_stopped.code(), absl::StatusCode::kUnavailable) << worker_stopped;
 }
 
+TEST(CudaTensorParallelTest, ASequencesLogitsDoNotDependOnItsBatch) {
+  // The group's sums add the ranks' partials in rank order element by element, whatever the
+  // rows travelling together: a sequence decoded alone and batched with two others gets the
+  // same logits (bit for bit under the emulation, whose GEMMs are exact per element; within the
+  // GPU bound on a device, where cuBLAS may choose other algorithms for other shapes).
+  GLM_REQUIRE_GPUS(2);
+  const ModelWeights w = Weights(TpConfig());
+  std::unique_ptr<RankGroup> group = Group(w, 2, /*expert_parallel=*/true);
+  ASSERT_NE(group, nullptr);
+  const int64_t vocab = w.config.vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7, 8}, {40, 41}, {9, 9, 9, 9, 9, 9}};
+  // Sequence 0's logits over a prefill and 4 decode steps, batched with `others`.
+  const auto run = [&](int others) {
+    auto cache = *group->CreateCache(32, 4);
+    std::vector<BlockTable> tables(1 + others);
+    std::vector<std::vector<int32_t>> seqs(prompts.begin(), prompts.begin() + 1 + others);
+    std::vector<float> mine;
+    std::vector<int64_t> done(seqs.size(), 0);
+    for (int step = 0; step < 5; ++step) {
+      ForwardBatch batch;
+      std::vector<int32_t> ids;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const int64_t n = static_cast<int64_t>(seqs[s].size()) - done[s];
+        EXPECT_TRUE(cache->Reserve(&tables[s], done[s] + n).ok());
+        batch.sequences.push_back({n, done[s], &tables[s]});
+        ids.insert(ids.end(), seqs[s].begin() + done[s], seqs[s].end());
+      }
+      batch.token_ids = ids;
+      ForwardResult result;
+      EXPECT_TRUE(group->Forward(batch, cache.get(), ForwardOptions{}, &result).ok());
+      mine.insert(mine.end(), result.logits.begin(), result.logits.begin() + vocab);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        done[s] = static_cast<int64_t>(seqs[s].size());
+        const float* row = result.logits.data() + s * vocab;
+        seqs[s].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      }
+    }
+    return mine;
+  };
+  const std::vector<float> alone = run(0), batched = run(2);
+  if (testing::Emulated()) {
+    EXPECT_EQ(alone, batched);
+  } else {
+    EXPECT_LT(RelativeError(alone, batched), kGpuTolerance);
+  }
+}
+
 TEST(CudaTensorParallelTest, RanksSampleOnRankZeroAsOneGpuDoes) {
   // Device sampling with the head split by vocabulary: rank 0 gathers the slices and samples;
   // the tokens and logprobs are one GPU's.
