@@ -121,12 +121,14 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
     return;
   }
 
-  // The scores and the weighted sum in the portable code or on AVX-512, the same bits.
-  const bool avx512 = internal::CpuHasAvx512();
-  const auto scores_fn =
-      avx512 ? internal::AttentionScoresAvx512 : internal::AttentionScoresGeneric;
-  const auto sum_fn =
-      avx512 ? internal::AttentionWeightedSumAvx512 : internal::AttentionWeightedSumGeneric;
+  // The scores and the weighted sum in the portable code, on AVX-512 or on AVX2: the same bits.
+  const bool avx512 = internal::CpuHasAvx512(), avx2 = internal::CpuHasAvx2Fma();
+  const auto scores_fn = avx512 ? internal::AttentionScoresAvx512
+                         : avx2 ? internal::AttentionScoresAvx2
+                                : internal::AttentionScoresGeneric;
+  const auto sum_fn = avx512 ? internal::AttentionWeightedSumAvx512
+                      : avx2 ? internal::AttentionWeightedSumAvx2
+                             : internal::AttentionWeightedSumGeneric;
   ParallelFor(total * heads, 4, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs;
     probs.resize(max_context);

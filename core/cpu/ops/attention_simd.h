@@ -1,5 +1,6 @@
 // The two inner loops of PagedAttention's fp32 path, per (token, query head), in a portable
-// form (attention.cc) and an AVX-512 one (attention_avx512.cc) that gives the same bits.
+// form (attention.cc) and AVX-512 and AVX2 ones (attention_avx512.cc, attention_avx2.cc) that
+// give the same bits.
 #pragma once
 
 #include <algorithm>
@@ -27,8 +28,10 @@ struct AttentionRows {
 // scores[p] = LaneDot<8>(q, key p, head_dim) * scale, p < context.
 void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores);
 void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores);
+void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale, float* scores);
 // out[d] = sum over p in order of probs[p] * value p [d], from +0, d < head_dim.
 void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out);
+void AttentionWeightedSumAvx2(const AttentionRows& rows, const float* probs, float* out);
 
 }  // namespace glmserve::internal

@@ -86,6 +86,15 @@ bool CpuHasAvx512() {
 #endif
 }
 
+bool CpuHasAvx2Fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has && !force_generic.load();
+#else
+  return false;
+#endif
+}
+
 bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512bf16");
@@ -237,7 +246,10 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   });
 }
 
-BlockFn ExactBlockFn() { return CpuHasAvx512() ? LinearBlockAvx512 : LinearBlockGeneric; }
+BlockFn ExactBlockFn() {
+  if (CpuHasAvx512()) return LinearBlockAvx512;
+  return CpuHasAvx2Fma() ? LinearBlockAvx2 : LinearBlockGeneric;
+}
 
 }  // namespace
 
@@ -371,7 +383,8 @@ const char* LinearKernelName(CpuMath math) {
   if (math == CpuMath::kBf16) {
     return internal::CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
   }
-  return internal::CpuHasAvx512() ? "avx512" : "generic";
+  if (internal::CpuHasAvx512()) return "avx512";
+  return internal::CpuHasAvx2Fma() ? "avx2" : "generic";
 }
 
 }  // namespace glmserve

@@ -64,8 +64,8 @@ struct LinearJob {
 };
 void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact);
 
-// Which kernel Linear dispatches bf16 weights to on this machine in `math`: "avx512" or
-// "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an exact emulation
+// Which kernel Linear dispatches bf16 weights to on this machine in `math`: "avx512", "avx2"
+// (the same bits) or "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an exact emulation
 // of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16" (kBf16Amx,
 // likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
@@ -78,7 +78,10 @@ void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job; `panel` is scratch.
 void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel);
 void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel);
+// The AVX2 + FMA kernel: the AVX-512 kernel's arithmetic (same bits) in 8-wide registers.
+void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel);
 bool CpuHasAvx512();
+bool CpuHasAvx2Fma();
 bool CpuHasAvx512Bf16();  // AVX-512 F/BW/VL/DQ plus AVX512_BF16
 // Tests and benches: force the portable kernels even where the CPU has AVX-512.
 void ForceGenericKernels(bool force);

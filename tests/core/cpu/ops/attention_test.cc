@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu/ops/attention_simd.h"
 #include "core/cpu/ops/linear.h"
 #include "tests/test_util.h"
 
@@ -110,6 +111,53 @@ TEST(PagedAttentionTest, Avx512EqualsPortableBitForBit) {
     internal::ForceGenericKernels(false);
     for (size_t i = 0; i < q.size(); ++i) {
       ASSERT_EQ(fast[i], portable[i]) << "head_dim " << head_dim << " element " << i;
+    }
+  }
+}
+
+// Each SIMD form of the two inner loops, called directly (so a machine with AVX-512 checks its
+// AVX2 form too), against the portable one: the same head dims as above, a context across
+// blocks, both KV heads of a row.
+TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
+  using Scores = void (*)(const internal::AttentionRows&, const float*, float, float*);
+  using Sum = void (*)(const internal::AttentionRows&, const float*, float*);
+  std::vector<std::pair<Scores, Sum>> forms;
+  if (internal::CpuHasAvx2Fma()) {
+    forms.push_back({internal::AttentionScoresAvx2, internal::AttentionWeightedSumAvx2});
+  }
+  if (internal::CpuHasAvx512()) {
+    forms.push_back({internal::AttentionScoresAvx512, internal::AttentionWeightedSumAvx512});
+  }
+  if (forms.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 on this CPU";
+  uint32_t seed = 400;
+  for (const int64_t head_dim : {7, 13, 24, 64, 128, 136, 260}) {
+    const int64_t kv_heads = 2, kv_dim = kv_heads * head_dim, context = 29;
+    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 8});
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, context).ok());
+    const std::vector<float> k = testing::RandomVector(context * kv_dim, seed++);
+    const std::vector<float> v = testing::RandomVector(context * kv_dim, seed++);
+    const std::vector<SequenceSlice> batch = {{context, 0, &table}};
+    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const std::vector<float> q = testing::RandomVector(head_dim, seed++, 3.f);
+    const std::vector<float> probs = testing::RandomVector(context, seed++);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const internal::AttentionRows rows{&cache, &table, 0,        h * head_dim,
+                                         kv_dim, 8,      head_dim, context};
+      std::vector<float> scores(context), sum(head_dim);
+      internal::AttentionScoresGeneric(rows, q.data(), 0.125f, scores.data());
+      internal::AttentionWeightedSumGeneric(rows, probs.data(), sum.data());
+      for (const auto& [scores_fn, sum_fn] : forms) {
+        std::vector<float> s2(context, NAN), o2(head_dim, NAN);
+        scores_fn(rows, q.data(), 0.125f, s2.data());
+        sum_fn(rows, probs.data(), o2.data());
+        for (int64_t p = 0; p < context; ++p) {
+          ASSERT_EQ(s2[p], scores[p]) << "head_dim " << head_dim << " score " << p;
+        }
+        for (int64_t d = 0; d < head_dim; ++d) {
+          ASSERT_EQ(o2[d], sum[d]) << "head_dim " << head_dim << " element " << d;
+        }
+      }
     }
   }
 }
