@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode);
+    glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode));
     const glmserve::ModelWeights cost_view = *mode_weights;  // views: shares the memory
     auto model = std::make_unique<glmserve::CpuModel>(*std::move(mode_weights), math);
     glmserve::EngineOptions options;

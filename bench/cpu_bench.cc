@@ -34,7 +34,8 @@ ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)"
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 "
-          "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations)");
+          "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations); "
+          "exact_portable: exact on the portable kernels (what SIMD gains)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(int, decode_context, -1,
           "context of the decode measurements: -1 decodes batch 1 after the prompt and the batch "
@@ -276,10 +277,11 @@ int main(int argc, char** argv) {
       "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, AMX bf16 peak "
       "%.0f GFLOP/s, int8 dot-product peak %.0f GOP/s, read bandwidth "
       "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
-      "decode kernels over 1 GiB: bf16 %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
+      "decode kernels over 1 GiB: bf16 %.1f, exact %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
       limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops, limits.read_gbs,
       limits.read_sum_gbs, limits.read_best_streams, limits.read_one_stream_gbs,
-      limits.read_bf16_kernel_gbs, limits.read_int8_kernel_gbs, MeasureBlasGflops());
+      limits.read_bf16_kernel_gbs, limits.read_exact_kernel_gbs, limits.read_int8_kernel_gbs,
+      MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =
@@ -316,11 +318,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
+    glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode_name));
     glmserve::CpuModel model(*std::move(mode_weights), math);
     PhaseResult r;
-    if (!RunPhases(model, prefill, steps, batch, absl::GetFlag(FLAGS_decode_context), &r)) {
-      return 1;
-    }
+    const bool ran =
+        RunPhases(model, prefill, steps, batch, absl::GetFlag(FLAGS_decode_context), &r);
+    if (!ran) return 1;
     PrintModeRows(mode_name, math, model, r, limits, *config, prefill, steps, batch);
     if (absl::GetFlag(FLAGS_breakdown)) PrintBreakdown(mode_name, r);
   }

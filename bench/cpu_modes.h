@@ -1,7 +1,9 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
 // (--cpu_math=bf16_amx) and int8 (weights quantized at load, --weight_dtype=int8, with their
-// own int8 arithmetic in every --cpu_math, core/cpu/ops/linear.h).
+// own int8 arithmetic in every --cpu_math, core/cpu/ops/linear.h), plus exact_portable: the
+// exact arithmetic on the portable kernels, whatever SIMD the CPU has (what the SIMD kernels
+// gain, measured in the same run).
 #pragma once
 
 #include <string>
@@ -21,9 +23,10 @@ namespace glmserve::bench {
 inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& list) {
   std::vector<std::string> modes;
   for (absl::string_view name : absl::StrSplit(list, ',')) {
-    if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--modes: '", name, "' is not one of exact, bf16, bf16_amx, int8"));
+    if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8" &&
+        name != "exact_portable") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--modes: '", name, "' is not one of exact, bf16, bf16_amx, int8, exact_portable"));
     }
     modes.emplace_back(name);
   }
@@ -31,9 +34,12 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
 }
 
 inline CpuMath MathOf(const std::string& mode) {
-  if (mode == "exact") return CpuMath::kExact;
+  if (mode == "exact" || mode == "exact_portable") return CpuMath::kExact;
   return mode == "bf16_amx" ? CpuMath::kBf16Amx : CpuMath::kBf16;
 }
+
+// Whether `mode` runs on the portable kernels (internal::ForceGenericKernels while it runs).
+inline bool PortableKernels(const std::string& mode) { return mode == "exact_portable"; }
 
 // `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and
 // shared owners); int8 adds its quantized copy of the linear layers for as long as it lives.

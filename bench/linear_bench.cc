@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (size_t i = 0; i < n_modes; ++i) {
       const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
+      glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels((*modes)[i]));
       auto t = Clock::now();
       glmserve::Linear(x.data(), tokens, q, nullptr, y.data(), math);
       dense_s[i].push_back(Since(t));

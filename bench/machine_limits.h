@@ -65,6 +65,23 @@ __attribute__((target("avx512f"))) inline float FmaLoop(float seed) {
   return Sum(acc);
 }
 
+// The same on AVX2 + FMA (8 lanes): the exact kernel's peak on x86-64 without AVX-512.
+__attribute__((target("avx2,fma"))) inline float FmaLoopAvx2(float seed) {
+  __m256 acc[kPeakAccumulators];
+  for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm256_set1_ps(seed * i);
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int64_t it = 0; it < kPeakIterations; ++it) {
+    for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  alignas(32) float lanes[8];
+  float total = 0;
+  for (int i = 0; i < kPeakAccumulators; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) total += v;
+  }
+  return total;
+}
+
 __attribute__((target("avx512f,avx512bf16"))) inline float DpBf16Loop(float seed) {
   __m512 acc[kPeakAccumulators];
   for (int i = 0; i < kPeakAccumulators; ++i) acc[i] = _mm512_set1_ps(seed * i);
@@ -107,10 +124,13 @@ double PeakGflops(Loop loop, double flops_per_op) {
   return chunks * kPeakIterations * kPeakAccumulators * flops_per_op / s / 1e9;
 }
 
-// fp32 FMA peak: 16 lanes x 2 flops per vfmadd.
+// fp32 FMA peak: 16 lanes x 2 flops per vfmadd (8 lanes on AVX2 + FMA); 0 with neither.
 inline double FmaPeakGflops() {
-  if (!__builtin_cpu_supports("avx512f")) return 0;
-  return PeakGflops(FmaLoop, 32.0);
+  if (__builtin_cpu_supports("avx512f")) return PeakGflops(FmaLoop, 32.0);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return PeakGflops(FmaLoopAvx2, 16.0);
+  }
+  return 0;
 }
 // bf16 dot-product peak: 16 lanes x 2 products x 2 flops per vdpbf16ps.
 inline double Bf16DotPeakGflops() {
@@ -218,9 +238,9 @@ inline double ReadBandwidth(int streams) {
 }
 
 // GB/s of weights that Linear reads at m = 1 (a decode step's shape) over a 1 GiB matrix of
-// 8192 columns, best of 5: bf16 weights in the bf16 mode (int8 = false) or int8 weights with
-// their scales (int8 = true).
-inline double KernelReadBandwidth(bool int8) {
+// 8192 columns, best of 5: bf16 weights in `math` (int8 = false) or int8 weights with their
+// scales (int8 = true).
+inline double KernelReadBandwidth(bool int8, CpuMath math = CpuMath::kBf16) {
   const int64_t k = 8192, rows = (int64_t{1} << 30) / k / (int8 ? 1 : 2);
   std::vector<float> x(k, 0.5f), y(rows);
   std::vector<uint16_t> wb;
@@ -235,7 +255,7 @@ inline double KernelReadBandwidth(bool int8) {
     wb.assign(rows * k, FloatToBf16(0.01f));
     w = Matrix{DType::kBF16, rows, k, wb.data()};
   }
-  const double s = BestOf(5, [&] { Linear(x.data(), 1, w, nullptr, y.data(), CpuMath::kBf16); });
+  const double s = BestOf(5, [&] { Linear(x.data(), 1, w, nullptr, y.data(), math); });
   if (y[0] != y[rows - 1]) std::abort();  // keeps the results alive
   return w.bytes() / s / 1e9;
 }
@@ -249,7 +269,8 @@ struct MachineLimits {
   int read_best_streams = 0;
   double read_sum_gbs = 0;  // best plain streaming sum over 1, 2, 4 and 8 streams per thread
   double read_one_stream_gbs = 0;
-  double read_bf16_kernel_gbs = 0;  // KernelReadBandwidth(false)
+  double read_bf16_kernel_gbs = 0;   // KernelReadBandwidth(false)
+  double read_exact_kernel_gbs = 0;  // KernelReadBandwidth(false, CpuMath::kExact)
   double read_int8_kernel_gbs = 0;  // KernelReadBandwidth(true)
 };
 
@@ -268,8 +289,10 @@ inline MachineLimits MeasureMachine() {
     }
   }
   m.read_bf16_kernel_gbs = KernelReadBandwidth(false);
+  m.read_exact_kernel_gbs = KernelReadBandwidth(false, CpuMath::kExact);
   m.read_int8_kernel_gbs = KernelReadBandwidth(true);
-  m.read_gbs = std::max({m.read_sum_gbs, m.read_bf16_kernel_gbs, m.read_int8_kernel_gbs});
+  m.read_gbs = std::max({m.read_sum_gbs, m.read_bf16_kernel_gbs, m.read_exact_kernel_gbs,
+                         m.read_int8_kernel_gbs});
   return m;
 }
 

@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
     sizes.push_back(n);
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode));
   auto config = glmserve::PresetConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
