@@ -211,7 +211,9 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
-  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni : Int8BlockGeneric;
+  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni
+                       : CpuHasAvx2Fma()  ? Int8BlockAvx2
+                                          : Int8BlockGeneric;
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
@@ -375,7 +377,8 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
 }
 
 const char* LinearInt8KernelName() {
-  return internal::CpuHasAvx512Vnni() ? "avx512_vnni" : "generic_int8";
+  if (internal::CpuHasAvx512Vnni()) return "avx512_vnni";
+  return internal::CpuHasAvx2Fma() ? "avx2_int8" : "generic_int8";
 }
 
 const char* LinearKernelName(CpuMath math) {

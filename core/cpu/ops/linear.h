@@ -69,7 +69,8 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16" (kBf16Amx,
 // likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
-// The kernel int8 weights run on (either mode): "avx512_vnni" or "generic_int8".
+// The kernel int8 weights run on (either mode): "avx512_vnni", "avx2_int8" or "generic_int8"
+// (all three give the same bits).
 const char* LinearInt8KernelName();
 
 namespace internal {
@@ -125,6 +126,7 @@ struct Int8Job {
 // AVX512-VNNI one, bit-identical.
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
+void Int8BlockAvx2(const Int8Job& job, int64_t nb);  // the same bits on AVX2
 bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block

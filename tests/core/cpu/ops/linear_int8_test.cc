@@ -90,6 +90,36 @@ TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
   }
 }
 
+// The AVX2 kernel called directly (so a machine with AVX512-VNNI checks it too) against the
+// portable one, bit for bit: ragged K and N, one and several activation tiles, K blocks.
+TEST(LinearInt8, Avx2KernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {2, 33, 64},   {3, 40, 1030},
+                          {5, 37, 2100}, {17, 70, 513}, {1, 35, 4096}, {4, 5, 4129}};
+  uint32_t seed = 140;
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    internal::Int8Activation a;
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> simd(s.m * s.n, NAN), portable(s.m * s.n, NAN);
+      for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
+        internal::Int8BlockAvx2({&a, &w.view, b, simd.data()}, nb);
+        internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
+      }
+      for (int64_t i = 0; i < s.m * s.n; ++i) {
+        ASSERT_EQ(simd[i], portable[i])
+            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i;
+      }
+    }
+  }
+}
+
 // Every row of a batch of m equals that row run alone, bit for bit, in both kernels: the
 // reduction order does not depend on m, the tile or the K blocking (m > 4 blocks K).
 TEST(LinearInt8, BatchInvariance) {

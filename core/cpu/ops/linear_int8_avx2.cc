@@ -1,0 +1,151 @@
+// The int8-weight Linear kernel on AVX2 (x86-64 without AVX512-VNNI; arithmetic: linear.h;
+// portable reference: linear_int8.cc, which this kernel matches bit for bit). The 16 lanes of
+// the arithmetic are two 8-wide registers: per 64 weights of a row, the low one takes bytes
+// 0-31 (the first 32-wide group) and the high one bytes 32-63 (the second). A lane's exact
+// int32 dot of 4 products comes from vpmaddubsw on |x| (unsigned) and w with x's sign
+// (signed), then vpmaddwd with ones: both sides lie in [-127, 127], so a pair's sum is at most
+// 2 * 127 * 127 = 32258 and the 16-bit step cannot saturate. Then, as on AVX512-VNNI, one
+// exact conversion and one FMA with the scales' product (one rounding), the same lane tree
+// and the bias.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/ops/linear.h"
+
+namespace glmserve::internal {
+namespace {
+
+// Register tiles of up to 2 activation rows x 2 weight rows: 8 accumulators, and per half a
+// step the two rows' weights and scales, one activation's magnitude, sign source and scales.
+constexpr int kTileM = 2;
+constexpr int kTileN = 2;
+// K elements per block when several activation tiles share a weight tile (as on VNNI).
+constexpr int64_t kBlockKInt8 = 2048;
+
+struct Rows {
+  const int8_t* q;      // [NR, ld] from the tile's first row
+  int64_t ld;           // = K
+  const float* scales;  // [NR, groups]
+  int64_t groups;
+};
+
+struct Act {
+  const int8_t* q;     // [MR, kp]
+  const float* scale;  // [MR, kp / 4]
+  int64_t kp;
+};
+
+// The exact int32 dots of 4 byte products per lane: x . w over 32 bytes.
+inline __m256i Dot4(__m256i x_abs, __m256i x, __m256i w) {
+  const __m256i pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// 16 lanes (lo: 0-7, hi: 8-15) by the halving tree of core/cpu/ops/lane_sum.h.
+inline float ReduceLanes(__m256 lo, __m256 hi) {
+  const __m256 a = _mm256_add_ps(lo, hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  const __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+  return _mm_cvtss_f32(d);
+}
+
+// Lanes of an MR x NR tile over k in [k_begin, k_end) (multiples of 64, or K's padded end):
+// started from zero (first) or from `lanes`; at the end reduced into y (+ bias) (last) or
+// saved to `lanes`.
+template <int MR, int NR>
+void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t k_end, bool first,
+          bool last, float* lanes, float* y, int64_t ldy, const float* bias) {
+  __m256 acc[MR][NR][2];
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n)
+      for (int h = 0; h < 2; ++h)
+        acc[i][n][h] =
+            first ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes + (i * NR + n) * 16 + 8 * h);
+  for (int64_t k = k_begin; k < k_end; k += 64) {
+    // A row's last step may pass its end: those bytes come from a zero-padded copy (they meet
+    // activation zeros, and a load past the matrix is never made).
+    alignas(32) int8_t tail[NR][64];
+    const int8_t* wp[NR];
+    for (int n = 0; n < NR; ++n) {
+      wp[n] = w.q + n * w.ld + k;
+      if (k + 64 > k_total) {
+        std::memset(tail[n], 0, 64);
+        std::memcpy(tail[n], wp[n], static_cast<size_t>(k_total - k));
+        wp[n] = tail[n];
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      // Group g's scale for every lane of this half; 0 past the row's last group.
+      const int64_t g = k / kInt8Group + h;
+      __m256i wv[NR];
+      __m256 ws[NR];
+      for (int n = 0; n < NR; ++n) {
+        wv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[n] + 32 * h));
+        ws[n] = _mm256_set1_ps(g < w.groups ? w.scales[n * w.groups + g] : 0.0f);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * x.kp + k + 32 * h));
+        const __m256i xa = _mm256_abs_epi8(xv);
+        const __m256 xs = _mm256_loadu_ps(x.scale + i * (x.kp / 4) + k / 4 + 8 * h);
+        for (int n = 0; n < NR; ++n) {
+          const __m256i d = Dot4(xa, xv, wv[n]);
+          acc[i][n][h] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(xs, ws[n]), acc[i][n][h]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int n = 0; n < NR; ++n) {
+      if (last) {
+        float v = ReduceLanes(acc[i][n][0], acc[i][n][1]);
+        if (bias != nullptr) v += bias[n];
+        y[i * ldy + n] = v;
+      } else {
+        _mm256_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n][0]);
+        _mm256_storeu_ps(lanes + (i * NR + n) * 16 + 8, acc[i][n][1]);
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(const Act&, const Rows&, int64_t, int64_t, int64_t, bool, bool, float*,
+                        float*, int64_t, const float*);
+constexpr TileFn kTiles[kTileM][kTileN] = {{Tile<1, 1>, Tile<1, 2>}, {Tile<2, 1>, Tile<2, 2>}};
+
+}  // namespace
+
+void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
+  const Matrix& w = *job.w;
+  const Int8Activation& x = *job.x;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0);
+  const int64_t m = x.m, n_rows = w.rows, k_total = w.cols, kp = x.kp, groups = w.scale_cols();
+  // One activation tile: its lanes stay in registers through all of K. More rows: K blocks,
+  // so that a block of the weight tile serves every activation tile from L1; lanes wait in
+  // `lanes` between blocks (stored and reloaded exactly).
+  const int64_t kb = m <= kTileM ? kp : kBlockKInt8;
+  thread_local std::vector<float> lanes;
+  lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
+  const int8_t* q = static_cast<const int8_t*>(w.data);
+  for (int64_t n = 0; n < nn; n += kTileN) {
+    const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+    const Rows rows{q + (n0 + n) * k_total, k_total, w.scales + (n0 + n) * groups, groups};
+    for (int64_t k0 = 0; k0 < kp; k0 += kb) {
+      const int64_t k1 = std::min(kp, k0 + kb);
+      for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
+        const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
+        const Act act{x.q.data() + i0 * kp, x.lane_scale.data() + i0 * (kp / 4), kp};
+        kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
+                               lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
+                               n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
+      }
+    }
+  }
+}
+
+}  // namespace glmserve::internal
