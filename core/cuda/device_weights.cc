@@ -534,20 +534,20 @@ absl::Status PlanImage(const ModelWeights& w, const DeviceSlice& slice, ImagePla
   }
   out.inv_freq = plan.OwnedVector(RopeInvFreq(c.rotary_dim(), c.rope_theta));
   out.dense_step_bytes = plan.step_bytes();
-  // The MTP layer, for a whole model, its matrices outside the decoder block unquantized (an
-  // FP8 eh_proj or head leaves it on the host: the runner then has none).
-  if (w.mtp && slice.whole && w.has_embedding() && w.has_head() &&
-      w.mtp->eh_proj.format == WeightFormat::kDense &&
+  // The MTP layer, its matrices outside the decoder block unquantized (an FP8 eh_proj or head
+  // leaves it on the host: the runner then has none). A rank's is cut as its layers are
+  // (ShardWeights): its block like any layer, eh_proj whole, a stored head by vocabulary rows.
+  if (w.mtp && w.has_embedding() && w.has_head() && w.mtp->eh_proj.format == WeightFormat::kDense &&
       (!w.mtp_head_stored || w.mtp->head.format == WeightFormat::kDense)) {
     const MtpWeights& m = *w.mtp;
     out.layers.emplace_back();
     int64_t routed = 0;
-    RETURN_IF_ERROR(PlanLayer(c, m.layer, held, false, plan, out.layers.back(), &routed));
+    RETURN_IF_ERROR(PlanLayer(c, m.layer, held, !slice.whole, plan, out.layers.back(), &routed));
     out.mtp.enorm = plan.Vector(m.enorm, hidden);
     out.mtp.hnorm = plan.Vector(m.hnorm, hidden);
     out.mtp.eh_proj = plan.Bf16(m.eh_proj, hidden, 2 * hidden);
     out.mtp.head_norm = plan.Vector(m.head_norm, hidden);
-    out.mtp.head = w.mtp_head_stored ? plan.Bf16(m.head, c.vocab_size, hidden) : out.lm_head;
+    out.mtp.head = w.mtp_head_stored ? plan.Bf16(m.head, vocab, hidden) : out.lm_head;
   }
   plan.Begin();
   out.bytes = plan.size();

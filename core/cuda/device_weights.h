@@ -126,7 +126,7 @@ struct DeviceSlice {
 // next chunk, from the checkpoint's file mapping or memory, while the previous chunk's async
 // copy runs) and waits for the copies. `progress` (may be null) gets the bytes copied so far:
 // at the start, about every 256 MiB and at the end; `seconds` counts from the start.
-// A rank's slice (`slice`) uploads its experts only, and no MTP layer.
+// A rank's slice (`slice`) uploads its experts only (the MTP layer's too).
 absl::StatusOr<DeviceWeights> UploadWeights(const ModelWeights& w, cudaStream_t stream,
                                             const LoadProgressCallback& progress = nullptr,
                                             const DeviceSlice& slice = {});

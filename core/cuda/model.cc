@@ -87,7 +87,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateRank(ModelWeights we
                      " none of it; serve them expert parallel (--expert_parallel)"));
   }
   weights.config.moe_intermediate_size = expert_width;
-  weights.mtp.reset();  // the MTP layer is not sliced for CUDA ranks (docs/parallel.md)
   std::unique_ptr<CudaModel> model = absl::WrapUnique(new CudaModel());
   model->layout_ = layout;
   model->comm_ = comm;
@@ -385,7 +384,9 @@ absl::Status CudaModel::ForwardSelectingLogits(const ForwardBatch& batch, KvCach
     }
   }
   RETURN_IF_ERROR(Forward(batch, cache, whole, result));
-  if (!any) return absl::OkStatus();
+  // A rank other than a group's rank 0 sent its head slices to rank 0 and holds no logits or
+  // tokens to select from.
+  if (!any || !head_root()) return absl::OkStatus();
   if (!options.sample.empty()) {
     // The logits hold the kept rows only, in order already; tokens and flags are per
     // computed row: keep the wanted ones.

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +23,15 @@
 #include "core/cpu/quantize.h"
 #include "core/cuda/model.h"
 #include "core/cuda/nccl_communicator.h"
+#include "core/engine/engine.h"
 #include "core/engine/multi_node.h"
 #include "core/model/checkpoint.h"
 #include "core/model/rank_group.h"
 #include "core/model/weight_shard.h"
+#include "nlohmann/json.hpp"
 #include "tests/core/cuda/cuda_test_util.h"
+#include "tests/core/engine/engine_harness.h"
+#include "tests/mtp_steps.h"
 #include "tests/test_util.h"
 
 namespace glmserve::cuda {
@@ -315,6 +320,128 @@ TEST(CudaTensorParallelTest, ASequencesLogitsDoNotDependOnItsBatch) {
     EXPECT_EQ(alone, batched);
   } else {
     EXPECT_LT(RelativeError(alone, batched), kGpuTolerance);
+  }
+}
+
+// The MTP layer on ranks (docs/mtp.md, docs/parallel.md): its block cut like any layer, eh_proj
+// whole on every rank, its head (the model's, or a stored shared_head.head) by vocabulary rows
+// and gathered on rank 0. The model over a prompt, then the MTP layer over its pairs: logits
+// and head inputs within the GPU bound of one GPU's, the drafts (argmax) equal.
+void ExpectMtpOnRanksMatchesOneGpu(const ModelWeights& w, int tp, bool expert_parallel) {
+  const std::string what = absl::StrCat("TP ", tp, expert_parallel ? " EP" : " width split",
+                                        w.mtp_head_stored ? ", stored MTP head" : "");
+  absl::StatusOr<std::unique_ptr<CudaModel>> one = CudaModel::Create(w);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE((*one)->has_mtp()) << what;
+  ASSERT_TRUE((*one)->EnableMtp().ok());
+  std::unique_ptr<RankGroup> group = Group(w, tp, expert_parallel);
+  ASSERT_NE(group, nullptr);
+  ASSERT_TRUE(group->has_mtp()) << what;
+  ASSERT_TRUE(group->EnableMtp().ok());
+  const std::vector<int32_t> ids = {3, 17, 42, 9, 100, 7, 7, 250, 1, 64, 5};
+  const testing::MtpPass want = testing::RunModelThenMtp(**one, ids, true, true);
+  const testing::MtpPass got = testing::RunModelThenMtp(*group, ids, true, true);
+  ASSERT_EQ(got.mtp_logits.size(), want.mtp_logits.size()) << what;
+  ASSERT_FALSE(want.mtp_logits.empty());
+  const double logits = RelativeError(got.mtp_logits, want.mtp_logits);
+  const double head = RelativeError(got.mtp_head_input, want.mtp_head_input);
+  std::printf("%s: MTP logits relative error against one GPU %.2e, head inputs %.2e\n",
+              what.c_str(), logits, head);
+  EXPECT_LT(RelativeError(got.model_logits, want.model_logits), kGpuTolerance) << what;
+  EXPECT_LT(logits, kGpuTolerance) << what;
+  EXPECT_LT(head, kGpuTolerance) << what;
+  const int64_t vocab = w.config.vocab_size;
+  for (size_t r = 0; r + 1 < ids.size(); ++r) {
+    const float* a = got.mtp_logits.data() + r * vocab;
+    const float* b = want.mtp_logits.data() + r * vocab;
+    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b)
+        << what << ": the draft at row " << r;
+  }
+  EXPECT_TRUE(group->health().ok()) << group->health();
+}
+
+ModelWeights WeightsWithMtp(bool stored_head) {
+  ModelConfig c = TpConfig();
+  c.num_nextn_predict_layers = 1;
+  RandomWeightOptions options;
+  options.seed = 37;
+  options.dtype = DType::kBF16;
+  options.stddev = 0.1;
+  options.mtp = true;
+  absl::StatusOr<ModelWeights> w = RandomWeights(c, options);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (stored_head) {  // shared_head.head of its own: the model's head with its rows reversed
+    const Matrix& head = w->lm_head;
+    auto rows = std::shared_ptr<uint16_t[]>(new uint16_t[head.rows * head.cols]);
+    const auto* src = static_cast<const uint16_t*>(head.data);
+    for (int64_t r = 0; r < head.rows; ++r) {
+      std::copy_n(src + (head.rows - 1 - r) * head.cols, head.cols, rows.get() + r * head.cols);
+    }
+    w->mtp->head = head;
+    w->mtp->head.data = rows.get();
+    w->storage.push_back(rows);
+    w->mtp_head_stored = true;
+  }
+  return *std::move(w);
+}
+
+TEST(CudaTensorParallelTest, MtpLayerOnRanksMatchesOneGpu) {
+  GLM_REQUIRE_GPUS(4);
+  ExpectMtpOnRanksMatchesOneGpu(WeightsWithMtp(false), 2, /*expert_parallel=*/false);
+  ExpectMtpOnRanksMatchesOneGpu(WeightsWithMtp(false), 4, /*expert_parallel=*/true);
+  ExpectMtpOnRanksMatchesOneGpu(WeightsWithMtp(true), 2, /*expert_parallel=*/true);
+}
+
+// Speculation through the engine on a CUDA group: the trained glm-4.5-kjv on TP 2 (its MTP
+// layer on both ranks), k = 2, two greedy requests with logprobs, against the group without
+// drafts: one request continues the model's greedy text (drafts accepted), one does not.
+TEST(CudaTensorParallelTest, SpeculativeDecodingOnRanksKeepsTheOutput) {
+  GLM_REQUIRE_GPUS(2);
+  absl::StatusOr<ModelWeights> kjv = LoadModel(testing::ModelDir("glm-4.5-kjv"));
+  ASSERT_TRUE(kjv.ok()) << kjv.status();
+  std::ifstream f(testing::GoldenDir("kjv") + "/prompt.json");
+  const std::vector<int32_t> greedy =
+      nlohmann::json::parse(f)["greedy_64"].get<std::vector<int32_t>>();
+  const auto run = [&](int32_t k) {
+    EngineOptions options;
+    options.mtp_draft_tokens = k;
+    options.check_invariants = true;
+    options.kv_capacity_tokens = 1024;
+    std::unique_ptr<RankGroup> group = Group(*kjv, 2, /*expert_parallel=*/true);
+    EXPECT_NE(group, nullptr);
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(group), options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    testing::Collector c;
+    for (int key = 0; key < 2; ++key) {
+      GenerateRequest g;
+      if (key == 0) {  // the model's own greedy text: its drafts are accepted
+        g.prompt.assign(greedy.begin(), greedy.begin() + 12);
+      } else {  // arbitrary ids: its drafts are mostly rejected
+        for (int i = 0; i < 9; ++i) g.prompt.push_back(100 + 37 * i);
+      }
+      g.stop.max_new_tokens = 8;
+      g.stop.ignore_eos = true;
+      g.logprobs = true;
+      EXPECT_TRUE((*engine)->Submit({g}, c.For(key)).ok());
+    }
+    c.Wait(2);
+    const EngineStats stats = (*engine)->Stats();
+    if (k > 0) {
+      EXPECT_GT(stats.spec_verify_steps, 0);
+      std::printf("CUDA TP 2, k=%d: %lld of %lld drafts accepted\n", k,
+                  static_cast<long long>(stats.spec_accepted_tokens),
+                  static_cast<long long>(stats.spec_draft_tokens));
+    }
+    return std::vector<testing::Outcome>{c[0], c[1]};
+  };
+  const std::vector<testing::Outcome> plain = run(0), spec = run(2);
+  for (int key = 0; key < 2; ++key) {
+    EXPECT_FALSE(plain[key].tokens.empty());
+    if (testing::Emulated()) {
+      EXPECT_TRUE(spec[key] == plain[key]) << "request " << key << ": not bit-identical";
+      continue;
+    }
+    EXPECT_EQ(spec[key].tokens, plain[key].tokens) << "request " << key;
   }
 }
 
