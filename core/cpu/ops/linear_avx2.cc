@@ -128,10 +128,11 @@ void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel
   for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
   const bool bf16 = w.format == WeightFormat::kDense && w.dtype == DType::kBF16;
   const bool f32 = w.format == WeightFormat::kDense && w.dtype == DType::kF32;
-  if ((bf16 && m <= kDirectMaxRows) || f32) {
+  if ((bf16 || f32) && m <= kDirectMaxRows) {
     // Weights read in place (bf16 widened in registers): each weight tile streams through all
     // of K, so the prefetcher sees long sequential rows, and each K block of it serves every
-    // row tile from L1. fp32 weights need no widening at any m.
+    // row tile from L1. (Beyond kDirectMaxRows the panel below keeps the activations' passes
+    // to one per K block of the task, fp32 weights included.)
     const int tn = TileN(static_cast<int>(std::min<int64_t>(kMaxTileM, m)));
     for (int64_t n = 0; n < nn; n += tn) {
       const int64_t nr = std::min<int64_t>(tn, nn - n);
