@@ -11,10 +11,13 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu/ops/avx2_lanes.h"
 #include "core/cpu/ops/linear.h"
 
 namespace glmserve::internal {
 namespace {
+
+using avx2::ReduceLanes;
 
 // Up to this many activation rows, bf16 weights are widened in registers straight from
 // memory; beyond, once per K block into a panel shared by every row tile (as on AVX-512).
@@ -31,16 +34,6 @@ inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 Load8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// The 16 lanes (lo: 0-7, hi: 8-15) by the halving tree of core/cpu/ops/lane_sum.h:
-// (j, j+8), (j, j+4), (j, j+2), (j, j+1), as avx512::ReduceLanes does.
-inline float ReduceLanes(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  const __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
 }
 
 // acc[i][n][h] += x_i[k + 8h ..] * w_n[k + 8h ..] for one 16-wide step, half by half.

@@ -13,10 +13,13 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu/ops/avx2_lanes.h"
 #include "core/cpu/ops/linear.h"
 
 namespace glmserve::internal {
 namespace {
+
+using avx2::ReduceLanes;
 
 // Register tiles of up to 2 activation rows x 2 weight rows: 8 accumulators, and per half a
 // step the two rows' weights and scales, one activation's magnitude, sign source and scales.
@@ -42,15 +45,6 @@ struct Act {
 inline __m256i Dot4(__m256i x_abs, __m256i x, __m256i w) {
   const __m256i pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-// 16 lanes (lo: 0-7, hi: 8-15) by the halving tree of core/cpu/ops/lane_sum.h.
-inline float ReduceLanes(__m256 lo, __m256 hi) {
-  const __m256 a = _mm256_add_ps(lo, hi);
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  const __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
 }
 
 // Lanes of an MR x NR tile over k in [k_begin, k_end) (multiples of 64, or K's padded end):
