@@ -24,7 +24,6 @@
 namespace glmserve::cuda {
 namespace {
 
-using ::glmserve::testing::Collector;
 using ::glmserve::testing::Emulated;
 using ::glmserve::testing::Outcome;
 
@@ -133,34 +132,7 @@ TEST(MtpCuda, SpeculativeDecodingKeepsTheOutput) {
   const std::vector<int32_t> greedy =
       nlohmann::json::parse(f)["greedy_64"].get<std::vector<int32_t>>();
   const auto run = [&](int32_t k) {
-    EngineOptions options;
-    options.mtp_draft_tokens = k;
-    options.check_invariants = true;
-    options.kv_capacity_tokens = 1024;
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(Model(kjv), options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    Collector c;
-    for (int key = 0; key < 2; ++key) {
-      GenerateRequest g;
-      if (key == 0) {
-        g.prompt.assign(greedy.begin(), greedy.begin() + 12);
-      } else {
-        for (int i = 0; i < 9; ++i) g.prompt.push_back(100 + 37 * i);
-      }
-      g.stop.max_new_tokens = 10;
-      g.stop.ignore_eos = true;
-      g.logprobs = true;
-      EXPECT_TRUE((*engine)->Submit({g}, c.For(key)).ok());
-    }
-    c.Wait(2);
-    const EngineStats s = (*engine)->Stats();
-    if (k > 0) {
-      EXPECT_GT(s.spec_verify_steps, 0);
-      std::printf("CUDA k=%d: %lld of %lld drafts accepted\n", k,
-                  static_cast<long long>(s.spec_accepted_tokens),
-                  static_cast<long long>(s.spec_draft_tokens));
-    }
-    return std::vector<Outcome>{c[0], c[1]};
+    return ::glmserve::testing::RunDraftedPair(Model(kjv), k, greedy, 10, "CUDA");
   };
   const std::vector<Outcome> plain = run(0), spec = run(2);
   for (int key = 0; key < 2; ++key) {

@@ -23,7 +23,6 @@
 #include "core/cpu/quantize.h"
 #include "core/cuda/model.h"
 #include "core/cuda/nccl_communicator.h"
-#include "core/engine/engine.h"
 #include "core/engine/multi_node.h"
 #include "core/model/checkpoint.h"
 #include "core/model/rank_group.h"
@@ -403,36 +402,9 @@ TEST(CudaTensorParallelTest, SpeculativeDecodingOnRanksKeepsTheOutput) {
   const std::vector<int32_t> greedy =
       nlohmann::json::parse(f)["greedy_64"].get<std::vector<int32_t>>();
   const auto run = [&](int32_t k) {
-    EngineOptions options;
-    options.mtp_draft_tokens = k;
-    options.check_invariants = true;
-    options.kv_capacity_tokens = 1024;
     std::unique_ptr<RankGroup> group = Group(*kjv, 2, /*expert_parallel=*/true);
     EXPECT_NE(group, nullptr);
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(group), options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    testing::Collector c;
-    for (int key = 0; key < 2; ++key) {
-      GenerateRequest g;
-      if (key == 0) {  // the model's own greedy text: its drafts are accepted
-        g.prompt.assign(greedy.begin(), greedy.begin() + 12);
-      } else {  // arbitrary ids: its drafts are mostly rejected
-        for (int i = 0; i < 9; ++i) g.prompt.push_back(100 + 37 * i);
-      }
-      g.stop.max_new_tokens = 8;
-      g.stop.ignore_eos = true;
-      g.logprobs = true;
-      EXPECT_TRUE((*engine)->Submit({g}, c.For(key)).ok());
-    }
-    c.Wait(2);
-    const EngineStats stats = (*engine)->Stats();
-    if (k > 0) {
-      EXPECT_GT(stats.spec_verify_steps, 0);
-      std::printf("CUDA TP 2, k=%d: %lld of %lld drafts accepted\n", k,
-                  static_cast<long long>(stats.spec_accepted_tokens),
-                  static_cast<long long>(stats.spec_draft_tokens));
-    }
-    return std::vector<testing::Outcome>{c[0], c[1]};
+    return testing::RunDraftedPair(std::move(group), k, greedy, 8, "CUDA TP 2");
   };
   const std::vector<testing::Outcome> plain = run(0), spec = run(2);
   for (int key = 0; key < 2; ++key) {

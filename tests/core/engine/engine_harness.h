@@ -1,13 +1,14 @@
 // The request harness shared by the engine's tests (engine_test.cc, engine_forced_test.cc,
 // cuda/engine_kv_fp8_cuda_test.cc): their model's weights, what a request produced, a
 // collector of many requests' events, a deterministic generate request, a request run alone,
-// and the preemption and prefix-hit scenarios.
+// the preemption and prefix-hit scenarios, and a pair of drafted requests (the MTP tests).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -213,6 +214,45 @@ inline void PrefixHitScenario(const EngineScenario& t) {
   t.expect_same(c.outcomes()[2], c.outcomes()[0], /*greedy=*/true, "the same prompt again");
   t.expect_same(c.outcomes()[0], RunAlone(t.make, a), /*greedy=*/true, "a alone");
   ExpectAllBlocksFree(*engine);
+}
+
+// Two greedy requests with logprobs, submitted together to an engine over `runner` drafting `k`
+// tokens per step (EngineOptions::mtp_draft_tokens; the invariant checker on): one continues
+// `greedy` from its first 12 tokens (the model's own text: its drafts are accepted), one is 9
+// arbitrary ids (its drafts mostly rejected). With k > 0 it expects verify steps and prints the
+// acceptance under `label`. The speculation tests compare k > 0 with k = 0.
+inline std::vector<Outcome> RunDraftedPair(std::unique_ptr<ModelRunner> runner, int32_t k,
+                                           const std::vector<int32_t>& greedy, int max_new_tokens,
+                                           const std::string& label) {
+  EngineOptions options;
+  options.mtp_draft_tokens = k;
+  options.check_invariants = true;
+  options.kv_capacity_tokens = 1024;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(std::move(runner), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  Collector c;
+  for (int key = 0; key < 2; ++key) {
+    GenerateRequest g;
+    if (key == 0) {
+      g.prompt.assign(greedy.begin(), greedy.begin() + 12);
+    } else {
+      for (int i = 0; i < 9; ++i) g.prompt.push_back(100 + 37 * i);
+    }
+    g.stop.max_new_tokens = max_new_tokens;
+    g.stop.ignore_eos = true;
+    g.logprobs = true;
+    EXPECT_TRUE((*engine)->Submit({g}, c.For(key)).ok());
+  }
+  c.Wait(2);
+  if (k > 0) {
+    const EngineStats s = (*engine)->Stats();
+    EXPECT_GT(s.spec_verify_steps, 0);
+    std::printf("%s k=%d: %lld of %lld drafts accepted\n", label.c_str(), k,
+                static_cast<long long>(s.spec_accepted_tokens),
+                static_cast<long long>(s.spec_draft_tokens));
+  }
+  return {c[0], c[1]};
 }
 
 }  // namespace glmserve::testing
