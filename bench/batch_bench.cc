@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_modes.h"
+#include "bench/int_list.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
 #include "core/base/parallel.h"
@@ -85,15 +86,13 @@ Result Measure(glmserve::Engine& engine, int concurrency, int prompt, int new_to
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  std::vector<int> levels;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
-    int v;
-    if (!absl::SimpleAtoi(s, &v) || v <= 0) {
-      std::fprintf(stderr, "bad --concurrency\n");
-      return 1;
-    }
-    levels.push_back(v);
+  const absl::StatusOr<std::vector<int>> parsed_levels =
+      glmserve::bench::ParseIntList("concurrency", absl::GetFlag(FLAGS_concurrency), 1);
+  if (!parsed_levels.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_levels.status().message()).c_str());
+    return 1;
   }
+  const std::vector<int>& levels = *parsed_levels;
   const int prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
   absl::StatusOr<std::vector<std::string>> parsed_modes =

@@ -7,6 +7,9 @@
 //
 //   build/bench/cpu_bench                         # glm-4.5-air:layers=2, bf16 weights
 //   build/bench/cpu_bench --preset=glm-4.5-mini --prefill_tokens=256 --modes=bf16
+//   # Long prompts and deep contexts (one weight generation, rows for each):
+//   build/bench/cpu_bench --preset=glm-4.5-air:layers=3 --prefill_tokens=128,2048,8192
+//       --decode_context=0,4096,16384 --modes=bf16_amx,int8
 #include <cblas.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_modes.h"
+#include "bench/int_list.h"
 #include "bench/machine_limits.h"
 #include "bench/step_cost.h"
 #include "core/base/op_times.h"
@@ -29,7 +33,9 @@
 #include "core/model/checkpoint.h"
 
 ABSL_FLAG(std::string, preset, "glm-4.5-air:layers=2", "model preset (random bf16 weights)");
-ABSL_FLAG(int, prefill_tokens, 128, "prompt length of the prefill measurement");
+ABSL_FLAG(std::string, prefill_tokens, "128",
+          "prompt lengths of the prefill measurements, comma-separated (128,2048,8192: one row "
+          "each)");
 ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)");
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
@@ -37,11 +43,11 @@ ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations); "
           "exact_portable: exact on the portable kernels (what SIMD gains)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
-ABSL_FLAG(int, decode_context, -1,
-          "context of the decode measurements: -1 decodes batch 1 after the prompt and the batch "
-          "after 16-token prompts; N >= 0 gives every decoded sequence N cached positions of "
-          "synthetic keys and values first (a decode step's cost does not depend on their "
-          "values; GLM-4.5 presets)");
+ABSL_FLAG(std::string, decode_context, "-1",
+          "contexts of the decode measurements, comma-separated (0,4096,16384: rows for each): "
+          "-1 decodes batch 1 after the last measured prompt and the batch after 16-token "
+          "prompts; N >= 0 gives every decoded sequence N cached positions of synthetic keys and "
+          "values first (a decode step's cost does not depend on their values; GLM-4.5 presets)");
 ABSL_FLAG(bool, breakdown, false,
           "also print where the prefill's time goes, by op family (core/base/op_times.h)");
 
@@ -61,9 +67,12 @@ double MeasureBlasGflops() {
   return 2.0 * n * n * n / s / 1e9;
 }
 
-struct PhaseResult {
-  double prefill_s = 0;
-  std::array<double, static_cast<int>(glmserve::OpFamily::kCount)> prefill_ops{};
+struct PrefillResult {
+  int tokens = 0;
+  double s = 0;
+  std::array<double, static_cast<int>(glmserve::OpFamily::kCount)> ops{};
+};
+struct DecodeResult {
   double decode1_s = 0;  // per step
   double decode_batch_s = 0;
   int64_t decode1_context = 0, decode_batch_context = 0;  // positions cached at the first step
@@ -89,90 +98,110 @@ void FillSyntheticContext(const std::vector<glmserve::BlockTable*>& tables, int6
   }
 }
 
-// Prefill of `prefill` tokens (after one warm-up prefill); then `steps` decode steps of one
-// sequence; then `steps` decode steps of `batch` sequences (each first prefilled with 16 tokens,
-// or all of them after `decode_context` synthetic positions). One warm-up step each.
-bool RunPhases(glmserve::CpuModel& model, int prefill, int steps, int batch, int decode_context,
-               PhaseResult* r) {
+// One prefill of each length in `prefills` (after one warm-up prefill of the longest: a
+// server's prefills find their scratch buffers allocated and faulted in by earlier ones, and a
+// 2,048-token chunk's MoE buffers are ~0.7 GB); then, for each of `contexts`, `steps` decode
+// steps of one sequence and `steps` of `batch` sequences, each after one warm-up step
+// (context -1: batch 1 continues the last prompt, the batch follows 16-token prompts; N >= 0:
+// every sequence first holds N synthetic positions).
+bool RunPhases(glmserve::CpuModel& model, const std::vector<int>& prefills,
+               const std::vector<int>& contexts, int steps, int batch,
+               std::vector<PrefillResult>* prefill_results,
+               std::vector<DecodeResult>* decode_results) {
   const int64_t vocab = model.config().vocab_size;
-  const int per_seq = std::max(prefill, std::max(decode_context, 16)) + 2 * steps + 4;
+  const int longest = *std::max_element(prefills.begin(), prefills.end());
+  const int deepest = *std::max_element(contexts.begin(), contexts.end());
+  const int per_seq = std::max(longest, std::max(deepest, 16)) + 2 * steps + 4;
   const int64_t blocks_per_seq = (per_seq + 15) / 16;
   glmserve::KvCache cache(model.CacheShape(blocks_per_seq * (batch + 1), 16));
   std::vector<glmserve::BlockTable> tables(batch + 1);
   for (glmserve::BlockTable& t : tables) {
     if (!cache.Reserve(&t, per_seq).ok()) return false;
   }
-  std::vector<int32_t> ids(prefill);
-  for (int i = 0; i < prefill; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
-  glmserve::ForwardBatch fb;
   glmserve::ForwardOptions options;
   glmserve::ForwardResult result;
-  fb.sequences = {{prefill, 0, &tables[0]}};
-  fb.token_ids = ids;
-  // One unmeasured prefill first: a server's prefills find their scratch buffers allocated and
-  // faulted in by earlier ones (a 2,048-token chunk's MoE buffers are ~0.7 GB).
-  if (!model.Forward(fb, &cache, options, &result).ok()) return false;
-  glmserve::TakeOpTimes();
-  glmserve::EnableOpTimes(absl::GetFlag(FLAGS_breakdown));
-  const auto t_prefill = Clock::now();
-  if (!model.Forward(fb, &cache, options, &result).ok()) return false;
-  r->prefill_s = Since(t_prefill);
-  glmserve::EnableOpTimes(false);
-  r->prefill_ops = glmserve::TakeOpTimes();
-
+  std::vector<int32_t> ids;
+  glmserve::ForwardBatch fb;
+  auto prefill = [&](int n) {  // positions [0, n) of tables[0]
+    ids.resize(n);
+    for (int i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+    fb.sequences = {{n, 0, &tables[0]}};
+    fb.token_ids = ids;
+    return model.Forward(fb, &cache, options, &result).ok();
+  };
+  if (!prefill(longest)) return false;  // the warm-up
+  for (int n : prefills) {
+    glmserve::TakeOpTimes();
+    glmserve::EnableOpTimes(absl::GetFlag(FLAGS_breakdown));
+    PrefillResult r;
+    r.tokens = n;
+    const auto t_prefill = Clock::now();
+    if (!prefill(n)) return false;
+    r.s = Since(t_prefill);
+    glmserve::EnableOpTimes(false);
+    r.ops = glmserve::TakeOpTimes();
+    prefill_results->push_back(r);
+  }
+  // tables[0] now holds the last prompt.
   std::vector<int32_t> next(batch, 1);
-  double decode_s = 0;
-  glmserve::BlockTable* decode1_table = &tables[0];
-  r->decode1_context = prefill;
-  if (decode_context >= 0) {
-    std::vector<glmserve::BlockTable*> batch_tables;
-    for (int k = 0; k < batch; ++k) batch_tables.push_back(&tables[k + 1]);
-    FillSyntheticContext(batch_tables, decode_context, &cache);
-    decode1_table = &tables[1];
-    r->decode1_context = decode_context;
-  }
-  for (int step = 0; step <= steps; ++step) {  // step 0 warms up
-    fb.sequences = {{1, r->decode1_context + step, decode1_table}};
-    fb.token_ids = absl::MakeConstSpan(next.data(), 1);
-    const auto t = Clock::now();
-    if (!model.Forward(fb, &cache, options, &result).ok()) return false;
-    if (step > 0) decode_s += Since(t);
-  }
-  r->decode1_s = decode_s / steps;
-
-  int64_t context = 16;
-  if (decode_context >= 0) {  // table 1 decoded steps + 1 positions above: all start past them
-    context = decode_context + steps + 1;
-  } else {
-    std::vector<int32_t> prompts(batch * context);
-    for (int i = 0; i < batch * context; ++i) {
-      prompts[i] = static_cast<int32_t>((i * 104729) % vocab);
+  for (int decode_context : contexts) {
+    DecodeResult r;
+    double decode_s = 0;
+    glmserve::BlockTable* decode1_table = &tables[0];
+    r.decode1_context = prefills.back();
+    if (decode_context >= 0) {
+      std::vector<glmserve::BlockTable*> batch_tables;
+      for (int k = 0; k < batch; ++k) batch_tables.push_back(&tables[k + 1]);
+      FillSyntheticContext(batch_tables, decode_context, &cache);
+      decode1_table = &tables[1];
+      r.decode1_context = decode_context;
     }
-    fb.sequences.clear();
-    for (int k = 0; k < batch; ++k) fb.sequences.push_back({context, 0, &tables[k + 1]});
-    fb.token_ids = prompts;
-    if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+    for (int step = 0; step <= steps; ++step) {  // step 0 warms up
+      fb.sequences = {{1, r.decode1_context + step, decode1_table}};
+      fb.token_ids = absl::MakeConstSpan(next.data(), 1);
+      const auto t = Clock::now();
+      if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+      if (step > 0) decode_s += Since(t);
+    }
+    r.decode1_s = decode_s / steps;
+
+    int64_t context = 16;
+    if (decode_context >= 0) {  // table 1 decoded steps + 1 positions above: all start past them
+      context = decode_context + steps + 1;
+    } else {
+      std::vector<int32_t> prompts(batch * context);
+      for (int i = 0; i < batch * context; ++i) {
+        prompts[i] = static_cast<int32_t>((i * 104729) % vocab);
+      }
+      fb.sequences.clear();
+      for (int k = 0; k < batch; ++k) fb.sequences.push_back({context, 0, &tables[k + 1]});
+      fb.token_ids = prompts;
+      if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+    }
+    r.decode_batch_context = context;
+    decode_s = 0;
+    for (int step = 0; step <= steps; ++step) {
+      fb.sequences.clear();
+      for (int k = 0; k < batch; ++k) fb.sequences.push_back({1, context + step, &tables[k + 1]});
+      fb.token_ids = next;
+      const auto t = Clock::now();
+      if (!model.Forward(fb, &cache, options, &result).ok()) return false;
+      if (step > 0) decode_s += Since(t);
+    }
+    r.decode_batch_s = decode_s / steps;
+    decode_results->push_back(r);
   }
-  r->decode_batch_context = context;
-  decode_s = 0;
-  for (int step = 0; step <= steps; ++step) {
-    fb.sequences.clear();
-    for (int k = 0; k < batch; ++k) fb.sequences.push_back({1, context + step, &tables[k + 1]});
-    fb.token_ids = next;
-    const auto t = Clock::now();
-    if (!model.Forward(fb, &cache, options, &result).ok()) return false;
-    if (step > 0) decode_s += Since(t);
-  }
-  r->decode_batch_s = decode_s / steps;
   return true;
 }
 
-// The table rows of one mode: prefill against the peak of the arithmetic the mode runs and
-// against its roofline, decode at batch 1 and `batch` against the read bandwidth.
+// The table rows of one mode: each prefill against the peak of the arithmetic the mode runs
+// and against its roofline, each decode context's batch 1 and `batch` against the read
+// bandwidth.
 void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
-                   const glmserve::CpuModel& model, const PhaseResult& r,
+                   const glmserve::CpuModel& model, const std::vector<PrefillResult>& prefills,
+                   const std::vector<DecodeResult>& decodes,
                    const glmserve::bench::MachineLimits& limits,
-                   const glmserve::ModelConfig& config, int prefill, int steps, int batch) {
+                   const glmserve::ModelConfig& config, int steps, int batch) {
   const bool int8 = mode_name == "int8";
   const std::string mode_label =
       mode_name + " (" +
@@ -187,68 +216,74 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
                       : amx_math  ? limits.amx_gflops
                       : bf16_math ? limits.bf16_gflops
                                   : limits.fma_gflops;
-  const glmserve::bench::StepCost prefill_cost =
-      glmserve::bench::Cost(model.weights(), prefill, prefill, config.n_routed_experts, 1);
-  const double prefill_gflops = prefill_cost.flops / r.prefill_s / 1e9;
-  std::printf(
-      "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n", mode,
-      prefill, r.prefill_s, prefill / r.prefill_s, prefill_gflops, peak,
-      int8_math   ? "int8 dot"
-      : amx_math  ? "AMX bf16"
-      : bf16_math ? "bf16 dot"
-                  : "fp32 FMA",
-      peak > 0 ? prefill_gflops / peak : 0.0);
-  // The prefill's roofline: it must both do its FLOPs and read every weight it touches
-  // once (a 128-token prompt reaches nearly every expert), so its least possible time is
-  // the larger of the two; which one binds says where the mode stands.
-  const double t_compute = peak > 0 ? prefill_cost.flops / (peak * 1e9) : 0.0;
-  const double prefill_gb = (prefill_cost.weight_bytes + prefill_cost.kv_bytes) / 1e9;
-  const double t_read = prefill_gb / limits.read_gbs;
-  const double t_floor = std::max(t_compute, t_read);
-  std::printf(
-      "| %s | prefill %d roofline | %.3f s | | %.2f GB read, %.0f GFLOP | %.3f s (%s-bound; "
-      "compute %.3f s, read %.3f s) | %.2f |\n",
-      mode, prefill, r.prefill_s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
-      t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / r.prefill_s);
-  const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
-      model.weights(), 1, r.decode1_context + steps / 2 + 1, config.num_experts_per_tok, 1);
-  const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
-  std::printf(
-      "| %s | decode batch 1, context %lld | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | %.1f "
-      "GB/s (read) "
-      "| %.2f |\n",
-      mode, static_cast<long long>(r.decode1_context), r.decode1_s * 1e3, 1.0 / r.decode1_s,
-      d1_gb / r.decode1_s, d1_gb, limits.read_gbs, d1_gb / r.decode1_s / limits.read_gbs);
-  // Batch: the experts some token chose, at most top_k per token (an upper bound of the
-  // distinct experts read).
-  const int64_t distinct =
-      std::min<int64_t>(config.n_routed_experts, batch * config.num_experts_per_tok);
-  const glmserve::bench::StepCost db = glmserve::bench::Cost(
-      model.weights(), batch, r.decode_batch_context + steps / 2 + 1, distinct, batch);
-  const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
-  std::printf(
-      "| %s | decode batch %d, context %lld | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f GB/step) "
-      "| %.1f GB/s "
-      "(read) | <= %.2f |\n",
-      mode, batch, static_cast<long long>(r.decode_batch_context), r.decode_batch_s * 1e3,
-      batch / r.decode_batch_s, db_gb / r.decode_batch_s, db_gb, limits.read_gbs,
-      db_gb / r.decode_batch_s / limits.read_gbs);
+  for (const PrefillResult& p : prefills) {
+    const int prefill = p.tokens;
+    const glmserve::bench::StepCost prefill_cost =
+        glmserve::bench::Cost(model.weights(), prefill, prefill, config.n_routed_experts, 1);
+    const double prefill_gflops = prefill_cost.flops / p.s / 1e9;
+    std::printf(
+        "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
+        mode, prefill, p.s, prefill / p.s, prefill_gflops, peak,
+        int8_math   ? "int8 dot"
+        : amx_math  ? "AMX bf16"
+        : bf16_math ? "bf16 dot"
+                    : "fp32 FMA",
+        peak > 0 ? prefill_gflops / peak : 0.0);
+    // The prefill's roofline: it must both do its FLOPs and read every weight it touches
+    // once (a 128-token prompt reaches nearly every expert), so its least possible time is
+    // the larger of the two; which one binds says where the mode stands.
+    const double t_compute = peak > 0 ? prefill_cost.flops / (peak * 1e9) : 0.0;
+    const double prefill_gb = (prefill_cost.weight_bytes + prefill_cost.kv_bytes) / 1e9;
+    const double t_read = prefill_gb / limits.read_gbs;
+    const double t_floor = std::max(t_compute, t_read);
+    std::printf(
+        "| %s | prefill %d roofline | %.3f s | | %.2f GB read, %.0f GFLOP | %.3f s (%s-bound; "
+        "compute %.3f s, read %.3f s) | %.2f |\n",
+        mode, prefill, p.s, prefill_gb, prefill_cost.flops / 1e9, t_floor,
+        t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / p.s);
+  }
+  for (const DecodeResult& r : decodes) {
+    const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
+        model.weights(), 1, r.decode1_context + steps / 2 + 1, config.num_experts_per_tok, 1);
+    const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
+    std::printf(
+        "| %s | decode batch 1, context %lld | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | "
+        "%.1f "
+        "GB/s (read) "
+        "| %.2f |\n",
+        mode, static_cast<long long>(r.decode1_context), r.decode1_s * 1e3, 1.0 / r.decode1_s,
+        d1_gb / r.decode1_s, d1_gb, limits.read_gbs, d1_gb / r.decode1_s / limits.read_gbs);
+    // Batch: the experts some token chose, at most top_k per token (an upper bound of the
+    // distinct experts read).
+    const int64_t distinct =
+        std::min<int64_t>(config.n_routed_experts, batch * config.num_experts_per_tok);
+    const glmserve::bench::StepCost db = glmserve::bench::Cost(
+        model.weights(), batch, r.decode_batch_context + steps / 2 + 1, distinct, batch);
+    const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
+    std::printf(
+        "| %s | decode batch %d, context %lld | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f "
+        "GB/step) "
+        "| %.1f GB/s "
+        "(read) | <= %.2f |\n",
+        mode, batch, static_cast<long long>(r.decode_batch_context), r.decode_batch_s * 1e3,
+        batch / r.decode_batch_s, db_gb / r.decode_batch_s, db_gb, limits.read_gbs,
+        db_gb / r.decode_batch_s / limits.read_gbs);
+  }
 }
 
 // Where the prefill's time went (--breakdown): each op family's wall time and share, and the
 // GEMM-rate families' achieved rate is left to the reader with the roofline row above.
-void PrintBreakdown(const std::string& mode, const PhaseResult& r) {
+void PrintBreakdown(const std::string& mode, const PrefillResult& r) {
   double timed = 0;
-  for (double s : r.prefill_ops) timed += s;
-  std::printf("\n| %s prefill breakdown | seconds | share of prefill |\n|---|---|---|\n",
-              mode.c_str());
+  for (double s : r.ops) timed += s;
+  std::printf("\n| %s prefill %d breakdown | seconds | share of prefill |\n|---|---|---|\n",
+              mode.c_str(), r.tokens);
   for (int f = 0; f < static_cast<int>(glmserve::OpFamily::kCount); ++f) {
     std::printf("| %s | %.3f | %.2f |\n",
-                glmserve::OpFamilyName(static_cast<glmserve::OpFamily>(f)), r.prefill_ops[f],
-                r.prefill_ops[f] / r.prefill_s);
+                glmserve::OpFamilyName(static_cast<glmserve::OpFamily>(f)), r.ops[f],
+                r.ops[f] / r.s);
   }
-  std::printf("| (untimed) | %.3f | %.2f |\n\n", r.prefill_s - timed,
-              (r.prefill_s - timed) / r.prefill_s);
+  std::printf("| (untimed) | %.3f | %.2f |\n\n", r.s - timed, (r.s - timed) / r.s);
 }
 
 }  // namespace
@@ -256,13 +291,25 @@ void PrintBreakdown(const std::string& mode, const PhaseResult& r) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
-  const int prefill = absl::GetFlag(FLAGS_prefill_tokens);
+  const absl::StatusOr<std::vector<int>> parsed_prefills =
+      glmserve::bench::ParseIntList("prefill_tokens", absl::GetFlag(FLAGS_prefill_tokens), 1);
+  const absl::StatusOr<std::vector<int>> parsed_contexts =
+      glmserve::bench::ParseIntList("decode_context", absl::GetFlag(FLAGS_decode_context), -1);
+  for (const absl::Status& s : {parsed_prefills.status(), parsed_contexts.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  const std::vector<int>& prefills = *parsed_prefills;
+  const std::vector<int>& contexts = *parsed_contexts;
   const int steps = absl::GetFlag(FLAGS_decode_steps);
   const int batch = absl::GetFlag(FLAGS_decode_batch);
-  if (prefill < 1 || steps < 1 || batch < 1) {
-    std::fprintf(stderr, "--prefill_tokens, --decode_steps and --decode_batch must be >= 1\n");
+  if (steps < 1 || batch < 1) {
+    std::fprintf(stderr, "--decode_steps and --decode_batch must be >= 1\n");
     return 1;
   }
+  const bool synthetic = *std::max_element(contexts.begin(), contexts.end()) >= 0;
   absl::StatusOr<std::vector<std::string>> parsed_modes =
       glmserve::bench::ParseModes(absl::GetFlag(FLAGS_modes));
   if (!parsed_modes.ok()) {
@@ -277,7 +324,8 @@ int main(int argc, char** argv) {
       "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, AMX bf16 peak "
       "%.0f GFLOP/s, int8 dot-product peak %.0f GOP/s, read bandwidth "
       "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
-      "decode kernels over 1 GiB: bf16 %.1f, exact %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f GFLOP/s\n",
+      "decode kernels over 1 GiB: bf16 %.1f, exact %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f "
+      "GFLOP/s\n",
       limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops, limits.read_gbs,
       limits.read_sum_gbs, limits.read_best_streams, limits.read_one_stream_gbs,
       limits.read_bf16_kernel_gbs, limits.read_exact_kernel_gbs, limits.read_int8_kernel_gbs,
@@ -290,7 +338,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 1;
   }
-  if (config->is_mla() && absl::GetFlag(FLAGS_decode_context) >= 0) {
+  if (config->is_mla() && synthetic) {
     std::fprintf(stderr, "--decode_context fills GLM-4.5 keys and values; %s is a GLM-5 preset\n",
                  absl::GetFlag(FLAGS_preset).c_str());
     return 1;
@@ -320,12 +368,16 @@ int main(int argc, char** argv) {
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
     glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode_name));
     glmserve::CpuModel model(*std::move(mode_weights), math);
-    PhaseResult r;
-    const bool ran =
-        RunPhases(model, prefill, steps, batch, absl::GetFlag(FLAGS_decode_context), &r);
-    if (!ran) return 1;
-    PrintModeRows(mode_name, math, model, r, limits, *config, prefill, steps, batch);
-    if (absl::GetFlag(FLAGS_breakdown)) PrintBreakdown(mode_name, r);
+    std::vector<PrefillResult> prefill_results;
+    std::vector<DecodeResult> decode_results;
+    if (!RunPhases(model, prefills, contexts, steps, batch, &prefill_results, &decode_results)) {
+      return 1;
+    }
+    PrintModeRows(mode_name, math, model, prefill_results, decode_results, limits, *config, steps,
+                  batch);
+    if (absl::GetFlag(FLAGS_breakdown)) {
+      for (const PrefillResult& p : prefill_results) PrintBreakdown(mode_name, p);
+    }
   }
   return 0;
 }

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/instant_runner.h"
+#include "bench/int_list.h"
 #include "client/bench.h"
 #include "client/client.h"
 #include "core/base/parallel.h"
@@ -238,15 +239,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--preset: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
-  std::vector<int> streams;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_streams), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 4096) {
-      std::fprintf(stderr, "--streams: '%s' is not a count in [1, 4096]\n", std::string(s).c_str());
-      return 2;
-    }
-    streams.push_back(n);
+  const absl::StatusOr<std::vector<int>> parsed_streams =
+      glmserve::bench::ParseIntList("streams", absl::GetFlag(FLAGS_streams), 1, 4096);
+  if (!parsed_streams.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_streams.status().message()).c_str());
+    return 2;
   }
+  const std::vector<int>& streams = *parsed_streams;
   std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& m : modes) {
     if (m != "greedy" && m != "top_k" && m != "whole_row") {

@@ -245,12 +245,13 @@ inline double KernelReadBandwidth(bool int8, CpuMath math = CpuMath::kBf16) {
   std::vector<float> x(k, 0.5f), y(rows);
   std::vector<uint16_t> wb;
   std::vector<int8_t> wq;
-  std::vector<float> scales;
+  std::vector<uint16_t> scales;
   Matrix w;
   if (int8) {
     wq.assign(rows * k, 3);
-    scales.assign(rows * (k / kInt8Group), 0.01f);
-    w = Matrix{DType::kBF16, rows, k, wq.data(), WeightFormat::kInt8Groups, scales.data()};
+    scales.assign(rows * (k / kInt8Group), FloatToBf16(0.01f));
+    w = Matrix{DType::kBF16, rows, k, wq.data(), WeightFormat::kInt8Groups};
+    w.group_scales = scales.data();
   } else {
     wb.assign(rows * k, FloatToBf16(0.01f));
     w = Matrix{DType::kBF16, rows, k, wb.data()};

@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/machine_limits.h"
+#include "bench/spec_ceiling.h"
 #include "core/base/file_io.h"
 #include "core/base/parallel.h"
 #include "core/base/status_macros.h"
@@ -78,10 +79,13 @@ LoadStats Stats(const std::vector<int64_t>& counts) {
 }
 
 // Per MoE layer, the routing counts over `ids` (CPU runner, exact arithmetic, windows of
-// kWindow tokens), and the mean number of distinct experts that 8 tokens from 8 places of a
-// window (as a batch-8 decode step of 8 sequences would hold) choose in one layer.
+// kWindow tokens), the mean number of distinct experts that 8 tokens from 8 places of a
+// window (as a batch-8 decode step of 8 sequences would hold) choose in one layer, and that 2
+// consecutive tokens choose (as a verify step of one draft holds; bench/spec_ceiling.h takes
+// tokens as routed independently).
 absl::Status CountRouting(const glmserve::ModelWeights& weights, const std::vector<int32_t>& ids,
-                          std::vector<std::vector<int64_t>>* counts, double* distinct_at_8) {
+                          std::vector<std::vector<int64_t>>* counts, double* distinct_at_8,
+                          double* distinct_pair) {
   ASSIGN_OR_RETURN(auto runner, glmserve::CreateModelRunner(weights, glmserve::DeviceKind::kCpu));
   ASSIGN_OR_RETURN(auto cache, runner->CreateCache(kWindow / 16, 16));
   const int64_t top_k = weights.config.num_experts_per_tok;
@@ -89,8 +93,8 @@ absl::Status CountRouting(const glmserve::ModelWeights& weights, const std::vect
   options.logits = glmserve::LogitsRows::kNone;
   options.return_expert_choices = true;
   counts->clear();
-  double distinct = 0;
-  int64_t groups = 0;
+  double distinct = 0, pair = 0;
+  int64_t groups = 0, pairs = 0;
   for (size_t b = 0; b + kWindow <= ids.size(); b += kWindow) {
     glmserve::BlockTable table;
     RETURN_IF_ERROR(cache->Reserve(&table, kWindow));
@@ -115,9 +119,16 @@ absl::Status CountRouting(const glmserve::ModelWeights& weights, const std::vect
         distinct += static_cast<double>(std::count(hit.begin(), hit.end(), true));
         ++groups;
       }
+      for (int64_t t = 0; t + 1 < kWindow; ++t) {  // tokens t and t + 1
+        std::vector<bool> hit(weights.config.n_routed_experts, false);
+        for (int64_t j = 0; j < 2 * top_k; ++j) hit[chosen[t * top_k + j]] = true;
+        pair += static_cast<double>(std::count(hit.begin(), hit.end(), true));
+        ++pairs;
+      }
     }
   }
   *distinct_at_8 = groups > 0 ? distinct / groups : 0;
+  *distinct_pair = pairs > 0 ? pair / pairs : 0;
   return absl::OkStatus();
 }
 
@@ -202,12 +213,14 @@ absl::Status Main() {
               ids.size(), absl::GetFlag(FLAGS_text).c_str(), glmserve::NumThreads(), read_gbs);
   std::printf(
       "| model | experts (top-k) | max/mean load | min/mean | CV | entropy/log E | "
-      "distinct experts, 8 tokens | prefill 256 tok/s | decode b1 ms | decode b8 ms |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      "distinct experts, 8 tokens | 2 consecutive tokens (independent: %s) | prefill 256 tok/s | "
+      "decode b1 ms | decode b8 ms |\n",
+      "E(1 - (1 - k/E)^2)");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Entry& e : entries) {
     std::vector<std::vector<int64_t>> counts;
-    double distinct = 0;
-    RETURN_IF_ERROR(CountRouting(e.weights, ids, &counts, &distinct));
+    double distinct = 0, pair = 0;
+    RETURN_IF_ERROR(CountRouting(e.weights, ids, &counts, &distinct, &pair));
     LoadStats mean;
     double worst = 0;
     for (const auto& layer : counts) {
@@ -222,12 +235,13 @@ absl::Status Main() {
                      Time(e.weights, ids, device, absl::GetFlag(FLAGS_decode_steps)));
     const auto& c = e.weights.config;
     std::printf(
-        "| %s | %lld (%lld) | %.2f (worst layer %.2f) | %.2f | %.2f | %.3f | %.1f | %.0f | "
-        "%.2f | %.2f |\n",
+        "| %s | %lld (%lld) | %.2f (worst layer %.2f) | %.2f | %.2f | %.3f | %.1f | %.2f (%.2f) | "
+        "%.0f | %.2f | %.2f |\n",
         e.name.c_str(), static_cast<long long>(c.n_routed_experts),
         static_cast<long long>(c.num_experts_per_tok), mean.max_over_mean, worst,
-        mean.min_over_mean, mean.cv, mean.entropy, distinct, kWindow / t.prefill_s,
-        1e3 * t.decode1_s, 1e3 * t.decode8_s);
+        mean.min_over_mean, mean.cv, mean.entropy, distinct, pair,
+        glmserve::bench::DistinctExperts(c.n_routed_experts, c.num_experts_per_tok, 2),
+        kWindow / t.prefill_s, 1e3 * t.decode1_s, 1e3 * t.decode8_s);
   }
   std::printf(
       "\nload: an expert's routed tokens over the layer's mean (1.00 = uniform), averaged "

@@ -11,6 +11,7 @@
 //   build/bench/mtp_bench                      # the embedded glm-4.5-kjv, its held-out text
 //   build/bench/mtp_bench --streams=1 --drafts=0,1,3 --math=bf16_amx
 //   build/bench/mtp_bench --device=cuda     # a GPU (tools/gpu_bundle.sh runs it)
+//   build/bench/mtp_bench --ceiling         # the weight-read-bound ceiling (bench/spec_ceiling.h)
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/machine_limits.h"
+#include "bench/spec_ceiling.h"
 #include "core/base/file_io.h"
 #include "core/base/parallel.h"
 #include "core/engine/engine.h"
@@ -48,6 +50,9 @@ ABSL_FLAG(int64_t, mtp_max_batch, 0,
           "server's default is 4)");
 ABSL_FLAG(std::string, step_tokens, "1,2,3,4", "new tokens of the timed batch-1 steps");
 ABSL_FLAG(int, step_reps, 7, "timed repetitions of each step (best of)");
+ABSL_FLAG(bool, ceiling, false,
+          "print only the weight-read-bound ceiling of the speed-up for the released shapes and "
+          "--model's config (bench/spec_ceiling.h; nothing runs) and exit");
 
 namespace {
 
@@ -186,8 +191,49 @@ Run Serve(int k, const std::vector<std::vector<int32_t>>& prompts, glmserve::Cpu
 
 }  // namespace
 
+// The ceiling where a step reads its weights (bench/spec_ceiling.h) for the released shapes and
+// the --model's own config: what k drafts cost a verify step and the MTP passes, the speed-up
+// if every draft were accepted, and the acceptance length that 1.4x would need.
+int PrintCeiling() {
+  std::vector<std::pair<std::string, glmserve::ModelConfig>> models;
+  for (const char* preset : {"glm-4.5", "glm-4.5-air", "glm-5"}) {
+    models.emplace_back(preset, Check(glmserve::PresetConfig(preset), "preset"));
+  }
+  const std::string model = absl::GetFlag(FLAGS_model);
+  models.emplace_back(model.substr(model.find_last_of('/') + 1),
+                      Check(glmserve::LoadConfigFile(model + "/config.json"), "config"));
+  std::printf(
+      "| model | context | k | distinct experts per layer | verify step / 1-token step | "
+      "k MTP passes / step | ceiling, every draft accepted | accept len needed for 1.4x |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, config] : models) {
+    const glmserve::bench::ModelReads r = glmserve::bench::ReadsOf(config);
+    for (const int64_t context : {int64_t{0}, int64_t{32768}}) {
+      const double one = glmserve::bench::StepBytes(r, 1, context);
+      for (int k = 1; k <= 3; ++k) {
+        const double cost = glmserve::bench::StepBytes(r, k + 1, context) +
+                            k * glmserve::bench::MtpPassBytes(r, context);
+        const double needed = 1.4 * cost / one;
+        std::printf("| %s | %ld | %d | %.1f of %ld | %.2f | %.2f | %.2fx | %.2f%s |\n",
+                    name.c_str(), static_cast<long>(context), k,
+                    glmserve::bench::DistinctExperts(r.experts, r.top_k, k + 1),
+                    static_cast<long>(r.experts),
+                    glmserve::bench::StepBytes(r, k + 1, context) / one,
+                    k * glmserve::bench::MtpPassBytes(r, context) / one,
+                    glmserve::bench::CeilingSpeedup(r, k, k + 1.0, context), needed,
+                    needed > k + 1 ? " (more than k + 1)" : "");
+      }
+    }
+  }
+  std::printf(
+      "\nA step at batch 1 taken as the time to read its bytes (bf16 weights, fp32 cache read once "
+      "per step), tokens routed independently and uniformly, one one-token MTP pass per draft.\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_ceiling)) return PrintCeiling();
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   const glmserve::CpuMath math = Check(glmserve::ParseCpuMath(absl::GetFlag(FLAGS_math)), "math");
   const std::string model = absl::GetFlag(FLAGS_model);

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/cpu_modes.h"
+#include "bench/int_list.h"
 #include "bench/machine_limits.h"
 #include "core/base/parallel.h"
 #include "core/cuda/runner.h"
@@ -114,15 +115,13 @@ int main(int argc, char** argv) {
   const int total =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : glmserve::NumThreads();
   glmserve::SetNumThreads(total);
-  std::vector<int> sizes;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_tensor_parallel), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 1) {
-      std::fprintf(stderr, "--tensor_parallel: '%s' is not a group size\n", std::string(s).c_str());
-      return 1;
-    }
-    sizes.push_back(n);
+  const absl::StatusOr<std::vector<int>> parsed_sizes =
+      glmserve::bench::ParseIntList("tensor_parallel", absl::GetFlag(FLAGS_tensor_parallel), 1);
+  if (!parsed_sizes.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_sizes.status().message()).c_str());
+    return 1;
   }
+  const std::vector<int>& sizes = *parsed_sizes;
   const std::string mode = absl::GetFlag(FLAGS_mode);
   glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode));
   auto config = glmserve::PresetConfig(absl::GetFlag(FLAGS_preset));

@@ -1,13 +1,17 @@
 #include "tests/test_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
+#include "core/base/socket.h"
 #include "nlohmann/json.hpp"
 
 namespace glmserve::testing {
@@ -43,8 +47,8 @@ GoldenExpected ReadGoldenExpected(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(text.str());
-  return {j["prompt"].get<std::vector<int32_t>>(), j["greedy"].get<std::vector<int32_t>>(),
-          j["weights_dtype"].get<std::string>(), j.contains("fp8"),
+  return {j["prompt"].get<std::vector<int32_t>>(),    j["greedy"].get<std::vector<int32_t>>(),
+          j["weights_dtype"].get<std::string>(),      j.contains("fp8"),
           j.value("min_route_gap", double{INFINITY}), j.value("min_index_gap", double{INFINITY})};
 }
 
@@ -72,10 +76,58 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, float stddev) {
   return v;
 }
 
+namespace {
+
+// The directories MakeTempDir made, each removed when the process that made it exits normally
+// (a forked child inherits the list: it removes only its own).
+class TempDirs {
+ public:
+  void Add(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back({getpid(), dir});
+  }
+  ~TempDirs() {
+    const char* keep = std::getenv("GLMSERVE_KEEP_TEST_DIRS");
+    if (keep != nullptr && keep[0] != '\0' && keep[0] != '0') return;
+    for (const auto& [maker, dir] : dirs_) {
+      std::error_code ignored;
+      if (maker == getpid()) std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<pid_t, std::string>> dirs_;
+};
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmpdir != nullptr && tmpdir[0] != '\0' ? tmpdir : "/tmp") + "/" +
+                     prefix + "XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  static TempDirs dirs;  // destroyed, removing them, at exit
+  dirs.Add(tmpl);
   return tmpl;
+}
+
+int FreePortPair() {
+  int ephemeral_low = 32768;  // Linux's default, if the range cannot be read
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> ephemeral_low;
+  // Below the ephemeral range and above the well-known ports; a process-dependent start keeps
+  // tests running in parallel apart.
+  const int low = 10000, high = std::max(low + 2, ephemeral_low - 2);
+  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 2654435761u);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = low + static_cast<int>(rng() % static_cast<uint32_t>(high - low));
+    absl::StatusOr<Socket> first = Listen("", port);
+    if (!first.ok()) continue;
+    absl::StatusOr<Socket> second = Listen("", port + 1);
+    if (second.ok()) return port;
+  }
+  return 0;
 }
 
 }  // namespace glmserve::testing

@@ -39,7 +39,17 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b);
 // n values ~ N(0, stddev^2) from a seeded generator.
 std::vector<float> RandomVector(int64_t n, uint32_t seed, float stddev = 1.0f);
 
-// A fresh temporary directory, removed by the caller if wanted.
+// A fresh directory under $TMPDIR (default /tmp), removed with its contents when this process
+// exits normally (not when a forked child does); GLMSERVE_KEEP_TEST_DIRS=1 keeps it for a look
+// after a failure.
 std::string MakeTempDir(const std::string& prefix);
+
+// A TCP port p such that p and p + 1 are both free on every interface (a multi-process leader
+// listens on its port and on port + 1 for the collectives). It is drawn below the kernel's
+// ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): an ephemeral port, such as
+// Listen(host, 0) gives, can be taken between this check and the server's bind by any
+// process's outgoing connection, and Linux's connect() favours exactly the even neighbours of
+// the odd ports bind(0) favours. 0 when no pair was found.
+int FreePortPair();
 
 }  // namespace glmserve::testing

@@ -4,10 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
+
+#include "core/base/socket.h"
 
 namespace glmserve::testing {
 namespace {
@@ -66,6 +71,49 @@ TEST(GoldenDirTest, EnvironmentNamesAnotherCopy) {
   }
   EXPECT_FALSE(fs::exists(fs::path(GoldenDir("moved_bf16"))));  // back to the default
   fs::remove_all(copy);
+}
+
+TEST(MakeTempDirTest, TheDirectoryGoesWhenTheProcessExitsUnlessKept) {
+  // A child process makes one and exits: gone. With GLMSERVE_KEEP_TEST_DIRS=1: kept.
+  for (const bool keep : {false, true}) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      if (keep) setenv("GLMSERVE_KEEP_TEST_DIRS", "1", 1);
+      const std::string dir = MakeTempDir("glm_test_util_");
+      std::ofstream(dir + "/file") << "x";
+      (void)!write(fds[1], dir.data(), dir.size());
+      close(fds[1]);
+      std::exit(0);  // a normal exit runs the removal
+    }
+    close(fds[1]);
+    char buf[512];
+    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    close(fds[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_GT(n, 0);
+    const std::string dir(buf, n);
+    EXPECT_EQ(fs::exists(dir), keep) << dir;
+    if (keep) fs::remove_all(dir);
+  }
+}
+
+TEST(FreePortPairTest, BothPortsAreFreeAndBelowTheEphemeralRange) {
+  const int port = FreePortPair();
+  ASSERT_GT(port, 0);
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  if (ephemeral_low > 10002) {
+    EXPECT_LT(port + 1, ephemeral_low);
+  }
+  // Both bind on every interface, as a leader does.
+  absl::StatusOr<Socket> first = Listen("", port);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<Socket> second = Listen("", port + 1);
+  EXPECT_TRUE(second.ok()) << second.status();
 }
 
 }  // namespace

@@ -7,22 +7,45 @@
 #      repository's GLM-structured models/glm-4.5-mini; the GGUF converter requires them);
 #   2. builds llama.cpp (llama-bench, llama-batched-bench, llama-quantize and the library)
 #      from $LLAMA_CPP_DIR or from the llama-cpp-python source package's vendored copy, with
-#      $JOBS jobs, and tools/llama_greedy.cc against it;
+#      $JOBS jobs and $LLAMA_CC / $LLAMA_CXX (clang when installed: see "AMX" below), and
+#      tools/llama_greedy.cc against it;
 #   3. converts the checkpoint to GGUF BF16 (tools/convert_glm_gguf.py around
 #      convert_hf_to_gguf.py) and quantizes Q8_0;
 #   4. checks the conversion: greedy tokens of glm-run (bf16 mode) and of llama.cpp (BF16) on
 #      a short prompt, and how many agree;
 #   5. runs both engines in interleaved rounds on the same threads and prints one table of
-#      medians: prefill 128 tokens, decode batch 1, decode batch 8 (tokens/s).
+#      medians (tokens/s): prefill of each of $PROMPTS tokens, and decode of batch 1 and of
+#      $BATCH sequences at each context of $CONTEXTS.
 # Every step keeps its artefacts in $WORK and is skipped when they exist, so a rerun (say on
 # an idle machine) only measures; TIMING_ONLY=1 also refuses to build anything missing.
 #
 #   WORK=$HOME/glm-cmp tools/compare_llamacpp.sh
 #   WORK=$HOME/glm-cmp TIMING_ONLY=1 ROUNDS=5 MODES=exact,bf16,int8 tools/compare_llamacpp.sh
+#   # issue 28's whole grid:
+#   WORK=$HOME/glm-cmp PROMPTS=128,2048,8192 CONTEXTS=0,4096,16384 tools/compare_llamacpp.sh
 # MODES: the glmserve modes (cpu_bench --modes) to measure; LLAMA_TYPES: BF16 and/or Q8_0.
+#
+# What each side measures. Prefill: one prompt of P tokens (glmserve: cpu_bench's prefill row,
+# after a warm-up prefill; llama.cpp: llama-bench pP). Decode batch 1 at context C: steps
+# after C cached positions (cpu_bench --decode_context, synthetic keys and values; llama-bench
+# -n 16 -d C, after a real prefill of C). Decode batch B at context C: glmserve decodes B
+# sequences of C positions each; llama-batched-bench -pps decodes B sequences after one
+# shared prompt of C tokens (a C-token prefill per round instead of B of them), which can
+# only favour llama.cpp (the sequences read the same cached keys).
+#
+# AMX: repacked Q8_0 (ggml's AMX int8 path on CPUs that list amx_int8) died with SIGILL when
+# llama.cpp was built with GCC 12: ggml's tile configuration lives on the stack and the
+# compiler may drop its stores before _tile_loadconfig (llama.cpp pull request 26954, which
+# also requests the tile-data permission on every thread). The build here uses clang when
+# installed, and Q8_0 runs repacked (LLAMA_Q8_REPACK=1) only with a clang build; with GCC it
+# runs unrepacked unless LLAMA_Q8_REPACK=1. Whether the clang build's AMX path runs must be
+# seen on an AMX machine: the table's Q8_0 rows then say "repacked".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PRESET=${PRESET:-glm-4.5-air:layers=2}
+PRESET=${PRESET:-glm-4.5-air:layers=3}
+PROMPTS=${PROMPTS:-128,2048}
+CONTEXTS=${CONTEXTS:-0,4096}
+BATCH=${BATCH:-8}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
 JOBS=${JOBS:-2}
@@ -34,6 +57,19 @@ LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-}
 TOKENIZER_DIR=${TOKENIZER_DIR:-models/glm-4.5-mini}
 PROMPT=${PROMPT:-151331,151333,9703,1435,11,2061,374,264}
 TIMING_ONLY=${TIMING_ONLY:-0}
+if command -v clang > /dev/null && command -v clang++ > /dev/null; then
+  LLAMA_CC=${LLAMA_CC:-clang}
+  LLAMA_CXX=${LLAMA_CXX:-clang++}
+else
+  LLAMA_CC=${LLAMA_CC:-cc}
+  LLAMA_CXX=${LLAMA_CXX:-c++}
+fi
+for list in "$PROMPTS" "$CONTEXTS"; do
+  if ! [[ "$list" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    echo "PROMPTS and CONTEXTS are comma-separated counts (got '$list')" >&2
+    exit 2
+  fi
+done
 mkdir -p "$WORK"
 need() {  # $1 exists, or (TIMING_ONLY=1) stop
   if [ -e "$1" ]; then return 0; fi
@@ -66,7 +102,8 @@ if [ -z "$LLAMA_CPP_DIR" ]; then
 fi
 lbuild="$WORK/llama-build"
 if ! need "$lbuild/bin/llama-batched-bench"; then
-  cmake -S "$LLAMA_CPP_DIR" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  CC=$LLAMA_CC CXX=$LLAMA_CXX cmake -S "$LLAMA_CPP_DIR" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF
   cmake --build "$lbuild" -j "$JOBS" --target llama-bench llama-batched-bench llama-quantize
 fi
@@ -95,56 +132,96 @@ if ! need "$bf16"; then
 fi
 need "$q8" || "$lbuild/bin/llama-quantize" "$bf16" "$q8" Q8_0
 
-# 4. The conversion check: greedy ids from the same prompt ids.
-glm_greedy=$("$BUILD_DIR/tools/glm-run" --model="$ckpt" --cpu_math=bf16 --threads="$THREADS" \
-  --prompt="$PROMPT" --max_new_tokens=16 | awk '$1 == "greedy" { print $2 }')
+# 4. The conversion check: greedy ids from the same prompt ids, llama.cpp BF16 against
+# glmserve's bf16 mode (the same rounding of activations) and its exact mode. A random
+# checkpoint's top logits can be near-tied (glm-4.5-mini's are: its own two modes part after
+# one token), so a short identical prefix there is not by itself a conversion error; the
+# default Air preset agreed 16 of 16.
+glm_greedy() {
+  "$BUILD_DIR/tools/glm-run" --model="$ckpt" --cpu_math="$1" --threads="$THREADS" \
+    --prompt="$PROMPT" --max_new_tokens=16 | awk '$1 == "greedy" { print $2 }'
+}
 llama_greedy=$("$greedy_bin" "$bf16" "$PROMPT" 16 "$THREADS" 2>/dev/null)
-python3 - "$glm_greedy" "$llama_greedy" <<'PY' | tee "$WORK/greedy.txt"
+python3 - "$llama_greedy" "$(glm_greedy bf16)" "$(glm_greedy exact)" <<'PY' | tee "$WORK/greedy.txt"
 import sys
-a, b = (s.split(",") for s in sys.argv[1:3])
-same = sum(x == y for x, y in zip(a, b))
-prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print(f"greedy glmserve bf16: {','.join(a)}\ngreedy llama.cpp BF16: {','.join(b)}")
-print(f"agreement: {same}/{len(a)} positions, identical prefix {prefix}/{len(a)}")
+ref = sys.argv[1].split(",")
+print(f"greedy llama.cpp BF16:  {','.join(ref)}")
+for name, ids in (("bf16", sys.argv[2]), ("exact", sys.argv[3])):
+    a = ids.split(",")
+    same = sum(x == y for x, y in zip(a, ref))
+    prefix = next((i for i, (x, y) in enumerate(zip(a, ref)) if x != y), min(len(a), len(ref)))
+    print(f"greedy glmserve {name}: {','.join(a)}")
+    print(f"  agreement with llama.cpp BF16: {same}/{len(a)} positions, identical prefix "
+          f"{prefix}/{len(a)}")
 PY
 
-# 5. Interleaved rounds: each round runs cpu_bench once over all MODES (one weight generation),
-# then llama.cpp for each type. Each measurement appends "engine<TAB>phase<TAB>tokens/s".
+# 5. Interleaved rounds: each round runs cpu_bench once over all MODES, PROMPTS and CONTEXTS
+# (one weight generation), then llama.cpp for each type. Each measurement appends
+# "engine<TAB>phase<TAB>tokens/s" with the phases "prefill P", "decode 1 @C", "decode B @C".
 results="$WORK/results.tsv"
 : > "$results"
 glmserve_round() {
-  "$BUILD_DIR/bench/cpu_bench" --preset="$PRESET" --threads="$THREADS" --modes="$MODES" |
-    tee -a "$WORK/cpu_bench.log" |
-    awk -F'|' '$3 ~ /prefill|decode batch/ && $3 !~ /roofline/ {
-      mode = $2; phase = $3; tps = $5
-      gsub(/^ +| +$/, "", mode); gsub(/^ +| +$/, "", phase); gsub(/ /, "", tps)
-      sub(/prefill [0-9]+/, "prefill 128", phase)
-      print "glmserve " mode "\t" phase "\t" tps }' >> "$results"
+  "$BUILD_DIR/bench/cpu_bench" --preset="$PRESET" --threads="$THREADS" --modes="$MODES" \
+    --prefill_tokens="$PROMPTS" --decode_context="$CONTEXTS" --decode_batch="$BATCH" |
+    tee -a "$WORK/cpu_bench.log" | python3 -c '
+import sys
+contexts = sys.argv[1].split(",")
+decodes = {}  # mode -> decode rows seen: batch 1 and batch B for each context, in order
+for line in sys.stdin:
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    if len(cells) < 4 or "roofline" in cells[1]:
+        continue
+    mode, phase, tps = cells[0].split(" (")[0], cells[1], cells[3]
+    if phase.startswith("prefill "):
+        print(f"glmserve {mode}\t{phase}\t{tps}")
+    elif phase.startswith("decode batch "):
+        k = decodes.get(mode, 0)
+        decodes[mode] = k + 1
+        batch = phase.split(",")[0].split()[-1]
+        print(f"glmserve {mode}\tdecode {batch} @{contexts[k // 2]}\t{tps}")
+' "$CONTEXTS" >> "$results"
 }
-# Q8_0 with weight repacking takes ggml's AMX int8 path for prefill on CPUs that list
-# amx_int8, which died with SIGILL on the development VM: Q8_0 runs unrepacked unless
-# LLAMA_Q8_REPACK=1.
-LLAMA_Q8_REPACK=${LLAMA_Q8_REPACK:-0}
+# Repacked Q8_0 only from a clang build unless asked (see "AMX" above).
+if grep -q "CMAKE_CXX_COMPILER:[A-Z]*=.*clang" "$lbuild/CMakeCache.txt" 2> /dev/null; then
+  LLAMA_Q8_REPACK=${LLAMA_Q8_REPACK:-1}
+else
+  LLAMA_Q8_REPACK=${LLAMA_Q8_REPACK:-0}
+fi
 llama_round() {
   local name=$1 gguf=$2 repack=1
   [ "$name" = Q8_0 ] && repack=$LLAMA_Q8_REPACK
+  local label="llama.cpp $name"
+  [ "$name" = Q8_0 ] && [ "$repack" = 1 ] && label="llama.cpp Q8_0 repacked"
   local no_repack=()
   [ "$repack" = 1 ] || no_repack=(--no-repack)
-  # llama-bench: pp128 (prefill) and tg16 (decode batch 1), CSV.
-  "$lbuild/bin/llama-bench" -m "$gguf" -t "$THREADS" -p 128 -n 16 -r 1 --repack "$repack" \
-    -o csv 2>/dev/null |
-    python3 -c 'import csv, sys
+  # llama-bench, CSV: each prompt length; then 16 decoded tokens after each context.
+  {
+    "$lbuild/bin/llama-bench" -m "$gguf" -t "$THREADS" -p "$PROMPTS" -n 0 -r 1 \
+      --repack "$repack" -o csv 2> /dev/null
+    "$lbuild/bin/llama-bench" -m "$gguf" -t "$THREADS" -p 0 -n 16 -d "$CONTEXTS" -r 1 \
+      --repack "$repack" -o csv 2> /dev/null | tail -n +2
+  } | python3 -c 'import csv, sys
 for row in csv.DictReader(sys.stdin):
-    phase = "prefill 128" if int(row["n_gen"]) == 0 else "decode batch 1"
-    print("llama.cpp '"$name"'\t%s\t%.2f" % (phase, float(row["avg_ts"])))' >> "$results"
-  # llama-batched-bench: 8 parallel sequences of 16 prompt + 16 generated tokens; S_TG t/s.
-  "$lbuild/bin/llama-batched-bench" -m "$gguf" -t "$THREADS" -c 4096 -npp 16 -ntg 16 -npl 8 \
-    "${no_repack[@]}" --output-format jsonl 2>/dev/null |
-    python3 -c 'import json, sys
+    if int(row["n_gen"]) == 0:
+        phase = "prefill %s" % row["n_prompt"]
+    else:
+        phase = "decode 1 @%s" % row["n_depth"]
+    print("'"$label"'\t%s\t%.2f" % (phase, float(row["avg_ts"])))' >> "$results"
+  # llama-batched-bench: BATCH sequences after one shared prompt of C tokens (at least 1),
+  # 16 generated tokens each; S_TG t/s. Its cache is split evenly among the sequences: each
+  # needs room for the prompt and its tokens.
+  local c
+  for c in ${CONTEXTS//,/ }; do
+    local npp=$((c > 0 ? c : 1))
+    "$lbuild/bin/llama-batched-bench" -m "$gguf" -t "$THREADS" -c $((BATCH * (npp + 32))) \
+      -npp "$npp" -ntg 16 -npl "$BATCH" -pps "${no_repack[@]}" --output-format jsonl \
+      2> /dev/null | python3 -c 'import json, sys
 for line in sys.stdin:
     line = line.strip()
     if line.startswith("{"):
-        print("llama.cpp '"$name"'\tdecode batch 8\t%.2f" % json.loads(line)["speed_tg"])' >> "$results"
+        print("'"$label"'\tdecode '"$BATCH"' @'"$c"'\t%.2f" % json.loads(line)["speed_tg"])' \
+      >> "$results"
+  done
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round of $ROUNDS" >&2
@@ -159,14 +236,17 @@ for round in $(seq "$ROUNDS"); do
 done
 
 # Medians per engine and phase.
-python3 - "$results" "$PRESET" "$THREADS" "$ROUNDS" "$(cat /proc/loadavg)" <<'PY'
+python3 - "$results" "$PRESET" "$THREADS" "$ROUNDS" "$(cat /proc/loadavg)" "$PROMPTS" \
+  "$CONTEXTS" "$BATCH" <<'PY'
 import statistics, sys
-path, preset, threads, rounds, load = sys.argv[1:]
+path, preset, threads, rounds, load, prompts, contexts, batch = sys.argv[1:]
 rows = {}
 for line in open(path):
     engine, phase, value = line.rstrip("\n").split("\t")
     rows.setdefault(engine, {}).setdefault(phase, []).append(float(value))
-phases = ["prefill 128", "decode batch 1", "decode batch 8"]
+phases = [f"prefill {p}" for p in prompts.split(",")]
+for c in contexts.split(","):
+    phases += [f"decode 1 @{c}", f"decode {batch} @{c}"]
 print(f"{preset}, {threads} threads, medians of {rounds} interleaved rounds, tokens/s "
       f"(load average at the end: {load.split()[0]})\n")
 print("| engine | " + " | ".join(phases) + " |")

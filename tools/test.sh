@@ -28,7 +28,7 @@ fi
 # The engine's threads under ThreadSanitizer (its own build in ${BUILD_DIR}-tsan, the engine
 # alone as above): the step executor and overlapped steps, event delivery, the thread pool,
 # the tensor-parallel rank group and its communicators (in-process and over TCP), the step
-# channel to worker processes. TSAN=0 skips it.
+# channel to worker processes, a leader and a worker assembling a group. TSAN=0 skips it.
 if [ "${TSAN:-1}" != 0 ]; then
   TSAN_DIR="${BUILD_DIR}-tsan"
   cmake -S . -B "$TSAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGLMSERVE_CUDA=OFF \
@@ -39,7 +39,7 @@ if [ "${TSAN:-1}" != 0 ]; then
   TSAN_TESTS="core_base_parallel_test core_engine_event_delivery_test
     core_engine_device_sampling_test core_engine_overlap_test core_engine_engine_test
     core_model_communicator_test core_model_rank_group_test core_model_socket_communicator_test
-    core_model_remote_ranks_test"
+    core_model_remote_ranks_test core_engine_multi_node_test"
   # shellcheck disable=SC2086
   cmake --build "$TSAN_DIR" -j "$JOBS" --target $TSAN_TESTS
   for t in $TSAN_TESTS; do

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -52,28 +53,51 @@ absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math) {
   return absl::OkStatus();
 }
 
-float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q) {
+namespace {
+
+// amax of v[0, n), or NaN when a value is not finite.
+float GroupAmax(const float* v, int64_t n) {
   float amax = 0;
-  bool finite = true;
   for (int64_t c = 0; c < n; ++c) {
-    finite = finite && std::isfinite(v[c]);
+    if (!std::isfinite(v[c])) return std::numeric_limits<float>::quiet_NaN();
     amax = std::max(amax, std::fabs(v[c]));
   }
-  if (!finite) {
-    std::fill_n(q, n, int8_t{0});
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float scale = amax / 127.0f;
+  return amax;
+}
+
+// q[i] = round(v[i] / scale), ties to even (nearbyint in the default rounding mode); all zero
+// for a zero or NaN scale. |v / scale| <= 127 up to rounding: the clamp guards that last ulp.
+void QuantizeWithScale(const float* v, int64_t n, float scale, int8_t* q) {
   for (int64_t c = 0; c < n; ++c) {
-    // nearbyint: ties to even in the default rounding mode; |v / scale| <= 127 up to
-    // rounding, so the clamp only guards that last ulp.
     const float r = scale > 0 ? std::nearbyint(v[c] / scale) : 0.0f;
     q[c] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
   }
+}
+
+// A non-negative float rounded up to the next bf16 (itself if it is one); NaN stays NaN.
+uint16_t RoundUpToBf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0xFFFFu) != 0) bits += 0x10000u;
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q) {
+  const float scale = GroupAmax(v, n) / 127.0f;
+  QuantizeWithScale(v, n, scale, q);
   return scale;
 }
 
-void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
+uint16_t QuantizeWeightGroupInt8(const float* v, int64_t n, int8_t* q) {
+  const uint16_t scale = RoundUpToBf16(GroupAmax(v, n) / 127.0f);
+  QuantizeWithScale(v, n, Bf16ToFloat(scale), q);
+  return scale;
+}
+
+void QuantizeMatrixInt8(const Matrix& m, int8_t* q, uint16_t* scales) {
   const int64_t groups = m.scale_cols();
   std::vector<float> row(m.cols);
   for (int64_t r = 0; r < m.rows; ++r) {
@@ -81,7 +105,7 @@ void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = g * kInt8Group, end = std::min(m.cols, begin + kInt8Group);
       scales[r * groups + g] =
-          QuantizeGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
+          QuantizeWeightGroupInt8(row.data() + begin, end - begin, q + r * m.cols + begin);
     }
   }
 }
@@ -181,7 +205,7 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
   }
   for (size_t i = 0; i < matrices.size(); ++i) {
     s_offset[i] = total;
-    total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(float)});
+    total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)});
   }
   std::shared_ptr<char[]> buffer(new (std::nothrow) char[std::max<int64_t>(total, 1)]);
   if (buffer == nullptr) {
@@ -207,13 +231,13 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
       QuantizeMatrixInt8(
           m.RowSlice(ch.row, ch.rows),
           reinterpret_cast<int8_t*>(base + q_offset[ch.matrix]) + ch.row * m.cols,
-          reinterpret_cast<float*>(base + s_offset[ch.matrix]) + ch.row * m.scale_cols());
+          reinterpret_cast<uint16_t*>(base + s_offset[ch.matrix]) + ch.row * m.scale_cols());
     }
   });
   for (size_t i = 0; i < matrices.size(); ++i) {
     Matrix* m = matrices[i];
     m->data = base + q_offset[i];
-    m->scales = reinterpret_cast<const float*>(base + s_offset[i]);
+    m->group_scales = reinterpret_cast<const uint16_t*>(base + s_offset[i]);
     m->format = WeightFormat::kInt8Groups;
   }
   weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));

@@ -1,9 +1,9 @@
 // 8-bit weights for the CPU backend, quantized at load from the checkpoint's bf16/f16/fp32
-// matrices: per row, each group of kInt8Group (32) consecutive elements gets one fp32 scale
-// amax / 127 and int8 values round(w / scale) (ties to even), so |error| <= scale / 2 per
-// element. The kernels widen them in registers (core/cpu/ops/linear.h); their accuracy against
-// bf16 on the Transformers goldens is measured in tests/core/cpu/quantize_test.cc and
-// docs/performance.md.
+// matrices: per row, each group of kInt8Group (32) consecutive elements gets one bf16 scale
+// (amax / 127 rounded up) and int8 values round(w / scale) (ties to even), so |error| <=
+// scale / 2 per element. The kernels widen them in registers (core/cpu/ops/linear.h); their
+// accuracy against bf16 on the Transformers goldens is measured in tests/core/cpu/quantize_test.cc
+// and docs/performance.md.
 #pragma once
 
 #include <cstdint>
@@ -41,14 +41,22 @@ absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
 // FAILED_PRECONDITION if the matrices are already quantized.
 absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant);
 
-// One group of n (<= kInt8Group) values: q[i] = round(v[i] / scale) (ties to even), returns
-// scale = amax / 127 (0 for an all-zero group). A non-finite value makes the scale NaN and q
-// zero, so that the NaN reaches every product of the group instead of vanishing. The weights
-// and (linear_int8.cc) the activations of the int8 arithmetic are quantized by this one rule.
+// One group of n (<= kInt8Group) activations: q[i] = round(v[i] / scale) (ties to even),
+// returns scale = amax / 127 (0 for an all-zero group). A non-finite value makes the scale NaN
+// and q zero, so that the NaN reaches every product of the group instead of vanishing.
+// linear_int8.cc quantizes the activations of the int8 arithmetic by this rule.
 float QuantizeGroupInt8(const float* v, int64_t n, int8_t* q);
 
-// One matrix: q [rows, cols] and scales [rows, ceil(cols / kInt8Group)] (exposed for tests).
-void QuantizeMatrixInt8(const Matrix& m, int8_t* q, float* scales);
+// One group of n weights, by the same rule except that the scale is amax / 127 rounded up to
+// bf16 (returned as its bits) and q is rounded against that stored scale: 34 bytes per 32
+// weights, as llama.cpp's Q8_0 (fp16 scales), and bf16 keeps fp32's range, so no group's scale
+// underflows or overflows. Rounding up keeps |q| <= 127; the element error is still at most
+// half the (stored) scale, which is at most 1 + 2^-7 times amax / 127.
+uint16_t QuantizeWeightGroupInt8(const float* v, int64_t n, int8_t* q);
+
+// One matrix: q [rows, cols] and bf16 scales [rows, ceil(cols / kInt8Group)] (exposed for
+// tests).
+void QuantizeMatrixInt8(const Matrix& m, int8_t* q, uint16_t* scales);
 
 // One matrix to e4m3 codes [rows, cols] and fp32 scales [ceil(rows / br), ceil(cols / bc)]
 // (exposed for tests).

@@ -1,6 +1,7 @@
 #include "core/engine/multi_node.h"
 
 #include <algorithm>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -36,9 +37,10 @@ absl::StatusOr<Ports> PortsOf(const NodeGroupOptions& options) {
 
 // The communicators of this process's ranks, made together: rank 0's (on the leader) waits
 // for every other rank of the group to connect, so all of a process's ranks join at once.
+// `rank0_listener`, when valid, is rank 0's listener, bound before any worker was accepted.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinCollectives(
     const IndexRange& ranks, int size, const std::string& leader_host, const Ports& ports,
-    const NodeGroupOptions& options) {
+    const NodeGroupOptions& options, Socket rank0_listener) {
   std::vector<absl::StatusOr<std::unique_ptr<Communicator>>> made(ranks.count);
   std::vector<std::thread> joins;
   for (int64_t i = 0; i < ranks.count; ++i) {
@@ -50,7 +52,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinCollectives(
       o.token = options.token;
       o.connect_timeout = options.join_timeout;
       o.collective_timeout = options.collective_timeout;
-      made[i] = CreateSocketCommunicator(o);
+      made[i] = o.rank == 0 && rank0_listener.valid()
+                    ? CreateSocketCommunicator(o, std::move(rank0_listener))
+                    : CreateSocketCommunicator(o);
     });
   }
   for (std::thread& t : joins) t.join();
@@ -99,13 +103,20 @@ absl::StatusOr<RankBackend> CpuRankBackend(const ParallelConfig& parallel, CpuMa
                                            const NodeGroupOptions& options) {
   ASSIGN_OR_RETURN(const Ports ports, PortsOf(options));
   const bool leader = options.node == 0;
+  // The leader binds the collectives' port now, before it accepts any worker on the step port:
+  // a port taken meanwhile (by any outgoing connection on this host, a same-host worker's own
+  // included) would otherwise fail the group only after every worker had joined.
+  auto rank0_listener = std::make_shared<Socket>();
+  if (leader && options.nodes > 1) {
+    ASSIGN_OR_RETURN(*rank0_listener, Listen("", ports.collectives));
+  }
   RankBackend b;
   b.name = "CPU";
   b.make_welcome = [] { return std::string(); };
   b.join = [=](const IndexRange& mine, int size, const std::string&) {
     // The leader's own ranks reach its rank 0 on this machine.
     return JoinCollectives(mine, size, leader ? std::string("localhost") : ports.host, ports,
-                           options);
+                           options, std::move(*rank0_listener));
   };
   b.make_rank = [=](const ModelWeights& whole, int rank, int,
                     Communicator* comm) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
@@ -206,9 +217,8 @@ absl::Status RunWorker(ModelWeights weights, const ParallelConfig& parallel,
   if (group != nullptr) {
     info.kv_bytes_per_token = group->kv_bytes_per_token();
     info.weight_bytes = group->weight_bytes();
-    info.device_name = absl::StrCat(backend.name == "CPU" ? "cpu" : "cuda", " ranks ",
-                                    mine.begin, "..", mine.end() - 1, " (",
-                                    group->device_name(), ")");
+    info.device_name = absl::StrCat(backend.name == "CPU" ? "cpu" : "cuda", " ranks ", mine.begin,
+                                    "..", mine.end() - 1, " (", group->device_name(), ")");
   }
   weights = ModelWeights{};  // every rank holds its slice (views keep the mapping alive)
   StepLimits limits;

@@ -68,7 +68,8 @@ struct RankBackend {
 };
 
 // CPU ranks summing through the socket communicator (its leader: rank 0, on the leader
-// address's port + 1).
+// address's port + 1, which the leader's backend binds here, before any worker is accepted:
+// UNAVAILABLE at once when that port is taken).
 absl::StatusOr<RankBackend> CpuRankBackend(const ParallelConfig& parallel, CpuMath cpu_math,
                                            const NodeGroupOptions& options);
 // CUDA ranks, one per local GPU from `first_device` (tests place two "nodes" on one host),

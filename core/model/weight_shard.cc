@@ -12,6 +12,20 @@
 namespace glmserve {
 namespace {
 
+// Scale columns [first, first + out.scale_cols()) of every scale row of m, copied into a buffer
+// added to `storage` (T: float for FP8 scales, the bf16 bits of int8 group scales).
+template <typename T>
+const T* KeptScaleColumns(const T* scales, const Matrix& m, const Matrix& out, int64_t first,
+                          std::vector<std::shared_ptr<const void>>* storage) {
+  const int64_t in_cols = m.scale_cols(), kept = out.scale_cols(), rows = m.scale_rows();
+  auto copy = std::shared_ptr<T[]>(new T[rows * kept]);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(scales + r * in_cols + first, kept, copy.get() + r * kept);
+  }
+  storage->push_back(copy);
+  return copy.get();
+}
+
 // Columns [begin, begin + count) of every row, copied into a buffer added to `storage`.
 absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, IndexRange cols, const std::string& name,
                                    std::vector<std::shared_ptr<const void>>* storage) {
@@ -39,13 +53,11 @@ absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, IndexRange cols, const std::
   out.data = codes.get();
   storage->push_back(codes);
   if (group > 0) {  // the scale columns of the kept blocks, every scale row
-    const int64_t in_cols = m.scale_cols(), kept = out.scale_cols(), rows = m.scale_rows();
-    auto scales = std::shared_ptr<float[]>(new float[rows * kept]);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(m.scales + r * in_cols + cols.begin / group, kept, scales.get() + r * kept);
+    if (m.format == WeightFormat::kInt8Groups) {
+      out.group_scales = KeptScaleColumns(m.group_scales, m, out, cols.begin / group, storage);
+    } else {
+      out.scales = KeptScaleColumns(m.scales, m, out, cols.begin / group, storage);
     }
-    out.scales = scales.get();
-    storage->push_back(scales);
   }
   return out;
 }

@@ -18,14 +18,15 @@ namespace glmserve {
 
 // How a Matrix's elements are stored. kDense: rows x cols elements of `dtype`, as in the
 // checkpoint. kInt8Groups: quantized at load (core/cpu/quantize.h): int8 q [rows, cols] at `data`
-// and one fp32 scale per kInt8Group consecutive elements of a row at `scales`
-// [rows, ceil(cols / kInt8Group)]; the element is q * scale, and `dtype` is the dtype it was
-// quantized from. kFp8Scaled: an FP8 checkpoint's matrix as stored (docs/fp8.md): e4m3 codes
-// [rows, cols] at `data` (dtype kF8E4M3, one byte per weight) and fp32 scales at `scales`,
-// one per block of scale_block_rows x scale_block_cols elements, blocks cut short at the
-// right and bottom edges: [ceil((rows + scale_row_phase) / br), ceil(cols / bc)]. The element
-// (r, c) is the fp32 product e4m3(r, c) * scale((r + phase) / br, c / bc), rounded once.
-// Per-output-channel scales are br = 1, bc = cols; 128x128 blocks are br = bc = 128.
+// and one bf16 scale per kInt8Group consecutive elements of a row at `group_scales`
+// [rows, ceil(cols / kInt8Group)] (34 bytes per 32 weights, as llama.cpp's Q8_0); the element
+// is q * scale, and `dtype` is the dtype it was quantized from.
+// kFp8Scaled: an FP8 checkpoint's matrix as stored (docs/fp8.md): e4m3 codes [rows, cols] at
+// `data` (dtype kF8E4M3, one byte per weight) and fp32 scales at `scales`, one per block of
+// scale_block_rows x scale_block_cols elements, blocks cut short at the right and bottom edges:
+// [ceil((rows + scale_row_phase) / br), ceil(cols / bc)]. The element (r, c) is the fp32 product
+// e4m3(r, c) * scale((r + phase) / br, c / bc), rounded once. Per-output-channel scales are
+// br = 1, bc = cols; 128x128 blocks are br = bc = 128.
 // The kernels dispatch on the format first (core/cpu/ops/linear.cc).
 enum class WeightFormat : uint8_t { kDense, kInt8Groups, kFp8Scaled };
 inline constexpr int64_t kInt8Group = 32;  // one vdpbf16ps step of K
@@ -37,12 +38,13 @@ struct Matrix {
   int64_t cols = 0;
   const void* data = nullptr;
   WeightFormat format = WeightFormat::kDense;
-  const float* scales = nullptr;  // kInt8Groups: [rows, scale_cols()]; kFp8Scaled: see above
+  const float* scales = nullptr;  // kFp8Scaled: see above
   // kFp8Scaled only: the scale block's shape, and the offset of row 0 inside its block row
   // (non-zero only for a RowSlice that starts inside a block).
   int32_t scale_block_rows = 0;
   int32_t scale_block_cols = 0;
   int32_t scale_row_phase = 0;
+  const uint16_t* group_scales = nullptr;  // kInt8Groups: bf16 bits [rows, scale_cols()]
 
   bool empty() const { return data == nullptr; }
   int64_t scale_cols() const {
@@ -62,7 +64,10 @@ struct Matrix {
     return scales + (r + scale_row_phase) / scale_block_rows * scale_cols();
   }
   int64_t bytes() const {
-    if (format == WeightFormat::kInt8Groups || format == WeightFormat::kFp8Scaled) {
+    if (format == WeightFormat::kInt8Groups) {
+      return rows * cols + scale_rows() * scale_cols() * static_cast<int64_t>(sizeof(uint16_t));
+    }
+    if (format == WeightFormat::kFp8Scaled) {
       return rows * cols + scale_rows() * scale_cols() * static_cast<int64_t>(sizeof(float));
     }
     return rows * cols * DTypeSize(dtype);
@@ -73,7 +78,7 @@ struct Matrix {
     m.rows = count;
     if (format == WeightFormat::kInt8Groups) {
       m.data = static_cast<const int8_t*>(data) + begin * cols;
-      m.scales = scales + begin * scale_cols();
+      m.group_scales = group_scales + begin * scale_cols();
     } else if (format == WeightFormat::kFp8Scaled) {
       m.data = static_cast<const uint8_t*>(data) + begin * cols;
       m.scales = Fp8RowScales(begin);

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/base/socket.h"
 #include "core/cpu/cpu_model.h"
 #include "core/cuda/runner.h"
 #include "core/model/checkpoint.h"
 #include "core/model/rank_group.h"
 #include "core/model/weight_shard.h"
 #include "tests/server/test_server.h"
+#include "tests/test_util.h"
 
 namespace glmserve {
 namespace {
@@ -93,14 +93,6 @@ TEST(GlmServerTensorParallelTest, MisuseIsRefusedAtStartUp) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
-// A free TCP port on the loopback interface (bound, read, released: a race with another
-// process taking it in between is possible but unlikely on a test machine).
-int FreePort() {
-  absl::StatusOr<Socket> s = Listen("127.0.0.1", 0);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? s->local_port() : 0;
-}
-
 TEST(GlmServerTensorParallelTest, ALeaderAndAWorkerProcessServeTheSingleRanksTokens) {
   // Two glm-server processes, as two pods of a LeaderWorkerSet: the worker (node 1) holds rank
   // 1, the leader rank 0 and the front ends. The tokens are one process's; a worker that dies
@@ -111,7 +103,9 @@ TEST(GlmServerTensorParallelTest, ALeaderAndAWorkerProcessServeTheSingleRanksTok
   one->Signal(SIGTERM);
   EXPECT_EQ(one->Wait(absl::Seconds(30)), 0);
 
-  const std::string leader = absl::StrCat("127.0.0.1:", FreePort());
+  const int leader_port = testing::FreePortPair();  // the leader takes port and port + 1
+  ASSERT_NE(leader_port, 0);
+  const std::string leader = absl::StrCat("127.0.0.1:", leader_port);
   const std::vector<std::string> group = {
       "--device=cpu", "--tensor_parallel=2",        "--nodes=2",
       "--threads=1",  "--leader_address=" + leader, "--group_token=test"};

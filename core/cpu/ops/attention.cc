@@ -15,18 +15,15 @@ namespace glmserve {
 namespace internal {
 
 void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores) {
-  for (int64_t p = 0; p < rows.context; ++p) {
-    scores[p] = LaneDot(q, rows.Key(p), rows.head_dim) * scale;
-  }
+  rows.ForEach(
+      false, [&](int64_t p, const float* k) { scores[p] = LaneDot(q, k, rows.head_dim) * scale; });
 }
 
 void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out) {
-  std::fill_n(out, rows.head_dim, 0.f);
-  for (int64_t p = 0; p < rows.context; ++p) {
+  rows.ForEach(true, [&](int64_t p, const float* v) {
     const float w = probs[p];
-    const float* v = rows.Value(p);
     for (int64_t d = 0; d < rows.head_dim; ++d) out[d] += w * v[d];
-  }
+  });
 }
 
 }  // namespace internal
@@ -54,6 +51,71 @@ void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> bat
   }
 }
 
+namespace {
+
+// The fp32 path's unit of work: a block of consecutive tokens of one sequence slice and some of
+// the query heads of one KV head group. Its rows (token x head) attend to the same keys and
+// values, and it reads them in blocks of kPositionBlock positions: each block from memory once
+// for all its rows, then from cache, where one row at a time re-read the whole context per
+// row (GLM-4.5's 12 heads per KV head and every token of a prompt: a 2,048-token prefill's
+// attention was bound by those reads). Every row's operations and their order are a lone
+// row's, so the bits do not depend on the blocking.
+struct AttentionItem {
+  int32_t seq;     // index in the batch
+  int64_t row0;    // the slice's first row in q / out
+  int64_t token0;  // first token of the block, within the slice
+  int64_t tokens;
+  int64_t kv_head;
+  int64_t head0, heads;  // query heads head0 .. of the KV head's group
+};
+
+constexpr int64_t kPositionBlock = 128;    // positions whose keys (values) the rows share
+constexpr int64_t kTokenBlock = 8;         // tokens per item at most
+constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
+
+// Items for the batch: token blocks as long as the scores budget allows, the group split into
+// head subsets when there are fewer items than threads; the longest contexts first,
+// so that the parallel loop's last items are short.
+std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch, int64_t kv_heads,
+                                          int64_t group) {
+  std::vector<AttentionItem> items;
+  int64_t row0 = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceSlice& s = batch[i];
+    const int64_t longest = s.start_position + s.num_tokens;
+    const int64_t tb = std::clamp<int64_t>(kProbsBudget / (group * longest), 1, kTokenBlock);
+    for (int64_t t0 = 0; t0 < s.num_tokens; t0 += tb) {
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        items.push_back(
+            {static_cast<int32_t>(i), row0, t0, std::min(tb, s.num_tokens - t0), g, 0, group});
+      }
+    }
+    row0 += s.num_tokens;
+  }
+  // Splitting a group re-reads its keys and values once per part: only to give each thread an
+  // item.
+  const int64_t want = NumThreads();
+  if (static_cast<int64_t>(items.size()) < want && group > 1) {
+    const int64_t split = std::min<int64_t>(group, (want + items.size() - 1) / items.size());
+    std::vector<AttentionItem> parts;
+    for (const AttentionItem& item : items) {
+      for (int64_t j = 0; j < split; ++j) {
+        AttentionItem part = item;
+        part.head0 = group * j / split;
+        part.heads = group * (j + 1) / split - part.head0;
+        parts.push_back(part);
+      }
+    }
+    items = std::move(parts);
+  }
+  std::stable_sort(items.begin(), items.end(), [&](const AttentionItem& a, const AttentionItem& b) {
+    return batch[a.seq].start_position + a.token0 > batch[b.seq].start_position + b.token0;
+  });
+  return items;
+}
+
+}  // namespace
+
 void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
                     int64_t layer, int64_t heads, float scale, float* out) {
   const int64_t bs = cache.shape().block_size;
@@ -62,21 +124,20 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   const int64_t kv_dim = kv_heads * head_dim;
   const int64_t group = heads / kv_heads;
 
-  // Flatten (token, head) work items so that one long prompt and many decodes both spread
-  // over all threads. token_seq[t] and token_pos[t] locate each batch row.
-  std::vector<int32_t> token_seq;
-  std::vector<int64_t> token_pos;
-  int64_t max_context = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    for (int64_t t = 0; t < batch[i].num_tokens; ++t) {
-      token_seq.push_back(static_cast<int32_t>(i));
-      token_pos.push_back(batch[i].start_position + t);
-    }
-    max_context = std::max(max_context, batch[i].start_position + batch[i].num_tokens);
-  }
-  const int64_t total = static_cast<int64_t>(token_seq.size());
-
   if (cache.host_fp8()) {
+    // Flatten (token, KV head) work items so that one long prompt and many decodes both spread
+    // over all threads. token_seq[t] and token_pos[t] locate each batch row.
+    std::vector<int32_t> token_seq;
+    std::vector<int64_t> token_pos;
+    int64_t max_context = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (int64_t t = 0; t < batch[i].num_tokens; ++t) {
+        token_seq.push_back(static_cast<int32_t>(i));
+        token_pos.push_back(batch[i].start_position + t);
+      }
+      max_context = std::max(max_context, batch[i].start_position + batch[i].num_tokens);
+    }
+    const int64_t total = static_cast<int64_t>(token_seq.size());
     // The FP8 cache (core/model/kv_fp8.h): one work item per (token, KV head) decodes each attended
     // key and value row once to fp32 (e4m3 x its scale) and serves the `group` query heads
     // that share it. Every head's scores, softmax and weighted sum are the fp32 path's below,
@@ -129,22 +190,53 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   const auto sum_fn = avx512 ? internal::AttentionWeightedSumAvx512
                       : avx2 ? internal::AttentionWeightedSumAvx2
                              : internal::AttentionWeightedSumGeneric;
-  ParallelFor(total * heads, 4, [&](int64_t item_begin, int64_t item_end) {
+  const std::vector<AttentionItem> items = AttentionItems(batch, kv_heads, group);
+  ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs;
-    probs.resize(max_context);
-    for (int64_t item = item_begin; item < item_end; ++item) {
-      const int64_t t = item / heads, h = item % heads;
-      const internal::AttentionRows rows{.cache = &cache,
-                                         .blocks = batch[token_seq[t]].blocks,
-                                         .layer = layer,
-                                         .kv_off = (h / group) * head_dim,
-                                         .kv_dim = kv_dim,
-                                         .block_size = bs,
-                                         .head_dim = head_dim,
-                                         .context = token_pos[t] + 1};  // causal: 0..pos
-      scores_fn(rows, q + (t * heads + h) * head_dim, scale, probs.data());
-      SoftmaxInPlace(probs.data(), rows.context);
-      sum_fn(rows, probs.data(), out + (t * heads + h) * head_dim);
+    for (int64_t i = item_begin; i < item_end; ++i) {
+      const AttentionItem& item = items[i];
+      const SequenceSlice& s = batch[item.seq];
+      const int64_t n_rows = item.tokens * item.heads;
+      const int64_t item_context = s.start_position + item.token0 + item.tokens;  // the last's
+      probs.resize(n_rows * item_context);  // [n_rows, item_context]
+      // Row r: token item.token0 + r / item.heads of the slice, query head head0 + r % heads.
+      auto row_of = [&](int64_t r) {
+        const int64_t t = item.token0 + r / item.heads;
+        const int64_t h = item.kv_head * group + item.head0 + r % item.heads;
+        return std::pair{(item.row0 + t) * heads + h, s.start_position + t + 1};  // causal
+      };
+      internal::AttentionRows rows{.cache = &cache,
+                                   .blocks = s.blocks,
+                                   .layer = layer,
+                                   .kv_off = item.kv_head * head_dim,
+                                   .kv_dim = kv_dim,
+                                   .block_size = bs,
+                                   .head_dim = head_dim,
+                                   .context = 0};
+      // Position blocks outermost: each block's keys (then values) come from memory once.
+      // f(query head row, r), `rows` set to the block, for each row whose context reaches it.
+      auto each_block = [&](auto&& f) {
+        for (int64_t p0 = 0; p0 < item_context; p0 += kPositionBlock) {
+          for (int64_t r = 0; r < n_rows; ++r) {
+            const auto [qh, context] = row_of(r);
+            if (context <= p0) continue;
+            rows.begin = p0;
+            rows.context = std::min(context, p0 + kPositionBlock);
+            f(qh, r);
+          }
+        }
+      };
+      each_block([&](int64_t qh, int64_t r) {
+        scores_fn(rows, q + qh * head_dim, scale, probs.data() + r * item_context);
+      });
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const auto [qh, context] = row_of(r);
+        SoftmaxInPlace(probs.data() + r * item_context, context);
+        std::fill_n(out + qh * head_dim, head_dim, 0.f);
+      }
+      each_block([&](int64_t qh, int64_t r) {
+        sum_fn(rows, probs.data() + r * item_context, out + qh * head_dim);
+      });
     }
   });
 }

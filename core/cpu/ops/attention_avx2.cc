@@ -1,8 +1,10 @@
 // PagedAttention's fp32 scores and weighted sums on AVX2 (x86-64 without AVX-512; the dispatch
 // is in attention.cc). The portable code's operations in its order, in 8-wide registers, so
 // the three versions give the same bits (attention_test checks it): a score is LaneDot<8>
-// (a mul and an add per product into 8 lanes, the lane tree after), an output element adds
-// w_p * v_p[d] for p = 0, 1, ... onto +0 (the build forbids contraction into FMAs).
+// (a mul and an add per product into 8 lanes, the lane tree after; here 8 positions at a time,
+// their trees made by shuffles across the 8), an output element adds w_p * v_p[d] for
+// p = begin, begin + 1, ... onto its running value, +0 at first (the build forbids contraction
+// into FMAs).
 #include <immintrin.h>
 
 #include "core/cpu/ops/attention_simd.h"
@@ -33,6 +35,17 @@ inline float LaneDot8(const float* a, const float* b, int64_t n) {
   return _mm_cvtss_f32(w1);
 }
 
+// Later positions' rows asked for ahead of use: each row is its own cache lines, kv_dim apart,
+// and a lone row's loop otherwise waits on each load in turn (no effect on any result; past a
+// block's end the address may lie in another block or outside the cache, which a prefetch,
+// never faulting, only wastes).
+constexpr int64_t kPrefetchAhead = 8;
+inline void PrefetchRow(const float* row, int64_t n) {
+  for (int64_t d = 0; d < n; d += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+  }
+}
+
 // The mask of the first `count` of 8 lanes, for maskload / maskstore.
 inline __m256i FirstLanes(int64_t count) {
   const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -41,37 +54,103 @@ inline __m256i FirstLanes(int64_t count) {
 
 }  // namespace
 
-void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale, float* scores) {
-  for (int64_t p = 0; p < rows.context; ++p) {
-    scores[p] = LaneDot8(q, rows.Key(p), rows.head_dim) * scale;
+namespace {
+
+// LaneDot8 of 8 rows at once (acc[i]: row i's 8 lanes), the same tree for each: lanes (j, j+4)
+// by adding the 128-bit halves, (j, j+2) and (j, j+1) by shuffles across pairs of rows. The adds
+// are the same IEEE operations on the same operands as LaneDot8's (only their order in the
+// program differs), so each result has its bits. Returns the 8 sums in row order.
+inline __m256 ReduceEight(const __m256 acc[8]) {
+  __m256 half[4];  // [rows 2i | 2i + 1]: lanes j + j+4
+  for (int i = 0; i < 4; ++i) {
+    const __m256 lo = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x31);
+    half[i] = _mm256_add_ps(lo, hi);
+  }
+  __m256 quarter[2];  // rows (4i, 4i+2 | 4i+1, 4i+3): lanes (j, j+2) for j = 0, 1
+  for (int i = 0; i < 2; ++i) {
+    const __m256 a = _mm256_shuffle_ps(half[2 * i], half[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 b = _mm256_shuffle_ps(half[2 * i], half[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    quarter[i] = _mm256_add_ps(a, b);
+  }
+  // Rows (0, 2, 4, 6 | 1, 3, 5, 7): lane 0 + lane 1.
+  const __m256 a = _mm256_shuffle_ps(quarter[0], quarter[1], _MM_SHUFFLE(2, 0, 2, 0));
+  const __m256 b = _mm256_shuffle_ps(quarter[0], quarter[1], _MM_SHUFFLE(3, 1, 3, 1));
+  return _mm256_permutevar8x32_ps(_mm256_add_ps(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Scores of 8 consecutive positions whose rows lie kv_dim apart from k, head_dim a multiple
+// of 8: eight independent lane chains, where one row at a time waits on its own chain.
+inline void ScoresOfEight(const float* q, const float* k, int64_t kv_dim, int64_t head_dim,
+                          float scale, float* scores) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int i = 0; i < 8; ++i) {
+      acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(qv, _mm256_loadu_ps(k + i * kv_dim + d)));
+    }
+  }
+  _mm256_storeu_ps(scores, _mm256_mul_ps(ReduceEight(acc), _mm256_set1_ps(scale)));
+}
+
+// The weighted sum's chunk of V registers (the last masked by `last`), which stay in registers
+// through all positions.
+template <int V>
+void SumChunk(const AttentionRows& rows, const float* probs, int64_t d0, int64_t width,
+              __m256i last, float* out) {
+  __m256 acc[V];
+  for (int j = 0; j < V; ++j) {
+    acc[j] =
+        j + 1 < V ? _mm256_loadu_ps(out + d0 + 8 * j) : _mm256_maskload_ps(out + d0 + 8 * j, last);
+  }
+  rows.ForEach(true, [&](int64_t p, const float* row) {
+    const __m256 w = _mm256_set1_ps(probs[p]);
+    const float* v = row + d0;
+    if (p + kPrefetchAhead < rows.context) PrefetchRow(v + kPrefetchAhead * rows.kv_dim, width);
+    for (int j = 0; j < V; ++j) {
+      const __m256 vv =
+          j + 1 < V ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, last);
+      acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(w, vv));
+    }
+  });
+  for (int j = 0; j < V; ++j) {
+    if (j + 1 < V) {
+      _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
+    } else {
+      _mm256_maskstore_ps(out + d0 + 8 * j, last, acc[j]);
+    }
   }
 }
 
+using SumChunkFn = void (*)(const AttentionRows&, const float*, int64_t, int64_t, __m256i, float*);
+constexpr SumChunkFn kSumChunks[8] = {SumChunk<1>, SumChunk<2>, SumChunk<3>, SumChunk<4>,
+                                      SumChunk<5>, SumChunk<6>, SumChunk<7>, SumChunk<8>};
+
+}  // namespace
+
+void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale, float* scores) {
+  const int64_t hd = rows.head_dim, kv_dim = rows.kv_dim;
+  rows.ForEachRun(false, [&](int64_t p, const float* k, int64_t count) {
+    int64_t i = 0;
+    if (hd % 8 == 0) {
+      for (; i + 8 <= count; i += 8) {
+        if (p + i + 8 + kPrefetchAhead <= rows.context) {
+          for (int j = 0; j < 8; ++j) PrefetchRow(k + (i + kPrefetchAhead + j) * kv_dim, hd);
+        }
+        ScoresOfEight(q, k + i * kv_dim, kv_dim, hd, scale, scores + p + i);
+      }
+    }
+    for (; i < count; ++i) scores[p + i] = LaneDot8(q, k + i * kv_dim, hd) * scale;
+  });
+}
+
 void AttentionWeightedSumAvx2(const AttentionRows& rows, const float* probs, float* out) {
-  // Chunks of up to 8 registers of the output row stay in registers through all positions.
-  constexpr int64_t kChunk = 64;
+  constexpr int64_t kChunk = 64;  // 8 registers
   for (int64_t d0 = 0; d0 < rows.head_dim; d0 += kChunk) {
     const int64_t width = std::min<int64_t>(kChunk, rows.head_dim - d0);
     const int64_t vecs = (width + 7) / 8;
-    const __m256i last = FirstLanes(width % 8 == 0 ? 8 : width % 8);
-    __m256 acc[8];
-    for (int64_t j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < rows.context; ++p) {
-      const __m256 w = _mm256_set1_ps(probs[p]);
-      const float* v = rows.Value(p) + d0;
-      for (int64_t j = 0; j < vecs; ++j) {
-        const __m256 vv =
-            j + 1 < vecs ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, last);
-        acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(w, vv));
-      }
-    }
-    for (int64_t j = 0; j < vecs; ++j) {
-      if (j + 1 < vecs) {
-        _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
-      } else {
-        _mm256_maskstore_ps(out + d0 + 8 * j, last, acc[j]);
-      }
-    }
+    kSumChunks[vecs - 1](rows, probs, d0, width, FirstLanes(width % 8 == 0 ? 8 : width % 8), out);
   }
 }
 

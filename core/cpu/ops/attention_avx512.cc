@@ -34,7 +34,8 @@ inline float LaneDot8(const float* a, const float* b, int64_t n) {
 
 // A head's slice of each cached position sits in its own 4 KiB page (rows are kv_dim wide),
 // where the hardware prefetchers do not follow: ask for a later position's slice (no effect
-// on any result).
+// on any result; past a block's end the address may lie in another block or outside the
+// cache, which a prefetch, never faulting, only wastes).
 constexpr int64_t kPrefetchAhead = 4;
 inline void PrefetchRow(const float* row, int64_t n) {
   for (int64_t d = 0; d < n; d += 16)
@@ -44,10 +45,11 @@ inline void PrefetchRow(const float* row, int64_t n) {
 }  // namespace
 
 void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores) {
-  for (int64_t p = 0; p < rows.context; ++p) {
-    if (p + kPrefetchAhead < rows.context) PrefetchRow(rows.Key(p + kPrefetchAhead), rows.head_dim);
-    scores[p] = LaneDot8(q, rows.Key(p), rows.head_dim) * scale;
-  }
+  rows.ForEach(false, [&](int64_t p, const float* k) {
+    if (p + kPrefetchAhead < rows.context)
+      PrefetchRow(k + kPrefetchAhead * rows.kv_dim, rows.head_dim);
+    scores[p] = LaneDot8(q, k, rows.head_dim) * scale;
+  });
 }
 
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out) {
@@ -58,19 +60,20 @@ void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, f
     const int64_t vecs = (width + 15) / 16;
     __mmask16 last = static_cast<__mmask16>(width % 16 == 0 ? 0xffff : (1u << (width % 16)) - 1);
     __m512 acc[8];
-    for (int64_t j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < rows.context; ++p) {
-      if (p + kPrefetchAhead < rows.context) {
-        PrefetchRow(rows.Value(p + kPrefetchAhead) + d0, width);
-      }
+    for (int64_t j = 0; j < vecs; ++j) {
+      acc[j] = j + 1 < vecs ? _mm512_loadu_ps(out + d0 + 16 * j)
+                            : _mm512_maskz_loadu_ps(last, out + d0 + 16 * j);
+    }
+    rows.ForEach(true, [&](int64_t p, const float* row) {
+      const float* v = row + d0;
+      if (p + kPrefetchAhead < rows.context) PrefetchRow(v + kPrefetchAhead * rows.kv_dim, width);
       const __m512 w = _mm512_set1_ps(probs[p]);
-      const float* v = rows.Value(p) + d0;
       for (int64_t j = 0; j < vecs; ++j) {
         const __m512 vv =
             j + 1 < vecs ? _mm512_loadu_ps(v + 16 * j) : _mm512_maskz_loadu_ps(last, v + 16 * j);
         acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(w, vv));
       }
-    }
+    });
     for (int64_t j = 0; j < vecs; ++j) {
       if (j + 1 < vecs) {
         _mm512_storeu_ps(out + d0 + 16 * j, acc[j]);

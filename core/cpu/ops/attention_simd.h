@@ -11,25 +11,51 @@
 
 namespace glmserve::internal {
 
-// Where one query head's keys and values lie: positions [0, context) of a sequence's blocks,
+// Where one query head's keys and values lie: positions [begin, context) of a sequence's blocks,
 // head_dim values each, at kv_off within a cache row of layer `layer`.
 struct AttentionRows {
   const KvCache* cache;
   const BlockTable* blocks;
   int64_t layer, kv_off, kv_dim, block_size, head_dim, context;
+  int64_t begin = 0;
   const float* Key(int64_t p) const {
     return cache->keys(layer, (*blocks)[p / block_size]) + (p % block_size) * kv_dim + kv_off;
   }
   const float* Value(int64_t p) const {
     return cache->values(layer, (*blocks)[p / block_size]) + (p % block_size) * kv_dim + kv_off;
   }
+  // f(p, row) for p = begin .. context - 1 in order, row the key (or value) row of position p:
+  // one block lookup per block of positions, not a division per position (a 64-bit division
+  // per position held the decode loops to its latency).
+  template <typename F>
+  void ForEach(bool values, F&& f) const {
+    ForEachRun(values, [&f, this](int64_t p, const float* row, int64_t count) {
+      for (int64_t i = 0; i < count; ++i, row += kv_dim) f(p + i, row);
+    });
+  }
+  // f(p, row, count) for each run of consecutive positions p .. p + count - 1 in one block
+  // (their rows kv_dim apart from `row`), in order.
+  template <typename F>
+  void ForEachRun(bool values, F&& f) const {
+    for (int64_t p = begin; p < context;) {
+      const int64_t block = p / block_size, end = std::min(context, (block + 1) * block_size);
+      const int32_t id = (*blocks)[block];
+      f(p,
+        (values ? cache->values(layer, id) : cache->keys(layer, id)) + (p % block_size) * kv_dim +
+            kv_off,
+        end - p);
+      p = end;
+    }
+  }
 };
 
-// scores[p] = LaneDot<8>(q, key p, head_dim) * scale, p < context.
+// scores[p] = LaneDot<8>(q, key p, head_dim) * scale, begin <= p < context.
 void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores);
 void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores);
 void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale, float* scores);
-// out[d] = sum over p in order of probs[p] * value p [d], from +0, d < head_dim.
+// out[d] += probs[p] * value p [d] for p = begin, begin + 1, ..., context - 1 in turn (one
+// rounding for the product, one for the sum), d < head_dim. A row's whole weighted sum starts
+// from out = +0 and may be taken in consecutive ranges of p: the same bits.
 void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx2(const AttentionRows& rows, const float* probs, float* out);

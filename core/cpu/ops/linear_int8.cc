@@ -53,8 +53,8 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
 namespace {
 
 // One output element, as linear.h specifies: slot l of step s covers k = 64 s + 4 l .. + 3
-// (group (16 s + l) / 8 of 32); the weight's scale is 0 past its last group.
-float DotInt8(const Int8Activation& x, int64_t i, const int8_t* w, const float* w_scales,
+// (group (16 s + l) / 8 of 32); the weight's (bf16) scale is 0 past its last group.
+float DotInt8(const Int8Activation& x, int64_t i, const int8_t* w, const uint16_t* w_scales,
               int64_t k_total, int64_t groups) {
   const int8_t* xq = x.q.data() + i * x.kp;
   const float* xs = x.lane_scale.data() + i * (x.kp / 4);
@@ -65,7 +65,7 @@ float DotInt8(const Int8Activation& x, int64_t i, const int8_t* w, const float* 
       int32_t d = 0;
       for (int64_t t = k; t < std::min(k + 4, k_total); ++t) d += int32_t{xq[t]} * w[t];
       const int64_t g = slot / (kInt8Group / 4);
-      const float c = xs[slot] * (g < groups ? w_scales[g] : 0.0f);
+      const float c = xs[slot] * (g < groups ? Bf16ToFloat(w_scales[g]) : 0.0f);
       lane[l] = std::fma(static_cast<float>(d), c, lane[l]);
     }
   }
@@ -84,7 +84,7 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
   const int8_t* q = static_cast<const int8_t*>(w.data);
   for (int64_t i = 0; i < job.x->m; ++i) {
     for (int64_t n = n0; n < n0 + nn; ++n) {
-      float v = DotInt8(*job.x, i, q + n * k_total, w.scales + n * groups, k_total, groups);
+      float v = DotInt8(*job.x, i, q + n * k_total, w.group_scales + n * groups, k_total, groups);
       if (job.bias != nullptr) v += job.bias[n];
       job.y[i * n_rows + n] = v;
     }

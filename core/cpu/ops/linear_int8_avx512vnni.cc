@@ -26,9 +26,9 @@ using avx512::ReduceLanes;
 constexpr int64_t kBlockKInt8 = 2048;
 
 struct Rows {
-  const int8_t* q;      // [4, ld] from the tile's first row
-  int64_t ld;           // = K
-  const float* scales;  // [4, groups]
+  const int8_t* q;         // [4, ld] from the tile's first row
+  int64_t ld;              // = K
+  const uint16_t* scales;  // bf16 bits [4, groups]
   int64_t groups;
 };
 
@@ -50,20 +50,22 @@ void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t
     for (int n = 0; n < NR; ++n)
       acc[i][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes + (i * NR + n) * 16);
   const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  // Lanes 0-7 take the step's first group's scale, lanes 8-15 the second's.
-  const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int64_t k = k_begin; k < k_end; k += 64) {
     const int64_t count = k_total - k;
     const __mmask64 mask = count >= 64 ? ~__mmask64{0} : (__mmask64{1} << count) - 1;
-    const int64_t g = k / kInt8Group, gcount = std::min<int64_t>(2, w.groups - g);
-    const __mmask16 gmask = static_cast<__mmask16>((1u << gcount) - 1);
+    const int64_t g = k / kInt8Group;
     __m512i wv[NR];
     __m512 ws[NR];
     for (int n = 0; n < NR; ++n) {
       // Past-the-end bytes load as 0 and become 128, against activation zeros.
       wv[n] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w.q + n * w.ld + k), bias128);
-      ws[n] =
-          _mm512_permutexvar_ps(halves, _mm512_maskz_loadu_ps(gmask, w.scales + n * w.groups + g));
+      // Lanes 0-7 take the step's first group's scale, lanes 8-15 the second's (0 past the
+      // row's last group); a bf16 is the high half of its fp32.
+      const uint16_t* s = w.scales + n * w.groups + g;
+      const uint32_t lo = uint32_t{s[0]} << 16, hi = g + 1 < w.groups ? uint32_t{s[1]} << 16 : 0;
+      ws[n] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(0xFF00,
+                                                          _mm512_set1_epi32(static_cast<int>(lo)),
+                                                          _mm512_set1_epi32(static_cast<int>(hi))));
     }
     for (int i = 0; i < MR; ++i) {
       const __m512i xv = _mm512_loadu_si512(x.q + i * x.kp + k);
@@ -111,7 +113,7 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   const int8_t* q = static_cast<const int8_t*>(w.data);
   for (int64_t n = 0; n < nn; n += kTileN) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-    const Rows rows{q + (n0 + n) * k_total, k_total, w.scales + (n0 + n) * groups, groups};
+    const Rows rows{q + (n0 + n) * k_total, k_total, w.group_scales + (n0 + n) * groups, groups};
     for (int64_t k0 = 0; k0 < kp; k0 += kb) {
       const int64_t k1 = std::min(kp, k0 + kb);
       for (int64_t i0 = 0; i0 < m; i0 += kTileM) {

@@ -12,8 +12,8 @@ namespace glmserve::testing {
 
 struct Int8Matrix {
   std::vector<int8_t> q;
-  std::vector<float> scales;
-  Matrix view;  // points into q and scales (a move keeps their buffers)
+  std::vector<uint16_t> scales;  // bf16 bits
+  Matrix view;                   // points into q and scales (a move keeps their buffers)
 };
 
 inline Int8Matrix QuantizeInt8(const std::vector<float>& w, int64_t rows, int64_t cols) {
@@ -22,8 +22,8 @@ inline Int8Matrix QuantizeInt8(const std::vector<float>& w, int64_t rows, int64_
   out.q.resize(rows * cols);
   out.scales.resize(rows * dense.scale_cols());
   QuantizeMatrixInt8(dense, out.q.data(), out.scales.data());
-  out.view =
-      Matrix{DType::kF32, rows, cols, out.q.data(), WeightFormat::kInt8Groups, out.scales.data()};
+  out.view = Matrix{DType::kF32, rows, cols, out.q.data(), WeightFormat::kInt8Groups};
+  out.view.group_scales = out.scales.data();
   return out;
 }
 

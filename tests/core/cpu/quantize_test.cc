@@ -41,8 +41,15 @@ TEST(QuantizeInt8, ErrorWithinHalfAScalePerElement) {
       float amax = 0;
       for (int64_t c = g * 32; c < std::min<int64_t>(cols, g * 32 + 32); ++c)
         amax = std::max(amax, std::fabs(w[r * cols + c]));
-      const float scale = qm.scales[r * groups + g];
-      EXPECT_EQ(scale, amax / 127.0f);
+      // The stored scale: amax / 127 rounded up to bf16, i.e. the least bf16 >= it.
+      const float scale = Bf16ToFloat(qm.scales[r * groups + g]);
+      const float exact = amax / 127.0f;
+      EXPECT_GE(scale, exact);
+      EXPECT_LE(scale, exact * (1 + 1.0f / 128));
+      EXPECT_EQ(FloatToBf16(scale), qm.scales[r * groups + g]);  // representable
+      if (exact > 0) {                                           // the least such bf16
+        EXPECT_LT(Bf16ToFloat(qm.scales[r * groups + g] - 1), exact);
+      }
       for (int64_t c = g * 32; c < std::min<int64_t>(cols, g * 32 + 32); ++c) {
         const float back = qm.q[r * cols + c] * scale;
         EXPECT_LE(std::fabs(back - w[r * cols + c]), scale * 0.5f * (1 + 1e-5f) + 1e-30f)
@@ -52,7 +59,37 @@ TEST(QuantizeInt8, ErrorWithinHalfAScalePerElement) {
     }
   }
   for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(qm.q[2 * cols + c], 0);
-  EXPECT_EQ(qm.view.bytes(), rows * cols + rows * groups * 4);
+  // 34 bytes per full group of 32, as Q8_0.
+  EXPECT_EQ(qm.view.bytes(), rows * cols + rows * groups * 2);
+}
+
+// A group whose amax is 127 times a bf16 is stored with exactly that scale and reaches +-127;
+// tiny and huge groups keep a usable scale (bf16 has fp32's range, fp16 would flush or
+// overflow them).
+TEST(QuantizeInt8, WeightScaleIsTheLeastBf16AboveAmaxOver127) {
+  std::vector<float> v(32, 0.0f);
+  std::vector<int8_t> q(32);
+  v[0] = 127 * 0.5f;
+  v[1] = -0.25f;
+  EXPECT_EQ(Bf16ToFloat(QuantizeWeightGroupInt8(v.data(), 32, q.data())), 0.5f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 0);  // -0.5 rounds to even
+  for (const float amax : {1e-30f, 1e-6f, 3e-3f, 7.0f, 1e30f}) {
+    for (int c = 0; c < 32; ++c) v[c] = amax * (c % 2 == 0 ? 1.0f : -0.37f) * (1 + c) / 31;
+    ASSERT_EQ(v[30], amax);  // the largest magnitude
+    const float scale = Bf16ToFloat(QuantizeWeightGroupInt8(v.data(), 32, q.data()));
+    EXPECT_GE(scale, amax / 127) << amax;
+    EXPECT_LE(scale, amax / 127 * (1 + 1.0f / 128)) << amax;
+    int peak = 0;
+    for (int c = 0; c < 32; ++c) {
+      peak = std::max(peak, std::abs(int{q[c]}));
+      EXPECT_LE(std::fabs(q[c] * scale - v[c]), scale * 0.5f * (1 + 1e-5f)) << amax << " " << c;
+    }
+    EXPECT_GE(peak, 126) << amax;  // the range is used: at most 1% lost to the rounding up
+  }
+  v[5] = NAN;
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(QuantizeWeightGroupInt8(v.data(), 32, q.data()))));
+  for (int8_t e : q) EXPECT_EQ(e, 0);
 }
 
 TEST(QuantizeInt8, NonFiniteGroupGetsANanScale) {

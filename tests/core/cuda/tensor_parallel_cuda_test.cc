@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/base/socket.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/quantize.h"
 #include "core/cuda/model.h"
@@ -243,11 +242,9 @@ TEST(CudaTensorParallelTest, TwoProcessesOfTwoGpusMatchOneGpu) {
   nodes.nodes = 2;
   nodes.token = "test";
   nodes.join_timeout = absl::Seconds(60);
-  {
-    absl::StatusOr<Socket> probe = Listen("127.0.0.1", 0);
-    ASSERT_TRUE(probe.ok()) << probe.status();
-    nodes.leader_address = absl::StrCat("127.0.0.1:", probe->local_port());
-  }
+  const int leader_port = testing::FreePortPair();  // the leader takes port and port + 1
+  ASSERT_NE(leader_port, 0);
+  nodes.leader_address = absl::StrCat("127.0.0.1:", leader_port);
   absl::Status worker_stopped;
   std::thread worker([&] {
     NodeGroupOptions mine = nodes;

@@ -7,6 +7,7 @@
 
 #include "core/cpu/ops/attention_simd.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/softmax.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -148,17 +149,82 @@ TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
       internal::AttentionScoresGeneric(rows, q.data(), 0.125f, scores.data());
       internal::AttentionWeightedSumGeneric(rows, probs.data(), sum.data());
       for (const auto& [scores_fn, sum_fn] : forms) {
-        std::vector<float> s2(context, NAN), o2(head_dim, NAN);
-        scores_fn(rows, q.data(), 0.125f, s2.data());
-        sum_fn(rows, probs.data(), o2.data());
-        for (int64_t p = 0; p < context; ++p) {
-          ASSERT_EQ(s2[p], scores[p]) << "head_dim " << head_dim << " score " << p;
-        }
-        for (int64_t d = 0; d < head_dim; ++d) {
-          ASSERT_EQ(o2[d], sum[d]) << "head_dim " << head_dim << " element " << d;
+        // Whole, and in the ranges PagedAttention's position blocks take: the same bits.
+        for (const std::vector<int64_t>& cuts :
+             {std::vector<int64_t>{0, context}, std::vector<int64_t>{0, 5, 8, 21, context}}) {
+          std::vector<float> s2(context, NAN), o2(head_dim, 0.0f);
+          for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+            internal::AttentionRows part = rows;
+            part.begin = cuts[c];
+            part.context = cuts[c + 1];
+            scores_fn(part, q.data(), 0.125f, s2.data());
+            sum_fn(part, probs.data(), o2.data());
+          }
+          for (int64_t p = 0; p < context; ++p) {
+            ASSERT_EQ(s2[p], scores[p]) << "head_dim " << head_dim << " score " << p;
+          }
+          for (int64_t d = 0; d < head_dim; ++d) {
+            ASSERT_EQ(o2[d], sum[d]) << "head_dim " << head_dim << " element " << d;
+          }
         }
       }
     }
+  }
+}
+
+// PagedAttention's fp32 path works in items (a block of tokens x some heads of one KV head,
+// positions in blocks of 128) and splits a KV head's group of query heads when the batch is
+// small. Each row must still get the bits it gets alone: scores, softmax and weighted sum of that
+// row by the portable loops over its whole context. A ragged batch (a 300-token prefill, a
+// decode row at position 260, a 20-token chunk after 150 cached positions), then the decode row
+// alone (few items: the group is split).
+TEST(PagedAttentionTest, BlockedItemsGiveEachRowItsLoneBits) {
+  const int64_t heads = 12, kv_heads = 2, head_dim = 64, kv_dim = kv_heads * head_dim;
+  const int64_t group = heads / kv_heads;
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{0, 300}, {260, 1}, {150, 20}};
+  KvCache cache(KvCacheShape{1, kv_heads, head_dim, 16, 64});
+  std::vector<BlockTable> tables(seqs.size());
+  std::vector<SequenceSlice> batch;
+  uint32_t seed = 700;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto [cached, fresh] = seqs[i];
+    ASSERT_TRUE(cache.Reserve(&tables[i], cached + fresh).ok());
+    const std::vector<float> k = testing::RandomVector((cached + fresh) * kv_dim, seed++);
+    const std::vector<float> v = testing::RandomVector((cached + fresh) * kv_dim, seed++);
+    const std::vector<SequenceSlice> all = {{cached + fresh, 0, &tables[i]}};
+    WriteKv(k.data(), v.data(), all, 0, &cache);
+    batch.push_back({fresh, cached, &tables[i]});
+  }
+  const int64_t rows = 321;
+  const std::vector<float> q = testing::RandomVector(rows * heads * head_dim, seed++, 3.f);
+  const float scale = 0.125f;
+  // The reference: one row at a time, its whole context in one call of each portable loop.
+  std::vector<float> ref(q.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (int64_t t = 0; t < batch[i].num_tokens; ++t, ++row) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const internal::AttentionRows r{
+            &cache, &tables[i], 0,        (h / group) * head_dim,
+            kv_dim, 16,         head_dim, batch[i].start_position + t + 1};
+        std::vector<float> probs(r.context);
+        const int64_t at = (row * heads + h) * head_dim;
+        internal::AttentionScoresGeneric(r, q.data() + at, scale, probs.data());
+        SoftmaxInPlace(probs.data(), r.context);
+        std::fill_n(ref.data() + at, head_dim, 0.0f);
+        internal::AttentionWeightedSumGeneric(r, probs.data(), ref.data() + at);
+      }
+    }
+  }
+  std::vector<float> out(q.size(), NAN);
+  PagedAttention(q.data(), batch, cache, 0, heads, scale, out.data());
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], ref[i]) << "element " << i;
+  // The decode row alone: 2 KV heads, fewer items than threads want, so groups are split.
+  const int64_t decode_at = 300 * heads * head_dim;
+  std::vector<float> alone(heads * head_dim, NAN);
+  PagedAttention(q.data() + decode_at, {batch[1]}, cache, 0, heads, scale, alone.data());
+  for (int64_t i = 0; i < heads * head_dim; ++i) {
+    ASSERT_EQ(alone[i], ref[decode_at + i]) << "decode element " << i;
   }
 }
 

@@ -44,7 +44,8 @@ std::vector<float> Reference(const std::vector<float>& x, int64_t m, const testi
     for (int64_t j = 0; j < n; ++j) {
       double acc = bias ? bias[j] : 0.0;
       for (int64_t c = 0; c < k; ++c) {
-        acc += double{xd[i * k + c]} * w.q[j * k + c] * w.scales[j * groups + c / kInt8Group];
+        acc += double{xd[i * k + c]} * w.q[j * k + c] *
+               Bf16ToFloat(w.scales[j * groups + c / kInt8Group]);
       }
       y[i * n + j] = static_cast<float>(acc);
     }
@@ -97,8 +98,10 @@ TEST(LinearInt8, Avx2KernelEqualsThePortableOneBitForBit) {
   struct Shape {
     int64_t m, n, k;
   };
+  // m = 33 and 70 cross the kernel's 32-row activation blocks (the last one ragged and odd).
   const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {2, 33, 64},   {3, 40, 1030},
-                          {5, 37, 2100}, {17, 70, 513}, {1, 35, 4096}, {4, 5, 4129}};
+                          {5, 37, 2100}, {17, 70, 513}, {1, 35, 4096}, {4, 5, 4129},
+                          {33, 9, 2100}, {70, 37, 4129}};
   uint32_t seed = 140;
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
