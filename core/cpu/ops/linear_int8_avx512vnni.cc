@@ -24,6 +24,11 @@ using avx512::ReduceLanes;
 // K elements per block when several activation tiles share a weight tile: the 4 weight rows'
 // block (4 x 2 KiB) and an activation tile's (4 x 2 KiB plus its slot data) stay in L1.
 constexpr int64_t kBlockKInt8 = 2048;
+// Activation rows per pass over the task's weight tiles, as on AVX2 (linear_int8_avx2.cc): a
+// long prompt's activations do not fit any cache, and read whole for every 4-row weight tile
+// they made the prefill GEMMs memory-bound. A 32-row block's K block (64 KB of codes, 64 KB of
+// slot data) stays in L2 while every weight tile of the task meets it.
+constexpr int64_t kBlockMInt8 = 32;
 
 struct Rows {
   const int8_t* q;         // [4, ld] from the tile's first row
@@ -111,18 +116,22 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   thread_local std::vector<float> lanes;
   lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
   const int8_t* q = static_cast<const int8_t*>(w.data);
-  for (int64_t n = 0; n < nn; n += kTileN) {
-    const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-    const Rows rows{q + (n0 + n) * k_total, k_total, w.group_scales + (n0 + n) * groups, groups};
-    for (int64_t k0 = 0; k0 < kp; k0 += kb) {
-      const int64_t k1 = std::min(kp, k0 + kb);
-      for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
-        const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
-        const Act act{x.q.data() + i0 * kp, x.lane_scale.data() + i0 * (kp / 4),
-                      x.lane_minus.data() + i0 * (kp / 4), kp};
-        kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
-                               lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
-                               n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
+  // Each output's K steps keep their order whatever the blocking, so its bits do not change.
+  for (int64_t m0 = 0; m0 < m; m0 += kBlockMInt8) {
+    const int64_t m1 = std::min(m, m0 + kBlockMInt8);
+    for (int64_t n = 0; n < nn; n += kTileN) {
+      const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+      const Rows rows{q + (n0 + n) * k_total, k_total, w.group_scales + (n0 + n) * groups, groups};
+      for (int64_t k0 = 0; k0 < kp; k0 += kb) {
+        const int64_t k1 = std::min(kp, k0 + kb);
+        for (int64_t i0 = m0; i0 < m1; i0 += kTileM) {
+          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m1 - i0));
+          const Act act{x.q.data() + i0 * kp, x.lane_scale.data() + i0 * (kp / 4),
+                        x.lane_minus.data() + i0 * (kp / 4), kp};
+          kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
+                                 lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
+                                 n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
+        }
       }
     }
   }
