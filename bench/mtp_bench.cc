@@ -23,7 +23,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/str_split.h"
+#include "bench/int_list.h"
 #include "bench/machine_limits.h"
 #include "bench/spec_ceiling.h"
 #include "core/base/file_io.h"
@@ -67,14 +67,6 @@ T Check(absl::StatusOr<T> v, const char* what) {
     std::exit(1);
   }
   return *std::move(v);
-}
-
-std::vector<int> IntList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    out.push_back(std::stoi(std::string(part)));
-  }
-  return out;
 }
 
 std::unique_ptr<glmserve::ModelRunner> Runner(glmserve::CpuMath math) {
@@ -236,6 +228,14 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_ceiling)) return PrintCeiling();
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   const glmserve::CpuMath math = Check(glmserve::ParseCpuMath(absl::GetFlag(FLAGS_math)), "math");
+  // Every list is checked before the model loads: a typo fails at once, naming its flag.
+  const std::vector<int> step_tokens =
+      Check(glmserve::bench::ParseIntList("step_tokens", absl::GetFlag(FLAGS_step_tokens), 1),
+            "flags");
+  const std::vector<int> stream_counts =
+      Check(glmserve::bench::ParseIntList("streams", absl::GetFlag(FLAGS_streams), 1), "flags");
+  const std::vector<int> draft_counts =
+      Check(glmserve::bench::ParseIntList("drafts", absl::GetFlag(FLAGS_drafts), 0), "flags");
   const std::string model = absl::GetFlag(FLAGS_model);
   glmserve::TextAssets assets = Check(glmserve::LoadTextAssets(model), "tokenizer");
   if (assets.tokenizer == nullptr) {
@@ -246,6 +246,11 @@ int main(int argc, char** argv) {
       Check(glmserve::ReadRegularFile(absl::GetFlag(FLAGS_text), 64 << 20), "text");
   const std::vector<int32_t> ids = Check(assets.tokenizer->Encode(text), "encode");
   const int prompt_len = absl::GetFlag(FLAGS_prompt_tokens);
+  if (prompt_len < 1 || static_cast<size_t>(prompt_len) > ids.size()) {
+    std::fprintf(stderr, "mtp_bench: --prompt_tokens=%d: the text has %zu tokens\n", prompt_len,
+                 ids.size());
+    return 1;
+  }
 
   // The step costs, and the floor the read bandwidth puts under a step reading every weight.
   std::unique_ptr<glmserve::ModelRunner> runner = Runner(math);
@@ -262,7 +267,7 @@ int main(int argc, char** argv) {
       glmserve::NumThreads(), read_gbs, floor_ms);
   std::printf("%-34s %10s %10s\n", "step at batch 1, context 48", "ms", "x 1 token");
   const double one = StepSeconds(*runner, 1, false);
-  for (int n : IntList(absl::GetFlag(FLAGS_step_tokens))) {
+  for (int n : step_tokens) {
     const double s = n == 1 ? one : StepSeconds(*runner, n, false);
     std::printf("%-34s %10.3f %10.2f\n",
                 (std::to_string(n) + " token" + (n > 1 ? "s (verify of " : "") +
@@ -277,14 +282,14 @@ int main(int argc, char** argv) {
   std::printf("%8s %6s %12s %10s %10s %12s %10s\n", "streams", "k", "tokens/s", "TPOT ms",
               "speed-up", "accept len", "same out");
   bool all_same = true;
-  for (int streams : IntList(absl::GetFlag(FLAGS_streams))) {
+  for (int streams : stream_counts) {
     std::vector<std::vector<int32_t>> prompts;
     const size_t stride = (ids.size() - prompt_len) / std::max(1, streams);
     for (int i = 0; i < streams; ++i) {
       prompts.emplace_back(ids.begin() + i * stride, ids.begin() + i * stride + prompt_len);
     }
     Run base;
-    for (int k : IntList(absl::GetFlag(FLAGS_drafts))) {
+    for (int k : draft_counts) {
       const Run r = Serve(k, prompts, math);
       if (k == 0) base = r;
       const bool same = base.outputs.empty() || r.outputs == base.outputs;
