@@ -5,6 +5,7 @@
 // average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
 // anything. Run by hand while tuning a kernel (not in CI):
 //   build/bench/linear_bench --threads=2 --modes=bf16_amx,bf16 --rounds=5
+// int8 quantizes the same matrices (core/cpu/quantize.h) and runs its own kernel.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -18,8 +19,10 @@
 #include "core/base/aligned_vector.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
 
-ABSL_FLAG(std::string, modes, "bf16_amx", "CPU math modes (exact, bf16, bf16_amx), interleaved");
+ABSL_FLAG(std::string, modes, "bf16_amx",
+          "CPU math modes (exact, bf16, bf16_amx, int8, exact_portable), interleaved");
 ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");
 ABSL_FLAG(int, experts, 128, "routed experts (each gate/up [1408, 4096], down [4096, 1408])");
 ABSL_FLAG(int, rounds, 5, "interleaved rounds; medians are printed");
@@ -48,6 +51,22 @@ glmserve::Matrix Bf16Matrix(const glmserve::AlignedVector<uint16_t>& data, int64
   return m;
 }
 
+// An int8 copy of m (WeightFormat::kInt8Groups), its codes and scales kept in `store`.
+struct Int8Store {
+  std::vector<std::vector<int8_t>> q;
+  std::vector<std::vector<uint16_t>> scales;
+};
+glmserve::Matrix Int8Matrix(const glmserve::Matrix& m, Int8Store* store) {
+  glmserve::Matrix out = m;
+  out.format = glmserve::WeightFormat::kInt8Groups;
+  store->q.emplace_back(m.rows * m.cols);
+  store->scales.emplace_back(m.rows * out.scale_cols());
+  glmserve::QuantizeMatrixInt8(m, store->q.back().data(), store->scales.back().data());
+  out.data = store->q.back().data();
+  out.group_scales = store->scales.back().data();
+  return out;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -60,10 +79,11 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   absl::StatusOr<std::vector<std::string>> modes =
       glmserve::bench::ParseModes(absl::GetFlag(FLAGS_modes));
-  if (!modes.ok() || std::count(modes->begin(), modes->end(), "int8") > 0) {
-    std::fprintf(stderr, "--modes: exact, bf16 or bf16_amx\n");
+  if (!modes.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(modes.status().message()).c_str());
     return 1;
   }
+  const bool any_int8 = std::count(modes->begin(), modes->end(), "int8") > 0;
   const int64_t hidden = 4096, q_dim = 12288, inter = 1408;
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), n_experts = absl::GetFlag(FLAGS_experts);
   const int64_t m_expert = std::max<int64_t>(1, tokens * 8 / 128);
@@ -83,6 +103,13 @@ int main(int argc, char** argv) {
     expert_w.push_back(Bf16Matrix(expert_data[3 * e + 1], inter, hidden));
     expert_w.push_back(Bf16Matrix(expert_data[3 * e + 2], hidden, inter));
   }
+  Int8Store int8_store;
+  glmserve::Matrix q_int8;
+  std::vector<glmserve::Matrix> expert_int8;
+  if (any_int8) {
+    q_int8 = Int8Matrix(q, &int8_store);
+    for (const glmserve::Matrix& w : expert_w) expert_int8.push_back(Int8Matrix(w, &int8_store));
+  }
   std::vector<float> x(tokens * hidden), y(tokens * q_dim);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.f, 1.f);
@@ -95,10 +122,10 @@ int main(int argc, char** argv) {
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf(
-      "threads %d; peaks: fp32 FMA %.0f, bf16 dot %.0f, AMX bf16 %.0f GFLOP/s; read %.1f "
-      "GB/s\n",
+      "threads %d; peaks: fp32 FMA %.0f, bf16 dot %.0f, AMX bf16 %.0f GFLOP/s, int8 dot %.0f "
+      "GOP/s; read %.1f GB/s\n",
       glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
-      limits.read_gbs);
+      limits.int8_gops, limits.read_gbs);
   std::printf("dense [%lld x %lld] at m = %lld; %lld experts x 3 matrices at m = %lld\n",
               static_cast<long long>(q_dim), static_cast<long long>(hidden),
               static_cast<long long>(tokens), static_cast<long long>(n_experts),
@@ -109,16 +136,18 @@ int main(int argc, char** argv) {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (size_t i = 0; i < n_modes; ++i) {
       const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
+      const bool int8 = (*modes)[i] == "int8";
       glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels((*modes)[i]));
       auto t = Clock::now();
-      glmserve::Linear(x.data(), tokens, q, nullptr, y.data(), math);
+      glmserve::Linear(x.data(), tokens, int8 ? q_int8 : q, nullptr, y.data(), math);
       dense_s[i].push_back(Since(t));
       std::vector<glmserve::LinearJob> jobs;
       for (int64_t j = 0; j < 3 * n_experts; ++j) {
         const int64_t e = j / 3;
         const float* xj =
             j % 3 == 2 ? he.data() + e * m_expert * inter : xe.data() + e * m_expert * hidden;
-        jobs.push_back({xj, m_expert, &expert_w[j], nullptr, ye.data() + j * m_expert * hidden});
+        jobs.push_back({xj, m_expert, int8 ? &expert_int8[j] : &expert_w[j], nullptr,
+                        ye.data() + j * m_expert * hidden});
       }
       t = Clock::now();
       glmserve::LinearMany(jobs, math);
@@ -127,22 +156,28 @@ int main(int argc, char** argv) {
   }
   const double dense_flops = 2.0 * tokens * q_dim * hidden;
   const double moe_flops = 2.0 * m_expert * 3 * inter * hidden * n_experts;
-  const double moe_bytes = 2.0 * 3 * inter * hidden * n_experts;
+  const double moe_elems = 3.0 * inter * hidden * n_experts;
   std::printf(
       "\n| mode | dense GFLOP/s | of peak | experts GFLOP/s | of peak | experts GB/s | of "
       "read |\n|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < n_modes; ++i) {
     const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
+    const bool int8 = (*modes)[i] == "int8";
+    // The peak of the arithmetic the mode runs, as cpu_bench takes it (int8 without
+    // AVX512-VNNI, or bf16 without its units: the FMA peak).
     const double peak =
-        math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0 ? limits.amx_gflops
-        : math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0 ? limits.bf16_gflops
-                                                                     : limits.fma_gflops;
+        int8 ? (limits.int8_gops > 0 ? limits.int8_gops : limits.fma_gflops)
+        : math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0 ? limits.amx_gflops
+        : math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0   ? limits.bf16_gflops
+                                                                       : limits.fma_gflops;
+    // int8 reads a byte per weight and a bf16 scale per 32 (bf16 modes two bytes).
+    const double moe_bytes = moe_elems * (int8 ? 1.0 + 2.0 / glmserve::kInt8Group : 2.0);
     const double d = dense_flops / Median(dense_s[i]) / 1e9;
     const double e = moe_flops / Median(moe_s[i]) / 1e9;
     const double gbs = moe_bytes / Median(moe_s[i]) / 1e9;
     std::printf("| %s (%s) | %.0f | %.2f | %.0f | %.2f | %.1f | %.2f |\n", (*modes)[i].c_str(),
-                glmserve::LinearKernelName(math), d, d / peak, e, e / peak, gbs,
-                gbs / limits.read_gbs);
+                int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math), d,
+                d / peak, e, e / peak, gbs, gbs / limits.read_gbs);
   }
   return 0;
 }

@@ -95,7 +95,8 @@ inline void ScoresOfEight(const float* q, const float* k, int64_t kv_dim, int64_
 }
 
 // The weighted sum's chunk of V registers (the last masked by `last`), which stay in registers
-// through all positions.
+// through each run of positions. (Updated in place through a lambda's capture, GCC kept them
+// on the stack: every position's adds waited on a store and a reload.)
 template <int V>
 void SumChunk(const AttentionRows& rows, const float* probs, int64_t d0, int64_t width,
               __m256i last, float* out) {
@@ -104,15 +105,28 @@ void SumChunk(const AttentionRows& rows, const float* probs, int64_t d0, int64_t
     acc[j] =
         j + 1 < V ? _mm256_loadu_ps(out + d0 + 8 * j) : _mm256_maskload_ps(out + d0 + 8 * j, last);
   }
-  rows.ForEach(true, [&](int64_t p, const float* row) {
-    const __m256 w = _mm256_set1_ps(probs[p]);
-    const float* v = row + d0;
-    if (p + kPrefetchAhead < rows.context) PrefetchRow(v + kPrefetchAhead * rows.kv_dim, width);
-    for (int j = 0; j < V; ++j) {
-      const __m256 vv =
-          j + 1 < V ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, last);
-      acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(w, vv));
+  // Packed rows are contiguous, which the hardware prefetchers follow.
+  const bool prefetch = rows.packed == nullptr;
+  const int64_t stride = rows.kv_dim, context = rows.context;
+  rows.ForEachRun(true, [&](int64_t p0, const float* row, int64_t count) {
+    __m256 a[V];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) a[j] = acc[j];
+    for (int64_t i = 0; i < count; ++i, row += stride) {
+      const __m256 w = _mm256_set1_ps(probs[p0 + i]);
+      const float* v = row + d0;
+      if (prefetch && p0 + i + kPrefetchAhead < context) {
+        PrefetchRow(v + kPrefetchAhead * stride, width);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j + 1 < V; ++j) {
+        a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(w, _mm256_loadu_ps(v + 8 * j)));
+      }
+      a[V - 1] =
+          _mm256_add_ps(a[V - 1], _mm256_mul_ps(w, _mm256_maskload_ps(v + 8 * (V - 1), last)));
     }
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[j] = a[j];
   });
   for (int j = 0; j < V; ++j) {
     if (j + 1 < V) {
@@ -131,11 +145,12 @@ constexpr SumChunkFn kSumChunks[8] = {SumChunk<1>, SumChunk<2>, SumChunk<3>, Sum
 
 void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale, float* scores) {
   const int64_t hd = rows.head_dim, kv_dim = rows.kv_dim;
+  const bool prefetch = rows.packed == nullptr;  // as in SumChunk
   rows.ForEachRun(false, [&](int64_t p, const float* k, int64_t count) {
     int64_t i = 0;
     if (hd % 8 == 0) {
       for (; i + 8 <= count; i += 8) {
-        if (p + i + 8 + kPrefetchAhead <= rows.context) {
+        if (prefetch && p + i + 8 + kPrefetchAhead <= rows.context) {
           for (int j = 0; j < 8; ++j) PrefetchRow(k + (i + kPrefetchAhead + j) * kv_dim, hd);
         }
         ScoresOfEight(q, k + i * kv_dim, kv_dim, hd, scale, scores + p + i);

@@ -12,18 +12,18 @@
 namespace glmserve::internal {
 
 // Where one query head's keys and values lie: positions [begin, context) of a sequence's blocks,
-// head_dim values each, at kv_off within a cache row of layer `layer`.
+// head_dim values each, at kv_off within a cache row of layer `layer`; consecutive positions'
+// rows lie kv_dim floats apart.
 struct AttentionRows {
   const KvCache* cache;
   const BlockTable* blocks;
   int64_t layer, kv_off, kv_dim, block_size, head_dim, context;
   int64_t begin = 0;
-  const float* Key(int64_t p) const {
-    return cache->keys(layer, (*blocks)[p / block_size]) + (p % block_size) * kv_dim + kv_off;
-  }
-  const float* Value(int64_t p) const {
-    return cache->values(layer, (*blocks)[p / block_size]) + (p % block_size) * kv_dim + kv_off;
-  }
+  // Set when this head's rows of positions [packed_begin, context) were copied contiguously
+  // (PagedAttention packs a position block's keys, then its values, for the rows that share
+  // them; kv_dim is then head_dim): the loops read them there, whichever kind they read.
+  const float* packed = nullptr;
+  int64_t packed_begin = 0;
   // f(p, row) for p = begin .. context - 1 in order, row the key (or value) row of position p:
   // one block lookup per block of positions, not a division per position (a 64-bit division
   // per position held the decode loops to its latency).
@@ -37,6 +37,10 @@ struct AttentionRows {
   // (their rows kv_dim apart from `row`), in order.
   template <typename F>
   void ForEachRun(bool values, F&& f) const {
+    if (packed != nullptr) {
+      if (begin < context) f(begin, packed + (begin - packed_begin) * kv_dim, context - begin);
+      return;
+    }
     for (int64_t p = begin; p < context;) {
       const int64_t block = p / block_size, end = std::min(context, (block + 1) * block_size);
       const int32_t id = (*blocks)[block];

@@ -65,9 +65,9 @@ struct LinearJob {
 void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact);
 
 // Which kernel Linear dispatches bf16 weights to on this machine in `math`: "avx512", "avx2"
-// (the same bits) or "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an exact emulation
-// of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16" (kBf16Amx,
-// likewise).
+// (the same bits) or "generic" (kExact); "avx512_bf16" or "generic_bf16" (kBf16, the latter an
+// exact emulation of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16"
+// (kBf16Amx, likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 // The kernel int8 weights run on (either mode): "avx512_vnni", "avx2_int8" or "generic_int8"
 // (all three give the same bits).
@@ -112,6 +112,8 @@ struct Int8Activation {
   int64_t m = 0, k = 0, kp = 0;
   std::vector<int8_t> q;            // [m, kp]: round(x / scale) per 32-wide group
   std::vector<float> lane_scale;    // [m, kp / 4]: the scale of 4-wide lane slot l's group
+  std::vector<float> group_scale;   // [m, kp / 32]: each group's scale (0 past the last), the
+                                    // same values once per group (the AVX2 kernel's compact read)
   std::vector<int32_t> lane_minus;  // [m, kp / 4]: -128 * (sum of slot l's 4 values of q)
 };
 // Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many).
@@ -127,7 +129,7 @@ struct Int8Job {
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
 void Int8BlockAvx2(const Int8Job& job, int64_t nb);  // the same bits on AVX2
-bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
+bool CpuHasAvx512Vnni();                             // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task

@@ -25,16 +25,18 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   const int64_t kp = a->kp, slots = kp / 4;
   a->q.assign(m * kp, 0);
   a->lane_scale.assign(m * slots, 0.0f);
+  a->group_scale.assign(m * (kp / kInt8Group), 0.0f);
   a->lane_minus.assign(m * slots, 0);
   auto row = [&](int64_t i) {
     int8_t* q = a->q.data() + i * kp;
     float* scale = a->lane_scale.data() + i * slots;
     int32_t* minus = a->lane_minus.data() + i * slots;
+    float* group_scale = a->group_scale.data() + i * (kp / kInt8Group);
     for (int64_t g = 0; g * kInt8Group < k; ++g) {
       const int64_t begin = g * kInt8Group, n = std::min(kInt8Group, k - begin);
       // The 8 slots of 4 of this group share its scale; past-the-end groups keep 0.
-      std::fill_n(scale + begin / 4, kInt8Group / 4,
-                  QuantizeGroupInt8(x + i * k + begin, n, q + begin));
+      group_scale[g] = QuantizeGroupInt8(x + i * k + begin, n, q + begin);
+      std::fill_n(scale + begin / 4, kInt8Group / 4, group_scale[g]);
     }
     for (int64_t s = 0; s < slots; ++s) {
       minus[s] = -128 * (q[4 * s] + q[4 * s + 1] + q[4 * s + 2] + q[4 * s + 3]);

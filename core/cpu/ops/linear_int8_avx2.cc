@@ -35,15 +35,15 @@ constexpr int64_t kBlockKInt8 = 2048;
 constexpr int64_t kBlockMInt8 = 32;
 
 struct Rows {
-  const int8_t* q;         // [NR, ld] from the tile's first row
-  int64_t ld;              // = K
-  const uint16_t* scales;  // bf16 bits [NR, groups]
-  int64_t groups;
+  const int8_t* q;      // [NR, ld] from the tile's first row
+  int64_t ld;           // = K
+  const float* scales;  // [NR, sld]: the bf16 group scales widened, 0 past the last group
+  int64_t sld;          // = kp / 32
 };
 
 struct Act {
   const int8_t* q;     // [MR, kp]
-  const float* scale;  // [MR, kp / 4]
+  const float* scale;  // [MR, kp / 32]: group scales (a half step's 8 lanes share one)
   int64_t kp;
 };
 
@@ -79,19 +79,19 @@ void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t
       }
     }
     for (int h = 0; h < 2; ++h) {
-      // Group g's scale for every lane of this half; 0 past the row's last group.
+      // Group g's scales for every lane of this half.
       const int64_t g = k / kInt8Group + h;
       __m256i wv[NR];
       __m256 ws[NR];
       for (int n = 0; n < NR; ++n) {
         wv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[n] + 32 * h));
-        ws[n] = _mm256_set1_ps(g < w.groups ? Bf16ToFloat(w.scales[n * w.groups + g]) : 0.0f);
+        ws[n] = _mm256_broadcast_ss(w.scales + n * w.sld + g);
       }
       for (int i = 0; i < MR; ++i) {
         const __m256i xv =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * x.kp + k + 32 * h));
         const __m256i xa = _mm256_abs_epi8(xv);
-        const __m256 xs = _mm256_loadu_ps(x.scale + i * (x.kp / 4) + k / 4 + 8 * h);
+        const __m256 xs = _mm256_broadcast_ss(x.scale + i * (x.kp / kInt8Group) + g);
         for (int n = 0; n < NR; ++n) {
           const __m256i d = Dot4(xa, xv, wv[n]);
           acc[i][n][h] =
@@ -131,18 +131,28 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
   const int64_t kb = m <= kTileM ? kp : kBlockKInt8;
   thread_local std::vector<float> lanes;
   lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
+  // The task's weight scales widened once (every activation tile reads them, and a bf16 takes a
+  // scalar shift and a broadcast), with zeros for the padded last step's missing group.
+  const int64_t sld = kp / kInt8Group;
+  thread_local std::vector<float> wscale;
+  wscale.assign(static_cast<size_t>(nn * sld), 0.0f);
+  for (int64_t r = 0; r < nn; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      wscale[r * sld + g] = Bf16ToFloat(w.group_scales[(n0 + r) * groups + g]);
+    }
+  }
   const int8_t* q = static_cast<const int8_t*>(w.data);
   // Each output's K steps keep their order whatever the blocking, so its bits do not change.
   for (int64_t m0 = 0; m0 < m; m0 += kBlockMInt8) {
     const int64_t m1 = std::min(m, m0 + kBlockMInt8);
     for (int64_t n = 0; n < nn; n += kTileN) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-      const Rows rows{q + (n0 + n) * k_total, k_total, w.group_scales + (n0 + n) * groups, groups};
+      const Rows rows{q + (n0 + n) * k_total, k_total, wscale.data() + n * sld, sld};
       for (int64_t k0 = 0; k0 < kp; k0 += kb) {
         const int64_t k1 = std::min(kp, k0 + kb);
         for (int64_t i0 = m0; i0 < m1; i0 += kTileM) {
           const int mr = static_cast<int>(std::min<int64_t>(kTileM, m1 - i0));
-          const Act act{x.q.data() + i0 * kp, x.lane_scale.data() + i0 * (kp / 4), kp};
+          const Act act{x.q.data() + i0 * kp, x.group_scale.data() + i0 * (kp / kInt8Group), kp};
           kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
                                  lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
                                  n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);

@@ -173,11 +173,11 @@ TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
 }
 
 // PagedAttention's fp32 path works in items (a block of tokens x some heads of one KV head,
-// positions in blocks of 128) and splits a KV head's group of query heads when the batch is
-// small. Each row must still get the bits it gets alone: scores, softmax and weighted sum of that
-// row by the portable loops over its whole context. A ragged batch (a 300-token prefill, a
-// decode row at position 260, a 20-token chunk after 150 cached positions), then the decode row
-// alone (few items: the group is split).
+// positions in blocks of 64, packed when an item has several rows) and splits a KV head's group of
+// query heads when the batch is small. Each row must still get the bits it gets alone: scores,
+// softmax and weighted sum of that row by the portable loops over its whole context. A ragged batch
+// (a 300-token prefill, a decode row at position 260, a 20-token chunk after 150 cached positions),
+// then the decode row alone (few items: the group is split).
 TEST(PagedAttentionTest, BlockedItemsGiveEachRowItsLoneBits) {
   const int64_t heads = 12, kv_heads = 2, head_dim = 64, kv_dim = kv_heads * head_dim;
   const int64_t group = heads / kv_heads;
