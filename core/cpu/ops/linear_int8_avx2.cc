@@ -131,23 +131,23 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
   const int64_t kb = m <= kTileM ? kp : kBlockKInt8;
   thread_local std::vector<float> lanes;
   lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
-  // The task's weight scales widened once (every activation tile reads them, and a bf16 takes a
-  // scalar shift and a broadcast), with zeros for the padded last step's missing group.
+  // A weight tile's scales widened once per pass of an activation block (its tiles all read
+  // them, and a bf16 takes a scalar shift and a broadcast), with zeros for the padded last
+  // step's missing group.
   const int64_t sld = kp / kInt8Group;
   thread_local std::vector<float> wscale;
-  wscale.assign(static_cast<size_t>(nn * sld), 0.0f);
-  for (int64_t r = 0; r < nn; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      wscale[r * sld + g] = Bf16ToFloat(w.group_scales[(n0 + r) * groups + g]);
-    }
-  }
+  wscale.assign(static_cast<size_t>(kTileN * sld), 0.0f);
   const int8_t* q = static_cast<const int8_t*>(w.data);
   // Each output's K steps keep their order whatever the blocking, so its bits do not change.
   for (int64_t m0 = 0; m0 < m; m0 += kBlockMInt8) {
     const int64_t m1 = std::min(m, m0 + kBlockMInt8);
     for (int64_t n = 0; n < nn; n += kTileN) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-      const Rows rows{q + (n0 + n) * k_total, k_total, wscale.data() + n * sld, sld};
+      for (int r = 0; r < nr; ++r) {
+        const uint16_t* bf16 = w.group_scales + (n0 + n + r) * groups;
+        for (int64_t g = 0; g < groups; ++g) wscale[r * sld + g] = Bf16ToFloat(bf16[g]);
+      }
+      const Rows rows{q + (n0 + n) * k_total, k_total, wscale.data(), sld};
       for (int64_t k0 = 0; k0 < kp; k0 += kb) {
         const int64_t k1 = std::min(kp, k0 + kb);
         for (int64_t i0 = m0; i0 < m1; i0 += kTileM) {
