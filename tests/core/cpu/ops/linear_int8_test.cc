@@ -196,6 +196,16 @@ TEST(LinearInt8, QuantizedActivationLayout) {
     const float s2 = QuantizeGroupInt8(x.data() + i * k + 64, 6, q.data());
     EXPECT_EQ(a.lane_scale[i * 32 + 16], s2);
     EXPECT_GT(s2, 0.0f);
+    // One scale per group (what the AVX2 kernel reads): each group's lane slots' value, and 0
+    // for the padded fourth group.
+    ASSERT_EQ(a.group_scale.size(), 2u * 4);
+    for (int64_t g = 0; g < 4; ++g) {
+      for (int64_t s = 8 * g; s < 8 * g + 8; ++s) {
+        EXPECT_EQ(a.group_scale[i * 4 + g], a.lane_scale[i * 32 + s]) << "group " << g;
+      }
+    }
+    EXPECT_EQ(a.group_scale[i * 4 + 2], s2);
+    EXPECT_EQ(a.group_scale[i * 4 + 3], 0.0f);
   }
 }
 
