@@ -10,6 +10,7 @@
 #include "core/base/parallel.h"
 #include "core/cpu/ops/lane_sum.h"
 #include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/ops/linear_int8_amx.h"
 
 namespace glmserve {
 namespace {
@@ -203,6 +204,7 @@ struct Task {
   Bf16Job bf16;
   AmxJob amx;
   Int8Job int8;
+  bool int8_amx = false;  // int8 in kBf16Amx: the group-serial arithmetic (linear_int8_amx.h)
   int64_t rows() const { return exact.w->rows; }
   int64_t m() const { return exact.m; }
 };
@@ -220,21 +222,30 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     const int64_t blocks = tasks[j].m() > 0 ? (tasks[j].rows() + kBlockN - 1) / kBlockN : 0;
     starts[j + 1] = starts[j] + blocks;
   }
-  const bool amx = CpuHasAmx();
+  const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
-    bool tiles = false;  // this thread's tile configuration loaded (it is per thread)
+    // This thread's tile configuration (it is per thread; the two kernels' tiles differ).
+    enum class Tiles { kNone, kBf16, kInt8 } tiles = Tiles::kNone;
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].int8.x != nullptr) {
+      if (tasks[j].int8.x != nullptr && tasks[j].int8_amx) {
+        if (!amx_int8) {
+          Int8AmxBlockEmulated(tasks[j].int8, b - starts[j]);
+          continue;
+        }
+        if (tiles != Tiles::kInt8) Int8AmxThreadBegin();
+        tiles = Tiles::kInt8;
+        Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
+      } else if (tasks[j].int8.x != nullptr) {
         int8_fn(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxBlockEmulated(tasks[j].amx, b - starts[j]);
           continue;
         }
-        if (!tiles) AmxThreadBegin();
-        tiles = true;
+        if (tiles != Tiles::kBf16) AmxThreadBegin();
+        tiles = Tiles::kBf16;
         AmxBlockHardware(tasks[j].amx, b - starts[j]);
       } else if (tasks[j].bf16.xb != nullptr) {
         bf16_fn(tasks[j].bf16, b - starts[j]);
@@ -244,7 +255,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     }
     // Released tiles are not saved at a context switch, and other code on this pool thread
     // never finds them configured.
-    if (tiles) AmxThreadEnd();
+    if (tiles != Tiles::kNone) AmxThreadEnd();
   });
 }
 
@@ -278,12 +289,14 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
            w.dtype == DType::kBF16;
   };
   // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs);
-  // a deque keeps the addresses the tasks hold.
+  // a deque keeps the addresses the tasks hold. kBf16Amx runs them group-serially, packed
+  // for the tile unit where it runs there.
   struct Quantized {
     const float* x;
     internal::Int8Activation a;
   };
   std::deque<Quantized> quantized;
+  const bool int8_amx = math == CpuMath::kBf16Amx;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const LinearJob& job = jobs[j];
     if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
@@ -293,9 +306,11 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     if (it == quantized.end()) {
       quantized.push_back({job.x, {}});
       it = quantized.end() - 1;
-      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a);
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a,
+                                       int8_amx && internal::CpuHasAmxInt8());
     }
     tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
+    tasks[j].int8_amx = int8_amx;
   }
   // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
   // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
@@ -376,7 +391,10 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
   LinearMany({job}, math);
 }
 
-const char* LinearInt8KernelName() {
+const char* LinearInt8KernelName(CpuMath math) {
+  if (math == CpuMath::kBf16Amx) {
+    return internal::CpuHasAmxInt8() ? "amx_int8" : "generic_amx_int8";
+  }
   if (internal::CpuHasAvx512Vnni()) return "avx512_vnni";
   return internal::CpuHasAvx2Fma() ? "avx2_int8" : "generic_int8";
 }

@@ -23,6 +23,9 @@
 // all of K (past-the-end elements and groups read as zero); same lane tree, then the bias.
 // On AVX512-VNNI that is vpdpbusd (weights biased to unsigned in registers, the bias taken
 // back by a per-lane correction of the activation), a conversion and an FMA per 64 weights.
+// In kBf16Amx, int8 weights take the group-serial form of that arithmetic instead (one exact
+// int32 dot per 32-wide group, one FMA per group, groups in order: linear_int8_amx.h), the one
+// AMX's TDPBSSD can run; a portable emulation gives its bits where AMX-INT8 is missing.
 // FP8 weights (WeightFormat::kFp8Scaled, core/model/fp8.h) take the exact arithmetic in both modes:
 // each K block of 512 of a task's rows is widened from one byte per weight to fp32 (e4m3 x
 // its block's scale, one rounding) into an L2-resident panel, then the exact tiles run over it.
@@ -69,9 +72,10 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // exact emulation of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16"
 // (kBf16Amx, likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
-// The kernel int8 weights run on (either mode): "avx512_vnni", "avx2_int8" or "generic_int8"
-// (all three give the same bits).
-const char* LinearInt8KernelName();
+// The kernel int8 weights run on in `math`: "avx512_vnni", "avx2_int8" or "generic_int8" (all
+// three give the same bits) in kExact and kBf16; "amx_int8" or "generic_amx_int8" in kBf16Amx
+// (the group-serial arithmetic, on the tile unit or emulated, the same bits).
+const char* LinearInt8KernelName(CpuMath math = CpuMath::kBf16);
 
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
@@ -115,9 +119,15 @@ struct Int8Activation {
   std::vector<float> group_scale;   // [m, kp / 32]: each group's scale (0 past the last), the
                                     // same values once per group (the AVX2 kernel's compact read)
   std::vector<int32_t> lane_minus;  // [m, kp / 4]: -128 * (sum of slot l's 4 values of q)
+  // The AMX int8 kernel's operands (linear_int8_amx.h), filled only for it: q packed as B
+  // tiles [ceil(m/16)][kp/32][8][16] words, and the group scales [ceil(m/16)][kp/32][16].
+  std::vector<int32_t> tiles;
+  std::vector<float> tile_scale;
 };
-// Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many).
-void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a);
+// Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many);
+// `amx_tiles`: also packs them for the AMX int8 kernel.
+void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a,
+                            bool amx_tiles = false);
 struct Int8Job {
   const Int8Activation* x = nullptr;
   const Matrix* w = nullptr;  // WeightFormat::kInt8Groups, w->cols == x->k

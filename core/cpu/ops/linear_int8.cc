@@ -14,11 +14,14 @@
 
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/ops/linear_int8_amx.h"
 #include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
 
-void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a) {
+void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a,
+                            bool amx_tiles) {
   a->m = m;
   a->k = k;
   a->kp = (k + 63) / 64 * 64;
@@ -43,13 +46,26 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
     }
   };
   // Decode-sized activations on the caller: waking the pool costs more than the work.
-  if (m * k <= (int64_t{1} << 16)) {
+  const bool small = m * k <= (int64_t{1} << 16);
+  if (small) {
     for (int64_t i = 0; i < m; ++i) row(i);
   } else {
     ParallelFor(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) row(i);
     });
   }
+  if (!amx_tiles) {
+    a->tiles.clear();
+    a->tile_scale.clear();
+    return;
+  }
+  // Every word and scale is written by the packing (padding rows as zeros).
+  const int64_t blocks = (m + kAmxTileRows - 1) / kAmxTileRows;
+  a->tiles.resize(Int8AmxTilesSize(m, kp));
+  a->tile_scale.resize(blocks * (kp / kInt8Group) * kAmxTileRows);
+  ParallelFor(blocks, small ? blocks : 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) PackInt8AmxBlock(a, b);
+  });
 }
 
 namespace {

@@ -1,0 +1,145 @@
+// The group-serial int8 arithmetic (linear_int8_amx.h): the activation packing, the portable
+// emulation that defines the bits, the tile configuration and the one-tile test hook. The
+// hardware kernel is in linear_int8_amx_avx512.cc (it scales with AVX-512).
+#include "core/cpu/ops/linear_int8_amx.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/cpu/ops/linear_amx.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define GLM_AMX_INT8_TARGET __attribute__((target("amx-tile,amx-int8")))
+#endif
+
+namespace glmserve::internal {
+
+namespace {
+constexpr int64_t kTileWords = 8 * 16;  // one B tile: 8 rows of 16 int32 words (512 bytes)
+}  // namespace
+
+int64_t Int8AmxTilesSize(int64_t m, int64_t kp) {
+  return (m + kAmxTileRows - 1) / kAmxTileRows * (kp / kInt8Group) * kTileWords;
+}
+
+void PackInt8AmxBlock(Int8Activation* a, int64_t block) {
+  const int64_t kp = a->kp, groups = kp / kInt8Group;
+  int32_t* tiles = a->tiles.data() + block * groups * kTileWords;
+  float* scales = a->tile_scale.data() + block * groups * kAmxTileRows;
+  for (int64_t i = 0; i < kAmxTileRows; ++i) {
+    const int64_t r = block * kAmxTileRows + i;
+    const int8_t* q = r < a->m ? a->q.data() + r * kp : nullptr;
+    for (int64_t g = 0; g < groups; ++g) {
+      // Word (p, i) of tile (block, g): the 4 codes at k = 32 g + 4 p of row i.
+      for (int64_t p = 0; p < 8; ++p) {
+        int32_t word = 0;
+        if (q != nullptr) std::memcpy(&word, q + g * kInt8Group + 4 * p, 4);
+        tiles[g * kTileWords + p * kAmxTileRows + i] = word;
+      }
+      scales[g * kAmxTileRows + i] = q != nullptr ? a->group_scale[r * groups + g] : 0.0f;
+    }
+  }
+}
+
+void Int8AmxBlockEmulated(const Int8Job& job, int64_t nb) {
+  const Matrix& w = *job.w;
+  const Int8Activation& x = *job.x;
+  const int64_t n_rows = w.rows, k_total = w.cols, groups = w.scale_cols();
+  const int64_t x_groups = x.kp / kInt8Group;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  const int8_t* q = static_cast<const int8_t*>(w.data);
+  for (int64_t n = n0; n < n0 + nn; ++n) {
+    const int8_t* wq = q + n * k_total;
+    const uint16_t* ws = w.group_scales + n * groups;
+    for (int64_t i = 0; i < x.m; ++i) {
+      const int8_t* xq = x.q.data() + i * x.kp;
+      const float* xs = x.group_scale.data() + i * x_groups;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k_total - begin);
+        int32_t d = 0;  // exact: |d| <= 32 * 127 * 127
+        for (int64_t t = begin; t < begin + len; ++t) d += int32_t{xq[t]} * wq[t];
+        acc = std::fma(static_cast<float>(d), xs[g] * Bf16ToFloat(ws[g]), acc);
+      }
+      if (job.bias != nullptr) acc += job.bias[n];
+      job.y[i * n_rows + n] = acc;
+    }
+  }
+}
+
+void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
+  for (int64_t r = 0; r < kAmxTileRows; ++r) {
+    for (int64_t col = 0; col < kAmxTileRows; ++col) {
+      // Integer sums wrap in the tile unit; unsigned arithmetic wraps the same way here.
+      uint32_t acc = static_cast<uint32_t>(c[r * 16 + col]);
+      for (int64_t p = 0; p < 8; ++p) {
+        for (int64_t j = 0; j < 4; ++j) {
+          const int32_t prod = int32_t{a[r * 32 + 4 * p + j]} * b[p * 64 + col * 4 + j];
+          acc += static_cast<uint32_t>(prod);
+        }
+      }
+      c[r * 16 + col] = static_cast<int32_t>(acc);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+namespace {
+
+// LDTILECFG's 64-byte operand (palette 1). Tiles 0-3: C, 16 rows of 16 int32; 4, 5: A, 16
+// weight rows of one 32-byte group; 6, 7: B, 8 rows of 16 words.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8, 8};
+};
+
+bool CpuidAmxInt8() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (edx & (1u << 25)) != 0;  // AMX-INT8
+}
+
+}  // namespace
+
+bool AmxInt8Permitted() {
+  static const bool permitted = AmxPermitted() && CpuidAmxInt8();
+  return permitted;
+}
+
+bool CpuHasAmxInt8() { return AmxInt8Permitted() && CpuHasAmx() && CpuHasAvx512(); }
+
+GLM_AMX_INT8_TARGET void Int8AmxThreadBegin() {
+  static const TileConfig config;
+  if (AmxInt8Permitted()) _tile_loadconfig(&config);
+}
+
+GLM_AMX_INT8_TARGET bool AmxInt8TileDpHardware(int32_t* c, const int8_t* a, const int8_t* b) {
+  if (!CpuHasAmxInt8()) return false;
+  Int8AmxThreadBegin();
+  _tile_loadd(0, c, 64);
+  _tile_loadd(4, a, 32);
+  _tile_loadd(6, b, 64);
+  _tile_dpbssd(0, 4, 6);
+  _tile_stored(0, c, 64);
+  AmxThreadEnd();
+  return true;
+}
+
+#else  // not x86-64: no AMX; the emulation serves the int8 weights of kBf16Amx
+
+bool AmxInt8Permitted() { return false; }
+bool CpuHasAmxInt8() { return false; }
+void Int8AmxThreadBegin() {}
+bool AmxInt8TileDpHardware(int32_t*, const int8_t*, const int8_t*) { return false; }
+void Int8AmxBlockHardware(const Int8Job& job, int64_t nb) { Int8AmxBlockEmulated(job, nb); }
+
+#endif
+
+}  // namespace glmserve::internal

@@ -1,0 +1,308 @@
+// Int8 weights in CpuMath::kBf16Amx (core/cpu/ops/linear_int8_amx.h): the group-serial
+// arithmetic against the formula written out here, its accuracy against a float64 reference,
+// batch invariance, the B-tile packing, non-finite activations, LinearMany mixing it with the
+// bf16 tile kernel, and (on a CPU with AMX-INT8) TDPBSSD and the hardware kernel against the
+// emulation bit for bit.
+#include "core/cpu/ops/linear_int8_amx.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/quantize.h"
+#include "tests/core/cpu/int8_matrix.h"
+#include "tests/test_util.h"
+
+namespace glmserve {
+namespace {
+
+using testing::QuantizeInt8;
+using testing::RandomVector;
+using testing::RelativeError;
+
+bool RequireAmx() {
+  const char* v = std::getenv("GLMSERVE_REQUIRE_AMX");
+  return v != nullptr && std::string(v) == "1";
+}
+#define GLM_REQUIRE_AMX_INT8()                                                              \
+  do {                                                                                      \
+    if (!internal::CpuHasAmxInt8()) {                                                       \
+      if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX-INT8 is not usable here"; \
+      GTEST_SKIP() << "no AMX-INT8 (with AVX-512) on this CPU, or the OS refused the tile "  \
+                      "state: only the emulation runs here";                                \
+    }                                                                                       \
+  } while (0)
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The arithmetic as linear_int8_amx.h states it, written out independently of the kernels:
+// activations by QuantizeGroupInt8, one exact int32 dot per group, one FMA per group in order.
+std::vector<float> Formula(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                           const float* bias) {
+  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
+  std::vector<float> y(m * n);
+  std::vector<int8_t> xq(kInt8Group);
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<float> acc(n, 0.0f);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
+      const float xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t d = 0;
+        for (int64_t t = 0; t < len; ++t) d += xq[t] * w.q[j * k + begin + t];
+        const float scale = xs * Bf16ToFloat(w.scales[j * groups + g]);
+        acc[j] = std::fma(static_cast<float>(d), scale, acc[j]);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias != nullptr ? acc[j] + bias[j] : acc[j];
+  }
+  return y;
+}
+
+// float64 sum of the dequantized products (activations quantized as the kernels do).
+std::vector<float> Float64Reference(const std::vector<float>& x, int64_t m,
+                                    const testing::Int8Matrix& w, const float* bias) {
+  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
+  std::vector<float> y(m * n);
+  std::vector<int8_t> xq(kInt8Group);
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<double> acc(n, 0.0);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
+      const double xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t t = 0; t < len; ++t) {
+          acc[j] += xs * xq[t] * w.q[j * k + begin + t] * Bf16ToFloat(w.scales[j * groups + g]);
+        }
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] = static_cast<float>(acc[j] + (bias ? bias[j] : 0));
+  }
+  return y;
+}
+
+std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                       const float* bias, CpuMath math = CpuMath::kBf16Amx) {
+  std::vector<float> y(m * w.view.rows, NAN);
+  Linear(x.data(), m, w.view, bias, y.data(), math);
+  return y;
+}
+
+struct Shape {
+  int64_t m, n, k;
+};
+// Ragged K (a partial group; a partial 64-wide padding step), N (a 16-row tile, a 32-row
+// task) and m (a partial 16-row activation tile, an odd number of tiles).
+const Shape kShapes[] = {{1, 1, 1},    {1, 9, 45},    {3, 33, 64},    {16, 40, 1030},
+                         {17, 37, 96}, {33, 70, 513}, {1, 96, 4096},  {9, 5, 4129},
+                         {48, 16, 32}, {50, 31, 200}, {100, 64, 2048}};
+
+TEST(LinearInt8Amx, EqualsTheFormulaBitForBitAndIsAccurate) {
+  std::printf("int8 kernel in bf16_amx on this machine: %s\n",
+              LinearInt8KernelName(CpuMath::kBf16Amx));
+  uint32_t seed = 300;
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      const std::vector<float> y = RunLinear(x, s.m, w, b);
+      const std::vector<float> want = Formula(x, s.m, w, b);
+      for (int64_t i = 0; i < s.m * s.n; ++i) {
+        ASSERT_EQ(Bits(y[i]), Bits(want[i]))
+            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
+      }
+      EXPECT_LT(RelativeError(y, Float64Reference(x, s.m, w, b)), 2e-6)
+          << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+    }
+  }
+}
+
+// The two int8 arithmetics sum in different orders: close, and not the same bits.
+TEST(LinearInt8Amx, DiffersFromTheLaneArithmeticByRoundingOnly) {
+  const int64_t m = 8, n = 64, k = 4096;
+  const std::vector<float> x = RandomVector(m * k, 7);
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 8, 0.1f), n, k);
+  const std::vector<float> amx = RunLinear(x, m, w, nullptr, CpuMath::kBf16Amx);
+  const std::vector<float> lanes = RunLinear(x, m, w, nullptr, CpuMath::kBf16);
+  EXPECT_LT(RelativeError(amx, lanes), 2e-6);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m * n; ++i) differ += Bits(amx[i]) != Bits(lanes[i]);
+  EXPECT_GT(differ, 0) << "kBf16Amx's int8 weights still run the lane-wise arithmetic";
+}
+
+// Every row of a batch equals the row alone, bit for bit, across the 16-row activation tiles
+// and the 2-tile passes.
+TEST(LinearInt8Amx, RowResultIndependentOfBatch) {
+  const int64_t n = 45, k = 1000;
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
+  const std::vector<float> bias = RandomVector(n, 52);
+  for (int64_t m : {3, 16, 17, 33, 70}) {
+    const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
+    const std::vector<float> all = RunLinear(x, m, w, bias.data());
+    for (int64_t i = 0; i < m; i += (m > 20 ? 5 : 1)) {
+      const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+      const std::vector<float> alone = RunLinear(row, 1, w, bias.data());
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(Bits(alone[j]), Bits(all[i * n + j])) << "m=" << m << " row " << i << " " << j;
+      }
+    }
+  }
+}
+
+// Word (p, i) of tile (u, g) holds row 16u + i's codes 32g + 4p .. + 3; its scale sits at
+// [u][g][i]; rows past m are zeros.
+TEST(LinearInt8Amx, PackingPutsARowsFourCodesInEachWord) {
+  const int64_t m = 20, k = 96;  // kp = 128: four groups, the last past K
+  const std::vector<float> x = RandomVector(m * k, 9);
+  internal::Int8Activation a;
+  internal::QuantizeActivationInt8(x.data(), m, k, &a, /*amx_tiles=*/true);
+  ASSERT_EQ(a.kp, 128);
+  const int64_t groups = a.kp / kInt8Group;
+  ASSERT_EQ(static_cast<int64_t>(a.tiles.size()), internal::Int8AmxTilesSize(m, a.kp));
+  ASSERT_EQ(static_cast<int64_t>(a.tiles.size()), 2 * groups * 8 * 16);
+  ASSERT_EQ(static_cast<int64_t>(a.tile_scale.size()), 2 * groups * 16);
+  for (int64_t u = 0; u < 2; ++u) {
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t r = 16 * u + i;
+        const float scale = a.tile_scale[(u * groups + g) * 16 + i];
+        EXPECT_EQ(scale, r < m ? a.group_scale[r * groups + g] : 0.0f) << r << " " << g;
+        if (r < m && g < 3) {
+          EXPECT_GT(scale, 0.0f);
+        }
+        for (int64_t p = 0; p < 8; ++p) {
+          int8_t bytes[4];
+          std::memcpy(bytes, &a.tiles[((u * groups + g) * 8 + p) * 16 + i], 4);
+          for (int j = 0; j < 4; ++j) {
+            const int8_t want = r < m ? a.q[r * a.kp + 32 * g + 4 * p + j] : 0;
+            ASSERT_EQ(bytes[j], want) << "u=" << u << " g=" << g << " i=" << i << " p=" << p;
+          }
+        }
+      }
+    }
+  }
+  internal::QuantizeActivationInt8(x.data(), m, k, &a);
+  EXPECT_TRUE(a.tiles.empty() && a.tile_scale.empty()) << "a reused activation keeps old tiles";
+}
+
+// A NaN or infinity reaches its own row's outputs (its group's scale is NaN) and no other.
+TEST(LinearInt8Amx, NonFiniteActivationStaysInItsRow) {
+  const int64_t m = 20, n = 33, k = 100;
+  std::vector<float> x = RandomVector(m * k, 21);
+  x[3 * k + 40] = NAN;
+  x[17 * k + 99] = INFINITY;
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 22, 0.1f), n, k);
+  const std::vector<float> y = RunLinear(x, m, w, nullptr);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (i == 3 || i == 17) {
+        EXPECT_TRUE(std::isnan(y[i * n + j])) << i << " " << j;
+      } else {
+        EXPECT_TRUE(std::isfinite(y[i * n + j])) << i << " " << j;
+      }
+    }
+  }
+}
+
+// LinearMany with int8 and bf16 weights in kBf16Amx: each job's result is its lone call's
+// (on AMX the threads switch between the two kernels' tile configurations).
+TEST(LinearInt8Amx, ManyJobsMixingInt8AndBf16MatchSingleCalls) {
+  const int64_t m = 40, k = 256, n = 80;
+  const std::vector<float> x = RandomVector(m * k, 31);
+  const std::vector<float> wf = RandomVector(n * k, 32, 0.1f);
+  const testing::Int8Matrix w8 = QuantizeInt8(wf, n, k);
+  std::vector<uint16_t> wb(n * k);
+  for (int64_t i = 0; i < n * k; ++i) wb[i] = FloatToBf16(wf[i]);
+  const Matrix w16{DType::kBF16, n, k, wb.data()};
+  std::vector<float> y8(m * n), y16(m * n), y8b(m * n);
+  const LinearJob jobs[] = {{x.data(), m, &w8.view, nullptr, y8.data()},
+                            {x.data(), m, &w16, nullptr, y16.data()},
+                            {x.data(), m, &w8.view, nullptr, y8b.data()}};
+  LinearMany(jobs, CpuMath::kBf16Amx);
+  std::vector<float> want8(m * n), want16(m * n);
+  Linear(x.data(), m, w8.view, nullptr, want8.data(), CpuMath::kBf16Amx);
+  Linear(x.data(), m, w16, nullptr, want16.data(), CpuMath::kBf16Amx);
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(Bits(y8[i]), Bits(want8[i])) << i;
+    ASSERT_EQ(Bits(y8b[i]), Bits(want8[i])) << i;
+    ASSERT_EQ(Bits(y16[i]), Bits(want16[i])) << i;
+  }
+}
+
+// The tile emulation: sums of 4-byte products per word, accumulating into c, wrapping as the
+// tile unit's 32-bit integers do.
+TEST(LinearInt8Amx, TileEmulationSumsTheWordProductsIntoC) {
+  std::vector<int8_t> a(16 * 32), b(8 * 64);
+  std::vector<int32_t> c(256);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  for (int8_t& v : a) v = static_cast<int8_t>(byte(rng));
+  for (int8_t& v : b) v = static_cast<int8_t>(byte(rng));
+  for (int32_t& v : c) v = byte(rng) * 1000;
+  c[5] = INT32_MAX;  // wraps
+  std::vector<int32_t> got = c;
+  internal::AmxInt8TileDpEmulated(got.data(), a.data(), b.data());
+  for (int r = 0; r < 16; ++r) {
+    for (int col = 0; col < 16; ++col) {
+      int64_t sum = c[r * 16 + col];
+      for (int kk = 0; kk < 32; ++kk) sum += a[r * 32 + kk] * b[(kk / 4) * 64 + col * 4 + kk % 4];
+      ASSERT_EQ(got[r * 16 + col], static_cast<int32_t>(static_cast<uint32_t>(sum)))
+          << r << " " << col;
+    }
+  }
+}
+
+TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
+  GLM_REQUIRE_AMX_INT8();
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<int8_t> a(16 * 32), b(8 * 64);
+    std::vector<int32_t> c(256);
+    for (int8_t& v : a) v = static_cast<int8_t>(trial % 7 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
+    for (int8_t& v : b) v = static_cast<int8_t>(trial % 5 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
+    for (int32_t& v : c) v = static_cast<int32_t>(rng());
+    std::vector<int32_t> hw = c, emu = c;
+    ASSERT_TRUE(internal::AmxInt8TileDpHardware(hw.data(), a.data(), b.data()));
+    internal::AmxInt8TileDpEmulated(emu.data(), a.data(), b.data());
+    ASSERT_EQ(hw, emu) << "trial " << trial;
+  }
+}
+
+TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
+  GLM_REQUIRE_AMX_INT8();
+  uint32_t seed = 700;
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    internal::Int8Activation a;
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, /*amx_tiles=*/true);
+    std::vector<float> hw(s.m * s.n, NAN), emu(s.m * s.n, NAN);
+    internal::Int8AmxThreadBegin();
+    for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
+      internal::Int8AmxBlockHardware({&a, &w.view, bias.data(), hw.data()}, nb);
+      internal::Int8AmxBlockEmulated({&a, &w.view, bias.data(), emu.data()}, nb);
+    }
+    internal::AmxThreadEnd();
+    for (int64_t i = 0; i < s.m * s.n; ++i) {
+      ASSERT_EQ(Bits(hw[i]), Bits(emu[i])) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace glmserve
