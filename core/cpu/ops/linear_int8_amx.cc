@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/ops/linear_int8_amx_driver.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -69,6 +70,59 @@ void Int8AmxBlockEmulated(const Int8Job& job, int64_t nb) {
     }
   }
 }
+
+void MakeInt8ASource(const Matrix& w, int64_t row0, std::vector<int8_t>* padded, Int8ASource* s) {
+  const int64_t k_total = w.cols, rows = std::min<int64_t>(16, w.rows - row0);
+  const int8_t* src = static_cast<const int8_t*>(w.data) + row0 * k_total;
+  s->ld = k_total;
+  if (rows == 16) {
+    s->p = src;
+  } else {
+    padded->assign(16 * k_total, 0);
+    std::memcpy(padded->data(), src, static_cast<size_t>(rows * k_total));
+    s->p = padded->data();
+  }
+  const int64_t full = k_total / 32 * 32, len = k_total - full;
+  std::memset(s->tail, 0, sizeof(s->tail));
+  for (int64_t r = 0; r < 16 && len > 0; ++r) {
+    std::memcpy(s->tail + r * 32, s->p + r * k_total + full, static_cast<size_t>(len));
+  }
+}
+
+namespace {
+
+// The tile unit as the kernel configures it, in software: A tiles of 16 rows x 32 bytes, B
+// tiles of 8 rows x 64 bytes, C tiles of 16 x 16 int32; loads copy rows at the given stride
+// as TILELOADD does, so the driver's addressing is what is checked.
+struct SoftwareOps {
+  static void LoadA(const Int8ASource& a, int64_t g, int8_t* tile) {
+    const bool in_place = g < a.ld / 32;
+    const int8_t* src = in_place ? a.p + 32 * g : a.tail;
+    const int64_t stride = in_place ? a.ld : 32;
+    for (int r = 0; r < 16; ++r) std::memcpy(tile + 32 * r, src + r * stride, 32);
+  }
+  template <int NT, int MT>
+  static void Group(const Int8ASource* a, int64_t g, const int32_t* b, int64_t b_next,
+                    int32_t* c) {
+    int8_t at[2][16 * 32], bt[2][8 * 64];
+    for (int t = 0; t < NT; ++t) LoadA(a[t], g, at[t]);
+    for (int u = 0; u < MT; ++u) std::memcpy(bt[u], b + u * b_next, sizeof(bt[u]));
+    for (int t = 0; t < NT; ++t) {
+      for (int u = 0; u < MT; ++u) {
+        int32_t* ct = c + (t * 2 + u) * kInt8AmxTileCells;
+        std::fill_n(ct, kInt8AmxTileCells, 0);
+        AmxInt8TileDpEmulated(ct, at[t], bt[u]);
+      }
+    }
+  }
+  static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs) {
+    for (int j = 0; j < 16; ++j) acc[j] = std::fma(static_cast<float>(d[j]), ws * xs[j], acc[j]);
+  }
+};
+
+}  // namespace
+
+void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb) { Int8AmxBlock<SoftwareOps>(job, nb); }
 
 void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
   for (int64_t r = 0; r < kAmxTileRows; ++r) {

@@ -51,6 +51,10 @@ void PackInt8AmxBlock(Int8Activation* a, int64_t block);
 // reads the codes and group scales directly.
 void Int8AmxBlockHardware(const Int8Job& job, int64_t nb);
 void Int8AmxBlockEmulated(const Int8Job& job, int64_t nb);
+// The hardware kernel's driver over a software model of the tiles and scalar scaling (same
+// bits, any CPU; needs the packed tiles): what the tests run where AMX is missing, so the
+// kernel's addressing, tails and padding are checked everywhere.
+void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb);
 // Loads this thread's tile configuration for the int8 kernel (it differs from the bf16
 // kernel's: A tiles of 32 bytes, B tiles of 8 rows) / releases the tiles. No-ops without AMX.
 void Int8AmxThreadBegin();
