@@ -39,9 +39,10 @@ ABSL_FLAG(std::string, prefill_tokens, "128",
 ABSL_FLAG(int, decode_steps, 8, "decode steps measured (after one warm-up step)");
 ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
-          "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math) and int8 "
-          "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations); "
-          "exact_portable: exact on the portable kernels (what SIMD gains)");
+          "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math), int8 "
+          "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations) and "
+          "int8_amx (the same with --cpu_math=bf16_amx: AMX int8 tiles); exact_portable: exact "
+          "on the portable kernels (what SIMD gains)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(std::string, decode_context, "-1",
           "contexts of the decode measurements, comma-separated (0,4096,16384: rows for each): "
@@ -202,20 +203,23 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
                    const std::vector<DecodeResult>& decodes,
                    const glmserve::bench::MachineLimits& limits,
                    const glmserve::ModelConfig& config, int steps, int batch) {
-  const bool int8 = mode_name == "int8";
+  const bool int8 = glmserve::bench::Int8Weights(mode_name);
   const std::string mode_label =
       mode_name + " (" +
-      (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
+      (int8 ? glmserve::LinearInt8KernelName(math) : glmserve::LinearKernelName(math)) + ")";
   const char* mode = mode_label.c_str();
   // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
   // their emulation is fp32 scalar code, so the FMA peak).
-  const bool int8_math = int8 && limits.int8_gops > 0;
+  const bool amx_int8_math =
+      int8 && math == glmserve::CpuMath::kBf16Amx && limits.amx_int8_gops > 0;
+  const bool int8_math = int8 && math != glmserve::CpuMath::kBf16Amx && limits.int8_gops > 0;
   const bool amx_math = !int8 && math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0;
   const bool bf16_math = !int8 && math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0;
-  const double peak = int8_math   ? limits.int8_gops
-                      : amx_math  ? limits.amx_gflops
-                      : bf16_math ? limits.bf16_gflops
-                                  : limits.fma_gflops;
+  const double peak = amx_int8_math ? limits.amx_int8_gops
+                      : int8_math   ? limits.int8_gops
+                      : amx_math    ? limits.amx_gflops
+                      : bf16_math   ? limits.bf16_gflops
+                                    : limits.fma_gflops;
   for (const PrefillResult& p : prefills) {
     const int prefill = p.tokens;
     const glmserve::bench::StepCost prefill_cost =
@@ -224,10 +228,11 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
         mode, prefill, p.s, prefill / p.s, prefill_gflops, peak,
-        int8_math   ? "int8 dot"
-        : amx_math  ? "AMX bf16"
-        : bf16_math ? "bf16 dot"
-                    : "fp32 FMA",
+        amx_int8_math ? "AMX int8"
+        : int8_math   ? "int8 dot"
+        : amx_math    ? "AMX bf16"
+        : bf16_math   ? "bf16 dot"
+                      : "fp32 FMA",
         peak > 0 ? prefill_gflops / peak : 0.0);
     // The prefill's roofline: it must both do its FLOPs and read every weight it touches
     // once (a 128-token prompt reaches nearly every expert), so its least possible time is
@@ -322,14 +327,14 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", glmserve::NumThreads());
   std::printf(
       "machine: fp32 FMA peak %.0f GFLOP/s, bf16 dot-product peak %.0f GFLOP/s, AMX bf16 peak "
-      "%.0f GFLOP/s, int8 dot-product peak %.0f GOP/s, read bandwidth "
+      "%.0f GFLOP/s, int8 dot-product peak %.0f GOP/s, AMX int8 peak %.0f GOP/s, read bandwidth "
       "%.1f GB/s (the best of: plain sum %.1f GB/s with %d streams per thread, 1 stream %.1f; "
       "decode kernels over 1 GiB: bf16 %.1f, exact %.1f, int8 %.1f), OpenBLAS sgemm 2048^3 %.0f "
       "GFLOP/s\n",
-      limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops, limits.read_gbs,
-      limits.read_sum_gbs, limits.read_best_streams, limits.read_one_stream_gbs,
-      limits.read_bf16_kernel_gbs, limits.read_exact_kernel_gbs, limits.read_int8_kernel_gbs,
-      MeasureBlasGflops());
+      limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops, limits.int8_gops,
+      limits.amx_int8_gops, limits.read_gbs, limits.read_sum_gbs, limits.read_best_streams,
+      limits.read_one_stream_gbs, limits.read_bf16_kernel_gbs, limits.read_exact_kernel_gbs,
+      limits.read_int8_kernel_gbs, MeasureBlasGflops());
 
   const auto t_load = Clock::now();
   absl::StatusOr<glmserve::ModelConfig> config =

@@ -1,9 +1,10 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
-// (--cpu_math=bf16_amx) and int8 (weights quantized at load, --weight_dtype=int8, with their
-// own int8 arithmetic in every --cpu_math, core/cpu/ops/linear.h), plus exact_portable: the
-// exact arithmetic on the portable kernels, whatever SIMD the CPU has (what the SIMD kernels
-// gain, measured in the same run).
+// (--cpu_math=bf16_amx), int8 (weights quantized at load, --weight_dtype=int8, with
+// --cpu_math=bf16: the lane-wise int8 arithmetic, core/cpu/ops/linear.h) and int8_amx (the same
+// weights with --cpu_math=bf16_amx: the group-serial int8 arithmetic on the AMX tile unit,
+// linear_int8_amx.h), plus exact_portable: the exact arithmetic on the portable kernels,
+// whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run).
 #pragma once
 
 #include <string>
@@ -24,9 +25,10 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
   std::vector<std::string> modes;
   for (absl::string_view name : absl::StrSplit(list, ',')) {
     if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8" &&
-        name != "exact_portable") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--modes: '", name, "' is not one of exact, bf16, bf16_amx, int8, exact_portable"));
+        name != "int8_amx" && name != "exact_portable") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--modes: '", name,
+                       "' is not one of exact, bf16, bf16_amx, int8, int8_amx, exact_portable"));
     }
     modes.emplace_back(name);
   }
@@ -35,18 +37,22 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
 
 inline CpuMath MathOf(const std::string& mode) {
   if (mode == "exact" || mode == "exact_portable") return CpuMath::kExact;
-  return mode == "bf16_amx" ? CpuMath::kBf16Amx : CpuMath::kBf16;
+  return mode == "bf16_amx" || mode == "int8_amx" ? CpuMath::kBf16Amx : CpuMath::kBf16;
 }
+
+// Whether `mode` quantizes the linear layers to int8 at load.
+inline bool Int8Weights(const std::string& mode) { return mode == "int8" || mode == "int8_amx"; }
 
 // Whether `mode` runs on the portable kernels (internal::ForceGenericKernels while it runs).
 inline bool PortableKernels(const std::string& mode) { return mode == "exact_portable"; }
 
 // `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and
-// shared owners); int8 adds its quantized copy of the linear layers for as long as it lives.
+// shared owners); int8 and int8_amx add its quantized copy of the linear layers for as long as it
+// lives.
 inline absl::StatusOr<ModelWeights> WeightsForMode(const ModelWeights& base,
                                                    const std::string& mode) {
   ModelWeights weights = base;
-  if (mode == "int8") RETURN_IF_ERROR(QuantizeWeights(&weights, WeightQuant::kInt8));
+  if (Int8Weights(mode)) RETURN_IF_ERROR(QuantizeWeights(&weights, WeightQuant::kInt8));
   return weights;
 }
 

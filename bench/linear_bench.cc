@@ -5,7 +5,8 @@
 // average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
 // anything. Run by hand while tuning a kernel (not in CI):
 //   build/bench/linear_bench --threads=2 --modes=bf16_amx,bf16 --rounds=5
-// int8 quantizes the same matrices (core/cpu/quantize.h) and runs its own kernel.
+// int8 and int8_amx quantize the same matrices (core/cpu/quantize.h) and run their own kernels
+// (lane-wise; group-serial on the AMX tile unit).
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -22,7 +23,7 @@
 #include "core/cpu/quantize.h"
 
 ABSL_FLAG(std::string, modes, "bf16_amx",
-          "CPU math modes (exact, bf16, bf16_amx, int8, exact_portable), interleaved");
+          "CPU math modes (exact, bf16, bf16_amx, int8, int8_amx, exact_portable), interleaved");
 ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");
 ABSL_FLAG(int, experts, 128, "routed experts (each gate/up [1408, 4096], down [4096, 1408])");
 ABSL_FLAG(int, rounds, 5, "interleaved rounds; medians are printed");
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(modes.status().message()).c_str());
     return 1;
   }
-  const bool any_int8 = std::count(modes->begin(), modes->end(), "int8") > 0;
+  const bool any_int8 = std::any_of(modes->begin(), modes->end(), glmserve::bench::Int8Weights);
   const int64_t hidden = 4096, q_dim = 12288, inter = 1408;
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), n_experts = absl::GetFlag(FLAGS_experts);
   const int64_t m_expert = std::max<int64_t>(1, tokens * 8 / 128);
@@ -122,10 +123,10 @@ int main(int argc, char** argv) {
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf(
-      "threads %d; peaks: fp32 FMA %.0f, bf16 dot %.0f, AMX bf16 %.0f GFLOP/s, int8 dot %.0f "
-      "GOP/s; read %.1f GB/s\n",
+      "threads %d; peaks: fp32 FMA %.0f, bf16 dot %.0f, AMX bf16 %.0f GFLOP/s, int8 dot %.0f, "
+      "AMX int8 %.0f GOP/s; read %.1f GB/s\n",
       glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
-      limits.int8_gops, limits.read_gbs);
+      limits.int8_gops, limits.amx_int8_gops, limits.read_gbs);
   std::printf("dense [%lld x %lld] at m = %lld; %lld experts x 3 matrices at m = %lld\n",
               static_cast<long long>(q_dim), static_cast<long long>(hidden),
               static_cast<long long>(tokens), static_cast<long long>(n_experts),
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (size_t i = 0; i < n_modes; ++i) {
       const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
-      const bool int8 = (*modes)[i] == "int8";
+      const bool int8 = glmserve::bench::Int8Weights((*modes)[i]);
       glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels((*modes)[i]));
       auto t = Clock::now();
       glmserve::Linear(x.data(), tokens, int8 ? q_int8 : q, nullptr, y.data(), math);
@@ -162,11 +163,13 @@ int main(int argc, char** argv) {
       "read |\n|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < n_modes; ++i) {
     const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
-    const bool int8 = (*modes)[i] == "int8";
+    const bool int8 = glmserve::bench::Int8Weights((*modes)[i]);
     // The peak of the arithmetic the mode runs, as cpu_bench takes it (int8 without
-    // AVX512-VNNI, or bf16 without its units: the FMA peak).
+    // AVX512-VNNI or AMX-INT8, or bf16 without its units: the FMA peak).
+    const bool amx = math == glmserve::CpuMath::kBf16Amx;
     const double peak =
-        int8 ? (limits.int8_gops > 0 ? limits.int8_gops : limits.fma_gflops)
+        int8 && amx ? (limits.amx_int8_gops > 0 ? limits.amx_int8_gops : limits.fma_gflops)
+        : int8      ? (limits.int8_gops > 0 ? limits.int8_gops : limits.fma_gflops)
         : math == glmserve::CpuMath::kBf16Amx && limits.amx_gflops > 0 ? limits.amx_gflops
         : math == glmserve::CpuMath::kBf16 && limits.bf16_gflops > 0   ? limits.bf16_gflops
                                                                        : limits.fma_gflops;
@@ -176,7 +179,7 @@ int main(int argc, char** argv) {
     const double e = moe_flops / Median(moe_s[i]) / 1e9;
     const double gbs = moe_bytes / Median(moe_s[i]) / 1e9;
     std::printf("| %s (%s) | %.0f | %.2f | %.0f | %.2f | %.1f | %.2f |\n", (*modes)[i].c_str(),
-                int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math), d,
+                int8 ? glmserve::LinearInt8KernelName(math) : glmserve::LinearKernelName(math), d,
                 d / peak, e, e / peak, gbs, gbs / limits.read_gbs);
   }
   return 0;

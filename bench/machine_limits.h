@@ -19,6 +19,7 @@
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/ops/linear_int8_amx.h"
 
 namespace glmserve::bench {
 
@@ -185,6 +186,49 @@ inline double AmxBf16PeakGflops() {
   return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 32 * 2) / s / 1e9;
 }
 
+// TDPBSSD with whole 16 x 64-byte tiles in registers (the same configuration as AmxLoop).
+__attribute__((target("amx-tile,amx-int8"))) inline float AmxInt8Loop(float seed) {
+  static const AmxPeakConfig config;
+  alignas(64) int8_t a[1024], b[1024];
+  alignas(64) int32_t c[256];
+  for (int i = 0; i < 1024; ++i) a[i] = b[i] = static_cast<int8_t>(i % 7 - 3);
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  for (int64_t it = 0; it < kAmxPeakIterations; ++it) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return static_cast<float>(c[0]) + seed;
+}
+
+// TDPBSSD peak in GOP/s (16 x 16 x 64 products, 2 ops each) on every pool thread; 0 without
+// usable AMX-INT8. The int8 kernel runs 32-wide K tiles (one group each) and scales every
+// group's dots on the vector unit, so a fraction of this is its practical ceiling.
+inline double AmxInt8PeakGops() {
+  if (!internal::CpuHasAmxInt8()) return 0;
+  const int64_t chunks = 4 * NumThreads();
+  std::atomic<int64_t> sink{0};
+  const double s = BestOf(3, [&] {
+    ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        sink += static_cast<int64_t>(AmxInt8Loop(static_cast<float>(c)));
+      }
+    });
+  });
+  return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 64 * 2) / s / 1e9;
+}
+
 // int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The int8 kernel
 // spends 4 instructions per vpdpbusd (conversion, scale product, FMA), so a quarter of this
 // is its practical ceiling.
@@ -262,17 +306,18 @@ inline double KernelReadBandwidth(bool int8, CpuMath math = CpuMath::kBf16) {
 }
 
 struct MachineLimits {
-  double fma_gflops = 0;   // fp32 FMA peak
-  double bf16_gflops = 0;  // vdpbf16ps peak (0: no AVX512_BF16)
-  double amx_gflops = 0;   // TDPBF16PS peak (0: no usable AMX)
-  double int8_gops = 0;    // vpdpbusd peak (0: no AVX512_VNNI)
-  double read_gbs = 0;     // the read ceiling: the best of the figures below
+  double fma_gflops = 0;     // fp32 FMA peak
+  double bf16_gflops = 0;    // vdpbf16ps peak (0: no AVX512_BF16)
+  double amx_gflops = 0;     // TDPBF16PS peak (0: no usable AMX)
+  double int8_gops = 0;      // vpdpbusd peak (0: no AVX512_VNNI)
+  double amx_int8_gops = 0;  // TDPBSSD peak (0: no usable AMX-INT8)
+  double read_gbs = 0;       // the read ceiling: the best of the figures below
   int read_best_streams = 0;
   double read_sum_gbs = 0;  // best plain streaming sum over 1, 2, 4 and 8 streams per thread
   double read_one_stream_gbs = 0;
   double read_bf16_kernel_gbs = 0;   // KernelReadBandwidth(false)
   double read_exact_kernel_gbs = 0;  // KernelReadBandwidth(false, CpuMath::kExact)
-  double read_int8_kernel_gbs = 0;  // KernelReadBandwidth(true)
+  double read_int8_kernel_gbs = 0;   // KernelReadBandwidth(true)
 };
 
 inline MachineLimits MeasureMachine() {
@@ -281,6 +326,7 @@ inline MachineLimits MeasureMachine() {
   m.bf16_gflops = Bf16DotPeakGflops();
   m.amx_gflops = AmxBf16PeakGflops();
   m.int8_gops = Int8DotPeakGops();
+  m.amx_int8_gops = AmxInt8PeakGops();
   for (int streams : {1, 2, 4, 8}) {
     const double gbs = ReadBandwidth(streams);
     if (streams == 1) m.read_one_stream_gbs = gbs;
@@ -292,8 +338,8 @@ inline MachineLimits MeasureMachine() {
   m.read_bf16_kernel_gbs = KernelReadBandwidth(false);
   m.read_exact_kernel_gbs = KernelReadBandwidth(false, CpuMath::kExact);
   m.read_int8_kernel_gbs = KernelReadBandwidth(true);
-  m.read_gbs = std::max({m.read_sum_gbs, m.read_bf16_kernel_gbs, m.read_exact_kernel_gbs,
-                         m.read_int8_kernel_gbs});
+  m.read_gbs = std::max(
+      {m.read_sum_gbs, m.read_bf16_kernel_gbs, m.read_exact_kernel_gbs, m.read_int8_kernel_gbs});
   return m;
 }
 

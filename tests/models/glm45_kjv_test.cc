@@ -71,6 +71,7 @@ const Mode kModes[] = {
     {"bf16", CpuMath::kBf16, WeightQuant::kStored, KvCacheDType::kAuto, 0.005, 0.97},
     {"bf16_amx", CpuMath::kBf16Amx, WeightQuant::kStored, KvCacheDType::kAuto, 0.005, 0.97},
     {"int8", CpuMath::kBf16, WeightQuant::kInt8, KvCacheDType::kAuto, 0.01, 0.95},
+    {"int8_amx", CpuMath::kBf16Amx, WeightQuant::kInt8, KvCacheDType::kAuto, 0.01, 0.95},
     {"fp8_channel", CpuMath::kExact, WeightQuant::kFp8Channel, KvCacheDType::kAuto, 0.02, 0.93},
     {"fp8_block", CpuMath::kExact, WeightQuant::kFp8Block, KvCacheDType::kAuto, 0.02, 0.93},
     {"kv_fp8", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kFp8E4M3, 0.02, 0.93},

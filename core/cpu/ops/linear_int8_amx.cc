@@ -102,8 +102,7 @@ struct SoftwareOps {
     for (int r = 0; r < 16; ++r) std::memcpy(tile + 32 * r, src + r * stride, 32);
   }
   template <int NT, int MT>
-  static void Group(const Int8ASource* a, int64_t g, const int32_t* b, int64_t b_next,
-                    int32_t* c) {
+  static void Group(const Int8ASource* a, int64_t g, const int32_t* b, int64_t b_next, int32_t* c) {
     int8_t at[2][16 * 32], bt[2][8 * 64];
     for (int t = 0; t < NT; ++t) LoadA(a[t], g, at[t]);
     for (int u = 0; u < MT; ++u) std::memcpy(bt[u], b + u * b_next, sizeof(bt[u]));

@@ -34,7 +34,7 @@ struct Int8ASource {
 // Fills s for weight rows [row0, row0 + 16) of w (linear_int8_amx.cc).
 void MakeInt8ASource(const Matrix& w, int64_t row0, std::vector<int8_t>* padded, Int8ASource* s);
 
-inline constexpr int64_t kInt8AmxTileWords = 8 * 16;  // one B tile: 8 rows of 16 words
+inline constexpr int64_t kInt8AmxTileWords = 8 * 16;   // one B tile: 8 rows of 16 words
 inline constexpr int64_t kInt8AmxTileCells = 16 * 16;  // one C tile
 
 template <typename Ops>
@@ -60,8 +60,8 @@ void Int8AmxBlock(const Int8Job& job, int64_t nb) {
     const int mt = u0 + 1 < m_tiles ? 2 : 1;
     std::fill_n(acc, 4 * kInt8AmxTileCells, 0.0f);
     for (int64_t g = 0; g < groups; ++g) {
-      kGroup[nt - 1][mt - 1](a, g, x.tiles.data() + (u0 * x_groups + g) * kInt8AmxTileWords,
-                             b_next, c);
+      kGroup[nt - 1][mt - 1](a, g, x.tiles.data() + (u0 * x_groups + g) * kInt8AmxTileWords, b_next,
+                             c);
       for (int t = 0; t < nt; ++t) {
         for (int r = 0; r < 16; ++r) {
           const int64_t n = n0 + 16 * t + r;

@@ -74,16 +74,17 @@ testing::EngineScenario CpuScenario() {
   return t;
 }
 
-// "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights), "fp8_kv"
+// "exact", "bf16", "bf16_amx" (CpuMath), "int8" (bf16 math on int8 weights), "int8_amx"
+// (bf16_amx math on int8 weights: the group-serial int8 arithmetic), "fp8_kv"
 // (exact math, FP8 KV cache: its per-token scales keep every invariant bit-exact) or
 // "overlap" (exact math, sampling in the runner: overlapped steps).
 class EngineMathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    g_math = GetParam() == "exact"      ? CpuMath::kExact
-             : GetParam() == "bf16_amx" ? CpuMath::kBf16Amx
-                                        : CpuMath::kBf16;
-    g_int8 = GetParam() == "int8";
+    g_math = GetParam() == "exact"                                  ? CpuMath::kExact
+             : GetParam() == "bf16_amx" || GetParam() == "int8_amx" ? CpuMath::kBf16Amx
+                                                                    : CpuMath::kBf16;
+    g_int8 = GetParam() == "int8" || GetParam() == "int8_amx";
     g_kv_fp8 = GetParam() == "fp8_kv";
     g_overlap = GetParam() == "overlap";
   }
@@ -217,8 +218,8 @@ TEST_P(EngineMathTest, SessionInPiecesEqualsOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, EngineMathTest,
-                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "fp8_kv",
-                                           "overlap"),
+                         ::testing::Values("exact", "bf16", "bf16_amx", "int8", "int8_amx",
+                                           "fp8_kv", "overlap"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineTest, HiddenStatesThroughASubSpanChain) {

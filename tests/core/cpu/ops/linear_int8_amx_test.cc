@@ -36,7 +36,7 @@ bool RequireAmx() {
   do {                                                                                      \
     if (!internal::CpuHasAmxInt8()) {                                                       \
       if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX-INT8 is not usable here"; \
-      GTEST_SKIP() << "no AMX-INT8 (with AVX-512) on this CPU, or the OS refused the tile "  \
+      GTEST_SKIP() << "no AMX-INT8 (with AVX-512) on this CPU, or the OS refused the tile " \
                       "state: only the emulation runs here";                                \
     }                                                                                       \
   } while (0)
@@ -88,13 +88,14 @@ std::vector<float> Float64Reference(const std::vector<float>& x, int64_t m,
         }
       }
     }
-    for (int64_t j = 0; j < n; ++j) y[i * n + j] = static_cast<float>(acc[j] + (bias ? bias[j] : 0));
+    for (int64_t j = 0; j < n; ++j)
+      y[i * n + j] = static_cast<float>(acc[j] + (bias ? bias[j] : 0));
   }
   return y;
 }
 
 std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
-                       const float* bias, CpuMath math = CpuMath::kBf16Amx) {
+                             const float* bias, CpuMath math = CpuMath::kBf16Amx) {
   std::vector<float> y(m * w.view.rows, NAN);
   Linear(x.data(), m, w.view, bias, y.data(), math);
   return y;
@@ -297,8 +298,10 @@ TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<int8_t> a(16 * 32), b(8 * 64);
     std::vector<int32_t> c(256);
-    for (int8_t& v : a) v = static_cast<int8_t>(trial % 7 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
-    for (int8_t& v : b) v = static_cast<int8_t>(trial % 5 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
+    for (int8_t& v : a)
+      v = static_cast<int8_t>(trial % 7 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
+    for (int8_t& v : b)
+      v = static_cast<int8_t>(trial % 5 == 0 ? (byte(rng) < 0 ? -128 : 127) : byte(rng));
     for (int32_t& v : c) v = static_cast<int32_t>(rng());
     std::vector<int32_t> hw = c, emu = c;
     ASSERT_TRUE(internal::AmxInt8TileDpHardware(hw.data(), a.data(), b.data()));
@@ -324,7 +327,8 @@ TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
     }
     internal::AmxThreadEnd();
     for (int64_t i = 0; i < s.m * s.n; ++i) {
-      ASSERT_EQ(Bits(hw[i]), Bits(emu[i])) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " " << i;
+      ASSERT_EQ(Bits(hw[i]), Bits(emu[i]))
+          << "m=" << s.m << " n=" << s.n << " k=" << s.k << " " << i;
     }
   }
 }
