@@ -167,6 +167,11 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   EXPECT_EQ(w->layers.back().moe.router.data, router.data) << "the router stays as stored";
   EXPECT_EQ(w->embed_tokens.format, WeightFormat::kDense);
   EXPECT_LT(w->ParameterBytes(), before);
+  // Every matrix's codes and scales start on a cache line (the AMX int8 kernel's tile loads).
+  for (const Matrix* m : w->LinearMatrices()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->group_scales) % 64, 0u);
+  }
   EXPECT_EQ(QuantizeWeights(&*w, WeightQuant::kInt8).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(SaveCheckpoint(*w, testing::MakeTempDir("q8_save")).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -174,6 +179,10 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   EXPECT_NE(model.compute_description().find("weights int8 (groups of 32, quantized at load"),
             std::string::npos)
       << model.compute_description();
+  // In bf16_amx the int8 matrices name the tile kernel (or its emulation).
+  CpuModel amx(*w, CpuMath::kBf16Amx);
+  EXPECT_NE(amx.compute_description().find("amx_int8"), std::string::npos)
+      << amx.compute_description();
   absl::StatusOr<std::unique_ptr<ModelRunner>> cuda = CreateModelRunner(*w, DeviceKind::kCuda);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(*ParseWeightQuant("int8"), WeightQuant::kInt8);
