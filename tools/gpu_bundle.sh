@@ -15,8 +15,8 @@
 #                binary (about 40 MB for a 280 MB folder; xz -6's 8 MiB window gives 74 MB).
 #                Fails if the archive exceeds 60 MB. On the host: tar -xJf DIR.tar.xz first.
 #
-# The bundle: bin/ (the GPU test binaries, gpu_bench, glm-server, glm-client, glm-run and the
-# CPU host benchmarks), lib/ (every shared library they link that is not part of the C/C++
+# The bundle: bin/ (the GPU test binaries, gpu_bench, glm-server, glm-client, glm-run, the
+# CPU host benchmarks and the AMX kernels' tests and benches), lib/ (every shared library they link that is not part of the C/C++
 # runtime or the NVIDIA driver), golden/ (tests/golden), run.sh (tools/gpu_bundle_run.sh)
 # and MANIFEST. On the GPU host: `bash .gpubundle/run.sh [out-dir]` (see run.sh).
 set -euo pipefail
@@ -45,7 +45,12 @@ done
 tests+=(core_engine_runner_conformance_test core_engine_golden_test)
 # The embedded default model on the GPU: perplexity and greedy agreement against the CPU.
 tests+=(models_glm45_kjv_cuda_test)
-benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench tp_bench)
+# The host CPU's AMX kernels (bf16, int8, attention): GPU hosts are often Intel Xeons with AMX,
+# the only machines that can measure them (run.sh --amx; their tests also run in every mode).
+tests+=(core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test
+  core_cpu_ops_attention_amx_test)
+benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench tp_bench cpu_bench
+  linear_bench)
 tools=(glm-server glm-client glm-run)
 
 if [ "$do_build" = 1 ]; then

@@ -10,6 +10,13 @@
 #   bash run.sh --no-gpu [out-dir]   self-test on a machine without a GPU: the GPU tests must
 #                                    skip (none may fail), the GPU benchmark and server are
 #                                    left out, the CPU benchmarks run in a quick form
+#   bash run.sh --amx [out-dir]      only the host CPU's AMX kernels (docs/cpu_math.md): their
+#                                    bit tests, then linear_bench and cpu_bench on
+#                                    glm-4.5-air:layers=3 (int8_amx, int8, bf16_amx; prefill
+#                                    2,048, decode at 0 and 4k; a few minutes); without AMX the
+#                                    tests skip and the benches run in a quick form
+# On a host whose CPU flags show AMX (amx_bf16, amx_int8 and avx512f), every mode sets
+# GLMSERVE_REQUIRE_AMX=1: the AMX kernels' tests must then run on the tile unit, not skip.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda; its lib64 holds libcublas), CUDNN_HOME
 # (optional: where libcudnn.so.9 is, if not in the places below), STEP_TIMEOUT (seconds per
@@ -30,8 +37,13 @@ set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 gpu=1
+amx_only=0
 if [ "${1:-}" = "--no-gpu" ]; then
   gpu=0
+  shift
+elif [ "${1:-}" = "--amx" ]; then
+  gpu=0
+  amx_only=1
   shift
 fi
 out="${1:-${OUT:-$PWD/gpu-check-logs}}"
@@ -53,6 +65,14 @@ if [ "$gpu" = 1 ]; then
   export GLMSERVE_REQUIRE_CUDA=1
 else
   unset GLMSERVE_REQUIRE_CUDA
+fi
+amx=0
+flags="$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null)"
+if [[ " $flags " == *" amx_bf16 "* && " $flags " == *" amx_int8 "* && " $flags " == *" avx512f "* ]]; then
+  amx=1
+  export GLMSERVE_REQUIRE_AMX=1
+else
+  unset GLMSERVE_REQUIRE_AMX
 fi
 # cuDNN from the host, if it has one: its directory goes on LD_LIBRARY_PATH and into
 # GLMSERVE_CUDNN_PATH (the loader's explicit search path).
@@ -97,9 +117,16 @@ fi
   echo "GLMSERVE_REQUIRE_CUDA=${GLMSERVE_REQUIRE_CUDA:-}"
   echo "GLMSERVE_CUDNN_PATH=${GLMSERVE_CUDNN_PATH:-}"
   echo "GLMSERVE_REQUIRE_CUDNN=${GLMSERVE_REQUIRE_CUDNN:-}"
+  echo "GLMSERVE_REQUIRE_AMX=${GLMSERVE_REQUIRE_AMX:-}"
+  echo "cpu: $(grep -m 1 '^model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')"
 } >"$out/environment.txt"
-note "start: $([ "$gpu" = 1 ] && echo "GPU check" || echo "self-test without a GPU"), logs in $out"
+note "start: $([ "$gpu" = 1 ] && echo "GPU check" || { [ "$amx_only" = 1 ] && echo "the host CPU's AMX kernels"; } || echo "self-test without a GPU"), logs in $out"
 note "$cudnn_note"
+if [ "$amx" = 1 ]; then
+  note "CPU: AMX (bf16, int8) and AVX-512: the AMX kernels' tests must run on the tile unit"
+else
+  note "CPU: no AMX (or no AVX-512): the AMX kernels' hardware tests skip, their emulation runs"
+fi
 
 # Every binary must find its libraries before anything runs.
 missing="$(ldd "$here"/bin/* 2>/dev/null | grep 'not found' | sort -u)"
@@ -107,15 +134,6 @@ if [ -n "$missing" ]; then
   fail "libraries not found (install the CUDA toolkit or set CUDA_HOME):"
   echo "$missing" | tee -a "$summary"
   exit 1
-fi
-
-if nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
-  >"$out/device.txt" 2>&1; then
-  note "device: $(head -n 1 "$out/device.txt")"
-elif [ "$gpu" = 1 ]; then
-  fail "nvidia-smi: no usable GPU or driver ($(head -n 1 "$out/device.txt"))"
-else
-  note "device: none (as expected with --no-gpu)"
 fi
 
 # A gtest binary's outcome: "passed N, skipped N, failed N".
@@ -128,7 +146,8 @@ counts() {
   echo "passed ${passed:-0}, skipped ${skipped:-0}, failed ${failed_n:-0}"
 }
 
-for bin in "$here"/bin/core_*_test; do
+run_test() {  # binary
+  local bin="$1" name log status result
   name="$(basename "$bin")"
   log="$out/tests/$name.log"
   timeout "$timeout_s" "$bin" --gtest_output="xml:$out/tests/$name.xml" >"$log" 2>&1
@@ -141,7 +160,7 @@ for bin in "$here"/bin/core_*_test; do
   else
     note "ok   $name: $result"
   fi
-done
+}
 
 run_step() {  # name log command...
   local name="$1" log="$2"
@@ -150,6 +169,41 @@ run_step() {  # name log command...
   local status=$?
   if [ "$status" = 0 ]; then note "ok   $name"; else fail "$name: exit $status (see $(basename "$log"))"; fi
 }
+
+# --amx: the host CPU's AMX kernels alone (no GPU needed), then stop.
+if [ "$amx_only" = 1 ]; then
+  for t in core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test \
+    core_cpu_ops_attention_amx_test; do
+    run_test "$here/bin/$t"
+  done
+  if [ "$amx" = 1 ]; then
+    # The GEMMs alone (q_proj's shape at m = 2,048; 16 experts at 128 rows), then the model's
+    # prefill and decode, every row against the same-run TDPBSSD / TDPBF16PS / VNNI peaks.
+    run_step linear_bench "$out/linear_bench.log" "$here/bin/linear_bench" --threads=2 \
+      --modes=int8_amx,int8,bf16_amx --tokens=2048 --experts=16 --rounds=3
+    timeout_s=$((timeout_s * 2)) run_step cpu_bench "$out/cpu_bench.log" "$here/bin/cpu_bench" \
+      --preset=glm-4.5-air:layers=3 --threads=2 --modes=int8_amx,int8,bf16_amx \
+      --prefill_tokens=2048 --decode_steps=2 --decode_context=0,4096 --breakdown
+  else
+    run_step "linear_bench (quick)" "$out/linear_bench.log" "$here/bin/linear_bench" \
+      --threads=2 --modes=int8_amx --tokens=16 --experts=2 --rounds=1
+  fi
+  note "done: $([ "$failed" = 0 ] && echo "every step passed" || echo "FAILED steps above")"
+  exit "$failed"
+fi
+
+if nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
+  >"$out/device.txt" 2>&1; then
+  note "device: $(head -n 1 "$out/device.txt")"
+elif [ "$gpu" = 1 ]; then
+  fail "nvidia-smi: no usable GPU or driver ($(head -n 1 "$out/device.txt"))"
+else
+  note "device: none (as expected with --no-gpu)"
+fi
+
+for bin in "$here"/bin/core_*_test; do
+  run_test "$bin"
+done
 
 # glm-run's CUDA runner against its CPU runner on golden checkpoints, the way a user checks a
 # new checkpoint (docs/cuda.md, "Checking a checkpoint"): the CPU run writes its logits and

@@ -64,6 +64,17 @@ done
 grep -q '^| greedy | rows | 4 |' "$work/logs/host_bench.log" &&
   grep -q '^| greedy | tokens | 4 |' "$work/logs/host_bench.log" || die "host_bench printed no table"
 grep -q '^| greedy |' "$work/logs/sampler_bench.log" || die "sampler_bench printed no table"
+# run.sh --amx: the host CPU's AMX kernels alone; without AMX their hardware tests skip and
+# linear_bench runs in its quick form (the emulation).
+OUT="$work/logs_amx" bash "$bundle/run.sh" --amx >"$work/run_amx.log" 2>&1 ||
+  { cat "$work/run_amx.log"; die "run.sh --amx failed"; }
+grep -q "done: every step passed" "$work/logs_amx/summary.txt" || die "no success line in --amx"
+for t in core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test \
+  core_cpu_ops_attention_amx_test; do
+  grep -q "ok   $t" "$work/logs_amx/summary.txt" || die "$t not run by --amx"
+done
+grep -q '^| int8_amx (' "$work/logs_amx/linear_bench.log" || die "linear_bench printed no int8_amx row"
+if grep -q "core_cuda_" "$work/logs_amx/summary.txt"; then die "--amx ran the GPU tests"; fi
 # run.sh itself fails a failing step: a test binary that exits non-zero.
 printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' >"$bundle/bin/core_cuda_zz_broken_test"
 chmod +x "$bundle/bin/core_cuda_zz_broken_test"
