@@ -230,7 +230,9 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
       if (tasks[j].int8.x != nullptr && tasks[j].int8_amx) {
-        if (!amx_int8) {
+        // Unpacked activations (AMX was off when LinearMany quantized them): the emulation,
+        // which reads the codes directly and gives the same bits.
+        if (!amx_int8 || tasks[j].int8.x->tiles.empty()) {
           Int8AmxBlockEmulated(tasks[j].int8, b - starts[j]);
           continue;
         }
