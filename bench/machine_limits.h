@@ -141,19 +141,22 @@ inline double Bf16DotPeakGflops() {
 
 // AMX: four C tiles in registers, two A and two B tiles loaded once (from L1), then only
 // TDPBF16PS, each 16 x 16 outputs x 32 products x 2 flops; the tile configuration is per
-// thread, so each chunk loads and releases it (as the kernel does).
-struct alignas(64) AmxPeakConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
+// thread, so each chunk loads and releases it (as the kernel does). Eight 16 x 64-byte tiles.
+inline const internal::AmxTileConfig& AmxPeakConfig() {
+  static const internal::AmxTileConfig config = [] {
+    internal::AmxTileConfig c;
+    std::fill_n(c.colsb, 8, uint16_t{64});
+    std::fill_n(c.rows, 8, uint8_t{16});
+    return c;
+  }();
+  return config;
+}
 constexpr int64_t kAmxPeakIterations = int64_t{1} << 17;
 __attribute__((target("amx-tile,amx-bf16"))) inline float AmxLoop(float seed) {
-  static const AmxPeakConfig config;
   alignas(64) uint16_t a[512], b[512];
   alignas(64) float c[256];
   for (int i = 0; i < 512; ++i) a[i] = b[i] = 0x3a83;  // ~1e-3 in bf16
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&AmxPeakConfig());
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -173,26 +176,29 @@ __attribute__((target("amx-tile,amx-bf16"))) inline float AmxLoop(float seed) {
   return c[0] + seed;
 }
 
-// TDPBF16PS peak in GFLOP/s on every pool thread; 0 without usable AMX.
-inline double AmxBf16PeakGflops() {
-  if (!internal::CpuHasAmx()) return 0;
+// A tile loop's rate on every pool thread: `ops` per tile product, 4 products per iteration.
+inline double AmxLoopRate(float (*loop)(float), double ops) {
   const int64_t chunks = 4 * NumThreads();
   std::atomic<int64_t> sink{0};
   const double s = BestOf(3, [&] {
     ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) sink += static_cast<int64_t>(AmxLoop(static_cast<float>(c)));
+      for (int64_t c = b; c < e; ++c) sink += static_cast<int64_t>(loop(static_cast<float>(c)));
     });
   });
-  return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 32 * 2) / s / 1e9;
+  return chunks * kAmxPeakIterations * 4 * ops / s / 1e9;
+}
+
+// TDPBF16PS peak in GFLOP/s on every pool thread; 0 without usable AMX.
+inline double AmxBf16PeakGflops() {
+  return internal::CpuHasAmx() ? AmxLoopRate(AmxLoop, 16.0 * 16 * 32 * 2) : 0;
 }
 
 // TDPBSSD with whole 16 x 64-byte tiles in registers (the same configuration as AmxLoop).
 __attribute__((target("amx-tile,amx-int8"))) inline float AmxInt8Loop(float seed) {
-  static const AmxPeakConfig config;
   alignas(64) int8_t a[1024], b[1024];
   alignas(64) int32_t c[256];
   for (int i = 0; i < 1024; ++i) a[i] = b[i] = static_cast<int8_t>(i % 7 - 3);
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&AmxPeakConfig());
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -216,17 +222,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline float AmxInt8Loop(float seed
 // usable AMX-INT8. The int8 kernel runs 32-wide K tiles (one group each) and scales every
 // group's dots on the vector unit, so a fraction of this is its practical ceiling.
 inline double AmxInt8PeakGops() {
-  if (!internal::CpuHasAmxInt8()) return 0;
-  const int64_t chunks = 4 * NumThreads();
-  std::atomic<int64_t> sink{0};
-  const double s = BestOf(3, [&] {
-    ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        sink += static_cast<int64_t>(AmxInt8Loop(static_cast<float>(c)));
-      }
-    });
-  });
-  return chunks * kAmxPeakIterations * 4 * (16.0 * 16 * 64 * 2) / s / 1e9;
+  return internal::CpuHasAmxInt8() ? AmxLoopRate(AmxInt8Loop, 16.0 * 16 * 64 * 2) : 0;
 }
 
 // int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The int8 kernel

@@ -227,6 +227,10 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     thread_local std::vector<float> panel;
     // This thread's tile configuration (it is per thread; the two kernels' tiles differ).
     enum class Tiles { kNone, kBf16, kInt8 } tiles = Tiles::kNone;
+    auto use_tiles = [&tiles](Tiles kind) {
+      if (tiles != kind) kind == Tiles::kInt8 ? Int8AmxThreadBegin() : AmxThreadBegin();
+      tiles = kind;
+    };
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
       if (tasks[j].int8.x != nullptr && tasks[j].int8_amx) {
@@ -236,8 +240,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
           Int8AmxBlockEmulated(tasks[j].int8, b - starts[j]);
           continue;
         }
-        if (tiles != Tiles::kInt8) Int8AmxThreadBegin();
-        tiles = Tiles::kInt8;
+        use_tiles(Tiles::kInt8);
         Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
         int8_fn(tasks[j].int8, b - starts[j]);
@@ -246,8 +249,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
           AmxBlockEmulated(tasks[j].amx, b - starts[j]);
           continue;
         }
-        if (tiles != Tiles::kBf16) AmxThreadBegin();
-        tiles = Tiles::kBf16;
+        use_tiles(Tiles::kBf16);
         AmxBlockHardware(tasks[j].amx, b - starts[j]);
       } else if (tasks[j].bf16.xb != nullptr) {
         bf16_fn(tasks[j].bf16, b - starts[j]);

@@ -116,19 +116,10 @@ void AmxBlockEmulated(const AmxJob& job, int64_t nb) {
 
 namespace {
 
-// LDTILECFG's 64-byte operand (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: C (row tile t, activation tile u at 2t + u); 4, 5: A; 6, 7: B. All 16 x 64 bytes.
-const TileConfig& Config() {
-  static const TileConfig config = [] {
-    TileConfig c;
+const AmxTileConfig& Config() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
     for (int t = 0; t < 8; ++t) {
       c.colsb[t] = 64;
       c.rows[t] = 16;

@@ -33,6 +33,16 @@
 
 namespace glmserve::internal {
 
+// LDTILECFG's 64-byte operand (palette 1): bytes per row and rows of each of the 8 tiles; the
+// one layout every AMX kernel and bench fills in with its own tile shapes.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
 // CPUID says AMX-TILE and AMX-BF16, and Linux granted this process the tile data state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once, process-wide); false
 // under ForceGenericKernels. Where false, kBf16Amx runs the portable emulation below.

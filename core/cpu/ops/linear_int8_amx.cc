@@ -143,15 +143,19 @@ void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
 
 namespace {
 
-// LDTILECFG's 64-byte operand (palette 1). Tiles 0-3: C, 16 rows of 16 int32; 4, 5: A, 16
-// weight rows of one 32-byte group; 6, 7: B, 8 rows of 16 words.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 8, 8};
-};
+// Tiles 0-3: C, 16 rows of 16 int32; 4, 5: A, 16 weight rows of one 32-byte group; 6, 7: B,
+// 8 rows of 16 words.
+const AmxTileConfig& Config() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
+    constexpr uint16_t kColsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+    constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
+    std::copy_n(kColsb, 8, c.colsb);
+    std::copy_n(kRows, 8, c.rows);
+    return c;
+  }();
+  return config;
+}
 
 bool CpuidAmxInt8() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -169,8 +173,7 @@ bool AmxInt8Permitted() {
 bool CpuHasAmxInt8() { return AmxInt8Permitted() && CpuHasAmx() && CpuHasAvx512(); }
 
 GLM_AMX_INT8_TARGET void Int8AmxThreadBegin() {
-  static const TileConfig config;
-  if (AmxInt8Permitted()) _tile_loadconfig(&config);
+  if (AmxInt8Permitted()) _tile_loadconfig(&Config());
 }
 
 GLM_AMX_INT8_TARGET bool AmxInt8TileDpHardware(int32_t* c, const int8_t* a, const int8_t* b) {

@@ -11,6 +11,7 @@
 #include "core/cpu/ops/attention.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
+#include "tests/core/cpu/ops/amx_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -151,7 +152,7 @@ TEST(PagedAttentionAmxTest, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
 
 // The AMX tile unit and the portable emulation give the same bits.
 TEST(PagedAttentionAmxTest, HardwareEqualsEmulationBitForBit) {
-  if (!internal::CpuHasAmx()) GTEST_SKIP() << "no AMX on this CPU (or the OS did not grant it)";
+  GLM_REQUIRE_AMX(internal::CpuHasAmx(), "AMX-BF16");
   AttnFixture s(24, 2, 128, 16, {{0, 70}, {100, 1}, {33, 40}}, 1234);
   const std::vector<float> fast = s.Run();
   internal::ForceGenericKernels(true);

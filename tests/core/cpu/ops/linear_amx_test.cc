@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -17,6 +16,7 @@
 
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
+#include "tests/core/cpu/ops/amx_test_util.h"
 #include "tests/core/cpu/ops/bf16_reference.h"
 #include "tests/test_util.h"
 
@@ -38,19 +38,6 @@ float FromBits(uint32_t u) {
 }
 // Same bits, or both NaN (payloads are not part of the contract: linear_amx.h).
 bool SameValue(float a, float b) { return Bits(a) == Bits(b) || (std::isnan(a) && std::isnan(b)); }
-
-bool RequireAmx() {
-  const char* v = std::getenv("GLMSERVE_REQUIRE_AMX");
-  return v != nullptr && std::string(v) == "1";
-}
-#define GLM_REQUIRE_AMX()                                                                \
-  do {                                                                                   \
-    if (!internal::CpuHasAmx()) {                                                        \
-      if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX is not usable here";   \
-      GTEST_SKIP() << "no AMX-BF16 on this CPU, or the OS refused the tile state: only " \
-                      "the emulation runs here";                                         \
-    }                                                                                    \
-  } while (0)
 
 struct ForceGeneric {
   ForceGeneric() { internal::ForceGenericKernels(true); }
@@ -124,7 +111,7 @@ class Values {
 };
 
 TEST(LinearAmx, TileProductOnHardwareEqualsTheEmulationBitForBit) {
-  GLM_REQUIRE_AMX();
+  GLM_REQUIRE_AMX(internal::CpuHasAmx(), "AMX-BF16");
   const char* kinds[] = {"moderate", "any exponent", "specials", "tiny", "huge"};
   for (int kind = 0; kind < 5; ++kind) {
     Values values(kind, 1000 + kind);

@@ -9,16 +9,15 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
 #include "core/cpu/quantize.h"
 #include "tests/core/cpu/int8_matrix.h"
+#include "tests/core/cpu/ops/amx_test_util.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
@@ -28,70 +27,45 @@ using testing::QuantizeInt8;
 using testing::RandomVector;
 using testing::RelativeError;
 
-bool RequireAmx() {
-  const char* v = std::getenv("GLMSERVE_REQUIRE_AMX");
-  return v != nullptr && std::string(v) == "1";
-}
-#define GLM_REQUIRE_AMX_INT8()                                                              \
-  do {                                                                                      \
-    if (!internal::CpuHasAmxInt8()) {                                                       \
-      if (RequireAmx()) FAIL() << "GLMSERVE_REQUIRE_AMX=1 but AMX-INT8 is not usable here"; \
-      GTEST_SKIP() << "no AMX-INT8 (with AVX-512) on this CPU, or the OS refused the tile " \
-                      "state: only the emulation runs here";                                \
-    }                                                                                       \
-  } while (0)
-
 uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
 
-// The arithmetic as linear_int8_amx.h states it, written out independently of the kernels:
-// activations by QuantizeGroupInt8, one exact int32 dot per group, one FMA per group in order.
-std::vector<float> Formula(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
-                           const float* bias) {
+// The arithmetic as linear_int8_amx.h states it, written out independently of the kernels
+// (activations by QuantizeGroupInt8, one exact int32 dot per group, one FMA per group in
+// order: `formula`), and beside it the same quantized products summed in float64
+// (`float64`): what the arithmetic approximates.
+struct References {
+  std::vector<float> formula, float64;
+};
+References Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                     const float* bias) {
   const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
-  std::vector<float> y(m * n);
+  References out{std::vector<float>(m * n), std::vector<float>(m * n)};
   std::vector<int8_t> xq(kInt8Group);
   for (int64_t i = 0; i < m; ++i) {
     std::vector<float> acc(n, 0.0f);
+    std::vector<double> acc64(n, 0.0);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
       const float xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
       for (int64_t j = 0; j < n; ++j) {
         int32_t d = 0;
         for (int64_t t = 0; t < len; ++t) d += xq[t] * w.q[j * k + begin + t];
-        const float scale = xs * Bf16ToFloat(w.scales[j * groups + g]);
-        acc[j] = std::fma(static_cast<float>(d), scale, acc[j]);
+        const float ws = Bf16ToFloat(w.scales[j * groups + g]);
+        acc[j] = std::fma(static_cast<float>(d), xs * ws, acc[j]);
+        acc64[j] += double{xs} * d * ws;
       }
     }
-    for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias != nullptr ? acc[j] + bias[j] : acc[j];
-  }
-  return y;
-}
-
-// float64 sum of the dequantized products (activations quantized as the kernels do).
-std::vector<float> Float64Reference(const std::vector<float>& x, int64_t m,
-                                    const testing::Int8Matrix& w, const float* bias) {
-  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
-  std::vector<float> y(m * n);
-  std::vector<int8_t> xq(kInt8Group);
-  for (int64_t i = 0; i < m; ++i) {
-    std::vector<double> acc(n, 0.0);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
-      const double xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t t = 0; t < len; ++t) {
-          acc[j] += xs * xq[t] * w.q[j * k + begin + t] * Bf16ToFloat(w.scales[j * groups + g]);
-        }
-      }
+    for (int64_t j = 0; j < n; ++j) {
+      const float b = bias != nullptr ? bias[j] : 0.0f;
+      out.formula[i * n + j] = bias != nullptr ? acc[j] + b : acc[j];
+      out.float64[i * n + j] = static_cast<float>(acc64[j] + b);
     }
-    for (int64_t j = 0; j < n; ++j)
-      y[i * n + j] = static_cast<float>(acc[j] + (bias ? bias[j] : 0));
   }
-  return y;
+  return out;
 }
 
 std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
@@ -120,12 +94,12 @@ TEST(LinearInt8Amx, EqualsTheFormulaBitForBitAndIsAccurate) {
     const std::vector<float> bias = RandomVector(s.n, seed++);
     for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
       const std::vector<float> y = RunLinear(x, s.m, w, b);
-      const std::vector<float> want = Formula(x, s.m, w, b);
+      const References want = Reference(x, s.m, w, b);
       for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(Bits(y[i]), Bits(want[i]))
+        ASSERT_EQ(Bits(y[i]), Bits(want.formula[i]))
             << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
       }
-      EXPECT_LT(RelativeError(y, Float64Reference(x, s.m, w, b)), 2e-6)
+      EXPECT_LT(RelativeError(y, want.float64), 2e-6)
           << "m=" << s.m << " n=" << s.n << " k=" << s.k;
     }
   }
@@ -292,7 +266,7 @@ TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheEmulation) {
 }
 
 TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
-  GLM_REQUIRE_AMX_INT8();
+  GLM_REQUIRE_AMX(internal::CpuHasAmxInt8(), "AMX-INT8 (with AVX-512)");
   std::mt19937 rng(6);
   std::uniform_int_distribution<int> byte(-128, 127);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -311,7 +285,7 @@ TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
 }
 
 TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
-  GLM_REQUIRE_AMX_INT8();
+  GLM_REQUIRE_AMX(internal::CpuHasAmxInt8(), "AMX-INT8 (with AVX-512)");
   uint32_t seed = 700;
   for (const Shape& s : kShapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
