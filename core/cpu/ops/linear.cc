@@ -213,9 +213,12 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
-  const auto int8_fn = CpuHasAvx512Vnni() ? Int8BlockAvx512Vnni
-                       : CpuHasAvx2Fma()  ? Int8BlockAvx2
-                                          : Int8BlockGeneric;
+  // The VNNI kernel reads the lane operands, which LinearMany fills only where it runs.
+  const auto int8_fn = [](const Int8Activation& x) {
+    return CpuHasAvx512Vnni() && !x.lane_scale.empty() ? Int8BlockAvx512Vnni
+           : CpuHasAvx2Fma()                           ? Int8BlockAvx2
+                                                       : Int8BlockGeneric;
+  };
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
@@ -243,7 +246,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         use_tiles(Tiles::kInt8);
         Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
-        int8_fn(tasks[j].int8, b - starts[j]);
+        int8_fn (*tasks[j].int8.x)(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxBlockEmulated(tasks[j].amx, b - starts[j]);
@@ -301,6 +304,11 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   };
   std::deque<Quantized> quantized;
   const bool int8_amx = math == CpuMath::kBf16Amx;
+  const internal::Int8Operands operands =
+      int8_amx ? (internal::CpuHasAmxInt8() ? internal::Int8Operands::kAmxTiles
+                                            : internal::Int8Operands::kGroups)
+      : internal::CpuHasAvx512Vnni() ? internal::Int8Operands::kVnniLanes
+                                     : internal::Int8Operands::kGroups;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const LinearJob& job = jobs[j];
     if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
@@ -310,8 +318,7 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     if (it == quantized.end()) {
       quantized.push_back({job.x, {}});
       it = quantized.end() - 1;
-      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a,
-                                       int8_amx && internal::CpuHasAmxInt8());
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, operands);
     }
     tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
     tasks[j].int8_amx = int8_amx;

@@ -112,22 +112,31 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
 const float* E4m3Table();
 // Int8 weights: the activation rows quantized once per LinearMany (shared by every job that
 // reads the same activation). kp = k rounded up to 64; past-the-end values are zero.
+// Every kernel reads q and group_scale; the rest is filled only for the kernel that reads it
+// (a 2,048-token MoE call's lane arrays alone were 150 MB of writes that the AVX2 and AMX
+// kernels never read).
 struct Int8Activation {
   int64_t m = 0, k = 0, kp = 0;
-  std::vector<int8_t> q;            // [m, kp]: round(x / scale) per 32-wide group
-  std::vector<float> lane_scale;    // [m, kp / 4]: the scale of 4-wide lane slot l's group
-  std::vector<float> group_scale;   // [m, kp / 32]: each group's scale (0 past the last), the
-                                    // same values once per group (the AVX2 kernel's compact read)
-  std::vector<int32_t> lane_minus;  // [m, kp / 4]: -128 * (sum of slot l's 4 values of q)
-  // The AMX int8 kernel's operands (linear_int8_amx.h), filled only for it: q packed as B
+  std::vector<int8_t> q;           // [m, kp]: round(x / scale) per 32-wide group
+  std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
+  // The AVX512-VNNI kernel's operands (Int8Operands::kVnniLanes): per 4-wide lane slot l, its
+  // group's scale [m, kp / 4] and -128 * (the sum of its 4 values of q) [m, kp / 4].
+  std::vector<float> lane_scale;
+  std::vector<int32_t> lane_minus;
+  // The AMX int8 kernel's operands (linear_int8_amx.h; Int8Operands::kAmxTiles): q packed as B
   // tiles [ceil(m/16)][kp/32][8][16] words, and the group scales [ceil(m/16)][kp/32][16].
   std::vector<int32_t> tiles;
   std::vector<float> tile_scale;
 };
-// Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many);
-// `amx_tiles`: also packs them for the AMX int8 kernel.
+// What QuantizeActivationInt8 fills beyond q and group_scale.
+enum class Int8Operands { kGroups, kVnniLanes, kAmxTiles };
+// Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many). Each
+// group as QuantizeGroupInt8 (core/cpu/quantize.h) defines it; on AVX2 eight at a time, the
+// same bits.
 void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a,
-                            bool amx_tiles = false);
+                            Int8Operands operands = Int8Operands::kGroups);
+// One row of k: q [k] and group_scale [ceil(k / 32)], as QuantizeGroupInt8 per group.
+void QuantizeRowInt8Avx2(const float* x, int64_t k, int8_t* q, float* group_scale);
 struct Int8Job {
   const Int8Activation* x = nullptr;
   const Matrix* w = nullptr;  // WeightFormat::kInt8Groups, w->cols == x->k

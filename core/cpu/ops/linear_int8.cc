@@ -21,27 +21,35 @@
 namespace glmserve::internal {
 
 void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation* a,
-                            bool amx_tiles) {
+                            Int8Operands operands) {
   a->m = m;
   a->k = k;
   a->kp = (k + 63) / 64 * 64;
-  const int64_t kp = a->kp, slots = kp / 4;
+  const int64_t kp = a->kp, slots = kp / 4, groups = kp / kInt8Group;
   a->q.assign(m * kp, 0);
-  a->lane_scale.assign(m * slots, 0.0f);
-  a->group_scale.assign(m * (kp / kInt8Group), 0.0f);
-  a->lane_minus.assign(m * slots, 0);
+  a->group_scale.assign(m * groups, 0.0f);
+  const bool lanes = operands == Int8Operands::kVnniLanes;
+  a->lane_scale.assign(lanes ? m * slots : 0, 0.0f);
+  a->lane_minus.assign(lanes ? m * slots : 0, 0);
+  const bool avx2 = CpuHasAvx2Fma();
   auto row = [&](int64_t i) {
     int8_t* q = a->q.data() + i * kp;
+    float* group_scale = a->group_scale.data() + i * groups;
+    if (avx2) {
+      QuantizeRowInt8Avx2(x + i * k, k, q, group_scale);
+    } else {
+      for (int64_t g = 0; g * kInt8Group < k; ++g) {
+        const int64_t begin = g * kInt8Group;
+        group_scale[g] =
+            QuantizeGroupInt8(x + i * k + begin, std::min(kInt8Group, k - begin), q + begin);
+      }
+    }
+    if (!lanes) return;
+    // The 8 slots of 4 of a group share its scale; past-the-end groups keep 0.
     float* scale = a->lane_scale.data() + i * slots;
     int32_t* minus = a->lane_minus.data() + i * slots;
-    float* group_scale = a->group_scale.data() + i * (kp / kInt8Group);
-    for (int64_t g = 0; g * kInt8Group < k; ++g) {
-      const int64_t begin = g * kInt8Group, n = std::min(kInt8Group, k - begin);
-      // The 8 slots of 4 of this group share its scale; past-the-end groups keep 0.
-      group_scale[g] = QuantizeGroupInt8(x + i * k + begin, n, q + begin);
-      std::fill_n(scale + begin / 4, kInt8Group / 4, group_scale[g]);
-    }
     for (int64_t s = 0; s < slots; ++s) {
+      scale[s] = group_scale[s / (kInt8Group / 4)];
       minus[s] = -128 * (q[4 * s] + q[4 * s + 1] + q[4 * s + 2] + q[4 * s + 3]);
     }
   };
@@ -54,7 +62,7 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
       for (int64_t i = begin; i < end; ++i) row(i);
     });
   }
-  if (!amx_tiles) {
+  if (operands != Int8Operands::kAmxTiles) {
     a->tiles.clear();
     a->tile_scale.clear();
     return;
@@ -62,7 +70,7 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   // Every word and scale is written by the packing (padding rows as zeros).
   const int64_t blocks = (m + kAmxTileRows - 1) / kAmxTileRows;
   a->tiles.resize(Int8AmxTilesSize(m, kp));
-  a->tile_scale.resize(blocks * (kp / kInt8Group) * kAmxTileRows);
+  a->tile_scale.resize(blocks * groups * kAmxTileRows);
   ParallelFor(blocks, small ? blocks : 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) PackInt8AmxBlock(a, b);
   });
@@ -75,7 +83,7 @@ namespace {
 float DotInt8(const Int8Activation& x, int64_t i, const int8_t* w, const uint16_t* w_scales,
               int64_t k_total, int64_t groups) {
   const int8_t* xq = x.q.data() + i * x.kp;
-  const float* xs = x.lane_scale.data() + i * (x.kp / 4);
+  const float* xs = x.group_scale.data() + i * (x.kp / kInt8Group);
   float lane[16] = {};
   for (int64_t k0 = 0; k0 < x.kp; k0 += 64) {
     for (int l = 0; l < 16; ++l) {
@@ -83,7 +91,7 @@ float DotInt8(const Int8Activation& x, int64_t i, const int8_t* w, const uint16_
       int32_t d = 0;
       for (int64_t t = k; t < std::min(k + 4, k_total); ++t) d += int32_t{xq[t]} * w[t];
       const int64_t g = slot / (kInt8Group / 4);
-      const float c = xs[slot] * (g < groups ? Bf16ToFloat(w_scales[g]) : 0.0f);
+      const float c = xs[g] * (g < groups ? Bf16ToFloat(w_scales[g]) : 0.0f);
       lane[l] = std::fma(static_cast<float>(d), c, lane[l]);
     }
   }

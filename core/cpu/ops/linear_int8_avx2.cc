@@ -10,11 +10,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/cpu/ops/avx2_lanes.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
 namespace {
@@ -159,6 +162,63 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
         }
       }
     }
+  }
+}
+
+// QuantizeGroupInt8's operations, eight elements at a time: the same amax (max is exact, so its
+// order does not matter), the same scalar scale, and per element the same IEEE division, the
+// same round to nearest even (vroundps in the default mode, as nearbyint) and the same clamp.
+// A non-finite element makes the scale NaN and the codes zero; so does a zero group. A last
+// group of fewer than 32 takes the scalar code.
+void QuantizeRowInt8Avx2(const float* x, int64_t k, int8_t* q, float* group_scale) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 max_finite = _mm256_set1_ps(FLT_MAX);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  int64_t g = 0;
+  for (; (g + 1) * kInt8Group <= k; ++g) {
+    const float* v = x + g * kInt8Group;
+    __m256 e[4];
+    __m256 amax = _mm256_setzero_ps();
+    __m256 finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int j = 0; j < 4; ++j) {
+      e[j] = _mm256_loadu_ps(v + 8 * j);
+      const __m256 a = _mm256_and_ps(e[j], abs_mask);
+      finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, max_finite, _CMP_LE_OQ));  // NaN: false
+      amax = _mm256_max_ps(amax, a);
+    }
+    int8_t* out = q + g * kInt8Group;
+    if (_mm256_movemask_ps(finite) != 0xFF) {
+      group_scale[g] = std::numeric_limits<float>::quiet_NaN();
+      std::memset(out, 0, kInt8Group);
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float scale = _mm_cvtss_f32(m4) / 127.0f;
+    group_scale[g] = scale;
+    if (!(scale > 0)) {
+      std::memset(out, 0, kInt8Group);
+      continue;
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    __m256i i32[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r =
+          _mm256_round_ps(_mm256_div_ps(e[j], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      i32[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));  // exact integers
+    }
+    // The packs work within 128-bit halves: their bytes come out in runs of four as
+    // 0.lo 1.lo 2.lo 3.lo 0.hi 1.hi 2.hi 3.hi (i32[j]'s lanes 0-3, then 4-7); the permutation
+    // puts the runs back in order.
+    const __m256i w01 = _mm256_packs_epi32(i32[0], i32[1]),
+                  w23 = _mm256_packs_epi32(i32[2], i32[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
+  }
+  if (g * kInt8Group < k) {
+    group_scale[g] = QuantizeGroupInt8(x + g * kInt8Group, k - g * kInt8Group, q + g * kInt8Group);
   }
 }
 

@@ -143,7 +143,7 @@ TEST(LinearInt8Amx, PackingPutsARowsFourCodesInEachWord) {
   const int64_t m = 20, k = 96;  // kp = 128: four groups, the last past K
   const std::vector<float> x = RandomVector(m * k, 9);
   internal::Int8Activation a;
-  internal::QuantizeActivationInt8(x.data(), m, k, &a, /*amx_tiles=*/true);
+  internal::QuantizeActivationInt8(x.data(), m, k, &a, internal::Int8Operands::kAmxTiles);
   ASSERT_EQ(a.kp, 128);
   const int64_t groups = a.kp / kInt8Group;
   ASSERT_EQ(static_cast<int64_t>(a.tiles.size()), internal::Int8AmxTilesSize(m, a.kp));
@@ -250,7 +250,7 @@ TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheEmulation) {
     const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     internal::Int8Activation a;
-    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, /*amx_tiles=*/true);
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, internal::Int8Operands::kAmxTiles);
     for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
       std::vector<float> model(s.m * s.n, NAN), emu(s.m * s.n, NAN);
       for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
@@ -292,7 +292,7 @@ TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
     const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     internal::Int8Activation a;
-    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, /*amx_tiles=*/true);
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, internal::Int8Operands::kAmxTiles);
     std::vector<float> hw(s.m * s.n, NAN), emu(s.m * s.n, NAN);
     internal::Int8AmxThreadBegin();
     for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {

@@ -4,8 +4,10 @@
 // and non-finite activations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
@@ -180,7 +182,7 @@ TEST(LinearInt8, QuantizedActivationLayout) {
   const int64_t k = 70;  // 3 groups, the last of 6; padded to 128
   std::vector<float> x = RandomVector(2 * k, 90);
   internal::Int8Activation a;
-  internal::QuantizeActivationInt8(x.data(), 2, k, &a);
+  internal::QuantizeActivationInt8(x.data(), 2, k, &a, internal::Int8Operands::kVnniLanes);
   ASSERT_EQ(a.kp, 128);
   ASSERT_EQ(a.q.size(), 2u * 128);
   for (int64_t i = 0; i < 2; ++i) {
@@ -206,6 +208,68 @@ TEST(LinearInt8, QuantizedActivationLayout) {
     }
     EXPECT_EQ(a.group_scale[i * 4 + 2], s2);
     EXPECT_EQ(a.group_scale[i * 4 + 3], 0.0f);
+  }
+}
+
+// Only the VNNI kernel reads the lane operands: the other kernels' activations leave them (and
+// the AMX tiles) empty, while q and the group scales are the same whichever operands are asked.
+TEST(LinearInt8, QuantizerFillsOnlyTheOperandsAsked) {
+  const int64_t m = 3, k = 100;
+  const std::vector<float> x = RandomVector(m * k, 91);
+  internal::Int8Activation groups, lanes, tiles;
+  internal::QuantizeActivationInt8(x.data(), m, k, &groups);
+  internal::QuantizeActivationInt8(x.data(), m, k, &lanes, internal::Int8Operands::kVnniLanes);
+  internal::QuantizeActivationInt8(x.data(), m, k, &tiles, internal::Int8Operands::kAmxTiles);
+  EXPECT_TRUE(groups.lane_scale.empty() && groups.lane_minus.empty() && groups.tiles.empty());
+  EXPECT_EQ(lanes.lane_scale.size(), static_cast<size_t>(m * 128 / 4));
+  EXPECT_TRUE(lanes.tiles.empty());
+  EXPECT_FALSE(tiles.tiles.empty());
+  EXPECT_TRUE(tiles.lane_scale.empty());
+  for (const internal::Int8Activation* a : {&lanes, &tiles}) {
+    EXPECT_EQ(a->q, groups.q);
+    EXPECT_EQ(a->group_scale, groups.group_scale);
+  }
+}
+
+// The activation quantizer, on AVX2 and portably, against QuantizeGroupInt8 (the definition)
+// per group, bit for bit: ties of round-to-even (x / scale = n + 0.5 exactly), values at the
+// clamp, signed zeros, an all-zero group, a denormal group, NaN and infinities (scale NaN,
+// codes 0), and a ragged last group.
+TEST(LinearInt8, ActivationQuantizerEqualsTheGroupDefinitionBitForBit) {
+  const int64_t k = 32 * 9 + 7;  // nine full groups and a tail of 7
+  const int64_t m = 4;
+  std::vector<float> x = RandomVector(m * k, 92);
+  // Row 0, group 0: amax 127 (scale 1): ties at +-0.5, 1.5, 2.5 and the extremes.
+  const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -127.0f, 127.0f, -0.0f};
+  for (size_t i = 0; i < std::size(ties); ++i) x[i] = ties[i];
+  std::fill_n(x.begin() + 32, 32, 0.0f);   // group 1: all zero
+  std::fill_n(x.begin() + 64, 32, -0.0f);  // group 2: negative zeros
+  for (int64_t i = 96; i < 128; ++i) x[i] = 1e-40f * static_cast<float>(i - 111);  // denormals
+  x[k + 40] = NAN;                                                                 // row 1, group 1
+  x[2 * k + 70] = INFINITY;                                                        // row 2, group 2
+  x[3 * k + 32 * 9 + 3] = -INFINITY;  // row 3, the tail group
+  x[3 * k + 10] = 3e38f;              // huge but finite
+  const int64_t groups = (k + 63) / 64 * 64 / kInt8Group;
+  for (bool generic : {false, true}) {
+    internal::ForceGenericKernels(generic);
+    internal::Int8Activation a;
+    internal::QuantizeActivationInt8(x.data(), m, k, &a);
+    internal::ForceGenericKernels(false);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t begin = g * kInt8Group, n = std::clamp<int64_t>(k - begin, 0, kInt8Group);
+        std::vector<int8_t> want(kInt8Group, 0);
+        const float scale =
+            n > 0 ? QuantizeGroupInt8(x.data() + i * k + begin, n, want.data()) : 0.0f;
+        const float got = a.group_scale[i * groups + g];
+        EXPECT_TRUE(std::isnan(scale) ? std::isnan(got) : got == scale)
+            << "generic=" << generic << " row " << i << " group " << g;
+        for (int64_t c = 0; c < kInt8Group; ++c) {
+          ASSERT_EQ(a.q[i * a.kp + begin + c], want[c])
+              << "generic=" << generic << " row " << i << " group " << g << " element " << c;
+        }
+      }
+    }
   }
 }
 
