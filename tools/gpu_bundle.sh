@@ -50,7 +50,7 @@ tests+=(models_glm45_kjv_cuda_test)
 tests+=(core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test
   core_cpu_ops_attention_amx_test)
 benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench tp_bench cpu_bench
-  linear_bench)
+  linear_bench attention_bench)
 tools=(glm-server glm-client glm-run)
 
 if [ "$do_build" = 1 ]; then

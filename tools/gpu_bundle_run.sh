@@ -11,10 +11,11 @@
 #                                    skip (none may fail), the GPU benchmark and server are
 #                                    left out, the CPU benchmarks run in a quick form
 #   bash run.sh --amx [out-dir]      only the host CPU's AMX kernels (docs/cpu_math.md): their
-#                                    bit tests, then linear_bench and cpu_bench on
-#                                    glm-4.5-air:layers=3 (int8_amx, int8, bf16_amx; prefill
-#                                    2,048, decode at 0 and 4k; a few minutes); without AMX the
-#                                    tests skip and the benches run in a quick form
+#                                    bit tests, then linear_bench, attention_bench and
+#                                    cpu_bench on glm-4.5-air:layers=3 (int8_amx, int8,
+#                                    bf16_amx; prefill 2,048, decode at 0 and 4k; a few
+#                                    minutes); without AMX the tests skip and the benches run
+#                                    in a quick form
 # On a host whose CPU flags show AMX (amx_bf16, amx_int8 and avx512f), every mode sets
 # GLMSERVE_REQUIRE_AMX=1: the AMX kernels' tests must then run on the tile unit, not skip.
 #
@@ -181,12 +182,18 @@ if [ "$amx_only" = 1 ]; then
     # prefill and decode, every row against the same-run TDPBSSD / TDPBF16PS / VNNI peaks.
     run_step linear_bench "$out/linear_bench.log" "$here/bin/linear_bench" --threads=2 \
       --modes=int8_amx,int8,bf16_amx --tokens=2048 --experts=16 --rounds=3
+    # The attention alone: one Air layer's prefill of 2,048 and decode batch 8 at 4k and 16k,
+    # the tile path (bf16_amx) beside the fp32 one.
+    run_step attention_bench "$out/attention_bench.log" "$here/bin/attention_bench" \
+      --threads=2 --modes=amx,fp32 --tokens=2048 --decode_contexts=4096,16384 --decode_batch=8
     timeout_s=$((timeout_s * 2)) run_step cpu_bench "$out/cpu_bench.log" "$here/bin/cpu_bench" \
       --preset=glm-4.5-air:layers=3 --threads=2 --modes=int8_amx,int8,bf16_amx \
       --prefill_tokens=2048 --decode_steps=2 --decode_context=0,4096 --breakdown
   else
     run_step "linear_bench (quick)" "$out/linear_bench.log" "$here/bin/linear_bench" \
       --threads=2 --modes=int8_amx --tokens=16 --experts=2 --rounds=1
+    run_step "attention_bench (quick)" "$out/attention_bench.log" "$here/bin/attention_bench" \
+      --threads=2 --modes=amx,fp32 --tokens=64 --decode_contexts=256 --rounds=1
   fi
   note "done: $([ "$failed" = 0 ] && echo "every step passed" || echo "FAILED steps above")"
   exit "$failed"

@@ -1,0 +1,182 @@
+// The CPU attention kernels alone, on GLM-4.5 Air's shape (96 query heads, 8 KV heads of 128):
+// a prefill of --tokens after --context cached ones, and decode steps (one token per sequence,
+// --decode_batch sequences) at each of --decode_contexts. Prefill rows are set against the
+// machine's FMA peak (measured in the same run; the fp32 path's mul + add pairs count as two
+// flops, like an FMA), decode rows against the larger of the read time (a step reads every
+// cached K and V row once) and the compute time. --modes: fp32 (PagedAttention: exact, bf16 and
+// int8 modes), amx (PagedAttentionAmx: the bf16_amx mode; its portable emulation where the CPU has
+// no AMX).
+//
+//   build/bench/attention_bench
+//   build/bench/attention_bench --tokens=8192 --decode_contexts=4096,16384 --modes=fp32,amx
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "bench/int_list.h"
+#include "bench/machine_limits.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/attention_amx.h"
+#include "core/cpu/ops/linear.h"
+#include "core/model/kv_cache.h"
+
+ABSL_FLAG(int, tokens, 2048, "prefill tokens (0: no prefill row)");
+ABSL_FLAG(int, context, 0, "tokens cached before the prefill chunk");
+ABSL_FLAG(std::string, decode_contexts, "4096", "decode contexts, comma-separated (empty: none)");
+ABSL_FLAG(int, decode_batch, 1, "sequences per decode step");
+ABSL_FLAG(std::string, modes, "fp32", "fp32, amx (comma-separated)");
+ABSL_FLAG(int, rounds, 3, "timed runs per row (the median is shown)");
+ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+
+namespace {
+
+using glmserve::bench::Clock;
+using glmserve::bench::Since;
+
+constexpr int64_t kHeads = 96, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1).
+struct Filled {
+  glmserve::KvCache cache;
+  std::vector<glmserve::BlockTable> tables;
+  Filled(int64_t seqs, int64_t length)
+      : cache({1, kKvHeads, kHeadDim, kBlockSize, seqs * ((length + kBlockSize - 1) / kBlockSize)}),
+        tables(seqs) {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    std::vector<float> k(length * kKvHeads * kHeadDim), v(k.size());
+    for (glmserve::BlockTable& table : tables) {
+      if (!cache.Reserve(&table, length).ok()) std::abort();
+      for (float& x : k) x = dist(rng);
+      for (float& x : v) x = dist(rng);
+      const glmserve::SequenceSlice all{length, 0, &table};
+      glmserve::WriteKv(k.data(), v.data(), {all}, 0, &cache);
+    }
+  }
+};
+
+// The median seconds of one PagedAttention call over `batch`.
+double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>& batch,
+            const glmserve::KvCache& cache, int rounds) {
+  int64_t rows = 0;
+  for (const auto& s : batch) rows += s.num_tokens;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> q(rows * kHeads * kHeadDim), out(q.size());
+  for (float& x : q) x = dist(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  auto run = [&] {
+    if (mode == "amx") {
+      glmserve::PagedAttentionAmx(q.data(), batch, cache, 0, kHeads, scale, out.data());
+    } else {
+      glmserve::PagedAttention(q.data(), batch, cache, 0, kHeads, scale, out.data());
+    }
+  };
+  run();  // warm-up: the caches and the pool's threads
+  std::vector<double> s;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t = Clock::now();
+    run();
+    s.push_back(Since(t));
+  }
+  return Median(s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
+  const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  for (const std::string& mode : modes) {
+    if (mode != "fp32" && mode != "amx") {
+      std::fprintf(stderr, "unknown mode '%s' (fp32, amx)\n", mode.c_str());
+      return 1;
+    }
+  }
+  std::vector<int> decode_contexts;
+  if (!absl::GetFlag(FLAGS_decode_contexts).empty()) {
+    const auto parsed =
+        glmserve::bench::ParseIntList("decode_contexts", absl::GetFlag(FLAGS_decode_contexts), 1);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
+      return 1;
+    }
+    decode_contexts = *parsed;
+  }
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens), context = absl::GetFlag(FLAGS_context);
+  const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  if (tokens < 0 || context < 0 || batch < 1) {
+    std::fprintf(stderr, "--tokens and --context must be >= 0, --decode_batch >= 1\n");
+    return 1;
+  }
+
+  const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
+  std::printf(
+      "threads %d; fp32 FMA peak %.0f GFLOP/s, AMX bf16 peak %.0f GFLOP/s, read %.1f GB/s\n",
+      glmserve::NumThreads(), limits.fma_gflops, limits.amx_gflops, limits.read_gbs);
+  std::printf("%lld heads / %lld KV heads x %lld, one layer\n\n", static_cast<long long>(kHeads),
+              static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
+  std::printf("| mode (kernel) | phase | time | achieved | limit | fraction |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  auto kernel = [](const std::string& mode) {
+    if (mode == "amx") return glmserve::internal::AttentionAmxKernelName();
+    return glmserve::internal::CpuHasAvx512()    ? "avx512"
+           : glmserve::internal::CpuHasAvx2Fma() ? "avx2"
+                                                 : "generic";
+  };
+  if (tokens > 0) {
+    const Filled filled(1, context + tokens);
+    const std::vector<glmserve::SequenceSlice> slice = {{tokens, context, &filled.tables[0]}};
+    // Row t attends to context + t + 1 keys: QK^T and PV, 2 flops per product each.
+    const double pairs =
+        static_cast<double>(tokens) * context + static_cast<double>(tokens) * (tokens + 1) / 2;
+    const double flops = pairs * kHeads * kHeadDim * 4;
+    for (const std::string& mode : modes) {
+      const double s = Time(mode, slice, filled.cache, rounds);
+      const double peak =
+          mode == "amx" && limits.amx_gflops > 0 ? limits.amx_gflops : limits.fma_gflops;
+      std::printf(
+          "| %s (%s) | prefill %lld at context %lld | %.3f s | %.0f GFLOP/s | %.0f GFLOP/s "
+          "| %.2f |\n",
+          mode.c_str(), kernel(mode), static_cast<long long>(tokens),
+          static_cast<long long>(context), s, flops / s / 1e9, peak, flops / s / 1e9 / peak);
+    }
+  }
+  for (const int64_t c : decode_contexts) {
+    // Each sequence holds c tokens and decodes its next (position c): c + 1 K and V rows.
+    const Filled filled(batch, c + 1);
+    std::vector<glmserve::SequenceSlice> step;
+    for (const auto& table : filled.tables) step.push_back({1, c, &table});
+    // A KV head's 12 query heads share its rows: 12 products per value read, so on few cores
+    // the arithmetic, not the read, may bound the step. The limit is the larger time.
+    const double bytes = static_cast<double>(batch) * (c + 1) * kKvHeads * kHeadDim * 2 * 4;
+    const double flops = static_cast<double>(batch) * (c + 1) * kHeads * kHeadDim * 4;
+    for (const std::string& mode : modes) {
+      const double s = Time(mode, step, filled.cache, rounds);
+      const double peak =
+          mode == "amx" && limits.amx_gflops > 0 ? limits.amx_gflops : limits.fma_gflops;
+      const double read_s = bytes / (limits.read_gbs * 1e9), compute_s = flops / (peak * 1e9);
+      std::printf(
+          "| %s (%s) | decode batch %lld at context %lld | %.3f ms | %.1f GB/s, %.0f "
+          "GFLOP/s | %.3f ms (%s-bound) | %.2f |\n",
+          mode.c_str(), kernel(mode), static_cast<long long>(batch), static_cast<long long>(c),
+          s * 1e3, bytes / s / 1e9, flops / s / 1e9, std::max(read_s, compute_s) * 1e3,
+          read_s >= compute_s ? "read" : "compute", std::max(read_s, compute_s) / s);
+    }
+  }
+  return 0;
+}
