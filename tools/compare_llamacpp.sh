@@ -26,7 +26,8 @@
 # MODES: the glmserve modes (cpu_bench --modes) to measure; LLAMA_TYPES: BF16 and/or Q8_0.
 #
 # What each side measures. Prefill: one prompt of P tokens (glmserve: cpu_bench's prefill row,
-# after a warm-up prefill; llama.cpp: llama-bench pP). Decode batch 1 at context C: steps
+# after a warm-up prefill, in forwards of at most $PREFILL_CHUNK tokens; llama.cpp:
+# llama-bench pP). Decode batch 1 at context C: steps
 # after C cached positions (cpu_bench --decode_context, synthetic keys and values; llama-bench
 # -n 16 -d C, after a real prefill of C). Decode batch B at context C: glmserve decodes B
 # sequences of C positions each; llama-batched-bench -pps decodes B sequences after one
@@ -46,6 +47,9 @@ PRESET=${PRESET:-glm-4.5-air:layers=3}
 PROMPTS=${PROMPTS:-128,2048}
 CONTEXTS=${CONTEXTS:-0,4096}
 BATCH=${BATCH:-8}
+# glmserve runs a long prompt in forwards of at most this many tokens, as glm-server does by
+# default (--max_batch_tokens); llama.cpp's prompt processing takes ubatches of 512.
+PREFILL_CHUNK=${PREFILL_CHUNK:-2048}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
 JOBS=${JOBS:-2}
@@ -162,7 +166,8 @@ results="$WORK/results.tsv"
 : > "$results"
 glmserve_round() {
   "$BUILD_DIR/bench/cpu_bench" --preset="$PRESET" --threads="$THREADS" --modes="$MODES" \
-    --prefill_tokens="$PROMPTS" --decode_context="$CONTEXTS" --decode_batch="$BATCH" |
+    --prefill_tokens="$PROMPTS" --prefill_chunk="$PREFILL_CHUNK" --decode_context="$CONTEXTS" \
+    --decode_batch="$BATCH" |
     tee -a "$WORK/cpu_bench.log" | python3 -c '
 import sys
 contexts = sys.argv[1].split(",")
