@@ -168,9 +168,45 @@ absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cach
   return ValidateForwardBatch(batch, config(), cache.shape(), /*token_input=*/run_begin == 0);
 }
 
+namespace {
+
+// Moves row rows[r] of a row-major [*, width] buffer to row r, for r = 0, 1, ...; rows ascend,
+// so every move reads a row no earlier move has written.
+void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r] != static_cast<int64_t>(r)) {
+      std::copy_n(data + rows[r] * width, width, data + static_cast<int64_t>(r) * width);
+    }
+  }
+}
+
+// The batch's rows `rows` (ascending) as slices of their sequences: a run of consecutive rows
+// of one sequence is one slice (its positions consecutive), so attention over the slices gives
+// each row what it gets in the whole batch (a row's attention depends only on its own query,
+// its position and its sequence's cache: attention.h).
+std::vector<SequenceSlice> SlicesOfRows(absl::Span<const SequenceSlice> sequences,
+                                        const std::vector<int64_t>& rows) {
+  std::vector<SequenceSlice> slices;
+  size_t s = 0, last_s = 0;
+  int64_t row0 = 0, last_row = -1;  // sequences[s] holds batch rows [row0, row0 + num_tokens)
+  for (const int64_t r : rows) {
+    while (r >= row0 + sequences[s].num_tokens) row0 += sequences[s++].num_tokens;
+    if (!slices.empty() && s == last_s && r == last_row + 1) {
+      ++slices.back().num_tokens;
+    } else {
+      slices.push_back({1, sequences[s].start_position + (r - row0), sequences[s].blocks});
+    }
+    last_s = s;
+    last_row = r;
+  }
+  return slices;
+}
+
+}  // namespace
+
 void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
                               const ForwardBatch& batch, const std::vector<int32_t>& positions,
-                              KvCache* cache) {
+                              KvCache* cache, const std::vector<int64_t>* kept) {
   const ModelConfig& c = config();
   const AttentionWeights& a = layer.attn;
   const int64_t t = static_cast<int64_t>(positions.size());
@@ -189,31 +225,27 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   rope_.Apply(k_.data(), t, c.num_key_value_heads, positions.data());
   WriteKv(k_.data(), v_.data(), batch.sequences, span_layer, cache);
   timer.emplace(OpFamily::kAttention);
+  // Every row's keys and values are in the cache now; the rows nobody reads need no attention
+  // (a long prompt's last chunk in a 3-layer bench spent a third of its attention on them).
+  std::vector<SequenceSlice> kept_slices;
+  absl::Span<const SequenceSlice> slices = batch.sequences;
+  if (kept != nullptr) {
+    if (kept->empty()) return;
+    KeepRows(*kept, c.q_dim(), q_.data());
+    kept_slices = SlicesOfRows(batch.sequences, *kept);
+    slices = kept_slices;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // bf16_amx on bf16 weights runs attention in bf16 on the tile unit, as the reference's bf16
   // forward does (attention_amx.h); every other case (and the FP8 cache) the fp32 path.
   if (math_ == CpuMath::kBf16Amx && weights_.weight_dtype == DType::kBF16 && cache->host_fp32()) {
-    PagedAttentionAmx(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+    PagedAttentionAmx(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
                       attn_.data());
   } else {
-    PagedAttention(q_.data(), batch.sequences, *cache, span_layer, c.num_attention_heads, scale,
+    PagedAttention(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
                    attn_.data());
   }
 }
-
-namespace {
-
-// Moves row rows[r] of a row-major [*, width] buffer to row r, for r = 0, 1, ...; rows ascend,
-// so every move reads a row no earlier move has written.
-void KeepRows(const std::vector<int64_t>& rows, int64_t width, float* data) {
-  for (size_t r = 0; r < rows.size(); ++r) {
-    if (rows[r] != static_cast<int64_t>(r)) {
-      std::copy_n(data + rows[r] * width, width, data + static_cast<int64_t>(r) * width);
-    }
-  }
-}
-
-}  // namespace
 
 void CpuModel::FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices) {
   if (layer.is_moe) {  // MoeFfn times its own parts
@@ -267,16 +299,19 @@ bool CpuModel::DecoderLayer(const LayerWeights& layer, int64_t cache_layer,
     const ScopedOpTime timer(OpFamily::kEmbedNorm);
     RmsNorm(h_.data(), layer.input_norm.data(), t, hidden, eps, x_.data());
   }
+  const bool pruned = prune && static_cast<int64_t>(rows->size()) < t;
   if (c.is_mla()) {
     MlaBlock(layer, cache_layer, batch, positions, cache);
   } else {
-    AttentionBlock(layer, cache_layer, batch, positions, cache);
+    AttentionBlock(layer, cache_layer, batch, positions, cache, pruned ? rows : nullptr);
   }
-  if (prune && static_cast<int64_t>(rows->size()) < t) {
+  if (pruned) {
     *live = static_cast<int64_t>(rows->size());
     if (*live == 0) return false;
-    const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
-    KeepRows(*rows, attn_width, attn_.data());
+    if (c.is_mla()) {  // GQA attention computed the kept rows alone, already in place
+      const int64_t attn_width = static_cast<int64_t>(attn_.size()) / t;
+      KeepRows(*rows, attn_width, attn_.data());
+    }
     KeepRows(*rows, hidden, h_.data());
     for (int64_t r = 0; r < *live; ++r) (*rows)[r] = r;
   }
@@ -400,9 +435,9 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
 
   // Which rows of the run's output anyone reads: all when hidden states (or head inputs) are
   // returned, else the logits rows (none for a prefill chunk mid-prompt). The run's last layer
-  // needs every row only up to attention, which writes each token's K/V into the cache; from
-  // o_proj on it runs on the read rows alone (the FFN of the other rows of a prefill is never
-  // seen). Each row's arithmetic does not depend on the others (linear.h), so no bit changes.
+  // needs every row only for its K/V, which go into the cache; attention and all after it run
+  // on the read rows alone (the other rows' outputs of a prefill are never seen). Each row's
+  // arithmetic does not depend on the others (linear.h, attention.h), so no bit changes.
   std::vector<int64_t> rows = ReturnedLogitRows(batch, options);
   const bool all_rows_read = options.return_hidden || options.return_layer_hidden ||
                              options.return_expert_choices || options.return_head_input;

@@ -84,18 +84,22 @@ class CpuModel final : public ModelRunner {
                           int64_t run_end) const;
   // The attention sub-blocks up to o_proj: write every new token's K/V (or latent row) into
   // the cache and leave the attention output in attn_ [T, heads * v_dim]; Forward applies
-  // o_proj (on the rows it still needs).
+  // o_proj (on the rows it still needs). `kept` (ascending rows; null: all): attention only for
+  // those rows, their outputs in attn_'s first rows (the run's last layer, whose other rows
+  // nobody reads).
   void AttentionBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
-                      const std::vector<int32_t>& positions, KvCache* cache);
+                      const std::vector<int32_t>& positions, KvCache* cache,
+                      const std::vector<int64_t>* kept = nullptr);
   // GLM-5's latent attention (model_mla.cc): the DSA indexer on "full" layers, the selection
   // kept in selection_ for the "shared" layers after it.
   void MlaBlock(const LayerWeights& layer, int64_t span_layer, const ForwardBatch& batch,
                 const std::vector<int32_t>& positions, KvCache* cache);
   void FfnBlock(const LayerWeights& layer, int64_t tokens, int32_t* choices = nullptr);
-  // One decoder layer on h_: attention for every row (K/V into cache layer `cache_layer`),
-  // then o_proj and the FFN. With `prune` (the run's last layer, other rows unread) those
-  // run on `rows` alone, which move to the front of h_ (rows and live updated). Returns
-  // false when no row is left to compute.
+  // One decoder layer on h_: every row's K/V into cache layer `cache_layer`, attention, then
+  // o_proj and the FFN. With `prune` (the run's last layer, other rows unread) attention (on
+  // GQA models; GLM-5's latent attention runs every row) and what follows run on `rows`
+  // alone, which move to the front of h_ (rows and live updated). Returns false when no row
+  // is left to compute.
   bool DecoderLayer(const LayerWeights& layer, int64_t cache_layer, const ForwardBatch& batch,
                     const std::vector<int32_t>& positions, KvCache* cache, bool prune,
                     std::vector<int64_t>* rows, int64_t* live,
