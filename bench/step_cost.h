@@ -37,8 +37,8 @@ inline void AddMlaCost(const MlaWeights& m, const ModelConfig& c, int64_t tokens
 
 // What one step reads and computes: every matrix is read once per step (the batch shares
 // it), each token multiplies the dense matrices and its top-k experts. `out_rows` rows leave
-// the step (one per sequence: its logits row): the last layer runs o_proj and the FFN on
-// those alone (CpuModel::Forward), and the head multiplies only them.
+// the step (one per sequence: its logits row): the last layer runs attention (GQA), o_proj and
+// the FFN on those alone (CpuModel::Forward), and the head multiplies only them.
 inline StepCost Cost(const ModelWeights& w, int64_t tokens, int64_t context_after,
                      int64_t distinct_experts, int64_t out_rows) {
   const ModelConfig& c = w.config;
@@ -57,9 +57,13 @@ inline StepCost Cost(const ModelWeights& w, int64_t tokens, int64_t context_afte
         mat(*m);
         cost.flops += 2.0 * (m == &l.attn.o_proj ? ffn_tokens : tokens) * m->rows * m->cols;
       }
-      // Attention reads every cached key and value of the context once per step.
+      // Attention reads every cached key and value of the context once per step. The last
+      // layer attends from the rows that leave the step alone (the context's last rows, each
+      // over all of it: CpuModel::Forward).
       cost.kv_bytes += 2.0 * context_after * c.kv_dim() * sizeof(float);
-      cost.flops += 4.0 * tokens * (context_after - tokens / 2.0) * c.q_dim();
+      cost.flops += last && out_rows < tokens
+                        ? 4.0 * out_rows * context_after * c.q_dim()
+                        : 4.0 * tokens * (context_after - tokens / 2.0) * c.q_dim();
     }
     const FfnWeights* ffns[] = {&l.dense};
     if (l.is_moe) {
