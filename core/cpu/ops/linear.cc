@@ -214,7 +214,7 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
   // The VNNI kernel reads the lane operands, which LinearMany fills only where it runs.
-  const auto int8_fn = [](const Int8Activation& x) {
+  const auto int8_kernel = [](const Int8Activation& x) {
     return CpuHasAvx512Vnni() && !x.lane_scale.empty() ? Int8BlockAvx512Vnni
            : CpuHasAvx2Fma()                           ? Int8BlockAvx2
                                                        : Int8BlockGeneric;
@@ -246,7 +246,8 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         use_tiles(Tiles::kInt8);
         Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
-        int8_fn (*tasks[j].int8.x)(tasks[j].int8, b - starts[j]);
+        const auto kernel = int8_kernel(*tasks[j].int8.x);
+        kernel(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxBlockEmulated(tasks[j].amx, b - starts[j]);
