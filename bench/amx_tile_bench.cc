@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/machine_limits.h"
 #include "core/cpu/ops/linear_amx.h"
 
 #if defined(__x86_64__)
@@ -26,13 +27,10 @@ ABSL_FLAG(int, slices, 200, "slices per measurement (each ~0.1-0.5 ms)");
 
 namespace {
 
+using glmserve::bench::Median;
+
 constexpr int64_t kIterations = 2048;  // per slice; 4 TDPBF16PS each
 constexpr double kFlopsPerTdp = 16.0 * 16 * 32 * 2;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 #if defined(__x86_64__)
 

@@ -38,14 +38,10 @@ ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 namespace {
 
 using glmserve::bench::Clock;
+using glmserve::bench::Median;
 using glmserve::bench::Since;
 
 constexpr int64_t kHeads = 96, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1).
 struct Filled {

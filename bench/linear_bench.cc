@@ -32,6 +32,7 @@ ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 namespace {
 
 using glmserve::bench::Clock;
+using glmserve::bench::Median;
 using glmserve::bench::Since;
 
 glmserve::AlignedVector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
@@ -66,11 +67,6 @@ glmserve::Matrix Int8Matrix(const glmserve::Matrix& m, Int8Store* store) {
   out.data = store->q.back().data();
   out.group_scales = store->scales.back().data();
   return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

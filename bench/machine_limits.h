@@ -28,6 +28,12 @@ inline double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The upper median of v (0 for none): what the benches report of repeated timings.
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
 // Best of `reps` runs of fn, in seconds.
 template <typename Fn>
 double BestOf(int reps, Fn fn) {

@@ -42,6 +42,7 @@ ABSL_FLAG(std::string, device, "cpu",
 namespace {
 
 using glmserve::bench::Clock;
+using glmserve::bench::Median;
 using glmserve::bench::Since;
 
 struct Figures {
@@ -101,11 +102,6 @@ bool Round(glmserve::ModelRunner& runner, int prefill, int steps, Figures* f) {
   }
   f->decode8_s.push_back(sum / steps);
   return true;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
