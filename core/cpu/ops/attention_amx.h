@@ -13,7 +13,7 @@
 //    from +0) * scale, masked to -inf for k > pos; m' = max(m, max_k s_k) (m = -inf before
 //    the first block); alpha = exp(m - m'); p_k = exp(s_k - m'); l = l alpha + sum_k p_k (the
 //    sum in key order from +0); O = O alpha + (one TDPBF16PS of bf16(p) against bf16 V, from
-//    +0); m = m'. exp is FlashExp (attention_flash.h: a fixed polynomial, within 2 ulp).
+//    +0); m = m'. exp is ExpNonPositive (softmax_row.h: a fixed polynomial, within 2 ulp).
 //  * out = O / l.
 // Everything a row computes depends only on its own q, its position and its sequence's K/V,
 // never on which rows share its tile, the chunk it came in or the thread: results are

@@ -16,32 +16,12 @@
 #include <cstring>
 
 #include "core/cpu/ops/attention_amx_internal.h"
+#include "core/cpu/ops/softmax_row.h"  // ExpNonPositive, the two-pass softmax's exp too
 
 namespace glmserve::internal {
 namespace {
 
 inline float FlashMax(float a, float b) { return a > b ? a : b; }
-
-// exp(x) for the softmax's x <= 0 (Cody-Waite reduction and a degree-6 polynomial, within 2 ulp
-// of expf): only +, *, selects and bit moves, so it vectorises and gives the same bits in every
-// compilation. Below -87 (2^n would leave the normal range) it returns +0; exp(-inf) = 0.
-inline float FlashExp(float x) {
-  const float xc = x > -87.0f ? x : -87.0f;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * (r * r) + r + 1.0f;
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return x < -87.0f ? 0.0f : y * two_n;
-}
 
 // FloatToBf16 (core/base/dtype.h), here with internal linkage: round to nearest even, NaN quiet.
 inline uint16_t FlashBf16(float f) {
@@ -103,13 +83,13 @@ void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
     }
     for (int r = 0; r < R; ++r) {
       m_new[r] = FlashMax(m[r], m_new[r]);
-      alpha[r] = FlashExp(m[r] - m_new[r]);  // 0 on a row's first block (m = -inf)
+      alpha[r] = ExpNonPositive(m[r] - m_new[r]);  // 0 on a row's first block (m = -inf)
       sum[r] = 0.0f;
     }
     for (int k = 0; k < kFlashKeys; ++k) {
       float* __restrict st = s.st + k * R;
       for (int r = 0; r < R; ++r) {
-        st[r] = FlashExp(st[r] - m_new[r]);
+        st[r] = ExpNonPositive(st[r] - m_new[r]);
         sum[r] += st[r];  // in key order
       }
     }

@@ -1,24 +1,21 @@
-// The attention softmax of the CPU ops (GLM-4.5's attention and GLM-5's MLA), written once.
+// The attention softmax of the CPU ops (GLM-4.5's fp32 attention, its FP8-cache form and GLM-5's
+// MLA): portable code (softmax_row.h) and the same arithmetic in AVX2 intrinsics, chosen at run
+// time.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 namespace glmserve {
 
-// scores[0, n) -> probabilities in place: exp(s - max) / sum, the sum taken in index order
-// (one fixed order, like every reduction here). n >= 1.
-inline void SoftmaxInPlace(float* scores, int64_t n) {
-  float max_score = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) max_score = std::max(max_score, scores[i]);
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    scores[i] = std::exp(scores[i] - max_score);
-    sum += scores[i];
-  }
-  const float inv_sum = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) scores[i] *= inv_sum;
-}
+// scores[0, n) -> probabilities in place, n >= 1: exp(s - max) with this repository's exp
+// (internal::ExpNonPositive), summed in LaneSum<8> order (one fixed order, like every
+// reduction here), each times 1 / sum. The same bits on every x86-64 CPU and C library.
+void SoftmaxInPlace(float* scores, int64_t n);
+
+namespace internal {
+// The portable code (softmax_row.h) and its AVX2 form, exposed for tests that compare them.
+void SoftmaxGeneric(float* scores, int64_t n);
+void SoftmaxAvx2(float* scores, int64_t n);  // AVX2 intrinsics (softmax_avx2.cc)
+}  // namespace internal
 
 }  // namespace glmserve
