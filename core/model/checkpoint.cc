@@ -2,7 +2,6 @@
 // core/model/weight_layout.h, so a checkpoint and a preset give structurally identical weights.
 #include "core/model/checkpoint.h"
 
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/file_io.h"
+#include "core/base/huge_pages.h"
 #include "core/base/parallel.h"
 #include "core/base/status_macros.h"
 #include "core/model/fp8.h"
@@ -37,22 +37,14 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// An owned, 64-byte aligned buffer that can sit in ModelWeights::storage. Large buffers are
-// mapped directly and marked for transparent huge pages: a decode step streams every weight
-// once, and with 4 KiB pages that is one TLB miss per page (and one page fault per page while
-// the weights are generated).
+// An owned, 64-byte aligned buffer that can sit in ModelWeights::storage. Large buffers are on
+// transparent huge pages (core/base/huge_pages.h): a decode step streams every weight once, and
+// with 4 KiB pages that is one TLB miss per page (and one page fault per page while the
+// weights are generated).
 std::shared_ptr<void> AllocateAligned(size_t bytes) {
-  constexpr size_t kHugeThreshold = size_t{32} << 20;
-  if (bytes >= kHugeThreshold) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return nullptr;
-    ::madvise(p, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-    return std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
-  }
-  constexpr std::align_val_t kAlign{64};
-  void* p = ::operator new(bytes == 0 ? 1 : bytes, kAlign, std::nothrow);
+  void* p = AllocateHugePageable(bytes);
   if (p == nullptr) return nullptr;
-  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, kAlign); });
+  return std::shared_ptr<void>(p, [bytes](void* q) { FreeHugePageable(q, bytes); });
 }
 
 // Element i of an unaligned buffer (checkpoint tensors need not be aligned).

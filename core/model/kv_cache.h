@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/base/dtype.h"
+#include "core/base/huge_pages.h"
 
 namespace glmserve {
 
@@ -194,10 +195,13 @@ class KvCache {
 
   KvCacheShape shape_;
   DType dtype_ = DType::kF32;
-  std::vector<float> data_;  // [num_layers, num_blocks, kinds, block_size, kv_dim]
+  // On huge pages (core/base/huge_pages.h): attention reads a head's slice of each position a
+  // whole cache row from the next, one 4 KiB page per position when the pages are small.
+  std::vector<float, HugePageAllocator<float>> data_;  // [num_layers, num_blocks, kinds,
+                                                       //  block_size, kv_dim]
   // FP8 (shape_.fp8) instead of data_: the codes and the per-head scales.
-  std::vector<uint8_t> codes_;  // [num_layers, num_blocks, kinds, block_size, kv_dim]
-  std::vector<float> scales_;   // [num_layers, num_blocks, kinds, block_size, kv_heads]
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;  // [.., block_size, kv_dim]
+  std::vector<float, HugePageAllocator<float>> scales_;     // [.., block_size, kv_heads]
   bool external_storage_ = false;
   std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;
