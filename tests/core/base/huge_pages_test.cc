@@ -64,7 +64,9 @@ TEST(HugePagesTest, SmallBuffersAreZeroedAndCacheLineAligned) {
 
 TEST(HugePagesTest, VectorsUseItAndRefuseImpossibleSizes) {
   std::vector<float, HugePageAllocator<float>> v(kHugePageThreshold / sizeof(float) + 7, 0.0f);
-  if (KernelHasThp()) EXPECT_NE(VmFlagsOf(v.data()).find(" hg"), std::string::npos);
+  if (KernelHasThp()) {
+    EXPECT_NE(VmFlagsOf(v.data()).find(" hg"), std::string::npos);
+  }
   v.back() = 3.0f;
   EXPECT_EQ(v.back(), 3.0f);
   HugePageAllocator<double> a;
