@@ -66,6 +66,7 @@ struct Unit {
   int64_t row_blocks(int64_t group) const { return (tokens * group + kFlashRows - 1) / kFlashRows; }
 };
 
+constexpr int kMaxGroupHeads = 16;                  // KV heads of one decode group
 constexpr int64_t kPrefetchKeys = 4;                // positions ahead that PackKeys prefetches
 constexpr int64_t kPackKeys = 256;                  // keys per packing work item
 constexpr int64_t kArenaBytes = int64_t{32} << 20;  // packed K/V per round of units
@@ -140,113 +141,137 @@ GLM_AVX512_TARGET void TransposeValuesAvx512(const uint16_t* staged, int64_t dp,
 }
 #endif
 
+// Where PackKeys writes: for each of `heads` units (KV heads of one sequence, in kv_head
+// order), key p's row at k_rows[h] + (p - base) * dp and its values at vt[h][d * ld + p - base]
+// (transposed).
+struct PackTarget {
+  const Unit* units;
+  int heads;
+  int64_t base, ld;
+  uint16_t* const* k_rows;
+  uint16_t* const* vt;
+};
+
+// Keys [k0, k1) (multiples of 32) of the target's units as bf16; padding (keys >= ctx, dims >=
+// head_dim) is +0. A cached position is one row of kv_dim floats with the KV heads side by side
+// (4 KiB for GLM-4.5); the heads of a target are read together, so a decode group reads each
+// row front to back once, where one head alone reads 512 bytes of each 4 KiB row (a page
+// stride the hardware prefetchers do not follow). Values go through [32][dp] staging tiles so
+// that the transposes read those, not the cache.
 template <int kTarget>
-inline __attribute__((always_inline)) void PackKeysBody(const Unit& u, int64_t k0, int64_t k1,
+inline __attribute__((always_inline)) void PackKeysBody(const PackTarget& t, int64_t k0, int64_t k1,
                                                         const KvCache& cache, int64_t layer,
-                                                        const BlockTable& blocks, int64_t dp,
-                                                        int64_t base, uint16_t* k_rows,
-                                                        uint16_t* vt, int64_t ld) {
+                                                        const BlockTable& blocks, int64_t dp) {
   const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
-  const int64_t kv_dim = cache.kv_dim(), off = u.kv_head * hd;
+  const int64_t kv_dim = cache.kv_dim(), ctx = t.units[0].ctx;
   // Only [0, head_dim) of a staged row is ever written: the padding stays +0 while dp does.
   thread_local std::vector<uint16_t> staged;
-  if (static_cast<int64_t>(staged.size()) != kFlashKeys * dp) staged.assign(kFlashKeys * dp, 0);
+  const int64_t tile = kFlashKeys * dp;
+  if (static_cast<int64_t>(staged.size()) < t.heads * tile) staged.assign(t.heads * tile, 0);
   for (int64_t b0 = k0; b0 < k1; b0 += kFlashKeys) {
     for (int64_t i = 0; i < kFlashKeys; ++i) {
       const int64_t p = b0 + i;
-      uint16_t* kr = k_rows + (p - base) * dp;
-      uint16_t* vr = staged.data() + i * dp;
-      if (p >= u.ctx) {
-        std::fill_n(kr, dp, uint16_t{0});
-        std::fill_n(vr, dp, uint16_t{0});
+      if (p >= ctx) {
+        for (int h = 0; h < t.heads; ++h) {
+          std::fill_n(t.k_rows[h] + (p - t.base) * dp, dp, uint16_t{0});
+          std::fill_n(staged.data() + h * tile + i * dp, dp, uint16_t{0});
+        }
         continue;
       }
-      const int32_t block = blocks[p / bs];
-      const int64_t slot = (p % bs) * kv_dim + off;
-      const float* key = cache.keys(layer, block) + slot;
-      const float* value = cache.values(layer, block) + slot;
-      // A KV head's slice of each position row sits in its own 4 KiB page (rows are kv_dim
-      // wide), where the hardware prefetchers do not follow: ask for a later position's slice.
+      const int64_t row = (p % bs) * kv_dim;
+      const float* keys = cache.keys(layer, blocks[p / bs]) + row;
+      const float* values = cache.values(layer, blocks[p / bs]) + row;
+      // Each position's row starts a new page: ask for a later position's slices.
       const int64_t ahead = p + kPrefetchKeys;
-      if (ahead < u.ctx) {
-        const int64_t ahead_slot = (ahead % bs) * kv_dim + off;
-        const float* ka = cache.keys(layer, blocks[ahead / bs]) + ahead_slot;
-        const float* va = cache.values(layer, blocks[ahead / bs]) + ahead_slot;
-        for (int64_t d = 0; d < hd; d += 16) {
-          __builtin_prefetch(ka + d);
-          __builtin_prefetch(va + d);
+      if (ahead < ctx) {
+        const int64_t ahead_row = (ahead % bs) * kv_dim;
+        const float* ka = cache.keys(layer, blocks[ahead / bs]) + ahead_row;
+        const float* va = cache.values(layer, blocks[ahead / bs]) + ahead_row;
+        for (int h = 0; h < t.heads; ++h) {
+          const int64_t off = t.units[h].kv_head * hd;
+          for (int64_t d = 0; d < hd; d += 16) {
+            __builtin_prefetch(ka + off + d);
+            __builtin_prefetch(va + off + d);
+          }
         }
       }
-      for (int64_t d = 0; d < hd; ++d) kr[d] = ToBf16(key[d]);
-      for (int64_t d = 0; d < hd; ++d) vr[d] = ToBf16(value[d]);
-      std::fill(kr + hd, kr + dp, uint16_t{0});  // the staging tile's padding stays +0
+      for (int h = 0; h < t.heads; ++h) {
+        const float* key = keys + t.units[h].kv_head * hd;
+        const float* value = values + t.units[h].kv_head * hd;
+        uint16_t* kr = t.k_rows[h] + (p - t.base) * dp;
+        uint16_t* vr = staged.data() + h * tile + i * dp;
+        for (int64_t d = 0; d < hd; ++d) kr[d] = ToBf16(key[d]);
+        for (int64_t d = 0; d < hd; ++d) vr[d] = ToBf16(value[d]);
+        std::fill(kr + hd, kr + dp, uint16_t{0});  // the staging tile's padding stays +0
+      }
     }
-    uint16_t* dst = vt + (b0 - base);
+    for (int h = 0; h < t.heads; ++h) {
+      const uint16_t* src = staged.data() + h * tile;
+      uint16_t* dst = t.vt[h] + (b0 - t.base);
 #if defined(__x86_64__)
-    if constexpr (kTarget == 1) {
-      TransposeValuesAvx512(staged.data(), dp, dst, ld);
-      continue;
-    }
+      if constexpr (kTarget == 1) {
+        TransposeValuesAvx512(src, dp, dst, t.ld);
+        continue;
+      }
 #endif
-    for (int64_t d = 0; d < dp; ++d) {
-      for (int64_t i = 0; i < kFlashKeys; ++i) dst[d * ld + i] = staged[i * dp + d];
+      for (int64_t d = 0; d < dp; ++d) {
+        for (int64_t i = 0; i < kFlashKeys; ++i) dst[d * t.ld + i] = src[i * dp + d];
+      }
     }
   }
 }
 
 #if defined(__x86_64__)
-GLM_AVX512_TARGET void PackKeysAvx512(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache,
-                                      int64_t layer, const BlockTable& blocks, int64_t dp,
-                                      int64_t base, uint16_t* k_rows, uint16_t* vt, int64_t ld) {
-  PackKeysBody<1>(u, k0, k1, cache, layer, blocks, dp, base, k_rows, vt, ld);
+GLM_AVX512_TARGET void PackKeysAvx512(const PackTarget& t, int64_t k0, int64_t k1,
+                                      const KvCache& cache, int64_t layer, const BlockTable& blocks,
+                                      int64_t dp) {
+  PackKeysBody<1>(t, k0, k1, cache, layer, blocks, dp);
 }
 #endif
-void PackKeysGeneric(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache, int64_t layer,
-                     const BlockTable& blocks, int64_t dp, int64_t base, uint16_t* k_rows,
-                     uint16_t* vt, int64_t ld) {
-  PackKeysBody<0>(u, k0, k1, cache, layer, blocks, dp, base, k_rows, vt, ld);
+void PackKeysGeneric(const PackTarget& t, int64_t k0, int64_t k1, const KvCache& cache,
+                     int64_t layer, const BlockTable& blocks, int64_t dp) {
+  PackKeysBody<0>(t, k0, k1, cache, layer, blocks, dp);
 }
-void PackKeys(const Unit& u, int64_t k0, int64_t k1, const KvCache& cache, int64_t layer,
-              const BlockTable& blocks, int64_t dp, int64_t base, uint16_t* k_rows, uint16_t* vt,
-              int64_t ld) {
+void PackKeys(const PackTarget& t, int64_t k0, int64_t k1, const KvCache& cache, int64_t layer,
+              const BlockTable& blocks, int64_t dp) {
 #if defined(__x86_64__)
   // Asked each call: the tests' ForceGenericKernels runs the portable packing beside this one.
-  if (CpuHasAvx512())
-    return PackKeysAvx512(u, k0, k1, cache, layer, blocks, dp, base, k_rows, vt, ld);
+  if (CpuHasAvx512()) return PackKeysAvx512(t, k0, k1, cache, layer, blocks, dp);
 #endif
-  PackKeysGeneric(u, k0, k1, cache, layer, blocks, dp, base, k_rows, vt, ld);
+  PackKeysGeneric(t, k0, k1, cache, layer, blocks, dp);
 }
 
-// FlashBlock::pack for a unit whose K/V are packed a key block at a time.
-struct BlockPacker {
-  const Unit* unit;
+// FlashGroup::pack for a decode group: one key block of every head of the group.
+struct GroupPacker {
+  PackTarget target;
   const KvCache* cache;
   int64_t layer, dp;
   const BlockTable* blocks;
-  static void Pack(const void* context, int64_t key0, uint16_t* k_block, uint16_t* vt_block) {
-    const BlockPacker& p = *static_cast<const BlockPacker*>(context);
-    PackKeys(*p.unit, key0, key0 + kFlashKeys, *p.cache, p.layer, *p.blocks, p.dp, key0, k_block,
-             vt_block, kFlashKeys);
+  static void Pack(const void* context, int64_t key0) {
+    const GroupPacker& p = *static_cast<const GroupPacker*>(context);
+    PackTarget t = p.target;
+    t.base = key0;
+    PackKeys(t, key0, key0 + kFlashKeys, *p.cache, p.layer, *p.blocks, p.dp);
   }
 };
 
-// Per-thread buffers of the block step.
+// Per-thread buffers of the block step; a decode group's per-head ones ([heads] of each).
 struct BlockBuffers {
-  AlignedVector<float> st, ot_blk, ot, q;
+  AlignedVector<float> st, ot_blk, ot, q, m, l;
   AlignedVector<uint16_t> pt, q_tiles, k_block, vt_block;
-  void Size(int64_t dp, int64_t head_dim) {
+  void Size(int64_t dp, int64_t head_dim, int64_t heads = 1) {
     st.resize(kFlashRows * kFlashKeys);
     pt.resize(2 * kAmxTileElems);
     ot_blk.resize(dp * kFlashRows);
-    ot.resize(dp * kFlashRows);
+    ot.resize(heads * dp * kFlashRows);
+    m.resize(heads * kFlashRows);
+    l.resize(heads * kFlashRows);
     q.resize(kFlashRows * head_dim);
-    q_tiles.resize(AmxPackedSize(kFlashRows, head_dim));
-    k_block.resize(kFlashKeys * dp);
-    vt_block.resize(dp * kFlashKeys);
+    q_tiles.resize(heads * AmxPackedSize(kFlashRows, head_dim));
+    k_block.resize(heads * kFlashKeys * dp);
+    vt_block.resize(heads * dp * kFlashKeys);
   }
-  FlashScratch Scratch() {
-    return {st.data(), pt.data(), ot_blk.data(), ot.data(), k_block.data(), vt_block.data()};
-  }
+  FlashScratch Scratch() { return {st.data(), pt.data(), ot_blk.data(), ot.data()}; }
 };
 
 // What every row block of a call shares.
@@ -258,13 +283,11 @@ struct CallArgs {
   bool hardware;
 };
 
-// Row block [r0, r0 + 32) of unit u: gathers and packs its query rows, runs the block step with
-// K/V from `packed` (the unit's offsets) or, when packer is set, a key block at a time.
-void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* packed,
-                 const BlockPacker* packer, BlockBuffers* buf) {
+// Row block [r0, r0 + 32) of unit u: gathers its query rows and packs them into q_tiles
+// (positions into pos, output rows into outs); returns the block, K/V not yet set.
+FlashBlock PrepareRowBlock(const CallArgs& c, const Unit& u, int64_t r0, float* q,
+                           uint16_t* q_tiles, int32_t* pos, float** outs) {
   const int rows = static_cast<int>(std::min<int64_t>(kFlashRows, u.tokens * c.group - r0));
-  int32_t pos[kFlashRows];
-  float* outs[kFlashRows];
   for (int r = 0; r < kFlashRows; ++r) {
     pos[r] = -1;
     if (r >= rows) continue;
@@ -272,20 +295,13 @@ void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* p
     const int64_t at = ((u.first_row + t) * c.heads + h) * c.head_dim;
     pos[r] = static_cast<int32_t>(u.start + t);
     outs[r] = c.out + at;
-    std::copy_n(c.q + at, c.head_dim, buf->q.data() + r * c.head_dim);
+    std::copy_n(c.q + at, c.head_dim, q + r * c.head_dim);
   }
   for (int64_t tile = 0; tile * 16 < rows; ++tile) {
-    PackAmxActivations(buf->q.data(), rows, c.head_dim, tile, buf->q_tiles.data());
+    PackAmxActivations(q, rows, c.head_dim, tile, q_tiles);
   }
   FlashBlock block;
-  block.q_tiles = buf->q_tiles.data();
-  if (packer != nullptr) {
-    block.pack = BlockPacker::Pack;
-    block.pack_context = packer;
-  } else {
-    block.k_rows = packed + u.k_offset;
-    block.vt = packed + u.v_offset;
-  }
+  block.q_tiles = q_tiles;
   block.ctx_pad = u.ctx_pad;
   block.dp = c.dp;
   block.head_dim = c.head_dim;
@@ -293,14 +309,64 @@ void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* p
   block.pos = pos;
   block.scale = c.scale;
   block.out = outs;
+  return block;
+}
+
+// Row block [r0, r0 + 32) of unit u over its K/V packed in `packed` (the unit's offsets).
+void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* packed,
+                 BlockBuffers* buf) {
+  int32_t pos[kFlashRows];
+  float* outs[kFlashRows];
+  FlashBlock block = PrepareRowBlock(c, u, r0, buf->q.data(), buf->q_tiles.data(), pos, outs);
+  block.k_rows = packed + u.k_offset;
+  block.vt = packed + u.v_offset;
   c.hardware ? FlashRowBlockHardware(block, buf->Scratch())
              : FlashRowBlockEmulated(block, buf->Scratch());
+}
+
+// Units [first, first + heads) of one sequence, one row block each (decodes, short chunks),
+// stepping through the key blocks together: each key block is packed for all of them at once,
+// from the cache straight into L1/L2, and each cached row is read once.
+void RunGroup(const CallArgs& c, const Unit* first, int heads, const KvCache& cache, int64_t layer,
+              const BlockTable& blocks, BlockBuffers* buf) {
+  constexpr int kMax = kMaxGroupHeads;
+  int32_t pos[kMax][kFlashRows];
+  float* outs[kMax][kFlashRows];
+  FlashBlock row_blocks[kMax];
+  FlashState states[kMax];
+  uint16_t* k_blocks[kMax];
+  uint16_t* vt_blocks[kMax];
+  const int64_t q_tile_size = AmxPackedSize(kFlashRows, c.head_dim);
+  for (int h = 0; h < heads; ++h) {
+    row_blocks[h] = PrepareRowBlock(c, first[h], 0, buf->q.data(),
+                                    buf->q_tiles.data() + h * q_tile_size, pos[h], outs[h]);
+    states[h] = {buf->m.data() + h * kFlashRows, buf->l.data() + h * kFlashRows,
+                 buf->ot.data() + h * c.dp * kFlashRows};
+    k_blocks[h] = buf->k_block.data() + h * kFlashKeys * c.dp;
+    vt_blocks[h] = buf->vt_block.data() + h * c.dp * kFlashKeys;
+  }
+  const GroupPacker packer{
+      {first, heads, 0, kFlashKeys, k_blocks, vt_blocks}, &cache, layer, c.dp, &blocks};
+  FlashGroup group;
+  group.count = heads;
+  group.blocks = row_blocks;
+  group.states = states;
+  group.k_blocks = k_blocks;
+  group.vt_blocks = vt_blocks;
+  group.pack = GroupPacker::Pack;
+  group.pack_context = &packer;
+  c.hardware ? FlashGroupHardware(group, buf->Scratch())
+             : FlashGroupEmulated(group, buf->Scratch());
 }
 
 }  // namespace
 
 void FlashRowBlockEmulated(const FlashBlock& block, const FlashScratch& scratch) {
   FlashRowBlock<EmulatedTiles>(block, scratch);
+}
+
+void FlashGroupEmulated(const FlashGroup& group, const FlashScratch& scratch) {
+  FlashGroupRun<EmulatedTiles>(group, scratch);
 }
 
 const char* AttentionAmxKernelName() {
@@ -344,14 +410,33 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
   // their own work item: each cached row is read once, straight into L1.
   std::vector<Unit> staged, fused;
   for (const Unit& u : units) (u.row_blocks(group) == 1 ? fused : staged).push_back(u);
-  ParallelFor(static_cast<int64_t>(fused.size()), 1, [&](int64_t begin, int64_t end) {
+  // Units of one row block (decodes, short chunks) go in groups of a sequence's KV heads
+  // (RunGroup): as few groups as leave every thread two or more, each of at most
+  // kMaxGroupHeads consecutive heads. The grouping changes no bit, only what is read together.
+  std::vector<std::pair<size_t, int>> groups;  // (first unit in fused, heads)
+  if (!fused.empty()) {
+    const int64_t seqs = static_cast<int64_t>(fused.size()) / kv_heads;
+    const int64_t want = 2 * NumThreads();
+    int64_t per = std::min<int64_t>(internal::kMaxGroupHeads, kv_heads);
+    per = std::min<int64_t>(per, std::max<int64_t>(1, kv_heads * seqs / want));
+    for (size_t i = 0; i < fused.size();) {
+      size_t j = i + 1;
+      while (j < fused.size() && fused[j].seq == fused[i].seq &&
+             static_cast<int64_t>(j - i) < per) {
+        ++j;
+      }
+      groups.push_back({i, static_cast<int>(j - i)});
+      i = j;
+    }
+  }
+  ParallelFor(static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
     thread_local internal::BlockBuffers buf;
-    buf.Size(dp, head_dim);
     if (hardware) internal::AmxThreadBegin();
     for (int64_t i = begin; i < end; ++i) {
-      const Unit& u = fused[i];
-      const internal::BlockPacker packer{&u, &cache, layer, dp, batch[u.seq].blocks};
-      internal::RunRowBlock(args, u, 0, nullptr, &packer, &buf);
+      const Unit* first = fused.data() + groups[i].first;
+      buf.Size(dp, head_dim, groups[i].second);
+      internal::RunGroup(args, first, groups[i].second, cache, layer, *batch[first->seq].blocks,
+                         &buf);
     }
     if (hardware) internal::AmxThreadEnd();
   });
@@ -388,9 +473,11 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
         const int64_t j = unit_of(pack_starts, item);
         const Unit& u = staged[first + j];
         const int64_t k0 = (item - pack_starts[j]) * internal::kPackKeys;
-        internal::PackKeys(u, k0, std::min(u.ctx_pad, k0 + internal::kPackKeys), cache, layer,
-                           *batch[u.seq].blocks, dp, 0, packed + u.k_offset, packed + u.v_offset,
-                           u.ctx_pad);
+        uint16_t* k_rows = packed + u.k_offset;
+        uint16_t* vt = packed + u.v_offset;
+        const internal::PackTarget target{&u, 1, 0, u.ctx_pad, &k_rows, &vt};
+        internal::PackKeys(target, k0, std::min(u.ctx_pad, k0 + internal::kPackKeys), cache, layer,
+                           *batch[u.seq].blocks, dp);
       }
     });
     ParallelFor(block_starts.back(), 1, [&](int64_t begin, int64_t end) {
@@ -400,8 +487,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
       for (int64_t item = begin; item < end; ++item) {
         const int64_t j = unit_of(block_starts, item);
         const Unit& u = staged[first + j];
-        internal::RunRowBlock(args, u, (item - block_starts[j]) * kFlashRows, packed, nullptr,
-                              &buf);
+        internal::RunRowBlock(args, u, (item - block_starts[j]) * kFlashRows, packed, &buf);
       }
       if (hardware) internal::AmxThreadEnd();
     });

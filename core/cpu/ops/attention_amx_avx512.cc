@@ -94,4 +94,8 @@ void FlashRowBlockHardware(const FlashBlock& block, const FlashScratch& scratch)
   FlashRowBlock<HardwareTiles>(block, scratch);
 }
 
+void FlashGroupHardware(const FlashGroup& group, const FlashScratch& scratch) {
+  FlashGroupRun<HardwareTiles>(group, scratch);
+}
+
 }  // namespace glmserve::internal

@@ -21,27 +21,44 @@ struct FlashBlock {
   const int32_t* pos = nullptr;  // [32]
   float scale = 1.0f;
   float* const* out = nullptr;  // [rows]: each row's head_dim outputs
-  // When set, k_rows and vt are not read: before each key block the step calls
-  // pack(pack_context, key0, k_block [32][dp], vt_block [dp][32]) to pack that block alone
-  // (decode: the sequence's K/V are read once, straight from the cache, never staged whole).
-  void (*pack)(const void* pack_context, int64_t key0, uint16_t* k_block,
-               uint16_t* vt_block) = nullptr;
-  const void* pack_context = nullptr;
 };
 
 // Per-thread scratch of FlashRowBlock, sized for dp (64-byte aligned: tiles are loaded from it).
 struct FlashScratch {
-  float* st;           // [32 keys][32 rows]: scores, then probabilities
-  uint16_t* pt;        // [2][512]: the probabilities as B tiles (VNNI pairs of keys)
-  float* ot_blk;       // [dp][32]: one key block's P V, transposed
-  float* ot;           // [dp][32]: the running output, transposed
-  uint16_t* k_block;   // [32][dp]: one key block, when FlashBlock::pack is set
-  uint16_t* vt_block;  // [dp][32]: its values, transposed
+  float* st;      // [32 keys][32 rows]: scores, then probabilities
+  uint16_t* pt;   // [2][512]: the probabilities as B tiles (VNNI pairs of keys)
+  float* ot_blk;  // [dp][32]: one key block's P V, transposed
+  float* ot;      // [dp][32]: the running output, transposed
+};
+
+// A row block's running state between key blocks: per row the max m and the sum l, and the
+// unnormalised output O ([dp][32], transposed).
+struct FlashState {
+  float* m;   // [32]
+  float* l;   // [32]
+  float* ot;  // [dp][32]
+};
+
+// Row blocks of one sequence (its KV heads) that step through its key blocks together: before
+// each key block, pack(pack_context, key0) writes that block for every one of them into
+// k_blocks[i] ([32][dp]) and vt_blocks[i] ([dp][32]), so that each cached position's row
+// (all KV heads side by side) is read once, front to back (decode; FlashBlock::k_rows and vt
+// are not read). Each block's arithmetic is FlashRowBlock's: the grouping changes no bit.
+struct FlashGroup {
+  int count = 0;
+  const FlashBlock* blocks = nullptr;    // [count]
+  const FlashState* states = nullptr;    // [count]
+  uint16_t* const* k_blocks = nullptr;   // [count]
+  uint16_t* const* vt_blocks = nullptr;  // [count]
+  void (*pack)(const void* pack_context, int64_t key0) = nullptr;
+  const void* pack_context = nullptr;
 };
 
 // The block step with the tile products on the AMX unit (call between AmxThreadBegin and
 // AmxThreadEnd) and with their portable emulation: the same bits.
 void FlashRowBlockHardware(const FlashBlock& block, const FlashScratch& scratch);
 void FlashRowBlockEmulated(const FlashBlock& block, const FlashScratch& scratch);
+void FlashGroupHardware(const FlashGroup& group, const FlashScratch& scratch);
+void FlashGroupEmulated(const FlashGroup& group, const FlashScratch& scratch);
 
 }  // namespace glmserve::internal

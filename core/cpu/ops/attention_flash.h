@@ -12,6 +12,7 @@
 // 32 query rows, and the sums over keys are vector adds in key order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -36,99 +37,145 @@ inline uint16_t FlashBf16(float f) {
 //   Scores(k_rows, dp, q_tiles, mt, st): st[key][row] for the block's 32 keys (rows of k_rows)
 //     and mt * 16 query rows, each element one TDPBF16PS chain over the dp / 32 chunks from +0.
 //   Pv(vt, ctx_pad, dp, pt, mt, ot_blk): ot_blk[d][row] = one TDPBF16PS from +0 over the 32 keys.
+// The row block's running state before its first key block: m = -inf, l = 0, O = 0.
+inline void FlashBegin(int64_t dp, const FlashState& state) {
+  for (int r = 0; r < kFlashRows; ++r) {
+    state.m[r] = -__builtin_inff();
+    state.l[r] = 0.0f;
+  }
+  for (int64_t i = 0; i < dp * kFlashRows; ++i) state.ot[i] = 0.0f;
+}
+
+// One key block (keys key0 .. key0 + 31: k_rows [32][dp], values vt [dp][ld]) of row block b.
 template <typename Tiles>
-void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
+void FlashStep(const FlashBlock& b, int32_t key0, const uint16_t* k_rows, const uint16_t* vt,
+               int64_t ld, const FlashScratch& s, const FlashState& state) {
   // Every loop over rows runs all 32 (a fixed trip count, so the compiler vectorises it);
   // padding rows (pos -1) are never active and never stored. With one row tile the second
   // tile's score columns are stale: masked like every inactive row's.
   constexpr int R = kFlashRows;
   const int mt = b.rows > 16 ? 2 : 1;
   const int64_t dp = b.dp;
-  // Local copies: the compiler cannot prove the scratch does not alias b's arrays, and would
-  // not vectorise the loops that read them while writing the scores (measured: scalar code).
+  // Local copies: the compiler cannot prove the scratch does not alias b's arrays or the
+  // state, and would not vectorise the loops that read them while writing the scores
+  // (measured: scalar code).
   alignas(64) int32_t pos[R];
-  for (int r = 0; r < R; ++r) pos[r] = b.pos[r];
-  const float scale = b.scale;
-  int32_t max_pos = -1;
-  for (int r = 0; r < R; ++r) max_pos = pos[r] > max_pos ? pos[r] : max_pos;
   alignas(64) float m[R], l[R], alpha[R], m_new[R], sum[R];
   for (int r = 0; r < R; ++r) {
-    m[r] = -__builtin_inff();
-    l[r] = 0.0f;
+    pos[r] = b.pos[r];
+    m[r] = state.m[r];
+    l[r] = state.l[r];
   }
-  for (int64_t i = 0; i < dp * R; ++i) s.ot[i] = 0.0f;
-  const int64_t blocks = max_pos / kFlashKeys + 1;
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
-    const uint16_t* k_rows = s.k_block;
-    const uint16_t* vt = s.vt_block;
-    int64_t ld = kFlashKeys;
-    if (b.pack != nullptr) {
-      b.pack(b.pack_context, key0, s.k_block, s.vt_block);
-    } else {
-      k_rows = b.k_rows + key0 * dp;
-      vt = b.vt + key0;
-      ld = b.ctx_pad;
-    }
-    Tiles::Scores(k_rows, dp, b.q_tiles, mt, s.st);
-    // Scale and mask (keys after the row's position: -inf), then the block's max per row.
-    for (int r = 0; r < R; ++r) m_new[r] = -__builtin_inff();
-    for (int k = 0; k < kFlashKeys; ++k) {
-      float* __restrict st = s.st + k * R;
-      for (int r = 0; r < R; ++r) {
-        const float v = key0 + k <= pos[r] ? st[r] * scale : -__builtin_inff();
-        st[r] = v;
-        m_new[r] = FlashMax(m_new[r], v);
-      }
-    }
+  const float scale = b.scale;
+  Tiles::Scores(k_rows, dp, b.q_tiles, mt, s.st);
+  // Scale and mask (keys after the row's position: -inf), then the block's max per row.
+  for (int r = 0; r < R; ++r) m_new[r] = -__builtin_inff();
+  for (int k = 0; k < kFlashKeys; ++k) {
+    float* __restrict st = s.st + k * R;
     for (int r = 0; r < R; ++r) {
-      m_new[r] = FlashMax(m[r], m_new[r]);
-      alpha[r] = ExpNonPositive(m[r] - m_new[r]);  // 0 on a row's first block (m = -inf)
-      sum[r] = 0.0f;
-    }
-    for (int k = 0; k < kFlashKeys; ++k) {
-      float* __restrict st = s.st + k * R;
-      for (int r = 0; r < R; ++r) {
-        st[r] = ExpNonPositive(st[r] - m_new[r]);
-        sum[r] += st[r];  // in key order
-      }
-    }
-    // A row is active in this block when its position reaches the block's first key.
-    for (int r = 0; r < R; ++r) {
-      const bool active = key0 <= pos[r];
-      l[r] = active ? l[r] * alpha[r] + sum[r] : l[r];
-      m[r] = active ? m_new[r] : m[r];
-    }
-    // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15.
-    for (int u = 0; u < mt; ++u) {
-      for (int p = 0; p < 16; ++p) {
-        const float* even = s.st + (2 * p) * R + 16 * u;
-        const float* odd = even + R;
-        uint16_t* dst = s.pt + u * 512 + p * 32;
-        for (int i = 0; i < 16; ++i) {
-          dst[2 * i] = FlashBf16(even[i]);
-          dst[2 * i + 1] = FlashBf16(odd[i]);
-        }
-      }
-    }
-    Tiles::Pv(vt, ld, dp, s.pt, mt, s.ot_blk);
-    // O = O alpha + P V on the active rows; an inactive row (all its keys masked) keeps every bit.
-    for (int64_t d = 0; d < dp; ++d) {
-      float* __restrict o = s.ot + d * R;
-      const float* __restrict c = s.ot_blk + d * R;
-      for (int r = 0; r < R; ++r) o[r] = key0 <= pos[r] ? o[r] * alpha[r] + c[r] : o[r];
+      const float v = key0 + k <= pos[r] ? st[r] * scale : -__builtin_inff();
+      st[r] = v;
+      m_new[r] = FlashMax(m_new[r], v);
     }
   }
-  // out = O / l: divided in place as vectors over the rows, then copied out row by row.
+  for (int r = 0; r < R; ++r) {
+    m_new[r] = FlashMax(m[r], m_new[r]);
+    alpha[r] = ExpNonPositive(m[r] - m_new[r]);  // 0 on a row's first block (m = -inf)
+    sum[r] = 0.0f;
+  }
+  for (int k = 0; k < kFlashKeys; ++k) {
+    float* __restrict st = s.st + k * R;
+    for (int r = 0; r < R; ++r) {
+      st[r] = ExpNonPositive(st[r] - m_new[r]);
+      sum[r] += st[r];  // in key order
+    }
+  }
+  // A row is active in this block when its position reaches the block's first key.
+  for (int r = 0; r < R; ++r) {
+    const bool active = key0 <= pos[r];
+    l[r] = active ? l[r] * alpha[r] + sum[r] : l[r];
+    m[r] = active ? m_new[r] : m[r];
+  }
+  // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15.
+  for (int u = 0; u < mt; ++u) {
+    for (int p = 0; p < 16; ++p) {
+      const float* even = s.st + (2 * p) * R + 16 * u;
+      const float* odd = even + R;
+      uint16_t* dst = s.pt + u * 512 + p * 32;
+      for (int i = 0; i < 16; ++i) {
+        dst[2 * i] = FlashBf16(even[i]);
+        dst[2 * i + 1] = FlashBf16(odd[i]);
+      }
+    }
+  }
+  Tiles::Pv(vt, ld, dp, s.pt, mt, s.ot_blk);
+  // O = O alpha + P V on the active rows; an inactive row (all its keys masked) keeps every bit.
+  for (int64_t d = 0; d < dp; ++d) {
+    float* __restrict o = state.ot + d * R;
+    const float* __restrict c = s.ot_blk + d * R;
+    for (int r = 0; r < R; ++r) o[r] = key0 <= pos[r] ? o[r] * alpha[r] + c[r] : o[r];
+  }
+  for (int r = 0; r < R; ++r) {
+    state.m[r] = m[r];
+    state.l[r] = l[r];
+  }
+}
+
+// out = O / l: divided in place as vectors over the rows, then copied out row by row.
+inline void FlashEnd(const FlashBlock& b, const FlashState& state) {
+  constexpr int R = kFlashRows;
+  alignas(64) float l[R];
+  for (int r = 0; r < R; ++r) l[r] = state.l[r];
   for (int64_t d = 0; d < b.head_dim; ++d) {
-    float* __restrict o = s.ot + d * R;
+    float* __restrict o = state.ot + d * R;
     for (int r = 0; r < R; ++r) o[r] = o[r] / l[r];
   }
   for (int r = 0; r < b.rows; ++r) {
     float* out = b.out[r];
-    for (int64_t d = 0; d < b.head_dim; ++d) out[d] = s.ot[d * R + r];
+    for (int64_t d = 0; d < b.head_dim; ++d) out[d] = state.ot[d * R + r];
   }
 }
 
+// Key blocks a row block steps through: those up to its last row's position.
+inline int64_t FlashKeyBlocks(const FlashBlock& b) {
+  int32_t max_pos = -1;
+  for (int r = 0; r < kFlashRows; ++r) max_pos = b.pos[r] > max_pos ? b.pos[r] : max_pos;
+  return max_pos / kFlashKeys + 1;
+}
+
+// A row block over its packed K/V (b.k_rows, b.vt), state in the scratch.
+template <typename Tiles>
+void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
+  alignas(64) float m[kFlashRows], l[kFlashRows];
+  const FlashState state{m, l, s.ot};
+  FlashBegin(b.dp, state);
+  const int64_t blocks = FlashKeyBlocks(b);
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
+    FlashStep<Tiles>(b, key0, b.k_rows + key0 * b.dp, b.vt + key0, b.ctx_pad, s, state);
+  }
+  FlashEnd(b, state);
+}
+
+// A group of row blocks stepping through the key blocks together (FlashGroup).
+template <typename Tiles>
+void FlashGroupRun(const FlashGroup& g, const FlashScratch& s) {
+  int64_t blocks = 0;
+  for (int i = 0; i < g.count; ++i) {
+    FlashBegin(g.blocks[i].dp, g.states[i]);
+    blocks = std::max(blocks, FlashKeyBlocks(g.blocks[i]));
+  }
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
+    g.pack(g.pack_context, key0);
+    for (int i = 0; i < g.count; ++i) {
+      // Past a block's last row, every row is inactive: the step would keep every bit.
+      if (kb >= FlashKeyBlocks(g.blocks[i])) continue;
+      FlashStep<Tiles>(g.blocks[i], key0, g.k_blocks[i], g.vt_blocks[i], kFlashKeys, s,
+                       g.states[i]);
+    }
+  }
+  for (int i = 0; i < g.count; ++i) FlashEnd(g.blocks[i], g.states[i]);
+}
 }  // namespace
 }  // namespace glmserve::internal

@@ -150,10 +150,44 @@ TEST(PagedAttentionAmxTest, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
   }
 }
 
+// Decode rows (one token: one row block per KV head) run in groups of a sequence's KV heads
+// whose key blocks are packed together; how many heads a group takes follows the batch and
+// the threads. Every grouping must give the bits of the whole prompt's rows: one sequence
+// decoding (small groups), four (a group per sequence), on the tile unit and in the emulation.
+TEST(PagedAttentionAmxTest, DecodeGroupsGiveTheWholePromptsBits) {
+  const int64_t heads = 16, kv_heads = 8, head_dim = 64, n = 70;
+  AttnFixture whole(heads, kv_heads, head_dim, 16, {{0, n}}, 2024);
+  const std::vector<float> ref = whole.Run();
+  const int64_t width = heads * head_dim;
+  for (const bool generic : {false, true}) {
+    internal::ForceGenericKernels(generic);
+    for (const int64_t decoding : {1, 4}) {
+      for (const int64_t t : {int64_t{0}, int64_t{31}, int64_t{32}, n - 1}) {
+        std::vector<SequenceSlice> batch;
+        std::vector<float> q;
+        for (int64_t i = 0; i < decoding; ++i) {
+          batch.push_back({1, t, &whole.tables[0]});
+          q.insert(q.end(), whole.q.begin() + t * width, whole.q.begin() + (t + 1) * width);
+        }
+        std::vector<float> out(q.size(), NAN);
+        PagedAttentionAmx(q.data(), batch, whole.cache, 0, heads, whole.scale(), out.data());
+        for (int64_t i = 0; i < decoding; ++i) {
+          EXPECT_EQ(
+              0, std::memcmp(out.data() + i * width, ref.data() + t * width, width * sizeof(float)))
+              << "generic " << generic << ", " << decoding << " decoding, position " << t
+              << ", row " << i;
+        }
+      }
+    }
+  }
+  internal::ForceGenericKernels(false);
+}
+
 // The AMX tile unit and the portable emulation give the same bits.
 TEST(PagedAttentionAmxTest, HardwareEqualsEmulationBitForBit) {
   GLM_REQUIRE_AMX(internal::CpuHasAmx(), "AMX-BF16");
-  AttnFixture s(24, 2, 128, 16, {{0, 70}, {100, 1}, {33, 40}}, 1234);
+  // Decodes of 8 KV heads (grouped, packed a key block at a time) beside a prefill (staged).
+  AttnFixture s(64, 8, 128, 16, {{0, 70}, {100, 1}, {33, 1}, {5, 1}, {33, 40}}, 1234);
   const std::vector<float> fast = s.Run();
   internal::ForceGenericKernels(true);
   EXPECT_STREQ(internal::AttentionAmxKernelName(), "generic_amx_bf16");
