@@ -34,13 +34,17 @@
 # shared prompt of C tokens (a C-token prefill per round instead of B of them), which can
 # only favour llama.cpp (the sequences read the same cached keys).
 #
-# AMX: repacked Q8_0 (ggml's AMX int8 path on CPUs that list amx_int8) died with SIGILL when
-# llama.cpp was built with GCC 12: ggml's tile configuration lives on the stack and the
-# compiler may drop its stores before _tile_loadconfig (llama.cpp pull request 26954, which
-# also requests the tile-data permission on every thread). The build here uses clang when
-# installed, and Q8_0 runs repacked (LLAMA_Q8_REPACK=1) only with a clang build; with GCC it
-# runs unrepacked unless LLAMA_Q8_REPACK=1. Whether the clang build's AMX path runs must be
-# seen on an AMX machine: the table's Q8_0 rows then say "repacked".
+# AMX: ggml's AMX int8 path (Q8_0 weights in its "AMX" buffer, on CPUs that list amx_int8)
+# died with SIGILL when llama.cpp was built with GCC 12: ggml's tile configuration lives on the
+# stack and the compiler may drop its stores before _tile_loadconfig (llama.cpp pull request
+# 26954, which also requests the tile-data permission on every thread). So the build here uses
+# clang when installed. But ggml compiles its AMX code only under GCC's macro names
+# (__AMX_INT8__, __AMX_TILE__), and clang 14 spells them __AMXINT8__ / __AMXTILE__: a plain
+# clang 14 build has no AMX path at all (its Q8_0 prefill runs on llamafile's AVX-512 tinyBLAS,
+# seen with perf on an AMX Xeon). On a CPU with AMX the clang build therefore defines GCC's
+# names itself (LLAMA_AMX_DEFINES), which turns the AMX path on; the table's Q8_0 rows then
+# say "Q8_0 AMX". Q8_0 runs repacked (LLAMA_Q8_REPACK=1, which also lets the AMX buffer take
+# the weights) only with a clang build; with GCC it runs unrepacked unless LLAMA_Q8_REPACK=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${PRESET:-glm-4.5-air:layers=3}
@@ -105,9 +109,17 @@ if [ -z "$LLAMA_CPP_DIR" ]; then
   LLAMA_CPP_DIR="$WORK/llama-cpp-python/vendor/llama.cpp"
 fi
 lbuild="$WORK/llama-build"
+# GCC's names for the AMX macros, for clang (see "AMX" above), where the CPU has AMX.
+# Set LLAMA_AMX_DEFINES (even empty) to choose them yourself.
+if [ -z "${LLAMA_AMX_DEFINES+set}" ]; then
+  LLAMA_AMX_DEFINES=""
+  if [[ "$LLAMA_CC" == *clang* ]] && grep -q -w amx_int8 /proc/cpuinfo 2> /dev/null; then
+    LLAMA_AMX_DEFINES="-D__AMX_INT8__=1 -D__AMX_TILE__=1 -D__AMX_BF16__=1"
+  fi
+fi
 if ! need "$lbuild/bin/llama-batched-bench"; then
   CC=$LLAMA_CC CXX=$LLAMA_CXX cmake -S "$LLAMA_CPP_DIR" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
+    -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$LLAMA_AMX_DEFINES" -DCMAKE_CXX_FLAGS="$LLAMA_AMX_DEFINES" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF
   cmake --build "$lbuild" -j "$JOBS" --target llama-bench llama-batched-bench llama-quantize
 fi
@@ -197,6 +209,12 @@ llama_round() {
   [ "$name" = Q8_0 ] && repack=$LLAMA_Q8_REPACK
   local label="llama.cpp $name"
   [ "$name" = Q8_0 ] && [ "$repack" = 1 ] && label="llama.cpp Q8_0 repacked"
+  # The AMX path compiled in (its buffer type's symbol is in the binary) and the CPU has AMX.
+  if [ "$name" = Q8_0 ] && [ "$repack" = 1 ] && grep -q -w amx_int8 /proc/cpuinfo &&
+    grep -q -a ggml_backend_amx_buffer_type "$lbuild"/bin/llama-bench "$lbuild"/bin/libggml-cpu*.so \
+      2> /dev/null; then
+    label="llama.cpp Q8_0 AMX"
+  fi
   local no_repack=()
   [ "$repack" = 1 ] || no_repack=(--no-repack)
   # llama-bench, CSV: each prompt length; then 16 decoded tokens after each context.
