@@ -76,7 +76,9 @@ fi
 # Shared libraries the binaries resolve here, except the C runtime and loader; libstdc++ and
 # libgcc_s go to lib-fallback (run.sh uses them only if the host's are older).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.)'
-ldd "$out"/bin/* "$out"/llama/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+binaries=("$out"/bin/*)
+[ -d "$out/llama" ] && binaries+=("$out"/llama/*)
+ldd "${binaries[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
   sort -u | while read -r soname path; do
     if [[ "$soname" =~ $skip ]]; then continue; fi
     if [[ "$soname" =~ ^(libstdc\+\+|libgcc_s) ]]; then
