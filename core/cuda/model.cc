@@ -47,13 +47,17 @@ class Carver {
   int64_t offset_ = 0;
 };
 
-// The kernel switches' environment overrides (each "0" turns its path off): for comparing
-// paths on one binary, e.g. the GPU check's prefill with attention on CUDA cores.
+// The kernel switches' environment overrides (each "0" turns its path off; "1" turns on
+// cuDNN attention, off by default): for comparing paths on one binary, e.g. the GPU check's
+// prefill with attention on CUDA cores.
 CudaModelOptions WithEnvironmentOverrides(CudaModelOptions options) {
   const auto off = [](const char* name) {
     const char* env = std::getenv(name);
     return env != nullptr && env[0] == '0';
   };
+  if (const char* env = std::getenv("GLMSERVE_CUDNN_ATTN"); env != nullptr && env[0] == '1') {
+    options.cudnn_attention = true;
+  }
   if (off("GLMSERVE_CUDA_GRAPHS")) options.cuda_graphs = false;
   if (off("GLMSERVE_MLA_TC")) options.mla_tensor_cores = false;
   if (off("GLMSERVE_ATTN_TC")) options.attention_tensor_cores = false;
@@ -168,8 +172,8 @@ absl::Status CudaModel::Init(ModelWeights weights, const CudaModelOptions& optio
       Cublas().set_workspace(cublas_.get(), cublas_workspace_.get(), kCublasWorkspaceBytes));
   if (is_mla_ || !options_.attention_tensor_cores || !options_.cudnn_attention) {
     cudnn_attn_status_ = is_mla_ ? "not used for MLA"
-                                 : "off (CudaModelOptions, GLMSERVE_CUDNN_ATTN=0 or "
-                                   "GLMSERVE_ATTN_TC=0)";
+                                 : "off (the default; CudaModelOptions or "
+                                   "GLMSERVE_CUDNN_ATTN=1 turn it on; GLMSERVE_ATTN_TC=0)";
   } else {
     AttentionShape shape;
     shape.heads = c.num_attention_heads;
