@@ -164,10 +164,18 @@ inline __attribute__((always_inline)) void PackKeysBody(const PackTarget& t, int
                                                         const BlockTable& blocks, int64_t dp) {
   const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
   const int64_t kv_dim = cache.kv_dim(), ctx = t.units[0].ctx;
-  // Only [0, head_dim) of a staged row is ever written: the padding stays +0 while dp does.
+  // Only [0, head_dim) of a staged row is ever written: the padding stays +0 while the
+  // layout (dp, head_dim) does; a new layout starts from zeros.
   thread_local std::vector<uint16_t> staged;
+  thread_local int64_t staged_dp = -1, staged_hd = -1;
   const int64_t tile = kFlashKeys * dp;
-  if (static_cast<int64_t>(staged.size()) < t.heads * tile) staged.assign(t.heads * tile, 0);
+  if (staged_dp != dp || staged_hd != hd) {
+    staged.assign(t.heads * tile, 0);
+    staged_dp = dp;
+    staged_hd = hd;
+  } else if (static_cast<int64_t>(staged.size()) < t.heads * tile) {
+    staged.resize(t.heads * tile, 0);
+  }
   for (int64_t b0 = k0; b0 < k1; b0 += kFlashKeys) {
     for (int64_t i = 0; i < kFlashKeys; ++i) {
       const int64_t p = b0 + i;
