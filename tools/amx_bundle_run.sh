@@ -210,5 +210,7 @@ elif [ "$parallel" = 1 ]; then
 else
   llama
 fi
+# Steps of the background jobs cannot set $failed: their FAIL lines in the summary count too.
+grep -q '] FAIL ' "$summary" && failed=1
 note "done: $([ "$failed" = 0 ] && echo "every step passed" || echo "FAILED steps above")"
 exit "$failed"

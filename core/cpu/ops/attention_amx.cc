@@ -66,7 +66,6 @@ struct Unit {
   int64_t row_blocks(int64_t group) const { return (tokens * group + kFlashRows - 1) / kFlashRows; }
 };
 
-constexpr int kMaxGroupHeads = 16;                  // KV heads of one decode group
 constexpr int64_t kPrefetchKeys = 4;                // positions ahead that PackKeys prefetches
 constexpr int64_t kPackKeys = 256;                  // keys per packing work item
 constexpr int64_t kArenaBytes = int64_t{32} << 20;  // packed K/V per round of units
@@ -337,7 +336,7 @@ void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* p
 // from the cache straight into L1/L2, and each cached row is read once.
 void RunGroup(const CallArgs& c, const Unit* first, int heads, const KvCache& cache, int64_t layer,
               const BlockTable& blocks, BlockBuffers* buf) {
-  constexpr int kMax = kMaxGroupHeads;
+  constexpr int kMax = kMaxFlashGroup;
   int32_t pos[kMax][kFlashRows];
   float* outs[kMax][kFlashRows];
   FlashBlock row_blocks[kMax];
@@ -420,12 +419,12 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
   for (const Unit& u : units) (u.row_blocks(group) == 1 ? fused : staged).push_back(u);
   // Units of one row block (decodes, short chunks) go in groups of a sequence's KV heads
   // (RunGroup): as few groups as leave every thread two or more, each of at most
-  // kMaxGroupHeads consecutive heads. The grouping changes no bit, only what is read together.
+  // kMaxFlashGroup consecutive heads. The grouping changes no bit, only what is read together.
   std::vector<std::pair<size_t, int>> groups;  // (first unit in fused, heads)
   if (!fused.empty()) {
     const int64_t seqs = static_cast<int64_t>(fused.size()) / kv_heads;
     const int64_t want = 2 * NumThreads();
-    int64_t per = std::min<int64_t>(internal::kMaxGroupHeads, kv_heads);
+    int64_t per = std::min<int64_t>(internal::kMaxFlashGroup, kv_heads);
     per = std::min<int64_t>(per, std::max<int64_t>(1, kv_heads * seqs / want));
     for (size_t i = 0; i < fused.size();) {
       size_t j = i + 1;

@@ -44,8 +44,9 @@ struct FlashState {
 // k_blocks[i] ([32][dp]) and vt_blocks[i] ([dp][32]), so that each cached position's row
 // (all KV heads side by side) is read once, front to back (decode; FlashBlock::k_rows and vt
 // are not read). Each block's arithmetic is FlashRowBlock's: the grouping changes no bit.
+constexpr int kMaxFlashGroup = 16;  // row blocks of one FlashGroup at most
 struct FlashGroup {
-  int count = 0;
+  int count = 0;                         // 1 .. kMaxFlashGroup
   const FlashBlock* blocks = nullptr;    // [count]
   const FlashState* states = nullptr;    // [count]
   uint16_t* const* k_blocks = nullptr;   // [count]

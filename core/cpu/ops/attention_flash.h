@@ -160,17 +160,19 @@ void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
 // A group of row blocks stepping through the key blocks together (FlashGroup).
 template <typename Tiles>
 void FlashGroupRun(const FlashGroup& g, const FlashScratch& s) {
+  int64_t own[kMaxFlashGroup];  // each block's key blocks (FlashKeyBlocks), asked once
   int64_t blocks = 0;
   for (int i = 0; i < g.count; ++i) {
     FlashBegin(g.blocks[i].dp, g.states[i]);
-    blocks = std::max(blocks, FlashKeyBlocks(g.blocks[i]));
+    own[i] = FlashKeyBlocks(g.blocks[i]);
+    blocks = std::max(blocks, own[i]);
   }
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
     g.pack(g.pack_context, key0);
     for (int i = 0; i < g.count; ++i) {
       // Past a block's last row, every row is inactive: the step would keep every bit.
-      if (kb >= FlashKeyBlocks(g.blocks[i])) continue;
+      if (kb >= own[i]) continue;
       FlashStep<Tiles>(g.blocks[i], key0, g.k_blocks[i], g.vt_blocks[i], kFlashKeys, s,
                        g.states[i]);
     }
