@@ -12,6 +12,7 @@
 #include "core/cpu/ops/attention_flash.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
+#include "core/cpu/ops/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -82,36 +83,6 @@ inline uint16_t ToBf16(float f) {
 // dp, its values at vt[d * ld + p - base] (transposed); padding (keys >= ctx, dims >= head_dim)
 // is +0. Values go through a [32][dp] staging tile so that the transpose reads it, not the cache.
 #if defined(__x86_64__)
-#define GLM_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-// Rows r[0..15] of 16 dwords each, transposed in place: r[j] becomes column j (the four
-// stages of the usual 16 x 16 network: 32-bit and 64-bit interleaves within 128-bit lanes,
-// then two rounds of lane shuffles).
-GLM_AVX512_TARGET inline void Transpose16x16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // u[4g + c], lane L: rows 4g .. 4g + 3 at column 4L + c.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i y0 = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i x1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    r[c] = _mm512_shuffle_i32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));       // column c
-    r[4 + c] = _mm512_shuffle_i32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0));   // column 4 + c
-    r[8 + c] = _mm512_shuffle_i32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));   // column 8 + c
-    r[12 + c] = _mm512_shuffle_i32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1));  // column 12 + c
-  }
-}
-
 // staged [32 keys][dp] -> dst[d * ld + key] for one key block: the scalar transpose's bits.
 // A pair of dims (d, d + 1) of one key is one dword: 16 x 16 dword transposes give, per pair,
 // its 16 keys' dwords, and one two-source permute per output row keeps the low (d) or the

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
 #include "tests/core/cpu/ops/amx_test_util.h"
@@ -290,6 +291,41 @@ TEST(LinearAmx, ReusedScratchLeavesNoStaleValuesInThePadding) {
           internal::AmxTileDpEmulated(c, a, b);
         }
         ASSERT_EQ(Bits(got[i * n + r]), Bits(c[0])) << "m " << m << " row " << i << " out " << r;
+      }
+    }
+  }
+}
+
+// The AVX-512 packing (what Linear runs on AVX-512 machines) writes the portable packing's
+// bits, padding included: every kind of value (NaNs with payloads, infinities, subnormals,
+// ties to even), m off the 16-row tile, K tails of every length class.
+TEST(LinearAmx, VectorPackingGivesThePortableBits) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512: the portable packing runs alone";
+  uint32_t seed = 71;
+  for (int64_t k : {1, 5, 16, 17, 31, 32, 33, 100, 4096}) {
+    for (int64_t m : {1, 15, 16, 17, 40}) {
+      std::vector<float> x(m * k);
+      for (int kind = 0; kind < 5; ++kind) {
+        Values values(kind, seed++);
+        for (float& v : x) v = values.F32();
+        // Exact ties: round to even up and down.
+        x[0] = FromBits(0x3f808000u);
+        if (x.size() > 1) x[1] = FromBits(0x3f818000u);
+        const int64_t size = internal::AmxPackedSize(m, k);
+        AlignedVector<uint16_t> fast(size, 0xdead), portable(size, 0xbeef);
+        for (int64_t b = 0; b * 16 < m; ++b) {
+          internal::PackAmxActivations(x.data(), m, k, b, fast.data());
+        }
+        {
+          ForceGeneric generic;
+          for (int64_t b = 0; b * 16 < m; ++b) {
+            internal::PackAmxActivations(x.data(), m, k, b, portable.data());
+          }
+        }
+        for (int64_t i = 0; i < size; ++i) {
+          ASSERT_EQ(fast[i], portable[i])
+              << "m " << m << " k " << k << " kind " << kind << " element " << i;
+        }
       }
     }
   }
