@@ -222,8 +222,11 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
-    const int64_t blocks = tasks[j].m() > 0 ? (tasks[j].rows() + kBlockN - 1) / kBlockN : 0;
-    starts[j + 1] = starts[j] + blocks;
+    // kBf16Amx cuts its jobs its own way (AmxUnits); the others into kBlockN output rows.
+    const int64_t units = tasks[j].amx.xp != nullptr ? AmxUnits(tasks[j].amx)
+                          : tasks[j].m() > 0         ? (tasks[j].rows() + kBlockN - 1) / kBlockN
+                                                     : 0;
+    starts[j + 1] = starts[j] + units;
   }
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
@@ -250,11 +253,11 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         kernel(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
-          AmxBlockEmulated(tasks[j].amx, b - starts[j]);
+          AmxUnitEmulated(tasks[j].amx, b - starts[j]);
           continue;
         }
         use_tiles(Tiles::kBf16);
-        AmxBlockHardware(tasks[j].amx, b - starts[j]);
+        AmxUnitHardware(tasks[j].amx, b - starts[j]);
       } else if (tasks[j].bf16.xb != nullptr) {
         bf16_fn(tasks[j].bf16, b - starts[j]);
       } else {

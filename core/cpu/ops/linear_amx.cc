@@ -24,6 +24,15 @@ namespace {
 
 int64_t Chunks(int64_t k) { return (k + kAmxTileK - 1) / kAmxTileK; }
 
+// A unit's L2 budget (AmxUnits): its weight blocks, read in place, in about 1 MiB; a slab of
+// activation rows (whole 32-row pairs) in about 512 KiB beside them.
+constexpr int64_t kGroupWeightBytes = int64_t{1024} << 10;
+constexpr int64_t kSlabBytes = int64_t{512} << 10;
+constexpr int64_t kMaxGroupBlocks = 8;
+int64_t SlabRows(int64_t k) {
+  return std::max<int64_t>(2 * kAmxTileRows, kSlabBytes / (k * 2) / 32 * 32);
+}
+
 // Index of activation (i, k) in the packed B operand of width-k_total rows.
 inline int64_t PackedIndex(int64_t i, int64_t k, int64_t chunks) {
   return ((i / kAmxTileRows) * chunks + k / kAmxTileK) * kAmxTileElems +
@@ -153,7 +162,9 @@ void AmxTileDpEmulated(float* c, const uint16_t* a, const uint16_t* b) {
   }
 }
 
-void AmxBlockEmulated(const AmxJob& job, int64_t nb) {
+namespace {
+
+void EmulateBlock(const AmxJob& job, int64_t nb) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols, chunks = Chunks(k_total);
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
@@ -172,6 +183,27 @@ void AmxBlockEmulated(const AmxJob& job, int64_t nb) {
       if (job.bias != nullptr) acc += job.bias[n];
       job.y[i * n_rows + n] = acc;
     }
+  }
+}
+
+}  // namespace
+
+int64_t AmxGroupBlocks(const AmxJob& job) {
+  const int64_t block_bytes = kBlockN * job.w->cols * 2;
+  return std::clamp<int64_t>(kGroupWeightBytes / std::max<int64_t>(1, block_bytes), 1,
+                             kMaxGroupBlocks);
+}
+
+int64_t AmxUnits(const AmxJob& job) {
+  if (job.m <= 0) return 0;
+  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN, group = AmxGroupBlocks(job);
+  return (blocks + group - 1) / group;
+}
+
+void AmxUnitEmulated(const AmxJob& job, int64_t unit) {
+  const int64_t group = AmxGroupBlocks(job), blocks = (job.w->rows + kBlockN - 1) / kBlockN;
+  for (int64_t nb = unit * group; nb < std::min(blocks, (unit + 1) * group); ++nb) {
+    EmulateBlock(job, nb);
   }
 }
 
@@ -308,35 +340,52 @@ GLM_AMX_TARGET void AmxThreadEnd() {
   if (AmxPermitted()) _tile_release();
 }
 
-void AmxBlockHardware(const AmxJob& job, int64_t nb) {
+void AmxUnitHardware(const AmxJob& job, int64_t unit) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols, chunks = Chunks(k_total);
-  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-  const int nt = nn > kAmxTileRows ? 2 : 1;
-  thread_local ASource a[2];
-  thread_local AlignedVector<uint16_t> padded[2];
-  for (int t = 0; t < nt; ++t) MakeSource(w, n0 + t * kAmxTileRows, &padded[t], &a[t]);
+  const int64_t group = AmxGroupBlocks(job), blocks = (n_rows + kBlockN - 1) / kBlockN;
+  const int64_t nb0 = unit * group, nb1 = std::min(blocks, nb0 + group);
+  thread_local ASource a[kMaxGroupBlocks][2];
+  thread_local AlignedVector<uint16_t> padded[kMaxGroupBlocks][2];
+  for (int64_t nb = nb0; nb < nb1; ++nb) {
+    const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+    for (int t = 0; t * kAmxTileRows < nn; ++t) {
+      MakeSource(w, n0 + t * kAmxTileRows, &padded[nb - nb0][t], &a[nb - nb0][t]);
+    }
+  }
   const int64_t m_tiles = (job.m + kAmxTileRows - 1) / kAmxTileRows;
   const int64_t b_next = chunks * kAmxTileElems;  // from one activation tile to the next
+  const int64_t slab_tiles = SlabRows(k_total) / kAmxTileRows;
   alignas(64) float c[4 * 256];
   const bool vector_stores = CpuHasAvx512();
-  for (int64_t u0 = 0; u0 < m_tiles; u0 += 2) {
-    const int mt = u0 + 1 < m_tiles ? 2 : 1;
-    const uint16_t* b = job.xp + u0 * b_next;
-    if (nt == 2) {
-      mt == 2 ? TileLoop<2, 2>(a, b, b_next, chunks, c) : TileLoop<2, 1>(a, b, b_next, chunks, c);
-    } else {
-      mt == 2 ? TileLoop<1, 2>(a, b, b_next, chunks, c) : TileLoop<1, 1>(a, b, b_next, chunks, c);
-    }
-    // C tile (t, u) element [r][col]: output row n0 + 16 t + r of activation row 16 (u0 + u) + col.
-    for (int t = 0; t < nt; ++t) {
-      for (int u = 0; u < mt; ++u) {
-        const int64_t rows = std::min<int64_t>(kAmxTileRows, nn - t * kAmxTileRows);
-        const int64_t cols = std::min<int64_t>(kAmxTileRows, job.m - (u0 + u) * kAmxTileRows);
-        float* y = job.y + (u0 + u) * kAmxTileRows * n_rows + n0 + t * kAmxTileRows;
-        const float* bias = job.bias != nullptr ? job.bias + n0 + t * kAmxTileRows : nullptr;
-        (vector_stores ? StoreTileAvx512 : StoreTile)(c + (t * 2 + u) * 256, rows, cols, bias, y,
-                                                      n_rows);
+  for (int64_t s0 = 0; s0 < m_tiles; s0 += slab_tiles) {
+    const int64_t s1 = std::min(m_tiles, s0 + slab_tiles);
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
+      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+      const int nt = nn > kAmxTileRows ? 2 : 1;
+      const ASource* src = a[nb - nb0];
+      for (int64_t u0 = s0; u0 < s1; u0 += 2) {
+        const int mt = u0 + 1 < s1 ? 2 : 1;
+        const uint16_t* b = job.xp + u0 * b_next;
+        if (nt == 2) {
+          mt == 2 ? TileLoop<2, 2>(src, b, b_next, chunks, c)
+                  : TileLoop<2, 1>(src, b, b_next, chunks, c);
+        } else {
+          mt == 2 ? TileLoop<1, 2>(src, b, b_next, chunks, c)
+                  : TileLoop<1, 1>(src, b, b_next, chunks, c);
+        }
+        // C tile (t, u) element [r][col]: output row n0 + 16 t + r of activation row
+        // 16 (u0 + u) + col.
+        for (int t = 0; t < nt; ++t) {
+          for (int u = 0; u < mt; ++u) {
+            const int64_t rows = std::min<int64_t>(kAmxTileRows, nn - t * kAmxTileRows);
+            const int64_t cols = std::min<int64_t>(kAmxTileRows, job.m - (u0 + u) * kAmxTileRows);
+            float* y = job.y + (u0 + u) * kAmxTileRows * n_rows + n0 + t * kAmxTileRows;
+            const float* bias = job.bias != nullptr ? job.bias + n0 + t * kAmxTileRows : nullptr;
+            (vector_stores ? StoreTileAvx512 : StoreTile)(c + (t * 2 + u) * 256, rows, cols, bias,
+                                                          y, n_rows);
+          }
+        }
       }
     }
   }
@@ -359,7 +408,7 @@ GLM_AMX_TARGET bool AmxTileDpHardware(float* c, const uint16_t* a, const uint16_
 bool AmxPermitted() { return false; }
 void AmxThreadBegin() {}
 void AmxThreadEnd() {}
-void AmxBlockHardware(const AmxJob& job, int64_t nb) { AmxBlockEmulated(job, nb); }
+void AmxUnitHardware(const AmxJob& job, int64_t unit) { AmxUnitEmulated(job, unit); }
 bool AmxTileDpHardware(float*, const uint16_t*, const uint16_t*) { return false; }
 
 #endif

@@ -71,10 +71,16 @@ struct AmxJob {
   const float* bias = nullptr;  // [w->rows] or nullptr
   float* y = nullptr;           // [m, w->rows]
 };
-// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job. The hardware kernel must run
-// between AmxThreadBegin and AmxThreadEnd on the same thread.
-void AmxBlockHardware(const AmxJob& job, int64_t nb);
-void AmxBlockEmulated(const AmxJob& job, int64_t nb);
+// The job's parallel units: groups of consecutive kBlockN-row output blocks (AmxGroupBlocks
+// of them), each over all m rows and all of K. A group's weights (its blocks' rows, read in
+// place) fit about 1 MiB of L2, and the activations go through in slabs sized to stay in L2
+// beside them: a slab read once from L3 serves every block of the group. Every element still
+// takes the chunks 0, 1, ... in order, so the cut cannot change a bit. The hardware kernel must
+// run between AmxThreadBegin and AmxThreadEnd on the same thread.
+int64_t AmxGroupBlocks(const AmxJob& job);
+int64_t AmxUnits(const AmxJob& job);
+void AmxUnitHardware(const AmxJob& job, int64_t unit);
+void AmxUnitEmulated(const AmxJob& job, int64_t unit);
 // Loads the tile configuration on this thread (it is per-thread state) / releases the tiles,
 // so the kernel need not save them at a context switch. No-ops without AMX.
 void AmxThreadBegin();

@@ -181,7 +181,10 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
   const struct {
     int64_t m, n, k;
   } shapes[] = {{1, 1, 1},      {1, 7, 5},     {3, 33, 17}, {16, 64, 64}, {17, 37, 1030},
-                {33, 130, 513}, {1, 96, 2048}, {9, 16, 33}, {40, 48, 300}};
+                {33, 130, 513}, {1, 96, 2048}, {9, 16, 33}, {40, 48, 300},
+                // Several activation slabs (the last one odd) and several weight groups, the
+                // last one partial (AmxUnits).
+                {300, 100, 2048}, {300, 600, 1000}};
   std::printf("kBf16Amx kernel on this machine: %s\n", LinearKernelName(CpuMath::kBf16Amx));
   uint32_t seed = 31;
   for (const auto& s : shapes) {
@@ -211,14 +214,14 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
 // The contract: a row's bits do not depend on how many rows share the call (one activation
 // tile or several, full or partial, odd or even counts of them) or where the row sits.
 TEST(LinearAmx, RowResultIndependentOfBatch) {
-  const int64_t n = 70, k = 1000, m_max = 128;
+  const int64_t n = 70, k = 1000, m_max = 300;  // two activation slabs at this K
   const std::vector<float> x = RandomVector(m_max * k, 41);
   const std::vector<uint16_t> wb = ToBf16(RandomVector(n * k, 42, 0.05f));
   const Matrix w{DType::kBF16, n, k, wb.data()};
   const std::vector<float> bias = RandomVector(n, 43);
   std::vector<float> all(m_max * n);
   Linear(x.data(), m_max, w, bias.data(), all.data(), CpuMath::kBf16Amx);
-  for (int64_t m : {1, 3, 16, 17, 33, 128}) {
+  for (int64_t m : {1, 3, 16, 17, 33, 128, 257, 300}) {
     for (int64_t start : {int64_t{0}, m_max - m, (m_max - m) / 2}) {
       std::vector<float> part(m * n);
       Linear(x.data() + start * k, m, w, bias.data(), part.data(), CpuMath::kBf16Amx);
