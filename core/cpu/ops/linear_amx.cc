@@ -26,11 +26,11 @@ int64_t Chunks(int64_t k) { return (k + kAmxTileK - 1) / kAmxTileK; }
 
 // A unit's L2 budget (AmxUnits): its weight blocks, read in place, in about 1 MiB; a slab of
 // activation rows (whole 32-row pairs) in about 512 KiB beside them.
-constexpr int64_t kGroupWeightBytes = int64_t{1024} << 10;
+constexpr int64_t kGroupWeightBytes = int64_t{1} << 20;
 constexpr int64_t kSlabBytes = int64_t{512} << 10;
 constexpr int64_t kMaxGroupBlocks = 8;
 int64_t SlabRows(int64_t k) {
-  return std::max<int64_t>(2 * kAmxTileRows, kSlabBytes / (k * 2) / 32 * 32);
+  return std::max<int64_t>(2 * kAmxTileRows, kSlabBytes / std::max<int64_t>(1, k * 2) / 32 * 32);
 }
 
 // Index of activation (i, k) in the packed B operand of width-k_total rows.
