@@ -70,6 +70,7 @@ struct Unit {
 constexpr int64_t kPrefetchKeys = 4;                // positions ahead that PackKeys prefetches
 constexpr int64_t kPackKeys = 256;                  // keys per packing work item
 constexpr int64_t kArenaBytes = int64_t{32} << 20;  // packed K/V per round of units
+constexpr int64_t kStagedRowBlocks = 4;             // row blocks per staged work item
 
 // FloatToBf16 (core/base/dtype.h) without its branch, so that the loops below vectorise.
 inline uint16_t ToBf16(float f) {
@@ -290,16 +291,32 @@ FlashBlock PrepareRowBlock(const CallArgs& c, const Unit& u, int64_t r0, float* 
   return block;
 }
 
-// Row block [r0, r0 + 32) of unit u over its K/V packed in `packed` (the unit's offsets).
-void RunRowBlock(const CallArgs& c, const Unit& u, int64_t r0, const uint16_t* packed,
-                 BlockBuffers* buf) {
-  int32_t pos[kFlashRows];
-  float* outs[kFlashRows];
-  FlashBlock block = PrepareRowBlock(c, u, r0, buf->q.data(), buf->q_tiles.data(), pos, outs);
-  block.k_rows = packed + u.k_offset;
-  block.vt = packed + u.v_offset;
-  c.hardware ? FlashRowBlockHardware(block, buf->Scratch())
-             : FlashRowBlockEmulated(block, buf->Scratch());
+// Row blocks [r0, r0 + 32 count) of unit u over its K/V packed in `packed`, stepping through
+// the key blocks together: each key block is read into L1 once for all of them instead of once
+// per row block (a prompt's K/V outgrow L2 long before its row blocks run out). Each row
+// block takes the same steps in the same order as alone: the same bits.
+void RunRowBlocks(const CallArgs& c, const Unit& u, int64_t r0, int count, const uint16_t* packed,
+                  BlockBuffers* buf) {
+  constexpr int kMax = kMaxFlashGroup;
+  int32_t pos[kMax][kFlashRows];
+  float* outs[kMax][kFlashRows];
+  FlashBlock row_blocks[kMax];
+  FlashState states[kMax];
+  const int64_t q_tile_size = AmxPackedSize(kFlashRows, c.head_dim);
+  for (int i = 0; i < count; ++i) {
+    row_blocks[i] = PrepareRowBlock(c, u, r0 + i * kFlashRows, buf->q.data(),
+                                    buf->q_tiles.data() + i * q_tile_size, pos[i], outs[i]);
+    row_blocks[i].k_rows = packed + u.k_offset;
+    row_blocks[i].vt = packed + u.v_offset;
+    states[i] = {buf->m.data() + i * kFlashRows, buf->l.data() + i * kFlashRows,
+                 buf->ot.data() + i * c.dp * kFlashRows};
+  }
+  FlashGroup group;
+  group.count = count;
+  group.blocks = row_blocks;
+  group.states = states;
+  c.hardware ? FlashGroupHardware(group, buf->Scratch())
+             : FlashGroupEmulated(group, buf->Scratch());
 }
 
 // Units [first, first + heads) of one sequence, one row block each (decodes, short chunks),
@@ -438,10 +455,12 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     if (static_cast<int64_t>(arena.size()) < total) arena.resize(total);
     uint16_t* packed = arena.data();  // the workers must not name this thread's thread_local
     std::vector<int64_t> pack_starts{0}, block_starts{0};
+    // A row work item: up to kStagedRowBlocks consecutive row blocks of one unit.
+    constexpr int64_t kRun = internal::kStagedRowBlocks;
     for (size_t i = first; i < last; ++i) {
       const int64_t pieces = (staged[i].ctx_pad + internal::kPackKeys - 1) / internal::kPackKeys;
       pack_starts.push_back(pack_starts.back() + pieces);
-      block_starts.push_back(block_starts.back() + staged[i].row_blocks(group));
+      block_starts.push_back(block_starts.back() + (staged[i].row_blocks(group) + kRun - 1) / kRun);
     }
     auto unit_of = [](const std::vector<int64_t>& starts, int64_t item) {
       return std::upper_bound(starts.begin(), starts.end(), item) - starts.begin() - 1;
@@ -460,12 +479,14 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     });
     ParallelFor(block_starts.back(), 1, [&](int64_t begin, int64_t end) {
       thread_local internal::BlockBuffers buf;
-      buf.Size(dp, head_dim);
+      buf.Size(dp, head_dim, kRun);
       if (hardware) internal::AmxThreadBegin();
       for (int64_t item = begin; item < end; ++item) {
         const int64_t j = unit_of(block_starts, item);
         const Unit& u = staged[first + j];
-        internal::RunRowBlock(args, u, (item - block_starts[j]) * kFlashRows, packed, &buf);
+        const int64_t b0 = (item - block_starts[j]) * kRun;
+        const int count = static_cast<int>(std::min(kRun, u.row_blocks(group) - b0));
+        internal::RunRowBlocks(args, u, b0 * kFlashRows, count, packed, &buf);
       }
       if (hardware) internal::AmxThreadEnd();
     });

@@ -51,6 +51,8 @@ struct FlashGroup {
   const FlashState* states = nullptr;    // [count]
   uint16_t* const* k_blocks = nullptr;   // [count]
   uint16_t* const* vt_blocks = nullptr;  // [count]
+  // Packs key block key0 into k_blocks / vt_blocks for every member; nullptr: the members'
+  // own packed K/V (FlashBlock::k_rows, vt) are read in place.
   void (*pack)(const void* pack_context, int64_t key0) = nullptr;
   const void* pack_context = nullptr;
 };

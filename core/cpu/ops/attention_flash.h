@@ -169,12 +169,16 @@ void FlashGroupRun(const FlashGroup& g, const FlashScratch& s) {
   }
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
-    g.pack(g.pack_context, key0);
+    if (g.pack != nullptr) g.pack(g.pack_context, key0);
     for (int i = 0; i < g.count; ++i) {
       // Past a block's last row, every row is inactive: the step would keep every bit.
       if (kb >= own[i]) continue;
-      FlashStep<Tiles>(g.blocks[i], key0, g.k_blocks[i], g.vt_blocks[i], kFlashKeys, s,
-                       g.states[i]);
+      const FlashBlock& b = g.blocks[i];
+      if (g.pack != nullptr) {
+        FlashStep<Tiles>(b, key0, g.k_blocks[i], g.vt_blocks[i], kFlashKeys, s, g.states[i]);
+      } else {
+        FlashStep<Tiles>(b, key0, b.k_rows + key0 * b.dp, b.vt + key0, b.ctx_pad, s, g.states[i]);
+      }
     }
   }
   for (int i = 0; i < g.count; ++i) FlashEnd(g.blocks[i], g.states[i]);
