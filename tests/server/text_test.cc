@@ -206,7 +206,11 @@ TEST_F(TextServiceTest, StopStringsCutTheTextAndCancelTheGeneration) {
   ASSERT_FALSE(stop.empty());
   const size_t first = full.text.find(stop);
 
-  v1::GenerateRequest request = TextRequest("Once upon a time", 40);
+  // The same greedy tokens with room for many more: the stop string completes within the
+  // first 40, and a cancellation that reached the engine ends it long before 900 (with a limit
+  // of 40 the tiny model could finish all of them while the cancellation was on its way).
+  constexpr int kRoom = 900;
+  v1::GenerateRequest request = TextRequest("Once upon a time", kRoom);
   request.mutable_stop()->add_stop_strings("a string that never comes");
   request.mutable_stop()->add_stop_strings(stop);
   const Streamed s = Run(request);
@@ -222,7 +226,7 @@ TEST_F(TextServiceTest, StopStringsCutTheTextAndCancelTheGeneration) {
   EXPECT_LT(Decode(std::vector<int32_t>(s.tokens.begin(), s.tokens.end() - 1)).size(),
             first + stop.size());
   // Cancelled in the engine: it did not run on to max_new_tokens.
-  EXPECT_LT(s.finished.generated_tokens(), 40);
+  EXPECT_LT(s.finished.generated_tokens(), kRoom);
   EXPECT_NE(server_->metrics().Scrape().find("glmserve_stop_string_stops_total 1"),
             std::string::npos);
 }
