@@ -9,7 +9,6 @@
 
 #include "core/base/aligned_vector.h"
 #include "core/cpu/ops/linear.h"
-#include "core/cpu/ops/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -92,60 +91,13 @@ void PackBlockPortable(const float* x, int64_t m, int64_t k, int64_t block, uint
   }
 }
 
-#if defined(__x86_64__)
-// FloatToBf16 on 16 lanes, each result in the low half of its dword: round to nearest even,
-// NaNs kept quiet (the top half with 0x40 set), exactly the scalar function's bits.
-GLM_AVX512_TARGET inline __m512i RoundToBf16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, rounded, quiet);
-}
-
-// The portable packing's bits, a chunk at a time: each of the 16 rows' 32 values rounded and
-// narrowed to 16 dwords (its pairs), then one 16 x 16 dword transpose makes them the tile's 16
-// pair rows. Rows past m and columns past k load as +0.
-GLM_AVX512_TARGET void PackBlockAvx512(const float* x, int64_t m, int64_t k, int64_t block,
-                                       uint16_t* out) {
-  const int64_t chunks = Chunks(k);
-  uint16_t* tiles = out + block * chunks * kAmxTileElems;
-  const int64_t rows = std::min(kAmxTileRows, m - block * kAmxTileRows);
-  const float* src = x + block * kAmxTileRows * k;
-  for (int64_t kc = 0; kc < chunks; ++kc) {
-    const int64_t k0 = kc * kAmxTileK, len = std::min(kAmxTileK, k - k0);
-    const __mmask16 lo = len >= 16 ? 0xffff : static_cast<__mmask16>((1u << len) - 1);
-    const __mmask16 hi = len >= 32   ? 0xffff
-                         : len <= 16 ? 0
-                                     : static_cast<__mmask16>((1u << (len - 16)) - 1);
-    __m512i r[16];
-    for (int64_t i = 0; i < kAmxTileRows; ++i) {
-      if (i >= rows) {
-        r[i] = _mm512_setzero_si512();
-        continue;
-      }
-      const float* p = src + i * k + k0;
-      const __m256i a = _mm512_cvtepi32_epi16(RoundToBf16(_mm512_maskz_loadu_ps(lo, p)));
-      const __m256i b = _mm512_cvtepi32_epi16(RoundToBf16(_mm512_maskz_loadu_ps(hi, p + 16)));
-      r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-    }
-    Transpose16x16(r);
-    uint16_t* tile = tiles + kc * kAmxTileElems;
-    for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 2 * kAmxTileRows, r[p]);
-  }
-}
-#endif
-
 }  // namespace
 
 void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out) {
 #if defined(__x86_64__)
   // Tiles start on cache lines wherever the packed operand does (whole 1 KiB tiles).
   if (CpuHasAvx512() && reinterpret_cast<uintptr_t>(out) % 64 == 0) {
-    PackBlockAvx512(x, m, k, block, out);
+    PackAmxActivationsAvx512(x, m, k, block, out);
     return;
   }
 #endif
@@ -295,18 +247,21 @@ void StoreTile(const float* ct, int64_t rows, int64_t cols, const float* bias, f
   }
 }
 
-// The same through one 16 x 16 transpose: each activation row's 16 outputs in one store.
-GLM_AVX512_TARGET void StoreTileAvx512(const float* ct, int64_t rows, int64_t cols,
-                                       const float* bias, float* y, int64_t ld) {
-  __m512i r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(ct + i * 16);
-  Transpose16x16(r);
-  const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
-  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
-  for (int64_t col = 0; col < cols; ++col) {
-    __m512 v = _mm512_castsi512_ps(r[col]);
-    if (bias != nullptr) v = _mm512_add_ps(v, b);
-    _mm512_mask_storeu_ps(y + col * ld, mask, v);
+// The nt x mt C tiles of c [4][16][16] for output rows [n0, n0 + nn) and activation tiles u0,
+// u0 + 1: tile (t, u) element [r][col] is output row n0 + 16 t + r of activation row
+// 16 (u0 + u) + col.
+using StoreTileFn = void (*)(const float*, int64_t, int64_t, const float*, float*, int64_t);
+void StoreTiles(const AmxJob& job, int64_t n0, int64_t nn, int64_t u0, int mt, const float* c,
+                StoreTileFn store) {
+  const int64_t n_rows = job.w->rows;
+  for (int t = 0; t * kAmxTileRows < nn; ++t) {
+    for (int u = 0; u < mt; ++u) {
+      const int64_t rows = std::min<int64_t>(kAmxTileRows, nn - t * kAmxTileRows);
+      const int64_t cols = std::min<int64_t>(kAmxTileRows, job.m - (u0 + u) * kAmxTileRows);
+      float* y = job.y + (u0 + u) * kAmxTileRows * n_rows + n0 + t * kAmxTileRows;
+      const float* bias = job.bias != nullptr ? job.bias + n0 + t * kAmxTileRows : nullptr;
+      store(c + (t * 2 + u) * 256, rows, cols, bias, y, n_rows);
+    }
   }
 }
 
@@ -374,18 +329,7 @@ void AmxUnitHardware(const AmxJob& job, int64_t unit) {
           mt == 2 ? TileLoop<1, 2>(src, b, b_next, chunks, c)
                   : TileLoop<1, 1>(src, b, b_next, chunks, c);
         }
-        // C tile (t, u) element [r][col]: output row n0 + 16 t + r of activation row
-        // 16 (u0 + u) + col.
-        for (int t = 0; t < nt; ++t) {
-          for (int u = 0; u < mt; ++u) {
-            const int64_t rows = std::min<int64_t>(kAmxTileRows, nn - t * kAmxTileRows);
-            const int64_t cols = std::min<int64_t>(kAmxTileRows, job.m - (u0 + u) * kAmxTileRows);
-            float* y = job.y + (u0 + u) * kAmxTileRows * n_rows + n0 + t * kAmxTileRows;
-            const float* bias = job.bias != nullptr ? job.bias + n0 + t * kAmxTileRows : nullptr;
-            (vector_stores ? StoreTileAvx512 : StoreTile)(c + (t * 2 + u) * 256, rows, cols, bias,
-                                                          y, n_rows);
-          }
-        }
+        StoreTiles(job, n0, nn, u0, mt, c, vector_stores ? StoreAmxTileAvx512 : StoreTile);
       }
     }
   }

@@ -63,6 +63,13 @@ int64_t AmxPackedSize(int64_t m, int64_t k);
 // blocks gives the same bits.
 void PackAmxActivations(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out);
 
+// PackAmxActivations and one C tile's store (c [16 outputs][16 activation rows] to
+// y[col * ld + r] for r < rows, col < cols, plus bias[r] where given) in AVX-512, with the
+// portable code's bits (linear_amx_avx512.cc): only where CpuHasAvx512(), out 64-byte aligned.
+void PackAmxActivationsAvx512(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out);
+void StoreAmxTileAvx512(const float* ct, int64_t rows, int64_t cols, const float* bias, float* y,
+                        int64_t ld);
+
 // kBf16Amx on one bf16 matrix. xp: the packed activations (PackAmxActivations).
 struct AmxJob {
   const uint16_t* xp = nullptr;
