@@ -490,21 +490,25 @@ TEST(ServiceLimitsTest, ConcurrentStreamAndLengthLimits) {
   ServerOptions options = TinyOptions();
   options.service.max_concurrent_streams = 1;
   options.engine.limits.max_prompt_tokens = 8;
-  options.engine.limits.max_new_tokens = 50;
+  // The limit sits below the tiny model's 1,024 positions, so 901 is refused by it alone.
+  options.engine.limits.max_new_tokens = 900;
   options.engine.limits.default_max_new_tokens = 16;
   std::unique_ptr<GlmServer> server = StartServer(options);
   std::unique_ptr<Client> client = Connect(*server);
   EXPECT_EQ(
       client->Generate(GreedyRequest({1, 2, 3, 4, 5, 6, 7, 8, 9}, 4), nullptr).status().code(),
       absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client->Generate(GreedyRequest({1}, 51), nullptr).status().code(),
+  EXPECT_EQ(client->Generate(GreedyRequest({1}, 901), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
-  std::unique_ptr<GenerateStream> first = client->StartGenerate(GreedyRequest({1, 2}, 50));
+  // The stream that holds the only slot asks for 900 tokens and is cancelled afterwards: with
+  // 50 the tiny model finished it before the second call arrived (a CI run saw it).
+  std::unique_ptr<GenerateStream> first = client->StartGenerate(GreedyRequest({1, 2}, 900));
   v1::GeneratedToken t;
   ASSERT_TRUE(first->Next(&t));
   EXPECT_EQ(client->Generate(GreedyRequest({1, 2}, 4), nullptr).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(first->Finish().ok());
+  first->Cancel();
+  EXPECT_EQ(first->Finish().status().code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(WaitUntil([&] { return server->service().calls_in_flight() == 0; }));
   EXPECT_TRUE(client->Generate(GreedyRequest({1, 2}, 4), nullptr).ok());
 }
