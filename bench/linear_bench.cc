@@ -1,6 +1,6 @@
 // The prefill GEMMs of glm-4.5-air alone, in one CPU math mode, as fractions of the same-run
 // peak of the arithmetic the mode runs and of the read bandwidth: a dense projection at m =
-// --tokens (q_proj's shape) and the routed experts' gate/up/down as one LinearMany with m =
+// --tokens (q_proj's shape, or --dense=NxK) and the routed experts' gate/up/down as one LinearMany with m =
 // --tokens * top-8 / 128 rows per expert (what a 128-token prefill gives each expert on
 // average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
 // anything. Run by hand while tuning a kernel (not in CI):
@@ -24,6 +24,8 @@
 
 ABSL_FLAG(std::string, modes, "bf16_amx",
           "CPU math modes (exact, bf16, bf16_amx, int8, int8_amx, exact_portable), interleaved");
+ABSL_FLAG(std::string, dense, "12288x4096",
+          "the dense matrix's shape, N x K (out x in features); q_proj's by default");
 ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");
 ABSL_FLAG(int, experts, 128, "routed experts (each gate/up [1408, 4096], down [4096, 1408])");
 ABSL_FLAG(int, rounds, 5, "interleaved rounds; medians are printed");
@@ -81,12 +83,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   const bool any_int8 = std::any_of(modes->begin(), modes->end(), glmserve::bench::Int8Weights);
-  const int64_t hidden = 4096, q_dim = 12288, inter = 1408;
+  const int64_t hidden = 4096, inter = 1408;
+  long long dense_n = 0, dense_k = 0;
+  if (std::sscanf(absl::GetFlag(FLAGS_dense).c_str(), "%lldx%lld", &dense_n, &dense_k) != 2 ||
+      dense_n <= 0 || dense_k <= 0 || dense_n * dense_k > (int64_t{1} << 31)) {
+    std::fprintf(stderr, "--dense wants N x K, such as 12288x4096 (at most 2^31 weights)\n");
+    return 1;
+  }
+  const int64_t q_dim = dense_n, dense_in = dense_k;
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), n_experts = absl::GetFlag(FLAGS_experts);
   const int64_t m_expert = std::max<int64_t>(1, tokens * 8 / 128);
 
-  const glmserve::AlignedVector<uint16_t> q_data = RandomBf16(q_dim * hidden, 1);
-  const glmserve::Matrix q = Bf16Matrix(q_data, q_dim, hidden);
+  const glmserve::AlignedVector<uint16_t> q_data = RandomBf16(q_dim * dense_in, 1);
+  const glmserve::Matrix q = Bf16Matrix(q_data, q_dim, dense_in);
   std::vector<glmserve::AlignedVector<uint16_t>> expert_data;
   std::vector<glmserve::Matrix> expert_w;
   expert_data.reserve(3 * n_experts);
@@ -107,7 +116,7 @@ int main(int argc, char** argv) {
     q_int8 = Int8Matrix(q, &int8_store);
     for (const glmserve::Matrix& w : expert_w) expert_int8.push_back(Int8Matrix(w, &int8_store));
   }
-  std::vector<float> x(tokens * hidden), y(tokens * q_dim);
+  std::vector<float> x(tokens * dense_in), y(tokens * q_dim);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.f, 1.f);
   for (float& v : x) v = dist(rng);
@@ -124,7 +133,7 @@ int main(int argc, char** argv) {
       glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
       limits.int8_gops, limits.amx_int8_gops, limits.read_gbs);
   std::printf("dense [%lld x %lld] at m = %lld; %lld experts x 3 matrices at m = %lld\n",
-              static_cast<long long>(q_dim), static_cast<long long>(hidden),
+              static_cast<long long>(q_dim), static_cast<long long>(dense_in),
               static_cast<long long>(tokens), static_cast<long long>(n_experts),
               static_cast<long long>(m_expert));
 
@@ -151,7 +160,7 @@ int main(int argc, char** argv) {
       moe_s[i].push_back(Since(t));
     }
   }
-  const double dense_flops = 2.0 * tokens * q_dim * hidden;
+  const double dense_flops = 2.0 * tokens * q_dim * dense_in;
   const double moe_flops = 2.0 * m_expert * 3 * inter * hidden * n_experts;
   const double moe_elems = 3.0 * inter * hidden * n_experts;
   std::printf(
