@@ -1,6 +1,7 @@
 // The prefill GEMMs of glm-4.5-air alone, in one CPU math mode, as fractions of the same-run
 // peak of the arithmetic the mode runs and of the read bandwidth: a dense projection at m =
-// --tokens (q_proj's shape, or --dense=NxK) and the routed experts' gate/up/down as one LinearMany with m =
+// --tokens (q_proj's shape, or --dense=NxK) and the routed experts' gate/up/down as one LinearMany
+// with m =
 // --tokens * top-8 / 128 rows per expert (what a 128-token prefill gives each expert on
 // average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
 // anything. Run by hand while tuning a kernel (not in CI):
