@@ -24,12 +24,18 @@ namespace {
 int64_t Chunks(int64_t k) { return (k + kAmxTileK - 1) / kAmxTileK; }
 
 // A unit's L2 budget (AmxUnits): its weight blocks, read in place, in about 1 MiB; a slab of
-// activation rows (whole 32-row pairs) in about 512 KiB beside them.
+// activation rows (whole 32-row pairs) in about 512 KiB beside them. Both are sized for at most
+// kRangeChunks chunks of K: a wider K is taken in ranges of that many chunks (the hardware
+// kernel keeps the C tiles between ranges), so that o_proj's and the FFN's down projection
+// (K = 12288, 10944) keep groups of 4 blocks and 64-row slabs instead of 1 block and 32 rows.
 constexpr int64_t kGroupWeightBytes = int64_t{1} << 20;
 constexpr int64_t kSlabBytes = int64_t{512} << 10;
 constexpr int64_t kMaxGroupBlocks = 8;
+constexpr int64_t kRangeChunks = 128;  // K = 4096
+int64_t RangeK(int64_t k) { return std::min(k, kRangeChunks * kAmxTileK); }
 int64_t SlabRows(int64_t k) {
-  return std::max<int64_t>(2 * kAmxTileRows, kSlabBytes / std::max<int64_t>(1, k * 2) / 32 * 32);
+  return std::max<int64_t>(2 * kAmxTileRows,
+                           kSlabBytes / std::max<int64_t>(1, RangeK(k) * 2) / 32 * 32);
 }
 
 // Index of activation (i, k) in the packed B operand of width-k_total rows.
@@ -141,7 +147,7 @@ void EmulateBlock(const AmxJob& job, int64_t nb) {
 }  // namespace
 
 int64_t AmxGroupBlocks(const AmxJob& job) {
-  const int64_t block_bytes = kBlockN * job.w->cols * 2;
+  const int64_t block_bytes = kBlockN * RangeK(job.w->cols) * 2;
   return std::clamp<int64_t>(kGroupWeightBytes / std::max<int64_t>(1, block_bytes), 1,
                              kMaxGroupBlocks);
 }
@@ -202,19 +208,27 @@ void MakeSource(const Matrix& w, int64_t row0, AlignedVector<uint16_t>* padded, 
   }
 }
 
-// C tiles for NT (1, 2) row tiles x MT (1, 2) activation tiles over every K chunk, stored to
-// c [NT * 2 + MT][16][16]. b: the packed tiles of the first activation tile; the second's are
-// b_next elements further.
+// C tiles for NT (1, 2) row tiles x MT (1, 2) activation tiles over K chunks [kc0, kc1),
+// starting from +0 (kc0 = 0) or from the tiles in c (a previous range's, exactly as the tile
+// unit left them: continuing from them is the same chain), stored to c [NT * 2 + MT][16][16].
+// b: the packed tiles of the first activation tile; the second's are b_next elements further.
 template <int NT, int MT>
-GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t chunks,
-                             float* c) {
-  _tile_zero(0);
-  if constexpr (MT == 2) _tile_zero(1);
-  if constexpr (NT == 2) _tile_zero(2);
-  if constexpr (NT == 2 && MT == 2) _tile_zero(3);
+GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t kc0,
+                             int64_t kc1, float* c) {
+  if (kc0 == 0) {
+    _tile_zero(0);
+    if constexpr (MT == 2) _tile_zero(1);
+    if constexpr (NT == 2) _tile_zero(2);
+    if constexpr (NT == 2 && MT == 2) _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    if constexpr (MT == 2) _tile_loadd(1, c + 256, 64);
+    if constexpr (NT == 2) _tile_loadd(2, c + 512, 64);
+    if constexpr (NT == 2 && MT == 2) _tile_loadd(3, c + 768, 64);
+  }
   const int64_t full = a[0].ld / kAmxTileK;
   const int64_t lda = a[0].ld * 2;  // bytes
-  for (int64_t kc = 0; kc < chunks; ++kc) {
+  for (int64_t kc = kc0; kc < kc1; ++kc) {
     const uint16_t* bk = b + kc * kAmxTileElems;
     if (kc < full) {
       _tile_loadd(4, a[0].p + kc * kAmxTileK, lda);
@@ -311,25 +325,37 @@ void AmxUnitHardware(const AmxJob& job, int64_t unit) {
   const int64_t m_tiles = (job.m + kAmxTileRows - 1) / kAmxTileRows;
   const int64_t b_next = chunks * kAmxTileElems;  // from one activation tile to the next
   const int64_t slab_tiles = SlabRows(k_total) / kAmxTileRows;
-  alignas(64) float c[4 * 256];
+  const int64_t pairs = (m_tiles + 1) / 2;
+  // A wide K goes in ranges (RangeK): between them each (block, activation tile pair) keeps its
+  // 4 C tiles here, [block of the group][pair][4][16][16] (1 MiB for 4 blocks at m = 2048).
+  thread_local AlignedVector<float> partial;
+  const bool ranged = chunks > kRangeChunks;
+  if (ranged) partial.resize((nb1 - nb0) * pairs * 4 * 256);
+  alignas(64) float c_own[4 * 256];
   const bool vector_stores = CpuHasAvx512();
-  for (int64_t s0 = 0; s0 < m_tiles; s0 += slab_tiles) {
-    const int64_t s1 = std::min(m_tiles, s0 + slab_tiles);
-    for (int64_t nb = nb0; nb < nb1; ++nb) {
-      const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-      const int nt = nn > kAmxTileRows ? 2 : 1;
-      const ASource* src = a[nb - nb0];
-      for (int64_t u0 = s0; u0 < s1; u0 += 2) {
-        const int mt = u0 + 1 < s1 ? 2 : 1;
-        const uint16_t* b = job.xp + u0 * b_next;
-        if (nt == 2) {
-          mt == 2 ? TileLoop<2, 2>(src, b, b_next, chunks, c)
-                  : TileLoop<2, 1>(src, b, b_next, chunks, c);
-        } else {
-          mt == 2 ? TileLoop<1, 2>(src, b, b_next, chunks, c)
-                  : TileLoop<1, 1>(src, b, b_next, chunks, c);
+  for (int64_t kc0 = 0; kc0 < chunks; kc0 += kRangeChunks) {
+    const int64_t kc1 = std::min(chunks, kc0 + kRangeChunks);
+    for (int64_t s0 = 0; s0 < m_tiles; s0 += slab_tiles) {
+      const int64_t s1 = std::min(m_tiles, s0 + slab_tiles);
+      for (int64_t nb = nb0; nb < nb1; ++nb) {
+        const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+        const int nt = nn > kAmxTileRows ? 2 : 1;
+        const ASource* src = a[nb - nb0];
+        for (int64_t u0 = s0; u0 < s1; u0 += 2) {
+          const int mt = u0 + 1 < s1 ? 2 : 1;
+          const uint16_t* b = job.xp + u0 * b_next;
+          float* c = ranged ? partial.data() + ((nb - nb0) * pairs + u0 / 2) * 4 * 256 : c_own;
+          if (nt == 2) {
+            mt == 2 ? TileLoop<2, 2>(src, b, b_next, kc0, kc1, c)
+                    : TileLoop<2, 1>(src, b, b_next, kc0, kc1, c);
+          } else {
+            mt == 2 ? TileLoop<1, 2>(src, b, b_next, kc0, kc1, c)
+                    : TileLoop<1, 1>(src, b, b_next, kc0, kc1, c);
+          }
+          if (kc1 == chunks) {
+            StoreTiles(job, n0, nn, u0, mt, c, vector_stores ? StoreAmxTileAvx512 : StoreTile);
+          }
         }
-        StoreTiles(job, n0, nn, u0, mt, c, vector_stores ? StoreAmxTileAvx512 : StoreTile);
       }
     }
   }

@@ -180,11 +180,23 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
   // 16-row activation tile and odd numbers of activation tiles.
   const struct {
     int64_t m, n, k;
-  } shapes[] = {{1, 1, 1},      {1, 7, 5},     {3, 33, 17}, {16, 64, 64}, {17, 37, 1030},
-                {33, 130, 513}, {1, 96, 2048}, {9, 16, 33}, {40, 48, 300},
+  } shapes[] = {{1, 1, 1},
+                {1, 7, 5},
+                {3, 33, 17},
+                {16, 64, 64},
+                {17, 37, 1030},
+                {33, 130, 513},
+                {1, 96, 2048},
+                {9, 16, 33},
+                {40, 48, 300},
                 // Several activation slabs (the last one odd) and several weight groups, the
                 // last one partial (AmxUnits).
-                {300, 100, 2048}, {300, 600, 1000}};
+                {300, 100, 2048},
+                {300, 600, 1000},
+                // K in ranges of 4096 (the C tiles kept between them): two ranges over several
+                // slabs, and three with the tail chunk in the last.
+                {300, 40, 4200},
+                {70, 50, 9000}};
   std::printf("kBf16Amx kernel on this machine: %s\n", LinearKernelName(CpuMath::kBf16Amx));
   uint32_t seed = 31;
   for (const auto& s : shapes) {
@@ -211,10 +223,8 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
   }
 }
 
-// The contract: a row's bits do not depend on how many rows share the call (one activation
-// tile or several, full or partial, odd or even counts of them) or where the row sits.
-TEST(LinearAmx, RowResultIndependentOfBatch) {
-  const int64_t n = 70, k = 1000, m_max = 300;  // two activation slabs at this K
+void ExpectRowsIndependentOfBatch(int64_t k) {
+  const int64_t n = 70, m_max = 300;
   const std::vector<float> x = RandomVector(m_max * k, 41);
   const std::vector<uint16_t> wb = ToBf16(RandomVector(n * k, 42, 0.05f));
   const Matrix w{DType::kBF16, n, k, wb.data()};
@@ -229,6 +239,16 @@ TEST(LinearAmx, RowResultIndependentOfBatch) {
         ASSERT_EQ(Bits(part[i]), Bits(all[start * n + i])) << "m " << m << " start " << start;
       }
     }
+  }
+}
+
+// The contract: a row's bits do not depend on how many rows share the call (one activation
+// tile or several, full or partial, odd or even counts of them) or where the row sits.
+TEST(LinearAmx, RowResultIndependentOfBatch) {
+  // Two activation slabs at k = 1000; K in two ranges at 4200 (the C tiles kept between them).
+  for (const int64_t k : {1000, 4200}) {
+    SCOPED_TRACE(k);
+    ExpectRowsIndependentOfBatch(k);
   }
 }
 
