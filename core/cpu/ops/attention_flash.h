@@ -24,13 +24,18 @@ namespace {
 
 inline float FlashMax(float a, float b) { return a > b ? a : b; }
 
-// FloatToBf16 (core/base/dtype.h), here with internal linkage: round to nearest even, NaN quiet.
-inline uint16_t FlashBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+// FloatToBf16(lo) | FloatToBf16(hi) << 16 (core/base/dtype.h: round to nearest even, NaN
+// quiet), here with internal linkage and in 32-bit operations only, so that it vectorises.
+inline uint32_t FlashBf16Pair(float lo, float hi) {
+  uint32_t a, b;
+  std::memcpy(&a, &lo, sizeof a);
+  std::memcpy(&b, &hi, sizeof b);
+  const uint32_t ra =
+      (a & 0x7fffffffu) > 0x7f800000u ? (a >> 16) | 0x40u : (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+  const uint32_t rb = (b & 0x7fffffffu) > 0x7f800000u
+                          ? (b | 0x400000u) & 0xffff0000u
+                          : (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return ra | rb;
 }
 
 // Tiles provides the two tile products (attention_amx.cc: emulated; attention_amx_avx512.cc: AMX):
@@ -96,16 +101,16 @@ void FlashStep(const FlashBlock& b, int32_t key0, const uint16_t* k_rows, const 
     l[r] = active ? l[r] * alpha[r] + sum[r] : l[r];
     m[r] = active ? m_new[r] : m[r];
   }
-  // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15.
+  // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15, as one
+  // dword per row (FlashBf16Pair), so the loop vectorises as 32-bit lanes (16-bit stores of
+  // the two halves compiled to word permutes, 18% of a 2,048-token prompt's attention).
   for (int u = 0; u < mt; ++u) {
     for (int p = 0; p < 16; ++p) {
-      const float* even = s.st + (2 * p) * R + 16 * u;
-      const float* odd = even + R;
-      uint16_t* dst = s.pt + u * 512 + p * 32;
-      for (int i = 0; i < 16; ++i) {
-        dst[2 * i] = FlashBf16(even[i]);
-        dst[2 * i + 1] = FlashBf16(odd[i]);
-      }
+      const float* __restrict even = s.st + (2 * p) * R + 16 * u;
+      const float* __restrict odd = even + R;
+      uint32_t pairs[16];
+      for (int i = 0; i < 16; ++i) pairs[i] = FlashBf16Pair(even[i], odd[i]);
+      std::memcpy(s.pt + u * 512 + p * 32, pairs, sizeof pairs);
     }
   }
   Tiles::Pv(vt, ld, dp, s.pt, mt, s.ot_blk);

@@ -9,6 +9,7 @@
 
 #include "core/base/dtype.h"
 #include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/attention_flash.h"  // FlashBf16Pair (internal linkage: this file's copy)
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
 #include "tests/core/cpu/ops/amx_test_util.h"
@@ -196,6 +197,28 @@ TEST(PagedAttentionAmxTest, HardwareEqualsEmulationBitForBit) {
   EXPECT_STREQ(internal::AttentionAmxKernelName(), "amx_bf16");
   ASSERT_EQ(fast.size(), emulated.size());
   EXPECT_EQ(0, std::memcmp(fast.data(), emulated.data(), fast.size() * sizeof(float)));
+}
+
+// The probabilities go to the tile unit as bf16 pairs: each half FloatToBf16's bits (nearest
+// even, NaN made quiet), for every kind of value, ties and the largest finite included.
+TEST(PagedAttentionAmxTest, ProbabilityPairsRoundAsFloatToBf16) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x00800000u,
+                                0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+                                0x7f7fffffu, 0x7f7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xffbfffffu, 0x7fffffffu, 0xbf808000u, 0xc2ae0000u};
+  uint32_t state = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    bits.push_back(state);
+  }
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t lo_bits = bits[i], hi_bits = bits[(i * 7 + 3) % bits.size()];
+    float lo, hi;
+    std::memcpy(&lo, &lo_bits, sizeof lo);
+    std::memcpy(&hi, &hi_bits, sizeof hi);
+    const uint32_t want = uint32_t{FloatToBf16(lo)} | (uint32_t{FloatToBf16(hi)} << 16);
+    ASSERT_EQ(internal::FlashBf16Pair(lo, hi), want) << std::hex << lo_bits << " " << hi_bits;
+  }
 }
 
 }  // namespace
