@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/row_math.h"
@@ -22,12 +23,20 @@ void SiluMul(float* g, const float* u, int64_t n) {
 
 void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y, CpuMath math) {
   const int64_t width = w.gate.rows;
-  std::vector<float> gate(m * width), up(m * width);
-  const LinearJob jobs[] = {{x, m, &w.gate, nullptr, gate.data()},
-                            {x, m, &w.up, nullptr, up.data()}};
+  // gate and up [m, width], reused from call to call on this thread (as MoeFfn's arenas): fresh
+  // vectors were 180 MB zeroed and faulted in per 2,048-token dense layer of glm-4.5-air, about
+  // 0.04 s. Every element is written by the projections before it is read.
+  static thread_local AlignedVector<float> gate_arena, up_arena;
+  if (static_cast<int64_t>(gate_arena.size()) < m * width) {
+    gate_arena.resize(m * width);
+    up_arena.resize(m * width);
+  }
+  float* gate = gate_arena.data();
+  float* up = up_arena.data();
+  const LinearJob jobs[] = {{x, m, &w.gate, nullptr, gate}, {x, m, &w.up, nullptr, up}};
   LinearMany(jobs, math);
-  SiluMul(gate.data(), up.data(), m * width);
-  Linear(gate.data(), m, w.down, nullptr, y, math);
+  SiluMul(gate, up, m * width);
+  Linear(gate, m, w.down, nullptr, y, math);
 }
 
 }  // namespace glmserve
