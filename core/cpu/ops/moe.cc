@@ -71,11 +71,17 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   for (int64_t e = 0; e < p.n_experts && width == 0; ++e) width = w.experts[e].gate.rows;
   const int64_t shared_rows = w.has_shared() ? tokens : 0;
   const int64_t gate_size = routed_rows * width + shared_rows * w.shared.gate.rows;
+  // They only grow: every element a call reads it writes first, and a resize back up after a
+  // smaller call (a decode step, or the last layer's few kept rows) would zero-fill the regrown
+  // part, ~0.7 GB, on the next prompt's first MoE layer.
   static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
-  gathered_arena.resize(routed_rows * hidden);
-  gate_arena.resize(gate_size);
-  up_arena.resize(gate_size);
-  out_arena.resize((routed_rows + shared_rows) * hidden);
+  const auto at_least = [](AlignedVector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  at_least(gathered_arena, routed_rows * hidden);
+  at_least(gate_arena, gate_size);
+  at_least(up_arena, gate_size);
+  at_least(out_arena, (routed_rows + shared_rows) * hidden);
   // Plain pointers: the pool's threads must not name this thread's thread_locals.
   float* gathered = gathered_arena.data();
   float* gate = gate_arena.data();
