@@ -1,6 +1,6 @@
 // What the AVX-512 linear kernels share: the one lane tree that ends every output element's
-// sum, and the register tile bounds of the exact and int8 kernels (linear_avx512.cc,
-// linear_int8_avx512vnni.cc; the bf16 kernel, linear_avx512bf16.cc, has its own). Include only from
+// sum, and the register tile bounds of the exact kernel (linear_avx512.cc; the bf16 and int8
+// kernels, linear_avx512bf16.cc and linear_int8_avx512vnni.cc, have their own). Include only from
 // files compiled for AVX-512 (core/CMakeLists.txt); the functions have internal linkage so
 // that each ISA's file keeps its own copy.
 #pragma once

@@ -4,11 +4,15 @@
 // 128 in registers (q ^ 0x80 = q + 128), and the accumulator starts from the activation's
 // -128 * (sum of the slot's 4 values): the lane ends at the exact signed dot product. Then
 // one conversion (exact: |d| <= 4 * 127 * 127) and one FMA with the scales' product.
-// Register tiles of up to 4 activation rows x 4 weight rows (avx512_lanes.h); the lanes run
-// through K in the same order whatever the tile, the K blocking or m.
+// Register tiles of up to 3 activation rows x 4 weight rows; the lanes run through K in the same
+// order whatever the tile, the K blocking or m. Not the 4 x 4 of the exact kernel: 16
+// accumulators beside 4 weight vectors, their scales and an activation's three operands do not
+// fit the 32 registers, and the spills held a 4 x 4 tile to 0.65-0.75x a 3 x 4 one on an AMD
+// EPYC (Zen 4) VM (bench/linear_bench --modes=int8, docs/performance.md).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/cpu/ops/avx512_lanes.h"
@@ -17,8 +21,8 @@
 namespace glmserve::internal {
 namespace {
 
-using avx512::kTileM;
-using avx512::kTileN;
+constexpr int kTileM = 3;
+constexpr int kTileN = 4;
 using avx512::ReduceLanes;
 
 // K elements per block when several activation tiles share a weight tile: the 4 weight rows'
@@ -36,6 +40,24 @@ struct Rows {
   const uint16_t* scales;  // bf16 bits [4, groups]
   int64_t groups;
 };
+
+// A step's scales of one weight row as fp32 lanes: 0-7 the group of k (bf16 s[0]), 8-15 the
+// next (s[1], or 0 past the row's last group, `both` false). A bf16 is the high half of its fp32:
+// one broadcast of the two bf16 (one dword) and one byte shuffle that moves s[0] (s[1]) into the
+// high half of every dword of lanes 0-7 (8-15) and zeroes the low halves. Building the vector
+// from two scalars (two broadcasts from general registers and a blend) cost a third of the
+// tile's instructions.
+inline __m512 StepScales(const uint16_t* s, bool both) {
+  uint32_t pair = s[0];
+  if (both) std::memcpy(&pair, s, sizeof(pair));
+  // vpshufb works within 128-bit blocks: blocks 0-1 (lanes 0-7) take bytes 0-1, blocks 2-3
+  // bytes 2-3; an index with the top bit set writes zero.
+  const __m512i pick =
+      _mm512_set_epi8(3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2,
+                      -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1,
+                      1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1);
+  return _mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(pair)), pick));
+}
 
 struct Act {
   const int8_t* q;       // [4, kp]
@@ -55,42 +77,46 @@ void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t
     for (int n = 0; n < NR; ++n)
       acc[i][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes + (i * NR + n) * 16);
   const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  // One 64-wide step; `mask` keeps the bytes before K's end (past-the-end weight bytes load as
+  // 0 and become 128, against activation zeros). Pointers advance by the step instead of being
+  // recomputed from k (the address arithmetic held the loop to the integer pipes).
+  const int8_t* wq = w.q + k_begin;
+  const uint16_t* wsp = w.scales + k_begin / kInt8Group;
+  const int8_t* xq = x.q + k_begin;
+  const int32_t* xm = x.minus + k_begin / 4;
+  const float* xsp = x.scale + k_begin / 4;
+  const int64_t ld_lane = x.kp / 4;
   for (int64_t k = k_begin; k < k_end; k += 64) {
-    const int64_t count = k_total - k;
-    const __mmask64 mask = count >= 64 ? ~__mmask64{0} : (__mmask64{1} << count) - 1;
-    const int64_t g = k / kInt8Group;
+    const __mmask64 mask = k + 64 <= k_total ? ~__mmask64{0} : (__mmask64{1} << (k_total - k)) - 1;
+    const bool both = k + kInt8Group < k_total;
     __m512i wv[NR];
     __m512 ws[NR];
     for (int n = 0; n < NR; ++n) {
-      // Past-the-end bytes load as 0 and become 128, against activation zeros.
-      wv[n] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w.q + n * w.ld + k), bias128);
-      // Lanes 0-7 take the step's first group's scale, lanes 8-15 the second's (0 past the
-      // row's last group); a bf16 is the high half of its fp32.
-      const uint16_t* s = w.scales + n * w.groups + g;
-      const uint32_t lo = uint32_t{s[0]} << 16, hi = g + 1 < w.groups ? uint32_t{s[1]} << 16 : 0;
-      ws[n] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(0xFF00,
-                                                          _mm512_set1_epi32(static_cast<int>(lo)),
-                                                          _mm512_set1_epi32(static_cast<int>(hi))));
+      wv[n] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, wq + n * w.ld), bias128);
+      ws[n] = StepScales(wsp + n * w.groups, both);
     }
     for (int i = 0; i < MR; ++i) {
-      const __m512i xv = _mm512_loadu_si512(x.q + i * x.kp + k);
-      const __m512i minus = _mm512_loadu_si512(x.minus + i * (x.kp / 4) + k / 4);
-      const __m512 xs = _mm512_loadu_ps(x.scale + i * (x.kp / 4) + k / 4);
+      const __m512i xv = _mm512_loadu_si512(xq + i * x.kp);
+      const __m512i minus = _mm512_loadu_si512(xm + i * ld_lane);
+      const __m512 xs = _mm512_loadu_ps(xsp + i * ld_lane);
       for (int n = 0; n < NR; ++n) {
         const __m512i d = _mm512_dpbusd_epi32(minus, wv[n], xv);
         acc[i][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(xs, ws[n]), acc[i][n]);
       }
     }
+    wq += 64, wsp += 2, xq += 64, xm += 16, xsp += 16;
   }
+  // The lanes go to `lanes` either way, and the last block reduces them from there: written as
+  // one branch per element, the compiler kept a copy of every accumulator on the stack, stored
+  // on each step of the loop.
+  for (int i = 0; i < MR; ++i)
+    for (int n = 0; n < NR; ++n) _mm512_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n]);
+  if (!last) return;
   for (int i = 0; i < MR; ++i) {
     for (int n = 0; n < NR; ++n) {
-      if (last) {
-        float v = ReduceLanes(acc[i][n]);
-        if (bias != nullptr) v += bias[n];
-        y[i * ldy + n] = v;
-      } else {
-        _mm512_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n]);
-      }
+      float v = ReduceLanes(_mm512_loadu_ps(lanes + (i * NR + n) * 16));
+      if (bias != nullptr) v += bias[n];
+      y[i * ldy + n] = v;
     }
   }
 }
@@ -99,8 +125,7 @@ using TileFn = void (*)(const Act&, const Rows&, int64_t, int64_t, int64_t, bool
                         float*, int64_t, const float*);
 template <int MR>
 constexpr TileFn kTilesForM[kTileN] = {Tile<MR, 1>, Tile<MR, 2>, Tile<MR, 3>, Tile<MR, 4>};
-constexpr const TileFn* kTiles[kTileM] = {kTilesForM<1>, kTilesForM<2>, kTilesForM<3>,
-                                          kTilesForM<4>};
+constexpr const TileFn* kTiles[kTileM] = {kTilesForM<1>, kTilesForM<2>, kTilesForM<3>};
 
 }  // namespace
 

@@ -69,10 +69,12 @@ TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
   struct Shape {
     int64_t m, n, k;
   };
-  // Ragged K (a partial group, a partial 64-step, both) and N (partial 4-row tiles and 32-row
-  // blocks); k = 4096 + 33 crosses the 2048-wide K blocks of the many-row path.
+  // Ragged K (a partial group, a partial 64-step, both; an odd count of groups) and N (partial
+  // 4-row tiles and 32-row blocks); m past whole 3- and 4-row tiles and the 32-row blocks;
+  // k = 4096 + 33 crosses the 2048-wide K blocks of the many-row path.
   const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {3, 33, 64},   {4, 40, 1030},
-                          {6, 37, 2100}, {17, 70, 513}, {1, 96, 4096}, {9, 5, 4129}};
+                          {6, 37, 2100}, {17, 70, 513}, {1, 96, 4096}, {9, 5, 4129},
+                          {33, 9, 2100}, {70, 37, 4129}};
   uint32_t seed = 40;
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
