@@ -4,32 +4,56 @@
 // (core/cpu/ops/lane_sum.h: 8 lanes over k, a mul and an add each, then the lane tree), and an
 // output element adds w_p * v_p[d] for p = 0, 1, ... onto +0, a mul and an add each (the build
 // forbids contraction into FMAs). As in every *_avx512.cc file, the only shared-header inline
-// code compiled with this file's ISA is trivial accessors (KvCache::keys / values, std::min).
+// code compiled with this file's ISA is trivial accessors (KvCache::keys / values, std::min) and
+// attention_lanes8.h's functions, which have internal linkage.
+//
+// Both loops are the AVX2 file's, widened: scores of 8 positions at a time (independent lane
+// chains, one tree in a register) and the weighted sum's registers kept out of the lambda's
+// capture. One position at a time, a score waited on its own chain of 16 adds, and the sum's
+// registers lived on the stack: prefill of 2,048 tokens took 2.05 s where it now takes 1.00 s
+// on a Zen 4 VM (bench/attention_bench, docs/performance.md).
 #include <immintrin.h>
 
+#include "core/cpu/ops/attention_lanes8.h"
 #include "core/cpu/ops/attention_simd.h"
 
 namespace glmserve::internal {
 namespace {
 
-// LaneDot<8>(a, b, n): lane j of 8 takes a[i + j] b[i + j] for i = 0, 8, ...; the tail's
-// missing lanes are left alone (masked), not given +0; then (j, j+4), (j, j+2), (j, j+1).
-inline float LaneDot8(const float* a, const float* b, int64_t n) {
-  __m256 lane = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    lane = _mm256_add_ps(lane, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  }
-  if (i < n) {
-    const __mmask8 m = static_cast<__mmask8>((1u << (n - i)) - 1);
-    const __m256 p =
-        _mm256_mul_ps(_mm256_maskz_loadu_ps(m, a + i), _mm256_maskz_loadu_ps(m, b + i));
-    lane = _mm256_mask_add_ps(lane, m, lane, p);
-  }
+// The lane tree of LaneDot<8>: (j, j+4), (j, j+2), (j, j+1).
+inline float ReduceLanes8(__m256 lane) {
   const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
   const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
   const __m128 w1 = _mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1));
   return _mm_cvtss_f32(w1);
+}
+
+// LaneDot<8>(a, b_r, n) for R rows b_r = b + r ldb at once: lane j of 8 takes a[i + j] b[i + j]
+// for i = 0, 8, ...; the tail's missing lanes are left alone (masked), not given +0; then the
+// tree. Each row's lanes are its own chain, exactly a lone LaneDot<8>'s: several rows at once
+// only overlap their chains. One row's chain of adds held the scores loop to the add latency,
+// 16 dependent adds per 128-wide score.
+template <int R>
+inline void LaneDot8Rows(const float* a, const float* b, int64_t ldb, int64_t n, float scale,
+                         float* out) {
+  __m256 lane[R];
+  for (int r = 0; r < R; ++r) lane[r] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 av = _mm256_loadu_ps(a + i);
+    for (int r = 0; r < R; ++r) {
+      lane[r] = _mm256_add_ps(lane[r], _mm256_mul_ps(av, _mm256_loadu_ps(b + r * ldb + i)));
+    }
+  }
+  if (i < n) {
+    const __mmask8 m = static_cast<__mmask8>((1u << (n - i)) - 1);
+    const __m256 av = _mm256_maskz_loadu_ps(m, a + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 p = _mm256_mul_ps(av, _mm256_maskz_loadu_ps(m, b + r * ldb + i));
+      lane[r] = _mm256_mask_add_ps(lane[r], m, lane[r], p);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = ReduceLanes8(lane[r]) * scale;
 }
 
 // A head's slice of each cached position sits in its own 4 KiB page (rows are kv_dim wide),
@@ -42,45 +66,92 @@ inline void PrefetchRow(const float* row, int64_t n) {
     _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
 }
 
+// The weighted sum's chunk of V registers of 16 (the last masked by `last`), which stay in
+// registers through each run of positions. Updated in place through the lambda's capture (and
+// indexed by a run-time count), GCC kept them on the stack, and every position's adds waited
+// on a store and a reload.
+template <int V>
+void SumChunk(const AttentionRows& rows, const float* probs, int64_t d0, __mmask16 last,
+              float* out) {
+  __m512 acc[V];
+  for (int j = 0; j < V; ++j) {
+    acc[j] = j + 1 < V ? _mm512_loadu_ps(out + d0 + 16 * j)
+                       : _mm512_maskz_loadu_ps(last, out + d0 + 16 * j);
+  }
+  // Packed rows are contiguous, which the hardware prefetchers follow.
+  const bool prefetch = rows.packed == nullptr;
+  const int64_t stride = rows.kv_dim, context = rows.context, width = 16 * V;
+  rows.ForEachRun(true, [&](int64_t p0, const float* row, int64_t count) {
+    __m512 a[V];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) a[j] = acc[j];
+    for (int64_t i = 0; i < count; ++i, row += stride) {
+      const __m512 w = _mm512_set1_ps(probs[p0 + i]);
+      const float* v = row + d0;
+      if (prefetch && p0 + i + kPrefetchAhead < context) {
+        PrefetchRow(v + kPrefetchAhead * stride, width);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j + 1 < V; ++j) {
+        a[j] = _mm512_add_ps(a[j], _mm512_mul_ps(w, _mm512_loadu_ps(v + 16 * j)));
+      }
+      a[V - 1] =
+          _mm512_add_ps(a[V - 1], _mm512_mul_ps(w, _mm512_maskz_loadu_ps(last, v + 16 * (V - 1))));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) acc[j] = a[j];
+  });
+  for (int j = 0; j < V; ++j) {
+    if (j + 1 < V) {
+      _mm512_storeu_ps(out + d0 + 16 * j, acc[j]);
+    } else {
+      _mm512_mask_storeu_ps(out + d0 + 16 * j, last, acc[j]);
+    }
+  }
+}
+
+using SumChunkFn = void (*)(const AttentionRows&, const float*, int64_t, __mmask16, float*);
+constexpr SumChunkFn kSumChunks[8] = {SumChunk<1>, SumChunk<2>, SumChunk<3>, SumChunk<4>,
+                                      SumChunk<5>, SumChunk<6>, SumChunk<7>, SumChunk<8>};
+
 }  // namespace
 
 void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores) {
-  rows.ForEach(false, [&](int64_t p, const float* k) {
-    if (p + kPrefetchAhead < rows.context)
-      PrefetchRow(k + kPrefetchAhead * rows.kv_dim, rows.head_dim);
-    scores[p] = LaneDot8(q, k, rows.head_dim) * scale;
+  const int64_t hd = rows.head_dim, ld = rows.kv_dim;
+  const bool prefetch = rows.packed == nullptr;  // as in SumChunk
+  rows.ForEachRun(false, [&](int64_t p, const float* k, int64_t count) {
+    int64_t i = 0;
+    // Eight positions at a time, their lane trees in one register (lanes8::ReduceEight); a
+    // ragged head dim four at a time with masked tails.
+    if (hd % 8 == 0) {
+      for (; i + 8 <= count; i += 8) {
+        if (prefetch && p + i + 8 + kPrefetchAhead <= rows.context) {
+          for (int j = 0; j < 8; ++j) PrefetchRow(k + (i + kPrefetchAhead + j) * ld, hd);
+        }
+        lanes8::ScoresOfEight(q, k + i * ld, ld, hd, scale, scores + p + i);
+      }
+    }
+    for (; i + 4 <= count; i += 4) {
+      if (prefetch && p + i + 4 + kPrefetchAhead <= rows.context) {
+        for (int j = 0; j < 4; ++j) PrefetchRow(k + (i + kPrefetchAhead + j) * ld, hd);
+      }
+      LaneDot8Rows<4>(q, k + i * ld, ld, hd, scale, scores + p + i);
+    }
+    for (; i < count; ++i) {
+      if (prefetch && p + i + kPrefetchAhead < rows.context)
+        PrefetchRow(k + (i + kPrefetchAhead) * ld, hd);
+      LaneDot8Rows<1>(q, k + i * ld, ld, hd, scale, scores + p + i);
+    }
   });
 }
 
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out) {
-  // Chunks of up to 8 registers of the output row stay in registers through all positions.
-  constexpr int64_t kChunk = 128;
+  constexpr int64_t kChunk = 128;  // 8 registers
   for (int64_t d0 = 0; d0 < rows.head_dim; d0 += kChunk) {
     const int64_t width = std::min<int64_t>(kChunk, rows.head_dim - d0);
-    const int64_t vecs = (width + 15) / 16;
-    __mmask16 last = static_cast<__mmask16>(width % 16 == 0 ? 0xffff : (1u << (width % 16)) - 1);
-    __m512 acc[8];
-    for (int64_t j = 0; j < vecs; ++j) {
-      acc[j] = j + 1 < vecs ? _mm512_loadu_ps(out + d0 + 16 * j)
-                            : _mm512_maskz_loadu_ps(last, out + d0 + 16 * j);
-    }
-    rows.ForEach(true, [&](int64_t p, const float* row) {
-      const float* v = row + d0;
-      if (p + kPrefetchAhead < rows.context) PrefetchRow(v + kPrefetchAhead * rows.kv_dim, width);
-      const __m512 w = _mm512_set1_ps(probs[p]);
-      for (int64_t j = 0; j < vecs; ++j) {
-        const __m512 vv =
-            j + 1 < vecs ? _mm512_loadu_ps(v + 16 * j) : _mm512_maskz_loadu_ps(last, v + 16 * j);
-        acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(w, vv));
-      }
-    });
-    for (int64_t j = 0; j < vecs; ++j) {
-      if (j + 1 < vecs) {
-        _mm512_storeu_ps(out + d0 + 16 * j, acc[j]);
-      } else {
-        _mm512_mask_storeu_ps(out + d0 + 16 * j, last, acc[j]);
-      }
-    }
+    const int64_t vecs = (width + 15) / 16, tail = width - 16 * (vecs - 1);
+    const __mmask16 last = static_cast<__mmask16>(tail == 16 ? 0xffff : (1u << tail) - 1);
+    kSumChunks[vecs - 1](rows, probs, d0, last, out);
   }
 }
 
