@@ -35,9 +35,9 @@ constexpr int64_t kBlockKInt8 = 2048;
 constexpr int64_t kBlockMInt8 = 32;
 
 struct Rows {
-  const int8_t* q;         // [4, ld] from the tile's first row
+  const int8_t* q;         // [NR, ld] from the tile's first row
   int64_t ld;              // = K
-  const uint16_t* scales;  // bf16 bits [4, groups]
+  const uint16_t* scales;  // bf16 bits [NR, groups]
   int64_t groups;
 };
 
@@ -60,15 +60,15 @@ inline __m512 StepScales(const uint16_t* s, bool both) {
 }
 
 struct Act {
-  const int8_t* q;       // [4, kp]
-  const float* scale;    // [4, kp / 4]
-  const int32_t* minus;  // [4, kp / 4]
+  const int8_t* q;       // [MR, kp]
+  const float* scale;    // [MR, kp / 4]
+  const int32_t* minus;  // [MR, kp / 4]
   int64_t kp;
 };
 
 // Lanes of an MR x NR tile over k in [k_begin, k_end) (multiples of 64, or K's padded end):
-// started from zero (first) or from `lanes`; at the end reduced into y (+ bias) (last) or
-// saved to `lanes`.
+// started from zero (first) or from `lanes`; at the end saved to `lanes` and, after K's last
+// block (last), reduced into y (+ bias).
 template <int MR, int NR>
 void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t k_end, bool first,
           bool last, float* lanes, float* y, int64_t ldy, const float* bias) {
