@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <vector>
 
@@ -36,5 +37,14 @@ struct CacheLineAllocator {
 
 template <typename T>
 using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
+// A reused arena sized to at least n elements, never shrunk: its users write every element they
+// read, and a resize back up after a smaller call (a decode step after a prompt) would zero-fill
+// the regrown part again. Returns its data.
+template <typename T>
+T* GrowTo(AlignedVector<T>* arena, int64_t n) {
+  if (static_cast<int64_t>(arena->size()) < n) arena->resize(n);
+  return arena->data();
+}
 
 }  // namespace glmserve

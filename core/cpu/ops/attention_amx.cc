@@ -452,8 +452,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
       total += size;
       ++last;
     }
-    if (static_cast<int64_t>(arena.size()) < total) arena.resize(total);
-    uint16_t* packed = arena.data();  // the workers must not name this thread's thread_local
+    uint16_t* packed = GrowTo(&arena, total);  // the workers must not name this thread_local
     std::vector<int64_t> pack_starts{0}, block_starts{0};
     // A row work item: up to kStagedRowBlocks consecutive row blocks of one unit.
     constexpr int64_t kRun = internal::kStagedRowBlocks;

@@ -27,12 +27,8 @@ void SwiGluFfn(const float* x, int64_t m, const FfnWeights& w, float* y, CpuMath
   // vectors were 180 MB zeroed and faulted in per 2,048-token dense layer of glm-4.5-air, about
   // 0.04 s. Every element is written by the projections before it is read.
   static thread_local AlignedVector<float> gate_arena, up_arena;
-  if (static_cast<int64_t>(gate_arena.size()) < m * width) {
-    gate_arena.resize(m * width);
-    up_arena.resize(m * width);
-  }
-  float* gate = gate_arena.data();
-  float* up = up_arena.data();
+  float* gate = GrowTo(&gate_arena, m * width);
+  float* up = GrowTo(&up_arena, m * width);
   const LinearJob jobs[] = {{x, m, &w.gate, nullptr, gate}, {x, m, &w.up, nullptr, up}};
   LinearMany(jobs, math);
   SiluMul(gate, up, m * width);

@@ -35,11 +35,7 @@ class ScratchLease {
   }
   ScratchLease(const ScratchLease&) = delete;
   ScratchLease& operator=(const ScratchLease&) = delete;
-  uint16_t* Get(int64_t elements) {
-    AlignedVector<uint16_t>& v = owner_ ? arena_ : own_;
-    if (static_cast<int64_t>(v.size()) < elements) v.resize(elements);
-    return v.data();
-  }
+  uint16_t* Get(int64_t elements) { return GrowTo(owner_ ? &arena_ : &own_, elements); }
 
  private:
   static constexpr size_t kKeepBytes = size_t{256} << 20;

@@ -71,22 +71,14 @@ void MoeFfn(const float* x, int64_t tokens, const MoeWeights& w, const RouterPar
   for (int64_t e = 0; e < p.n_experts && width == 0; ++e) width = w.experts[e].gate.rows;
   const int64_t shared_rows = w.has_shared() ? tokens : 0;
   const int64_t gate_size = routed_rows * width + shared_rows * w.shared.gate.rows;
-  // They only grow: every element a call reads it writes first, and a resize back up after a
-  // smaller call (a decode step, or the last layer's few kept rows) would zero-fill the regrown
-  // part, ~0.7 GB, on the next prompt's first MoE layer.
-  static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
-  const auto at_least = [](AlignedVector<float>& v, int64_t n) {
-    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  };
-  at_least(gathered_arena, routed_rows * hidden);
-  at_least(gate_arena, gate_size);
-  at_least(up_arena, gate_size);
-  at_least(out_arena, (routed_rows + shared_rows) * hidden);
+  // They only grow (GrowTo): shrunk after a smaller call (a decode step, or the last layer's
+  // few kept rows), they were zero-filled again, ~0.7 GB, on the next prompt's first MoE layer.
   // Plain pointers: the pool's threads must not name this thread's thread_locals.
-  float* gathered = gathered_arena.data();
-  float* gate = gate_arena.data();
-  float* up = up_arena.data();
-  float* out = out_arena.data();
+  static thread_local AlignedVector<float> gathered_arena, gate_arena, up_arena, out_arena;
+  float* gathered = GrowTo(&gathered_arena, routed_rows * hidden);
+  float* gate = GrowTo(&gate_arena, gate_size);
+  float* up = GrowTo(&up_arena, gate_size);
+  float* out = GrowTo(&out_arena, (routed_rows + shared_rows) * hidden);
   ParallelFor(routed_rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       std::copy_n(x + gathered_token[r] * hidden, hidden, gathered + r * hidden);
