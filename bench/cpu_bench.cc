@@ -217,7 +217,7 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
   const bool int8 = glmserve::bench::Int8Weights(mode_name);
   const std::string mode_label =
       mode_name + " (" +
-      (int8 ? glmserve::LinearInt8KernelName(math) : glmserve::LinearKernelName(math)) + ")";
+      (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
   const char* mode = mode_label.c_str();
   // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
   // their emulation is fp32 scalar code, so the FMA peak).

@@ -1,9 +1,9 @@
 // The CPU arithmetic modes the CPU benches compare (--modes=exact,bf16,bf16_amx,int8), parsed
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
 // (--cpu_math=bf16_amx), int8 (weights quantized at load, --weight_dtype=int8, with
-// --cpu_math=bf16: the lane-wise int8 arithmetic, core/cpu/ops/linear.h) and int8_amx (the same
-// weights with --cpu_math=bf16_amx: the group-serial int8 arithmetic on the AMX tile unit,
-// linear_int8_amx.h), plus exact_portable: the exact arithmetic on the portable kernels,
+// --cpu_math=bf16; the int8 arithmetic, core/cpu/ops/linear.h) and int8_amx (the same weights
+// with --cpu_math=bf16_amx: the same int8 arithmetic and kernel, the rest in bf16_amx), plus
+// exact_portable: the exact arithmetic on the portable kernels,
 // whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run).
 #pragma once
 

@@ -6,8 +6,8 @@
 // average). Interleaved rounds, medians: the machine is shared, so only same-run ratios mean
 // anything. Run by hand while tuning a kernel (not in CI):
 //   build/bench/linear_bench --threads=2 --modes=bf16_amx,bf16 --rounds=5
-// int8 and int8_amx quantize the same matrices (core/cpu/quantize.h) and run their own kernels
-// (lane-wise; group-serial on the AMX tile unit).
+// int8 and int8_amx quantize the same matrices (core/cpu/quantize.h) and run the same int8
+// kernel (AMX, AVX512-VNNI or AVX2: one arithmetic).
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
     const double e = moe_flops / Median(moe_s[i]) / 1e9;
     const double gbs = moe_bytes / Median(moe_s[i]) / 1e9;
     std::printf("| %s (%s) | %.0f | %.2f | %.0f | %.2f | %.1f | %.2f |\n", (*modes)[i].c_str(),
-                int8 ? glmserve::LinearInt8KernelName(math) : glmserve::LinearKernelName(math), d,
+                int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math), d,
                 d / peak, e, e / peak, gbs, gbs / limits.read_gbs);
   }
   return 0;

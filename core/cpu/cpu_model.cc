@@ -84,12 +84,12 @@ std::string CpuModel::SingleRankDescription() const {
   // Only bf16 matrices take the bf16 arithmetic (linear.h); say so when the weights are not.
   const bool bf16_weights = weights_.weight_dtype == DType::kBF16;
   if (weights_.linear_format == WeightFormat::kInt8Groups) {
-    // Int8 matrices run their own arithmetic (linear.h; group-serial in bf16_amx,
-    // linear_int8_amx.h); the unquantized rest (a tied head) runs math_.
+    // Int8 matrices run their own arithmetic in every mode (linear.h); the unquantized rest (a
+    // tied head) runs math_.
     return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
                         ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
                         std::string(DTypeName(weights_.weight_dtype)),
-                        "), activations int8 per group (kernel ", LinearInt8KernelName(math_), ")");
+                        "), activations int8 per group (kernel ", LinearInt8KernelName(), ")");
   }
   if (weights_.linear_format == WeightFormat::kFp8Scaled) {
     // FP8 matrices always run the exact arithmetic (linear.h); the unquantized rest as math_.

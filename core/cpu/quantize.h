@@ -25,9 +25,8 @@ const char* WeightQuantName(WeightQuant q);  // "stored", "int8", "fp8_channel",
 // One of those names; INVALID_ARGUMENT naming the accepted values otherwise.
 absl::StatusOr<WeightQuant> ParseWeightQuant(absl::string_view name);
 // The one rule for combining the two flags: int8 weights are a choice within the approximate
-// arithmetic (--cpu_math=bf16 or bf16_amx; the int8 matrices run their own int32-dot arithmetic,
-// lane-wise in bf16 and group-serial on the AMX tile unit in bf16_amx, the unquantized ones the
-// mode's), never a silent change of the exact mode.
+// arithmetic (--cpu_math=bf16 or bf16_amx; the int8 matrices run their own int32-dot arithmetic
+// in either, the unquantized ones the mode's), never a silent change of the exact mode.
 // INVALID_ARGUMENT naming the fix otherwise.
 absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
 

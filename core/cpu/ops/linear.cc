@@ -203,7 +203,6 @@ struct Task {
   Bf16Job bf16;
   AmxJob amx;
   Int8Job int8;
-  bool int8_amx = false;  // int8 in kBf16Amx: the group-serial arithmetic (linear_int8_amx.h)
   int64_t rows() const { return exact.w->rows; }
   int64_t m() const { return exact.m; }
 };
@@ -212,11 +211,11 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
-  // The VNNI kernel reads the lane operands, which LinearMany fills only where it runs.
+  // The operands LinearMany packed name the kernel (Int8OperandsFor); all give the same bits.
   const auto int8_kernel = [](const Int8Activation& x) {
-    return CpuHasAvx512Vnni() && !x.lane_scale.empty() ? Int8BlockAvx512Vnni
-           : CpuHasAvx2Fma()                           ? Int8BlockAvx2
-                                                       : Int8BlockGeneric;
+    return x.operands == Int8Operands::kVnniTiles ? Int8BlockAvx512Vnni
+           : CpuHasAvx2Fma()                      ? Int8BlockAvx2
+                                                  : Int8BlockGeneric;
   };
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
@@ -238,13 +237,8 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     };
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].int8.x != nullptr && tasks[j].int8_amx) {
-        // Unpacked activations (AMX was off when LinearMany quantized them): the emulation,
-        // which reads the codes directly and gives the same bits.
-        if (!amx_int8 || tasks[j].int8.x->tiles.empty()) {
-          Int8AmxBlockEmulated(tasks[j].int8, b - starts[j]);
-          continue;
-        }
+      if (tasks[j].int8.x != nullptr && amx_int8 &&
+          tasks[j].int8.x->operands == Int8Operands::kAmxTiles) {
         use_tiles(Tiles::kInt8);
         Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
@@ -286,7 +280,7 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   std::vector<internal::Task> tasks(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) tasks[j].exact = jobs[j];
   // Which jobs take the bf16 arithmetic: bf16 weights in kBf16 (int8 weights take their own,
-  // below, in either mode).
+  // below, in every mode).
   auto takes_bf16 = [math](const LinearJob& job) {
     const Matrix& w = *job.w;
     return job.m > 0 && w.format == WeightFormat::kDense && math == CpuMath::kBf16 &&
@@ -298,20 +292,13 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     return job.m > 0 && math == CpuMath::kBf16Amx && w.format == WeightFormat::kDense &&
            w.dtype == DType::kBF16;
   };
-  // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs);
-  // a deque keeps the addresses the tasks hold. kBf16Amx runs them group-serially, packed
-  // for the tile unit where it runs there.
+  // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs),
+  // with the operands this machine's kernel reads; a deque keeps the addresses the tasks hold.
   struct Quantized {
     const float* x;
     internal::Int8Activation a;
   };
   std::deque<Quantized> quantized;
-  const bool int8_amx = math == CpuMath::kBf16Amx;
-  const internal::Int8Operands operands =
-      int8_amx ? (internal::CpuHasAmxInt8() ? internal::Int8Operands::kAmxTiles
-                                            : internal::Int8Operands::kGroups)
-      : internal::CpuHasAvx512Vnni() ? internal::Int8Operands::kVnniLanes
-                                     : internal::Int8Operands::kGroups;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const LinearJob& job = jobs[j];
     if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
@@ -321,10 +308,9 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     if (it == quantized.end()) {
       quantized.push_back({job.x, {}});
       it = quantized.end() - 1;
-      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, operands);
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, internal::Int8OperandsFor(job.m));
     }
     tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
-    tasks[j].int8_amx = int8_amx;
   }
   // Each distinct activation of those is rounded to bf16 once (q/k/v and gate/up share
   // theirs), in parallel over rows; the rounding is elementwise, so its cut cannot change a bit.
@@ -405,10 +391,8 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
   LinearMany({job}, math);
 }
 
-const char* LinearInt8KernelName(CpuMath math) {
-  if (math == CpuMath::kBf16Amx) {
-    return internal::CpuHasAmxInt8() ? "amx_int8" : "generic_amx_int8";
-  }
+const char* LinearInt8KernelName() {
+  if (internal::CpuHasAmxInt8()) return "amx_int8";
   if (internal::CpuHasAvx512Vnni()) return "avx512_vnni";
   return internal::CpuHasAvx2Fma() ? "avx2_int8" : "generic_int8";
 }

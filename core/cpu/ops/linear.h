@@ -15,17 +15,18 @@
 //    emulation gives the same bits where the CPU or the OS lacks AMX (much slower). Other
 //    weight dtypes run the exact arithmetic, as in kBf16.
 // Int8 weights (WeightFormat::kInt8Groups, core/cpu/quantize.h) take their own arithmetic in every
-// mode (linear_int8.cc), the scheme of llama.cpp's Q8_0 dot product: each activation row is
-// quantized per 32-wide group exactly as the weights are (int8, scale amax / 127), and the
-// products of the two int8 vectors are summed exactly in int32. Lane l (of 16) takes, for
-// s = 0, 1, ..., the 4 products k = 64 s + 4 l .. + 3 as one exact integer d, then
-// lane += float(d) * (x_scale * w_scale) as one FMA (the scales' product one rounding), over
-// all of K (past-the-end elements and groups read as zero); same lane tree, then the bias.
-// On AVX512-VNNI that is vpdpbusd (weights biased to unsigned in registers, the bias taken
-// back by a per-lane correction of the activation), a conversion and an FMA per 64 weights.
-// In kBf16Amx, int8 weights take the group-serial form of that arithmetic instead (one exact
-// int32 dot per 32-wide group, one FMA per group, groups in order: linear_int8_amx.h), the one
-// AMX's TDPBSSD can run; a portable emulation gives its bits where AMX-INT8 is missing.
+// mode, the scheme of llama.cpp's Q8_0 dot product summed "group-serially": each activation row
+// is quantized per 32-wide group exactly as the weights are (int8, scale amax / 127), and per
+// output element y[i][n], over the groups g = 0 .. ceil(K/32) - 1 in order,
+//   d   = sum over the group's 32 k of xq[i][k] * wq[n][k]     (exact int32; past K both are 0)
+//   acc = fma(float(d), xs[i][g] * ws[n][g], acc)              (acc starts at +0)
+// then y = acc + bias[n]. |d| <= 32 * 127 * 127 < 2^24, so float(d) is exact; the scales'
+// product is one rounding and the FMA one more. Every int8 kernel gives these bits: AMX's
+// TDPBSSD (one 32-wide K tile is one group's dot: linear_int8_amx.h), AVX512-VNNI's vpdpbusd
+// (linear_int8_avx512vnni.cc), AVX2 (linear_int8_avx2.cc) and the portable reference
+// (Int8BlockGeneric); they differ only in how they find d, which is exact whatever the order.
+// (Until 2026-12 kExact and kBf16 summed 16 lanes of 4 products and a tree instead, which cost
+// AVX-512 four vector operations per vpdpbusd; the two arithmetics gave different bits.)
 // FP8 weights (WeightFormat::kFp8Scaled, core/model/fp8.h) take the exact arithmetic in both modes:
 // each K block of 512 of a task's rows is widened from one byte per weight to fp32 (e4m3 x
 // its block's scale, one rounding) into an L2-resident panel, then the exact tiles run over it.
@@ -72,10 +73,10 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // exact emulation of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16"
 // (kBf16Amx, likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
-// The kernel int8 weights run on in `math`: "avx512_vnni", "avx2_int8" or "generic_int8" (all
-// three give the same bits) in kExact and kBf16; "amx_int8" or "generic_amx_int8" in kBf16Amx
-// (the group-serial arithmetic, on the tile unit or emulated, the same bits).
-const char* LinearInt8KernelName(CpuMath math = CpuMath::kBf16);
+// The kernel int8 weights run on (any mode; all give the same bits): "amx_int8",
+// "avx512_vnni" (activations of kInt8VnniMinRows rows or more; fewer run "avx2_int8"),
+// "avx2_int8" or "generic_int8".
+const char* LinearInt8KernelName();
 
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
@@ -112,24 +113,29 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
 const float* E4m3Table();
 // Int8 weights: the activation rows quantized once per LinearMany (shared by every job that
 // reads the same activation). kp = k rounded up to 64; past-the-end values are zero.
-// Every kernel reads q and group_scale; the rest is filled only for the kernel that reads it
-// (a 2,048-token MoE call's lane arrays alone were 150 MB of writes that the AVX2 and AMX
-// kernels never read).
+// Every kernel but AMX's and VNNI's reads q and group_scale; those two read the tiles, packed
+// only for them.
+enum class Int8Operands {
+  kGroups,     // q and group_scale
+  kAmxTiles,   // and the tiles, for AMX (linear_int8_amx.h)
+  kVnniTiles,  // and the tiles with each code biased by 128, for AVX512-VNNI's vpdpbusd
+};
 struct Int8Activation {
   int64_t m = 0, k = 0, kp = 0;
+  Int8Operands operands = Int8Operands::kGroups;
   std::vector<int8_t> q;           // [m, kp]: round(x / scale) per 32-wide group
   std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
-  // The AVX512-VNNI kernel's operands (Int8Operands::kVnniLanes): per 4-wide lane slot l, its
-  // group's scale [m, kp / 4] and -128 * (the sum of its 4 values of q) [m, kp / 4].
-  std::vector<float> lane_scale;
-  std::vector<int32_t> lane_minus;
-  // The AMX int8 kernel's operands (linear_int8_amx.h; Int8Operands::kAmxTiles): q packed as B
-  // tiles [ceil(m/16)][kp/32][8][16] words, and the group scales [ceil(m/16)][kp/32][16].
+  // The codes packed per 16 rows and group [ceil(m/16)][kp/32][8][16] words, word (p, i) = the 4
+  // codes q[16 u + i][32 g + 4 p .. + 3] (as unsigned bytes + 128 for kVnniTiles; rows past m
+  // are codes 0), and the group scales [ceil(m/16)][kp/32][16] (0 past m).
   std::vector<int32_t> tiles;
   std::vector<float> tile_scale;
 };
-// What QuantizeActivationInt8 fills beyond q and group_scale.
-enum class Int8Operands { kGroups, kVnniLanes, kAmxTiles };
+// The VNNI kernel's lanes lie along activation rows; below this many rows (decode) the AVX2
+// kernel, whose lanes lie along K, is faster, and LinearMany packs no tiles.
+inline constexpr int64_t kInt8VnniMinRows = 4;
+// What LinearMany packs for an activation of m rows on this machine.
+Int8Operands Int8OperandsFor(int64_t m);
 // Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many). Each
 // group as QuantizeGroupInt8 (core/cpu/quantize.h) defines it; on AVX2 eight at a time, the
 // same bits.
@@ -143,12 +149,13 @@ struct Int8Job {
   const float* bias = nullptr;
   float* y = nullptr;  // [x->m, w->rows]
 };
-// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job: the portable kernel and the
-// AVX512-VNNI one, bit-identical.
+// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
+// portable reference, the VNNI kernel (needs kVnniTiles) and the AVX2 one (AMX's:
+// linear_int8_amx.h).
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
-void Int8BlockAvx2(const Int8Job& job, int64_t nb);  // the same bits on AVX2
-bool CpuHasAvx512Vnni();                             // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
+void Int8BlockAvx2(const Int8Job& job, int64_t nb);
+bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task

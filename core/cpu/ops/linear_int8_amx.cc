@@ -1,6 +1,7 @@
-// The group-serial int8 arithmetic (linear_int8_amx.h): the activation packing, the portable
-// emulation that defines the bits, the tile configuration and the one-tile test hook. The
-// hardware kernel is in linear_int8_amx_avx512.cc (it scales with AVX-512).
+// The AMX int8 kernel's support (linear_int8_amx.h): the activation packing (shared with the
+// VNNI kernel), the software tile model, the tile configuration and the one-tile test hook. The
+// hardware kernel is in linear_int8_amx_avx512.cc (it scales with AVX-512); the reference that
+// defines the bits is Int8BlockGeneric (linear_int8.cc).
 #include "core/cpu/ops/linear_int8_amx.h"
 
 #include <algorithm>
@@ -30,43 +31,19 @@ void PackInt8AmxBlock(Int8Activation* a, int64_t block) {
   const int64_t kp = a->kp, groups = kp / kInt8Group;
   int32_t* tiles = a->tiles.data() + block * groups * kTileWords;
   float* scales = a->tile_scale.data() + block * groups * kAmxTileRows;
+  // vpdpbusd takes the activation as unsigned bytes: code + 128, the top bit of each flipped.
+  const uint32_t flip = a->operands == Int8Operands::kVnniTiles ? 0x80808080u : 0;
   for (int64_t i = 0; i < kAmxTileRows; ++i) {
     const int64_t r = block * kAmxTileRows + i;
     const int8_t* q = r < a->m ? a->q.data() + r * kp : nullptr;
     for (int64_t g = 0; g < groups; ++g) {
       // Word (p, i) of tile (block, g): the 4 codes at k = 32 g + 4 p of row i.
       for (int64_t p = 0; p < 8; ++p) {
-        int32_t word = 0;
+        uint32_t word = 0;
         if (q != nullptr) std::memcpy(&word, q + g * kInt8Group + 4 * p, 4);
-        tiles[g * kTileWords + p * kAmxTileRows + i] = word;
+        tiles[g * kTileWords + p * kAmxTileRows + i] = static_cast<int32_t>(word ^ flip);
       }
       scales[g * kAmxTileRows + i] = q != nullptr ? a->group_scale[r * groups + g] : 0.0f;
-    }
-  }
-}
-
-void Int8AmxBlockEmulated(const Int8Job& job, int64_t nb) {
-  const Matrix& w = *job.w;
-  const Int8Activation& x = *job.x;
-  const int64_t n_rows = w.rows, k_total = w.cols, groups = w.scale_cols();
-  const int64_t x_groups = x.kp / kInt8Group;
-  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-  const int8_t* q = static_cast<const int8_t*>(w.data);
-  for (int64_t n = n0; n < n0 + nn; ++n) {
-    const int8_t* wq = q + n * k_total;
-    const uint16_t* ws = w.group_scales + n * groups;
-    for (int64_t i = 0; i < x.m; ++i) {
-      const int8_t* xq = x.q.data() + i * x.kp;
-      const float* xs = x.group_scale.data() + i * x_groups;
-      float acc = 0.0f;
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k_total - begin);
-        int32_t d = 0;  // exact: |d| <= 32 * 127 * 127
-        for (int64_t t = begin; t < begin + len; ++t) d += int32_t{xq[t]} * wq[t];
-        acc = std::fma(static_cast<float>(d), xs[g] * Bf16ToFloat(ws[g]), acc);
-      }
-      if (job.bias != nullptr) acc += job.bias[n];
-      job.y[i * n_rows + n] = acc;
     }
   }
 }
@@ -188,13 +165,13 @@ GLM_AMX_INT8_TARGET bool AmxInt8TileDpHardware(int32_t* c, const int8_t* a, cons
   return true;
 }
 
-#else  // not x86-64: no AMX; the emulation serves the int8 weights of kBf16Amx
+#else  // not x86-64: no AMX; the portable kernel serves the int8 weights
 
 bool AmxInt8Permitted() { return false; }
 bool CpuHasAmxInt8() { return false; }
 void Int8AmxThreadBegin() {}
 bool AmxInt8TileDpHardware(int32_t*, const int8_t*, const int8_t*) { return false; }
-void Int8AmxBlockHardware(const Int8Job& job, int64_t nb) { Int8AmxBlockEmulated(job, nb); }
+void Int8AmxBlockHardware(const Int8Job& job, int64_t nb) { Int8BlockGeneric(job, nb); }
 
 #endif
 

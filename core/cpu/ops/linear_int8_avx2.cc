@@ -1,12 +1,16 @@
-// The int8-weight Linear kernel on AVX2 (x86-64 without AVX512-VNNI; arithmetic: linear.h;
-// portable reference: linear_int8.cc, which this kernel matches bit for bit). The 16 lanes of
-// the arithmetic are two 8-wide registers: per 64 weights of a row, the low one takes bytes
-// 0-31 (the first 32-wide group) and the high one bytes 32-63 (the second). A lane's exact
-// int32 dot of 4 products comes from vpmaddubsw on |x| (unsigned) and w with x's sign
-// (signed), then vpmaddwd with ones: both sides lie in [-127, 127], so a pair's sum is at most
-// 2 * 127 * 127 = 32258 and the 16-bit step cannot saturate. Then, as on AVX512-VNNI, one
-// exact conversion and one FMA with the scales' product (one rounding), the same lane tree
-// and the bias.
+// The int8-weight Linear kernel on AVX2 (arithmetic: linear.h, "group-serial"; reference:
+// Int8BlockGeneric in linear_int8.cc, which this kernel matches bit for bit). It serves every
+// activation on x86-64 without AVX512-VNNI, and the decode-sized ones (fewer rows than
+// kInt8VnniMinRows) where that kernel exists: its lanes lie along the activation rows, which a
+// single row would leave 15/16 empty.
+//
+// Lanes lie along K here: one 8-wide register holds a group's 32 codes. A group's exact dot
+// comes from vpmaddubsw on |x| (unsigned) and w with x's sign (signed), then vpmaddwd with ones:
+// both sides lie in [-127, 127], so a pair's sum is at most 2 * 127 * 127 = 32258 and the 16-bit
+// step cannot saturate; 8 int32 partial sums remain. The partial sums of 8 weight rows reduce
+// together into one register of 8 dots (integer sums are exact, so the tree's order cannot
+// matter), and the per-group step runs 8 outputs wide: one exact conversion, the scales' product
+// (one rounding), one FMA, over the groups in order.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,40 +19,16 @@
 #include <limits>
 #include <vector>
 
-#include "core/cpu/ops/avx2_lanes.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
 namespace {
 
-using avx2::ReduceLanes;
-
-// Register tiles of up to 2 activation rows x 2 weight rows: 8 accumulators, and per half a
-// step the two rows' weights and scales, one activation's magnitude, sign source and scales.
-constexpr int kTileM = 2;
-constexpr int kTileN = 2;
-// K elements per block when several activation tiles share a weight tile (as on VNNI).
-constexpr int64_t kBlockKInt8 = 2048;
-// Activation rows per pass over the task's weight tiles. A long prompt's activations (2,048
-// rows of a 4,096-wide layer: 8 MB of codes and 8 MB of lane scales) do not fit any cache: read
-// whole for every 2-row weight tile, they made the dense prefill GEMMs memory-bound (0.13 of
-// the peak on glm-4.5-air:layers=3 at 2,048 tokens). A block of 32 rows' K block (128 KB with
-// its scales) stays in L2 while every weight tile of the task meets it.
-constexpr int64_t kBlockMInt8 = 32;
-
-struct Rows {
-  const int8_t* q;      // [NR, ld] from the tile's first row
-  int64_t ld;           // = K
-  const float* scales;  // [NR, sld]: the bf16 group scales widened, 0 past the last group
-  int64_t sld;          // = kp / 32
-};
-
-struct Act {
-  const int8_t* q;     // [MR, kp]
-  const float* scale;  // [MR, kp / 32]: group scales (a half step's 8 lanes share one)
-  int64_t kp;
-};
+constexpr int kChunk = 8;  // weight rows whose dots reduce into one register
+// Activation rows per pass over the task's chunks: their codes (32 rows x K) stay in L2 while
+// every chunk of the task meets them; a chunk (8 rows x K) stays in L1 or L2 for all of them.
+constexpr int64_t kBlockRows = 32;
 
 // The exact int32 dots of 4 byte products per lane: x . w over 32 bytes.
 inline __m256i Dot4(__m256i x_abs, __m256i x, __m256i w) {
@@ -56,70 +36,17 @@ inline __m256i Dot4(__m256i x_abs, __m256i x, __m256i w) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-// Lanes of an MR x NR tile over k in [k_begin, k_end) (multiples of 64, or K's padded end):
-// started from zero (first) or from `lanes`; at the end reduced into y (+ bias) (last) or
-// saved to `lanes`.
-template <int MR, int NR>
-void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t k_end, bool first,
-          bool last, float* lanes, float* y, int64_t ldy, const float* bias) {
-  __m256 acc[MR][NR][2];
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n)
-      for (int h = 0; h < 2; ++h)
-        acc[i][n][h] =
-            first ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes + (i * NR + n) * 16 + 8 * h);
-  for (int64_t k = k_begin; k < k_end; k += 64) {
-    // A row's last step may pass its end: those bytes come from a zero-padded copy (they meet
-    // activation zeros, and a load past the matrix is never made).
-    alignas(32) int8_t tail[NR][64];
-    const int8_t* wp[NR];
-    for (int n = 0; n < NR; ++n) {
-      wp[n] = w.q + n * w.ld + k;
-      if (k + 64 > k_total) {
-        std::memset(tail[n], 0, 64);
-        std::memcpy(tail[n], wp[n], static_cast<size_t>(k_total - k));
-        wp[n] = tail[n];
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      // Group g's scales for every lane of this half.
-      const int64_t g = k / kInt8Group + h;
-      __m256i wv[NR];
-      __m256 ws[NR];
-      for (int n = 0; n < NR; ++n) {
-        wv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[n] + 32 * h));
-        ws[n] = _mm256_broadcast_ss(w.scales + n * w.sld + g);
-      }
-      for (int i = 0; i < MR; ++i) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * x.kp + k + 32 * h));
-        const __m256i xa = _mm256_abs_epi8(xv);
-        const __m256 xs = _mm256_broadcast_ss(x.scale + i * (x.kp / kInt8Group) + g);
-        for (int n = 0; n < NR; ++n) {
-          const __m256i d = Dot4(xa, xv, wv[n]);
-          acc[i][n][h] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(xs, ws[n]), acc[i][n][h]);
-        }
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int n = 0; n < NR; ++n) {
-      if (last) {
-        float v = ReduceLanes(acc[i][n][0], acc[i][n][1]);
-        if (bias != nullptr) v += bias[n];
-        y[i * ldy + n] = v;
-      } else {
-        _mm256_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n][0]);
-        _mm256_storeu_ps(lanes + (i * NR + n) * 16 + 8, acc[i][n][1]);
-      }
-    }
-  }
+// Lane c of the result: the sum of v[c]'s 8 lanes.
+inline __m256i Reduce8(const __m256i* v) {
+  // hadd works within 128-bit halves: b0 holds v0..v3's sums of lanes 0-3 (low half) and of
+  // lanes 4-7 (high half), b1 the same for v4..v7.
+  const __m256i b0 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b1 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+                          _mm256_permute2x128_si256(b0, b1, 0x31));
 }
-
-using TileFn = void (*)(const Act&, const Rows&, int64_t, int64_t, int64_t, bool, bool, float*,
-                        float*, int64_t, const float*);
-constexpr TileFn kTiles[kTileM][kTileN] = {{Tile<1, 1>, Tile<1, 2>}, {Tile<2, 1>, Tile<2, 2>}};
 
 }  // namespace
 
@@ -127,38 +54,66 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
   const Matrix& w = *job.w;
   const Int8Activation& x = *job.x;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0);
-  const int64_t m = x.m, n_rows = w.rows, k_total = w.cols, kp = x.kp, groups = w.scale_cols();
-  // One activation tile: its lanes stay in registers through all of K. More rows: K blocks,
-  // so that a block of the weight tile serves every activation tile from L1; lanes wait in
-  // `lanes` between blocks (stored and reloaded exactly).
-  const int64_t kb = m <= kTileM ? kp : kBlockKInt8;
-  thread_local std::vector<float> lanes;
-  lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
-  // A weight tile's scales widened once per pass of an activation block (its tiles all read
-  // them, and a bf16 takes a scalar shift and a broadcast), with zeros for the padded last
-  // step's missing group.
-  const int64_t sld = kp / kInt8Group;
-  thread_local std::vector<float> wscale;
-  wscale.assign(static_cast<size_t>(kTileN * sld), 0.0f);
+  const int64_t n_rows = w.rows, k = w.cols, kp = x.kp, groups = w.scale_cols();
+  const int64_t full = k / kInt8Group, x_groups = kp / kInt8Group;
+  const int64_t chunks = (nn + kChunk - 1) / kChunk;
+  // Per chunk: each group's 8 scales widened (0 for rows past the task), and the rows' tail
+  // groups zero-padded; rows past the task read zeros.
+  thread_local std::vector<float> scale;
+  thread_local std::vector<int8_t> tail, zeros;
+  scale.assign(static_cast<size_t>(chunks * groups * kChunk), 0.0f);
+  tail.assign(static_cast<size_t>(chunks * kChunk * kInt8Group), 0);
+  if (static_cast<int64_t>(zeros.size()) < groups * kInt8Group) {
+    zeros.assign(static_cast<size_t>(groups * kInt8Group), 0);
+  }
   const int8_t* q = static_cast<const int8_t*>(w.data);
-  // Each output's K steps keep their order whatever the blocking, so its bits do not change.
-  for (int64_t m0 = 0; m0 < m; m0 += kBlockMInt8) {
-    const int64_t m1 = std::min(m, m0 + kBlockMInt8);
-    for (int64_t n = 0; n < nn; n += kTileN) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-      for (int r = 0; r < nr; ++r) {
-        const uint16_t* bf16 = w.group_scales + (n0 + n + r) * groups;
-        for (int64_t g = 0; g < groups; ++g) wscale[r * sld + g] = Bf16ToFloat(bf16[g]);
+  for (int64_t r = 0; r < nn; ++r) {
+    const int64_t chunk = r / kChunk, c = r % kChunk;
+    for (int64_t g = 0; g < groups; ++g) {
+      scale[(chunk * groups + g) * kChunk + c] = Bf16ToFloat(w.group_scales[(n0 + r) * groups + g]);
+    }
+    if (full < groups) {
+      std::memcpy(tail.data() + r * kInt8Group, q + (n0 + r) * k + full * kInt8Group,
+                  static_cast<size_t>(k - full * kInt8Group));
+    }
+  }
+  for (int64_t m0 = 0; m0 < x.m; m0 += kBlockRows) {
+    const int64_t m1 = std::min(x.m, m0 + kBlockRows);
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t c0 = chunk * kChunk, nc = std::min<int64_t>(kChunk, nn - c0);
+      const int8_t* rows[kChunk];
+      for (int c = 0; c < kChunk; ++c) {
+        rows[c] = c < nc ? q + (n0 + c0 + c) * k : zeros.data();
       }
-      const Rows rows{q + (n0 + n) * k_total, k_total, wscale.data(), sld};
-      for (int64_t k0 = 0; k0 < kp; k0 += kb) {
-        const int64_t k1 = std::min(kp, k0 + kb);
-        for (int64_t i0 = m0; i0 < m1; i0 += kTileM) {
-          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m1 - i0));
-          const Act act{x.q.data() + i0 * kp, x.group_scale.data() + i0 * (kp / kInt8Group), kp};
-          kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
-                                 lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
-                                 n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
+      const float* ws = scale.data() + chunk * groups * kChunk;
+      for (int64_t i = m0; i < m1; ++i) {
+        const int8_t* xq = x.q.data() + i * kp;
+        const float* xs = x.group_scale.data() + i * x_groups;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; ++g) {
+          const __m256i xv =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * kInt8Group));
+          const __m256i xa = _mm256_abs_epi8(xv);
+          __m256i v[kChunk];
+          for (int c = 0; c < kChunk; ++c) {
+            const int8_t* wp = g < full ? rows[c] + g * kInt8Group
+                               : c < nc ? tail.data() + (c0 + c) * kInt8Group
+                                        : zeros.data();
+            v[c] = Dot4(xa, xv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)));
+          }
+          const __m256 s = _mm256_mul_ps(_mm256_set1_ps(xs[g]), _mm256_loadu_ps(ws + g * kChunk));
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Reduce8(v)), s, acc);
+        }
+        float* y = job.y + i * n_rows + n0 + c0;
+        if (nc == kChunk) {
+          if (job.bias != nullptr) acc = _mm256_add_ps(acc, _mm256_loadu_ps(job.bias + n0 + c0));
+          _mm256_storeu_ps(y, acc);
+        } else {
+          alignas(32) float out[kChunk];
+          _mm256_store_ps(out, acc);
+          for (int64_t c = 0; c < nc; ++c) {
+            y[c] = job.bias != nullptr ? out[c] + job.bias[n0 + c0 + c] : out[c];
+          }
         }
       }
     }

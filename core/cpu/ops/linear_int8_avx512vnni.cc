@@ -1,131 +1,134 @@
-// The int8-weight Linear kernel on AVX512-VNNI (arithmetic: linear.h; portable reference:
-// linear_int8.cc). Per 64 weights of a row: vpdpbusd sums, in each of 16 int32 lanes, 4
-// products of an unsigned and a signed byte. The weights are the unsigned side, biased by
-// 128 in registers (q ^ 0x80 = q + 128), and the accumulator starts from the activation's
-// -128 * (sum of the slot's 4 values): the lane ends at the exact signed dot product. Then
-// one conversion (exact: |d| <= 4 * 127 * 127) and one FMA with the scales' product.
-// Register tiles of up to 3 activation rows x 4 weight rows; the lanes run through K in the same
-// order whatever the tile, the K blocking or m. Not the 4 x 4 of the exact kernel: 16
-// accumulators beside 4 weight vectors, their scales and an activation's three operands do not
-// fit the 32 registers, and the spills held a 4 x 4 tile to 0.65-0.75x a 3 x 4 one on an AMD
-// EPYC (Zen 4) VM (bench/linear_bench --modes=int8, docs/performance.md).
+// The int8-weight Linear kernel on AVX512-VNNI for activations of several rows (arithmetic:
+// linear.h, "group-serial"; reference: Int8BlockGeneric in linear_int8.cc, which this kernel
+// matches bit for bit). Fewer rows (decode) run the AVX2 kernel, whose lanes lie along K.
+//
+// Lanes lie along the activation rows here: the operands are the activation packed as the AMX
+// kernel packs its B tiles (Int8Operands::kVnniTiles: per 16 rows and 32-wide group, 8 vectors
+// of 16 rows x 4 codes), each code biased by 128 to an unsigned byte. One vpdpbusd multiplies
+// such a vector by 4 codes of one weight row broadcast from memory: 16 rows' 4 products each.
+// Eight of them give a group's dot for 16 activation rows of one output, plus 128 times the sum
+// of the weight row's 32 codes, which the accumulator starts from the negative of (computed
+// once per task and row): the lane ends at the exact dot d. Then, per group, one exact
+// conversion, the scales' product (one rounding) and one FMA, over the groups in order.
+//
+// Register tiles of R (up to 3) activation vectors x C (up to 4) weight rows: R x C int32 dots
+// and R x C fp32 sums. K is cut in blocks whose activation operands (3 x 16 rows x 512 codes)
+// stay in L1 while every 4-row weight chunk of the task meets them; the sums wait in memory
+// between blocks. The blocking never changes an output's sequence of FMAs.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "core/cpu/ops/avx512_lanes.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
 namespace {
 
-constexpr int kTileM = 3;
-constexpr int kTileN = 4;
-using avx512::ReduceLanes;
+constexpr int kTileR = 3;             // activation vectors (of 16 rows) per register tile
+constexpr int kTileC = 4;             // weight rows per register tile
+constexpr int64_t kBlockGroups = 16;  // groups of 32 per K block
+constexpr int kWords = 8 * 16;        // one packed group of 16 rows: 8 vectors of 16 words
 
-// K elements per block when several activation tiles share a weight tile: the 4 weight rows'
-// block (4 x 2 KiB) and an activation tile's (4 x 2 KiB plus its slot data) stay in L1.
-constexpr int64_t kBlockKInt8 = 2048;
-// Activation rows per pass over the task's weight tiles, as on AVX2 (linear_int8_avx2.cc): a
-// long prompt's activations do not fit any cache, and read whole for every 4-row weight tile
-// they made the prefill GEMMs memory-bound. A 32-row block's K block (64 KB of codes, 64 KB of
-// slot data) stays in L2 while every weight tile of the task meets it.
-constexpr int64_t kBlockMInt8 = 32;
-
-struct Rows {
-  const int8_t* q;         // [NR, ld] from the tile's first row
-  int64_t ld;              // = K
-  const uint16_t* scales;  // bf16 bits [NR, groups]
-  int64_t groups;
+// The task's weight rows as the kernel reads them: codes in place for the groups wholly inside
+// K, a zero-padded copy of the tail group, -128 x each group's code sum and its scale widened.
+struct Weights {
+  const int8_t* q;      // row r of the task at q + r * ld
+  int64_t ld;           // = K
+  int64_t full;         // groups wholly inside K
+  int64_t groups;       // ceil(K / 32)
+  const int8_t* tail;   // [rows][32]: the tail group, zero-padded
+  const int32_t* corr;  // [rows][groups]: -128 * (sum of the group's codes)
+  const float* scale;   // [rows][groups]
 };
 
-// A step's scales of one weight row as fp32 lanes: 0-7 the group of k (bf16 s[0]), 8-15 the
-// next (s[1], or 0 past the row's last group, `both` false). A bf16 is the high half of its fp32:
-// one broadcast of the two bf16 (one dword) and one byte shuffle that moves s[0] (s[1]) into the
-// high half of every dword of lanes 0-7 (8-15) and zeroes the low halves. Building the vector
-// from two scalars (two broadcasts from general registers and a blend) cost a third of the
-// tile's instructions.
-inline __m512 StepScales(const uint16_t* s, bool both) {
-  uint32_t pair = s[0];
-  if (both) std::memcpy(&pair, s, sizeof(pair));
-  // vpshufb works within 128-bit blocks: blocks 0-1 (lanes 0-7) take bytes 0-1, blocks 2-3
-  // bytes 2-3; an index with the top bit set writes zero.
-  const __m512i pick =
-      _mm512_set_epi8(3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 3, 2,
-                      -1, -1, 3, 2, -1, -1, 3, 2, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1,
-                      1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1, 1, 0, -1, -1);
-  return _mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(pair)), pick));
-}
-
-struct Act {
-  const int8_t* q;       // [MR, kp]
-  const float* scale;    // [MR, kp / 4]
-  const int32_t* minus;  // [MR, kp / 4]
-  int64_t kp;
+struct Acts {
+  const int32_t* tiles;  // from the first vector's group 0; vector v is v * ld words further
+  const float* scale;    // from the first vector's group 0: [16] per group, v * sld further
+  int64_t ld, sld;
 };
 
-// Lanes of an MR x NR tile over k in [k_begin, k_end) (multiples of 64, or K's padded end):
-// started from zero (first) or from `lanes`; at the end saved to `lanes` and, after K's last
-// block (last), reduced into y (+ bias).
-template <int MR, int NR>
-void Tile(const Act& x, const Rows& w, int64_t k_total, int64_t k_begin, int64_t k_end, bool first,
-          bool last, float* lanes, float* y, int64_t ldy, const float* bias) {
-  __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n)
-      acc[i][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(lanes + (i * NR + n) * 16);
-  const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  // One 64-wide step; `mask` keeps the bytes before K's end (past-the-end weight bytes load as
-  // 0 and become 128, against activation zeros). Pointers advance by the step instead of being
-  // recomputed from k (the address arithmetic held the loop to the integer pipes).
-  const int8_t* wq = w.q + k_begin;
-  const uint16_t* wsp = w.scales + k_begin / kInt8Group;
-  const int8_t* xq = x.q + k_begin;
-  const int32_t* xm = x.minus + k_begin / 4;
-  const float* xsp = x.scale + k_begin / 4;
-  const int64_t ld_lane = x.kp / 4;
-  for (int64_t k = k_begin; k < k_end; k += 64) {
-    const __mmask64 mask = k + 64 <= k_total ? ~__mmask64{0} : (__mmask64{1} << (k_total - k)) - 1;
-    const bool both = k + kInt8Group < k_total;
-    __m512i wv[NR];
-    __m512 ws[NR];
-    for (int n = 0; n < NR; ++n) {
-      wv[n] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, wq + n * w.ld), bias128);
-      ws[n] = StepScales(wsp + n * w.groups, both);
+// Groups [g0, g1) of R activation vectors x C weight rows (the task's rows c0 ..): sums `acc`
+// [R][C][16] read (or zero, first) and written back.
+template <int R, int C>
+void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, bool first,
+           float* acc) {
+  __m512 f[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      f[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r * C + c) * 16);
+  for (int64_t g = g0; g < g1; ++g) {
+    const int8_t* wp[C];
+    __m512i d[R][C];
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = c0 + c;
+      wp[c] = g < w.full ? w.q + row * w.ld + g * kInt8Group : w.tail + row * kInt8Group;
+      const __m512i start = _mm512_set1_epi32(w.corr[row * w.groups + g]);
+      for (int r = 0; r < R; ++r) d[r][c] = start;
     }
-    for (int i = 0; i < MR; ++i) {
-      const __m512i xv = _mm512_loadu_si512(xq + i * x.kp);
-      const __m512i minus = _mm512_loadu_si512(xm + i * ld_lane);
-      const __m512 xs = _mm512_loadu_ps(xsp + i * ld_lane);
-      for (int n = 0; n < NR; ++n) {
-        const __m512i d = _mm512_dpbusd_epi32(minus, wv[n], xv);
-        acc[i][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(xs, ws[n]), acc[i][n]);
+    const int32_t* xt = x.tiles + g * kWords;
+    for (int p = 0; p < 8; ++p) {
+      __m512i a[R];
+      for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_si512(xt + r * x.ld + p * 16);
+      for (int c = 0; c < C; ++c) {
+        int32_t word;
+        std::memcpy(&word, wp[c] + 4 * p, sizeof(word));
+        const __m512i b = _mm512_set1_epi32(word);
+        for (int r = 0; r < R; ++r) d[r][c] = _mm512_dpbusd_epi32(d[r][c], a[r], b);
       }
     }
-    wq += 64, wsp += 2, xq += 64, xm += 16, xsp += 16;
+    for (int r = 0; r < R; ++r) {
+      const __m512 xs = _mm512_loadu_ps(x.scale + r * x.sld + g * 16);
+      for (int c = 0; c < C; ++c) {
+        const __m512 scale = _mm512_mul_ps(xs, _mm512_set1_ps(w.scale[(c0 + c) * w.groups + g]));
+        f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][c]), scale, f[r][c]);
+      }
+    }
   }
-  // The lanes go to `lanes` either way, and the last block reduces them from there: written as
-  // one branch per element, the compiler kept a copy of every accumulator on the stack, stored
-  // on each step of the loop.
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) _mm512_storeu_ps(lanes + (i * NR + n) * 16, acc[i][n]);
-  if (!last) return;
-  for (int i = 0; i < MR; ++i) {
-    for (int n = 0; n < NR; ++n) {
-      float v = ReduceLanes(_mm512_loadu_ps(lanes + (i * NR + n) * 16));
-      if (bias != nullptr) v += bias[n];
-      y[i * ldy + n] = v;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + (r * C + c) * 16, f[r][c]);
+}
+
+using BlockFn = void (*)(const Acts&, const Weights&, int64_t, int64_t, int64_t, bool, float*);
+template <int R>
+constexpr BlockFn kBlocksForR[kTileC] = {Block<R, 1>, Block<R, 2>, Block<R, 3>, Block<R, 4>};
+constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1>, kBlocksForR<2>, kBlocksForR<3>};
+
+// -128 x the sum of each group's codes and the widened scales of rows [n0, n0 + rows), and
+// their tail groups zero-padded.
+void PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_t>* tail,
+                    std::vector<int32_t>* corr, std::vector<float>* scale) {
+  const int64_t k = w.cols, groups = w.scale_cols(), full = k / kInt8Group;
+  const int8_t* q = static_cast<const int8_t*>(w.data) + n0 * k;
+  tail->assign(static_cast<size_t>(rows * kInt8Group), 0);
+  corr->resize(static_cast<size_t>(rows * groups));
+  scale->resize(static_cast<size_t>(rows * groups));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int8_t* row = q + r * k;
+    int32_t* cr = corr->data() + r * groups;
+    for (int64_t g = 0; g < full; ++g) {
+      // vpsadbw sums unsigned bytes: the codes + 128, less 32 x 128.
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + g * kInt8Group));
+      const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256());
+      const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const int64_t sum = _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1) - 128 * kInt8Group;
+      cr[g] = static_cast<int32_t>(-128 * sum);
+    }
+    if (full < groups) {
+      int8_t* t = tail->data() + r * kInt8Group;
+      std::memcpy(t, row + full * kInt8Group, static_cast<size_t>(k - full * kInt8Group));
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kInt8Group; ++j) sum += t[j];
+      cr[full] = -128 * sum;
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      (*scale)[r * groups + g] = Bf16ToFloat(w.group_scales[(n0 + r) * groups + g]);
     }
   }
 }
-
-using TileFn = void (*)(const Act&, const Rows&, int64_t, int64_t, int64_t, bool, bool, float*,
-                        float*, int64_t, const float*);
-template <int MR>
-constexpr TileFn kTilesForM[kTileN] = {Tile<MR, 1>, Tile<MR, 2>, Tile<MR, 3>, Tile<MR, 4>};
-constexpr const TileFn* kTiles[kTileM] = {kTilesForM<1>, kTilesForM<2>, kTilesForM<3>};
 
 }  // namespace
 
@@ -133,29 +136,44 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   const Matrix& w = *job.w;
   const Int8Activation& x = *job.x;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0);
-  const int64_t m = x.m, n_rows = w.rows, k_total = w.cols, kp = x.kp, groups = w.scale_cols();
-  // One activation tile: its lanes stay in registers through all of K, and each 4-row weight
-  // tile streams through once (decode). More rows: K blocks, so that a block of the weight
-  // tile serves every activation tile from L1; lanes wait in `lanes` between blocks.
-  const int64_t kb = m <= kTileM ? kp : kBlockKInt8;
-  thread_local std::vector<float> lanes;
-  lanes.resize(static_cast<size_t>((m + kTileM - 1) / kTileM) * kTileM * kTileN * 16);
-  const int8_t* q = static_cast<const int8_t*>(w.data);
-  // Each output's K steps keep their order whatever the blocking, so its bits do not change.
-  for (int64_t m0 = 0; m0 < m; m0 += kBlockMInt8) {
-    const int64_t m1 = std::min(m, m0 + kBlockMInt8);
-    for (int64_t n = 0; n < nn; n += kTileN) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
-      const Rows rows{q + (n0 + n) * k_total, k_total, w.group_scales + (n0 + n) * groups, groups};
-      for (int64_t k0 = 0; k0 < kp; k0 += kb) {
-        const int64_t k1 = std::min(kp, k0 + kb);
-        for (int64_t i0 = m0; i0 < m1; i0 += kTileM) {
-          const int mr = static_cast<int>(std::min<int64_t>(kTileM, m1 - i0));
-          const Act act{x.q.data() + i0 * kp, x.lane_scale.data() + i0 * (kp / 4),
-                        x.lane_minus.data() + i0 * (kp / 4), kp};
-          kTiles[mr - 1][nr - 1](act, rows, k_total, k0, k1, k0 == 0, k1 == kp,
-                                 lanes.data() + i0 * kTileN * 16, job.y + i0 * n_rows + n0 + n,
-                                 n_rows, job.bias != nullptr ? job.bias + n0 + n : nullptr);
+  const int64_t n_rows = w.rows, groups = w.scale_cols(), x_groups = x.kp / kInt8Group;
+  thread_local std::vector<int8_t> tail;
+  thread_local std::vector<int32_t> corr;
+  thread_local std::vector<float> scale;
+  PrepareWeights(w, n0, nn, &tail, &corr, &scale);
+  const Weights wt{static_cast<const int8_t*>(w.data) + n0 * w.cols,
+                   w.cols,
+                   w.cols / kInt8Group,
+                   groups,
+                   tail.data(),
+                   corr.data(),
+                   scale.data()};
+  const int64_t vectors = (x.m + 15) / 16;
+  // Sums of every chunk of the task against one register tile of activation vectors.
+  alignas(64) float acc[kBlockN / kTileC][kTileR * kTileC * 16];
+  for (int64_t v0 = 0; v0 < vectors; v0 += kTileR) {
+    const int nr = static_cast<int>(std::min<int64_t>(kTileR, vectors - v0));
+    const Acts acts{x.tiles.data() + v0 * x_groups * kWords,
+                    x.tile_scale.data() + v0 * x_groups * 16, x_groups * kWords, x_groups * 16};
+    for (int64_t g0 = 0; g0 < groups; g0 += kBlockGroups) {
+      const int64_t g1 = std::min(groups, g0 + kBlockGroups);
+      for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
+        const int nc = static_cast<int>(std::min<int64_t>(kTileC, nn - c0));
+        kBlocks[nr - 1][nc - 1](acts, wt, c0, g0, g1, g0 == 0, acc[c0 / kTileC]);
+      }
+    }
+    // Sum (r, c) lane i: output n0 + c0 + c of activation row 16 (v0 + r) + i.
+    for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
+      const int nc = static_cast<int>(std::min<int64_t>(kTileC, nn - c0));
+      for (int r = 0; r < nr; ++r) {
+        const int64_t row0 = 16 * (v0 + r), rows = std::min<int64_t>(16, x.m - row0);
+        for (int c = 0; c < nc; ++c) {
+          const int64_t n = n0 + c0 + c;
+          const float b = job.bias != nullptr ? job.bias[n] : 0.0f;
+          const float* s = acc[c0 / kTileC] + (r * nc + c) * 16;
+          for (int64_t i = 0; i < rows; ++i) {
+            job.y[(row0 + i) * n_rows + n] = job.bias != nullptr ? s[i] + b : s[i];
+          }
         }
       }
     }

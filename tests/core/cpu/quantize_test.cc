@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/npy.h"
 #include "core/cpu/cpu_model.h"
 #include "core/cpu/ops/linear.h"
@@ -179,10 +180,13 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   EXPECT_NE(model.compute_description().find("weights int8 (groups of 32, quantized at load"),
             std::string::npos)
       << model.compute_description();
-  // In bf16_amx the int8 matrices name the tile kernel (or its emulation).
+  // In either mode the int8 matrices name this machine's int8 kernel (one arithmetic).
   CpuModel amx(*w, CpuMath::kBf16Amx);
-  EXPECT_NE(amx.compute_description().find("amx_int8"), std::string::npos)
-      << amx.compute_description();
+  for (const CpuModel* m : {&model, &amx}) {
+    EXPECT_NE(m->compute_description().find(absl::StrCat("(kernel ", LinearInt8KernelName(), ")")),
+              std::string::npos)
+        << m->compute_description();
+  }
   absl::StatusOr<std::unique_ptr<ModelRunner>> cuda = CreateModelRunner(*w, DeviceKind::kCuda);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(*ParseWeightQuant("int8"), WeightQuant::kInt8);

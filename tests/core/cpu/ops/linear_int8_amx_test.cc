@@ -1,8 +1,8 @@
-// Int8 weights in CpuMath::kBf16Amx (core/cpu/ops/linear_int8_amx.h): the group-serial
-// arithmetic against the formula written out here, its accuracy against a float64 reference,
-// batch invariance, the B-tile packing, non-finite activations, LinearMany mixing it with the
-// bf16 tile kernel, and (on a CPU with AMX-INT8) TDPBSSD and the hardware kernel against the
-// emulation bit for bit.
+// The AMX int8 kernel (core/cpu/ops/linear_int8_amx.h): the B-tile packing (and the VNNI
+// kernel's biased form of it), non-finite activations, LinearMany mixing it with the bf16 tile
+// kernel, the kernel's tiling on a software tile model on every CPU, and (on a CPU with
+// AMX-INT8) TDPBSSD and the hardware kernel against the portable reference bit for bit. The
+// arithmetic itself (the formula, every mode, batch invariance) is tested in linear_int8_test.cc.
 #include "core/cpu/ops/linear_int8_amx.h"
 
 #include <gtest/gtest.h>
@@ -33,41 +33,6 @@ uint32_t Bits(float f) {
   return u;
 }
 
-// The arithmetic as linear_int8_amx.h states it, written out independently of the kernels
-// (activations by QuantizeGroupInt8, one exact int32 dot per group, one FMA per group in
-// order: `formula`), and beside it the same quantized products summed in float64
-// (`float64`): what the arithmetic approximates.
-struct References {
-  std::vector<float> formula, float64;
-};
-References Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
-                     const float* bias) {
-  const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
-  References out{std::vector<float>(m * n), std::vector<float>(m * n)};
-  std::vector<int8_t> xq(kInt8Group);
-  for (int64_t i = 0; i < m; ++i) {
-    std::vector<float> acc(n, 0.0f);
-    std::vector<double> acc64(n, 0.0);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
-      const float xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t d = 0;
-        for (int64_t t = 0; t < len; ++t) d += xq[t] * w.q[j * k + begin + t];
-        const float ws = Bf16ToFloat(w.scales[j * groups + g]);
-        acc[j] = std::fma(static_cast<float>(d), xs * ws, acc[j]);
-        acc64[j] += double{xs} * d * ws;
-      }
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const float b = bias != nullptr ? bias[j] : 0.0f;
-      out.formula[i * n + j] = bias != nullptr ? acc[j] + b : acc[j];
-      out.float64[i * n + j] = static_cast<float>(acc64[j] + b);
-    }
-  }
-  return out;
-}
-
 std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
                              const float* bias, CpuMath math = CpuMath::kBf16Amx) {
   std::vector<float> y(m * w.view.rows, NAN);
@@ -83,59 +48,6 @@ struct Shape {
 const Shape kShapes[] = {{1, 1, 1},    {1, 9, 45},    {3, 33, 64},    {16, 40, 1030},
                          {17, 37, 96}, {33, 70, 513}, {1, 96, 4096},  {9, 5, 4129},
                          {48, 16, 32}, {50, 31, 200}, {100, 64, 2048}};
-
-TEST(LinearInt8Amx, EqualsTheFormulaBitForBitAndIsAccurate) {
-  std::printf("int8 kernel in bf16_amx on this machine: %s\n",
-              LinearInt8KernelName(CpuMath::kBf16Amx));
-  uint32_t seed = 300;
-  for (const Shape& s : kShapes) {
-    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
-    const std::vector<float> bias = RandomVector(s.n, seed++);
-    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-      const std::vector<float> y = RunLinear(x, s.m, w, b);
-      const References want = Reference(x, s.m, w, b);
-      for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(Bits(y[i]), Bits(want.formula[i]))
-            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
-      }
-      EXPECT_LT(RelativeError(y, want.float64), 2e-6)
-          << "m=" << s.m << " n=" << s.n << " k=" << s.k;
-    }
-  }
-}
-
-// The two int8 arithmetics sum in different orders: close, and not the same bits.
-TEST(LinearInt8Amx, DiffersFromTheLaneArithmeticByRoundingOnly) {
-  const int64_t m = 8, n = 64, k = 4096;
-  const std::vector<float> x = RandomVector(m * k, 7);
-  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 8, 0.1f), n, k);
-  const std::vector<float> amx = RunLinear(x, m, w, nullptr, CpuMath::kBf16Amx);
-  const std::vector<float> lanes = RunLinear(x, m, w, nullptr, CpuMath::kBf16);
-  EXPECT_LT(RelativeError(amx, lanes), 2e-6);
-  int64_t differ = 0;
-  for (int64_t i = 0; i < m * n; ++i) differ += Bits(amx[i]) != Bits(lanes[i]);
-  EXPECT_GT(differ, 0) << "kBf16Amx's int8 weights still run the lane-wise arithmetic";
-}
-
-// Every row of a batch equals the row alone, bit for bit, across the 16-row activation tiles
-// and the 2-tile passes.
-TEST(LinearInt8Amx, RowResultIndependentOfBatch) {
-  const int64_t n = 45, k = 1000;
-  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
-  const std::vector<float> bias = RandomVector(n, 52);
-  for (int64_t m : {3, 16, 17, 33, 70}) {
-    const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
-    const std::vector<float> all = RunLinear(x, m, w, bias.data());
-    for (int64_t i = 0; i < m; i += (m > 20 ? 5 : 1)) {
-      const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
-      const std::vector<float> alone = RunLinear(row, 1, w, bias.data());
-      for (int64_t j = 0; j < n; ++j) {
-        ASSERT_EQ(Bits(alone[j]), Bits(all[i * n + j])) << "m=" << m << " row " << i << " " << j;
-      }
-    }
-  }
-}
 
 // Word (p, i) of tile (u, g) holds row 16u + i's codes 32g + 4p .. + 3; its scale sits at
 // [u][g][i]; rows past m are zeros.
@@ -169,6 +81,16 @@ TEST(LinearInt8Amx, PackingPutsARowsFourCodesInEachWord) {
       }
     }
   }
+  // The VNNI kernel's operands: the same words with each byte's top bit flipped (code + 128 as
+  // an unsigned byte), the same scales.
+  internal::Int8Activation v;
+  internal::QuantizeActivationInt8(x.data(), m, k, &v, internal::Int8Operands::kVnniTiles);
+  ASSERT_EQ(v.tiles.size(), a.tiles.size());
+  for (size_t i = 0; i < a.tiles.size(); ++i) {
+    ASSERT_EQ(static_cast<uint32_t>(v.tiles[i]), static_cast<uint32_t>(a.tiles[i]) ^ 0x80808080u)
+        << i;
+  }
+  EXPECT_EQ(v.tile_scale, a.tile_scale);
   internal::QuantizeActivationInt8(x.data(), m, k, &a);
   EXPECT_TRUE(a.tiles.empty() && a.tile_scale.empty()) << "a reused activation keeps old tiles";
 }
@@ -242,8 +164,8 @@ TEST(LinearInt8Amx, TileEmulationSumsTheWordProductsIntoC) {
 
 // The hardware kernel's driver over the software tile model, on every CPU: its A sources
 // (in place, tail group, padded last tile), B tile addressing, 2 x 2 passes and transposed
-// stores give the emulation's bits.
-TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheEmulation) {
+// stores give the reference's bits.
+TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheReference) {
   uint32_t seed = 500;
   for (const Shape& s : kShapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
@@ -255,7 +177,7 @@ TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheEmulation) {
       std::vector<float> model(s.m * s.n, NAN), emu(s.m * s.n, NAN);
       for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
         internal::Int8AmxBlockTileModel({&a, &w.view, b, model.data()}, nb);
-        internal::Int8AmxBlockEmulated({&a, &w.view, b, emu.data()}, nb);
+        internal::Int8BlockGeneric({&a, &w.view, b, emu.data()}, nb);
       }
       for (int64_t i = 0; i < s.m * s.n; ++i) {
         ASSERT_EQ(Bits(model[i]), Bits(emu[i]))
@@ -284,7 +206,7 @@ TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
   }
 }
 
-TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
+TEST(LinearInt8Amx, HardwareKernelEqualsTheReferenceBitForBit) {
   GLM_REQUIRE_AMX(internal::CpuHasAmxInt8(), "AMX-INT8 (with AVX-512)");
   uint32_t seed = 700;
   for (const Shape& s : kShapes) {
@@ -297,7 +219,7 @@ TEST(LinearInt8Amx, HardwareKernelEqualsTheEmulationBitForBit) {
     internal::Int8AmxThreadBegin();
     for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
       internal::Int8AmxBlockHardware({&a, &w.view, bias.data(), hw.data()}, nb);
-      internal::Int8AmxBlockEmulated({&a, &w.view, bias.data(), emu.data()}, nb);
+      internal::Int8BlockGeneric({&a, &w.view, bias.data(), emu.data()}, nb);
     }
     internal::AmxThreadEnd();
     for (int64_t i = 0; i < s.m * s.n; ++i) {

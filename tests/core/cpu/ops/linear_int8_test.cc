@@ -1,16 +1,19 @@
-// The int8-weight arithmetic (core/cpu/ops/linear.h, linear_int8*.cc): against a float64
-// reference of what it computes, the AVX512-VNNI kernel against the portable one bit for bit,
-// batch invariance (m = 1, 3, 16, 17, 128), ragged K and N, shared activations in LinearMany,
-// and non-finite activations.
+// The int8-weight arithmetic (core/cpu/ops/linear.h, "group-serial"): every mode and every
+// kernel against the formula written out here bit for bit, and against a float64 reference of
+// what it computes; the VNNI and AVX2 kernels called directly against the portable one; batch
+// invariance across the decode (AVX2) and many-row (VNNI) kernels; ragged K and N; shared
+// activations in LinearMany; the operands the quantizer fills; non-finite activations.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_int8_amx.h"
 #include "core/cpu/quantize.h"
 #include "tests/core/cpu/int8_matrix.h"
 #include "tests/test_util.h"
@@ -23,36 +26,50 @@ using testing::RelativeError;
 
 using testing::QuantizeInt8;
 
-// float64 sum over k of (xq * x_scale) (q * w_scale) + b, x quantized by the weights' rule:
-// what the kernels compute up to their fp32 scale products and sums. `dequantized_only`:
-// the activations unquantized instead (the int8 mode's total error against its weights).
-std::vector<float> Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
-                             const float* bias, bool dequantized_only = false) {
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The arithmetic as linear.h states it, written out independently of the kernels (activations
+// by QuantizeGroupInt8, one exact int32 dot per group, one FMA per group in order: `formula`);
+// beside it the same quantized products summed in float64 (`float64`: what the arithmetic
+// approximates), and the unquantized activations against the int8 weights in float64
+// (`unquantized`: the total error of quantizing the activations).
+struct References {
+  std::vector<float> formula, float64, unquantized;
+};
+References Reference(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
+                     const float* bias) {
   const int64_t n = w.view.rows, k = w.view.cols, groups = w.view.scale_cols();
-  std::vector<float> xd(m * k);
+  References out{std::vector<float>(m * n), std::vector<float>(m * n), std::vector<float>(m * n)};
   std::vector<int8_t> xq(kInt8Group);
   for (int64_t i = 0; i < m; ++i) {
+    std::vector<float> acc(n, 0.0f);
+    std::vector<double> acc64(n, 0.0), plain(n, 0.0);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, k - begin);
-      const float s = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
-      for (int64_t c = 0; c < len; ++c) {
-        xd[i * k + begin + c] =
-            dequantized_only ? x[i * k + begin + c] : static_cast<float>(double{s} * xq[c]);
+      const float xs = QuantizeGroupInt8(x.data() + i * k + begin, len, xq.data());
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t d = 0;
+        for (int64_t t = 0; t < len; ++t) d += xq[t] * w.q[j * k + begin + t];
+        const float ws = Bf16ToFloat(w.scales[j * groups + g]);
+        acc[j] = std::fma(static_cast<float>(d), xs * ws, acc[j]);
+        acc64[j] += double{xs} * d * ws;
+        for (int64_t t = 0; t < len; ++t) {
+          plain[j] += double{x[i * k + begin + t]} * w.q[j * k + begin + t] * ws;
+        }
       }
     }
-  }
-  std::vector<float> y(m * n);
-  for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      double acc = bias ? bias[j] : 0.0;
-      for (int64_t c = 0; c < k; ++c) {
-        acc += double{xd[i * k + c]} * w.q[j * k + c] *
-               Bf16ToFloat(w.scales[j * groups + c / kInt8Group]);
-      }
-      y[i * n + j] = static_cast<float>(acc);
+      const float b = bias != nullptr ? bias[j] : 0.0f;
+      out.formula[i * n + j] = bias != nullptr ? acc[j] + b : acc[j];
+      out.float64[i * n + j] = static_cast<float>(acc64[j] + b);
+      out.unquantized[i * n + j] = static_cast<float>(plain[j] + b);
     }
   }
-  return y;
+  return out;
 }
 
 std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testing::Int8Matrix& w,
@@ -64,32 +81,67 @@ std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testi
   return y;
 }
 
-TEST(LinearInt8, MatchesReferenceAndThePortableKernelBitForBit) {
+TEST(LinearInt8, EveryModeAndKernelEqualsTheFormulaBitForBit) {
   std::printf("int8 kernel on this machine: %s\n", LinearInt8KernelName());
   struct Shape {
     int64_t m, n, k;
   };
-  // Ragged K (a partial group, a partial 64-step, both; an odd count of groups) and N (partial
-  // 4-row tiles and 32-row blocks); m past whole 3- and 4-row tiles and the 32-row blocks;
-  // k = 4096 + 33 crosses the 2048-wide K blocks of the many-row path.
-  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {3, 33, 64},   {4, 40, 1030},
-                          {6, 37, 2100}, {17, 70, 513}, {1, 96, 4096}, {9, 5, 4129},
-                          {33, 9, 2100}, {70, 37, 4129}};
+  // Ragged K (a partial group, a partial 64-step, both; an odd count of groups; past the VNNI
+  // kernel's 16-group K blocks) and N (partial 4- and 8-row chunks and 32-row blocks); m on
+  // both sides of kInt8VnniMinRows, past 16-row vectors and 3-vector tiles, across the AVX2
+  // kernel's 32-row blocks.
+  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},     {3, 33, 64},   {4, 40, 1030},
+                          {6, 37, 2100}, {17, 70, 513},  {1, 96, 4096}, {9, 5, 4129},
+                          {33, 9, 2100}, {70, 37, 4129}, {49, 31, 200}, {100, 64, 2048}};
   uint32_t seed = 40;
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
     const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
-    const std::vector<float> ref = Reference(x, s.m, w, bias.data());
-    const std::vector<float> unquantized_x = Reference(x, s.m, w, bias.data(), true);
-    for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact}) {  // int8 ignores the mode
-      const std::vector<float> y = RunLinear(x, s.m, w, bias.data(), false, math);
-      EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
-      // Activation quantization: per element within half a scale, ~0.5% of a dot product.
-      EXPECT_LT(RelativeError(y, unquantized_x), 3e-2) << "m=" << s.m << " k=" << s.k;
-      const std::vector<float> g = RunLinear(x, s.m, w, bias.data(), true, math);
+    const References want = Reference(x, s.m, w, bias.data());
+    for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact, CpuMath::kBf16Amx}) {
+      for (bool generic : {false, true}) {
+        const std::vector<float> y = RunLinear(x, s.m, w, bias.data(), generic, math);
+        for (int64_t i = 0; i < s.m * s.n; ++i) {
+          ASSERT_EQ(Bits(y[i]), Bits(want.formula[i]))
+              << "m=" << s.m << " n=" << s.n << " k=" << s.k << " math=" << CpuMathName(math)
+              << " generic=" << generic << " element " << i;
+        }
+      }
+    }
+    EXPECT_LT(RelativeError(want.formula, want.float64), 2e-6)
+        << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+    // Activation quantization: per element within half a scale, ~0.5% of a dot product.
+    EXPECT_LT(RelativeError(want.formula, want.unquantized), 3e-2) << "m=" << s.m << " k=" << s.k;
+  }
+}
+
+// The VNNI kernel called directly against the portable one, bit for bit: 1, 2 and 3 activation
+// vectors per register tile, partial vectors, 1-4 weight rows per tile, K blocks and tails.
+TEST(LinearInt8, VnniKernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{1, 1, 1},      {2, 9, 45},    {4, 33, 64},    {16, 40, 1030},
+                          {17, 37, 2100}, {33, 70, 513}, {47, 35, 4096}, {48, 5, 4129},
+                          {49, 31, 96},   {100, 64, 544}};
+  uint32_t seed = 240;
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    internal::Int8Activation a;
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, internal::Int8Operands::kVnniTiles);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> simd(s.m * s.n, NAN), portable(s.m * s.n, NAN);
+      for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
+        internal::Int8BlockAvx512Vnni({&a, &w.view, b, simd.data()}, nb);
+        internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
+      }
       for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(y[i], g[i]) << "m=" << s.m << " n=" << s.n << " k=" << s.k << " element " << i;
+        ASSERT_EQ(Bits(simd[i]), Bits(portable[i]))
+            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i;
       }
     }
   }
@@ -120,21 +172,22 @@ TEST(LinearInt8, Avx2KernelEqualsThePortableOneBitForBit) {
         internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
       }
       for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(simd[i], portable[i])
+        ASSERT_EQ(Bits(simd[i]), Bits(portable[i]))
             << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i;
       }
     }
   }
 }
 
-// Every row of a batch of m equals that row run alone, bit for bit, in both kernels: the
-// reduction order does not depend on m, the tile or the K blocking (m > 4 blocks K).
+// Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels
+// and the portable one: a row alone runs the decode kernel (AVX2 below kInt8VnniMinRows rows
+// where VNNI exists), a batch the many-row one; the order depends on neither.
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
   const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
   const std::vector<float> bias = RandomVector(n, 52);
   for (bool generic : {false, true}) {
-    for (int64_t m : {1, 3, 16, 17, 128}) {
+    for (int64_t m : {1, 3, 4, 16, 17, 128}) {
       const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
       const std::vector<float> all = RunLinear(x, m, w, bias.data(), generic);
       for (int64_t i = 0; i < m; i += (m > 20 ? 7 : 1)) {
@@ -184,52 +237,47 @@ TEST(LinearInt8, QuantizedActivationLayout) {
   const int64_t k = 70;  // 3 groups, the last of 6; padded to 128
   std::vector<float> x = RandomVector(2 * k, 90);
   internal::Int8Activation a;
-  internal::QuantizeActivationInt8(x.data(), 2, k, &a, internal::Int8Operands::kVnniLanes);
+  internal::QuantizeActivationInt8(x.data(), 2, k, &a);
   ASSERT_EQ(a.kp, 128);
   ASSERT_EQ(a.q.size(), 2u * 128);
+  ASSERT_EQ(a.group_scale.size(), 2u * 4);
   for (int64_t i = 0; i < 2; ++i) {
     for (int64_t c = k; c < 128; ++c) EXPECT_EQ(a.q[i * 128 + c], 0);
-    for (int64_t s = 0; s < 32; ++s) {
-      const int8_t* q = a.q.data() + i * 128 + 4 * s;
-      EXPECT_EQ(a.lane_minus[i * 32 + s], -128 * (q[0] + q[1] + q[2] + q[3]));
-      if (s >= 24) {
-        EXPECT_EQ(a.lane_scale[i * 32 + s], 0.0f) << "past the last group";
-      }
-    }
     std::vector<int8_t> q(kInt8Group);
     const float s2 = QuantizeGroupInt8(x.data() + i * k + 64, 6, q.data());
-    EXPECT_EQ(a.lane_scale[i * 32 + 16], s2);
     EXPECT_GT(s2, 0.0f);
-    // One scale per group (what the AVX2 kernel reads): each group's lane slots' value, and 0
-    // for the padded fourth group.
-    ASSERT_EQ(a.group_scale.size(), 2u * 4);
-    for (int64_t g = 0; g < 4; ++g) {
-      for (int64_t s = 8 * g; s < 8 * g + 8; ++s) {
-        EXPECT_EQ(a.group_scale[i * 4 + g], a.lane_scale[i * 32 + s]) << "group " << g;
-      }
-    }
     EXPECT_EQ(a.group_scale[i * 4 + 2], s2);
-    EXPECT_EQ(a.group_scale[i * 4 + 3], 0.0f);
+    EXPECT_EQ(a.group_scale[i * 4 + 3], 0.0f) << "the padded fourth group";
+    for (int64_t c = 0; c < 6; ++c) EXPECT_EQ(a.q[i * 128 + 64 + c], q[c]);
   }
 }
 
-// Only the VNNI kernel reads the lane operands: the other kernels' activations leave them (and
-// the AMX tiles) empty, while q and the group scales are the same whichever operands are asked.
+// The tiles are packed only for the kernels that read them (AMX's, VNNI's: a 2,048-token MoE
+// call's unread operands were once 150 MB of writes), and q and the group scales are the same
+// whichever operands are asked. Int8OperandsFor asks for tiles only where their kernel runs.
 TEST(LinearInt8, QuantizerFillsOnlyTheOperandsAsked) {
   const int64_t m = 3, k = 100;
   const std::vector<float> x = RandomVector(m * k, 91);
-  internal::Int8Activation groups, lanes, tiles;
+  internal::Int8Activation groups, vnni, amx;
   internal::QuantizeActivationInt8(x.data(), m, k, &groups);
-  internal::QuantizeActivationInt8(x.data(), m, k, &lanes, internal::Int8Operands::kVnniLanes);
-  internal::QuantizeActivationInt8(x.data(), m, k, &tiles, internal::Int8Operands::kAmxTiles);
-  EXPECT_TRUE(groups.lane_scale.empty() && groups.lane_minus.empty() && groups.tiles.empty());
-  EXPECT_EQ(lanes.lane_scale.size(), static_cast<size_t>(m * 128 / 4));
-  EXPECT_TRUE(lanes.tiles.empty());
-  EXPECT_FALSE(tiles.tiles.empty());
-  EXPECT_TRUE(tiles.lane_scale.empty());
-  for (const internal::Int8Activation* a : {&lanes, &tiles}) {
+  internal::QuantizeActivationInt8(x.data(), m, k, &vnni, internal::Int8Operands::kVnniTiles);
+  internal::QuantizeActivationInt8(x.data(), m, k, &amx, internal::Int8Operands::kAmxTiles);
+  EXPECT_TRUE(groups.tiles.empty() && groups.tile_scale.empty());
+  EXPECT_EQ(groups.operands, internal::Int8Operands::kGroups);
+  for (const internal::Int8Activation* a : {&vnni, &amx}) {
+    EXPECT_EQ(a->tiles.size(), static_cast<size_t>(1 * 4 * 8 * 16));
     EXPECT_EQ(a->q, groups.q);
     EXPECT_EQ(a->group_scale, groups.group_scale);
+  }
+  EXPECT_EQ(vnni.operands, internal::Int8Operands::kVnniTiles);
+  EXPECT_EQ(amx.operands, internal::Int8Operands::kAmxTiles);
+  for (int64_t rows : {1, 3, 4, 100}) {
+    const internal::Int8Operands want =
+        internal::CpuHasAmxInt8() ? internal::Int8Operands::kAmxTiles
+        : internal::CpuHasAvx512Vnni() && rows >= internal::kInt8VnniMinRows
+            ? internal::Int8Operands::kVnniTiles
+            : internal::Int8Operands::kGroups;
+    EXPECT_EQ(internal::Int8OperandsFor(rows), want) << rows;
   }
 }
 
