@@ -48,6 +48,39 @@ inline __m256i Reduce8(const __m256i* v) {
                           _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
+// out[g][c] = the bf16 scale src[c][g] widened, for 8 rows c: 8 groups at a time as an 8 x 8
+// transpose (a decode call prepares a task's scales once for one activation row, and one
+// scalar widening per scale cost nearly as much as the dots).
+void TransposeScales(const uint16_t* const* src, int64_t groups, float* out) {
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    __m256 r[8];
+    for (int c = 0; c < 8; ++c) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c] + g));
+      r[c] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    // r[c] lane j is (c, g + j); after three rounds of pairing, t[j] lane c is.
+    __m256 a[8], b[8];
+    for (int c = 0; c < 8; c += 2) {
+      a[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
+      a[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
+    }
+    for (int c = 0; c < 8; c += 4) {
+      b[c] = _mm256_shuffle_ps(a[c], a[c + 2], 0x44);
+      b[c + 1] = _mm256_shuffle_ps(a[c], a[c + 2], 0xEE);
+      b[c + 2] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0x44);
+      b[c + 3] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(out + (g + j) * 8, _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
+      _mm256_storeu_ps(out + (g + j + 4) * 8, _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
+    }
+  }
+  for (; g < groups; ++g) {
+    for (int c = 0; c < 8; ++c) out[g * 8 + c] = Bf16ToFloat(src[c][g]);
+  }
+}
+
 }  // namespace
 
 void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
@@ -61,21 +94,25 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
   // groups zero-padded; rows past the task read zeros.
   thread_local std::vector<float> scale;
   thread_local std::vector<int8_t> tail, zeros;
-  scale.assign(static_cast<size_t>(chunks * groups * kChunk), 0.0f);
+  thread_local std::vector<uint16_t> zero_scales;
+  scale.resize(static_cast<size_t>(chunks * groups * kChunk));
   tail.assign(static_cast<size_t>(chunks * kChunk * kInt8Group), 0);
   if (static_cast<int64_t>(zeros.size()) < groups * kInt8Group) {
     zeros.assign(static_cast<size_t>(groups * kInt8Group), 0);
+    zero_scales.assign(static_cast<size_t>(groups), 0);
   }
   const int8_t* q = static_cast<const int8_t*>(w.data);
-  for (int64_t r = 0; r < nn; ++r) {
-    const int64_t chunk = r / kChunk, c = r % kChunk;
-    for (int64_t g = 0; g < groups; ++g) {
-      scale[(chunk * groups + g) * kChunk + c] = Bf16ToFloat(w.group_scales[(n0 + r) * groups + g]);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const uint16_t* src[kChunk];
+    for (int c = 0; c < kChunk; ++c) {
+      const int64_t r = chunk * kChunk + c;
+      src[c] = r < nn ? w.group_scales + (n0 + r) * groups : zero_scales.data();
     }
-    if (full < groups) {
-      std::memcpy(tail.data() + r * kInt8Group, q + (n0 + r) * k + full * kInt8Group,
-                  static_cast<size_t>(k - full * kInt8Group));
-    }
+    TransposeScales(src, groups, scale.data() + chunk * groups * kChunk);
+  }
+  for (int64_t r = 0; r < nn && full < groups; ++r) {
+    std::memcpy(tail.data() + r * kInt8Group, q + (n0 + r) * k + full * kInt8Group,
+                static_cast<size_t>(k - full * kInt8Group));
   }
   for (int64_t m0 = 0; m0 < x.m; m0 += kBlockRows) {
     const int64_t m1 = std::min(x.m, m0 + kBlockRows);

@@ -123,12 +123,12 @@ void PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_
       __m512i s[4];
       for (int j = 0; j < 4; ++j) s[j] = sad(row + (g + 2 * j) * kInt8Group);
       // Pairs of parts, then the two halves of each group: qwords g, g+2, g+1, g+3, g+4, ...
-      const __m512i t0 = _mm512_add_epi64(_mm512_unpacklo_epi64(s[0], s[1]),
-                                          _mm512_unpackhi_epi64(s[0], s[1]));
-      const __m512i t1 = _mm512_add_epi64(_mm512_unpacklo_epi64(s[2], s[3]),
-                                          _mm512_unpackhi_epi64(s[2], s[3]));
-      const __m512i u = _mm512_add_epi64(_mm512_shuffle_i64x2(t0, t1, 0x88),
-                                         _mm512_shuffle_i64x2(t0, t1, 0xDD));
+      const __m512i t0 =
+          _mm512_add_epi64(_mm512_unpacklo_epi64(s[0], s[1]), _mm512_unpackhi_epi64(s[0], s[1]));
+      const __m512i t1 =
+          _mm512_add_epi64(_mm512_unpacklo_epi64(s[2], s[3]), _mm512_unpackhi_epi64(s[2], s[3]));
+      const __m512i u =
+          _mm512_add_epi64(_mm512_shuffle_i64x2(t0, t1, 0x88), _mm512_shuffle_i64x2(t0, t1, 0xDD));
       const __m512i sums = _mm512_sub_epi64(_mm512_permutexvar_epi64(order, u), biased);
       // -128 x sum; |sum| <= 32 x 128, so it fits the int32 it narrows to.
       const __m512i c = _mm512_sub_epi64(_mm512_setzero_si512(), _mm512_slli_epi64(sums, 7));
