@@ -11,8 +11,10 @@
 // once per task and row): the lane ends at the exact dot d. Then, per group, one exact
 // conversion, the scales' product (one rounding) and one FMA, over the groups in order.
 //
-// Register tiles of R (up to 3) activation vectors x C (up to 4) weight rows: R x C int32 dots
-// and R x C fp32 sums. K is cut in blocks whose activation operands (3 x 16 rows x 512 codes)
+// Register tiles of R (up to 2) activation vectors x C (up to 4) weight rows: R x C int32 dots
+// and R x C fp32 sums, all in registers (3 x 4 spilled the sums and ran no faster: 0.56-0.58
+// of the int8 dot peak either way on a Zen 4 VM, linear_bench --modes=int8 --tokens=2048).
+// K is cut in blocks whose activation operands (2 x 16 rows x 512 codes)
 // stay in L1 while every 4-row weight chunk of the task meets them; the sums wait in memory
 // between blocks. The blocking never changes an output's sequence of FMAs.
 #include <immintrin.h>
@@ -27,7 +29,7 @@
 namespace glmserve::internal {
 namespace {
 
-constexpr int kTileR = 3;             // activation vectors (of 16 rows) per register tile
+constexpr int kTileR = 2;             // activation vectors (of 16 rows) per register tile
 constexpr int kTileC = 4;             // weight rows per register tile
 constexpr int64_t kBlockGroups = 16;  // groups of 32 per K block
 constexpr int kWords = 8 * 16;        // one packed group of 16 rows: 8 vectors of 16 words
@@ -94,7 +96,7 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
 using BlockFn = void (*)(const Acts&, const Weights&, int64_t, int64_t, int64_t, bool, float*);
 template <int R>
 constexpr BlockFn kBlocksForR[kTileC] = {Block<R, 1>, Block<R, 2>, Block<R, 3>, Block<R, 4>};
-constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1>, kBlocksForR<2>, kBlocksForR<3>};
+constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1>, kBlocksForR<2>};
 
 // -128 x the sum of each group's codes and the widened scales of rows [n0, n0 + rows), and
 // their tail groups zero-padded. Vectorized: at one vector per 8 groups of a row this costs a
