@@ -231,9 +231,9 @@ inline double AmxInt8PeakGops() {
   return internal::CpuHasAmxInt8() ? AmxLoopRate(AmxInt8Loop, 16.0 * 16 * 64 * 2) : 0;
 }
 
-// int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The int8 kernel
-// spends 4 instructions per vpdpbusd (conversion, scale product, FMA), so a quarter of this
-// is its practical ceiling.
+// int8 dot-product peak (GOP/s): 16 lanes x 4 products x 2 ops per vpdpbusd. The VNNI int8
+// kernel spends 12 instructions per 8 vpdpbusd (a group: the start, a conversion, the scale
+// product and an FMA beside them), so about two thirds of this is its practical ceiling.
 inline double Int8DotPeakGops() {
   if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) return 0;
   return PeakGflops(DpBusdLoop, 128.0);

@@ -1,0 +1,107 @@
+// The int8-weight kernels called directly, on one thread, at several activation row counts: what
+// each costs where LinearMany would pick another (the AVX2 kernel on a VNNI machine, the choice
+// of kInt8VnniMinRows). linear_bench and cpu_bench measure only the dispatched kernel.
+//   build/bench/int8_kernel_bench --rows=1,4,8,16,64,256 --n=4096 --k=4096
+// Each row: best of --reps over the whole matrix (N / 32 tasks in a row), GOP/s against the
+// one-thread vpdpbusd peak measured in the same run, and the weight bytes read per second (the
+// matrix, 17 MB at the default shape, is read once per call).
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "bench/int_list.h"
+#include "bench/machine_limits.h"
+#include "core/base/parallel.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_int8_amx.h"
+#include "core/cpu/quantize.h"
+
+ABSL_FLAG(std::string, rows, "1,2,4,8,16,64,256", "activation row counts");
+ABSL_FLAG(int, n, 4096, "weight rows");
+ABSL_FLAG(int, k, 4096, "weight columns");
+ABSL_FLAG(int, reps, 5, "repetitions per row; the best is printed");
+
+namespace glmserve::bench {
+namespace {
+
+int Main() {
+  SetNumThreads(1);
+  const int64_t n = absl::GetFlag(FLAGS_n), k = absl::GetFlag(FLAGS_k);
+  absl::StatusOr<std::vector<int>> rows = ParseIntList("rows", absl::GetFlag(FLAGS_rows), 1, 65536);
+  if (!rows.ok() || n < 1 || k < 1) {
+    std::fprintf(stderr, "bad flags: %s\n", rows.status().ToString().c_str());
+    return 2;
+  }
+  const int64_t max_m = *std::max_element(rows->begin(), rows->end());
+  if (n > 65536 || k > 65536) {
+    std::fprintf(stderr, "--n and --k: at most 65536\n");
+    return 2;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> wb(n * k);
+  for (uint16_t& v : wb) v = FloatToBf16(0.05f * normal(rng));
+  std::vector<float> x(max_m * k);
+  for (float& v : x) v = normal(rng);
+  std::vector<int8_t> q(n * k);
+  std::vector<uint16_t> scales(n * ((k + kInt8Group - 1) / kInt8Group));
+  QuantizeMatrixInt8(Matrix{DType::kBF16, n, k, wb.data()}, q.data(), scales.data());
+  Matrix w{DType::kBF16, n, k, q.data()};
+  w.format = WeightFormat::kInt8Groups;
+  w.group_scales = scales.data();
+
+  struct Kernel {
+    const char* name;
+    bool available;
+    internal::Int8Operands operands;
+    void (*block)(const internal::Int8Job&, int64_t);
+  };
+  const Kernel kernels[] = {
+      {"avx512_vnni", internal::CpuHasAvx512Vnni(), internal::Int8Operands::kVnniTiles,
+       internal::Int8BlockAvx512Vnni},
+      {"avx2_int8", internal::CpuHasAvx2Fma(), internal::Int8Operands::kGroups,
+       internal::Int8BlockAvx2},
+      {"generic_int8", true, internal::Int8Operands::kGroups, internal::Int8BlockGeneric},
+  };
+  const double peak = Int8DotPeakGops();
+  std::printf("one thread; %ld x %ld int8 weights (%.1f MB); vpdpbusd peak %.0f GOP/s%s\n",
+              static_cast<long>(n), static_cast<long>(k), n * k * (1 + 2.0 / 32) / 1e6, peak,
+              peak > 0 ? "" : " (no AVX512-VNNI)");
+  std::printf("LinearMany picks: avx512_vnni from %ld rows where it exists, avx2_int8 below\n\n",
+              static_cast<long>(internal::kInt8VnniMinRows));
+  std::printf(
+      "| kernel | rows | ms | GOP/s | of vpdpbusd peak | weight GB/s "
+      "|\n|---|---|---|---|---|---|\n");
+  for (const int64_t m : *rows) {
+    std::vector<float> y(m * n);
+    for (const Kernel& kernel : kernels) {
+      if (!kernel.available) continue;
+      // The portable kernel is a reference: one small size only.
+      if (kernel.block == internal::Int8BlockGeneric && m > 1) continue;
+      internal::Int8Activation a;
+      internal::QuantizeActivationInt8(x.data(), m, k, &a, kernel.operands);
+      const double s = BestOf(absl::GetFlag(FLAGS_reps), [&] {
+        for (int64_t nb = 0; nb * internal::kBlockN < n; ++nb) {
+          kernel.block({&a, &w, nullptr, y.data()}, nb);
+        }
+      });
+      const double gops = 2.0 * m * n * k / s / 1e9;
+      std::printf("| %s | %ld | %.3f | %.1f | %s | %.1f |\n", kernel.name, static_cast<long>(m),
+                  s * 1e3, gops, peak > 0 ? std::to_string(gops / peak).substr(0, 4).c_str() : "-",
+                  n * k * (1 + 2.0 / 32) / s / 1e9);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace glmserve::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return glmserve::bench::Main();
+}
