@@ -1,9 +1,9 @@
-// The group-serial int8 kernel on the AMX tile unit (arithmetic and layout: linear_int8_amx.h;
-// the emulation it matches bit for bit: linear_int8_amx.cc). Per 32-wide group, TDPBSSD gives
-// the exact int32 dots of up to 32 weight rows x 32 activation rows (2 x 2 C tiles); AVX-512
-// then converts each (exact), multiplies the two scales (one rounding) and adds with one FMA
-// into fp32 accumulators that stay in L1 for the whole of K (the driver,
-// linear_int8_amx_driver.h, is shared with the software tile model the tests run anywhere).
+// The group-serial int8 kernel on the AMX tile unit (arithmetic: linear.h; layout:
+// linear_int8_amx.h; the reference it matches bit for bit: Int8BlockGeneric in linear_int8.cc).
+// Per 32-wide group, TDPBSSD gives the exact int32 dots of up to 32 weight rows x 32 activation
+// rows (2 x 2 C tiles); AVX-512 then converts each (exact), multiplies the two scales (one
+// rounding) and adds with one FMA into fp32 accumulators that stay in L1 for the whole of K (the
+// driver, linear_int8_amx_driver.h, is shared with the software tile model the tests run anywhere).
 // Compiled for AVX-512; the tile instructions use function target attributes, and the tile
 // configuration is loaded per thread by Int8AmxThreadBegin.
 #include <immintrin.h>
