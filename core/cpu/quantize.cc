@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/huge_pages.h"
 #include "core/base/parallel.h"
 
 namespace glmserve {
@@ -210,11 +211,13 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)});
   }
   // On cache lines: the AMX int8 kernel loads 16 rows of 32 bytes in place per tile, and a
-  // load that straddles lines runs at a fraction of its rate (docs/cpu_math.md).
-  constexpr std::align_val_t kLine{64};
-  char* raw = static_cast<char*>(
-      ::operator new[](static_cast<size_t>(std::max<int64_t>(total, 1)), kLine, std::nothrow));
-  std::shared_ptr<char[]> buffer(raw, [](char* p) { ::operator delete[](p, kLine); });
+  // load that straddles lines runs at a fraction of its rate (docs/cpu_math.md). On huge pages,
+  // as the checkpoint's weights are (core/base/huge_pages.h): a decode step streams all of it,
+  // and on 4 KiB pages each kernel task's rows (one page each at K = 4096) paid a TLB miss and a
+  // restart of the hardware prefetcher per page.
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(total, 1));
+  char* raw = static_cast<char*>(AllocateHugePageable(bytes));
+  std::shared_ptr<char[]> buffer(raw, [bytes](char* p) { FreeHugePageable(p, bytes); });
   if (raw == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("int8 quantization needs ", total, " bytes of memory"));
