@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <vector>
 
@@ -81,11 +82,12 @@ std::vector<float> RunLinear(const std::vector<float>& x, int64_t m, const testi
   return y;
 }
 
+struct Shape {
+  int64_t m, n, k;
+};
+
 TEST(LinearInt8, EveryModeAndKernelEqualsTheFormulaBitForBit) {
   std::printf("int8 kernel on this machine: %s\n", LinearInt8KernelName());
-  struct Shape {
-    int64_t m, n, k;
-  };
   // Ragged K (a partial group, a partial 64-step, both; an odd count of groups; past the VNNI
   // kernel's 16-group K blocks) and N (partial 4- and 8-row chunks and 32-row blocks); m on
   // both sides of kInt8VnniMinRows, past 16-row vectors and 3-vector tiles, across the AVX2
@@ -116,27 +118,22 @@ TEST(LinearInt8, EveryModeAndKernelEqualsTheFormulaBitForBit) {
   }
 }
 
-// The VNNI kernel called directly against the portable one, bit for bit: 1, 2 and 3 activation
-// vectors per register tile, partial vectors, 1-4 weight rows per tile, K blocks and tails.
-TEST(LinearInt8, VnniKernelEqualsThePortableOneBitForBit) {
-  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
-  struct Shape {
-    int64_t m, n, k;
-  };
-  const Shape shapes[] = {{1, 1, 1},      {2, 9, 45},    {4, 33, 64},    {16, 40, 1030},
-                          {17, 37, 2100}, {33, 70, 513}, {47, 35, 4096}, {48, 5, 4129},
-                          {49, 31, 96},   {100, 64, 544}};
-  uint32_t seed = 240;
+using BlockFn = void (*)(const internal::Int8Job&, int64_t);
+
+// `kernel` called directly, task by task, against the portable kernel on the same operands, bit
+// for bit, with and without a bias.
+void ExpectKernelEqualsPortable(BlockFn kernel, internal::Int8Operands operands,
+                                std::initializer_list<Shape> shapes, uint32_t seed) {
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
     const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     internal::Int8Activation a;
-    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, internal::Int8Operands::kVnniTiles);
+    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, operands);
     for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
       std::vector<float> simd(s.m * s.n, NAN), portable(s.m * s.n, NAN);
       for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
-        internal::Int8BlockAvx512Vnni({&a, &w.view, b, simd.data()}, nb);
+        kernel({&a, &w.view, b, simd.data()}, nb);
         internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
       }
       for (int64_t i = 0; i < s.m * s.n; ++i) {
@@ -147,36 +144,40 @@ TEST(LinearInt8, VnniKernelEqualsThePortableOneBitForBit) {
   }
 }
 
-// The AVX2 kernel called directly (so a machine with AVX512-VNNI checks it too) against the
-// portable one, bit for bit: ragged K and N, one and several activation tiles, K blocks.
+// The VNNI kernel: 1 and 2 activation vectors per register tile, partial vectors, 1-4 weight
+// rows per tile, K blocks and tails.
+TEST(LinearInt8, VnniKernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx512Vnni, internal::Int8Operands::kVnniTiles,
+                             {{1, 1, 1},
+                              {2, 9, 45},
+                              {4, 33, 64},
+                              {16, 40, 1030},
+                              {17, 37, 2100},
+                              {33, 70, 513},
+                              {47, 35, 4096},
+                              {48, 5, 4129},
+                              {49, 31, 96},
+                              {100, 64, 544}},
+                             240);
+}
+
+// The AVX2 kernel (so a machine with AVX512-VNNI checks it too): ragged K and N, partial 8-row
+// chunks; m = 33 and 70 cross its 32-row activation blocks (the last one ragged and odd).
 TEST(LinearInt8, Avx2KernelEqualsThePortableOneBitForBit) {
   if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
-  struct Shape {
-    int64_t m, n, k;
-  };
-  // m = 33 and 70 cross the kernel's 32-row activation blocks (the last one ragged and odd).
-  const Shape shapes[] = {{1, 1, 1},     {1, 9, 45},    {2, 33, 64},   {3, 40, 1030},
-                          {5, 37, 2100}, {17, 70, 513}, {1, 35, 4096}, {4, 5, 4129},
-                          {33, 9, 2100}, {70, 37, 4129}};
-  uint32_t seed = 140;
-  for (const Shape& s : shapes) {
-    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
-    const std::vector<float> bias = RandomVector(s.n, seed++);
-    internal::Int8Activation a;
-    internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a);
-    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-      std::vector<float> simd(s.m * s.n, NAN), portable(s.m * s.n, NAN);
-      for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
-        internal::Int8BlockAvx2({&a, &w.view, b, simd.data()}, nb);
-        internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
-      }
-      for (int64_t i = 0; i < s.m * s.n; ++i) {
-        ASSERT_EQ(Bits(simd[i]), Bits(portable[i]))
-            << "m=" << s.m << " n=" << s.n << " k=" << s.k << " at " << i;
-      }
-    }
-  }
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx2, internal::Int8Operands::kGroups,
+                             {{1, 1, 1},
+                              {1, 9, 45},
+                              {2, 33, 64},
+                              {3, 40, 1030},
+                              {5, 37, 2100},
+                              {17, 70, 513},
+                              {1, 35, 4096},
+                              {4, 5, 4129},
+                              {33, 9, 2100},
+                              {70, 37, 4129}},
+                             140);
 }
 
 // Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels
