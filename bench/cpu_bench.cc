@@ -55,7 +55,8 @@ ABSL_FLAG(std::string, decode_context, "-1",
           "prompts; N >= 0 gives every decoded sequence N cached positions of synthetic keys and "
           "values first (a decode step's cost does not depend on their values; GLM-4.5 presets)");
 ABSL_FLAG(bool, breakdown, false,
-          "also print where the prefill's time goes, by op family (core/base/op_times.h)");
+          "also print where the time of each prefill and of each decode step of batch 1 goes, by "
+          "op family (core/base/op_times.h)");
 
 namespace {
 
@@ -73,13 +74,15 @@ double MeasureBlasGflops() {
   return 2.0 * n * n * n / s / 1e9;
 }
 
+using OpSeconds = std::array<double, static_cast<int>(glmserve::OpFamily::kCount)>;
 struct PrefillResult {
   int tokens = 0;
   double s = 0;
-  std::array<double, static_cast<int>(glmserve::OpFamily::kCount)> ops{};
+  OpSeconds ops{};
 };
 struct DecodeResult {
-  double decode1_s = 0;  // per step
+  double decode1_s = 0;     // per step
+  OpSeconds decode1_ops{};  // --breakdown: per step
   double decode_batch_s = 0;
   int64_t decode1_context = 0, decode_batch_context = 0;  // positions cached at the first step
 };
@@ -168,14 +171,19 @@ bool RunPhases(glmserve::CpuModel& model, const std::vector<int>& prefills,
       decode1_table = &tables[1];
       r.decode1_context = decode_context;
     }
+    glmserve::TakeOpTimes();
     for (int step = 0; step <= steps; ++step) {  // step 0 warms up
       fb.sequences = {{1, r.decode1_context + step, decode1_table}};
       fb.token_ids = absl::MakeConstSpan(next.data(), 1);
+      glmserve::EnableOpTimes(step > 0 && absl::GetFlag(FLAGS_breakdown));
       const auto t = Clock::now();
       if (!model.Forward(fb, &cache, options, &result).ok()) return false;
       if (step > 0) decode_s += Since(t);
     }
+    glmserve::EnableOpTimes(false);
     r.decode1_s = decode_s / steps;
+    r.decode1_ops = glmserve::TakeOpTimes();
+    for (double& s : r.decode1_ops) s /= steps;
 
     int64_t context = 16;
     if (decode_context >= 0) {  // table 1 decoded steps + 1 positions above: all start past them
@@ -287,19 +295,20 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
   }
 }
 
-// Where the prefill's time went (--breakdown): each op family's wall time and share, and the
+// Where a phase's time went (--breakdown): each op family's wall time and share, and the
 // GEMM-rate families' achieved rate is left to the reader with the roofline row above.
-void PrintBreakdown(const std::string& mode, const PrefillResult& r) {
+// `scale` converts seconds to the printed unit.
+void PrintBreakdown(const std::string& title, const OpSeconds& ops, double total, double scale,
+                    const char* unit) {
   double timed = 0;
-  for (double s : r.ops) timed += s;
-  std::printf("\n| %s prefill %d breakdown | seconds | share of prefill |\n|---|---|---|\n",
-              mode.c_str(), r.tokens);
+  for (double s : ops) timed += s;
+  std::printf("\n| %s breakdown | %s | share |\n|---|---|---|\n", title.c_str(), unit);
   for (int f = 0; f < static_cast<int>(glmserve::OpFamily::kCount); ++f) {
     std::printf("| %s | %.3f | %.2f |\n",
-                glmserve::OpFamilyName(static_cast<glmserve::OpFamily>(f)), r.ops[f],
-                r.ops[f] / r.s);
+                glmserve::OpFamilyName(static_cast<glmserve::OpFamily>(f)), ops[f] * scale,
+                ops[f] / total);
   }
-  std::printf("| (untimed) | %.3f | %.2f |\n\n", r.s - timed, (r.s - timed) / r.s);
+  std::printf("| (untimed) | %.3f | %.2f |\n\n", (total - timed) * scale, (total - timed) / total);
 }
 
 }  // namespace
@@ -400,7 +409,15 @@ int main(int argc, char** argv) {
     PrintModeRows(mode_name, math, model, prefill_results, decode_results, limits, *config, steps,
                   batch);
     if (absl::GetFlag(FLAGS_breakdown)) {
-      for (const PrefillResult& p : prefill_results) PrintBreakdown(mode_name, p);
+      for (const PrefillResult& p : prefill_results) {
+        PrintBreakdown(mode_name + " prefill " + std::to_string(p.tokens), p.ops, p.s, 1.0,
+                       "seconds");
+      }
+      for (const DecodeResult& d : decode_results) {
+        PrintBreakdown(
+            mode_name + " decode batch 1, context " + std::to_string(d.decode1_context) + ",",
+            d.decode1_ops, d.decode1_s, 1e3, "ms per step");
+      }
     }
   }
   return 0;

@@ -214,6 +214,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   // The operands LinearMany packed name the kernel (Int8OperandsFor); all give the same bits.
   const auto int8_kernel = [](const Int8Activation& x) {
     return x.operands == Int8Operands::kVnniTiles ? Int8BlockAvx512Vnni
+           : CpuHasAvx512Vnni()                   ? Int8BlockAvx512VnniRows
            : CpuHasAvx2Fma()                      ? Int8BlockAvx2
                                                   : Int8BlockGeneric;
   };

@@ -74,8 +74,8 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // (kBf16Amx, likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 // The kernel int8 weights run on (any mode; all give the same bits): "amx_int8",
-// "avx512_vnni" (activations of kInt8VnniMinRows rows or more; fewer run "avx2_int8"),
-// "avx2_int8" or "generic_int8".
+// "avx512_vnni" (activations of kInt8VnniMinRows rows or more in lanes along the rows, fewer in
+// lanes along K), "avx2_int8" or "generic_int8".
 const char* LinearInt8KernelName();
 
 namespace internal {
@@ -131,8 +131,8 @@ struct Int8Activation {
   std::vector<int32_t> tiles;
   std::vector<float> tile_scale;
 };
-// The VNNI kernel's lanes lie along activation rows; below this many rows (decode) the AVX2
-// kernel, whose lanes lie along K, is faster, and LinearMany packs no tiles.
+// The VNNI kernel's lanes lie along activation rows; below this many rows (decode) its kernel
+// whose lanes lie along K (Int8BlockAvx512VnniRows) is faster, and LinearMany packs no tiles.
 inline constexpr int64_t kInt8VnniMinRows = 4;
 // What LinearMany packs for an activation of m rows on this machine.
 Int8Operands Int8OperandsFor(int64_t m);
@@ -150,10 +150,11 @@ struct Int8Job {
   float* y = nullptr;  // [x->m, w->rows]
 };
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
-// portable reference, the VNNI kernel (needs kVnniTiles) and the AVX2 one (AMX's:
-// linear_int8_amx.h).
+// portable reference, the VNNI kernel (needs kVnniTiles), VNNI's kernel for fewer rows (lanes
+// along K; reads q and group_scale) and the AVX2 one (AMX's: linear_int8_amx.h).
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
+void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb);
 void Int8BlockAvx2(const Int8Job& job, int64_t nb);
 bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.

@@ -1,16 +1,12 @@
 // The int8-weight Linear kernel on AVX2 (arithmetic: linear.h, "group-serial"; reference:
 // Int8BlockGeneric in linear_int8.cc, which this kernel matches bit for bit). It serves every
-// activation on x86-64 without AVX512-VNNI, and the decode-sized ones (fewer rows than
-// kInt8VnniMinRows) where that kernel exists: its lanes lie along the activation rows, which a
-// single row would leave 15/16 empty.
+// activation on x86-64 without AVX512-VNNI. Its driver, shared with the VNNI kernel for decode,
+// is linear_int8_rows.h: lanes along K, weight rows read one after another.
 //
-// Lanes lie along K here: one 8-wide register holds a group's 32 codes. A group's exact dot
-// comes from vpmaddubsw on |x| (unsigned) and w with x's sign (signed), then vpmaddwd with ones:
-// both sides lie in [-127, 127], so a pair's sum is at most 2 * 127 * 127 = 32258 and the 16-bit
-// step cannot saturate; 8 int32 partial sums remain. The partial sums of 8 weight rows reduce
-// together into one register of 8 dots (integer sums are exact, so the tree's order cannot
-// matter), and the per-group step runs 8 outputs wide: one exact conversion, the scales' product
-// (one rounding), one FMA, over the groups in order.
+// A group's exact dot comes from vpmaddubsw on |x| (unsigned) and w with x's sign (signed),
+// then vpmaddwd with ones: both sides lie in [-127, 127], so a pair's sum is at most
+// 2 * 127 * 127 = 32258 and the 16-bit step cannot saturate; 8 int32 partial sums remain per
+// group, and 8 groups' partial sums reduce together into one register of 8 dots.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -20,15 +16,11 @@
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_int8_rows.h"
 #include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
 namespace {
-
-constexpr int kChunk = 8;  // weight rows whose dots reduce into one register
-// Activation rows per pass over the task's chunks: their codes (32 rows x K) stay in L2 while
-// every chunk of the task meets them; a chunk (8 rows x K) stays in L1 or L2 for all of them.
-constexpr int64_t kBlockRows = 32;
 
 // The exact int32 dots of 4 byte products per lane: x . w over 32 bytes.
 inline __m256i Dot4(__m256i x_abs, __m256i x, __m256i w) {
@@ -48,113 +40,35 @@ inline __m256i Reduce8(const __m256i* v) {
                           _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
-// out[g][c] = the bf16 scale src[c][g] widened, for 8 rows c: 8 groups at a time as an 8 x 8
-// transpose (a decode call prepares a task's scales once for one activation row, and one
-// scalar widening per scale cost nearly as much as the dots).
-void TransposeScales(const uint16_t* const* src, int64_t groups, float* out) {
-  int64_t g = 0;
-  for (; g + 8 <= groups; g += 8) {
-    __m256 r[8];
-    for (int c = 0; c < 8; ++c) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c] + g));
-      r[c] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+// Int8BlockRows' group dots on AVX2: 8 groups per register, the tail group in scalar code.
+struct Avx2RowDots {
+  void Prepare(int64_t, const int8_t*, int64_t) {}
+  void Row(int64_t, const int8_t* xq, const int8_t* w, int64_t k, int32_t* out) const {
+    const int64_t full = k / kInt8Group;
+    const auto load = [](const int8_t* p) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    };
+    for (int64_t g = 0; g < full; g += 8) {
+      __m256i v[8];
+      for (int j = 0; j < 8; ++j) {
+        if (g + j >= full) {
+          v[j] = _mm256_setzero_si256();
+          continue;
+        }
+        const __m256i xv = load(xq + (g + j) * kInt8Group);
+        v[j] = Dot4(_mm256_abs_epi8(xv), xv, load(w + (g + j) * kInt8Group));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + g), Reduce8(v));
     }
-    // r[c] lane j is (c, g + j); after three rounds of pairing, t[j] lane c is.
-    __m256 a[8], b[8];
-    for (int c = 0; c < 8; c += 2) {
-      a[c] = _mm256_unpacklo_ps(r[c], r[c + 1]);
-      a[c + 1] = _mm256_unpackhi_ps(r[c], r[c + 1]);
-    }
-    for (int c = 0; c < 8; c += 4) {
-      b[c] = _mm256_shuffle_ps(a[c], a[c + 2], 0x44);
-      b[c + 1] = _mm256_shuffle_ps(a[c], a[c + 2], 0xEE);
-      b[c + 2] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0x44);
-      b[c + 3] = _mm256_shuffle_ps(a[c + 1], a[c + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; ++j) {
-      _mm256_storeu_ps(out + (g + j) * 8, _mm256_permute2f128_ps(b[j], b[j + 4], 0x20));
-      _mm256_storeu_ps(out + (g + j + 4) * 8, _mm256_permute2f128_ps(b[j], b[j + 4], 0x31));
-    }
+    if (full * kInt8Group < k) out[full] = ScalarDot(xq, w, full * kInt8Group, k);
   }
-  for (; g < groups; ++g) {
-    for (int c = 0; c < 8; ++c) out[g * 8 + c] = Bf16ToFloat(src[c][g]);
-  }
-}
+};
 
 }  // namespace
 
 void Int8BlockAvx2(const Int8Job& job, int64_t nb) {
-  const Matrix& w = *job.w;
-  const Int8Activation& x = *job.x;
-  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0);
-  const int64_t n_rows = w.rows, k = w.cols, kp = x.kp, groups = w.scale_cols();
-  const int64_t full = k / kInt8Group, x_groups = kp / kInt8Group;
-  const int64_t chunks = (nn + kChunk - 1) / kChunk;
-  // Per chunk: each group's 8 scales widened (0 for rows past the task), and the rows' tail
-  // groups zero-padded; rows past the task read zeros.
-  thread_local std::vector<float> scale;
-  thread_local std::vector<int8_t> tail, zeros;
-  thread_local std::vector<uint16_t> zero_scales;
-  scale.resize(static_cast<size_t>(chunks * groups * kChunk));
-  tail.assign(static_cast<size_t>(chunks * kChunk * kInt8Group), 0);
-  if (static_cast<int64_t>(zeros.size()) < groups * kInt8Group) {
-    zeros.assign(static_cast<size_t>(groups * kInt8Group), 0);
-    zero_scales.assign(static_cast<size_t>(groups), 0);
-  }
-  const int8_t* q = static_cast<const int8_t*>(w.data);
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const uint16_t* src[kChunk];
-    for (int c = 0; c < kChunk; ++c) {
-      const int64_t r = chunk * kChunk + c;
-      src[c] = r < nn ? w.group_scales + (n0 + r) * groups : zero_scales.data();
-    }
-    TransposeScales(src, groups, scale.data() + chunk * groups * kChunk);
-  }
-  for (int64_t r = 0; r < nn && full < groups; ++r) {
-    std::memcpy(tail.data() + r * kInt8Group, q + (n0 + r) * k + full * kInt8Group,
-                static_cast<size_t>(k - full * kInt8Group));
-  }
-  for (int64_t m0 = 0; m0 < x.m; m0 += kBlockRows) {
-    const int64_t m1 = std::min(x.m, m0 + kBlockRows);
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const int64_t c0 = chunk * kChunk, nc = std::min<int64_t>(kChunk, nn - c0);
-      const int8_t* rows[kChunk];
-      for (int c = 0; c < kChunk; ++c) {
-        rows[c] = c < nc ? q + (n0 + c0 + c) * k : zeros.data();
-      }
-      const float* ws = scale.data() + chunk * groups * kChunk;
-      for (int64_t i = m0; i < m1; ++i) {
-        const int8_t* xq = x.q.data() + i * kp;
-        const float* xs = x.group_scale.data() + i * x_groups;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t g = 0; g < groups; ++g) {
-          const __m256i xv =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * kInt8Group));
-          const __m256i xa = _mm256_abs_epi8(xv);
-          __m256i v[kChunk];
-          for (int c = 0; c < kChunk; ++c) {
-            const int8_t* wp = g < full ? rows[c] + g * kInt8Group
-                               : c < nc ? tail.data() + (c0 + c) * kInt8Group
-                                        : zeros.data();
-            v[c] = Dot4(xa, xv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp)));
-          }
-          const __m256 s = _mm256_mul_ps(_mm256_set1_ps(xs[g]), _mm256_loadu_ps(ws + g * kChunk));
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Reduce8(v)), s, acc);
-        }
-        float* y = job.y + i * n_rows + n0 + c0;
-        if (nc == kChunk) {
-          if (job.bias != nullptr) acc = _mm256_add_ps(acc, _mm256_loadu_ps(job.bias + n0 + c0));
-          _mm256_storeu_ps(y, acc);
-        } else {
-          alignas(32) float out[kChunk];
-          _mm256_store_ps(out, acc);
-          for (int64_t c = 0; c < nc; ++c) {
-            y[c] = job.bias != nullptr ? out[c] + job.bias[n0 + c0 + c] : out[c];
-          }
-        }
-      }
-    }
-  }
+  Avx2RowDots dots;
+  Int8BlockRows(job, nb, dots);
 }
 
 // QuantizeGroupInt8's operations, eight elements at a time: the same amax (max is exact, so its

@@ -1,6 +1,7 @@
 // The int8-weight Linear kernel on AVX512-VNNI for activations of several rows (arithmetic:
 // linear.h, "group-serial"; reference: Int8BlockGeneric in linear_int8.cc, which this kernel
-// matches bit for bit). Fewer rows (decode) run the AVX2 kernel, whose lanes lie along K.
+// matches bit for bit). Fewer rows (decode) run Int8BlockAvx512VnniRows at the end of this
+// file, whose lanes lie along K.
 //
 // Lanes lie along the activation rows here: the operands are the activation packed as the AMX
 // kernel packs its B tiles (Int8Operands::kVnniTiles: per 16 rows and 32-wide group, 8 vectors
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_int8_rows.h"
 #include "core/cpu/quantize.h"
 
 namespace glmserve::internal {
@@ -208,6 +210,102 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
       }
     }
   }
+}
+
+namespace {
+
+// Lanes of the result: the sums of the two 8-lane halves of v[j] (j = 0..7), group 2j (low
+// half) and 2j + 1 (high half) in order: 16 groups' sums.
+inline __m512i Reduce16(const __m512i* v) {
+  // Within each 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3] for a = v[2j], b = v[2j + 1].
+  __m512i p[4];
+  for (int j = 0; j < 4; ++j) {
+    p[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * j], v[2 * j + 1]),
+                            _mm512_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
+  }
+  // Block b of q0: the sums of block b of v0, v1, v2, v3 (q1: v4..v7).
+  const __m512i q0 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(p[0], p[1]), _mm512_unpackhi_epi64(p[0], p[1]));
+  const __m512i q1 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(p[2], p[3]), _mm512_unpackhi_epi64(p[2], p[3]));
+  // Blocks 0 + 1 are the low halves, 2 + 3 the high ones: groups 0 2 4 6 | 1 3 5 7 | 8 10 12
+  // 14 | 9 11 13 15, which the permutation puts in order.
+  const __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  return _mm512_permutexvar_epi32(order, s);
+}
+
+// Int8BlockRows' group dots on AVX512-VNNI: one vpdpbusd per 64 codes (two groups). vpdpbusd
+// multiplies unsigned bytes by signed ones, so the weight codes are biased to unsigned (w xor
+// 0x80 = w + 128) and the activation codes stay signed: the lanes sum w x + 128 x, and
+// Prepare's per-group 128 x (sum of the activation's codes), subtracted, leaves the exact dot.
+// A row's last 64 codes are a masked load (zeros past K; the activation's codes past K are 0
+// up to kp, a multiple of 64, so the zeros' +128 adds nothing).
+class VnniRowDots {
+ public:
+  // `corr`: the thread's buffer, sized here.
+  VnniRowDots(int64_t groups, std::vector<int32_t>* corr)
+      : ld_((groups + kRowsGroupPad - 1) / kRowsGroupPad * kRowsGroupPad), corr_(*corr) {
+    corr_.resize(static_cast<size_t>(kRowsBlock * ld_));
+  }
+  void Prepare(int64_t slot, const int8_t* xq, int64_t kp) {
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    int32_t* out = corr_.data() + slot * ld_;
+    const int64_t units = kp / 64;  // kp: a multiple of 64
+    for (int64_t u0 = 0; u0 < ld_ / 2; u0 += 8) {
+      __m512i v[8];
+      for (int j = 0; j < 8; ++j) {
+        v[j] = u0 + j < units ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias,
+                                                    _mm512_loadu_si512(xq + (u0 + j) * 64))
+                              : _mm512_setzero_si512();
+      }
+      _mm512_storeu_si512(out + 2 * u0, Reduce16(v));
+    }
+  }
+  void Row(int64_t slot, const int8_t* xq, const int8_t* w, int64_t k, int32_t* out) const {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int32_t* corr = corr_.data() + slot * ld_;
+    const int64_t whole = k / 64, units = (k + 63) / 64;
+    // The unit's 16 lanes: w x + 128 x per 4 codes, both groups of the unit.
+    const auto unit = [&](int64_t u, __m512i codes) {
+      return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(codes, flip),
+                                 _mm512_loadu_si512(xq + u * 64));
+    };
+    const auto store = [&](int64_t u0, const __m512i* v) {
+      _mm512_storeu_si512(out + 2 * u0,
+                          _mm512_sub_epi32(Reduce16(v), _mm512_loadu_si512(corr + 2 * u0)));
+    };
+    int64_t u0 = 0;
+    for (; u0 + 8 <= whole; u0 += 8) {
+      __m512i v[8];
+      for (int j = 0; j < 8; ++j) v[j] = unit(u0 + j, _mm512_loadu_si512(w + (u0 + j) * 64));
+      store(u0, v);
+    }
+    if (u0 < units) {  // the last units: a masked load past K, zeros past the row's units
+      __m512i v[8];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t u = u0 + j;
+        v[j] = u < whole ? unit(u, _mm512_loadu_si512(w + u * 64))
+               : u < units
+                   ? unit(u, _mm512_maskz_loadu_epi8(~0ULL >> (64 - (k - u * 64)), w + u * 64))
+                   : _mm512_setzero_si512();
+      }
+      store(u0, v);
+    }
+  }
+
+ private:
+  int64_t ld_;
+  std::vector<int32_t>& corr_;  // [kRowsBlock][ld_]: 128 x each group's code sum
+};
+
+}  // namespace
+
+void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb) {
+  thread_local std::vector<int32_t> corr;
+  VnniRowDots dots(job.w->scale_cols(), &corr);
+  Int8BlockRows(job, nb, dots);
 }
 
 }  // namespace glmserve::internal

@@ -180,9 +180,32 @@ TEST(LinearInt8, Avx2KernelEqualsThePortableOneBitForBit) {
                              140);
 }
 
+// VNNI's kernel for decode-sized activations (lanes along K, the AVX2 kernel's driver): K at
+// and around its 64-code units and 16-group blocks (a masked last unit, one group alone in it,
+// the tail group), partial 8-row chunks; m = 33 crosses the 32-row activation blocks.
+TEST(LinearInt8, VnniRowsKernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx512VnniRows, internal::Int8Operands::kGroups,
+                             {{1, 1, 1},
+                              {1, 9, 31},
+                              {1, 33, 32},
+                              {2, 40, 33},
+                              {3, 37, 63},
+                              {1, 8, 64},
+                              {1, 70, 65},
+                              {2, 35, 96},
+                              {1, 5, 511},
+                              {3, 9, 512},
+                              {1, 37, 513},
+                              {1, 64, 1408},
+                              {2, 31, 4129},
+                              {33, 17, 1030}},
+                             340);
+}
+
 // Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels
-// and the portable one: a row alone runs the decode kernel (AVX2 below kInt8VnniMinRows rows
-// where VNNI exists), a batch the many-row one; the order depends on neither.
+// and the portable one: a row alone runs the decode kernel (lanes along K below kInt8VnniMinRows
+// rows where VNNI exists), a batch the many-row one; the order depends on neither.
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
   const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
