@@ -138,49 +138,74 @@ void QuantizeMatrixFp8(const Matrix& m, int64_t br, int64_t bc, uint8_t* codes, 
 
 namespace {
 
-// kFp8Channel / kFp8Block (QuantizeWeights): one buffer per matrix, matrices in parallel.
+// 64-byte aligned offsets of consecutive parts of `sizes` bytes each in one buffer, and its size
+// (at least 1).
+int64_t PackedOffsets(const std::vector<int64_t>& sizes, std::vector<int64_t>* offsets) {
+  int64_t total = 0;
+  offsets->resize(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    (*offsets)[i] = total;
+    total += (sizes[i] + 63) / 64 * 64;
+  }
+  return std::max<int64_t>(total, 1);
+}
+
+// A buffer of `bytes` for weights quantized at load: on cache lines (the AMX int8 kernel loads
+// 16 rows of 32 bytes in place per tile, and a load that straddles lines runs at a fraction of
+// its rate: docs/cpu_math.md) and on huge pages, as the checkpoint's weights are
+// (core/base/huge_pages.h): a decode step streams all of it, and on 4 KiB pages each kernel
+// task's rows (one page each at K = 4096) paid a TLB miss and a restart of the hardware
+// prefetcher per page. Null when the memory cannot be had.
+std::shared_ptr<char[]> QuantizedBuffer(int64_t bytes) {
+  const size_t n = static_cast<size_t>(bytes);
+  char* raw = static_cast<char*>(AllocateHugePageable(n));
+  if (raw == nullptr) return nullptr;
+  return std::shared_ptr<char[]>(raw, [n](char* p) { FreeHugePageable(p, n); });
+}
+
+// kFp8Channel / kFp8Block (QuantizeWeights): one buffer for all, [codes of every matrix][scales
+// of every matrix], matrices in parallel.
 absl::Status QuantizeWeightsFp8(ModelWeights* weights, bool per_channel) {
   std::vector<Matrix*> matrices;
   for (Matrix* m : weights->LinearMatrices()) {
     const bool head = m == &weights->lm_head || (weights->mtp && m == &weights->mtp->head);
     if (!head) matrices.push_back(m);
   }
-  struct Out {
-    std::shared_ptr<char[]> codes, scales;
-    int64_t br, bc;
-  };
-  std::vector<Out> out(matrices.size());
-  for (size_t i = 0; i < matrices.size(); ++i) {
+  const size_t n = matrices.size();
+  std::vector<int64_t> br(n), bc(n), sizes(2 * n);
+  for (size_t i = 0; i < n; ++i) {
     const Matrix& m = *matrices[i];
-    Out& o = out[i];
-    o.br = per_channel ? 1 : kFp8Block;
-    o.bc = per_channel ? m.cols : kFp8Block;
-    const int64_t n_scales = ((m.rows + o.br - 1) / o.br) * ((m.cols + o.bc - 1) / o.bc);
-    o.codes.reset(new (std::nothrow) char[std::max<int64_t>(m.rows * m.cols, 1)]);
-    o.scales.reset(new (std::nothrow) char[n_scales * sizeof(float)]);
-    if (o.codes == nullptr || o.scales == nullptr) {
-      return absl::ResourceExhaustedError("out of memory for FP8 quantization");
-    }
+    br[i] = per_channel ? 1 : kFp8Block;
+    bc[i] = per_channel ? m.cols : kFp8Block;
+    sizes[i] = m.rows * m.cols;
+    sizes[n + i] = ((m.rows + br[i] - 1) / br[i]) * ((m.cols + bc[i] - 1) / bc[i]) *
+                   static_cast<int64_t>(sizeof(float));
   }
-  ParallelFor(static_cast<int64_t>(matrices.size()), 1, [&](int64_t begin, int64_t end) {
+  std::vector<int64_t> offset;
+  const int64_t total = PackedOffsets(sizes, &offset);
+  std::shared_ptr<char[]> buffer = QuantizedBuffer(total);
+  if (buffer == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("FP8 quantization needs ", total, " bytes of memory"));
+  }
+  char* base = buffer.get();
+  ParallelFor(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      QuantizeMatrixFp8(*matrices[i], out[i].br, out[i].bc,
-                        reinterpret_cast<uint8_t*>(out[i].codes.get()),
-                        reinterpret_cast<float*>(out[i].scales.get()));
+      QuantizeMatrixFp8(*matrices[i], br[i], bc[i], reinterpret_cast<uint8_t*>(base + offset[i]),
+                        reinterpret_cast<float*>(base + offset[n + i]));
     }
   });
-  for (size_t i = 0; i < matrices.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     Matrix* m = matrices[i];
     m->dtype = DType::kF8E4M3;
-    m->data = out[i].codes.get();
+    m->data = base + offset[i];
     m->format = WeightFormat::kFp8Scaled;
-    m->scales = reinterpret_cast<const float*>(out[i].scales.get());
-    m->scale_block_rows = static_cast<int32_t>(out[i].br);
-    m->scale_block_cols = static_cast<int32_t>(std::min<int64_t>(out[i].bc, INT32_MAX));
+    m->scales = reinterpret_cast<const float*>(base + offset[n + i]);
+    m->scale_block_rows = static_cast<int32_t>(br[i]);
+    m->scale_block_cols = static_cast<int32_t>(std::min<int64_t>(bc[i], INT32_MAX));
     m->scale_row_phase = 0;
-    weights->storage.push_back(std::shared_ptr<const void>(out[i].codes, out[i].codes.get()));
-    weights->storage.push_back(std::shared_ptr<const void>(out[i].scales, out[i].scales.get()));
   }
+  weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
   weights->linear_format = WeightFormat::kFp8Scaled;
   weights->weight_dtype = DType::kF8E4M3;
   return absl::OkStatus();
@@ -197,28 +222,17 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     return QuantizeWeightsFp8(weights, quant == WeightQuant::kFp8Channel);
   }
   std::vector<Matrix*> matrices = weights->LinearMatrices();
-  // One buffer for all: [q of every matrix][scales of every matrix], each part 64-byte aligned
-  // (the buffer too).
-  auto align = [](int64_t n) { return (n + 63) / 64 * 64; };
-  int64_t total = 0;
-  std::vector<int64_t> q_offset(matrices.size()), s_offset(matrices.size());
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    q_offset[i] = total;
-    total += align(matrices[i]->rows * matrices[i]->cols);
+  // One buffer for all (QuantizedBuffer): [q of every matrix][scales of every matrix].
+  const size_t n = matrices.size();
+  std::vector<int64_t> sizes(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    sizes[i] = matrices[i]->rows * matrices[i]->cols;
+    sizes[n + i] = matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)};
   }
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    s_offset[i] = total;
-    total += align(matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)});
-  }
-  // On cache lines: the AMX int8 kernel loads 16 rows of 32 bytes in place per tile, and a
-  // load that straddles lines runs at a fraction of its rate (docs/cpu_math.md). On huge pages,
-  // as the checkpoint's weights are (core/base/huge_pages.h): a decode step streams all of it,
-  // and on 4 KiB pages each kernel task's rows (one page each at K = 4096) paid a TLB miss and a
-  // restart of the hardware prefetcher per page.
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(total, 1));
-  char* raw = static_cast<char*>(AllocateHugePageable(bytes));
-  std::shared_ptr<char[]> buffer(raw, [bytes](char* p) { FreeHugePageable(p, bytes); });
-  if (raw == nullptr) {
+  std::vector<int64_t> offset;
+  const int64_t total = PackedOffsets(sizes, &offset);
+  std::shared_ptr<char[]> buffer = QuantizedBuffer(total);
+  if (buffer == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("int8 quantization needs ", total, " bytes of memory"));
   }
@@ -240,14 +254,14 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
       const Matrix& m = *matrices[ch.matrix];
       QuantizeMatrixInt8(
           m.RowSlice(ch.row, ch.rows),
-          reinterpret_cast<int8_t*>(base + q_offset[ch.matrix]) + ch.row * m.cols,
-          reinterpret_cast<uint16_t*>(base + s_offset[ch.matrix]) + ch.row * m.scale_cols());
+          reinterpret_cast<int8_t*>(base + offset[ch.matrix]) + ch.row * m.cols,
+          reinterpret_cast<uint16_t*>(base + offset[n + ch.matrix]) + ch.row * m.scale_cols());
     }
   });
   for (size_t i = 0; i < matrices.size(); ++i) {
     Matrix* m = matrices[i];
-    m->data = base + q_offset[i];
-    m->group_scales = reinterpret_cast<const uint16_t*>(base + s_offset[i]);
+    m->data = base + offset[i];
+    m->group_scales = reinterpret_cast<const uint16_t*>(base + offset[n + i]);
     m->format = WeightFormat::kInt8Groups;
   }
   weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
