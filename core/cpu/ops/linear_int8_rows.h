@@ -7,10 +7,10 @@
 // weight row's group dots are therefore computed one row after another: a task's rows lie one
 // after another in memory, so its weights are read in order, one stream. (The kernel this
 // replaced read 8 rows in lockstep, 8 short streams; on a Zen 4 VM one thread read 1,408-wide
-// rows at 9 GB/s that way and at 24 in order.) The exact int32 dots of a chunk of 8 rows wait
-// in a small buffer; then each 8 x 8 block of them is transposed so that one register holds a
-// group's dots of the 8 rows, and the per-group step runs 8 outputs wide: one exact conversion,
-// the scales' product (one rounding) and one FMA, over the groups in order.
+// rows at 10 GB/s that way and at 21-23 in order: docs/performance.md.) The exact int32 dots of a
+// chunk of 8 rows wait in a small buffer; then each 8 x 8 block of them is transposed so that one
+// register holds a group's dots of the 8 rows, and the per-group step runs 8 outputs wide: one
+// exact conversion, the scales' product (one rounding) and one FMA, over the groups in order.
 //
 // Everything here has internal linkage (an unnamed namespace, in a header on purpose): each
 // including file compiles it for its own instruction set, and one copy must never stand in for
