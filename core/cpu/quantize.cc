@@ -6,12 +6,13 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <new>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/huge_pages.h"
 #include "core/base/parallel.h"
+#include "core/base/status_macros.h"
 
 namespace glmserve {
 
@@ -138,28 +139,27 @@ void QuantizeMatrixFp8(const Matrix& m, int64_t br, int64_t bc, uint8_t* codes, 
 
 namespace {
 
-// 64-byte aligned offsets of consecutive parts of `sizes` bytes each in one buffer, and its size
-// (at least 1).
-int64_t PackedOffsets(const std::vector<int64_t>& sizes, std::vector<int64_t>* offsets) {
+// One buffer for weights quantized at load, parts of `sizes` bytes each at 64-byte aligned
+// `offsets`: on cache lines (the AMX int8 kernel loads 16 rows of 32 bytes in place per tile,
+// and a load that straddles lines runs at a fraction of its rate: docs/cpu_math.md) and on huge
+// pages, as the checkpoint's weights are (core/base/huge_pages.h): a decode step streams all of
+// it, and on 4 KiB pages each kernel task's rows (one page each at K = 4096) paid a TLB miss and
+// a restart of the hardware prefetcher per page. `what` names the quantization in the error.
+absl::StatusOr<std::shared_ptr<char[]>> QuantizedBuffer(const std::vector<int64_t>& sizes,
+                                                        std::vector<int64_t>* offsets,
+                                                        const char* what) {
   int64_t total = 0;
   offsets->resize(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     (*offsets)[i] = total;
     total += (sizes[i] + 63) / 64 * 64;
   }
-  return std::max<int64_t>(total, 1);
-}
-
-// A buffer of `bytes` for weights quantized at load: on cache lines (the AMX int8 kernel loads
-// 16 rows of 32 bytes in place per tile, and a load that straddles lines runs at a fraction of
-// its rate: docs/cpu_math.md) and on huge pages, as the checkpoint's weights are
-// (core/base/huge_pages.h): a decode step streams all of it, and on 4 KiB pages each kernel
-// task's rows (one page each at K = 4096) paid a TLB miss and a restart of the hardware
-// prefetcher per page. Null when the memory cannot be had.
-std::shared_ptr<char[]> QuantizedBuffer(int64_t bytes) {
-  const size_t n = static_cast<size_t>(bytes);
+  const size_t n = static_cast<size_t>(std::max<int64_t>(total, 1));
   char* raw = static_cast<char*>(AllocateHugePageable(n));
-  if (raw == nullptr) return nullptr;
+  if (raw == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " quantization needs ", total, " bytes of memory"));
+  }
   return std::shared_ptr<char[]>(raw, [n](char* p) { FreeHugePageable(p, n); });
 }
 
@@ -182,12 +182,7 @@ absl::Status QuantizeWeightsFp8(ModelWeights* weights, bool per_channel) {
                    static_cast<int64_t>(sizeof(float));
   }
   std::vector<int64_t> offset;
-  const int64_t total = PackedOffsets(sizes, &offset);
-  std::shared_ptr<char[]> buffer = QuantizedBuffer(total);
-  if (buffer == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("FP8 quantization needs ", total, " bytes of memory"));
-  }
+  ASSIGN_OR_RETURN(const std::shared_ptr<char[]> buffer, QuantizedBuffer(sizes, &offset, "FP8"));
   char* base = buffer.get();
   ParallelFor(static_cast<int64_t>(n), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -230,12 +225,7 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     sizes[n + i] = matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)};
   }
   std::vector<int64_t> offset;
-  const int64_t total = PackedOffsets(sizes, &offset);
-  std::shared_ptr<char[]> buffer = QuantizedBuffer(total);
-  if (buffer == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("int8 quantization needs ", total, " bytes of memory"));
-  }
+  ASSIGN_OR_RETURN(const std::shared_ptr<char[]> buffer, QuantizedBuffer(sizes, &offset, "int8"));
   // Rows of all matrices in one parallel loop, in chunks of up to 64 rows.
   struct Chunk {
     size_t matrix;
