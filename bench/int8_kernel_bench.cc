@@ -2,6 +2,7 @@
 // each costs where LinearMany would pick another (the AVX2 kernel on a VNNI machine, the choice
 // of kInt8VnniMinRows). linear_bench and cpu_bench measure only the dispatched kernel.
 //   build/bench/int8_kernel_bench --rows=1,4,8,16,64,256 --n=4096 --k=4096
+// Both int8 layouts (Int8Layout, core/model/weights.h) where a kernel reads them.
 // Each row: best of --reps over the whole matrix (N / 32 tasks in a row), GOP/s against the
 // one-thread vpdpbusd peak measured in the same run, and the weight bytes read per second (the
 // matrix, 17 MB at the default shape, is read once per call).
@@ -58,29 +59,44 @@ int Main() {
   Matrix w{DType::kBF16, n, k, q.data()};
   w.format = WeightFormat::kInt8Groups;
   w.group_scales = scales.data();
+  // The same weights in Int8Layout::kRows16, for the kernels that read that layout.
+  const int64_t groups = w.scale_cols(), blocks = (n + kInt8BlockRows - 1) / kInt8BlockRows;
+  std::vector<int8_t, HugePageAllocator<int8_t>> q16(blocks * groups * kInt8BlockGroupBytes);
+  std::vector<uint16_t, HugePageAllocator<uint16_t>> scales16(blocks * groups * kInt8BlockRows);
+  InterleaveInt8Rows16(q.data(), scales.data(), n, k, q16.data(), scales16.data());
+  Matrix w16 = w;
+  w16.data = q16.data();
+  w16.group_scales = scales16.data();
+  w16.int8_layout = Int8Layout::kRows16;
 
   struct Kernel {
     const char* name;
     bool available;
     internal::Int8Operands operands;
     void (*block)(const internal::Int8Job&, int64_t);
+    const Matrix* w;
   };
+  const bool vnni = internal::CpuHasAvx512Vnni();
   const Kernel kernels[] = {
-      {"avx512_vnni", internal::CpuHasAvx512Vnni(), internal::Int8Operands::kVnniTiles,
-       internal::Int8BlockAvx512Vnni},
-      {"avx512_vnni_rows", internal::CpuHasAvx512Vnni(), internal::Int8Operands::kGroups,
-       internal::Int8BlockAvx512VnniRows},
+      {"avx512_vnni", vnni, internal::Int8Operands::kVnniTiles, internal::Int8BlockAvx512Vnni, &w},
+      {"avx512_vnni (rows16)", vnni, internal::Int8Operands::kVnniTiles,
+       internal::Int8BlockAvx512Vnni, &w16},
+      {"avx512_vnni_rows", vnni, internal::Int8Operands::kGroups, internal::Int8BlockAvx512VnniRows,
+       &w},
+      {"avx512_vnni_rows16", vnni, internal::Int8Operands::kGroups,
+       internal::Int8BlockAvx512VnniRows16, &w16},
       {"avx2_int8", internal::CpuHasAvx2Fma(), internal::Int8Operands::kGroups,
-       internal::Int8BlockAvx2},
-      {"generic_int8", true, internal::Int8Operands::kGroups, internal::Int8BlockGeneric},
+       internal::Int8BlockAvx2, &w},
+      {"generic_int8", true, internal::Int8Operands::kGroups, internal::Int8BlockGeneric, &w},
   };
   const double peak = Int8DotPeakGops();
   std::printf("one thread; %ld x %ld int8 weights (%.1f MB); vpdpbusd peak %.0f GOP/s%s\n",
               static_cast<long>(n), static_cast<long>(k), n * k * (1 + 2.0 / 32) / 1e6, peak,
               peak > 0 ? "" : " (no AVX512-VNNI)");
   std::printf(
-      "LinearMany picks: avx512_vnni from %ld rows where it exists, avx512_vnni_rows (lanes along "
-      "K) below; avx2_int8 without VNNI\n\n",
+      "LinearMany picks: avx512_vnni from %ld rows where it exists; below, avx512_vnni_rows16 "
+      "for the kRows16 layout (QuantizeWeights' choice on VNNI without AMX), avx512_vnni_rows "
+      "(lanes along K) for row-major weights; avx2_int8 without VNNI\n\n",
       static_cast<long>(internal::kInt8VnniMinRows));
   std::printf(
       "| kernel | rows | ms | GOP/s | of vpdpbusd peak | weight GB/s "
@@ -95,7 +111,7 @@ int Main() {
       internal::QuantizeActivationInt8(x.data(), m, k, &a, kernel.operands);
       const double s = BestOf(absl::GetFlag(FLAGS_reps), [&] {
         for (int64_t nb = 0; nb * internal::kBlockN < n; ++nb) {
-          kernel.block({&a, &w, nullptr, y.data()}, nb);
+          kernel.block({&a, kernel.w, nullptr, y.data()}, nb);
         }
       });
       const double gops = 2.0 * m * n * k / s / 1e9;

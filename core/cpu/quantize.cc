@@ -113,6 +113,23 @@ void QuantizeMatrixInt8(const Matrix& m, int8_t* q, uint16_t* scales) {
   }
 }
 
+void InterleaveInt8Rows16(const int8_t* q, const uint16_t* scales, int64_t rows, int64_t cols,
+                          int8_t* out_q, uint16_t* out_scales) {
+  const int64_t groups = (cols + kInt8Group - 1) / kInt8Group;
+  const int64_t blocks = (rows + kInt8BlockRows - 1) / kInt8BlockRows;
+  std::memset(out_q, 0, static_cast<size_t>(blocks * groups * kInt8BlockGroupBytes));
+  std::memset(out_scales, 0, static_cast<size_t>(blocks * groups * kInt8BlockRows) * 2);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / kInt8BlockRows, lane = r % kInt8BlockRows;
+    for (int64_t g = 0; g < groups; ++g) {
+      int8_t* unit = out_q + (b * groups + g) * kInt8BlockGroupBytes + lane * 4;
+      const int64_t begin = g * kInt8Group, len = std::min(kInt8Group, cols - begin);
+      for (int64_t i = 0; i < len; ++i) unit[i / 4 * 64 + i % 4] = q[r * cols + begin + i];
+      out_scales[(b * groups + g) * kInt8BlockRows + lane] = scales[r * groups + g];
+    }
+  }
+}
+
 void QuantizeMatrixFp8(const Matrix& m, int64_t br, int64_t bc, uint8_t* codes, float* scales) {
   const int64_t scale_cols = (m.cols + bc - 1) / bc;
   for (int64_t r0 = 0; r0 < m.rows; r0 += br) {
@@ -208,7 +225,7 @@ absl::Status QuantizeWeightsFp8(ModelWeights* weights, bool per_channel) {
 
 }  // namespace
 
-absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
+absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant, Int8Layout layout) {
   if (quant == WeightQuant::kStored) return absl::OkStatus();
   if (weights->linear_format != WeightFormat::kDense) {
     return absl::FailedPreconditionError("weights are already quantized");
@@ -217,16 +234,23 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     return QuantizeWeightsFp8(weights, quant == WeightQuant::kFp8Channel);
   }
   std::vector<Matrix*> matrices = weights->LinearMatrices();
+  const bool rows16 = layout == Int8Layout::kRows16;
   // One buffer for all (QuantizedBuffer): [q of every matrix][scales of every matrix].
   const size_t n = matrices.size();
   std::vector<int64_t> sizes(2 * n);
   for (size_t i = 0; i < n; ++i) {
-    sizes[i] = matrices[i]->rows * matrices[i]->cols;
-    sizes[n + i] = matrices[i]->rows * matrices[i]->scale_cols() * int64_t{sizeof(uint16_t)};
+    const Matrix& m = *matrices[i];
+    // kRows16: whole 16-row blocks of whole groups.
+    const int64_t rows =
+        rows16 ? (m.rows + kInt8BlockRows - 1) / kInt8BlockRows * kInt8BlockRows : m.rows;
+    const int64_t cols = rows16 ? m.scale_cols() * kInt8Group : m.cols;
+    sizes[i] = rows * cols;
+    sizes[n + i] = rows * m.scale_cols() * int64_t{sizeof(uint16_t)};
   }
   std::vector<int64_t> offset;
   ASSIGN_OR_RETURN(const std::shared_ptr<char[]> buffer, QuantizedBuffer(sizes, &offset, "int8"));
-  // Rows of all matrices in one parallel loop, in chunks of up to 64 rows.
+  // Rows of all matrices in one parallel loop, in chunks of up to 64 rows (whole kRows16
+  // blocks).
   struct Chunk {
     size_t matrix;
     int64_t row, rows;
@@ -242,10 +266,23 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     for (int64_t c = begin; c < end; ++c) {
       const Chunk& ch = chunks[c];
       const Matrix& m = *matrices[ch.matrix];
-      QuantizeMatrixInt8(
-          m.RowSlice(ch.row, ch.rows),
-          reinterpret_cast<int8_t*>(base + offset[ch.matrix]) + ch.row * m.cols,
-          reinterpret_cast<uint16_t*>(base + offset[n + ch.matrix]) + ch.row * m.scale_cols());
+      int8_t* q = reinterpret_cast<int8_t*>(base + offset[ch.matrix]);
+      uint16_t* scales = reinterpret_cast<uint16_t*>(base + offset[n + ch.matrix]);
+      if (!rows16) {
+        QuantizeMatrixInt8(m.RowSlice(ch.row, ch.rows), q + ch.row * m.cols,
+                           scales + ch.row * m.scale_cols());
+        continue;
+      }
+      // Row-major first, then into the chunk's blocks (ch.row is a multiple of 16).
+      thread_local std::vector<int8_t> tq;
+      thread_local std::vector<uint16_t> ts;
+      tq.resize(static_cast<size_t>(ch.rows * m.cols));
+      ts.resize(static_cast<size_t>(ch.rows * m.scale_cols()));
+      QuantizeMatrixInt8(m.RowSlice(ch.row, ch.rows), tq.data(), ts.data());
+      const int64_t block = ch.row / kInt8BlockRows;
+      InterleaveInt8Rows16(tq.data(), ts.data(), ch.rows, m.cols,
+                           q + block * m.scale_cols() * kInt8BlockGroupBytes,
+                           scales + block * m.scale_cols() * kInt8BlockRows);
     }
   });
   for (size_t i = 0; i < matrices.size(); ++i) {
@@ -253,6 +290,8 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant) {
     m->data = base + offset[i];
     m->group_scales = reinterpret_cast<const uint16_t*>(base + offset[n + i]);
     m->format = WeightFormat::kInt8Groups;
+    m->int8_layout = layout;
+    m->int8_row_phase = 0;
   }
   weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
   weights->linear_format = WeightFormat::kInt8Groups;

@@ -38,8 +38,11 @@ absl::Status CheckWeightQuantMath(WeightQuant quant, CpuMath math);
 // kFp8Channel / kFp8Block: the same matrices except lm_head (kept as stored, as the released
 // FP8 checkpoints keep it) become WeightFormat::kFp8Scaled: scale = amax / 448 over the
 // scale block (1 for an all-zero block), code = e4m3(w / scale) rounded to nearest even.
-// FAILED_PRECONDITION if the matrices are already quantized.
-absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant);
+// FAILED_PRECONDITION if the matrices are already quantized. `layout`: where kInt8 keeps its
+// codes (core/model/weights.h, Int8Layout): by default the one this CPU's kernels read fastest;
+// every layout gives the same bits.
+absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant,
+                             Int8Layout layout = Int8LayoutForThisCpu());
 
 // One group of n (<= kInt8Group) activations: q[i] = round(v[i] / scale) (ties to even),
 // returns scale = amax / 127 (0 for an all-zero group). A non-finite value makes the scale NaN
@@ -57,6 +60,12 @@ uint16_t QuantizeWeightGroupInt8(const float* v, int64_t n, int8_t* q);
 // One matrix: q [rows, cols] and bf16 scales [rows, ceil(cols / kInt8Group)] (exposed for
 // tests).
 void QuantizeMatrixInt8(const Matrix& m, int8_t* q, uint16_t* scales);
+
+// Row-major codes q [rows, cols] and scales [rows, ceil(cols / 32)] (rows: the first at a block's
+// lane 0) rearranged into Int8Layout::kRows16: out_q [blocks][groups][512], out_scales
+// [blocks][groups][16], blocks = ceil(rows / 16), with zeros past the rows and the columns.
+void InterleaveInt8Rows16(const int8_t* q, const uint16_t* scales, int64_t rows, int64_t cols,
+                          int8_t* out_q, uint16_t* out_scales);
 
 // One matrix to e4m3 codes [rows, cols] and fp32 scales [ceil(rows / br), ceil(cols / bc)]
 // (exposed for tests).

@@ -26,6 +26,26 @@ const T* KeptScaleColumns(const T* scales, const Matrix& m, const Matrix& out, i
   return copy.get();
 }
 
+// Int8Layout::kRows16: the groups [first, first + out.scale_cols()) of every block, codes and
+// scales, copied into buffers added to `storage` (the rows and their phase unchanged).
+void KeptRows16Groups(const Matrix& m, int64_t first, Matrix* out,
+                      std::vector<std::shared_ptr<const void>>* storage) {
+  const int64_t blocks = m.int8_blocks(), in = m.scale_cols(), kept = out->scale_cols();
+  auto codes = std::shared_ptr<int8_t[]>(new int8_t[blocks * kept * kInt8BlockGroupBytes]);
+  auto scales = std::shared_ptr<uint16_t[]>(new uint16_t[blocks * kept * kInt8BlockRows]);
+  const int8_t* src = static_cast<const int8_t*>(m.data);
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::memcpy(codes.get() + b * kept * kInt8BlockGroupBytes,
+                src + (b * in + first) * kInt8BlockGroupBytes, kept * kInt8BlockGroupBytes);
+    std::copy_n(m.group_scales + (b * in + first) * kInt8BlockRows, kept * kInt8BlockRows,
+                scales.get() + b * kept * kInt8BlockRows);
+  }
+  out->data = codes.get();
+  out->group_scales = scales.get();
+  storage->push_back(codes);
+  storage->push_back(scales);
+}
+
 // Columns [begin, begin + count) of every row, copied into a buffer added to `storage`.
 absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, IndexRange cols, const std::string& name,
                                    std::vector<std::shared_ptr<const void>>* storage) {
@@ -42,6 +62,11 @@ absl::StatusOr<Matrix> ColumnSlice(const Matrix& m, IndexRange cols, const std::
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": columns [", cols.begin, ", ", cols.end(),
                      ") do not fall on its scale blocks of ", group, " columns"));
+  }
+  if (m.format == WeightFormat::kInt8Groups && m.int8_layout == Int8Layout::kRows16) {
+    // A slice that ends at the row's end keeps the last group's zero padding.
+    KeptRows16Groups(m, cols.begin / group, &out, storage);
+    return out;
   }
   const int64_t elem = m.format == WeightFormat::kDense ? DTypeSize(m.dtype) : 1;
   auto codes = std::shared_ptr<char[]>(new char[m.rows * cols.count * elem]);

@@ -31,6 +31,20 @@ namespace glmserve {
 enum class WeightFormat : uint8_t { kDense, kInt8Groups, kFp8Scaled };
 inline constexpr int64_t kInt8Group = 32;  // one vdpbf16ps step of K
 
+// Where kInt8Groups keeps each code and scale (the values are the same in either layout).
+// kRowMajor: q [rows, cols], scales [rows, groups], as above.
+// kRows16: the rows in blocks of 16, a block's codes group after group, 512 bytes a group:
+// byte 64 p + 4 r + j of block b's group g is q[16 b + r][32 g + 4 p + j], so one 64-byte
+// vector holds 4 codes of 16 rows, what one vpdpbusd multiplies by 4 broadcast activation codes
+// (core/cpu/ops/linear_int8_rows16_avx512vnni.cc: decode reads it as one stream with no
+// reduction across lanes); scales [blocks][groups][16]. The last block's rows past the matrix
+// and the last group's codes past cols are zero (codes and scales). Row 0 is lane
+// `int8_row_phase` of block 0 (non-zero only for a RowSlice that starts inside a block).
+// QuantizeWeights picks the layout the CPU's kernels read fastest (core/cpu/quantize.h).
+enum class Int8Layout : uint8_t { kRowMajor, kRows16 };
+inline constexpr int64_t kInt8BlockRows = 16;  // kRows16: rows per block
+inline constexpr int64_t kInt8BlockGroupBytes = kInt8BlockRows * kInt8Group;  // 512
+
 // A row-major weight matrix [rows = out_features, cols = in_features]; y = x W^T.
 struct Matrix {
   DType dtype = DType::kF32;
@@ -44,7 +58,9 @@ struct Matrix {
   int32_t scale_block_rows = 0;
   int32_t scale_block_cols = 0;
   int32_t scale_row_phase = 0;
-  const uint16_t* group_scales = nullptr;  // kInt8Groups: bf16 bits [rows, scale_cols()]
+  const uint16_t* group_scales = nullptr;          // kInt8Groups: bf16 bits [rows, scale_cols()]
+  Int8Layout int8_layout = Int8Layout::kRowMajor;  // kInt8Groups: see Int8Layout
+  int32_t int8_row_phase = 0;                      // kRows16: the lane of row 0 in block 0
 
   bool empty() const { return data == nullptr; }
   int64_t scale_cols() const {
@@ -63,7 +79,30 @@ struct Matrix {
   const float* Fp8RowScales(int64_t r) const {
     return scales + (r + scale_row_phase) / scale_block_rows * scale_cols();
   }
+  // kRows16: the 16-row blocks that hold rows [0, rows), the phase included.
+  int64_t int8_blocks() const {
+    return (rows + int8_row_phase + kInt8BlockRows - 1) / kInt8BlockRows;
+  }
+  // kInt8Groups, either layout: the code of element (r, c) and the bf16 bits of row r's group g
+  // scale (for reference code and tests; the kernels address the layout directly).
+  int8_t Int8Code(int64_t r, int64_t c) const {
+    const int8_t* q = static_cast<const int8_t*>(data);
+    if (int8_layout == Int8Layout::kRowMajor) return q[r * cols + c];
+    const int64_t row = r + int8_row_phase, g = c / kInt8Group, in = c % kInt8Group;
+    return q[(row / kInt8BlockRows * scale_cols() + g) * kInt8BlockGroupBytes + in / 4 * 64 +
+             row % kInt8BlockRows * 4 + in % 4];
+  }
+  uint16_t Int8Scale(int64_t r, int64_t g) const {
+    if (int8_layout == Int8Layout::kRowMajor) return group_scales[r * scale_cols() + g];
+    const int64_t row = r + int8_row_phase;
+    return group_scales[(row / kInt8BlockRows * scale_cols() + g) * kInt8BlockRows +
+                        row % kInt8BlockRows];
+  }
   int64_t bytes() const {
+    if (format == WeightFormat::kInt8Groups && int8_layout == Int8Layout::kRows16) {
+      return int8_blocks() * scale_cols() *
+             (kInt8BlockGroupBytes + kInt8BlockRows * static_cast<int64_t>(sizeof(uint16_t)));
+    }
     if (format == WeightFormat::kInt8Groups) {
       return rows * cols + scale_rows() * scale_cols() * static_cast<int64_t>(sizeof(uint16_t));
     }
@@ -76,7 +115,12 @@ struct Matrix {
   Matrix RowSlice(int64_t begin, int64_t count) const {
     Matrix m = *this;
     m.rows = count;
-    if (format == WeightFormat::kInt8Groups) {
+    if (format == WeightFormat::kInt8Groups && int8_layout == Int8Layout::kRows16) {
+      const int64_t row = begin + int8_row_phase, block = row / kInt8BlockRows;
+      m.data = static_cast<const int8_t*>(data) + block * scale_cols() * kInt8BlockGroupBytes;
+      m.group_scales = group_scales + block * scale_cols() * kInt8BlockRows;
+      m.int8_row_phase = static_cast<int32_t>(row % kInt8BlockRows);
+    } else if (format == WeightFormat::kInt8Groups) {
       m.data = static_cast<const int8_t*>(data) + begin * cols;
       m.group_scales = group_scales + begin * scale_cols();
     } else if (format == WeightFormat::kFp8Scaled) {

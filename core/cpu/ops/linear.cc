@@ -212,11 +212,12 @@ using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
   // The operands LinearMany packed name the kernel (Int8OperandsFor); all give the same bits.
-  const auto int8_kernel = [](const Int8Activation& x) {
-    return x.operands == Int8Operands::kVnniTiles ? Int8BlockAvx512Vnni
-           : CpuHasAvx512Vnni()                   ? Int8BlockAvx512VnniRows
-           : CpuHasAvx2Fma()                      ? Int8BlockAvx2
-                                                  : Int8BlockGeneric;
+  // Row-major weights have a kernel on each instruction set, kRows16 on AVX512-VNNI only.
+  const auto int8_kernel = [](const Int8Job& job) {
+    const bool rows16 = job.w->int8_layout == Int8Layout::kRows16;
+    if (job.x->operands == Int8Operands::kVnniTiles) return Int8BlockAvx512Vnni;
+    if (CpuHasAvx512Vnni()) return rows16 ? Int8BlockAvx512VnniRows16 : Int8BlockAvx512VnniRows;
+    return CpuHasAvx2Fma() && !rows16 ? Int8BlockAvx2 : Int8BlockGeneric;
   };
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
@@ -243,7 +244,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         use_tiles(Tiles::kInt8);
         Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
-        const auto kernel = int8_kernel(*tasks[j].int8.x);
+        const auto kernel = int8_kernel(tasks[j].int8);
         kernel(tasks[j].int8, b - starts[j]);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
@@ -304,12 +305,15 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     const LinearJob& job = jobs[j];
     if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
     const int64_t k = job.w->cols;
-    auto same = [&](const Quantized& q) { return q.x == job.x && q.a.m == job.m && q.a.k == k; };
+    const internal::Int8Operands operands = internal::Int8OperandsFor(job.m, job.w->int8_layout);
+    auto same = [&](const Quantized& q) {
+      return q.x == job.x && q.a.m == job.m && q.a.k == k && q.a.operands == operands;
+    };
     auto it = std::find_if(quantized.begin(), quantized.end(), same);
     if (it == quantized.end()) {
       quantized.push_back({job.x, {}});
       it = quantized.end() - 1;
-      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, internal::Int8OperandsFor(job.m));
+      internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, operands);
     }
     tasks[j].int8 = {&it->a, job.w, job.bias, job.y};
   }

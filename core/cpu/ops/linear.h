@@ -23,7 +23,8 @@
 // then y = acc + bias[n]. |d| <= 32 * 127 * 127 < 2^24, so float(d) is exact; the scales'
 // product is one rounding and the FMA one more. Every int8 kernel gives these bits: AMX's
 // TDPBSSD (one 32-wide K tile is one group's dot: linear_int8_amx.h), AVX512-VNNI's vpdpbusd
-// (linear_int8_avx512vnni.cc), AVX2 (linear_int8_avx2.cc) and the portable reference
+// (linear_int8_avx512vnni.cc; linear_int8_rows16_avx512vnni.cc for decode on weights stored in
+// Int8Layout::kRows16), AVX2 (linear_int8_avx2.cc) and the portable reference
 // (Int8BlockGeneric); they differ only in how they find d, which is exact whatever the order.
 // (Until 2026-12 kExact and kBf16 summed 16 lanes of 4 products and a tree instead, which cost
 // AVX-512 four vector operations per vpdpbusd; the two arithmetics gave different bits.)
@@ -77,6 +78,11 @@ const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 // "avx512_vnni" (activations of kInt8VnniMinRows rows or more in lanes along the rows, fewer in
 // lanes along K), "avx2_int8" or "generic_int8".
 const char* LinearInt8KernelName();
+// Where QuantizeWeights keeps int8 codes by default (Int8Layout, core/model/weights.h):
+// kRows16 on AVX512-VNNI without AMX int8 (its decode kernel streams 16 rows per vector, about
+// 1.7x the rate of row-major rows there: docs/performance.md), kRowMajor elsewhere (AMX's tiles
+// and the AVX2 kernel read rows).
+Int8Layout Int8LayoutForThisCpu();
 
 namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
@@ -125,6 +131,9 @@ struct Int8Activation {
   Int8Operands operands = Int8Operands::kGroups;
   std::vector<int8_t> q;           // [m, kp]: round(x / scale) per 32-wide group
   std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
+  // kGroups only: [m, kp / 32] each group's sum of codes (the VNNI decode kernels bias the
+  // weights by 128 and take 128 x this back out).
+  std::vector<int32_t> group_sum;
   // The codes packed per 16 rows and group [ceil(m/16)][kp/32][8][16] words, word (p, i) = the 4
   // codes q[16 u + i][32 g + 4 p .. + 3] (as unsigned bytes + 128 for kVnniTiles; rows past m
   // are codes 0), and the group scales [ceil(m/16)][kp/32][16] (0 past m).
@@ -134,8 +143,13 @@ struct Int8Activation {
 // The VNNI kernel's lanes lie along activation rows; below this many rows (decode) its kernel
 // whose lanes lie along K (Int8BlockAvx512VnniRows) is faster, and LinearMany packs no tiles.
 inline constexpr int64_t kInt8VnniMinRows = 4;
-// What LinearMany packs for an activation of m rows on this machine.
-Int8Operands Int8OperandsFor(int64_t m);
+// For Int8Layout::kRows16 weights the decode kernel (lanes along the weight rows,
+// Int8BlockAvx512VnniRows16) stays ahead of the tiles up to about this many rows (a Zen 4 core:
+// 1.6x at 8 rows, even at 64, behind by 10% from 256: bench/int8_kernel_bench).
+inline constexpr int64_t kInt8Rows16TileMinRows = 64;
+// What LinearMany packs for an activation of m rows against weights in `layout` on this
+// machine.
+Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout = Int8Layout::kRowMajor);
 // Sizes `a` for m rows of k and quantizes them (rows in parallel when there are many). Each
 // group as QuantizeGroupInt8 (core/cpu/quantize.h) defines it; on AVX2 eight at a time, the
 // same bits.
@@ -150,11 +164,15 @@ struct Int8Job {
   float* y = nullptr;  // [x->m, w->rows]
 };
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
-// portable reference, the VNNI kernel (needs kVnniTiles), VNNI's kernel for fewer rows (lanes
-// along K; reads q and group_scale) and the AVX2 one (AMX's: linear_int8_amx.h).
+// portable reference (either layout), the VNNI kernel (needs kVnniTiles; either layout), VNNI's
+// kernel for fewer rows (lanes along K; reads q, group_scale and group_sum; row-major) and the
+// AVX2 one (row-major; AMX's: linear_int8_amx.h, row-major).
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb);
+// Int8Layout::kRows16 weights and fewer than kInt8Rows16TileMinRows activation rows (kGroups):
+// lanes along the weight rows (linear_int8_rows16_avx512vnni.cc).
+void Int8BlockAvx512VnniRows16(const Int8Job& job, int64_t nb);
 void Int8BlockAvx2(const Int8Job& job, int64_t nb);
 bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.

@@ -9,6 +9,7 @@
 // weights) made decode compute-bound at the bf16 mode's time despite half the bytes.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
@@ -18,9 +19,12 @@
 
 namespace glmserve::internal {
 
-Int8Operands Int8OperandsFor(int64_t m) {
-  if (CpuHasAmxInt8()) return Int8Operands::kAmxTiles;
-  if (CpuHasAvx512Vnni() && m >= kInt8VnniMinRows) return Int8Operands::kVnniTiles;
+Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout) {
+  // AMX's tiles take row-major weights only.
+  if (CpuHasAmxInt8() && layout == Int8Layout::kRowMajor) return Int8Operands::kAmxTiles;
+  const int64_t tile_rows =
+      layout == Int8Layout::kRows16 ? kInt8Rows16TileMinRows : kInt8VnniMinRows;
+  if (CpuHasAvx512Vnni() && m >= tile_rows) return Int8Operands::kVnniTiles;
   return Int8Operands::kGroups;
 }
 
@@ -59,8 +63,16 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   if (operands == Int8Operands::kGroups) {
     a->tiles.clear();
     a->tile_scale.clear();
+    // Exact in int32: |sum| <= 32 x 127.
+    a->group_sum.resize(m * groups);
+    for (int64_t i = 0; i < m * groups; ++i) {
+      int32_t sum = 0;
+      for (int64_t t = 0; t < kInt8Group; ++t) sum += a->q[i * kInt8Group + t];
+      a->group_sum[i] = sum;
+    }
     return;
   }
+  a->group_sum.clear();
   // Every word and scale is written by the packing (padding rows as zeros).
   const int64_t blocks = (m + kAmxTileRows - 1) / kAmxTileRows;
   a->tiles.resize(Int8AmxTilesSize(m, kp));
@@ -77,9 +89,20 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
   const int64_t x_groups = x.kp / kInt8Group;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
   const int8_t* q = static_cast<const int8_t*>(w.data);
+  // kRows16: each row gathered into row-major order first.
+  thread_local std::vector<int8_t> row_codes;
+  thread_local std::vector<uint16_t> row_scales;
   for (int64_t n = n0; n < n0 + nn; ++n) {
     const int8_t* wq = q + n * k_total;
     const uint16_t* ws = w.group_scales + n * groups;
+    if (w.int8_layout == Int8Layout::kRows16) {
+      row_codes.resize(k_total);
+      row_scales.resize(groups);
+      for (int64_t t = 0; t < k_total; ++t) row_codes[t] = w.Int8Code(n, t);
+      for (int64_t g = 0; g < groups; ++g) row_scales[g] = w.Int8Scale(n, g);
+      wq = row_codes.data();
+      ws = row_scales.data();
+    }
     for (int64_t i = 0; i < x.m; ++i) {
       const int8_t* xq = x.q.data() + i * x.kp;
       const float* xs = x.group_scale.data() + i * x_groups;
@@ -97,3 +120,12 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
 }
 
 }  // namespace glmserve::internal
+
+namespace glmserve {
+
+Int8Layout Int8LayoutForThisCpu() {
+  return internal::CpuHasAvx512Vnni() && !internal::CpuHasAmxInt8() ? Int8Layout::kRows16
+                                                                    : Int8Layout::kRowMajor;
+}
+
+}  // namespace glmserve

@@ -1,7 +1,9 @@
 // The int8-weight Linear kernel on AVX512-VNNI for activations of several rows (arithmetic:
 // linear.h, "group-serial"; reference: Int8BlockGeneric in linear_int8.cc, which this kernel
 // matches bit for bit). Fewer rows (decode) run Int8BlockAvx512VnniRows at the end of this
-// file, whose lanes lie along K.
+// file, whose lanes lie along K (row-major weights), or Int8BlockAvx512VnniRows16
+// (linear_int8_rows16_avx512vnni.cc, weights in Int8Layout::kRows16). This kernel reads
+// either layout: only where a row's next 4 codes and next group lie differs (Strides).
 //
 // Lanes lie along the activation rows here: the operands are the activation packed as the AMX
 // kernel packs its B tiles (Int8Operands::kVnniTiles: per 16 rows and 32-wide group, 8 vectors
@@ -36,16 +38,26 @@ constexpr int kTileC = 4;             // weight rows per register tile
 constexpr int64_t kBlockGroups = 16;  // groups of 32 per K block
 constexpr int kWords = 8 * 16;        // one packed group of 16 rows: 8 vectors of 16 words
 
-// The task's weight rows as the kernel reads them: codes in place for the groups wholly inside
-// K, a zero-padded copy of the tail group, -128 x each group's code sum and its scale widened.
+// The task's weight rows as the kernel reads them, in either layout (Int8Layout): per row, where
+// its group 0 starts (codes; -128 x each group's code sum; each group's scale widened), and in
+// the template's strides how far each next group and each next 4 codes lie. Row-major codes
+// are read in place for the groups wholly inside K, the tail group from a zero-padded copy;
+// kRows16 has whole groups only.
 struct Weights {
-  const int8_t* q;      // row r of the task at q + r * ld
-  int64_t ld;           // = K
-  int64_t full;         // groups wholly inside K
-  int64_t groups;       // ceil(K / 32)
-  const int8_t* tail;   // [rows][32]: the tail group, zero-padded
-  const int32_t* corr;  // [rows][groups]: -128 * (sum of the group's codes)
-  const float* scale;   // [rows][groups]
+  const int8_t* q[kBlockN];
+  const int32_t* corr[kBlockN];
+  const float* scale[kBlockN];
+  int64_t full;        // groups read in place (row-major: wholly inside K)
+  const int8_t* tail;  // row-major: [rows][32], the tail group zero-padded
+};
+
+// Strides of the layouts: between groups and between 4-code words (codes); between groups
+// (the prepared sums and scales).
+template <bool kRows16>
+struct Strides {
+  static constexpr int64_t kGroup = kRows16 ? kInt8BlockGroupBytes : kInt8Group;
+  static constexpr int64_t kWord = kRows16 ? 64 : 4;
+  static constexpr int64_t kPrepared = kRows16 ? kInt8BlockRows : 1;
 };
 
 struct Acts {
@@ -56,9 +68,10 @@ struct Acts {
 
 // Groups [g0, g1) of R activation vectors x C weight rows (the task's rows c0 ..): sums `acc`
 // [R][C][16] read (or zero, first) and written back.
-template <int R, int C>
+template <int R, int C, bool kRows16>
 void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, bool first,
            float* acc) {
+  using S = Strides<kRows16>;
   __m512 f[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
@@ -68,8 +81,8 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
     __m512i d[R][C];
     for (int c = 0; c < C; ++c) {
       const int64_t row = c0 + c;
-      wp[c] = g < w.full ? w.q + row * w.ld + g * kInt8Group : w.tail + row * kInt8Group;
-      const __m512i start = _mm512_set1_epi32(w.corr[row * w.groups + g]);
+      wp[c] = g < w.full ? w.q[row] + g * S::kGroup : w.tail + row * kInt8Group;
+      const __m512i start = _mm512_set1_epi32(w.corr[row][g * S::kPrepared]);
       for (int r = 0; r < R; ++r) d[r][c] = start;
     }
     const int32_t* xt = x.tiles + g * kWords;
@@ -78,7 +91,7 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
       for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_si512(xt + r * x.ld + p * 16);
       for (int c = 0; c < C; ++c) {
         int32_t word;
-        std::memcpy(&word, wp[c] + 4 * p, sizeof(word));
+        std::memcpy(&word, wp[c] + S::kWord * p, sizeof(word));  // (the tail: row-major)
         const __m512i b = _mm512_set1_epi32(word);
         for (int r = 0; r < R; ++r) d[r][c] = _mm512_dpbusd_epi32(d[r][c], a[r], b);
       }
@@ -86,7 +99,7 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
     for (int r = 0; r < R; ++r) {
       const __m512 xs = _mm512_loadu_ps(x.scale + r * x.sld + g * 16);
       for (int c = 0; c < C; ++c) {
-        const __m512 scale = _mm512_mul_ps(xs, _mm512_set1_ps(w.scale[(c0 + c) * w.groups + g]));
+        const __m512 scale = _mm512_mul_ps(xs, _mm512_set1_ps(w.scale[c0 + c][g * S::kPrepared]));
         f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][c]), scale, f[r][c]);
       }
     }
@@ -96,16 +109,19 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
 }
 
 using BlockFn = void (*)(const Acts&, const Weights&, int64_t, int64_t, int64_t, bool, float*);
-template <int R>
-constexpr BlockFn kBlocksForR[kTileC] = {Block<R, 1>, Block<R, 2>, Block<R, 3>, Block<R, 4>};
-constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1>, kBlocksForR<2>};
+template <int R, bool kRows16>
+constexpr BlockFn kBlocksForR[kTileC] = {Block<R, 1, kRows16>, Block<R, 2, kRows16>,
+                                         Block<R, 3, kRows16>, Block<R, 4, kRows16>};
+template <bool kRows16>
+constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1, kRows16>, kBlocksForR<2, kRows16>};
 
-// -128 x the sum of each group's codes and the widened scales of rows [n0, n0 + rows), and
-// their tail groups zero-padded. Vectorized: at one vector per 8 groups of a row this costs a
-// quarter of a 16-row tile's arithmetic on them, which decode-sized activations (one tile) pay
-// per call (written with a scalar reduction per group it cost as much as the tile).
-void PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_t>* tail,
-                    std::vector<int32_t>* corr, std::vector<float>* scale) {
+// Row-major weights: -128 x the sum of each group's codes and the widened scales of rows
+// [n0, n0 + rows), [rows][groups], and their tail groups zero-padded. Vectorized: at one vector
+// per 8 groups of a row this costs a quarter of a 16-row tile's arithmetic on them, which
+// decode-sized activations (one tile) pay per call (written with a scalar reduction per group it
+// cost as much as the tile).
+void PrepareRowMajor(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_t>* tail,
+                     std::vector<int32_t>* corr, std::vector<float>* scale) {
   const int64_t k = w.cols, groups = w.scale_cols(), full = k / kInt8Group;
   const int8_t* q = static_cast<const int8_t*>(w.data) + n0 * k;
   tail->assign(static_cast<size_t>(rows * kInt8Group), 0);
@@ -162,6 +178,66 @@ void PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_
   }
 }
 
+// kRows16 weights: the same sums and scales for the blocks that hold rows [n0, n0 + rows),
+// [blocks][groups][16] as the codes are: one vpdpbusd by ones per 64 codes gives 16 rows' sums.
+void PrepareRows16(const Matrix& w, int64_t n0, int64_t rows, std::vector<int32_t>* corr,
+                   std::vector<float>* scale) {
+  const int64_t groups = w.scale_cols();
+  const int64_t b0 = (n0 + w.int8_row_phase) / kInt8BlockRows;
+  const int64_t b1 = (n0 + rows - 1 + w.int8_row_phase) / kInt8BlockRows + 1;
+  corr->resize(static_cast<size_t>((b1 - b0) * groups * kInt8BlockRows));
+  scale->resize(corr->size());
+  const int8_t* q = static_cast<const int8_t*>(w.data);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t unit = b * groups + g, out = ((b - b0) * groups + g) * kInt8BlockRows;
+      __m512i sum = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        sum = _mm512_dpbusd_epi32(sum, ones,
+                                  _mm512_loadu_si512(q + unit * kInt8BlockGroupBytes + p * 64));
+      }
+      // |sum| <= 32 x 128: -128 x sum fits.
+      _mm512_storeu_si512(corr->data() + out,
+                          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(w.group_scales + unit * kInt8BlockRows));
+      _mm512_storeu_si512(scale->data() + out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+// The task's Weights, its prepared sums and scales in the thread's buffers.
+Weights PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8_t>* tail,
+                       std::vector<int32_t>* corr, std::vector<float>* scale) {
+  Weights out;
+  const int64_t groups = w.scale_cols();
+  const int8_t* q = static_cast<const int8_t*>(w.data);
+  if (w.int8_layout == Int8Layout::kRowMajor) {
+    PrepareRowMajor(w, n0, rows, tail, corr, scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      out.q[r] = q + (n0 + r) * w.cols;
+      out.corr[r] = corr->data() + r * groups;
+      out.scale[r] = scale->data() + r * groups;
+    }
+    out.full = w.cols / kInt8Group;
+    out.tail = tail->data();
+    return out;
+  }
+  PrepareRows16(w, n0, rows, corr, scale);
+  const int64_t b0 = (n0 + w.int8_row_phase) / kInt8BlockRows;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = n0 + r + w.int8_row_phase;
+    const int64_t b = row / kInt8BlockRows, lane = row % kInt8BlockRows;
+    out.q[r] = q + b * groups * kInt8BlockGroupBytes + lane * 4;
+    out.corr[r] = corr->data() + (b - b0) * groups * kInt8BlockRows + lane;
+    out.scale[r] = scale->data() + (b - b0) * groups * kInt8BlockRows + lane;
+  }
+  out.full = groups;
+  out.tail = nullptr;
+  return out;
+}
+
 }  // namespace
 
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
@@ -172,14 +248,9 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   thread_local std::vector<int8_t> tail;
   thread_local std::vector<int32_t> corr;
   thread_local std::vector<float> scale;
-  PrepareWeights(w, n0, nn, &tail, &corr, &scale);
-  const Weights wt{static_cast<const int8_t*>(w.data) + n0 * w.cols,
-                   w.cols,
-                   w.cols / kInt8Group,
-                   groups,
-                   tail.data(),
-                   corr.data(),
-                   scale.data()};
+  const Weights wt = PrepareWeights(w, n0, nn, &tail, &corr, &scale);
+  const BlockFn* const* blocks =
+      w.int8_layout == Int8Layout::kRows16 ? kBlocks<true> : kBlocks<false>;
   const int64_t vectors = (x.m + 15) / 16;
   // Sums of every chunk of the task against one register tile of activation vectors.
   alignas(64) float acc[kBlockN / kTileC][kTileR * kTileC * 16];
@@ -191,7 +262,7 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
       const int64_t g1 = std::min(groups, g0 + kBlockGroups);
       for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
         const int nc = static_cast<int>(std::min<int64_t>(kTileC, nn - c0));
-        kBlocks[nr - 1][nc - 1](acts, wt, c0, g0, g1, g0 == 0, acc[c0 / kTileC]);
+        blocks[nr - 1][nc - 1](acts, wt, c0, g0, g1, g0 == 0, acc[c0 / kTileC]);
       }
     }
     // Sum (r, c) lane i: output n0 + c0 + c of activation row 16 (v0 + r) + i.

@@ -36,14 +36,14 @@ ModelConfig TpConfig() {
 }
 
 ModelWeights Weights(const ModelConfig& c, WeightQuant quant = WeightQuant::kStored,
-                     DType dtype = DType::kBF16) {
+                     DType dtype = DType::kBF16, Int8Layout layout = Int8LayoutForThisCpu()) {
   RandomWeightOptions options;
   options.seed = 31;
   options.dtype = dtype;
   options.stddev = 0.1;
   absl::StatusOr<ModelWeights> w = RandomWeights(c, options);
   EXPECT_TRUE(w.ok()) << w.status();
-  EXPECT_TRUE(QuantizeWeights(&*w, quant).ok());
+  EXPECT_TRUE(QuantizeWeights(&*w, quant, layout).ok());
   return *std::move(w);
 }
 
@@ -132,9 +132,12 @@ TEST(CpuTensorParallelTest, Fp8AndInt8WeightsSplitOnTheirScaleBlocks) {
   // boundaries; k/v rows start inside a block (a row phase).
   ExpectGroupMatchesOneRank(Weights(TpConfig(), WeightQuant::kFp8Block), 2, true);
   ExpectGroupMatchesOneRank(Weights(TpConfig(), WeightQuant::kFp8Channel), 4, false);
-  // Int8 groups of 32: eight units per width, so up to 8 ranks.
-  ExpectGroupMatchesOneRank(Weights(TpConfig(), WeightQuant::kInt8), 8, false, CpuMath::kBf16,
-                            1e-3);
+  // Int8 groups of 32: eight units per width, so up to 8 ranks; both layouts (kRows16's
+  // column slices copy whole groups of every 16-row block).
+  for (Int8Layout layout : {Int8Layout::kRowMajor, Int8Layout::kRows16}) {
+    ExpectGroupMatchesOneRank(Weights(TpConfig(), WeightQuant::kInt8, DType::kBF16, layout), 8,
+                              false, CpuMath::kBf16, 1e-3);
+  }
 }
 
 TEST(CpuTensorParallelTest, RanksPastTheLastScaleBlockHoldZeroWidth) {

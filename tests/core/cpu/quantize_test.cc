@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -199,6 +200,53 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
   const absl::Status exact = CheckWeightQuantMath(WeightQuant::kInt8, CpuMath::kExact);
   EXPECT_EQ(exact.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(exact.message().find("--cpu_math=bf16 (or bf16_amx)"), std::string::npos);
+}
+
+// The two int8 layouts hold the same codes and scales and give the same bits through the whole
+// model: a 70-token prompt (the tile kernel in either layout) and decode steps of one token (the
+// row-major and the kRows16 decode kernels; the portable one where the CPU lacks VNNI).
+TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
+  auto run = [](Int8Layout layout) {
+    absl::StatusOr<ModelWeights> w = LoadModel("tiny");
+    EXPECT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8, layout).ok());
+    for (const Matrix* m : w->LinearMatrices()) EXPECT_EQ(m->int8_layout, layout);
+    CpuModel model(*std::move(w), CpuMath::kBf16);
+    const int64_t n = 70, steps = 3;
+    KvCache cache(model.CacheShape((n + steps + 3) / 4, 4));
+    BlockTable table;
+    EXPECT_TRUE(cache.Reserve(&table, n + steps).ok());
+    std::vector<int32_t> ids(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % 250);
+    std::vector<float> logits;
+    for (int64_t step = 0; step <= steps; ++step) {
+      ForwardBatch batch;
+      const int64_t len = step == 0 ? n : 1, pos = step == 0 ? 0 : n + step - 1;
+      batch.sequences = {{len, pos, &table}};
+      batch.token_ids = absl::MakeConstSpan(ids).subspan(step == 0 ? 0 : n - 1, len);
+      ForwardResult result;
+      EXPECT_TRUE(model.Forward(batch, &cache, ForwardOptions{}, &result).ok());
+      logits.insert(logits.end(), result.logits.begin(), result.logits.end());
+    }
+    return logits;
+  };
+  const std::vector<float> row_major = run(Int8Layout::kRowMajor);
+  const std::vector<float> rows16 = run(Int8Layout::kRows16);
+  ASSERT_EQ(row_major.size(), rows16.size());
+  ASSERT_FALSE(row_major.empty());
+  EXPECT_EQ(std::memcmp(row_major.data(), rows16.data(), row_major.size() * sizeof(float)), 0);
+  // And the codes agree element by element (Matrix::Int8Code reads either layout).
+  absl::StatusOr<ModelWeights> a = LoadModel("tiny"), b = LoadModel("tiny");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(QuantizeWeights(&*a, WeightQuant::kInt8, Int8Layout::kRowMajor).ok());
+  ASSERT_TRUE(QuantizeWeights(&*b, WeightQuant::kInt8, Int8Layout::kRows16).ok());
+  const Matrix& qa = a->layers[0].attn.q_proj;
+  const Matrix& qb = b->layers[0].attn.q_proj;
+  for (int64_t r = 0; r < qa.rows; ++r) {
+    for (int64_t c = 0; c < qa.cols; ++c) ASSERT_EQ(qa.Int8Code(r, c), qb.Int8Code(r, c));
+    for (int64_t g = 0; g < qa.scale_cols(); ++g) ASSERT_EQ(qa.Int8Scale(r, g), qb.Int8Scale(r, g));
+  }
+  EXPECT_EQ(QuantizeWeights(&*b, WeightQuant::kInt8).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // Accuracy against the Transformers goldens: prompt logits against the reference's fp32

@@ -1,6 +1,7 @@
 // The int8-weight arithmetic (core/cpu/ops/linear.h, "group-serial"): every mode and every
 // kernel against the formula written out here bit for bit, and against a float64 reference of
-// what it computes; the VNNI and AVX2 kernels called directly against the portable one; batch
+// what it computes, in both weight layouts (Int8Layout); the VNNI and AVX2 kernels called
+// directly against the portable one; RowSlices of kRows16 weights inside a block; batch
 // invariance across the decode (AVX2) and many-row (VNNI) kernels; ragged K and N; shared
 // activations in LinearMany; the operands the quantizer fills; non-finite activations.
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/ops/linear.h"
@@ -98,16 +100,21 @@ TEST(LinearInt8, EveryModeAndKernelEqualsTheFormulaBitForBit) {
   uint32_t seed = 40;
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const std::vector<float> wf = RandomVector(s.n * s.k, seed++, 0.1f);
+    const testing::Int8Matrix w = QuantizeInt8(wf, s.n, s.k);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     const References want = Reference(x, s.m, w, bias.data());
-    for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact, CpuMath::kBf16Amx}) {
-      for (bool generic : {false, true}) {
-        const std::vector<float> y = RunLinear(x, s.m, w, bias.data(), generic, math);
-        for (int64_t i = 0; i < s.m * s.n; ++i) {
-          ASSERT_EQ(Bits(y[i]), Bits(want.formula[i]))
-              << "m=" << s.m << " n=" << s.n << " k=" << s.k << " math=" << CpuMathName(math)
-              << " generic=" << generic << " element " << i;
+    for (Int8Layout layout : {Int8Layout::kRowMajor, Int8Layout::kRows16}) {
+      const testing::Int8Matrix wl = QuantizeInt8(wf, s.n, s.k, layout);
+      for (CpuMath math : {CpuMath::kBf16, CpuMath::kExact, CpuMath::kBf16Amx}) {
+        for (bool generic : {false, true}) {
+          const std::vector<float> y = RunLinear(x, s.m, wl, bias.data(), generic, math);
+          for (int64_t i = 0; i < s.m * s.n; ++i) {
+            ASSERT_EQ(Bits(y[i]), Bits(want.formula[i]))
+                << "m=" << s.m << " n=" << s.n << " k=" << s.k << " math=" << CpuMathName(math)
+                << " generic=" << generic << " rows16=" << (layout == Int8Layout::kRows16)
+                << " element " << i;
+          }
         }
       }
     }
@@ -120,13 +127,25 @@ TEST(LinearInt8, EveryModeAndKernelEqualsTheFormulaBitForBit) {
 
 using BlockFn = void (*)(const internal::Int8Job&, int64_t);
 
-// `kernel` called directly, task by task, against the portable kernel on the same operands, bit
-// for bit, with and without a bias.
+// The same codes and scales as `w`, row-major.
+Matrix RowMajorView(const testing::Int8Matrix& w) {
+  Matrix m = w.view;
+  m.data = w.q.data();
+  m.group_scales = w.scales.data();
+  m.int8_layout = Int8Layout::kRowMajor;
+  return m;
+}
+
+// `kernel` called directly, task by task, on weights in `layout` against the portable kernel on
+// the same operands row-major, bit for bit, with and without a bias.
 void ExpectKernelEqualsPortable(BlockFn kernel, internal::Int8Operands operands,
-                                std::initializer_list<Shape> shapes, uint32_t seed) {
+                                std::initializer_list<Shape> shapes, uint32_t seed,
+                                Int8Layout layout = Int8Layout::kRowMajor) {
   for (const Shape& s : shapes) {
     const std::vector<float> x = RandomVector(s.m * s.k, seed++);
-    const testing::Int8Matrix w = QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k);
+    const testing::Int8Matrix w =
+        QuantizeInt8(RandomVector(s.n * s.k, seed++, 0.1f), s.n, s.k, layout);
+    const Matrix row_major = RowMajorView(w);
     const std::vector<float> bias = RandomVector(s.n, seed++);
     internal::Int8Activation a;
     internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, operands);
@@ -134,7 +153,7 @@ void ExpectKernelEqualsPortable(BlockFn kernel, internal::Int8Operands operands,
       std::vector<float> simd(s.m * s.n, NAN), portable(s.m * s.n, NAN);
       for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
         kernel({&a, &w.view, b, simd.data()}, nb);
-        internal::Int8BlockGeneric({&a, &w.view, b, portable.data()}, nb);
+        internal::Int8BlockGeneric({&a, &row_major, b, portable.data()}, nb);
       }
       for (int64_t i = 0; i < s.m * s.n; ++i) {
         ASSERT_EQ(Bits(simd[i]), Bits(portable[i]))
@@ -160,6 +179,73 @@ TEST(LinearInt8, VnniKernelEqualsThePortableOneBitForBit) {
                               {49, 31, 96},
                               {100, 64, 544}},
                              240);
+}
+
+// The same kernel on Int8Layout::kRows16 weights: its 4-row chunks fall inside and across
+// 16-row blocks, the last block partial.
+TEST(LinearInt8, VnniKernelOnRows16EqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx512Vnni, internal::Int8Operands::kVnniTiles,
+                             {{4, 1, 1},
+                              {5, 9, 45},
+                              {16, 33, 64},
+                              {17, 40, 1030},
+                              {33, 70, 513},
+                              {47, 35, 4096},
+                              {100, 64, 544}},
+                             440, Int8Layout::kRows16);
+}
+
+// VNNI's decode kernel for kRows16 weights: 1-4 activation rows per pass and more (m = 6, 9, 63
+// take two, three and 16 passes), partial and single-row blocks, N across 32-row tasks, ragged K
+// (a zero-padded last group).
+TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx512VnniRows16, internal::Int8Operands::kGroups,
+                             {{1, 1, 1},
+                              {1, 9, 31},
+                              {2, 16, 32},
+                              {3, 17, 33},
+                              {4, 40, 96},
+                              {1, 70, 1408},
+                              {6, 33, 513},
+                              {9, 35, 4129},
+                              {1, 64, 4096},
+                              {63, 20, 300}},
+                             540, Int8Layout::kRows16);
+}
+
+// A RowSlice of kRows16 weights that starts inside a block (its first row at a non-zero lane,
+// as mla.cc's per-head slices may) gives the rows the row-major slice gives, through every kernel
+// (the decode kernel for m = 1 and 3, the tile kernel for m = 5 and 20) and the portable one.
+TEST(LinearInt8, Rows16RowSliceInsideABlock) {
+  const int64_t n = 100, k = 200;
+  const std::vector<float> wf = RandomVector(n * k, 95, 0.1f);
+  const testing::Int8Matrix rows16 = QuantizeInt8(wf, n, k, Int8Layout::kRows16);
+  const testing::Int8Matrix row_major = QuantizeInt8(wf, n, k);
+  for (auto [begin, count] : {std::pair<int64_t, int64_t>{5, 40}, {17, 3}, {31, 69}, {48, 35}}) {
+    const Matrix a = rows16.view.RowSlice(begin, count);
+    const Matrix b = row_major.view.RowSlice(begin, count);
+    EXPECT_EQ(a.int8_row_phase, (begin % 16));
+    for (int64_t r = 0; r < count; ++r) {
+      for (int64_t c = 0; c < k; c += 7) ASSERT_EQ(a.Int8Code(r, c), b.Int8Code(r, c));
+      ASSERT_EQ(a.Int8Scale(r, 3), b.Int8Scale(r, 3));
+    }
+    for (int64_t m : {1, 3, 5, 20}) {
+      const std::vector<float> x = RandomVector(m * k, 96 + static_cast<uint32_t>(m));
+      for (bool generic : {false, true}) {
+        std::vector<float> ya(m * count, NAN), yb(m * count, NAN);
+        internal::ForceGenericKernels(generic);
+        Linear(x.data(), m, a, nullptr, ya.data(), CpuMath::kBf16);
+        Linear(x.data(), m, b, nullptr, yb.data(), CpuMath::kBf16);
+        internal::ForceGenericKernels(false);
+        for (int64_t i = 0; i < m * count; ++i) {
+          ASSERT_EQ(Bits(ya[i]), Bits(yb[i])) << "slice [" << begin << ", +" << count << ") m=" << m
+                                              << " generic=" << generic << " " << i;
+        }
+      }
+    }
+  }
 }
 
 // The AVX2 kernel (so a machine with AVX512-VNNI checks it too): ragged K and N, partial 8-row
@@ -204,14 +290,18 @@ TEST(LinearInt8, VnniRowsKernelEqualsThePortableOneBitForBit) {
 }
 
 // Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels
-// and the portable one: a row alone runs the decode kernel (lanes along K below kInt8VnniMinRows
-// rows where VNNI exists), a batch the many-row one; the order depends on neither.
+// and the portable one, in both layouts: a row alone runs a decode kernel (where VNNI exists:
+// lanes along K below kInt8VnniMinRows rows for row-major weights, lanes along the weight rows
+// below kInt8Rows16TileMinRows for kRows16), a batch the many-row one; the order depends on
+// neither.
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
-  const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k);
   const std::vector<float> bias = RandomVector(n, 52);
-  for (bool generic : {false, true}) {
-    for (int64_t m : {1, 3, 4, 16, 17, 128}) {
+  for (auto [generic, layout] : {std::pair{false, Int8Layout::kRowMajor},
+                                 {true, Int8Layout::kRowMajor},
+                                 {false, Int8Layout::kRows16}}) {
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k, layout);
+    for (int64_t m : {1, 3, 4, 16, 17, 63, 64, 128}) {
       const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
       const std::vector<float> all = RunLinear(x, m, w, bias.data(), generic);
       for (int64_t i = 0; i < m; i += (m > 20 ? 7 : 1)) {
@@ -219,7 +309,8 @@ TEST(LinearInt8, BatchInvariance) {
         const std::vector<float> alone = RunLinear(row, 1, w, bias.data(), generic);
         for (int64_t j = 0; j < n; ++j) {
           ASSERT_EQ(alone[j], all[i * n + j])
-              << (generic ? "generic" : "simd") << " m=" << m << " row " << i << " col " << j;
+              << (generic ? "generic" : "simd") << " rows16=" << (layout == Int8Layout::kRows16)
+              << " m=" << m << " row " << i << " col " << j;
         }
       }
     }
@@ -295,13 +386,19 @@ TEST(LinearInt8, QuantizerFillsOnlyTheOperandsAsked) {
   }
   EXPECT_EQ(vnni.operands, internal::Int8Operands::kVnniTiles);
   EXPECT_EQ(amx.operands, internal::Int8Operands::kAmxTiles);
-  for (int64_t rows : {1, 3, 4, 100}) {
+  for (int64_t rows : {1, 3, 4, 63, 64, 100}) {
     const internal::Int8Operands want =
         internal::CpuHasAmxInt8() ? internal::Int8Operands::kAmxTiles
         : internal::CpuHasAvx512Vnni() && rows >= internal::kInt8VnniMinRows
             ? internal::Int8Operands::kVnniTiles
             : internal::Int8Operands::kGroups;
     EXPECT_EQ(internal::Int8OperandsFor(rows), want) << rows;
+    // kRows16 weights: never AMX's tiles (they read rows); VNNI's from more rows.
+    const internal::Int8Operands rows16 =
+        internal::CpuHasAvx512Vnni() && rows >= internal::kInt8Rows16TileMinRows
+            ? internal::Int8Operands::kVnniTiles
+            : internal::Int8Operands::kGroups;
+    EXPECT_EQ(internal::Int8OperandsFor(rows, Int8Layout::kRows16), rows16) << rows;
   }
 }
 
