@@ -46,8 +46,9 @@ ABSL_FLAG(int, decode_batch, 8, "sequences of the batched decode measurement");
 ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "modes to measure, comma-separated: exact, bf16, bf16_amx (--cpu_math), int8 "
           "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations) and "
-          "int8_amx (the same with --cpu_math=bf16_amx: AMX int8 tiles); exact_portable: exact "
-          "on the portable kernels (what SIMD gains)");
+          "int8_amx (the same with --cpu_math=bf16_amx: AMX int8 tiles); int8_row_major: int8 "
+          "with its codes row-major whatever this CPU prefers (the same bits; what the layout "
+          "gains); exact_portable: exact on the portable kernels (what SIMD gains)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(std::string, decode_context, "-1",
           "contexts of the decode measurements, comma-separated (0,4096,16384: rows for each): "

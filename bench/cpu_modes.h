@@ -2,7 +2,9 @@
 // and applied in one place: exact (fp32 activations), bf16 (--cpu_math=bf16), bf16_amx
 // (--cpu_math=bf16_amx), int8 (weights quantized at load, --weight_dtype=int8, with
 // --cpu_math=bf16; the int8 arithmetic, core/cpu/ops/linear.h) and int8_amx (the same weights
-// with --cpu_math=bf16_amx: the same int8 arithmetic and kernel, the rest in bf16_amx), plus
+// with --cpu_math=bf16_amx: the same int8 arithmetic and kernel, the rest in bf16_amx),
+// int8_row_major (int8 with its codes row-major whatever layout this CPU's kernels prefer,
+// Int8Layout in core/model/weights.h: the same bits, what the layout gains in the same run), plus
 // exact_portable: the exact arithmetic on the portable kernels,
 // whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run).
 #pragma once
@@ -25,10 +27,11 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
   std::vector<std::string> modes;
   for (absl::string_view name : absl::StrSplit(list, ',')) {
     if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8" &&
-        name != "int8_amx" && name != "exact_portable") {
+        name != "int8_amx" && name != "int8_row_major" && name != "exact_portable") {
       return absl::InvalidArgumentError(
           absl::StrCat("--modes: '", name,
-                       "' is not one of exact, bf16, bf16_amx, int8, int8_amx, exact_portable"));
+                       "' is not one of exact, bf16, bf16_amx, int8, int8_amx, int8_row_major, "
+                       "exact_portable"));
     }
     modes.emplace_back(name);
   }
@@ -41,7 +44,9 @@ inline CpuMath MathOf(const std::string& mode) {
 }
 
 // Whether `mode` quantizes the linear layers to int8 at load.
-inline bool Int8Weights(const std::string& mode) { return mode == "int8" || mode == "int8_amx"; }
+inline bool Int8Weights(const std::string& mode) {
+  return mode == "int8" || mode == "int8_amx" || mode == "int8_row_major";
+}
 
 // Whether `mode` runs on the portable kernels (internal::ForceGenericKernels while it runs).
 inline bool PortableKernels(const std::string& mode) { return mode == "exact_portable"; }
@@ -52,7 +57,11 @@ inline bool PortableKernels(const std::string& mode) { return mode == "exact_por
 inline absl::StatusOr<ModelWeights> WeightsForMode(const ModelWeights& base,
                                                    const std::string& mode) {
   ModelWeights weights = base;
-  if (Int8Weights(mode)) RETURN_IF_ERROR(QuantizeWeights(&weights, WeightQuant::kInt8));
+  if (Int8Weights(mode)) {
+    const Int8Layout layout =
+        mode == "int8_row_major" ? Int8Layout::kRowMajor : Int8LayoutForThisCpu();
+    RETURN_IF_ERROR(QuantizeWeights(&weights, WeightQuant::kInt8, layout));
+  }
   return weights;
 }
 

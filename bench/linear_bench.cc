@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -24,7 +25,8 @@
 #include "core/cpu/quantize.h"
 
 ABSL_FLAG(std::string, modes, "bf16_amx",
-          "CPU math modes (exact, bf16, bf16_amx, int8, int8_amx, exact_portable), interleaved");
+          "CPU math modes (exact, bf16, bf16_amx, int8, int8_amx, int8_row_major, exact_portable), "
+          "interleaved");
 ABSL_FLAG(std::string, dense, "12288x4096",
           "the dense matrix's shape, N x K (out x in features); q_proj's by default");
 ABSL_FLAG(int, tokens, 128, "prefill tokens (dense m; experts get tokens * 8 / 128 rows each)");
@@ -56,21 +58,41 @@ glmserve::Matrix Bf16Matrix(const glmserve::AlignedVector<uint16_t>& data, int64
   return m;
 }
 
-// An int8 copy of m (WeightFormat::kInt8Groups), its codes and scales kept in `store`.
+// An int8 copy of m (WeightFormat::kInt8Groups) in `layout`, its codes and scales kept in
+// `store`.
 struct Int8Store {
   std::vector<std::vector<int8_t>> q;
   std::vector<std::vector<uint16_t>> scales;
 };
-glmserve::Matrix Int8Matrix(const glmserve::Matrix& m, Int8Store* store) {
+glmserve::Matrix Int8Matrix(const glmserve::Matrix& m, glmserve::Int8Layout layout,
+                            Int8Store* store) {
   glmserve::Matrix out = m;
   out.format = glmserve::WeightFormat::kInt8Groups;
-  store->q.emplace_back(m.rows * m.cols);
-  store->scales.emplace_back(m.rows * out.scale_cols());
-  glmserve::QuantizeMatrixInt8(m, store->q.back().data(), store->scales.back().data());
+  std::vector<int8_t> q(m.rows * m.cols);
+  std::vector<uint16_t> scales(m.rows * out.scale_cols());
+  glmserve::QuantizeMatrixInt8(m, q.data(), scales.data());
+  if (layout == glmserve::Int8Layout::kRows16) {
+    const int64_t blocks = (m.rows + glmserve::kInt8BlockRows - 1) / glmserve::kInt8BlockRows;
+    std::vector<int8_t> q16(blocks * out.scale_cols() * glmserve::kInt8BlockGroupBytes);
+    std::vector<uint16_t> scales16(blocks * out.scale_cols() * glmserve::kInt8BlockRows);
+    glmserve::InterleaveInt8Rows16(q.data(), scales.data(), m.rows, m.cols, q16.data(),
+                                   scales16.data());
+    q = std::move(q16);
+    scales = std::move(scales16);
+  }
+  store->q.push_back(std::move(q));
+  store->scales.push_back(std::move(scales));
   out.data = store->q.back().data();
   out.group_scales = store->scales.back().data();
+  out.int8_layout = layout;
   return out;
 }
+
+// Mode i's int8 copies: int8_row_major's row-major, the other int8 modes' in this CPU's layout.
+struct Int8Set {
+  glmserve::Matrix q;
+  std::vector<glmserve::Matrix> experts;
+};
 
 }  // namespace
 
@@ -83,7 +105,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(modes.status().message()).c_str());
     return 1;
   }
-  const bool any_int8 = std::any_of(modes->begin(), modes->end(), glmserve::bench::Int8Weights);
   const int64_t hidden = 4096, inter = 1408;
   long long dense_n = 0, dense_k = 0;
   if (std::sscanf(absl::GetFlag(FLAGS_dense).c_str(), "%lldx%lld", &dense_n, &dense_k) != 2 ||
@@ -111,11 +132,16 @@ int main(int argc, char** argv) {
     expert_w.push_back(Bf16Matrix(expert_data[3 * e + 2], hidden, inter));
   }
   Int8Store int8_store;
-  glmserve::Matrix q_int8;
-  std::vector<glmserve::Matrix> expert_int8;
-  if (any_int8) {
-    q_int8 = Int8Matrix(q, &int8_store);
-    for (const glmserve::Matrix& w : expert_w) expert_int8.push_back(Int8Matrix(w, &int8_store));
+  std::vector<Int8Set> int8_sets(modes->size());
+  for (size_t i = 0; i < modes->size(); ++i) {
+    if (!glmserve::bench::Int8Weights((*modes)[i])) continue;
+    const glmserve::Int8Layout layout = (*modes)[i] == "int8_row_major"
+                                            ? glmserve::Int8Layout::kRowMajor
+                                            : glmserve::Int8LayoutForThisCpu();
+    int8_sets[i].q = Int8Matrix(q, layout, &int8_store);
+    for (const glmserve::Matrix& w : expert_w) {
+      int8_sets[i].experts.push_back(Int8Matrix(w, layout, &int8_store));
+    }
   }
   std::vector<float> x(tokens * dense_in), y(tokens * q_dim);
   std::mt19937 rng(7);
@@ -146,14 +172,14 @@ int main(int argc, char** argv) {
       const bool int8 = glmserve::bench::Int8Weights((*modes)[i]);
       glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels((*modes)[i]));
       auto t = Clock::now();
-      glmserve::Linear(x.data(), tokens, int8 ? q_int8 : q, nullptr, y.data(), math);
+      glmserve::Linear(x.data(), tokens, int8 ? int8_sets[i].q : q, nullptr, y.data(), math);
       dense_s[i].push_back(Since(t));
       std::vector<glmserve::LinearJob> jobs;
       for (int64_t j = 0; j < 3 * n_experts; ++j) {
         const int64_t e = j / 3;
         const float* xj =
             j % 3 == 2 ? he.data() + e * m_expert * inter : xe.data() + e * m_expert * hidden;
-        jobs.push_back({xj, m_expert, int8 ? &expert_int8[j] : &expert_w[j], nullptr,
+        jobs.push_back({xj, m_expert, int8 ? &int8_sets[i].experts[j] : &expert_w[j], nullptr,
                         ye.data() + j * m_expert * hidden});
       }
       t = Clock::now();
