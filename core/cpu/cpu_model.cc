@@ -88,8 +88,9 @@ std::string CpuModel::SingleRankDescription() const {
     // tied head) runs math_.
     return absl::StrCat("cpu math ", CpuMathName(math_), ", kernel ", LinearKernelName(math_),
                         ", weights int8 (groups of ", kInt8Group, ", quantized at load from ",
-                        std::string(DTypeName(weights_.weight_dtype)),
-                        "), activations int8 per group (kernel ", LinearInt8KernelName(), ")");
+                        std::string(DTypeName(weights_.weight_dtype)), ")",
+                        weights_.int8_layout == Int8Layout::kRows16 ? " in 16-row blocks" : "",
+                        ", activations int8 per group (kernel ", LinearInt8KernelName(), ")");
   }
   if (weights_.linear_format == WeightFormat::kFp8Scaled) {
     // FP8 matrices always run the exact arithmetic (linear.h); the unquantized rest as math_.

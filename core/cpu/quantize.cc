@@ -295,6 +295,7 @@ absl::Status QuantizeWeights(ModelWeights* weights, WeightQuant quant, Int8Layou
   }
   weights->storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
   weights->linear_format = WeightFormat::kInt8Groups;
+  weights->int8_layout = layout;
   return absl::OkStatus();
 }
 

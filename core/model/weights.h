@@ -221,6 +221,7 @@ struct ModelWeights {
   // FP8 checkpoint or preset supplied them (some matrices may still be kDense: the modules the
   // checkpoint keeps unquantized); else kDense.
   WeightFormat linear_format = WeightFormat::kDense;
+  Int8Layout int8_layout = Int8Layout::kRowMajor;  // kInt8Groups: every linear matrix's layout
   // The MTP layer, loaded with a whole model whose checkpoint stores it (or a preset asked
   // for it); empty otherwise.
   std::optional<MtpWeights> mtp;

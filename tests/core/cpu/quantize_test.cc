@@ -212,6 +212,9 @@ TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
     EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8, layout).ok());
     for (const Matrix* m : w->LinearMatrices()) EXPECT_EQ(m->int8_layout, layout);
     CpuModel model(*std::move(w), CpuMath::kBf16);
+    EXPECT_EQ(model.compute_description().find("in 16-row blocks") != std::string::npos,
+              layout == Int8Layout::kRows16)
+        << model.compute_description();
     const int64_t n = 70, steps = 3;
     KvCache cache(model.CacheShape((n + steps + 3) / 4, 4));
     BlockTable table;
