@@ -285,7 +285,9 @@ inline double ReadBandwidth(int streams) {
 
 // GB/s of weights that Linear reads at m = 1 (a decode step's shape) over a 1 GiB matrix of
 // 8192 columns, best of 5: bf16 weights in `math` (int8 = false) or int8 weights with their
-// scales (int8 = true).
+// scales (int8 = true), in the layout QuantizeWeights would give them on this CPU (every code
+// and scale the same value, so the bytes are those of either layout: rows and K are whole
+// blocks and groups).
 inline double KernelReadBandwidth(bool int8, CpuMath math = CpuMath::kBf16) {
   const int64_t k = 8192, rows = (int64_t{1} << 30) / k / (int8 ? 1 : 2);
   std::vector<float> x(k, 0.5f), y(rows);
@@ -298,6 +300,7 @@ inline double KernelReadBandwidth(bool int8, CpuMath math = CpuMath::kBf16) {
     scales.assign(rows * (k / kInt8Group), FloatToBf16(0.01f));
     w = Matrix{DType::kBF16, rows, k, wq.data(), WeightFormat::kInt8Groups};
     w.group_scales = scales.data();
+    w.int8_layout = Int8LayoutForThisCpu();
   } else {
     wb.assign(rows * k, FloatToBf16(0.01f));
     w = Matrix{DType::kBF16, rows, k, wb.data()};
