@@ -94,9 +94,11 @@ int Main() {
               static_cast<long>(n), static_cast<long>(k), n * k * (1 + 2.0 / 32) / 1e6, peak,
               peak > 0 ? "" : " (no AVX512-VNNI)");
   std::printf(
-      "LinearMany picks: avx512_vnni from %ld rows where it exists; below, avx512_vnni_rows16 "
-      "for the kRows16 layout (QuantizeWeights' choice on VNNI without AMX), avx512_vnni_rows "
-      "(lanes along K) for row-major weights; avx2_int8 without VNNI\n\n",
+      "LinearMany picks on VNNI: for the kRows16 layout (QuantizeWeights' choice without AMX) "
+      "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there; for row-major "
+      "weights avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; "
+      "avx2_int8 without VNNI\n\n",
+      static_cast<long>(internal::kInt8Rows16TileMinRows),
       static_cast<long>(internal::kInt8VnniMinRows));
   std::printf(
       "| kernel | rows | ms | GOP/s | of vpdpbusd peak | weight GB/s "

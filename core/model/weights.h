@@ -79,24 +79,25 @@ struct Matrix {
   const float* Fp8RowScales(int64_t r) const {
     return scales + (r + scale_row_phase) / scale_block_rows * scale_cols();
   }
-  // kRows16: the 16-row blocks that hold rows [0, rows), the phase included.
+  // kRows16: the 16-row blocks that hold rows [0, rows), the phase included; the block that
+  // holds row r, and r's lane in it.
   int64_t int8_blocks() const {
     return (rows + int8_row_phase + kInt8BlockRows - 1) / kInt8BlockRows;
   }
+  int64_t int8_block(int64_t r) const { return (r + int8_row_phase) / kInt8BlockRows; }
+  int64_t int8_lane(int64_t r) const { return (r + int8_row_phase) % kInt8BlockRows; }
   // kInt8Groups, either layout: the code of element (r, c) and the bf16 bits of row r's group g
   // scale (for reference code and tests; the kernels address the layout directly).
   int8_t Int8Code(int64_t r, int64_t c) const {
     const int8_t* q = static_cast<const int8_t*>(data);
     if (int8_layout == Int8Layout::kRowMajor) return q[r * cols + c];
-    const int64_t row = r + int8_row_phase, g = c / kInt8Group, in = c % kInt8Group;
-    return q[(row / kInt8BlockRows * scale_cols() + g) * kInt8BlockGroupBytes + in / 4 * 64 +
-             row % kInt8BlockRows * 4 + in % 4];
+    const int64_t g = c / kInt8Group, in = c % kInt8Group;
+    return q[(int8_block(r) * scale_cols() + g) * kInt8BlockGroupBytes + in / 4 * 64 +
+             int8_lane(r) * 4 + in % 4];
   }
   uint16_t Int8Scale(int64_t r, int64_t g) const {
     if (int8_layout == Int8Layout::kRowMajor) return group_scales[r * scale_cols() + g];
-    const int64_t row = r + int8_row_phase;
-    return group_scales[(row / kInt8BlockRows * scale_cols() + g) * kInt8BlockRows +
-                        row % kInt8BlockRows];
+    return group_scales[(int8_block(r) * scale_cols() + g) * kInt8BlockRows + int8_lane(r)];
   }
   int64_t bytes() const {
     if (format == WeightFormat::kInt8Groups && int8_layout == Int8Layout::kRows16) {
@@ -116,10 +117,10 @@ struct Matrix {
     Matrix m = *this;
     m.rows = count;
     if (format == WeightFormat::kInt8Groups && int8_layout == Int8Layout::kRows16) {
-      const int64_t row = begin + int8_row_phase, block = row / kInt8BlockRows;
+      const int64_t block = int8_block(begin);
       m.data = static_cast<const int8_t*>(data) + block * scale_cols() * kInt8BlockGroupBytes;
       m.group_scales = group_scales + block * scale_cols() * kInt8BlockRows;
-      m.int8_row_phase = static_cast<int32_t>(row % kInt8BlockRows);
+      m.int8_row_phase = static_cast<int32_t>(int8_lane(begin));
     } else if (format == WeightFormat::kInt8Groups) {
       m.data = static_cast<const int8_t*>(data) + begin * cols;
       m.group_scales = group_scales + begin * scale_cols();

@@ -131,8 +131,8 @@ struct Int8Activation {
   Int8Operands operands = Int8Operands::kGroups;
   std::vector<int8_t> q;           // [m, kp]: round(x / scale) per 32-wide group
   std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
-  // kGroups only: [m, kp / 32] each group's sum of codes (the VNNI decode kernels bias the
-  // weights by 128 and take 128 x this back out).
+  // kGroups on AVX512-VNNI only: [m, kp / 32] each group's sum of codes (the VNNI decode
+  // kernels, its only readers, bias the weights by 128 and take 128 x this back out).
   std::vector<int32_t> group_sum;
   // The codes packed per 16 rows and group [ceil(m/16)][kp/32][8][16] words, word (p, i) = the 4
   // codes q[16 u + i][32 g + 4 p .. + 3] (as unsigned bytes + 128 for kVnniTiles; rows past m

@@ -63,7 +63,11 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   if (operands == Int8Operands::kGroups) {
     a->tiles.clear();
     a->tile_scale.clear();
-    // Exact in int32: |sum| <= 32 x 127.
+    // Only the VNNI decode kernels read them (exact in int32: |sum| <= 32 x 127).
+    if (!CpuHasAvx512Vnni()) {
+      a->group_sum.clear();
+      return;
+    }
     a->group_sum.resize(m * groups);
     for (int64_t i = 0; i < m * groups; ++i) {
       int32_t sum = 0;

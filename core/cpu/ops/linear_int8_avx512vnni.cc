@@ -183,8 +183,7 @@ void PrepareRowMajor(const Matrix& w, int64_t n0, int64_t rows, std::vector<int8
 void PrepareRows16(const Matrix& w, int64_t n0, int64_t rows, std::vector<int32_t>* corr,
                    std::vector<float>* scale) {
   const int64_t groups = w.scale_cols();
-  const int64_t b0 = (n0 + w.int8_row_phase) / kInt8BlockRows;
-  const int64_t b1 = (n0 + rows - 1 + w.int8_row_phase) / kInt8BlockRows + 1;
+  const int64_t b0 = w.int8_block(n0), b1 = w.int8_block(n0 + rows - 1) + 1;
   corr->resize(static_cast<size_t>((b1 - b0) * groups * kInt8BlockRows));
   scale->resize(corr->size());
   const int8_t* q = static_cast<const int8_t*>(w.data);
@@ -225,10 +224,9 @@ Weights PrepareWeights(const Matrix& w, int64_t n0, int64_t rows, std::vector<in
     return out;
   }
   PrepareRows16(w, n0, rows, corr, scale);
-  const int64_t b0 = (n0 + w.int8_row_phase) / kInt8BlockRows;
+  const int64_t b0 = w.int8_block(n0);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = n0 + r + w.int8_row_phase;
-    const int64_t b = row / kInt8BlockRows, lane = row % kInt8BlockRows;
+    const int64_t b = w.int8_block(n0 + r), lane = w.int8_lane(n0 + r);
     out.q[r] = q + b * groups * kInt8BlockGroupBytes + lane * 4;
     out.corr[r] = corr->data() + (b - b0) * groups * kInt8BlockRows + lane;
     out.scale[r] = scale->data() + (b - b0) * groups * kInt8BlockRows + lane;

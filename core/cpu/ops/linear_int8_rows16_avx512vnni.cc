@@ -94,8 +94,7 @@ void Int8BlockAvx512VnniRows16(const Int8Job& job, int64_t nb) {
   const int64_t phase = w.int8_row_phase;
   // The blocks holding the task's rows (a RowSlice that starts inside a block shares its
   // first and last blocks with the neighbouring tasks, which compute them again).
-  const int64_t b0 = (n0 + phase) / kInt8BlockRows;
-  const int64_t b1 = (n0 + nn - 1 + phase) / kInt8BlockRows + 1;
+  const int64_t b0 = w.int8_block(n0), b1 = w.int8_block(n0 + nn - 1) + 1;
   const int8_t* q = static_cast<const int8_t*>(w.data);
   for (int64_t b = b0; b < b1; ++b) {
     // Block lane r is output row n = 16 b + r - phase; the task writes n in [n0, n0 + nn).
