@@ -1,6 +1,7 @@
 // The int8-weight kernels called directly, on one thread, at several activation row counts: what
 // each costs where LinearMany would pick another (the AVX2 kernel on a VNNI machine, the choice
-// of kInt8VnniMinRows). linear_bench and cpu_bench measure only the dispatched kernel.
+// of kInt8VnniMinRows, kInt8Rows16TileMinRows and, on AMX, kInt8AmxRows16MinRows). linear_bench
+// and cpu_bench measure only the dispatched kernel.
 //   build/bench/int8_kernel_bench --rows=1,4,8,16,64,256 --n=4096 --k=4096
 // Both int8 layouts (Int8Layout, core/model/weights.h) where a kernel reads them.
 // Each row: best of --reps over the whole matrix (N / 32 tasks in a row), GOP/s against the
@@ -19,6 +20,7 @@
 #include "core/base/huge_pages.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
 #include "core/cpu/ops/linear_int8_amx.h"
 #include "core/cpu/quantize.h"
 
@@ -76,8 +78,11 @@ int Main() {
     void (*block)(const internal::Int8Job&, int64_t);
     const Matrix* w;
   };
-  const bool vnni = internal::CpuHasAvx512Vnni();
+  const bool vnni = internal::CpuHasAvx512Vnni(), amx = internal::CpuHasAmxInt8();
   const Kernel kernels[] = {
+      {"amx_int8", amx, internal::Int8Operands::kAmxTiles, internal::Int8AmxBlockHardware, &w},
+      {"amx_int8 (rows16)", amx, internal::Int8Operands::kAmxRows,
+       internal::Int8AmxRows16BlockHardware, &w16},
       {"avx512_vnni", vnni, internal::Int8Operands::kVnniTiles, internal::Int8BlockAvx512Vnni, &w},
       {"avx512_vnni (rows16)", vnni, internal::Int8Operands::kVnniTiles,
        internal::Int8BlockAvx512Vnni, &w16},
@@ -94,11 +99,13 @@ int Main() {
               static_cast<long>(n), static_cast<long>(k), n * k * (1 + 2.0 / 32) / 1e6, peak,
               peak > 0 ? "" : " (no AVX512-VNNI)");
   std::printf(
-      "LinearMany picks on VNNI: for the kRows16 layout (QuantizeWeights' choice without AMX) "
-      "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there; for row-major "
-      "weights avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; "
-      "avx2_int8 without VNNI\n\n",
+      "LinearMany picks on VNNI: for the kRows16 layout (QuantizeWeights' choice there) "
+      "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there, but amx_int8 "
+      "(rows16) from %ld rows where AMX-INT8 is present; for row-major weights amx_int8 on AMX, "
+      "else avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; avx2_int8 "
+      "without VNNI\n\n",
       static_cast<long>(internal::kInt8Rows16TileMinRows),
+      static_cast<long>(internal::kInt8AmxRows16MinRows),
       static_cast<long>(internal::kInt8VnniMinRows));
   std::printf(
       "| kernel | rows | ms | GOP/s | of vpdpbusd peak | weight GB/s "
@@ -111,11 +118,15 @@ int Main() {
       if (kernel.block == internal::Int8BlockGeneric && m > 1) continue;
       internal::Int8Activation a;
       internal::QuantizeActivationInt8(x.data(), m, k, &a, kernel.operands);
+      const bool tiles = kernel.operands == internal::Int8Operands::kAmxTiles ||
+                         kernel.operands == internal::Int8Operands::kAmxRows;
+      if (tiles) internal::Int8AmxThreadBegin();
       const double s = BestOf(absl::GetFlag(FLAGS_reps), [&] {
         for (int64_t nb = 0; nb * internal::kBlockN < n; ++nb) {
           kernel.block({&a, kernel.w, nullptr, y.data()}, nb);
         }
       });
+      if (tiles) internal::AmxThreadEnd();
       const double gops = 2.0 * m * n * k / s / 1e9;
       std::printf("| %s | %ld | %.3f | %.1f | %s | %.1f |\n", kernel.name, static_cast<long>(m),
                   s * 1e3, gops, peak > 0 ? std::to_string(gops / peak).substr(0, 4).c_str() : "-",

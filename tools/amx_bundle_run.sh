@@ -10,9 +10,10 @@
 # seconds (default 480: steps that would start later are skipped and say so):
 #   1. host.txt (lscpu, flags, memory) and the AMX kernels' bit tests on the tile unit
 #      (GLMSERVE_REQUIRE_AMX=1: a skip is a failure). Without AMX the run stops here.
-#   2. glmserve: cpu_bench on $PRESET (int8_amx, int8, bf16_amx; prefill 2,048, decode batch 1
-#      and 8 at contexts 0 and 4,096, --breakdown), each row beside the same-run peaks; then
-#      linear_bench and attention_bench if time is left. On CPU set A (2 cores).
+#   2. glmserve: cpu_bench on $PRESET (int8_amx, int8, int8_row_major, bf16_amx; prefill
+#      2,048, decode batch 1 and 8 at contexts 0 and 4,096, --breakdown), each row beside the
+#      same-run peaks; then linear_bench, attention_bench and int8_kernel_bench if time is left.
+#      On CPU set A (2 cores).
 #   3. Meanwhile on set C (the other cores): the preset's checkpoint (glm-run --save, the same
 #      bytes as on the build machine), its GGUF BF16 (gguf_fill from the skeleton and manifest
 #      that tools/gguf_manifest.py made from llama.cpp's converter output), Q8_0 (llama-quantize),
@@ -194,13 +195,18 @@ fi
 
 # 2. glmserve on A.
 run_step "cpu_bench" 300 "$out/cpu_bench.log" taskset -c "$set_a" "$here/bin/cpu_bench" \
-  --preset="$preset" --threads=2 --modes=int8_amx,int8,bf16_amx --prefill_tokens="$prefill" \
+  --preset="$preset" --threads=2 --modes=int8_amx,int8,int8_row_major,bf16_amx \
+  --prefill_tokens="$prefill" \
   --decode_steps=2 --decode_batch=8 --decode_context=0,"$context" --breakdown
 run_step linear_bench 90 "$out/linear_bench.log" taskset -c "$set_a" "$here/bin/linear_bench" \
   --threads=2 --modes=int8_amx,int8,bf16_amx --tokens="$prefill" --experts=16 --rounds=2
 run_step attention_bench 90 "$out/attention_bench.log" taskset -c "$set_a" \
   "$here/bin/attention_bench" --threads=2 --modes=amx,fp32 --tokens="$prefill" \
   --decode_contexts="$context" --decode_batch=8 --rounds=2
+# One thread, each int8 kernel on both layouts: where AMX's kRows16 path should start
+# (kInt8AmxRows16MinRows) against VNNI's decode kernel.
+run_step int8_kernel_bench 90 "$out/int8_kernel_bench.log" taskset -c "${set_a%%,*}" \
+  "$here/bin/int8_kernel_bench" --rows=1,4,8,12,16,32,64,256 --n=4096 --k=4096 --reps=3
 
 if [ "$have_llama" = 0 ]; then
   :

@@ -14,7 +14,7 @@ section steps
 cat "$dir/summary.txt"
 section "glmserve cpu_bench"
 grep -E '^(machine|model|\||  )' "$dir/cpu_bench.log" 2>/dev/null
-for f in linear_bench attention_bench; do
+for f in linear_bench attention_bench int8_kernel_bench; do
   [ -s "$dir/$f.log" ] && { section "$f"; grep -E '^(machine|\|)' "$dir/$f.log"; }
 done
 section "llama.cpp (llama-bench: t/s; llama-batched-bench: S_TG t/s is decode)"

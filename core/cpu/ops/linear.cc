@@ -216,6 +216,8 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto int8_kernel = [](const Int8Job& job) {
     const bool rows16 = job.w->int8_layout == Int8Layout::kRows16;
     if (job.x->operands == Int8Operands::kVnniTiles) return Int8BlockAvx512Vnni;
+    // AMX's operands where AMX is missing (only if asked for by hand): the reference reads them.
+    if (job.x->operands != Int8Operands::kGroups) return Int8BlockGeneric;
     if (CpuHasAvx512Vnni()) return rows16 ? Int8BlockAvx512VnniRows16 : Int8BlockAvx512VnniRows;
     return CpuHasAvx2Fma() && !rows16 ? Int8BlockAvx2 : Int8BlockGeneric;
   };
@@ -239,10 +241,13 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     };
     for (int64_t b = begin; b < end; ++b) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
-      if (tasks[j].int8.x != nullptr && amx_int8 &&
-          tasks[j].int8.x->operands == Int8Operands::kAmxTiles) {
+      const Int8Activation* int8_x = tasks[j].int8.x;
+      const bool amx_rows = int8_x != nullptr && int8_x->operands == Int8Operands::kAmxRows;
+      if (amx_int8 && int8_x != nullptr &&
+          (amx_rows || int8_x->operands == Int8Operands::kAmxTiles)) {
         use_tiles(Tiles::kInt8);
-        Int8AmxBlockHardware(tasks[j].int8, b - starts[j]);
+        (amx_rows ? Int8AmxRows16BlockHardware : Int8AmxBlockHardware)(tasks[j].int8,
+                                                                       b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
         const auto kernel = int8_kernel(tasks[j].int8);
         kernel(tasks[j].int8, b - starts[j]);

@@ -74,14 +74,15 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math = CpuMath::kExact
 // exact emulation of the former, bit for bit, and much slower); "amx_bf16" or "generic_amx_bf16"
 // (kBf16Amx, likewise).
 const char* LinearKernelName(CpuMath math = CpuMath::kExact);
-// The kernel int8 weights run on (any mode; all give the same bits): "amx_int8",
-// "avx512_vnni" (activations of kInt8VnniMinRows rows or more in lanes along the rows, fewer in
-// lanes along K), "avx2_int8" or "generic_int8".
+// The kernel int8 weights run on (any mode; all give the same bits): "amx_int8" (on kRows16
+// weights: activations of kInt8AmxRows16MinRows rows or more; fewer take VNNI's decode kernel),
+// "avx512_vnni" (kRows16: lanes along the weight rows below kInt8Rows16TileMinRows activation
+// rows, along the activation rows from there), "avx2_int8" or "generic_int8".
 const char* LinearInt8KernelName();
 // Where QuantizeWeights keeps int8 codes by default (Int8Layout, core/model/weights.h):
-// kRows16 on AVX512-VNNI without AMX int8 (its decode kernel streams 16 rows per vector, about
-// 1.7x the rate of row-major rows there: docs/performance.md), kRowMajor elsewhere (AMX's tiles
-// and the AVX2 kernel read rows).
+// kRows16 on AVX512-VNNI, with or without AMX int8 (its decode kernel streams 16 rows per
+// vector, about 2.3x the rate of row-major rows on a Zen 4 core: docs/performance.md; AMX reads
+// a block's group as a B tile in place), kRowMajor elsewhere (the AVX2 kernel reads rows).
 Int8Layout Int8LayoutForThisCpu();
 
 namespace internal {
@@ -119,17 +120,21 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
 const float* E4m3Table();
 // Int8 weights: the activation rows quantized once per LinearMany (shared by every job that
 // reads the same activation). kp = k rounded up to 64; past-the-end values are zero.
-// Every kernel but AMX's and VNNI's reads q and group_scale; those two read the tiles, packed
-// only for them.
+// Every kernel reads q and group_scale but AMX's and VNNI's on tiles, which read the tiles,
+// packed only for them.
 enum class Int8Operands {
   kGroups,     // q and group_scale
-  kAmxTiles,   // and the tiles, for AMX (linear_int8_amx.h)
+  kAmxTiles,   // and the tiles, for AMX on row-major weights (linear_int8_amx.h)
   kVnniTiles,  // and the tiles with each code biased by 128, for AVX512-VNNI's vpdpbusd
+  // q with zero rows up to a multiple of 16 (AMX on kRows16 weights reads the activation rows
+  // in place as A tiles, 16 at a time: linear_int8_amx.h), and group_scale.
+  kAmxRows,
 };
 struct Int8Activation {
   int64_t m = 0, k = 0, kp = 0;
   Int8Operands operands = Int8Operands::kGroups;
-  std::vector<int8_t> q;           // [m, kp]: round(x / scale) per 32-wide group
+  std::vector<int8_t> q;           // [m, kp] (kAmxRows: [ceil(m/16) * 16, kp]): round(x /
+                                   // scale) per 32-wide group
   std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
   // kGroups on AVX512-VNNI only: [m, kp / 32] each group's sum of codes (the VNNI decode
   // kernels, its only readers, bias the weights by 128 and take 128 x this back out).
@@ -147,6 +152,11 @@ inline constexpr int64_t kInt8VnniMinRows = 4;
 // Int8BlockAvx512VnniRows16) stays ahead of the tiles up to about this many rows (a Zen 4 core:
 // 1.6x at 8 rows, even at 64, behind by 10% from 256: bench/int8_kernel_bench).
 inline constexpr int64_t kInt8Rows16TileMinRows = 64;
+// On AMX, kRows16 weights meet activations of this many rows or more on the tiles
+// (Int8AmxRows16Block), fewer on Int8BlockAvx512VnniRows16: below one full A tile the tile
+// product's rows are mostly padding, while the VNNI kernel takes up to 4 rows per pass. Not
+// yet measured on an AMX CPU (bench/int8_kernel_bench prints both there).
+inline constexpr int64_t kInt8AmxRows16MinRows = 16;
 // What LinearMany packs for an activation of m rows against weights in `layout` on this
 // machine.
 Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout = Int8Layout::kRowMajor);
@@ -166,7 +176,8 @@ struct Int8Job {
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
 // portable reference (either layout), the VNNI kernel (needs kVnniTiles; either layout), VNNI's
 // kernel for fewer rows (lanes along K; reads q, group_scale and group_sum; row-major) and the
-// AVX2 one (row-major; AMX's: linear_int8_amx.h, row-major).
+// AVX2 one (row-major). AMX's (linear_int8_amx.h): row-major weights with kAmxTiles, kRows16
+// with kAmxRows.
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb);

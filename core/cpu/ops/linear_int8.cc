@@ -20,8 +20,11 @@
 namespace glmserve::internal {
 
 Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout) {
-  // AMX's tiles take row-major weights only.
-  if (CpuHasAmxInt8() && layout == Int8Layout::kRowMajor) return Int8Operands::kAmxTiles;
+  if (CpuHasAmxInt8()) {
+    if (layout == Int8Layout::kRowMajor) return Int8Operands::kAmxTiles;
+    if (m >= kInt8AmxRows16MinRows) return Int8Operands::kAmxRows;
+    // Fewer rows: VNNI's decode kernel below (every AMX-INT8 CPU so far has AVX512-VNNI).
+  }
   const int64_t tile_rows =
       layout == Int8Layout::kRows16 ? kInt8Rows16TileMinRows : kInt8VnniMinRows;
   if (CpuHasAvx512Vnni() && m >= tile_rows) return Int8Operands::kVnniTiles;
@@ -35,7 +38,9 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   a->kp = (k + 63) / 64 * 64;
   a->operands = operands;
   const int64_t kp = a->kp, groups = kp / kInt8Group;
-  a->q.assign(m * kp, 0);
+  // kAmxRows: the A tiles read whole 16-row blocks of q in place, so the rows past m are zeros.
+  const int64_t q_rows = operands == Int8Operands::kAmxRows ? (m + 15) / 16 * 16 : m;
+  a->q.assign(q_rows * kp, 0);
   a->group_scale.assign(m * groups, 0.0f);
   const bool avx2 = CpuHasAvx2Fma();
   auto row = [&](int64_t i) {
@@ -59,6 +64,12 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
     ParallelFor(m, 4, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) row(i);
     });
+  }
+  if (operands == Int8Operands::kAmxRows) {
+    a->tiles.clear();
+    a->tile_scale.clear();
+    a->group_sum.clear();
+    return;
   }
   if (operands == Int8Operands::kGroups) {
     a->tiles.clear();
@@ -128,8 +139,7 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
 namespace glmserve {
 
 Int8Layout Int8LayoutForThisCpu() {
-  return internal::CpuHasAvx512Vnni() && !internal::CpuHasAmxInt8() ? Int8Layout::kRows16
-                                                                    : Int8Layout::kRowMajor;
+  return internal::CpuHasAvx512Vnni() ? Int8Layout::kRows16 : Int8Layout::kRowMajor;
 }
 
 }  // namespace glmserve

@@ -68,9 +68,9 @@ void MakeInt8ASource(const Matrix& w, int64_t row0, std::vector<int8_t>* padded,
 
 namespace {
 
-// The tile unit as the kernel configures it, in software: A tiles of 16 rows x 32 bytes, B
+// The tile unit as the kernels configure it, in software: A tiles of 16 rows x 32 bytes, B
 // tiles of 8 rows x 64 bytes, C tiles of 16 x 16 int32; loads copy rows at the given stride
-// as TILELOADD does, so the driver's addressing is what is checked.
+// as TILELOADD does, so the drivers' addressing is what is checked.
 struct SoftwareOps {
   static void LoadA(const Int8ASource& a, int64_t g, int8_t* tile) {
     const bool in_place = g < a.ld / 32;
@@ -91,6 +91,24 @@ struct SoftwareOps {
       }
     }
   }
+  template <int NT, int MT>
+  static void Rows16Group(const int8_t* a, int64_t lda, const int8_t* b, int64_t b_next,
+                          int32_t* c) {
+    int8_t at[2][16 * 32], bt[2][8 * 64];
+    for (int u = 0; u < MT; ++u) {
+      for (int r = 0; r < 16; ++r) std::memcpy(at[u] + 32 * r, a + (16 * u + r) * lda, 32);
+    }
+    for (int t = 0; t < NT; ++t) {
+      for (int p = 0; p < 8; ++p) std::memcpy(bt[t] + 64 * p, b + t * b_next + 64 * p, 64);
+    }
+    for (int t = 0; t < NT; ++t) {
+      for (int u = 0; u < MT; ++u) {
+        int32_t* ct = c + (t * 2 + u) * kInt8AmxTileCells;
+        std::fill_n(ct, kInt8AmxTileCells, 0);
+        AmxInt8TileDpEmulated(ct, at[u], bt[t]);
+      }
+    }
+  }
   static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs) {
     for (int j = 0; j < 16; ++j) acc[j] = std::fma(static_cast<float>(d[j]), ws * xs[j], acc[j]);
   }
@@ -99,6 +117,9 @@ struct SoftwareOps {
 }  // namespace
 
 void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb) { Int8AmxBlock<SoftwareOps>(job, nb); }
+void Int8AmxRows16BlockTileModel(const Int8Job& job, int64_t nb) {
+  Int8AmxRows16Block<SoftwareOps>(job, nb);
+}
 
 void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
   for (int64_t r = 0; r < kAmxTileRows; ++r) {
@@ -172,6 +193,7 @@ bool CpuHasAmxInt8() { return false; }
 void Int8AmxThreadBegin() {}
 bool AmxInt8TileDpHardware(int32_t*, const int8_t*, const int8_t*) { return false; }
 void Int8AmxBlockHardware(const Int8Job& job, int64_t nb) { Int8BlockGeneric(job, nb); }
+void Int8AmxRows16BlockHardware(const Int8Job& job, int64_t nb) { Int8BlockGeneric(job, nb); }
 
 #endif
 

@@ -11,6 +11,15 @@
 // [16 u, 16 u + 16) of group g as 8 rows of 16 int32 words, word (p, i) = the 4 codes
 // xq[16 u + i][32 g + 4 p .. + 3]. C = 16 weight rows x 16 activation rows of int32; with 2 x 2
 // C tiles a task's pass takes 32 weight rows against 32 activation rows per group.
+//
+// Int8Layout::kRows16 weights (what QuantizeWeights keeps on AVX512-VNNI CPUs, AMX ones
+// included) take the operands' roles the other way round, and neither needs a copy: a block's
+// 32-wide group is stored as a B tile (8 rows of 64 bytes, word (p, r) = the 4 codes of weight
+// row 16 b + r at 32 g + 4 p), loaded in place; the activation rows are A tiles, 16 rows x 32
+// bytes loaded in place from q (Int8Operands::kAmxRows pads q to whole tiles). C = 16
+// activation rows x 16 weight rows, so the scaling touches only the activation rows that exist
+// (decode-sized batches) and each result row is a run of outputs. The tile configuration is the
+// same (A 16 x 32 bytes, B 8 x 64).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +51,10 @@ void Int8AmxBlockHardware(const Int8Job& job, int64_t nb);
 // bits, any CPU; needs the packed tiles): what the tests run where AMX is missing, so the
 // kernel's addressing, tails and padding are checked everywhere.
 void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb);
-// Loads this thread's tile configuration for the int8 kernel (it differs from the bf16
+// The same for kRows16 weights and Int8Operands::kAmxRows activations (weights as B tiles).
+void Int8AmxRows16BlockHardware(const Int8Job& job, int64_t nb);
+void Int8AmxRows16BlockTileModel(const Int8Job& job, int64_t nb);
+// Loads this thread's tile configuration for the int8 kernels (it differs from the bf16
 // kernel's: A tiles of 32 bytes, B tiles of 8 rows) / releases the tiles. No-ops without AMX.
 void Int8AmxThreadBegin();
 

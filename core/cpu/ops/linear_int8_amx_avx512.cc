@@ -43,6 +43,28 @@ struct HardwareOps {
     if constexpr (NT == 2 && MT == 2) _tile_stored(3, c + 3 * kInt8AmxTileCells, 64);
   }
 
+  // kRows16: A = activation rows in place (stride lda), B = a weight block's group in place.
+  template <int NT, int MT>
+  GLM_AMX_INT8_TARGET static void Rows16Group(const int8_t* a, int64_t lda, const int8_t* b,
+                                              int64_t b_next, int32_t* c) {
+    _tile_zero(0);
+    if constexpr (MT == 2) _tile_zero(1);
+    if constexpr (NT == 2) _tile_zero(2);
+    if constexpr (NT == 2 && MT == 2) _tile_zero(3);
+    _tile_loadd(4, a, lda);
+    if constexpr (MT == 2) _tile_loadd(5, a + 16 * lda, lda);
+    _tile_loadd(6, b, 64);
+    if constexpr (NT == 2) _tile_loadd(7, b + b_next, 64);
+    _tile_dpbssd(0, 4, 6);  // C (t, u) = (0, 0)
+    if constexpr (MT == 2) _tile_dpbssd(1, 5, 6);
+    if constexpr (NT == 2) _tile_dpbssd(2, 4, 7);
+    if constexpr (NT == 2 && MT == 2) _tile_dpbssd(3, 5, 7);
+    _tile_stored(0, c, 64);
+    if constexpr (MT == 2) _tile_stored(1, c + kInt8AmxTileCells, 64);
+    if constexpr (NT == 2) _tile_stored(2, c + 2 * kInt8AmxTileCells, 64);
+    if constexpr (NT == 2 && MT == 2) _tile_stored(3, c + 3 * kInt8AmxTileCells, 64);
+  }
+
   // The scales' product (one rounding), the exact conversion, one FMA: 16 activation rows.
   static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs) {
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(ws), _mm512_loadu_ps(xs));
@@ -54,5 +76,8 @@ struct HardwareOps {
 }  // namespace
 
 void Int8AmxBlockHardware(const Int8Job& job, int64_t nb) { Int8AmxBlock<HardwareOps>(job, nb); }
+void Int8AmxRows16BlockHardware(const Int8Job& job, int64_t nb) {
+  Int8AmxRows16Block<HardwareOps>(job, nb);
+}
 
 }  // namespace glmserve::internal

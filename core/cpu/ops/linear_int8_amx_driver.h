@@ -9,8 +9,16 @@
 //     group g's int32 dots of NT (1, 2) weight tiles x MT (1, 2) activation tiles into
 //     c [NT * 2 + MT][16][16] (C tile (t, u) at 2t + u); b: the group's B tile of the first
 //     activation tile, the second's b_next words further;
+//   template <int NT, int MT> static void Rows16Group(const int8_t* a, int64_t lda,
+//       const int8_t* b, int64_t b_next, int32_t* c);
+//     kRows16 weights: one group's int32 dots of MT (1, 2) activation tiles (A: 16 rows x 32
+//     bytes from a, row stride lda; the second 16 rows further) x NT (1, 2) weight blocks
+//     (B: 512 bytes from b; the second b_next bytes further) into c [NT * 2 + MT][16][16],
+//     C tile (t, u) at 2t + u, element [activation row][weight row];
 //   static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs);
-//     acc[j] = fma(float(d[j]), ws * xs[j], acc[j]) for j < 16.
+//     acc[j] = fma(float(d[j]), ws * xs[j], acc[j]) for j < 16 (kRows16 passes the activation
+//     row's scale as ws and the 16 weight rows' as xs: the product commutes, so the bits are
+//     the reference's xs * ws).
 // Only templates live here: each file instantiates them for its own ISA, so no function
 // compiled for AVX-512 can be linked into a caller on another CPU.
 #pragma once
@@ -88,6 +96,74 @@ void Int8AmxBlock(const Int8Job& job, int64_t nb) {
           const float* bias = job.bias != nullptr ? job.bias + n0 + 16 * t : nullptr;
           for (int64_t r = 0; r < rows; ++r) {
             yr[r] = bias != nullptr ? at[r * 16 + col] + bias[r] : at[r * 16 + col];
+          }
+        }
+      }
+    }
+  }
+}
+
+// kRows16 weights (linear_int8_amx.h): the task's output rows lie in up to 3 blocks (2 unless
+// a RowSlice starts inside one), taken two at a time; the activation rows 32 at a time. Per
+// group the C tiles hold [activation row][block lane]; only the activation rows that exist are
+// scaled, and a lane outside the task's rows (the phase, the padding) is never stored.
+template <typename Ops>
+void Int8AmxRows16Block(const Int8Job& job, int64_t nb) {
+  const Matrix& w = *job.w;
+  const Int8Activation& x = *job.x;
+  const int64_t n_rows = w.rows, groups = w.scale_cols(), x_groups = x.kp / kInt8Group;
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  const int64_t block_begin = w.int8_block(n0), block_end = w.int8_block(n0 + nn - 1) + 1;
+  const int8_t* codes = static_cast<const int8_t*>(w.data);
+  const int64_t b_next = groups * kInt8BlockGroupBytes;  // from one block to the next
+  using GroupFn = void (*)(const int8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+  constexpr GroupFn kGroup[2][2] = {
+      {Ops::template Rows16Group<1, 1>, Ops::template Rows16Group<1, 2>},
+      {Ops::template Rows16Group<2, 1>, Ops::template Rows16Group<2, 2>}};
+  const int64_t m_tiles = (x.m + 15) / 16;
+  alignas(64) int32_t c[4 * kInt8AmxTileCells];
+  // [t * 2 + u][activation row i][lane]: every output of the pass, for all of K.
+  alignas(64) float acc[4 * kInt8AmxTileCells];
+  alignas(64) float ws[2][16];
+  for (int64_t b0 = block_begin; b0 < block_end; b0 += 2) {
+    const int nt = b0 + 1 < block_end ? 2 : 1;
+    for (int64_t u0 = 0; u0 < m_tiles; u0 += 2) {
+      const int mt = u0 + 1 < m_tiles ? 2 : 1;
+      int64_t rows[2];  // activation rows that exist in each A tile
+      for (int u = 0; u < 2; ++u) rows[u] = std::clamp<int64_t>(x.m - 16 * (u0 + u), 0, 16);
+      std::fill_n(acc, 4 * kInt8AmxTileCells, 0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        kGroup[nt - 1][mt - 1](x.q.data() + 16 * u0 * x.kp + kInt8Group * g, x.kp,
+                               codes + (b0 * groups + g) * kInt8BlockGroupBytes, b_next, c);
+        for (int t = 0; t < nt; ++t) {
+          const uint16_t* s = w.group_scales + ((b0 + t) * groups + g) * kInt8BlockRows;
+          for (int r = 0; r < 16; ++r) ws[t][r] = Bf16ToFloat(s[r]);
+        }
+        for (int t = 0; t < nt; ++t) {
+          for (int u = 0; u < mt; ++u) {
+            const int32_t* ct = c + (t * 2 + u) * kInt8AmxTileCells;
+            float* at = acc + (t * 2 + u) * kInt8AmxTileCells;
+            const float* xs = x.group_scale.data() + 16 * (u0 + u) * x_groups + g;
+            for (int64_t i = 0; i < rows[u]; ++i) {
+              Ops::ScaleRow(at + 16 * i, ct + 16 * i, xs[i * x_groups], ws[t]);
+            }
+          }
+        }
+      }
+      // C tile (t, u) element [i][lane]: activation row 16 (u0 + u) + i, output row
+      // 16 (b0 + t) + lane - phase.
+      for (int t = 0; t < nt; ++t) {
+        const int64_t lane_row0 = kInt8BlockRows * (b0 + t) - w.int8_row_phase;
+        const int64_t begin = std::max(n0, lane_row0);
+        const int64_t end = std::min(n0 + nn, lane_row0 + kInt8BlockRows);
+        for (int u = 0; u < mt; ++u) {
+          const float* at = acc + (t * 2 + u) * kInt8AmxTileCells;
+          for (int64_t i = 0; i < rows[u]; ++i) {
+            float* yr = job.y + (16 * (u0 + u) + i) * n_rows;
+            for (int64_t n = begin; n < end; ++n) {
+              const float v = at[16 * i + (n - lane_row0)];
+              yr[n] = job.bias != nullptr ? v + job.bias[n] : v;
+            }
           }
         }
       }

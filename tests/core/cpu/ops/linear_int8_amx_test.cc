@@ -1,12 +1,14 @@
-// The AMX int8 kernel (core/cpu/ops/linear_int8_amx.h): the B-tile packing (and the VNNI
-// kernel's biased form of it), non-finite activations, LinearMany mixing it with the bf16 tile
-// kernel, the kernel's tiling on a software tile model on every CPU, and (on a CPU with
-// AMX-INT8) TDPBSSD and the hardware kernel against the portable reference bit for bit. The
+// The AMX int8 kernels (core/cpu/ops/linear_int8_amx.h): the B-tile packing (and the VNNI
+// kernel's biased form of it) and kRows16's padded rows, non-finite activations, LinearMany
+// mixing it with the bf16 tile kernel, both kernels' tiling (row-major and kRows16 weights) on a
+// software tile model on every CPU, and (on a CPU with AMX-INT8) TDPBSSD and the hardware
+// kernels against the portable reference bit for bit. The
 // arithmetic itself (the formula, every mode, batch invariance) is tested in linear_int8_test.cc.
 #include "core/cpu/ops/linear_int8_amx.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -187,6 +189,62 @@ TEST(LinearInt8Amx, TheKernelsTilingOnATileModelEqualsTheReference) {
   }
 }
 
+// kRows16 weights (weights as B tiles, activation rows as A tiles in place): the same shapes,
+// and RowSlices that start inside a block (a task's rows then span three blocks), against the
+// reference on the same view and on the row-major slice, with and without a bias.
+using Int8BlockFn = void (*)(const internal::Int8Job&, int64_t);
+void ExpectRows16KernelEqualsTheReference(Int8BlockFn kernel, uint32_t seed) {
+  for (const Shape& s : kShapes) {
+    for (const int64_t phase : {0, 5, 15}) {
+      const int64_t rows = s.n + phase + 3;  // the slice leaves rows on both sides
+      const std::vector<float> wf = RandomVector(rows * s.k, seed++, 0.1f);
+      const testing::Int8Matrix w16 = QuantizeInt8(wf, rows, s.k, Int8Layout::kRows16);
+      const testing::Int8Matrix wrm = QuantizeInt8(wf, rows, s.k);
+      const Matrix w = w16.view.RowSlice(phase, s.n), w_rm = wrm.view.RowSlice(phase, s.n);
+      ASSERT_EQ(w.int8_row_phase, phase);
+      const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+      const std::vector<float> bias = RandomVector(s.n, seed++);
+      internal::Int8Activation a, ag;
+      internal::QuantizeActivationInt8(x.data(), s.m, s.k, &a, internal::Int8Operands::kAmxRows);
+      internal::QuantizeActivationInt8(x.data(), s.m, s.k, &ag);
+      for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+        std::vector<float> got(s.m * s.n, NAN), ref(s.m * s.n, NAN), ref_rm(s.m * s.n, NAN);
+        for (int64_t nb = 0; nb * internal::kBlockN < s.n; ++nb) {
+          kernel({&a, &w, b, got.data()}, nb);
+          internal::Int8BlockGeneric({&ag, &w, b, ref.data()}, nb);
+          internal::Int8BlockGeneric({&ag, &w_rm, b, ref_rm.data()}, nb);
+        }
+        for (int64_t i = 0; i < s.m * s.n; ++i) {
+          ASSERT_EQ(Bits(got[i]), Bits(ref[i])) << "m=" << s.m << " n=" << s.n << " k=" << s.k
+                                                << " phase=" << phase << " element " << i;
+          ASSERT_EQ(Bits(ref[i]), Bits(ref_rm[i])) << "the layouts' references differ at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearInt8Amx, TheRows16KernelsTilingOnATileModelEqualsTheReference) {
+  ExpectRows16KernelEqualsTheReference(internal::Int8AmxRows16BlockTileModel, 900);
+}
+
+// kAmxRows: q padded with zero rows to whole 16-row tiles (the A tiles read them in place), the
+// codes and scales of the rows that exist as kGroups gives them, nothing else packed.
+TEST(LinearInt8Amx, AmxRowsOperandsPadQToWholeTiles) {
+  const int64_t m = 20, k = 100;  // kp = 128
+  const std::vector<float> x = RandomVector(m * k, 41);
+  internal::Int8Activation rows, groups;
+  internal::QuantizeActivationInt8(x.data(), m, k, &rows, internal::Int8Operands::kAmxRows);
+  internal::QuantizeActivationInt8(x.data(), m, k, &groups);
+  EXPECT_EQ(rows.operands, internal::Int8Operands::kAmxRows);
+  EXPECT_EQ(rows.m, m);
+  ASSERT_EQ(rows.q.size(), static_cast<size_t>(32 * 128));
+  EXPECT_TRUE(std::equal(groups.q.begin(), groups.q.end(), rows.q.begin()));
+  EXPECT_TRUE(std::all_of(rows.q.begin() + m * 128, rows.q.end(), [](int8_t v) { return v == 0; }));
+  EXPECT_EQ(rows.group_scale, groups.group_scale);
+  EXPECT_TRUE(rows.tiles.empty() && rows.tile_scale.empty() && rows.group_sum.empty());
+}
+
 TEST(LinearInt8Amx, TileProductOnHardwareEqualsTheEmulation) {
   GLM_REQUIRE_AMX(internal::CpuHasAmxInt8(), "AMX-INT8 (with AVX-512)");
   std::mt19937 rng(6);
@@ -227,6 +285,13 @@ TEST(LinearInt8Amx, HardwareKernelEqualsTheReferenceBitForBit) {
           << "m=" << s.m << " n=" << s.n << " k=" << s.k << " " << i;
     }
   }
+}
+
+TEST(LinearInt8Amx, HardwareRows16KernelEqualsTheReferenceBitForBit) {
+  GLM_REQUIRE_AMX(internal::CpuHasAmxInt8(), "AMX-INT8 (with AVX-512)");
+  internal::Int8AmxThreadBegin();
+  ExpectRows16KernelEqualsTheReference(internal::Int8AmxRows16BlockHardware, 1100);
+  internal::AmxThreadEnd();
 }
 
 }  // namespace

@@ -386,16 +386,20 @@ TEST(LinearInt8, QuantizerFillsOnlyTheOperandsAsked) {
   }
   EXPECT_EQ(vnni.operands, internal::Int8Operands::kVnniTiles);
   EXPECT_EQ(amx.operands, internal::Int8Operands::kAmxTiles);
-  for (int64_t rows : {1, 3, 4, 63, 64, 100}) {
+  for (int64_t rows : {1, 3, 4, 15, 16, 63, 64, 100}) {
     const internal::Int8Operands want =
         internal::CpuHasAmxInt8() ? internal::Int8Operands::kAmxTiles
         : internal::CpuHasAvx512Vnni() && rows >= internal::kInt8VnniMinRows
             ? internal::Int8Operands::kVnniTiles
             : internal::Int8Operands::kGroups;
     EXPECT_EQ(internal::Int8OperandsFor(rows), want) << rows;
-    // kRows16 weights: never AMX's tiles (they read rows); VNNI's from more rows.
+    // kRows16 weights: AMX reads the activation rows in place from a full tile; VNNI's tiles
+    // from more rows; below either, VNNI's decode kernel on the groups.
     const internal::Int8Operands rows16 =
-        internal::CpuHasAvx512Vnni() && rows >= internal::kInt8Rows16TileMinRows
+        internal::CpuHasAmxInt8() && rows >= internal::kInt8AmxRows16MinRows
+            ? internal::Int8Operands::kAmxRows
+        : !internal::CpuHasAmxInt8() && internal::CpuHasAvx512Vnni() &&
+                rows >= internal::kInt8Rows16TileMinRows
             ? internal::Int8Operands::kVnniTiles
             : internal::Int8Operands::kGroups;
     EXPECT_EQ(internal::Int8OperandsFor(rows, Int8Layout::kRows16), rows16) << rows;
