@@ -231,6 +231,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     starts[j + 1] = starts[j] + units;
   }
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
+  const bool amx_int8_model = Int8AmxTileModelForced();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> panel;
     // This thread's tile configuration (it is per thread; the two kernels' tiles differ).
@@ -243,8 +244,12 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
       const size_t j = std::upper_bound(starts.begin(), starts.end(), b) - starts.begin() - 1;
       const Int8Activation* int8_x = tasks[j].int8.x;
       const bool amx_rows = int8_x != nullptr && int8_x->operands == Int8Operands::kAmxRows;
-      if (amx_int8 && int8_x != nullptr &&
-          (amx_rows || int8_x->operands == Int8Operands::kAmxTiles)) {
+      const bool amx_tiles =
+          amx_rows || (int8_x != nullptr && int8_x->operands == Int8Operands::kAmxTiles);
+      if (amx_tiles && amx_int8_model) {
+        (amx_rows ? Int8AmxRows16BlockTileModel : Int8AmxBlockTileModel)(tasks[j].int8,
+                                                                         b - starts[j]);
+      } else if (amx_tiles && amx_int8) {
         use_tiles(Tiles::kInt8);
         (amx_rows ? Int8AmxRows16BlockHardware : Int8AmxBlockHardware)(tasks[j].int8,
                                                                        b - starts[j]);

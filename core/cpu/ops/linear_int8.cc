@@ -20,7 +20,7 @@
 namespace glmserve::internal {
 
 Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout) {
-  if (CpuHasAmxInt8()) {
+  if (CpuHasAmxInt8() || Int8AmxTileModelForced()) {
     if (layout == Int8Layout::kRowMajor) return Int8Operands::kAmxTiles;
     if (m >= kInt8AmxRows16MinRows) return Int8Operands::kAmxRows;
     // Fewer rows: VNNI's decode kernel below (every AMX-INT8 CPU so far has AVX512-VNNI).

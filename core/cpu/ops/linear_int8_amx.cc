@@ -5,6 +5,7 @@
 #include "core/cpu/ops/linear_int8_amx.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -21,7 +22,11 @@ namespace glmserve::internal {
 
 namespace {
 constexpr int64_t kTileWords = 8 * 16;  // one B tile: 8 rows of 16 int32 words (512 bytes)
+std::atomic<bool> tile_model_forced{false};
 }  // namespace
+
+void ForceInt8AmxTileModel(bool force) { tile_model_forced.store(force); }
+bool Int8AmxTileModelForced() { return tile_model_forced.load(std::memory_order_relaxed); }
 
 int64_t Int8AmxTilesSize(int64_t m, int64_t kp) {
   return (m + kAmxTileRows - 1) / kAmxTileRows * (kp / kInt8Group) * kTileWords;

@@ -54,6 +54,11 @@ void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb);
 // The same for kRows16 weights and Int8Operands::kAmxRows activations (weights as B tiles).
 void Int8AmxRows16BlockHardware(const Int8Job& job, int64_t nb);
 void Int8AmxRows16BlockTileModel(const Int8Job& job, int64_t nb);
+// Tests: LinearMany picks operands as on an AMX-INT8 CPU (Int8OperandsFor) and runs both
+// kernels' drivers on the software tile model, so a whole model's int8 path through AMX (the
+// dispatch, the operands, the thresholds) is checked where the CPU has no AMX.
+void ForceInt8AmxTileModel(bool force);
+bool Int8AmxTileModelForced();
 // Loads this thread's tile configuration for the int8 kernels (it differs from the bf16
 // kernel's: A tiles of 32 bytes, B tiles of 8 rows) / releases the tiles. No-ops without AMX.
 void Int8AmxThreadBegin();

@@ -13,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/npy.h"
 #include "core/cpu/cpu_model.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_int8_amx.h"
 #include "core/engine/runner_factory.h"
 #include "core/model/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -206,7 +208,12 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
 // model: a 70-token prompt (the tile kernel in either layout) and decode steps of one token (the
 // row-major and the kRows16 decode kernels; the portable one where the CPU lacks VNNI).
 TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
-  auto run = [](Int8Layout layout) {
+  // amx_model: LinearMany as on an AMX-INT8 CPU, the kernels' drivers on the software tile
+  // model (linear_int8_amx.h): the prompt's 70 rows on the tiles, the decode steps' one row on
+  // VNNI's kernel for kRows16 and on the tiles for row-major codes.
+  auto run = [](Int8Layout layout, bool amx_model) {
+    internal::ForceInt8AmxTileModel(amx_model);
+    absl::Cleanup reset = [] { internal::ForceInt8AmxTileModel(false); };
     absl::StatusOr<ModelWeights> w = LoadModel("tiny");
     EXPECT_TRUE(w.ok()) << w.status();
     EXPECT_TRUE(QuantizeWeights(&*w, WeightQuant::kInt8, layout).ok());
@@ -233,11 +240,16 @@ TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
     }
     return logits;
   };
-  const std::vector<float> row_major = run(Int8Layout::kRowMajor);
-  const std::vector<float> rows16 = run(Int8Layout::kRows16);
-  ASSERT_EQ(row_major.size(), rows16.size());
+  const std::vector<float> row_major = run(Int8Layout::kRowMajor, false);
   ASSERT_FALSE(row_major.empty());
-  EXPECT_EQ(std::memcmp(row_major.data(), rows16.data(), row_major.size() * sizeof(float)), 0);
+  for (const auto& [layout, amx_model] : {std::pair{Int8Layout::kRows16, false},
+                                          {Int8Layout::kRowMajor, true},
+                                          {Int8Layout::kRows16, true}}) {
+    const std::vector<float> other = run(layout, amx_model);
+    ASSERT_EQ(row_major.size(), other.size());
+    EXPECT_EQ(std::memcmp(row_major.data(), other.data(), row_major.size() * sizeof(float)), 0)
+        << "rows16=" << (layout == Int8Layout::kRows16) << " amx_model=" << amx_model;
+  }
   // And the codes agree element by element (Matrix::Int8Code reads either layout).
   absl::StatusOr<ModelWeights> a = LoadModel("tiny"), b = LoadModel("tiny");
   ASSERT_TRUE(a.ok() && b.ok());

@@ -228,6 +228,42 @@ TEST(LinearInt8Amx, TheRows16KernelsTilingOnATileModelEqualsTheReference) {
   ExpectRows16KernelEqualsTheReference(internal::Int8AmxRows16BlockTileModel, 900);
 }
 
+// LinearMany as on an AMX-INT8 CPU (ForceInt8AmxTileModel: the operands and thresholds of one,
+// both drivers on the tile model): per layout, jobs sharing an activation and one of their own,
+// at row counts on both sides of kInt8AmxRows16MinRows, give what the CPU's own kernels give.
+TEST(LinearInt8Amx, LinearManyAsOnAnAmxCpuEqualsThisCpusKernels) {
+  const int64_t k = 300, n = 70;
+  const std::vector<float> wf = RandomVector(n * k, 51, 0.1f);
+  const std::vector<float> bias = RandomVector(n, 52);
+  for (const Int8Layout layout : {Int8Layout::kRowMajor, Int8Layout::kRows16}) {
+    const testing::Int8Matrix w = QuantizeInt8(wf, n, k, layout);
+    const Matrix slice = w.view.RowSlice(7, 50);
+    for (const int64_t m : {1, 15, 16, 17, 40}) {
+      const std::vector<float> x = RandomVector(m * k, 53 + static_cast<uint32_t>(m));
+      auto run = [&](bool model) {
+        internal::ForceInt8AmxTileModel(model);
+        std::vector<float> y(3 * m * n, NAN);
+        const LinearJob jobs[] = {{x.data(), m, &w.view, bias.data(), y.data()},
+                                  {x.data(), m, &slice, nullptr, y.data() + m * n},
+                                  {x.data(), m, &w.view, nullptr, y.data() + 2 * m * n}};
+        LinearMany(jobs, CpuMath::kBf16);
+        internal::ForceInt8AmxTileModel(false);
+        return y;
+      };
+      const std::vector<float> model = run(true), own = run(false);
+      for (size_t i = 0; i < own.size(); ++i) {
+        ASSERT_EQ(Bits(model[i]), Bits(own[i]))
+            << "rows16=" << (layout == Int8Layout::kRows16) << " m=" << m << " " << i;
+      }
+    }
+  }
+  internal::ForceInt8AmxTileModel(true);
+  EXPECT_EQ(internal::Int8OperandsFor(1), internal::Int8Operands::kAmxTiles);
+  EXPECT_EQ(internal::Int8OperandsFor(15, Int8Layout::kRows16), internal::Int8Operands::kGroups);
+  EXPECT_EQ(internal::Int8OperandsFor(16, Int8Layout::kRows16), internal::Int8Operands::kAmxRows);
+  internal::ForceInt8AmxTileModel(false);
+}
+
 // kAmxRows: q padded with zero rows to whole 16-row tiles (the A tiles read them in place), the
 // codes and scales of the rows that exist as kGroups gives them, nothing else packed.
 TEST(LinearInt8Amx, AmxRowsOperandsPadQToWholeTiles) {
