@@ -80,12 +80,14 @@ struct Matrix {
     return scales + (r + scale_row_phase) / scale_block_rows * scale_cols();
   }
   // kRows16: the 16-row blocks that hold rows [0, rows), the phase included; the block that
-  // holds row r, and r's lane in it.
+  // holds row r, and r's lane in it; the row in lane 0 of block b (negative in block 0 when
+  // the phase is not 0).
   int64_t int8_blocks() const {
     return (rows + int8_row_phase + kInt8BlockRows - 1) / kInt8BlockRows;
   }
   int64_t int8_block(int64_t r) const { return (r + int8_row_phase) / kInt8BlockRows; }
   int64_t int8_lane(int64_t r) const { return (r + int8_row_phase) % kInt8BlockRows; }
+  int64_t int8_block_row0(int64_t b) const { return b * kInt8BlockRows - int8_row_phase; }
   // kInt8Groups, either layout: the code of element (r, c) and the bf16 bits of row r's group g
   // scale (for reference code and tests; the kernels address the layout directly).
   int8_t Int8Code(int64_t r, int64_t c) const {

@@ -151,9 +151,9 @@ void Int8AmxRows16Block(const Int8Job& job, int64_t nb) {
         }
       }
       // C tile (t, u) element [i][lane]: activation row 16 (u0 + u) + i, output row
-      // 16 (b0 + t) + lane - phase.
+      // lane_row0 + lane.
       for (int t = 0; t < nt; ++t) {
-        const int64_t lane_row0 = kInt8BlockRows * (b0 + t) - w.int8_row_phase;
+        const int64_t lane_row0 = w.int8_block_row0(b0 + t);
         const int64_t begin = std::max(n0, lane_row0);
         const int64_t end = std::min(n0 + nn, lane_row0 + kInt8BlockRows);
         for (int u = 0; u < mt; ++u) {

@@ -91,14 +91,13 @@ void Int8BlockAvx512VnniRows16(const Int8Job& job, int64_t nb) {
   const Int8Activation& x = *job.x;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, w.rows - n0);
   const int64_t n_rows = w.rows, groups = w.scale_cols(), x_groups = x.kp / kInt8Group;
-  const int64_t phase = w.int8_row_phase;
   // The blocks holding the task's rows (a RowSlice that starts inside a block shares its
   // first and last blocks with the neighbouring tasks, which compute them again).
   const int64_t b0 = w.int8_block(n0), b1 = w.int8_block(n0 + nn - 1) + 1;
   const int8_t* q = static_cast<const int8_t*>(w.data);
   for (int64_t b = b0; b < b1; ++b) {
-    // Block lane r is output row n = 16 b + r - phase; the task writes n in [n0, n0 + nn).
-    const int64_t first = b * kInt8BlockRows - phase;
+    // Block lane r is output row first + r; the task writes rows [n0, n0 + nn).
+    const int64_t first = w.int8_block_row0(b);
     const int64_t lo = std::max<int64_t>(0, n0 - first);
     const int64_t hi = std::min<int64_t>(kInt8BlockRows, n0 + nn - first);
     for (int64_t i0 = 0; i0 < x.m; i0 += kMaxRows) {

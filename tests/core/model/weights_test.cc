@@ -75,6 +75,12 @@ TEST(MatrixInt8, Rows16RowSlicesCarryTheirPhase) {
     EXPECT_EQ(s.int8_row_phase, begin % 16) << begin;
     EXPECT_EQ(s.int8_blocks(), (begin % 16 + count + 15) / 16) << begin;
     ExpectRows(s, begin);
+    // Row r sits in lane int8_lane(r) of block int8_block(r), whose lane 0 holds
+    // int8_block_row0 of it.
+    for (int64_t r = 0; r < count; ++r) {
+      EXPECT_EQ(s.int8_block(r), (begin % 16 + r) / 16) << begin << " " << r;
+      EXPECT_EQ(s.int8_block_row0(s.int8_block(r)) + s.int8_lane(r), r) << begin << " " << r;
+    }
     // A slice of a slice: the phases add up across the block boundary.
     if (count > 4) {
       const Matrix inner = s.RowSlice(3, count - 4);
