@@ -73,6 +73,21 @@ struct AttentionItem {
 constexpr int64_t kPositionBlock = 64;
 constexpr int64_t kTokenBlock = 8;         // tokens per item at most
 constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
+// Rows a loop takes together at most: one token's query heads of a KV head on GLM-4.5 (their
+// query rows, 6 KiB at a 128-wide head, stay in L1 beside eight keys).
+constexpr int64_t kRunRows = 12;
+
+// The multi-row form of a single-row loop (the portable and AVX2 ones): each row in turn.
+template <auto kScores>
+void ScoresEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* q,
+                   float scale, float* const* scores) {
+  for (int64_t r = 0; r < n; ++r) kScores(rows, q[r], scale, scores[r]);
+}
+template <auto kSum>
+void SumEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* probs,
+                float* const* out) {
+  for (int64_t r = 0; r < n; ++r) kSum(rows, probs[r], out[r]);
+}
 
 // Items for the batch: token blocks as long as the scores budget allows, the group split into
 // head subsets when there are fewer items than threads; the longest contexts first,
@@ -209,13 +224,15 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   }
 
   // The scores and the weighted sum in the portable code, on AVX-512 or on AVX2: the same bits.
+  // They take the rows that read the same positions together; AVX-512 loads each key and
+  // value vector once for several of them.
   const bool avx512 = internal::CpuHasAvx512(), avx2 = internal::CpuHasAvx2Fma();
-  const auto scores_fn = avx512 ? internal::AttentionScoresAvx512
-                         : avx2 ? internal::AttentionScoresAvx2
-                                : internal::AttentionScoresGeneric;
-  const auto sum_fn = avx512 ? internal::AttentionWeightedSumAvx512
-                      : avx2 ? internal::AttentionWeightedSumAvx2
-                             : internal::AttentionWeightedSumGeneric;
+  const auto scores_fn = avx512 ? internal::AttentionScoresRowsAvx512
+                         : avx2 ? ScoresEachRow<internal::AttentionScoresAvx2>
+                                : ScoresEachRow<internal::AttentionScoresGeneric>;
+  const auto sum_fn = avx512 ? internal::AttentionWeightedSumRowsAvx512
+                      : avx2 ? SumEachRow<internal::AttentionWeightedSumAvx2>
+                             : SumEachRow<internal::AttentionWeightedSumGeneric>;
   const std::vector<AttentionItem> items = AttentionItems(batch, kv_heads, group);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs, packed;
@@ -241,32 +258,46 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
                                          .head_dim = head_dim,
                                          .context = 0};
       // Position blocks outermost: each block's keys (then values) come from memory once, and
-      // are packed when several rows read them. f(view, query head row, r) for each row whose
-      // context reaches the block, the view set to the row's part of it.
+      // are packed when several rows read them. Then f(view, r, n) for each run of rows r ..
+      // r + n - 1 whose contexts reach the block and end at the same place in it (in a full
+      // block, all of them), the view set to that part of the block.
       auto each_block = [&](bool values, auto&& f) {
         for (int64_t p0 = 0; p0 < item_context; p0 += kPositionBlock) {
           const int64_t p1 = std::min(item_context, p0 + kPositionBlock);
           internal::AttentionRows view =
               n_rows > 1 ? PackBlock(rows, values, p0, p1, packed.data()) : rows;
-          for (int64_t r = 0; r < n_rows; ++r) {
-            const auto [qh, context] = row_of(r);
-            if (context <= p0) continue;
-            view.begin = p0;
-            view.context = std::min(context, p1);
-            f(view, qh, r);
+          view.begin = p0;
+          for (int64_t r = 0, n = 1; r < n_rows; r += n) {
+            const int64_t end = std::min(row_of(r).second, p1);
+            for (n = 1; r + n < n_rows && n < kRunRows; ++n) {
+              if (std::min(row_of(r + n).second, p1) != end) break;
+            }
+            if (end <= p0) continue;
+            view.context = end;
+            f(view, r, n);
           }
         }
       };
-      each_block(false, [&](const internal::AttentionRows& view, int64_t qh, int64_t r) {
-        scores_fn(view, q + qh * head_dim, scale, probs.data() + r * item_context);
+      const float* in[kRunRows];  // a run's query rows, or probabilities
+      float* res[kRunRows];       // and its scores, or outputs
+      each_block(false, [&](const internal::AttentionRows& view, int64_t r, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          in[j] = q + row_of(r + j).first * head_dim;
+          res[j] = probs.data() + (r + j) * item_context;
+        }
+        scores_fn(view, n, in, scale, res);
       });
       for (int64_t r = 0; r < n_rows; ++r) {
         const auto [qh, context] = row_of(r);
         SoftmaxInPlace(probs.data() + r * item_context, context);
         std::fill_n(out + qh * head_dim, head_dim, 0.f);
       }
-      each_block(true, [&](const internal::AttentionRows& view, int64_t qh, int64_t r) {
-        sum_fn(view, probs.data() + r * item_context, out + qh * head_dim);
+      each_block(true, [&](const internal::AttentionRows& view, int64_t r, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          in[j] = probs.data() + (r + j) * item_context;
+          res[j] = out + row_of(r + j).first * head_dim;
+        }
+        sum_fn(view, n, in, res);
       });
     }
   });

@@ -49,5 +49,30 @@ static inline void ScoresOfEight(const float* q, const float* k, int64_t kv_dim,
   _mm256_storeu_ps(scores, _mm256_mul_ps(ReduceEight(acc), _mm256_set1_ps(scale)));
 }
 
+// ScoresOfEight for R query rows at once: each key vector, loaded once into a register, serves
+// the R rows (8 R lane chains), where one row at a time loaded every key once per row. Each
+// row's chains and tree are ScoresOfEight's: the same bits. scores[r] gets row r's 8 scores.
+template <int R>
+static inline void ScoresOfEightRows(const float* const* q, const float* k, int64_t kv_dim,
+                                     int64_t head_dim, float scale, float* const* scores) {
+  __m256 acc[R][8];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < 8; ++i) acc[r][i] = _mm256_setzero_ps();
+  }
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    __m256 qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + d);
+    for (int i = 0; i < 8; ++i) {
+      __m256 kv = _mm256_loadu_ps(k + i * kv_dim + d);
+      // Into a register, once: otherwise GCC folds the load into each row's multiply.
+      if constexpr (R > 1) __asm__("" : "+v"(kv));
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm256_add_ps(acc[r][i], _mm256_mul_ps(qv[r], kv));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(scores[r], _mm256_mul_ps(ReduceEight(acc[r]), _mm256_set1_ps(scale)));
+  }
+}
+
 }  // namespace lanes8
 }  // namespace glmserve::internal

@@ -63,5 +63,13 @@ void AttentionScoresAvx2(const AttentionRows& rows, const float* q, float scale,
 void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out);
 void AttentionWeightedSumAvx2(const AttentionRows& rows, const float* probs, float* out);
+// The same loops for n rows that read the same positions (`rows`; PagedAttention's rows of one
+// position block): q[r] / probs[r] and scores[r] / out[r] as above for each r < n, each row's
+// bits a lone row's. The AVX-512 forms load each packed key and value vector once for several
+// rows; unpacked views go row by row.
+void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* q,
+                               float scale, float* const* scores);
+void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* probs,
+                                    float* const* out);
 
 }  // namespace glmserve::internal

@@ -172,6 +172,85 @@ TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
   }
 }
 
+// The AVX-512 multi-row loops (rows that read the same positions: PagedAttention's runs in a
+// position block) against the portable single-row loops, bit for bit: 1 to 7 rows (whole groups
+// of two and three, and ragged ones), head dims with an 8-lane tail (13, not a multiple of 8: the
+// row-by-row fallback), a masked last register (24, 136), two 128-wide chunks (260); packed
+// parts of 5, 3, 13 and 8 positions (ragged against the 8-position step) and the unpacked view.
+TEST(PagedAttentionTest, Avx512RowsFormsEqualPortableBitForBit) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  uint32_t seed = 500;
+  for (const int64_t head_dim : {13, 24, 64, 128, 136, 260}) {
+    const int64_t kv_heads = 2, kv_dim = kv_heads * head_dim, context = 29, n_rows = 7;
+    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 8});
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, context).ok());
+    const std::vector<float> k = testing::RandomVector(context * kv_dim, seed++);
+    const std::vector<float> v = testing::RandomVector(context * kv_dim, seed++);
+    const std::vector<SequenceSlice> batch = {{context, 0, &table}};
+    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const std::vector<float> q = testing::RandomVector(n_rows * head_dim, seed++, 3.f);
+    const std::vector<float> probs = testing::RandomVector(n_rows * context, seed++);
+    const int64_t h = 1;  // the second KV head: a nonzero offset in the cache row
+    const internal::AttentionRows rows{&cache, &table, 0,        h * head_dim,
+                                       kv_dim, 8,      head_dim, context};
+    // The reference: each row alone over the whole context.
+    std::vector<float> scores(n_rows * context), sums(n_rows * head_dim, 0.0f);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      internal::AttentionScoresGeneric(rows, q.data() + r * head_dim, 0.125f,
+                                       scores.data() + r * context);
+      internal::AttentionWeightedSumGeneric(rows, probs.data() + r * context,
+                                            sums.data() + r * head_dim);
+    }
+    for (const bool packed : {true, false}) {
+      for (int64_t n = 1; n <= n_rows; ++n) {
+        std::vector<float> s2(n * context, NAN), o2(n * head_dim, 0.0f);
+        std::vector<const float*> qs(n), ps(n);
+        std::vector<float*> ss(n), os(n);
+        for (int64_t r = 0; r < n; ++r) {
+          qs[r] = q.data() + r * head_dim;
+          ps[r] = probs.data() + r * context;
+          ss[r] = s2.data() + r * context;
+          os[r] = o2.data() + r * head_dim;
+        }
+        const std::vector<int64_t> cuts = {0, 5, 8, 21, context};
+        for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+          internal::AttentionRows part = rows;
+          part.begin = cuts[c];
+          part.context = cuts[c + 1];
+          std::vector<float> keys, values;  // the part's rows of head h, contiguous
+          if (packed) {
+            for (int64_t p = cuts[c]; p < cuts[c + 1]; ++p) {
+              keys.insert(keys.end(), k.begin() + p * kv_dim + h * head_dim,
+                          k.begin() + p * kv_dim + (h + 1) * head_dim);
+              values.insert(values.end(), v.begin() + p * kv_dim + h * head_dim,
+                            v.begin() + p * kv_dim + (h + 1) * head_dim);
+            }
+            part.packed_begin = cuts[c];
+            part.kv_dim = head_dim;
+            part.packed = keys.data();
+          }
+          internal::AttentionScoresRowsAvx512(part, n, qs.data(), 0.125f, ss.data());
+          if (packed) part.packed = values.data();
+          internal::AttentionWeightedSumRowsAvx512(part, n, ps.data(), os.data());
+        }
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t p = 0; p < context; ++p) {
+            ASSERT_EQ(s2[r * context + p], scores[r * context + p])
+                << "head_dim " << head_dim << " rows " << n << " row " << r << " score " << p
+                << (packed ? " packed" : " unpacked");
+          }
+          for (int64_t d = 0; d < head_dim; ++d) {
+            ASSERT_EQ(o2[r * head_dim + d], sums[r * head_dim + d])
+                << "head_dim " << head_dim << " rows " << n << " row " << r << " element " << d
+                << (packed ? " packed" : " unpacked");
+          }
+        }
+      }
+    }
+  }
+}
+
 // PagedAttention's fp32 path works in items (a block of tokens x some heads of one KV head,
 // positions in blocks of 64, packed when an item has several rows) and splits a KV head's group of
 // query heads when the batch is small. Each row must still get the bits it gets alone: scores,
