@@ -426,7 +426,7 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   }
   RETURN_IF_ERROR(CheckBatch(batch, *cache, run_begin, run_end));
   if (comm_ != nullptr) comm_status_ = comm_->health();
-  const int64_t t = batch.total_tokens();
+  const int64_t t = batch.total_tokens(), hidden = config().hidden_size;
   ResizeBuffers(t);
   const std::vector<int32_t> positions = BatchPositions(batch);
 
@@ -436,8 +436,10 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
   } else {
     std::copy(batch.hidden_in.begin(), batch.hidden_in.end(), h_.begin());
   }
+  // h_ may be longer than this step's rows (ResizeBuffers grows only): results take t rows.
+  const auto stream = [&] { return std::vector<float>(h_.begin(), h_.begin() + t * hidden); };
   result->layer_hidden.clear();
-  if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+  if (options.return_layer_hidden) result->layer_hidden.push_back(stream());
 
   // Which rows of the run's output anyone reads: all when hidden states (or head inputs) are
   // returned, else the logits rows (none for a prefill chunk mid-prompt). The run's last layer
@@ -458,11 +460,11 @@ absl::Status CpuModel::Forward(const ForwardBatch& batch, KvCache* cache,
                       choices)) {
       break;
     }
-    if (options.return_layer_hidden) result->layer_hidden.push_back(h_);
+    if (options.return_layer_hidden) result->layer_hidden.push_back(stream());
   }
 
   if (options.return_hidden) {
-    result->hidden = h_;
+    result->hidden.assign(h_.begin(), h_.begin() + t * hidden);
   } else {
     result->hidden.clear();
   }

@@ -67,7 +67,7 @@ absl::Status CpuModel::ForwardMtp(const ForwardBatch& batch, KvCache* cache,
   result->layer_hidden.clear();
   result->expert_choices.clear();
   if (options.return_hidden) {
-    result->hidden = h_;
+    result->hidden.assign(h_.begin(), h_.begin() + t * hidden);  // h_ may hold more rows
   } else {
     result->hidden.clear();
   }

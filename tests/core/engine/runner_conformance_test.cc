@@ -436,6 +436,41 @@ TEST_P(RunnerConformance, LayerSpansChainToTheWholeStack) {
   }
 }
 
+// A step's hidden states, per layer and at the end, have that step's rows whatever ran before
+// on the runner (the CPU runner keeps its buffers at the largest step's size): a 12-token
+// prompt, then a 3-token one, against the 3-token one on a fresh runner.
+TEST_P(RunnerConformance, HiddenStatesHaveTheStepsRowsAfterALargerStep) {
+  std::unique_ptr<ModelRunner> used = Make(), fresh = Make();
+  ASSERT_TRUE(used && fresh);
+  const int64_t hidden = used->config().hidden_size;
+  ForwardOptions options;
+  options.logits = LogitsRows::kLast;
+  options.return_hidden = true;
+  options.return_layer_hidden = true;
+  const auto run = [&](ModelRunner& runner, KvCache* cache, const std::vector<int32_t>& ids,
+                       ForwardResult* result) {
+    BlockTable table;
+    EXPECT_TRUE(cache->Reserve(&table, static_cast<int64_t>(ids.size())).ok());
+    ForwardBatch batch;
+    batch.sequences = {{static_cast<int64_t>(ids.size()), 0, &table}};
+    batch.token_ids = ids;
+    return runner.Forward(batch, cache, options, result);
+  };
+  std::unique_ptr<KvCache> c1 = Cache(*used, 16), c2 = Cache(*fresh, 16);
+  ForwardResult big, small, want;
+  ASSERT_TRUE(run(*used, c1.get(), Tokens(12, 7), &big).ok());
+  ASSERT_TRUE(run(*used, c1.get(), Tokens(3, 8), &small).ok());
+  ASSERT_TRUE(run(*fresh, c2.get(), Tokens(3, 8), &want).ok());
+  ASSERT_EQ(small.hidden.size(), static_cast<size_t>(3 * hidden));
+  ExpectSame(small.hidden, want.hidden, "the final hidden states");
+  ASSERT_EQ(small.layer_hidden.size(), want.layer_hidden.size());
+  for (size_t i = 0; i < want.layer_hidden.size(); ++i) {
+    ASSERT_EQ(small.layer_hidden[i].size(), static_cast<size_t>(3 * hidden)) << "layer " << i;
+    ExpectSame(small.layer_hidden[i], want.layer_hidden[i], "layer " + std::to_string(i));
+  }
+  ExpectSame(small.logits, want.logits, "the logits");
+}
+
 TEST_P(RunnerConformance, MalformedBatchesAreRefused) {
   std::unique_ptr<ModelRunner> runner = Make();
   ASSERT_NE(runner, nullptr);
