@@ -266,7 +266,8 @@ void CpuModel::ResizeBuffers(int64_t t) {
   const int64_t hidden = c.hidden_size;
   // Grow only: a vector keeps its capacity when it shrinks anyway, and a resize back up
   // zero-fills the regrown part (about 0.3 GB when a 2,048-token prompt follows a decode step
-  // on GLM-4.5-Air). Nothing reads these sizes: every width comes from the config.
+  // on GLM-4.5-Air). So a buffer may hold more rows than the step: every width comes from the
+  // config, and the results copy the step's t rows (Forward, ForwardMtp).
   const auto grow = [t](std::vector<float>& v, int64_t per_token) {
     if (static_cast<int64_t>(v.size()) < t * per_token) v.resize(t * per_token);
   };
