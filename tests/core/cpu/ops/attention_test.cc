@@ -88,6 +88,23 @@ TEST(PagedAttentionTest, MatchesFloat64ReferenceOverRaggedBatch) {
   }
 }
 
+// One sequence of `tokens` random keys and values (seeded from *seed, which advances) in a
+// one-layer cache of 8-position blocks: what the loop-level tests below read.
+struct FilledCache {
+  FilledCache(int64_t kv_heads, int64_t head_dim, int64_t tokens, int64_t blocks, uint32_t* seed)
+      : cache(KvCacheShape{1, kv_heads, head_dim, 8, blocks}),
+        k(testing::RandomVector(tokens * kv_heads * head_dim, (*seed)++)),
+        v(testing::RandomVector(tokens * kv_heads * head_dim, (*seed)++)) {
+    EXPECT_TRUE(cache.Reserve(&table, tokens).ok());
+    batch = {{tokens, 0, &table}};
+    WriteKv(k.data(), v.data(), batch, 0, &cache);
+  }
+  KvCache cache;
+  BlockTable table;
+  std::vector<float> k, v;  // [tokens, kv_heads * head_dim]
+  std::vector<SequenceSlice> batch;
+};
+
 // The fp32 path's AVX-512 loops (attention_avx512.cc) against the portable ones, bit for bit:
 // head dims with an 8-lane tail (7, 13), a masked last 16-wide register (24, 136), more than
 // one 128-wide register chunk (136, 260); contexts across blocks; grouped heads.
@@ -95,14 +112,10 @@ TEST(PagedAttentionTest, Avx512EqualsPortableBitForBit) {
   if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   uint32_t seed = 300;
   for (const int64_t head_dim : {7, 13, 24, 128, 136, 260}) {
-    const int64_t heads = 4, kv_heads = 2, kv_dim = kv_heads * head_dim, tokens = 37;
-    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 16});
-    BlockTable table;
-    ASSERT_TRUE(cache.Reserve(&table, tokens).ok());
-    const std::vector<float> k = testing::RandomVector(tokens * kv_dim, seed++);
-    const std::vector<float> v = testing::RandomVector(tokens * kv_dim, seed++);
-    const std::vector<SequenceSlice> batch = {{tokens, 0, &table}};
-    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const int64_t heads = 4, kv_heads = 2, tokens = 37;
+    const FilledCache filled(kv_heads, head_dim, tokens, 16, &seed);
+    const KvCache& cache = filled.cache;
+    const std::vector<SequenceSlice>& batch = filled.batch;
     const std::vector<float> q = testing::RandomVector(tokens * heads * head_dim, seed++, 3.f);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     std::vector<float> fast(q.size(), NAN), portable(q.size(), NAN);
@@ -133,13 +146,9 @@ TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
   uint32_t seed = 400;
   for (const int64_t head_dim : {7, 13, 24, 64, 128, 136, 260}) {
     const int64_t kv_heads = 2, kv_dim = kv_heads * head_dim, context = 29;
-    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 8});
-    BlockTable table;
-    ASSERT_TRUE(cache.Reserve(&table, context).ok());
-    const std::vector<float> k = testing::RandomVector(context * kv_dim, seed++);
-    const std::vector<float> v = testing::RandomVector(context * kv_dim, seed++);
-    const std::vector<SequenceSlice> batch = {{context, 0, &table}};
-    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const FilledCache filled(kv_heads, head_dim, context, 8, &seed);
+    const KvCache& cache = filled.cache;
+    const BlockTable& table = filled.table;
     const std::vector<float> q = testing::RandomVector(head_dim, seed++, 3.f);
     const std::vector<float> probs = testing::RandomVector(context, seed++);
     for (int64_t h = 0; h < kv_heads; ++h) {
@@ -182,13 +191,10 @@ TEST(PagedAttentionTest, Avx512RowsFormsEqualPortableBitForBit) {
   uint32_t seed = 500;
   for (const int64_t head_dim : {13, 24, 64, 128, 136, 260}) {
     const int64_t kv_heads = 2, kv_dim = kv_heads * head_dim, context = 29, n_rows = 7;
-    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 8, 8});
-    BlockTable table;
-    ASSERT_TRUE(cache.Reserve(&table, context).ok());
-    const std::vector<float> k = testing::RandomVector(context * kv_dim, seed++);
-    const std::vector<float> v = testing::RandomVector(context * kv_dim, seed++);
-    const std::vector<SequenceSlice> batch = {{context, 0, &table}};
-    WriteKv(k.data(), v.data(), batch, 0, &cache);
+    const FilledCache filled(kv_heads, head_dim, context, 8, &seed);
+    const KvCache& cache = filled.cache;
+    const BlockTable& table = filled.table;
+    const std::vector<float>&k = filled.k, &v = filled.v;
     const std::vector<float> q = testing::RandomVector(n_rows * head_dim, seed++, 3.f);
     const std::vector<float> probs = testing::RandomVector(n_rows * context, seed++);
     const int64_t h = 1;  // the second KV head: a nonzero offset in the cache row
