@@ -35,23 +35,10 @@ static inline __m256 ReduceEight(const __m256 acc[8]) {
 }
 
 // Scores of 8 consecutive positions whose rows lie kv_dim apart from k, head_dim a multiple
-// of 8: eight independent lane chains, where one row at a time waits on its own chain.
-static inline void ScoresOfEight(const float* q, const float* k, int64_t kv_dim, int64_t head_dim,
-                                 float scale, float* scores) {
-  __m256 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < head_dim; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    for (int i = 0; i < 8; ++i) {
-      acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(qv, _mm256_loadu_ps(k + i * kv_dim + d)));
-    }
-  }
-  _mm256_storeu_ps(scores, _mm256_mul_ps(ReduceEight(acc), _mm256_set1_ps(scale)));
-}
-
-// ScoresOfEight for R query rows at once: each key vector, loaded once into a register, serves
-// the R rows (8 R lane chains), where one row at a time loaded every key once per row. Each
-// row's chains and tree are ScoresOfEight's: the same bits. scores[r] gets row r's 8 scores.
+// of 8, for R query rows q[r] (scores[r] gets row r's 8): eight independent lane chains per
+// row, where one position at a time waits on its own chain, and each key vector, loaded once
+// into a register, serves the R rows, where one row at a time loaded every key once per row.
+// A row's chains and tree are the same whatever R: the same bits.
 template <int R>
 static inline void ScoresOfEightRows(const float* const* q, const float* k, int64_t kv_dim,
                                      int64_t head_dim, float scale, float* const* scores) {
@@ -72,6 +59,12 @@ static inline void ScoresOfEightRows(const float* const* q, const float* k, int6
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(scores[r], _mm256_mul_ps(ReduceEight(acc[r]), _mm256_set1_ps(scale)));
   }
+}
+
+// ScoresOfEightRows for one query row.
+static inline void ScoresOfEight(const float* q, const float* k, int64_t kv_dim, int64_t head_dim,
+                                 float scale, float* scores) {
+  ScoresOfEightRows<1>(&q, k, kv_dim, head_dim, scale, &scores);
 }
 
 }  // namespace lanes8
