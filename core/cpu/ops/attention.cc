@@ -71,7 +71,7 @@ struct AttentionItem {
 
 // Positions whose keys (values) the rows share: 64 of a 128-wide head, packed, are 32 KiB.
 constexpr int64_t kPositionBlock = 64;
-constexpr int64_t kTokenBlock = 8;         // tokens per item at most
+constexpr int64_t kTokenBlock = 16;        // tokens per item at most
 constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
 // Rows a loop takes together at most: one token's query heads of a KV head on GLM-4.5 (their
 // query rows, 6 KiB at a 128-wide head, stay in L1 beside eight keys).
