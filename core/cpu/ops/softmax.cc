@@ -11,8 +11,8 @@ void SoftmaxGeneric(float* scores, int64_t n) { SoftmaxRow(scores, n); }
 }  // namespace internal
 
 void SoftmaxInPlace(float* scores, int64_t n) {
-  // Both probes are a cached flag and an atomic load (ForceGenericKernels is honoured).
-  // (AVX-512 CPUs take the AVX2 code too: the order has 8 lanes.)
+  // Each probe is a cached flag and an atomic load (ForceGenericKernels is honoured).
+  if (internal::CpuHasAvx512()) return internal::SoftmaxAvx512(scores, n);
   if (internal::CpuHasAvx2Fma()) return internal::SoftmaxAvx2(scores, n);
   internal::SoftmaxGeneric(scores, n);
 }

@@ -1,6 +1,6 @@
 // The attention softmax of the CPU ops (GLM-4.5's fp32 attention, its FP8-cache form and GLM-5's
-// MLA): portable code (softmax_row.h) and the same arithmetic in AVX2 intrinsics, chosen at run
-// time.
+// MLA): portable code (softmax_row.h) and the same arithmetic in AVX2 and AVX-512 intrinsics,
+// chosen at run time.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,10 @@ namespace glmserve {
 void SoftmaxInPlace(float* scores, int64_t n);
 
 namespace internal {
-// The portable code (softmax_row.h) and its AVX2 form, exposed for tests that compare them.
+// The portable code (softmax_row.h) and its SIMD forms, exposed for tests that compare them.
 void SoftmaxGeneric(float* scores, int64_t n);
-void SoftmaxAvx2(float* scores, int64_t n);  // AVX2 intrinsics (softmax_avx2.cc)
+void SoftmaxAvx2(float* scores, int64_t n);    // AVX2 intrinsics (softmax_avx2.cc)
+void SoftmaxAvx512(float* scores, int64_t n);  // AVX-512 intrinsics (softmax_avx512.cc)
 }  // namespace internal
 
 }  // namespace glmserve

@@ -77,6 +77,17 @@ TEST(SoftmaxTest, Avx2EqualsPortableBitForBit) {
   }
 }
 
+TEST(SoftmaxTest, Avx512EqualsPortableBitForBit) {
+  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const std::vector<float>& row : Rows()) {
+    std::vector<float> portable = row, avx512 = row;
+    internal::SoftmaxGeneric(portable.data(), static_cast<int64_t>(row.size()));
+    internal::SoftmaxAvx512(avx512.data(), static_cast<int64_t>(row.size()));
+    ASSERT_EQ(0, std::memcmp(portable.data(), avx512.data(), row.size() * sizeof(float)))
+        << "row of " << row.size();
+  }
+}
+
 TEST(SoftmaxTest, IsExpOfTheDifferenceOverTheLaneSum) {
   // An independent composition of the documented arithmetic: the max, ExpNonPositive, the sum
   // in lane_sum.h's LaneSum<8> order and one reciprocal. Scores spread over 40 units give exps
@@ -127,7 +138,7 @@ TEST(SoftmaxTest, NanAnywhereGivesARowOfNan) {
   // As the C library's exp did: a NaN score (a NaN activation upstream) is never hidden as a
   // zero weight. An +inf score makes inf - inf, a NaN too.
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), kInf}) {
-    for (int64_t n : {1, 5, 8, 13}) {
+    for (int64_t n : {1, 5, 8, 13, 16, 20, 37}) {
       std::vector<float> row = RandomVector(n, 3, 1.0f);
       row[n / 2] = bad;
       SoftmaxInPlace(row.data(), n);
