@@ -6,32 +6,28 @@
 #include <immintrin.h>
 
 #include "core/cpu/ops/softmax.h"
+#include "core/cpu/ops/softmax_exp_simd.h"
 
 namespace glmserve::internal {
 namespace {
 
-// ExpNonPositive, 8 at a time.
-inline __m256 ExpNonPositive8(__m256 x) {
-  const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // x > -87 ? x : -87
-  const __m256 magic = _mm256_set1_ps(12582912.0f);
-  const __m256 n = _mm256_sub_ps(
-      _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
-  __m256 r = _mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y =
-      _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-  return _mm256_blendv_ps(e, _mm256_setzero_ps(), below);
-}
+// ExpNonPositive, 8 at a time (softmax_exp_simd.h).
+struct Avx2Ops {
+  using V = __m256;
+  static V Set(float f) { return _mm256_set1_ps(f); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V TwoToTheN(V n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static V ZeroBelow(V e, V x, float limit) {
+    return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, Set(limit), _CMP_LT_OQ));
+  }
+};
+inline __m256 ExpNonPositive8(__m256 x) { return ExpNonPositiveSimd<Avx2Ops>(x); }
 
 // The exp of one register of scores less the max, NaN where the difference is NaN.
 inline __m256 ExpOfScores(__m256 s, __m256 max_score) {

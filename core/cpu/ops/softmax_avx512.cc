@@ -8,32 +8,29 @@
 #include <immintrin.h>
 
 #include "core/cpu/ops/softmax.h"
+#include "core/cpu/ops/softmax_exp_simd.h"
 
 namespace glmserve::internal {
 namespace {
 
-// ExpNonPositive, 16 at a time (softmax_avx2.cc's ExpNonPositive8, widened).
-inline __m512 ExpNonPositive16(__m512 x) {
-  const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // x > -87 ? x : -87
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n = _mm512_sub_ps(
-      _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
-  __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y =
-      _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
-  const __m512i bits =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  const __m512 e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-  const __mmask16 below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  return _mm512_mask_blend_ps(below, e, _mm512_setzero_ps());
-}
+// ExpNonPositive, 16 at a time (softmax_exp_simd.h).
+struct Avx512Ops {
+  using V = __m512;
+  static V Set(float f) { return _mm512_set1_ps(f); }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V TwoToTheN(V n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static V ZeroBelow(V e, V x, float limit) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, Set(limit), _CMP_LT_OQ), e,
+                                _mm512_setzero_ps());
+  }
+};
+inline __m512 ExpNonPositive16(__m512 x) { return ExpNonPositiveSimd<Avx512Ops>(x); }
 
 // The exp of one register of scores less the max, NaN where the difference is NaN.
 inline __m512 ExpOfScores(__m512 s, __m512 max_score) {

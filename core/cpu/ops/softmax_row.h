@@ -1,5 +1,6 @@
-// The attention softmax's arithmetic in portable code (softmax.cc; softmax_avx2.cc is its AVX2
-// form, the same bits), and the exp that attention_flash.h's online softmax shares. Everything
+// The attention softmax's arithmetic in portable code (softmax.cc; softmax_avx2.cc and
+// softmax_avx512.cc are its SIMD forms, the same bits, with the exp of softmax_exp_simd.h), and
+// the exp that attention_flash.h's online softmax shares. Everything
 // here has internal linkage, so its compilations for different ISAs (attention_flash.h is
 // compiled for AVX-512 too) never meet at link time: an inline function compiled for AVX-512
 // must not be picked for a caller on a machine without it. Only elementwise operations and

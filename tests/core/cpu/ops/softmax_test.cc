@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/ops/lane_sum.h"
@@ -66,25 +67,22 @@ TEST(SoftmaxTest, ExpWithinTwoUlpOfTheCorrectlyRoundedExp) {
   EXPECT_EQ(internal::ExpNonPositive(-kInf), 0.0f);
 }
 
-TEST(SoftmaxTest, Avx2EqualsPortableBitForBit) {
-  if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 + FMA on this CPU";
+// Each SIMD form this CPU runs (an AVX-512 one checks its AVX2 form too) against the portable
+// code, bit for bit.
+TEST(SoftmaxTest, EverySimdFormEqualsPortableBitForBit) {
+  std::vector<std::pair<const char*, void (*)(float*, int64_t)>> forms;
+  if (internal::CpuHasAvx2Fma()) forms.push_back({"avx2", internal::SoftmaxAvx2});
+  if (internal::CpuHasAvx512()) forms.push_back({"avx512", internal::SoftmaxAvx512});
+  if (forms.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 on this CPU";
   for (const std::vector<float>& row : Rows()) {
-    std::vector<float> portable = row, avx2 = row;
+    std::vector<float> portable = row;
     internal::SoftmaxGeneric(portable.data(), static_cast<int64_t>(row.size()));
-    internal::SoftmaxAvx2(avx2.data(), static_cast<int64_t>(row.size()));
-    ASSERT_EQ(0, std::memcmp(portable.data(), avx2.data(), row.size() * sizeof(float)))
-        << "row of " << row.size();
-  }
-}
-
-TEST(SoftmaxTest, Avx512EqualsPortableBitForBit) {
-  if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
-  for (const std::vector<float>& row : Rows()) {
-    std::vector<float> portable = row, avx512 = row;
-    internal::SoftmaxGeneric(portable.data(), static_cast<int64_t>(row.size()));
-    internal::SoftmaxAvx512(avx512.data(), static_cast<int64_t>(row.size()));
-    ASSERT_EQ(0, std::memcmp(portable.data(), avx512.data(), row.size() * sizeof(float)))
-        << "row of " << row.size();
+    for (const auto& [name, form] : forms) {
+      std::vector<float> simd = row;
+      form(simd.data(), static_cast<int64_t>(row.size()));
+      ASSERT_EQ(0, std::memcmp(portable.data(), simd.data(), row.size() * sizeof(float)))
+          << name << ", row of " << row.size();
+    }
   }
 }
 
