@@ -30,10 +30,7 @@ inline float LaneDot8(const float* a, const float* b, int64_t n) {
     }
     lane = _mm256_load_ps(l);
   }
-  const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
-  const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
-  const __m128 w1 = _mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1));
-  return _mm_cvtss_f32(w1);
+  return lanes8::SumOfLanes(lane);
 }
 
 // Later positions' rows asked for ahead of use: each row is its own cache lines, kv_dim apart,

@@ -24,14 +24,6 @@
 namespace glmserve::internal {
 namespace {
 
-// The lane tree of LaneDot<8>: (j, j+4), (j, j+2), (j, j+1).
-inline float ReduceLanes8(__m256 lane) {
-  const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
-  const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
-  const __m128 w1 = _mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1));
-  return _mm_cvtss_f32(w1);
-}
-
 // LaneDot<8>(a, b_r, n) for R rows b_r = b + r ldb at once: lane j of 8 takes a[i + j] b[i + j]
 // for i = 0, 8, ...; the tail's missing lanes are left alone (masked), not given +0; then the
 // tree. Each row's lanes are its own chain, exactly a lone LaneDot<8>'s: several rows at once
@@ -57,7 +49,7 @@ inline void LaneDot8Rows(const float* a, const float* b, int64_t ldb, int64_t n,
       lane[r] = _mm256_mask_add_ps(lane[r], m, lane[r], p);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = ReduceLanes8(lane[r]) * scale;
+  for (int r = 0; r < R; ++r) out[r] = lanes8::SumOfLanes(lane[r]) * scale;
 }
 
 // A head's slice of each cached position sits in its own 4 KiB page (rows are kv_dim wide),
@@ -183,6 +175,18 @@ constexpr SumChunkRowsFn kSumChunkRows[3][8] = {
     {SumChunkRows<3, 1>, SumChunkRows<3, 2>, SumChunkRows<3, 3>, SumChunkRows<3, 4>,
      SumChunkRows<3, 5>, SumChunkRows<3, 6>, SumChunkRows<3, 7>, SumChunkRows<3, 8>}};
 
+// f(d0, vecs, last) for each 128-wide chunk of a head_dim-wide row: 8 registers of 16 at most
+// (the weighted sums keep a chunk's accumulators in registers), the last masked by `last`.
+template <typename F>
+void ForEachChunk(int64_t head_dim, F&& f) {
+  constexpr int64_t kChunk = 128;
+  for (int64_t d0 = 0; d0 < head_dim; d0 += kChunk) {
+    const int64_t width = std::min<int64_t>(kChunk, head_dim - d0);
+    const int64_t vecs = (width + 15) / 16, tail = width - 16 * (vecs - 1);
+    f(d0, vecs, static_cast<__mmask16>(tail == 16 ? 0xffff : (1u << tail) - 1));
+  }
+}
+
 }  // namespace
 
 void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scale, float* scores) {
@@ -215,13 +219,9 @@ void AttentionScoresAvx512(const AttentionRows& rows, const float* q, float scal
 }
 
 void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, float* out) {
-  constexpr int64_t kChunk = 128;  // 8 registers
-  for (int64_t d0 = 0; d0 < rows.head_dim; d0 += kChunk) {
-    const int64_t width = std::min<int64_t>(kChunk, rows.head_dim - d0);
-    const int64_t vecs = (width + 15) / 16, tail = width - 16 * (vecs - 1);
-    const __mmask16 last = static_cast<__mmask16>(tail == 16 ? 0xffff : (1u << tail) - 1);
+  ForEachChunk(rows.head_dim, [&](int64_t d0, int64_t vecs, __mmask16 last) {
     kSumChunks[vecs - 1](rows, probs, d0, last, out);
-  }
+  });
 }
 
 void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* q,
@@ -265,11 +265,7 @@ void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const 
   }
   const int64_t hd = rows.head_dim, p = rows.begin, count = rows.context - rows.begin;
   const float* v = rows.packed + (p - rows.packed_begin) * hd;
-  constexpr int64_t kChunk = 128;  // 8 registers a row
-  for (int64_t d0 = 0; d0 < hd; d0 += kChunk) {
-    const int64_t width = std::min<int64_t>(kChunk, hd - d0);
-    const int64_t vecs = (width + 15) / 16, tail = width - 16 * (vecs - 1);
-    const __mmask16 last = static_cast<__mmask16>(tail == 16 ? 0xffff : (1u << tail) - 1);
+  ForEachChunk(hd, [&](int64_t d0, int64_t vecs, __mmask16 last) {
     const float* w[3];
     for (int64_t r = 0; r < n;) {
       const int64_t take = std::min<int64_t>(3, n - r);
@@ -277,7 +273,7 @@ void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const 
       kSumChunkRows[take - 1][vecs - 1](v, count, hd, w, d0, last, out + r);
       r += take;
     }
-  }
+  });
 }
 
 }  // namespace glmserve::internal

@@ -1,7 +1,8 @@
-// The lane tree of LaneDot<8> (core/cpu/ops/lane_sum.h) for eight rows at once, in 8-wide
-// registers: what the AVX2 and AVX-512 attention loops share (attention_avx2.cc,
-// attention_avx512.cc). Include only from files compiled for AVX2 or later; the functions have
-// internal linkage, so each ISA's file keeps its own copy.
+// The lane tree of LaneDot<8> (core/cpu/ops/lane_sum.h), for one register and for eight rows at
+// once, in 8-wide registers: what the AVX2 and AVX-512 attention loops and softmaxes share
+// (attention_avx2.cc, attention_avx512.cc, softmax_avx2.cc, softmax_avx512.cc). Include only from
+// files compiled for AVX2 or later; the functions have internal linkage, so each ISA's file keeps
+// its own copy.
 #pragma once
 
 #include <immintrin.h>
@@ -10,6 +11,14 @@
 
 namespace glmserve::internal {
 namespace lanes8 {
+
+// The 8 lanes of one register summed by the tree: (j, j+4), (j, j+2), (j, j+1).
+static inline float SumOfLanes(__m256 lane) {
+  const __m128 w4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
+  const __m128 w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
+  const __m128 w1 = _mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1));
+  return _mm_cvtss_f32(w1);
+}
 
 // LaneDot8 of 8 rows at once (acc[i]: row i's 8 lanes), the same tree for each: lanes (j, j+4)
 // by adding the 128-bit halves, (j, j+2) and (j, j+1) by shuffles across pairs of rows. The adds

@@ -5,6 +5,7 @@
 // exp loop (its selects stayed branches), hence the intrinsics.
 #include <immintrin.h>
 
+#include "core/cpu/ops/attention_lanes8.h"
 #include "core/cpu/ops/softmax.h"
 #include "core/cpu/ops/softmax_exp_simd.h"
 
@@ -72,10 +73,7 @@ void SoftmaxAvx2(float* scores, int64_t n) {
     _mm256_maskstore_ps(scores + i, tail_mask, e);
     lane = _mm256_blendv_ps(lane, _mm256_add_ps(lane, e), _mm256_castsi256_ps(tail_mask));
   }
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
-  const float inv_sum = 1.0f / _mm_cvtss_f32(s4);
+  const float inv_sum = 1.0f / lanes8::SumOfLanes(lane);
 
   const __m256 inv = _mm256_set1_ps(inv_sum);
   for (i = 0; i + 8 <= n; i += 8) {

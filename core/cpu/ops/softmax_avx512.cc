@@ -7,6 +7,7 @@
 // element against 0.77 in 8-wide registers (a probe of 1,024-score rows; docs/performance.md).
 #include <immintrin.h>
 
+#include "core/cpu/ops/attention_lanes8.h"
 #include "core/cpu/ops/softmax.h"
 #include "core/cpu/ops/softmax_exp_simd.h"
 
@@ -75,10 +76,7 @@ void SoftmaxAvx512(float* scores, int64_t n) {
     _mm512_mask_storeu_ps(scores + whole, tail, e);
     lane = AddToLanes(lane, e, tail);
   }
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(lane), _mm256_extractf128_ps(lane, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm_cvtss_f32(s4));
+  const __m512 inv = _mm512_set1_ps(1.0f / lanes8::SumOfLanes(lane));
 
   for (int64_t i = 0; i < whole; i += 16) {
     _mm512_storeu_ps(scores + i, _mm512_mul_ps(_mm512_loadu_ps(scores + i), inv));
