@@ -5,10 +5,11 @@
 // flops, like an FMA), decode rows against the larger of the read time (a step reads every
 // cached K and V row once) and the compute time. --modes: fp32 (PagedAttention: exact, bf16 and
 // int8 modes), amx (PagedAttentionAmx: the bf16_amx mode; its portable emulation where the CPU has
-// no AMX).
+// no AMX), bf16 (PagedAttentionBf16: the bf16 and int8 modes since 2026-12-05; its portable code
+// where the CPU has no AVX512_BF16). bf16 and amx rows are set against the vdpbf16ps and AMX peaks.
 //
 //   build/bench/attention_bench
-//   build/bench/attention_bench --tokens=8192 --decode_contexts=4096,16384 --modes=fp32,amx
+//   build/bench/attention_bench --tokens=8192 --decode_contexts=4096,16384 --modes=fp32,bf16,amx
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention.h"
 #include "core/cpu/ops/attention_amx.h"
+#include "core/cpu/ops/attention_bf16.h"
 #include "core/cpu/ops/linear.h"
 #include "core/model/kv_cache.h"
 
@@ -31,7 +33,7 @@ ABSL_FLAG(int, tokens, 2048, "prefill tokens (0: no prefill row)");
 ABSL_FLAG(int, context, 0, "tokens cached before the prefill chunk");
 ABSL_FLAG(std::string, decode_contexts, "4096", "decode contexts, comma-separated (empty: none)");
 ABSL_FLAG(int, decode_batch, 1, "sequences per decode step");
-ABSL_FLAG(std::string, modes, "fp32", "fp32, amx (comma-separated)");
+ABSL_FLAG(std::string, modes, "fp32", "fp32, bf16, amx (comma-separated)");
 ABSL_FLAG(int, rounds, 3, "timed runs per row (the median is shown)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
@@ -76,6 +78,8 @@ double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>&
   auto run = [&] {
     if (mode == "amx") {
       glmserve::PagedAttentionAmx(q.data(), batch, cache, 0, kHeads, scale, out.data());
+    } else if (mode == "bf16") {
+      glmserve::PagedAttentionBf16(q.data(), batch, cache, 0, kHeads, scale, out.data());
     } else {
       glmserve::PagedAttention(q.data(), batch, cache, 0, kHeads, scale, out.data());
     }
@@ -90,6 +94,14 @@ double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>&
   return Median(s);
 }
 
+// The peak of the arithmetic `mode` runs: AMX's or vdpbf16ps's where the CPU has them (their
+// portable code is set against the FMA peak), the FMA peak for fp32.
+double Peak(const std::string& mode, const glmserve::bench::MachineLimits& limits) {
+  if (mode == "amx" && limits.amx_gflops > 0) return limits.amx_gflops;
+  if (mode == "bf16" && limits.bf16_gflops > 0) return limits.bf16_gflops;
+  return limits.fma_gflops;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,8 +109,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
-    if (mode != "fp32" && mode != "amx") {
-      std::fprintf(stderr, "unknown mode '%s' (fp32, amx)\n", mode.c_str());
+    if (mode != "fp32" && mode != "bf16" && mode != "amx") {
+      std::fprintf(stderr, "unknown mode '%s' (fp32, bf16, amx)\n", mode.c_str());
       return 1;
     }
   }
@@ -122,14 +134,17 @@ int main(int argc, char** argv) {
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf(
-      "threads %d; fp32 FMA peak %.0f GFLOP/s, AMX bf16 peak %.0f GFLOP/s, read %.1f GB/s\n",
-      glmserve::NumThreads(), limits.fma_gflops, limits.amx_gflops, limits.read_gbs);
+      "threads %d; fp32 FMA peak %.0f GFLOP/s, vdpbf16ps peak %.0f GFLOP/s, AMX bf16 peak %.0f "
+      "GFLOP/s, read %.1f GB/s\n",
+      glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
+      limits.read_gbs);
   std::printf("%lld heads / %lld KV heads x %lld, one layer\n\n", static_cast<long long>(kHeads),
               static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
   std::printf("| mode (kernel) | phase | time | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|\n");
   auto kernel = [](const std::string& mode) {
     if (mode == "amx") return glmserve::internal::AttentionAmxKernelName();
+    if (mode == "bf16") return glmserve::internal::AttentionBf16KernelName();
     return glmserve::internal::CpuHasAvx512()    ? "avx512"
            : glmserve::internal::CpuHasAvx2Fma() ? "avx2"
                                                  : "generic";
@@ -143,8 +158,7 @@ int main(int argc, char** argv) {
     const double flops = pairs * kHeads * kHeadDim * 4;
     for (const std::string& mode : modes) {
       const double s = Time(mode, slice, filled.cache, rounds);
-      const double peak =
-          mode == "amx" && limits.amx_gflops > 0 ? limits.amx_gflops : limits.fma_gflops;
+      const double peak = Peak(mode, limits);
       std::printf(
           "| %s (%s) | prefill %lld at context %lld | %.3f s | %.0f GFLOP/s | %.0f GFLOP/s "
           "| %.2f |\n",
@@ -163,8 +177,7 @@ int main(int argc, char** argv) {
     const double flops = static_cast<double>(batch) * (c + 1) * kHeads * kHeadDim * 4;
     for (const std::string& mode : modes) {
       const double s = Time(mode, step, filled.cache, rounds);
-      const double peak =
-          mode == "amx" && limits.amx_gflops > 0 ? limits.amx_gflops : limits.fma_gflops;
+      const double peak = Peak(mode, limits);
       const double read_s = bytes / (limits.read_gbs * 1e9), compute_s = flops / (peak * 1e9);
       std::printf(
           "| %s (%s) | decode batch %lld at context %lld | %.3f ms | %.1f GB/s, %.0f "

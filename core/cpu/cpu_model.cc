@@ -9,6 +9,7 @@
 #include "core/base/op_times.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/ops/attention_amx.h"
+#include "core/cpu/ops/attention_bf16.h"
 #include "core/cpu/ops/embedding.h"
 #include "core/cpu/ops/ffn.h"
 #include "core/cpu/ops/linear.h"
@@ -237,11 +238,16 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
     slices = kept_slices;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // bf16_amx on bf16 weights runs attention in bf16 on the tile unit, as the reference's bf16
-  // forward does (attention_amx.h); every other case (and the FP8 cache) the fp32 path.
-  if (math_ == CpuMath::kBf16Amx && weights_.weight_dtype == DType::kBF16 && cache->host_fp32()) {
+  // The bf16 modes on bf16 weights (int8 weights quantized from them included) run attention
+  // in bf16, as the reference's bf16 forward does: bf16_amx on the tile unit (attention_amx.h),
+  // bf16 on vdpbf16ps (attention_bf16.h); every other case (and the FP8 cache) the fp32 path.
+  const bool bf16_attention = weights_.weight_dtype == DType::kBF16 && cache->host_fp32();
+  if (bf16_attention && math_ == CpuMath::kBf16Amx) {
     PagedAttentionAmx(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
                       attn_.data());
+  } else if (bf16_attention && math_ == CpuMath::kBf16) {
+    PagedAttentionBf16(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
+                       attn_.data());
   } else {
     PagedAttention(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
                    attn_.data());

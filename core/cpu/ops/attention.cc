@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/base/parallel.h"
+#include "core/cpu/ops/attention_items.h"
 #include "core/cpu/ops/attention_simd.h"
 #include "core/cpu/ops/lane_sum.h"
 #include "core/cpu/ops/linear.h"
@@ -26,72 +27,6 @@ void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, 
   });
 }
 
-}  // namespace internal
-
-void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
-             KvCache* cache) {
-  const int64_t bs = cache->shape().block_size, dim = cache->kv_dim();
-  int64_t row = 0;
-  for (const SequenceSlice& s : batch) {
-    for (int64_t t = 0; t < s.num_tokens; ++t, ++row) {
-      const int64_t pos = s.start_position + t;
-      const int32_t block = (*s.blocks)[pos / bs];
-      const int64_t slot = pos % bs;
-      if (cache->host_fp8()) {  // codes and one scale per KV head, from this row alone
-        const int64_t heads = cache->shape().kv_heads, hd = cache->shape().head_dim;
-        EncodeKvRow(k + row * dim, heads, hd, cache->codes(layer, block, 0) + slot * dim,
-                    cache->scales(layer, block, 0) + slot * heads);
-        EncodeKvRow(v + row * dim, heads, hd, cache->codes(layer, block, 1) + slot * dim,
-                    cache->scales(layer, block, 1) + slot * heads);
-        continue;
-      }
-      std::copy_n(k + row * dim, dim, cache->keys(layer, block) + slot * dim);
-      std::copy_n(v + row * dim, dim, cache->values(layer, block) + slot * dim);
-    }
-  }
-}
-
-namespace {
-
-// The fp32 path's unit of work: a block of consecutive tokens of one sequence slice and some of
-// the query heads of one KV head group. Its rows (token x head) attend to the same keys and
-// values, and it reads them in blocks of kPositionBlock positions: each block from memory once
-// for all its rows, then from cache, where one row at a time re-read the whole context per
-// row (GLM-4.5's 12 heads per KV head and every token of a prompt: a 2,048-token prefill's
-// attention was bound by those reads). Every row's operations and their order are a lone
-// row's, so the bits do not depend on the blocking.
-struct AttentionItem {
-  int32_t seq;     // index in the batch
-  int64_t row0;    // the slice's first row in q / out
-  int64_t token0;  // first token of the block, within the slice
-  int64_t tokens;
-  int64_t kv_head;
-  int64_t head0, heads;  // query heads head0 .. of the KV head's group
-};
-
-// Positions whose keys (values) the rows share: 64 of a 128-wide head, packed, are 32 KiB.
-constexpr int64_t kPositionBlock = 64;
-constexpr int64_t kTokenBlock = 16;        // tokens per item at most
-constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
-// Rows a loop takes together at most: one token's query heads of a KV head on GLM-4.5 (their
-// query rows, 6 KiB at a 128-wide head, stay in L1 beside eight keys).
-constexpr int64_t kRunRows = 12;
-
-// The multi-row form of a single-row loop (the portable and AVX2 ones): each row in turn.
-template <auto kScores>
-void ScoresEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* q,
-                   float scale, float* const* scores) {
-  for (int64_t r = 0; r < n; ++r) kScores(rows, q[r], scale, scores[r]);
-}
-template <auto kSum>
-void SumEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* probs,
-                float* const* out) {
-  for (int64_t r = 0; r < n; ++r) kSum(rows, probs[r], out[r]);
-}
-
-// Items for the batch: token blocks as long as the scores budget allows, the group split into
-// head subsets when there are fewer items than threads; the longest contexts first,
-// so that the parallel loop's last items are short.
 std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch, int64_t kv_heads,
                                           int64_t group) {
   std::vector<AttentionItem> items;
@@ -128,6 +63,45 @@ std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch,
     return batch[a.seq].start_position + a.token0 > batch[b.seq].start_position + b.token0;
   });
   return items;
+}
+
+}  // namespace internal
+
+void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> batch, int64_t layer,
+             KvCache* cache) {
+  const int64_t bs = cache->shape().block_size, dim = cache->kv_dim();
+  int64_t row = 0;
+  for (const SequenceSlice& s : batch) {
+    for (int64_t t = 0; t < s.num_tokens; ++t, ++row) {
+      const int64_t pos = s.start_position + t;
+      const int32_t block = (*s.blocks)[pos / bs];
+      const int64_t slot = pos % bs;
+      if (cache->host_fp8()) {  // codes and one scale per KV head, from this row alone
+        const int64_t heads = cache->shape().kv_heads, hd = cache->shape().head_dim;
+        EncodeKvRow(k + row * dim, heads, hd, cache->codes(layer, block, 0) + slot * dim,
+                    cache->scales(layer, block, 0) + slot * heads);
+        EncodeKvRow(v + row * dim, heads, hd, cache->codes(layer, block, 1) + slot * dim,
+                    cache->scales(layer, block, 1) + slot * heads);
+        continue;
+      }
+      std::copy_n(k + row * dim, dim, cache->keys(layer, block) + slot * dim);
+      std::copy_n(v + row * dim, dim, cache->values(layer, block) + slot * dim);
+    }
+  }
+}
+
+namespace {
+
+// The multi-row form of a single-row loop (the portable and AVX2 ones): each row in turn.
+template <auto kScores>
+void ScoresEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* q,
+                   float scale, float* const* scores) {
+  for (int64_t r = 0; r < n; ++r) kScores(rows, q[r], scale, scores[r]);
+}
+template <auto kSum>
+void SumEachRow(const internal::AttentionRows& rows, int64_t n, const float* const* probs,
+                float* const* out) {
+  for (int64_t r = 0; r < n; ++r) kSum(rows, probs[r], out[r]);
 }
 
 // `rows`' positions [p0, p1) (keys, or values) copied to buf [p1 - p0, head_dim], and the view
@@ -233,53 +207,40 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   const auto sum_fn = avx512 ? internal::AttentionWeightedSumRowsAvx512
                       : avx2 ? SumEachRow<internal::AttentionWeightedSumAvx2>
                              : SumEachRow<internal::AttentionWeightedSumGeneric>;
-  const std::vector<AttentionItem> items = AttentionItems(batch, kv_heads, group);
+  const std::vector<internal::AttentionItem> items =
+      internal::AttentionItems(batch, kv_heads, group);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs, packed;
-    packed.resize(kPositionBlock * head_dim);
+    packed.resize(internal::kPositionBlock * head_dim);
     for (int64_t i = item_begin; i < item_end; ++i) {
-      const AttentionItem& item = items[i];
-      const SequenceSlice& s = batch[item.seq];
-      const int64_t n_rows = item.tokens * item.heads;
-      const int64_t item_context = s.start_position + item.token0 + item.tokens;  // the last's
+      const internal::ItemRows row_of{items[i], batch[items[i].seq], heads, group};
+      const int64_t n_rows = row_of.count(), item_context = row_of.context();
       probs.resize(n_rows * item_context);  // [n_rows, item_context]
-      // Row r: token item.token0 + r / item.heads of the slice, query head head0 + r % heads.
-      auto row_of = [&](int64_t r) {
-        const int64_t t = item.token0 + r / item.heads;
-        const int64_t h = item.kv_head * group + item.head0 + r % item.heads;
-        return std::pair{(item.row0 + t) * heads + h, s.start_position + t + 1};  // causal
-      };
       const internal::AttentionRows rows{.cache = &cache,
-                                         .blocks = s.blocks,
+                                         .blocks = row_of.slice.blocks,
                                          .layer = layer,
-                                         .kv_off = item.kv_head * head_dim,
+                                         .kv_off = items[i].kv_head * head_dim,
                                          .kv_dim = kv_dim,
                                          .block_size = bs,
                                          .head_dim = head_dim,
                                          .context = 0};
-      // Position blocks outermost: each block's keys (then values) come from memory once, and
-      // are packed when several rows read them. Then f(view, r, n) for each run of rows r ..
-      // r + n - 1 whose contexts reach the block and end at the same place in it (in a full
-      // block, all of them), the view set to that part of the block.
+      // Each position block's keys (then values) come from memory once, packed when several
+      // rows read them; f(view, r, n) for each run, the view set to its part of the block.
+      internal::AttentionRows view = rows;
       auto each_block = [&](bool values, auto&& f) {
-        for (int64_t p0 = 0; p0 < item_context; p0 += kPositionBlock) {
-          const int64_t p1 = std::min(item_context, p0 + kPositionBlock);
-          internal::AttentionRows view =
-              n_rows > 1 ? PackBlock(rows, values, p0, p1, packed.data()) : rows;
-          view.begin = p0;
-          for (int64_t r = 0, n = 1; r < n_rows; r += n) {
-            const int64_t end = std::min(row_of(r).second, p1);
-            for (n = 1; r + n < n_rows && n < kRunRows; ++n) {
-              if (std::min(row_of(r + n).second, p1) != end) break;
-            }
-            if (end <= p0) continue;
-            view.context = end;
-            f(view, r, n);
-          }
-        }
+        internal::ForEachBlockRun(
+            row_of,
+            [&](int64_t p0, int64_t p1) {
+              view = n_rows > 1 ? PackBlock(rows, values, p0, p1, packed.data()) : rows;
+              view.begin = p0;
+            },
+            [&](int64_t, int64_t end, int64_t r, int64_t n) {
+              view.context = end;
+              f(view, r, n);
+            });
       };
-      const float* in[kRunRows];  // a run's query rows, or probabilities
-      float* res[kRunRows];       // and its scores, or outputs
+      const float* in[internal::kRunRows];  // a run's query rows, or probabilities
+      float* res[internal::kRunRows];       // and its scores, or outputs
       each_block(false, [&](const internal::AttentionRows& view, int64_t r, int64_t n) {
         for (int64_t j = 0; j < n; ++j) {
           in[j] = q + row_of(r + j).first * head_dim;

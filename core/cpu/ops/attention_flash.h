@@ -17,26 +17,13 @@
 #include <cstring>
 
 #include "core/cpu/ops/attention_amx_internal.h"
+#include "core/cpu/ops/bf16_math.h"    // Bf16Pair
 #include "core/cpu/ops/softmax_row.h"  // ExpNonPositive, the two-pass softmax's exp too
 
 namespace glmserve::internal {
 namespace {
 
 inline float FlashMax(float a, float b) { return a > b ? a : b; }
-
-// FloatToBf16(lo) | FloatToBf16(hi) << 16 (core/base/dtype.h: round to nearest even, NaN
-// quiet), here with internal linkage and in 32-bit operations only, so that it vectorises.
-inline uint32_t FlashBf16Pair(float lo, float hi) {
-  uint32_t a, b;
-  std::memcpy(&a, &lo, sizeof a);
-  std::memcpy(&b, &hi, sizeof b);
-  const uint32_t ra =
-      (a & 0x7fffffffu) > 0x7f800000u ? (a >> 16) | 0x40u : (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
-  const uint32_t rb = (b & 0x7fffffffu) > 0x7f800000u
-                          ? (b | 0x400000u) & 0xffff0000u
-                          : (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-  return ra | rb;
-}
 
 // Tiles provides the two tile products (attention_amx.cc: emulated; attention_amx_avx512.cc: AMX):
 //   Scores(k_rows, dp, q_tiles, mt, st): st[key][row] for the block's 32 keys (rows of k_rows)
@@ -102,14 +89,14 @@ void FlashStep(const FlashBlock& b, int32_t key0, const uint16_t* k_rows, const 
     m[r] = active ? m_new[r] : m[r];
   }
   // P as B tiles: pair row p of tile u holds keys 2p, 2p + 1 of rows 16u .. 16u + 15, as one
-  // dword per row (FlashBf16Pair), so the loop vectorises as 32-bit lanes (16-bit stores of
+  // dword per row (Bf16Pair), so the loop vectorises as 32-bit lanes (16-bit stores of
   // the two halves compiled to word permutes, 18% of a 2,048-token prompt's attention).
   for (int u = 0; u < mt; ++u) {
     for (int p = 0; p < 16; ++p) {
       const float* __restrict even = s.st + (2 * p) * R + 16 * u;
       const float* __restrict odd = even + R;
       uint32_t pairs[16];
-      for (int i = 0; i < 16; ++i) pairs[i] = FlashBf16Pair(even[i], odd[i]);
+      for (int i = 0; i < 16; ++i) pairs[i] = Bf16Pair(even[i], odd[i]);
       std::memcpy(s.pt + u * 512 + p * 32, pairs, sizeof pairs);
     }
   }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/base/aligned_vector.h"
+#include "core/cpu/ops/bf16_math.h"
 #include "core/cpu/ops/linear.h"
 
 #if defined(__x86_64__)
@@ -44,13 +45,8 @@ inline int64_t PackedIndex(int64_t i, int64_t k, int64_t chunks) {
          ((k % kAmxTileK) / 2) * (2 * kAmxTileRows) + (i % kAmxTileRows) * 2 + (k % 2);
 }
 
-// The tile unit reads bf16 subnormals (and a subnormal accumulator) as zero ...
-inline float DazBf16(uint16_t v) {
-  return (v & 0x7f80u) == 0 ? ((v & 0x8000u) != 0 ? -0.0f : 0.0f) : Bf16ToFloat(v);
-}
-inline float Ftz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
-// ... and flushes subnormal results (FTZ): Ftz is also DAZ for an fp32 input.
-
+// The tile unit reads bf16 subnormals (and a subnormal accumulator) as zero and flushes
+// subnormal results (DazBf16, Ftz: bf16_math.h).
 // One TDPBF16PS step of one C element: the even and odd chains over 16 pairs, then c + (e + o).
 // a: 32 bf16 of the A row; b(j): element j (0..31) of the B column, as pairs.
 template <typename B>

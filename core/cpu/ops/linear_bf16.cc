@@ -2,21 +2,14 @@
 // for CPUs without vdpbf16ps, bit for bit (tests/core/cpu/ops/linear_bf16_test.cc checks this on
 // machines that have both), and the reference that documents the arithmetic.
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu/ops/bf16_math.h"
 #include "core/cpu/ops/linear.h"
 
 namespace glmserve::internal {
 namespace {
-
-// vdpbf16ps treats denormal bf16 inputs as zero (DAZ) ...
-inline float DazBf16(uint16_t v) {
-  return (v & 0x7f80u) == 0 ? ((v & 0x8000u) != 0 ? -0.0f : 0.0f) : Bf16ToFloat(v);
-}
-// ... and flushes denormal results to zero (FTZ), whatever MXCSR says.
-inline float Ftz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
 
 // One element: 16 fp32 lanes; per 32-wide step s, lane j adds x[k+1] w[k+1] and then x[k] w[k]
 // for k = 32 s + 2 j, each an FMA with one rounding (as the instruction's definition

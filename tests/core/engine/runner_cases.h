@@ -53,6 +53,9 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // e.g. unaligned MoE output slices); MLA's projections keep fp8_linear.cu's kernels.
     {"cuda_fp8_glm5_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5", CpuMath::kExact, false,
      true},
+    // The bf16 mode (docs/cpu_math.md): vdpbf16ps's order in its linear layers and attention
+    // (attention_bf16.h), the same bit-identity contract.
+    {"cpu_bf16_math", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
     {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
     {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},

@@ -9,7 +9,7 @@
 
 #include "core/base/dtype.h"
 #include "core/cpu/ops/attention.h"
-#include "core/cpu/ops/attention_flash.h"  // FlashBf16Pair (internal linkage: this file's copy)
+#include "core/cpu/ops/bf16_math.h"  // Bf16Pair (internal linkage: this file's copy)
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
 #include "tests/core/cpu/ops/amx_test_util.h"
@@ -217,7 +217,7 @@ TEST(PagedAttentionAmxTest, ProbabilityPairsRoundAsFloatToBf16) {
     std::memcpy(&lo, &lo_bits, sizeof lo);
     std::memcpy(&hi, &hi_bits, sizeof hi);
     const uint32_t want = uint32_t{FloatToBf16(lo)} | (uint32_t{FloatToBf16(hi)} << 16);
-    ASSERT_EQ(internal::FlashBf16Pair(lo, hi), want) << std::hex << lo_bits << " " << hi_bits;
+    ASSERT_EQ(internal::Bf16Pair(lo, hi), want) << std::hex << lo_bits << " " << hi_bits;
   }
 }
 

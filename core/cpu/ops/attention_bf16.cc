@@ -1,0 +1,172 @@
+// PagedAttentionBf16 (attention_bf16.h): the driver, and the portable packing and loops that
+// define the arithmetic (the AVX512_BF16 forms are in attention_bf16_avx512bf16.cc).
+#include "core/cpu/ops/attention_bf16.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/base/parallel.h"
+#include "core/cpu/ops/attention_items.h"
+#include "core/cpu/ops/bf16_math.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/softmax.h"
+
+namespace glmserve {
+namespace internal {
+
+const char* AttentionBf16KernelName() {
+  return CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
+}
+
+void RoundPairsGeneric(const float* x, int64_t n, uint32_t* out) {
+  for (int64_t j = 0; 2 * j < n; ++j)
+    out[j] = Bf16Pair(x[2 * j], 2 * j + 1 < n ? x[2 * j + 1] : 0.f);
+}
+
+void PackKeysBf16Generic(const AttentionRows& rows, uint32_t* keys) {
+  const int64_t hd = rows.head_dim;
+  rows.ForEach(false, [&](int64_t p, const float* key) {
+    for (int64_t i = 0; 2 * i < hd; ++i) {
+      keys[i * kPositionBlock + p - rows.begin] =
+          Bf16Pair(key[2 * i], 2 * i + 1 < hd ? key[2 * i + 1] : 0.f);
+    }
+  });
+}
+
+void PackValuesBf16Generic(const AttentionRows& rows, uint32_t* values) {
+  const int64_t hd = rows.head_dim, width = (hd + 15) / 16 * 16;
+  const int64_t n = rows.context - rows.begin;
+  std::fill_n(values, (n + 1) / 2 * width, 0u);  // the dims past head_dim, an odd last position
+  rows.ForEach(true, [&](int64_t p, const float* value) {
+    const int64_t j = (p - rows.begin) / 2, high = (p - rows.begin) % 2;
+    for (int64_t d = 0; d < hd; ++d) {
+      values[j * width + d] |= (Bf16Pair(value[d], 0.f) & 0xffffu) << (16 * high);
+    }
+  });
+}
+
+void AttentionScoresBf16Generic(const Bf16Block& b, int64_t n, const uint32_t* const* q,
+                                float scale, float* const* scores) {
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t p = b.p0; p < b.end; ++p) {
+      float acc = 0.f;
+      for (int64_t i = 0; i < b.key_pairs; ++i) {
+        acc = DpBf16Lane(acc, q[r][i], b.keys[i * kPositionBlock + p - b.p0]);
+      }
+      scores[r][p] = acc * scale;
+    }
+  }
+}
+
+void AttentionWeightedSumBf16Generic(const Bf16Block& b, int64_t n, const uint32_t* const* probs,
+                                     float* const* out) {
+  const int64_t pairs = (b.end - b.p0 + 1) / 2;
+  // An odd count ends at the row's own position (a block cut short by the run's rows is cut at a
+  // full block): the last pair's second value reads as +0, as its probability is.
+  const uint32_t last_mask = (b.end - b.p0) % 2 != 0 ? 0xffffu : 0xffffffffu;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < pairs; ++j) {
+      const uint32_t mask = j + 1 == pairs ? last_mask : 0xffffffffu;
+      for (int64_t d = 0; d < b.head_dim; ++d) {
+        out[r][d] = DpBf16Lane(out[r][d], probs[r][j], b.values[j * b.value_width + d] & mask);
+      }
+    }
+  }
+}
+
+}  // namespace internal
+
+void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
+                        int64_t layer, int64_t heads, float scale, float* out) {
+  using internal::kPositionBlock;
+  using internal::kRunRows;
+  const int64_t head_dim = cache.shape().head_dim, kv_heads = cache.shape().kv_heads;
+  const int64_t group = heads / kv_heads;
+  const int64_t key_pairs = (head_dim + 1) / 2, value_width = (head_dim + 15) / 16 * 16;
+  const bool simd = internal::CpuHasAvx512Bf16();
+  const auto round_pairs = simd ? internal::RoundPairsAvx512 : internal::RoundPairsGeneric;
+  const auto pack_keys = simd ? internal::PackKeysBf16Avx512 : internal::PackKeysBf16Generic;
+  const auto pack_values = simd ? internal::PackValuesBf16Avx512 : internal::PackValuesBf16Generic;
+  const auto scores_fn =
+      simd ? internal::AttentionScoresBf16Avx512Bf16 : internal::AttentionScoresBf16Generic;
+  const auto sum_fn = simd ? internal::AttentionWeightedSumBf16Avx512Bf16
+                           : internal::AttentionWeightedSumBf16Generic;
+  const std::vector<internal::AttentionItem> items =
+      internal::AttentionItems(batch, kv_heads, group);
+  ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
+    thread_local std::vector<float> probs;                   // [n_rows, item_context]
+    thread_local std::vector<uint32_t> q_pairs, prob_pairs;  // [n_rows, key / context pairs]
+    thread_local std::vector<uint32_t> keys, values;         // one block's (Bf16Block)
+    keys.resize(key_pairs * kPositionBlock);
+    values.resize(kPositionBlock / 2 * value_width);
+    for (int64_t i = item_begin; i < item_end; ++i) {
+      const internal::ItemRows row_of{items[i], batch[items[i].seq], heads, group};
+      const int64_t n_rows = row_of.count(), item_context = row_of.context();
+      const int64_t context_pairs = (item_context + 1) / 2;
+      probs.resize(n_rows * item_context);
+      q_pairs.resize(n_rows * key_pairs);
+      prob_pairs.resize(n_rows * context_pairs);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        round_pairs(q + row_of(r).first * head_dim, head_dim, q_pairs.data() + r * key_pairs);
+      }
+      internal::AttentionRows rows{.cache = &cache,
+                                   .blocks = row_of.slice.blocks,
+                                   .layer = layer,
+                                   .kv_off = items[i].kv_head * head_dim,
+                                   .kv_dim = kv_heads * head_dim,
+                                   .block_size = cache.shape().block_size,
+                                   .head_dim = head_dim,
+                                   .context = 0};
+      internal::Bf16Block block{.head_dim = head_dim,
+                                .key_pairs = key_pairs,
+                                .value_width = value_width,
+                                .keys = keys.data(),
+                                .values = values.data()};
+      // Each position block packed once for the item's rows; f(r, n) for each run, `block` set
+      // to the run's positions.
+      auto each_block = [&](bool values_pass, auto&& f) {
+        internal::ForEachBlockRun(
+            row_of,
+            [&](int64_t p0, int64_t p1) {
+              rows.begin = p0;
+              rows.context = p1;
+              if (values_pass) {
+                pack_values(rows, values.data());
+              } else {
+                pack_keys(rows, keys.data());
+              }
+            },
+            [&](int64_t p0, int64_t end, int64_t r, int64_t n) {
+              block.p0 = p0;
+              block.end = end;
+              f(r, n);
+            });
+      };
+      const uint32_t* in[kRunRows];  // a run's query pairs, or probability pairs
+      float* res[kRunRows];          // and its scores, or outputs
+      each_block(false, [&](int64_t r, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          in[j] = q_pairs.data() + (r + j) * key_pairs;
+          res[j] = probs.data() + (r + j) * item_context;
+        }
+        scores_fn(block, n, in, scale, res);
+      });
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const auto [qh, context] = row_of(r);
+        float* row = probs.data() + r * item_context;
+        SoftmaxInPlace(row, context);
+        round_pairs(row, context, prob_pairs.data() + r * context_pairs);
+        std::fill_n(out + qh * head_dim, head_dim, 0.f);
+      }
+      each_block(true, [&](int64_t r, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          in[j] = prob_pairs.data() + (r + j) * context_pairs + block.p0 / 2;
+          res[j] = out + row_of(r + j).first * head_dim;
+        }
+        sum_fn(block, n, in, res);
+      });
+    }
+  });
+}
+
+}  // namespace glmserve

@@ -1,0 +1,245 @@
+// PagedAttentionBf16's packing (AVX-512) and loops (AVX512_BF16's vdpbf16ps); attention_bf16.cc
+// has the portable forms that define the bits, and the driver. Neither loop sums across lanes:
+// the scores' lanes are 16 positions (keys packed transposed), the weighted sum's 16 head dims.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "core/cpu/ops/attention_bf16.h"
+#include "core/cpu/ops/attention_items.h"
+#include "core/cpu/ops/transpose_avx512.h"
+
+namespace glmserve::internal {
+namespace {
+
+// FloatToBf16 on 16 lanes, each result in the low half of its dword (the high half +0): round
+// to nearest even, NaNs kept quiet, the scalar function's bits.
+inline __m512i RoundLow(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+inline __mmask16 FirstLanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
+// 32 floats x[0, n) (n <= 32; +0 past n) as 16 pairs.
+inline __m512i Pairs32(const float* x, int64_t n) {
+  const __m512 lo = _mm512_maskz_loadu_ps(FirstLanes(n), x);
+  const __m512 hi = _mm512_maskz_loadu_ps(FirstLanes(n - 16), x + 16);
+  const __m256i wlo = _mm512_cvtepi32_epi16(RoundLow(lo));  // words 0..15: x[0..15]
+  const __m256i whi = _mm512_cvtepi32_epi16(RoundLow(hi));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(wlo), whi, 1);
+}
+
+// The rows of positions [begin, context) of `rows`, from the cache.
+int64_t RowPointers(const AttentionRows& rows, bool values, const float** ptr) {
+  rows.ForEach(values, [&](int64_t p, const float* row) { ptr[p - rows.begin] = row; });
+  return rows.context - rows.begin;
+}
+
+// Scores of R rows against positions [0, 16 G) of the block: lanes along positions, one
+// vdpbf16ps per q pair and 16 keys, each key vector loaded once for the R rows. One array per
+// row (a [R][G] array made GCC keep the accumulators on the stack in the fp32 loops).
+template <int R, int G>
+void ScoresRows(const Bf16Block& b, const uint32_t* const* q, float scale, float* const* scores) {
+  static_assert(R >= 1 && R <= 4 && G >= 1 && G <= 4);
+  __m512 a0[G], a1[G], a2[G], a3[G];
+  for (int g = 0; g < G; ++g) a0[g] = a1[g] = a2[g] = a3[g] = _mm512_setzero_ps();
+  const uint32_t* q0 = q[0];
+  const uint32_t* q1 = q[R > 1 ? 1 : 0];
+  const uint32_t* q2 = q[R > 2 ? 2 : 0];
+  const uint32_t* q3 = q[R > 3 ? 3 : 0];
+  const uint32_t* k = b.keys;
+  for (int64_t i = 0; i < b.key_pairs; ++i, k += kPositionBlock) {
+    const __m512bh b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q0[i]));
+    const __m512bh b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q1[i]));
+    const __m512bh b2 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q2[i]));
+    const __m512bh b3 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q3[i]));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      __m512i x = _mm512_loadu_si512(k + 16 * g);
+      // Into a register, once: otherwise GCC folds the load into each row's vdpbf16ps.
+      if constexpr (R > 1) __asm__("" : "+v"(x));
+      a0[g] = _mm512_dpbf16_ps(a0[g], b0, (__m512bh)x);
+      if constexpr (R > 1) a1[g] = _mm512_dpbf16_ps(a1[g], b1, (__m512bh)x);
+      if constexpr (R > 2) a2[g] = _mm512_dpbf16_ps(a2[g], b2, (__m512bh)x);
+      if constexpr (R > 3) a3[g] = _mm512_dpbf16_ps(a3[g], b3, (__m512bh)x);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  const int64_t len = b.end - b.p0;
+  auto store = [&](const __m512* a, float* out) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      _mm512_mask_storeu_ps(out + b.p0 + 16 * g, FirstLanes(len - 16 * g), _mm512_mul_ps(a[g], s));
+    }
+  };
+  store(a0, scores[0]);
+  if constexpr (R > 1) store(a1, scores[1]);
+  if constexpr (R > 2) store(a2, scores[2]);
+  if constexpr (R > 3) store(a3, scores[3]);
+}
+
+using ScoresRowsFn = void (*)(const Bf16Block&, const uint32_t* const*, float, float* const*);
+// [R - 1][G - 1]: four rows at a time, up to the block's 64 positions (16 accumulators).
+constexpr ScoresRowsFn kScoresRows[4][4] = {
+    {ScoresRows<1, 1>, ScoresRows<1, 2>, ScoresRows<1, 3>, ScoresRows<1, 4>},
+    {ScoresRows<2, 1>, ScoresRows<2, 2>, ScoresRows<2, 3>, ScoresRows<2, 4>},
+    {ScoresRows<3, 1>, ScoresRows<3, 2>, ScoresRows<3, 3>, ScoresRows<3, 4>},
+    {ScoresRows<4, 1>, ScoresRows<4, 2>, ScoresRows<4, 3>, ScoresRows<4, 4>}};
+static_assert(kPositionBlock == 64, "kScoresRows covers 4 x 16 positions");
+
+// The weighted sums of R rows over dims [d0, d0 + 16 V) (the last vector's lanes `last`) and the
+// block's `pairs` position pairs: lanes along dims, one vdpbf16ps per probability pair and 16
+// dims, each value vector loaded once for the R rows. `odd`: the last pair's second position
+// is past the rows' own, its values read as +0.
+template <int R, int V>
+void SumRows(const Bf16Block& b, int64_t pairs, bool odd, const uint32_t* const* probs, int64_t d0,
+             __mmask16 last, float* const* out) {
+  static_assert(R >= 1 && R <= 3 && R * V <= 24);
+  __m512 a0[V], a1[V], a2[V];
+  auto load = [&](__m512* a, const float* o) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      a[v] = v + 1 < V ? _mm512_loadu_ps(o + d0 + 16 * v)
+                       : _mm512_maskz_loadu_ps(last, o + d0 + 16 * v);
+    }
+  };
+  auto store = [&](const __m512* a, float* o) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      if (v + 1 < V) {
+        _mm512_storeu_ps(o + d0 + 16 * v, a[v]);
+      } else {
+        _mm512_mask_storeu_ps(o + d0 + 16 * v, last, a[v]);
+      }
+    }
+  };
+  load(a0, out[0]);
+  if constexpr (R > 1) load(a1, out[1]);
+  if constexpr (R > 2) load(a2, out[2]);
+  const uint32_t* p0 = probs[0];
+  const uint32_t* p1 = probs[R > 1 ? 1 : 0];
+  const uint32_t* p2 = probs[R > 2 ? 2 : 0];
+  const auto step = [&](int64_t j, __m512i keep) {
+    const uint32_t* x_row = b.values + j * b.value_width + d0;
+    const __m512bh w0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p0[j]));
+    const __m512bh w1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p1[j]));
+    const __m512bh w2 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p2[j]));
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      __m512i x = _mm512_and_si512(_mm512_loadu_si512(x_row + 16 * v), keep);
+      if constexpr (R > 1) __asm__("" : "+v"(x));
+      a0[v] = _mm512_dpbf16_ps(a0[v], w0, (__m512bh)x);
+      if constexpr (R > 1) a1[v] = _mm512_dpbf16_ps(a1[v], w1, (__m512bh)x);
+      if constexpr (R > 2) a2[v] = _mm512_dpbf16_ps(a2[v], w2, (__m512bh)x);
+    }
+  };
+  const int64_t full = pairs - (odd ? 1 : 0);
+  const __m512i all = _mm512_set1_epi32(-1);
+  for (int64_t j = 0; j < full; ++j) step(j, all);
+  if (odd) step(full, _mm512_set1_epi32(0xffff));
+  store(a0, out[0]);
+  if constexpr (R > 1) store(a1, out[1]);
+  if constexpr (R > 2) store(a2, out[2]);
+}
+
+using SumRowsFn = void (*)(const Bf16Block&, int64_t, bool, const uint32_t* const*, int64_t,
+                           __mmask16, float* const*);
+// [R - 1][V - 1]: three rows at a time up to V = 8 (24 accumulators).
+constexpr SumRowsFn kSumRows[3][8] = {{SumRows<1, 1>, SumRows<1, 2>, SumRows<1, 3>, SumRows<1, 4>,
+                                       SumRows<1, 5>, SumRows<1, 6>, SumRows<1, 7>, SumRows<1, 8>},
+                                      {SumRows<2, 1>, SumRows<2, 2>, SumRows<2, 3>, SumRows<2, 4>,
+                                       SumRows<2, 5>, SumRows<2, 6>, SumRows<2, 7>, SumRows<2, 8>},
+                                      {SumRows<3, 1>, SumRows<3, 2>, SumRows<3, 3>, SumRows<3, 4>,
+                                       SumRows<3, 5>, SumRows<3, 6>, SumRows<3, 7>, SumRows<3, 8>}};
+
+}  // namespace
+
+void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out) {
+  for (int64_t i = 0; i < n; i += 32) {
+    const int64_t pairs = (std::min<int64_t>(32, n - i) + 1) / 2;
+    _mm512_mask_storeu_epi32(out + i / 2, FirstLanes(pairs), Pairs32(x + i, n - i));
+  }
+}
+
+// 16 positions x 16 key pairs at a time: each position's 32 dims rounded to 16 pairs (one
+// register a position), then one 16 x 16 dword transpose gives each pair's 16 positions.
+void PackKeysBf16Avx512(const AttentionRows& rows, uint32_t* keys) {
+  const int64_t hd = rows.head_dim;
+  if (hd % 32 != 0) return PackKeysBf16Generic(rows, keys);
+  const float* ptr[kPositionBlock];
+  const int64_t n = RowPointers(rows, false, ptr);
+  for (int64_t g = 0; 16 * g < n; ++g) {
+    const int64_t count = std::min<int64_t>(16, n - 16 * g);
+    for (int64_t j = 16 * (g + 1); j < std::min(n, 16 * (g + 2)); ++j) {
+      for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(ptr[j] + d);
+    }
+    for (int64_t c = 0; c < hd / 32; ++c) {
+      __m512i t[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        t[j] = j < count ? Pairs32(ptr[16 * g + j] + 32 * c, 32) : _mm512_setzero_si512();
+      }
+      Transpose16x16(t);
+      for (int64_t i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(keys + (16 * c + i) * kPositionBlock + 16 * g, t[i]);
+      }
+    }
+  }
+}
+
+// Two positions' values, rounded, into the low and high halves of each dword.
+void PackValuesBf16Avx512(const AttentionRows& rows, uint32_t* values) {
+  const int64_t hd = rows.head_dim;
+  if (hd % 16 != 0) return PackValuesBf16Generic(rows, values);
+  const float* ptr[kPositionBlock];
+  const int64_t n = RowPointers(rows, true, ptr);
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    const float* lo = ptr[2 * j];
+    const float* hi = 2 * j + 1 < n ? ptr[2 * j + 1] : nullptr;
+    if (2 * j + 5 < n) {
+      for (int64_t d = 0; d < hd; d += 16) {
+        __builtin_prefetch(ptr[2 * j + 4] + d);
+        __builtin_prefetch(ptr[2 * j + 5] + d);
+      }
+    }
+    for (int64_t d = 0; d < hd; d += 16) {
+      const __m512i l = RoundLow(_mm512_loadu_ps(lo + d));
+      const __m512i h = hi != nullptr ? _mm512_slli_epi32(RoundLow(_mm512_loadu_ps(hi + d)), 16)
+                                      : _mm512_setzero_si512();
+      _mm512_storeu_si512(values + j * hd + d, _mm512_or_si512(l, h));
+    }
+  }
+}
+
+void AttentionScoresBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uint32_t* const* q,
+                                   float scale, float* const* scores) {
+  const int64_t groups = (b.end - b.p0 + 15) / 16;
+  for (int64_t r = 0; r < n; r += 4) {
+    const int64_t rows = std::min<int64_t>(4, n - r);
+    kScoresRows[rows - 1][groups - 1](b, q + r, scale, scores + r);
+  }
+}
+
+void AttentionWeightedSumBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uint32_t* const* probs,
+                                        float* const* out) {
+  const int64_t pairs = (b.end - b.p0 + 1) / 2;
+  const bool odd = (b.end - b.p0) % 2 != 0;
+  for (int64_t d0 = 0; d0 < b.head_dim; d0 += 128) {
+    const int64_t vectors = std::min<int64_t>(8, (b.head_dim - d0 + 15) / 16);
+    const __mmask16 last = FirstLanes(b.head_dim - d0 - 16 * (vectors - 1));
+    for (int64_t r = 0; r < n; r += 3) {
+      const int64_t rows = std::min<int64_t>(3, n - r);
+      kSumRows[rows - 1][vectors - 1](b, pairs, odd, probs + r, d0, last, out + r);
+    }
+  }
+}
+
+}  // namespace glmserve::internal

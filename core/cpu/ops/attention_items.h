@@ -1,0 +1,86 @@
+// How the two-pass attentions (PagedAttention's fp32 path, attention.cc, and PagedAttentionBf16,
+// attention_bf16.cc) split a batch into work items, and walk an item's position blocks and the
+// runs of rows that share them. The arithmetic is the caller's; nothing here touches a value.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/model/forward_types.h"
+
+namespace glmserve::internal {
+
+// A unit of work: a block of consecutive tokens of one sequence slice and some of the query
+// heads of one KV head group. Its rows (token x head) attend to the same keys and values, and
+// it reads them in blocks of kPositionBlock positions: each block from memory once for all its
+// rows, then from cache, where one row at a time re-read the whole context per row (GLM-4.5's
+// 12 heads per KV head and every token of a prompt: a 2,048-token prefill's attention was bound
+// by those reads). Every row's operations and their order are a lone row's, so the bits do not
+// depend on the blocking.
+struct AttentionItem {
+  int32_t seq;     // index in the batch
+  int64_t row0;    // the slice's first row in q / out
+  int64_t token0;  // first token of the block, within the slice
+  int64_t tokens;
+  int64_t kv_head;
+  int64_t head0, heads;  // query heads head0 .. of the KV head's group
+};
+
+// Positions whose keys (values) the rows share: 64 of a 128-wide head, packed, are 32 KiB in
+// fp32. Even, so that a block holds whole position pairs (the bf16 path's operands).
+constexpr int64_t kPositionBlock = 64;
+constexpr int64_t kTokenBlock = 16;        // tokens per item at most
+constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
+// Rows a loop takes together at most: one token's query heads of a KV head on GLM-4.5 (their
+// query rows, 6 KiB at a 128-wide head, stay in L1 beside eight keys).
+constexpr int64_t kRunRows = 12;
+
+// Items for the batch: token blocks as long as the scores budget allows, the group split into
+// head subsets when there are fewer items than threads; the longest contexts first, so that the
+// parallel loop's last items are short.
+std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch, int64_t kv_heads,
+                                          int64_t group);
+
+// An item's rows. Row r: token token0 + r / heads of the slice, query head head0 + r % heads of
+// the KV head's group.
+struct ItemRows {
+  const AttentionItem& item;
+  const SequenceSlice& slice;
+  int64_t heads, group;  // query heads in all, and per KV head
+
+  int64_t count() const { return item.tokens * item.heads; }
+  // The last token's context: the positions the item reads.
+  int64_t context() const { return slice.start_position + item.token0 + item.tokens; }
+  // Row r's index in q / out (in rows of head_dim), and its context (causal: positions 0 .. its
+  // own).
+  std::pair<int64_t, int64_t> operator()(int64_t r) const {
+    const int64_t t = item.token0 + r / item.heads;
+    const int64_t h = item.kv_head * group + item.head0 + r % item.heads;
+    return {(item.row0 + t) * heads + h, slice.start_position + t + 1};
+  }
+};
+
+// Position blocks outermost: block(p0, p1) for each block [p0, p1) of the item's context (where
+// the caller packs it), then run(p0, end, r, n) for each run of rows r .. r + n - 1 (n <=
+// kRunRows) whose contexts reach the block and end at the same place `end` in it (in a full
+// block, all of them): those rows read positions [p0, end) of the block together.
+template <typename Block, typename Run>
+void ForEachBlockRun(const ItemRows& rows, Block&& block, Run&& run) {
+  const int64_t n_rows = rows.count(), context = rows.context();
+  for (int64_t p0 = 0; p0 < context; p0 += kPositionBlock) {
+    const int64_t p1 = std::min(context, p0 + kPositionBlock);
+    block(p0, p1);
+    for (int64_t r = 0, n = 1; r < n_rows; r += n) {
+      const int64_t end = std::min(rows(r).second, p1);
+      for (n = 1; r + n < n_rows && n < kRunRows; ++n) {
+        if (std::min(rows(r + n).second, p1) != end) break;
+      }
+      if (end > p0) run(p0, end, r, n);
+    }
+  }
+}
+
+}  // namespace glmserve::internal

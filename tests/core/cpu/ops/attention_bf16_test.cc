@@ -1,0 +1,330 @@
+#include "core/cpu/ops/attention_bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/base/dtype.h"
+#include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/attention_items.h"
+#include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/softmax.h"
+#include "tests/test_util.h"
+
+namespace glmserve {
+namespace {
+
+// A cache holding sequences' full K/V histories, and the query rows of a batch over them.
+struct Fixture {
+  int64_t heads, kv_heads, head_dim;
+  KvCache cache;
+  std::vector<BlockTable> tables;
+  std::vector<std::vector<float>> keys, values;  // per sequence [context, kv_dim]
+  std::vector<SequenceSlice> batch;
+  std::vector<float> q;  // [total, heads, head_dim]
+
+  Fixture(int64_t h, int64_t kvh, int64_t hd, int64_t block_size,
+          const std::vector<std::pair<int64_t, int64_t>>& seqs, uint32_t seed)
+      : heads(h),
+        kv_heads(kvh),
+        head_dim(hd),
+        cache(KvCacheShape{1, kvh, hd, block_size, 4096 / block_size + 64}),
+        tables(seqs.size()) {
+    const int64_t kv_dim = kv_heads * head_dim;
+    int64_t total = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto [cached, fresh] = seqs[i];
+      BlockTable spare;  // tables not contiguous
+      EXPECT_TRUE(cache.Reserve(&spare, 1).ok());
+      EXPECT_TRUE(cache.Reserve(&tables[i], cached + fresh).ok());
+      keys.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
+      values.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
+      batch.push_back({fresh, cached, &tables[i]});
+      total += fresh;
+    }
+    Write();
+    q = testing::RandomVector(total * heads * head_dim, seed++, 2.0f);
+  }
+  // Every position of every sequence into the cache (after a test edits keys or values).
+  void Write() {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t n = batch[i].start_position + batch[i].num_tokens;
+      const SequenceSlice all{n, 0, &tables[i]};
+      WriteKv(keys[i].data(), values[i].data(), {all}, 0, &cache);
+    }
+  }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+  std::vector<float> Run() const {
+    std::vector<float> out(q.size(), NAN);
+    PagedAttentionBf16(q.data(), batch, cache, 0, heads, scale(), out.data());
+    return out;
+  }
+};
+
+// One lane of vdpbf16ps as its definition reads (written here again, not taken from the code
+// under test): acc + hi * hi, then + lo * lo, each rounded once, bf16 subnormals as zero,
+// subnormal results flushed.
+float Lane(float acc, uint16_t a_lo, uint16_t a_hi, uint16_t b_lo, uint16_t b_hi) {
+  auto in = [](uint16_t v) {
+    const float f = Bf16ToFloat(v);
+    return std::fabs(f) < FLT_MIN ? std::copysign(0.0f, f) : f;
+  };
+  auto flush = [](float f) { return std::fabs(f) < FLT_MIN ? std::copysign(0.0f, f) : f; };
+  acc = flush(std::fma(in(a_hi), in(b_hi), acc));
+  return flush(std::fma(in(a_lo), in(b_lo), acc));
+}
+
+// The arithmetic of attention_bf16.h, one row at a time over its whole context.
+std::vector<float> Definition(const Fixture& s) {
+  const int64_t hd = s.head_dim, kv_dim = s.kv_heads * hd, group = s.heads / s.kv_heads;
+  auto b = [](const float* x, int64_t i, int64_t n) { return i < n ? FloatToBf16(x[i]) : 0; };
+  std::vector<float> out(s.q.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < s.batch.size(); ++i) {
+    for (int64_t t = 0; t < s.batch[i].num_tokens; ++t, ++row) {
+      const int64_t pos = s.batch[i].start_position + t;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const float* qv = s.q.data() + (row * s.heads + h) * hd;
+        const int64_t off = (h / group) * hd;
+        std::vector<float> probs(pos + 1);
+        for (int64_t p = 0; p <= pos; ++p) {
+          const float* k = s.keys[i].data() + p * kv_dim + off;
+          float acc = 0.0f;
+          for (int64_t d = 0; d < hd; d += 2) {
+            acc = Lane(acc, b(qv, d, hd), b(qv, d + 1, hd), b(k, d, hd), b(k, d + 1, hd));
+          }
+          probs[p] = acc * s.scale();
+        }
+        SoftmaxInPlace(probs.data(), pos + 1);
+        float* o = out.data() + (row * s.heads + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          float acc = 0.0f;
+          for (int64_t p = 0; p <= pos; p += 2) {
+            const float* v = s.values[i].data() + off + d;
+            const uint16_t v_hi = p + 1 <= pos ? FloatToBf16(v[(p + 1) * kv_dim]) : 0;
+            acc = Lane(acc, b(probs.data(), p, pos + 1), b(probs.data(), p + 1, pos + 1),
+                       FloatToBf16(v[p * kv_dim]), v_hi);
+          }
+          o[d] = acc;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Float64 attention on the bf16-rounded q, K and V.
+std::vector<float> Float64Reference(const Fixture& s) {
+  const int64_t hd = s.head_dim, kv_dim = s.kv_heads * hd, group = s.heads / s.kv_heads;
+  auto b = [](float x) { return static_cast<double>(Bf16ToFloat(FloatToBf16(x))); };
+  std::vector<float> ref(s.q.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < s.batch.size(); ++i) {
+    for (int64_t t = 0; t < s.batch[i].num_tokens; ++t, ++row) {
+      const int64_t pos = s.batch[i].start_position + t;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const float* qv = s.q.data() + (row * s.heads + h) * hd;
+        const int64_t off = (h / group) * hd;
+        std::vector<double> w(pos + 1);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t p = 0; p <= pos; ++p) {
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e) d += b(qv[e]) * b(s.keys[i][p * kv_dim + off + e]);
+          w[p] = d * s.scale();
+          mx = std::max(mx, w[p]);
+        }
+        for (double& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int64_t p = 0; p <= pos; ++p) o += w[p] / sum * b(s.values[i][p * kv_dim + off + e]);
+          ref[(row * s.heads + h) * hd + e] = static_cast<float>(o);
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+// The forms this machine can run: the AVX512_BF16 one where the CPU has it, the portable one.
+std::vector<bool> Forms() {
+  std::vector<bool> generic = {true};
+  if (internal::CpuHasAvx512Bf16()) generic.push_back(false);
+  return generic;
+}
+
+struct Case {
+  int64_t heads, kv_heads, head_dim, block_size;
+  std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached tokens, new tokens)
+};
+
+// Head dims odd (13: padded pairs), off the packers' grids (24, 40, 48: portable key packing,
+// 48 AVX-512 value packing), on them (64, 128), past one 128-wide chunk of the weighted sum
+// (136, 160); groups of 1, 3 and 12 query heads (runs of up to 12 rows); contexts across
+// position blocks with odd and even ends; prefill, decode and a chunk after a cached prefix in
+// one ragged batch.
+const Case kCases[] = {
+    {4, 2, 13, 3, {{0, 5}, {6, 1}, {2, 7}}},
+    {24, 2, 128, 16, {{0, 70}, {100, 1}, {33, 40}, {0, 1}}},
+    {3, 3, 40, 5, {{0, 1}, {31, 2}}},
+    {6, 2, 24, 4, {{0, 66}, {63, 2}}},
+    {12, 4, 48, 16, {{0, 65}, {128, 3}}},
+    {12, 1, 64, 8, {{0, 129}}},
+    {6, 2, 136, 16, {{0, 37}, {64, 1}}},
+    {3, 1, 160, 16, {{17, 50}}},
+};
+
+// Every form gives the definition's bits, row by row, whatever the items, runs and blocks.
+TEST(PagedAttentionBf16Test, EveryFormGivesTheDefinitionsBits) {
+  uint32_t seed = 40;
+  for (const bool generic : Forms()) {
+    internal::ForceGenericKernels(generic);
+    for (const Case& c : kCases) {
+      const Fixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
+      const std::vector<float> out = s.Run(), want = Definition(s);
+      ASSERT_EQ(out.size(), want.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&out[i], &want[i], sizeof(float)), 0)
+            << internal::AttentionBf16KernelName() << ", head_dim " << c.head_dim << ", element "
+            << i << ": " << out[i] << " against " << want[i];
+      }
+    }
+  }
+  internal::ForceGenericKernels(false);
+}
+
+// What the arithmetic promises against exact attention on the same bf16 operands: fp32
+// accumulation, the exp polynomial and the probabilities' bf16 rounding (2^-9 relative each).
+TEST(PagedAttentionBf16Test, MatchesFloat64ReferenceOnBf16Operands) {
+  uint32_t seed = 500;
+  for (const Case& c : kCases) {
+    const Fixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
+    const double err = testing::RelativeError(s.Run(), Float64Reference(s));
+    std::printf("head_dim %lld: relative error %.3g\n", static_cast<long long>(c.head_dim), err);
+    EXPECT_LT(err, 3e-3) << "head_dim " << c.head_dim;  // measured 1.0e-3 .. 1.8e-3
+    EXPECT_GT(err, 0.0) << "nothing was rounded";
+  }
+}
+
+// The arithmetic is per row: a prompt gives the same bits in one chunk, in chunks, token by
+// token, and inside any batch.
+TEST(PagedAttentionBf16Test, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
+  const int64_t heads = 12, kv_heads = 1, head_dim = 64, n = 75;
+  const Fixture whole(heads, kv_heads, head_dim, 16, {{0, n}}, 900);
+  const std::vector<float> ref = whole.Run();
+  const int64_t width = heads * head_dim;
+  for (const int64_t chunk : {1, 7, 32, 40}) {
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      // The chunk after another slice of 9 rows (another view of the same cache, positions
+      // 3..11), as the engine batches sequences.
+      const std::vector<SequenceSlice> batch = {{9, 3, &whole.tables[0]},
+                                                {len, start, &whole.tables[0]}};
+      std::vector<float> q = testing::RandomVector(9 * width, 77 + chunk);
+      q.insert(q.end(), whole.q.begin() + start * width, whole.q.begin() + (start + len) * width);
+      std::vector<float> out(q.size(), NAN);
+      PagedAttentionBf16(q.data(), batch, whole.cache, 0, heads, whole.scale(), out.data());
+      ASSERT_EQ(0, std::memcmp(out.data() + 9 * width, ref.data() + start * width,
+                               len * width * sizeof(float)))
+          << "chunk " << chunk << " start " << start;
+    }
+  }
+}
+
+// A row at an even position reads its last pair's second position as probability +0 and value
+// +0. There the cache holds the next token's row, which a later row of the same work item reads
+// (here inf or NaN at position 41, whose own row and those after it are not checked): it must
+// not reach the rows before it, in any form.
+TEST(PagedAttentionBf16Test, ThePositionAfterARowsOwnNeverReachesIt) {
+  constexpr int64_t kHeads = 12, kHeadDim = 64, kPoisoned = 41;
+  for (const bool generic : Forms()) {
+    internal::ForceGenericKernels(generic);
+    for (const float poison : {std::numeric_limits<float>::infinity(), NAN}) {
+      Fixture s(kHeads, 1, kHeadDim, 16, {{0, 70}}, 321);
+      std::fill_n(s.keys[0].begin() + kPoisoned * kHeadDim, kHeadDim, poison);
+      std::fill_n(s.values[0].begin() + kPoisoned * kHeadDim, kHeadDim, poison);
+      s.Write();
+      const std::vector<float> out = s.Run();
+      for (int64_t i = 0; i < kPoisoned * kHeads * kHeadDim; ++i) {
+        ASSERT_TRUE(std::isfinite(out[i]))
+            << internal::AttentionBf16KernelName() << ", poison " << poison << ", element " << i;
+      }
+      EXPECT_FALSE(std::isfinite(out[kPoisoned * kHeads * kHeadDim])) << "the poison was not read";
+    }
+  }
+  internal::ForceGenericKernels(false);
+}
+
+// Bits a rounding can trip on: signed zeros, subnormals (one rounding up to the smallest
+// normal), ties to even and odd, the largest finite (rounding to inf), infinities, NaNs.
+std::vector<float> AwkwardFloats(int64_t n, uint32_t seed) {
+  const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu, 0x807fffffu,
+                              0x00800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu,
+                              0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu};
+  std::vector<float> x = testing::RandomVector(n, seed, 4.0f);
+  for (int64_t i = 0; i < n; i += 3) {
+    const uint32_t bits = special[(i / 3) % (sizeof special / sizeof special[0])];
+    std::memcpy(&x[i], &bits, sizeof bits);
+  }
+  return x;
+}
+
+// The AVX-512 rounding and packing against the portable code, bit for bit, on awkward values:
+// every length of a pair run up to past two registers, and blocks of 1 .. 64 positions.
+TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
+  if (!internal::CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  const std::vector<float> x = AwkwardFloats(80, 7);
+  for (int64_t n = 1; n <= 80; ++n) {
+    std::vector<uint32_t> fast((n + 1) / 2 + 1, 0xdeadbeefu), portable = fast;
+    internal::RoundPairsAvx512(x.data(), n, fast.data());
+    internal::RoundPairsGeneric(x.data(), n, portable.data());
+    ASSERT_EQ(fast, portable) << "n " << n;  // and the dword after the pairs untouched
+  }
+  for (const int64_t head_dim : {32, 48, 64, 128}) {
+    const int64_t kv_heads = 2, tokens = 150, kv_dim = kv_heads * head_dim;
+    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 16, 16});
+    BlockTable table;
+    ASSERT_TRUE(cache.Reserve(&table, tokens).ok());
+    const std::vector<float> k = AwkwardFloats(tokens * kv_dim, 8);
+    const std::vector<float> v = AwkwardFloats(tokens * kv_dim, 9);
+    const SequenceSlice all{tokens, 0, &table};
+    WriteKv(k.data(), v.data(), {all}, 0, &cache);
+    const int64_t key_pairs = (head_dim + 1) / 2, width = (head_dim + 15) / 16 * 16;
+    for (const auto [p0, p1] :
+         {std::pair<int64_t, int64_t>{0, 64}, {64, 65}, {64, 79}, {128, 150}, {64, 127}}) {
+      const internal::AttentionRows rows{.cache = &cache,
+                                         .blocks = &table,
+                                         .layer = 0,
+                                         .kv_off = head_dim,  // the second KV head
+                                         .kv_dim = kv_dim,
+                                         .block_size = 16,
+                                         .head_dim = head_dim,
+                                         .context = p1,
+                                         .begin = p0};
+      std::vector<uint32_t> fast(key_pairs * internal::kPositionBlock, 0u), portable = fast;
+      internal::PackKeysBf16Avx512(rows, fast.data());
+      internal::PackKeysBf16Generic(rows, portable.data());
+      for (int64_t i = 0; i < key_pairs; ++i) {
+        for (int64_t j = 0; j < p1 - p0; ++j) {
+          const int64_t at = i * internal::kPositionBlock + j;
+          ASSERT_EQ(fast[at], portable[at])
+              << "keys, head_dim " << head_dim << ", pair " << i << ", position " << p0 + j;
+        }
+      }
+      std::vector<uint32_t> vfast(internal::kPositionBlock / 2 * width, 0x12345678u);
+      std::vector<uint32_t> vportable = vfast;
+      internal::PackValuesBf16Avx512(rows, vfast.data());
+      internal::PackValuesBf16Generic(rows, vportable.data());
+      const int64_t used = (p1 - p0 + 1) / 2 * width;
+      ASSERT_TRUE(std::equal(vfast.begin(), vfast.begin() + used, vportable.begin()))
+          << "values, head_dim " << head_dim << ", block " << p0 << ".." << p1;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace glmserve
