@@ -28,13 +28,13 @@ void AttentionWeightedSumGeneric(const AttentionRows& rows, const float* probs, 
 }
 
 std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch, int64_t kv_heads,
-                                          int64_t group) {
+                                          int64_t group, ItemLimits limits) {
   std::vector<AttentionItem> items;
   int64_t row0 = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceSlice& s = batch[i];
     const int64_t longest = s.start_position + s.num_tokens;
-    const int64_t tb = std::clamp<int64_t>(kProbsBudget / (group * longest), 1, kTokenBlock);
+    const int64_t tb = std::clamp<int64_t>(limits.probs / (group * longest), 1, limits.tokens);
     for (int64_t t0 = 0; t0 < s.num_tokens; t0 += tb) {
       for (int64_t g = 0; g < kv_heads; ++g) {
         items.push_back(
@@ -208,7 +208,7 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
                       : avx2 ? SumEachRow<internal::AttentionWeightedSumAvx2>
                              : SumEachRow<internal::AttentionWeightedSumGeneric>;
   const std::vector<internal::AttentionItem> items =
-      internal::AttentionItems(batch, kv_heads, group);
+      internal::AttentionItems(batch, kv_heads, group, internal::kFp32ItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs, packed;
     packed.resize(internal::kPositionBlock * head_dim);

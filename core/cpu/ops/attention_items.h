@@ -32,17 +32,24 @@ struct AttentionItem {
 // Positions whose keys (values) the rows share: 64 of a 128-wide head, packed, are 32 KiB in
 // fp32. Even, so that a block holds whole position pairs (the bf16 path's operands).
 constexpr int64_t kPositionBlock = 64;
-constexpr int64_t kTokenBlock = 16;        // tokens per item at most
-constexpr int64_t kProbsBudget = 1 << 20;  // floats of scores an item keeps (4 MiB)
+// How long an item's token block may be: at most `tokens`, and its rows' scores (fp32, rows x
+// the last token's context) at most `probs` floats, a per-thread buffer. Longer blocks pack
+// each position block for more rows.
+struct ItemLimits {
+  int64_t tokens;
+  int64_t probs;
+};
+// The fp32 path: 16 tokens, 4 MiB of scores (32 tokens measured no faster).
+inline constexpr ItemLimits kFp32ItemLimits = {16, int64_t{1} << 20};
 // Rows a loop takes together at most: one token's query heads of a KV head on GLM-4.5 (their
 // query rows, 6 KiB at a 128-wide head, stay in L1 beside eight keys).
 constexpr int64_t kRunRows = 12;
 
-// Items for the batch: token blocks as long as the scores budget allows, the group split into
-// head subsets when there are fewer items than threads; the longest contexts first, so that the
-// parallel loop's last items are short.
+// Items for the batch: token blocks as long as `limits` allow, the group split into head subsets
+// when there are fewer items than threads; the longest contexts first, so that the parallel
+// loop's last items are short.
 std::vector<AttentionItem> AttentionItems(absl::Span<const SequenceSlice> batch, int64_t kv_heads,
-                                          int64_t group);
+                                          int64_t group, ItemLimits limits);
 
 // An item's rows. Row r: token token0 + r / heads of the slice, query head head0 + r % heads of
 // the KV head's group.
