@@ -9,6 +9,7 @@
 //    of AVX512_BF16's vdpbf16ps: lane j (of 16) takes k = 32s + 2j + 1, then 32s + 2j, for
 //    s = 0, 1, ... over all of K, each step one fp32 rounding; then the same lane tree. fp32
 //    and f16 weights, which vdpbf16ps cannot take, run the exact arithmetic in this mode too.
+//    (GLM-4.5's attention in this mode, on bf16 weights: attention_bf16.h.)
 //  * kBf16Amx: for bf16 weights, the activations rounded to bf16 as in kBf16 and multiplied
 //    by Intel AMX's TDPBF16PS (core/cpu/ops/linear_amx.h has the layout and the arithmetic, which
 //    sums in a different order than kBf16, so the two give different bits); a portable
