@@ -10,9 +10,9 @@
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_amx_internal.h"
 #include "core/cpu/ops/attention_flash.h"
+#include "core/cpu/ops/bf16_pack_avx512.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
-#include "core/cpu/ops/transpose_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

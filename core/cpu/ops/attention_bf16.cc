@@ -103,7 +103,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, kItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
-    thread_local std::vector<float> probs;                   // [n_rows, item_context]
+    thread_local std::vector<float> probs, sums;             // [n_rows, item_context], [n_rows]
     thread_local std::vector<uint32_t> q_pairs, prob_pairs;  // [n_rows, key / context pairs]
     thread_local std::vector<uint32_t> keys, values;         // one block's (Bf16Block)
     keys.resize(key_pairs * kPositionBlock);
@@ -113,6 +113,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
       const int64_t n_rows = row_of.count(), item_context = row_of.context();
       const int64_t context_pairs = (item_context + 1) / 2;
       probs.resize(n_rows * item_context);
+      sums.resize(n_rows);
       q_pairs.resize(n_rows * key_pairs);
       prob_pairs.resize(n_rows * context_pairs);
       for (int64_t r = 0; r < n_rows; ++r) {
@@ -163,7 +164,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
       for (int64_t r = 0; r < n_rows; ++r) {
         const auto [qh, context] = row_of(r);
         float* row = probs.data() + r * item_context;
-        SoftmaxInPlace(row, context);
+        sums[r] = SoftmaxExpInPlace(row, context);
         round_pairs(row, context, prob_pairs.data() + r * context_pairs);
         std::fill_n(out + qh * head_dim, head_dim, 0.f);
       }
@@ -174,6 +175,10 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
         }
         sum_fn(block, n, in, res);
       });
+      for (int64_t r = 0; r < n_rows; ++r) {
+        float* o = out + row_of(r).first * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = o[d] / sums[r];
+      }
     }
   });
 }

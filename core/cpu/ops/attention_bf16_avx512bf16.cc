@@ -7,35 +7,13 @@
 
 #include "core/cpu/ops/attention_bf16.h"
 #include "core/cpu/ops/attention_items.h"
-#include "core/cpu/ops/transpose_avx512.h"
+#include "core/cpu/ops/bf16_pack_avx512.h"
 
 namespace glmserve::internal {
 namespace {
 
-// FloatToBf16 on 16 lanes, each result in the low half of its dword (the high half +0): round
-// to nearest even, NaNs kept quiet, the scalar function's bits.
-inline __m512i RoundLow(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, rounded, quiet);
-}
-
 inline __mmask16 FirstLanes(int64_t n) {
   return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
-}
-
-// 32 floats x[0, n) (n <= 32; +0 past n) as 16 pairs.
-inline __m512i Pairs32(const float* x, int64_t n) {
-  const __m512 lo = _mm512_maskz_loadu_ps(FirstLanes(n), x);
-  const __m512 hi = _mm512_maskz_loadu_ps(FirstLanes(n - 16), x + 16);
-  const __m256i wlo = _mm512_cvtepi32_epi16(RoundLow(lo));  // words 0..15: x[0..15]
-  const __m256i whi = _mm512_cvtepi32_epi16(RoundLow(hi));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(wlo), whi, 1);
 }
 
 // The rows of positions [begin, context) of `rows`, from the cache.
@@ -166,7 +144,7 @@ constexpr SumRowsFn kSumRows[3][8] = {{SumRows<1, 1>, SumRows<1, 2>, SumRows<1, 
 void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 32) {
     const int64_t pairs = (std::min<int64_t>(32, n - i) + 1) / 2;
-    _mm512_mask_storeu_epi32(out + i / 2, FirstLanes(pairs), Pairs32(x + i, n - i));
+    _mm512_mask_storeu_epi32(out + i / 2, FirstLanes(pairs), Bf16Pairs32(x + i, n - i));
   }
 }
 
@@ -185,7 +163,7 @@ void PackKeysBf16Avx512(const AttentionRows& rows, uint32_t* keys) {
     for (int64_t c = 0; c < hd / 32; ++c) {
       __m512i t[16];
       for (int64_t j = 0; j < 16; ++j) {
-        t[j] = j < count ? Pairs32(ptr[16 * g + j] + 32 * c, 32) : _mm512_setzero_si512();
+        t[j] = j < count ? Bf16Pairs32(ptr[16 * g + j] + 32 * c, 32) : _mm512_setzero_si512();
       }
       Transpose16x16(t);
       for (int64_t i = 0; i < 16; ++i) {
@@ -211,9 +189,10 @@ void PackValuesBf16Avx512(const AttentionRows& rows, uint32_t* values) {
       }
     }
     for (int64_t d = 0; d < hd; d += 16) {
-      const __m512i l = RoundLow(_mm512_loadu_ps(lo + d));
-      const __m512i h = hi != nullptr ? _mm512_slli_epi32(RoundLow(_mm512_loadu_ps(hi + d)), 16)
-                                      : _mm512_setzero_si512();
+      const __m512i l = RoundToBf16Lanes(_mm512_loadu_ps(lo + d));
+      const __m512i h = hi != nullptr
+                            ? _mm512_slli_epi32(RoundToBf16Lanes(_mm512_loadu_ps(hi + d)), 16)
+                            : _mm512_setzero_si512();
       _mm512_storeu_si512(values + j * hd + d, _mm512_or_si512(l, h));
     }
   }

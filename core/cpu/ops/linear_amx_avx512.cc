@@ -6,30 +6,14 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cpu/ops/bf16_pack_avx512.h"
 #include "core/cpu/ops/linear_amx.h"
-#include "core/cpu/ops/transpose_avx512.h"
 
 namespace glmserve::internal {
-namespace {
-
-// FloatToBf16 on 16 lanes, each result in the low half of its dword: round to nearest even,
-// NaNs kept quiet (the top half with 0x40 set), exactly the scalar function's bits.
-inline __m512i RoundToBf16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, rounded, quiet);
-}
 
 // The portable packing's bits, a chunk at a time: each of the 16 rows' 32 values rounded and
 // narrowed to 16 dwords (its pairs), then one 16 x 16 dword transpose makes them the tile's 16
 // pair rows. Rows past m and columns past k load as +0.
-}  // namespace
-
 void PackAmxActivationsAvx512(const float* x, int64_t m, int64_t k, int64_t block, uint16_t* out) {
   const int64_t chunks = (k + kAmxTileK - 1) / kAmxTileK;
   uint16_t* tiles = out + block * chunks * kAmxTileElems;
@@ -37,20 +21,13 @@ void PackAmxActivationsAvx512(const float* x, int64_t m, int64_t k, int64_t bloc
   const float* src = x + block * kAmxTileRows * k;
   for (int64_t kc = 0; kc < chunks; ++kc) {
     const int64_t k0 = kc * kAmxTileK, len = std::min(kAmxTileK, k - k0);
-    const __mmask16 lo = len >= 16 ? 0xffff : static_cast<__mmask16>((1u << len) - 1);
-    const __mmask16 hi = len >= 32   ? 0xffff
-                         : len <= 16 ? 0
-                                     : static_cast<__mmask16>((1u << (len - 16)) - 1);
     __m512i r[16];
     for (int64_t i = 0; i < kAmxTileRows; ++i) {
       if (i >= rows) {
         r[i] = _mm512_setzero_si512();
         continue;
       }
-      const float* p = src + i * k + k0;
-      const __m256i a = _mm512_cvtepi32_epi16(RoundToBf16(_mm512_maskz_loadu_ps(lo, p)));
-      const __m256i b = _mm512_cvtepi32_epi16(RoundToBf16(_mm512_maskz_loadu_ps(hi, p + 16)));
-      r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+      r[i] = Bf16Pairs32(src + i * k + k0, len);
     }
     Transpose16x16(r);
     uint16_t* tile = tiles + kc * kAmxTileElems;

@@ -7,6 +7,7 @@ namespace glmserve {
 namespace internal {
 
 void SoftmaxGeneric(float* scores, int64_t n) { SoftmaxRow(scores, n); }
+float SoftmaxExpGeneric(float* scores, int64_t n) { return SoftmaxExpRow(scores, n); }
 
 }  // namespace internal
 
@@ -15,6 +16,12 @@ void SoftmaxInPlace(float* scores, int64_t n) {
   if (internal::CpuHasAvx512()) return internal::SoftmaxAvx512(scores, n);
   if (internal::CpuHasAvx2Fma()) return internal::SoftmaxAvx2(scores, n);
   internal::SoftmaxGeneric(scores, n);
+}
+
+float SoftmaxExpInPlace(float* scores, int64_t n) {
+  if (internal::CpuHasAvx512()) return internal::SoftmaxExpAvx512(scores, n);
+  if (internal::CpuHasAvx2Fma()) return internal::SoftmaxExpAvx2(scores, n);
+  return internal::SoftmaxExpGeneric(scores, n);
 }
 
 }  // namespace glmserve

@@ -11,12 +11,19 @@ namespace glmserve {
 // (internal::ExpNonPositive), summed in LaneSum<8> order (one fixed order, like every
 // reduction here), each times 1 / sum. The same bits on every x86-64 CPU and C library.
 void SoftmaxInPlace(float* scores, int64_t n);
+// Its first part: scores[0, n) -> exp(s - max) in place, returning their sum (both with
+// SoftmaxInPlace's bits before its division). For a caller that scales by 1 / sum later
+// (PagedAttentionBf16, which rounds the exps to bf16 and divides its outputs).
+float SoftmaxExpInPlace(float* scores, int64_t n);
 
 namespace internal {
 // The portable code (softmax_row.h) and its SIMD forms, exposed for tests that compare them.
 void SoftmaxGeneric(float* scores, int64_t n);
 void SoftmaxAvx2(float* scores, int64_t n);    // AVX2 intrinsics (softmax_avx2.cc)
 void SoftmaxAvx512(float* scores, int64_t n);  // AVX-512 intrinsics (softmax_avx512.cc)
+float SoftmaxExpGeneric(float* scores, int64_t n);
+float SoftmaxExpAvx2(float* scores, int64_t n);
+float SoftmaxExpAvx512(float* scores, int64_t n);
 }  // namespace internal
 
 }  // namespace glmserve

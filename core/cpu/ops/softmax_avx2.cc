@@ -44,7 +44,7 @@ inline __m256i FirstLanes(int64_t count) {
 
 }  // namespace
 
-void SoftmaxAvx2(float* scores, int64_t n) {
+float SoftmaxExpAvx2(float* scores, int64_t n) {
   // The max: lane j keeps s > lane ? s : lane (max_ps(s, lane)), then the halving tree.
   __m256 lane_max = _mm256_set1_ps(-__builtin_inff());
   int64_t i = 0;
@@ -73,10 +73,14 @@ void SoftmaxAvx2(float* scores, int64_t n) {
     _mm256_maskstore_ps(scores + i, tail_mask, e);
     lane = _mm256_blendv_ps(lane, _mm256_add_ps(lane, e), _mm256_castsi256_ps(tail_mask));
   }
-  const float inv_sum = 1.0f / lanes8::SumOfLanes(lane);
+  return lanes8::SumOfLanes(lane);
+}
 
+void SoftmaxAvx2(float* scores, int64_t n) {
+  const float inv_sum = 1.0f / SoftmaxExpAvx2(scores, n);
   const __m256 inv = _mm256_set1_ps(inv_sum);
-  for (i = 0; i + 8 <= n; i += 8) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(scores + i, _mm256_mul_ps(_mm256_loadu_ps(scores + i), inv));
   }
   for (; i < n; ++i) scores[i] *= inv_sum;

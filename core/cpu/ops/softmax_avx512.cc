@@ -50,7 +50,7 @@ inline __m256 AddToLanes(__m256 lane, __m512 e, __mmask16 valid) {
 
 }  // namespace
 
-void SoftmaxAvx512(float* scores, int64_t n) {
+float SoftmaxExpAvx512(float* scores, int64_t n) {
   const int64_t whole = n - n % 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1);
 
@@ -77,8 +77,13 @@ void SoftmaxAvx512(float* scores, int64_t n) {
     _mm512_mask_storeu_ps(scores + whole, tail, e);
     lane = AddToLanes(lane, e, tail);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / lanes8::SumOfLanes(lane));
+  return lanes8::SumOfLanes(lane);
+}
 
+void SoftmaxAvx512(float* scores, int64_t n) {
+  const __m512 inv = _mm512_set1_ps(1.0f / SoftmaxExpAvx512(scores, n));
+  const int64_t whole = n - n % 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1);
   for (int64_t i = 0; i < whole; i += 16) {
     _mm512_storeu_ps(scores + i, _mm512_mul_ps(_mm512_loadu_ps(scores + i), inv));
   }

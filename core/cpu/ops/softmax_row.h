@@ -43,13 +43,12 @@ inline float ExpNonPositive(float x) {
 // order (core/cpu/ops/lane_sum.h).
 constexpr int kSoftmaxLanes = 8;
 
-// scores[0, n) -> exp(s - max) / sum in place, n >= 1:
+// scores[0, n) -> exp(s - max) in place, n >= 1, returning their sum:
 // - max: the largest score (NaN scores skipped, like std::max from -inf; which of +0 and -0 it
 //   keeps cannot change any exp);
 // - e_i = ExpNonPositive(s_i - max), or NaN where s_i - max is NaN (a NaN score, or max = inf);
-// - sum: the e_i in LaneSum<8> order, and each e_i times the rounded 1 / sum.
-// A NaN anywhere in the row thus gives a row of NaN, as the C library's exp did.
-inline void SoftmaxRow(float* scores, int64_t n) {
+// - sum: the e_i in LaneSum<8> order.
+inline float SoftmaxExpRow(float* scores, int64_t n) {
   constexpr int L = kSoftmaxLanes;
   float lane_max[L];
   for (int j = 0; j < L; ++j) lane_max[j] = -__builtin_inff();
@@ -91,8 +90,15 @@ inline void SoftmaxRow(float* scores, int64_t n) {
   for (int width = L / 2; width >= 1; width /= 2) {
     for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
   }
-  const float inv_sum = 1.0f / lane[0];
-  for (i = 0; i < n; ++i) scores[i] *= inv_sum;
+  return lane[0];
+}
+
+// scores[0, n) -> exp(s - max) / sum in place, n >= 1: SoftmaxExpRow, then each e_i times the
+// rounded 1 / sum. A NaN anywhere in the row thus gives a row of NaN, as the C library's exp
+// did.
+inline void SoftmaxRow(float* scores, int64_t n) {
+  const float inv_sum = 1.0f / SoftmaxExpRow(scores, n);
+  for (int64_t i = 0; i < n; ++i) scores[i] *= inv_sum;
 }
 
 }  // namespace

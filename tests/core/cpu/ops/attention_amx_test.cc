@@ -13,92 +13,18 @@
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_amx.h"
 #include "tests/core/cpu/ops/amx_test_util.h"
+#include "tests/core/cpu/ops/attention_fixture.h"
 #include "tests/test_util.h"
 
 namespace glmserve {
 namespace {
 
-// A cache holding sequences' full K/V histories, and the query rows of a batch over them.
-struct AttnFixture {
-  int64_t heads, kv_heads, head_dim, block_size;
-  std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached tokens, new tokens)
-  KvCache cache;
-  std::vector<BlockTable> tables;
-  std::vector<std::vector<float>> keys, values;  // per sequence [context, kv_dim]
-  std::vector<SequenceSlice> batch;
-  std::vector<float> q;  // [total, heads, head_dim]
-
+// The shared fixture with PagedAttentionAmx.
+struct AttnFixture : testing::AttentionFixture {
   AttnFixture(int64_t h, int64_t kvh, int64_t hd, int64_t bs,
-              std::vector<std::pair<int64_t, int64_t>> s, uint32_t seed)
-      : heads(h),
-        kv_heads(kvh),
-        head_dim(hd),
-        block_size(bs),
-        seqs(std::move(s)),
-        cache(KvCacheShape{1, kvh, hd, bs, 4096 / bs + 64}) {
-    const int64_t kv_dim = kv_heads * head_dim;
-    tables.resize(seqs.size());
-    int64_t total = 0;
-    std::vector<float> new_k, new_v;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const auto [cached, fresh] = seqs[i];
-      BlockTable spare;  // tables not contiguous
-      EXPECT_TRUE(cache.Reserve(&spare, 1).ok());
-      EXPECT_TRUE(cache.Reserve(&tables[i], cached + fresh).ok());
-      keys.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
-      values.push_back(testing::RandomVector((cached + fresh) * kv_dim, seed++));
-      batch.push_back({fresh, cached, &tables[i]});
-      total += fresh;
-    }
-    // Every position written (the cached part as an earlier step would have).
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const SequenceSlice all{seqs[i].first + seqs[i].second, 0, &tables[i]};
-      WriteKv(keys[i].data(), values[i].data(), {all}, 0, &cache);
-    }
-    q = testing::RandomVector(total * heads * head_dim, seed++, 2.0f);
-  }
-  float scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
-  std::vector<float> Run() const {
-    std::vector<float> out(q.size(), NAN);
-    PagedAttentionAmx(q.data(), batch, cache, 0, heads, scale(), out.data());
-    return out;
-  }
+              const std::vector<std::pair<int64_t, int64_t>>& s, uint32_t seed)
+      : AttentionFixture(PagedAttentionAmx, h, kvh, hd, bs, s, seed) {}
 };
-
-// Float64 attention on the bf16-rounded q, K and V (what the arithmetic promises up to fp32
-// accumulation, the exp polynomial and the probabilities' bf16 rounding).
-std::vector<float> Reference(const AttnFixture& s) {
-  const int64_t kv_dim = s.kv_heads * s.head_dim, group = s.heads / s.kv_heads;
-  auto b = [](float x) { return static_cast<double>(Bf16ToFloat(FloatToBf16(x))); };
-  std::vector<float> ref(s.q.size());
-  int64_t row = 0;
-  for (size_t i = 0; i < s.batch.size(); ++i) {
-    for (int64_t t = 0; t < s.batch[i].num_tokens; ++t, ++row) {
-      const int64_t pos = s.batch[i].start_position + t;
-      for (int64_t h = 0; h < s.heads; ++h) {
-        const int64_t g = h / group;
-        const float* qv = s.q.data() + (row * s.heads + h) * s.head_dim;
-        std::vector<double> w(pos + 1);
-        double mx = -INFINITY, sum = 0;
-        for (int64_t p = 0; p <= pos; ++p) {
-          double d = 0;
-          for (int64_t e = 0; e < s.head_dim; ++e)
-            d += b(qv[e]) * b(s.keys[i][p * kv_dim + g * s.head_dim + e]);
-          w[p] = d * s.scale();
-          mx = std::max(mx, w[p]);
-        }
-        for (double& x : w) sum += (x = std::exp(x - mx));
-        for (int64_t e = 0; e < s.head_dim; ++e) {
-          double o = 0;
-          for (int64_t p = 0; p <= pos; ++p)
-            o += w[p] / sum * b(s.values[i][p * kv_dim + g * s.head_dim + e]);
-          ref[(row * s.heads + h) * s.head_dim + e] = static_cast<float>(o);
-        }
-      }
-    }
-  }
-  return ref;
-}
 
 // Head dims off the 32 grid (8, 40) and on it (128); groups of 1, 2, 12 query heads (12: a
 // 16-row tile spans two tokens); contexts across key blocks; prefill, decode and a chunk
@@ -118,7 +44,7 @@ TEST(PagedAttentionAmxTest, MatchesFloat64ReferenceOnBf16Operands) {
     AttnFixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
     const std::vector<float> out = s.Run();
     // bf16 probabilities (relative 2^-9 each) and the exp polynomial: measured 6e-4 .. 7.4e-4.
-    const double err = testing::RelativeError(out, Reference(s));
+    const double err = testing::RelativeError(out, testing::Bf16OperandsReference(s));
     std::printf("head_dim %lld: relative error %.3g\n", static_cast<long long>(c.head_dim), err);
     EXPECT_LT(err, 2e-3) << "head_dim " << c.head_dim;
   }

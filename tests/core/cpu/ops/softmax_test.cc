@@ -86,6 +86,37 @@ TEST(SoftmaxTest, EverySimdFormEqualsPortableBitForBit) {
   }
 }
 
+// The first part alone (SoftmaxExpInPlace: the exps and their sum, for PagedAttentionBf16): the
+// same bits in every form, and what SoftmaxInPlace has before its division.
+TEST(SoftmaxTest, ExpPartGivesTheSoftmaxsExpsAndSumInEveryForm) {
+  std::vector<std::pair<const char*, float (*)(float*, int64_t)>> forms = {
+      {"generic", internal::SoftmaxExpGeneric}};
+  if (internal::CpuHasAvx2Fma()) forms.push_back({"avx2", internal::SoftmaxExpAvx2});
+  if (internal::CpuHasAvx512()) forms.push_back({"avx512", internal::SoftmaxExpAvx512});
+  for (const std::vector<float>& row : Rows()) {
+    const int64_t n = static_cast<int64_t>(row.size());
+    float max_score = -kInf;
+    for (float s : row) max_score = std::max(max_score, s);
+    std::vector<float> e(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = row[i] - max_score;
+      e[i] = x == x ? internal::ExpNonPositive(x) : x;
+    }
+    const float sum = LaneSum<8>(n, [&](int64_t i) { return e[i]; });
+    std::vector<float> softmax = row;
+    SoftmaxInPlace(softmax.data(), n);
+    for (const auto& [name, form] : forms) {
+      std::vector<float> got = row;
+      const float got_sum = form(got.data(), n);
+      ASSERT_EQ(0, std::memcmp(&got_sum, &sum, sizeof sum)) << name << ", row of " << n;
+      ASSERT_EQ(0, std::memcmp(got.data(), e.data(), n * sizeof(float)))
+          << name << ", row of " << n;
+      for (int64_t i = 0; i < n; ++i) got[i] *= 1.0f / got_sum;
+      ASSERT_EQ(0, std::memcmp(got.data(), softmax.data(), n * sizeof(float))) << name;
+    }
+  }
+}
+
 TEST(SoftmaxTest, IsExpOfTheDifferenceOverTheLaneSum) {
   // An independent composition of the documented arithmetic: the max, ExpNonPositive, the sum
   // in lane_sum.h's LaneSum<8> order and one reciprocal. Scores spread over 40 units give exps

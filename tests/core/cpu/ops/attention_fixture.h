@@ -1,0 +1,107 @@
+// The fixture the bf16 attention tests share (attention_amx_test.cc, attention_bf16_test.cc):
+// a cache holding sequences' full K/V histories, the query rows of a batch over them, and the
+// float64 attention on bf16-rounded operands that both arithmetics approximate.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/base/dtype.h"
+#include "core/cpu/ops/attention.h"
+#include "core/model/kv_cache.h"
+#include "tests/test_util.h"
+
+namespace glmserve::testing {
+
+// PagedAttention's signature: PagedAttentionAmx, PagedAttentionBf16.
+using AttentionFn = void (*)(const float* q, absl::Span<const SequenceSlice> batch,
+                             const KvCache& cache, int64_t layer, int64_t heads, float scale,
+                             float* out);
+
+struct AttentionFixture {
+  AttentionFn fn;
+  int64_t heads, kv_heads, head_dim;
+  KvCache cache;
+  std::vector<BlockTable> tables;
+  std::vector<std::vector<float>> keys, values;  // per sequence [context, kv_dim]
+  std::vector<SequenceSlice> batch;
+  std::vector<float> q;  // [total, heads, head_dim]
+
+  // seqs: (cached tokens, new tokens) per sequence; every position random, q scaled by 2.
+  AttentionFixture(AttentionFn f, int64_t h, int64_t kvh, int64_t hd, int64_t block_size,
+                   const std::vector<std::pair<int64_t, int64_t>>& seqs, uint32_t seed)
+      : fn(f),
+        heads(h),
+        kv_heads(kvh),
+        head_dim(hd),
+        cache(KvCacheShape{1, kvh, hd, block_size, 4096 / block_size + 64}),
+        tables(seqs.size()) {
+    const int64_t kv_dim = kv_heads * head_dim;
+    int64_t total = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto [cached, fresh] = seqs[i];
+      BlockTable spare;  // tables not contiguous
+      EXPECT_TRUE(cache.Reserve(&spare, 1).ok());
+      EXPECT_TRUE(cache.Reserve(&tables[i], cached + fresh).ok());
+      keys.push_back(RandomVector((cached + fresh) * kv_dim, seed++));
+      values.push_back(RandomVector((cached + fresh) * kv_dim, seed++));
+      batch.push_back({fresh, cached, &tables[i]});
+      total += fresh;
+    }
+    Write();
+    q = RandomVector(total * heads * head_dim, seed++, 2.0f);
+  }
+  // Every position of every sequence into the cache (the cached part as an earlier step would
+  // have written it; again after a test edits keys or values).
+  void Write() {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceSlice all{batch[i].start_position + batch[i].num_tokens, 0, &tables[i]};
+      WriteKv(keys[i].data(), values[i].data(), {all}, 0, &cache);
+    }
+  }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+  std::vector<float> Run() const {
+    std::vector<float> out(q.size(), NAN);
+    fn(q.data(), batch, cache, 0, heads, scale(), out.data());
+    return out;
+  }
+};
+
+// Float64 attention on the bf16-rounded q, K and V: what both bf16 arithmetics promise up to
+// fp32 accumulation, the exp polynomial and the probabilities' bf16 rounding.
+inline std::vector<float> Bf16OperandsReference(const AttentionFixture& s) {
+  const int64_t hd = s.head_dim, kv_dim = s.kv_heads * hd, group = s.heads / s.kv_heads;
+  auto b = [](float x) { return static_cast<double>(Bf16ToFloat(FloatToBf16(x))); };
+  std::vector<float> ref(s.q.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < s.batch.size(); ++i) {
+    for (int64_t t = 0; t < s.batch[i].num_tokens; ++t, ++row) {
+      const int64_t pos = s.batch[i].start_position + t;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const float* qv = s.q.data() + (row * s.heads + h) * hd;
+        const int64_t off = (h / group) * hd;
+        std::vector<double> w(pos + 1);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t p = 0; p <= pos; ++p) {
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e) d += b(qv[e]) * b(s.keys[i][p * kv_dim + off + e]);
+          w[p] = d * s.scale();
+          mx = std::max(mx, w[p]);
+        }
+        for (double& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int64_t p = 0; p <= pos; ++p) o += w[p] / sum * b(s.values[i][p * kv_dim + off + e]);
+          ref[(row * s.heads + h) * hd + e] = static_cast<float>(o);
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+}  // namespace glmserve::testing
