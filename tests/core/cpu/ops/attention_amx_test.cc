@@ -55,26 +55,7 @@ TEST(PagedAttentionAmxTest, MatchesFloat64ReferenceOnBf16Operands) {
 // at a time inside its work item; longer chunks stage the whole context first: both paths are
 // compared here with the whole prompt's.
 TEST(PagedAttentionAmxTest, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
-  const int64_t heads = 12, kv_heads = 1, head_dim = 64, n = 75;
-  AttnFixture whole(heads, kv_heads, head_dim, 16, {{0, n}}, 900);
-  const std::vector<float> ref = whole.Run();
-  const int64_t width = heads * head_dim;
-  for (const int64_t chunk : {1, 7, 32, 40}) {
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t len = std::min(chunk, n - start);
-      // The chunk after another slice of 9 rows (here another view of the same cache, at
-      // positions 3..11), as the engine batches sequences.
-      const std::vector<SequenceSlice> batch = {{9, 3, &whole.tables[0]},
-                                                {len, start, &whole.tables[0]}};
-      std::vector<float> q = testing::RandomVector(9 * width, 77 + chunk);
-      q.insert(q.end(), whole.q.begin() + start * width, whole.q.begin() + (start + len) * width);
-      std::vector<float> out(q.size(), NAN);
-      PagedAttentionAmx(q.data(), batch, whole.cache, 0, heads, whole.scale(), out.data());
-      ASSERT_EQ(0, std::memcmp(out.data() + 9 * width, ref.data() + start * width,
-                               len * width * sizeof(float)))
-          << "chunk " << chunk << " start " << start;
-    }
-  }
+  testing::ExpectChunksGiveTheWholePromptsBits(PagedAttentionAmx);
 }
 
 // Decode rows (one token: one row block per KV head) run in groups of a sequence's KV heads

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -102,6 +103,30 @@ inline std::vector<float> Bf16OperandsReference(const AttentionFixture& s) {
     }
   }
   return ref;
+}
+
+// The arithmetic is per row: a 75-token prompt (12 query heads of 64 over one KV head) gives
+// the same bits in one call as in chunks of 1, 7, 32 and 40 tokens, each after another slice
+// of 9 rows (another view of the same cache, positions 3..11), as the engine batches sequences.
+inline void ExpectChunksGiveTheWholePromptsBits(AttentionFn fn) {
+  const int64_t heads = 12, kv_heads = 1, head_dim = 64, n = 75;
+  const AttentionFixture whole(fn, heads, kv_heads, head_dim, 16, {{0, n}}, 900);
+  const std::vector<float> ref = whole.Run();
+  const int64_t width = heads * head_dim;
+  for (const int64_t chunk : {1, 7, 32, 40}) {
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      const std::vector<SequenceSlice> batch = {{9, 3, &whole.tables[0]},
+                                                {len, start, &whole.tables[0]}};
+      std::vector<float> q = RandomVector(9 * width, 77 + chunk);
+      q.insert(q.end(), whole.q.begin() + start * width, whole.q.begin() + (start + len) * width);
+      std::vector<float> out(q.size(), NAN);
+      fn(q.data(), batch, whole.cache, 0, heads, whole.scale(), out.data());
+      ASSERT_EQ(0, std::memcmp(out.data() + 9 * width, ref.data() + start * width,
+                               len * width * sizeof(float)))
+          << "chunk " << chunk << " start " << start;
+    }
+  }
 }
 
 }  // namespace glmserve::testing
