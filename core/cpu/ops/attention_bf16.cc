@@ -164,7 +164,8 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
       for (int64_t r = 0; r < n_rows; ++r) {
         const auto [qh, context] = row_of(r);
         float* row = probs.data() + r * item_context;
-        sums[r] = SoftmaxExpToBf16Pairs(row, context, prob_pairs.data() + r * context_pairs);
+        sums[r] = SoftmaxExpInPlace(row, context);
+        round_pairs(row, context, prob_pairs.data() + r * context_pairs);
         std::fill_n(out + qh * head_dim, head_dim, 0.f);
       }
       each_block(true, [&](int64_t r, int64_t n) {

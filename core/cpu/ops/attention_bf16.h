@@ -14,10 +14,10 @@
 //  * s_p = (acc over the head-dim pairs i = 0, 1, ... in order, acc = DpBf16Lane(acc, q pair i,
 //    key p's pair i), from +0) * scale, for p = 0 .. pos.
 //  * e_p = exp(s_p - max) and their sum, as the fp32 path's softmax has them before its
-//    division (SoftmaxExpInPlace, softmax.h), each e_p rounded to bf16 (SoftmaxExpToBf16Pairs:
-//    both in one pass). Not the normalized probabilities: the largest e is 1, and those near
-//    it round with about half their relative error (the outputs' error measured 0.5e-3 ..
-//    0.8e-3 against 1.0e-3 .. 1.7e-3, attention_bf16_test). An e past pos reads as +0.
+//    division (SoftmaxExpInPlace, softmax.h), each e_p rounded to bf16 (the largest is 1, and
+//    those near it round with half the relative error of normalized probabilities: the
+//    outputs' error measured 0.5e-3 .. 0.8e-3 against 1.0e-3 .. 1.7e-3, attention_bf16_test);
+//    an e past pos reads as +0.
 //  * out[d] = (acc over the position pairs j = 0, 1, ... in order (positions 2j, 2j + 1),
 //    acc = DpBf16Lane(acc, (e_2j, e_2j+1), (v_2j[d], v_2j+1[d])), from +0) / sum: where pos is
 //    even, its last pair's second position reads as e +0 and value +0.

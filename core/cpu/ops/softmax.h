@@ -15,10 +15,6 @@ void SoftmaxInPlace(float* scores, int64_t n);
 // SoftmaxInPlace's bits before its division). For a caller that scales by 1 / sum later
 // (PagedAttentionBf16, which rounds the exps to bf16 and divides its outputs).
 float SoftmaxExpInPlace(float* scores, int64_t n);
-// The same exps rounded to bf16 pairs (Bf16Pair: pairs[j] holds e_2j low, e_2j+1 high; an odd
-// n's last pair +0 high), for PagedAttentionBf16, returning the sum; `scores` is scratch (the
-// portable form leaves the exps there, the AVX-512 one the scores: one pass less).
-float SoftmaxExpToBf16Pairs(float* scores, int64_t n, uint32_t* pairs);
 
 namespace internal {
 // The portable code (softmax_row.h) and its SIMD forms, exposed for tests that compare them.
@@ -28,8 +24,6 @@ void SoftmaxAvx512(float* scores, int64_t n);  // AVX-512 intrinsics (softmax_av
 float SoftmaxExpGeneric(float* scores, int64_t n);
 float SoftmaxExpAvx2(float* scores, int64_t n);
 float SoftmaxExpAvx512(float* scores, int64_t n);
-float SoftmaxExpPairsGeneric(float* scores, int64_t n, uint32_t* pairs);
-float SoftmaxExpPairsAvx512(float* scores, int64_t n, uint32_t* pairs);
 }  // namespace internal
 
 }  // namespace glmserve

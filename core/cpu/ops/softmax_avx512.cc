@@ -9,7 +9,6 @@
 #include <immintrin.h>
 
 #include "core/cpu/ops/attention_lanes8.h"
-#include "core/cpu/ops/bf16_pack_avx512.h"
 #include "core/cpu/ops/softmax.h"
 #include "core/cpu/ops/softmax_exp_simd.h"
 
@@ -77,37 +76,6 @@ float SoftmaxExpAvx512(float* scores, int64_t n) {
     const __m512 e = ExpOfScores(_mm512_maskz_loadu_ps(tail, scores + whole), max_score);
     _mm512_mask_storeu_ps(scores + whole, tail, e);
     lane = AddToLanes(lane, e, tail);
-  }
-  return lanes8::SumOfLanes(lane);
-}
-
-float SoftmaxExpPairsAvx512(float* scores, int64_t n, uint32_t* pairs) {
-  const int64_t whole = n - n % 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1);
-  __m512 lane_max = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t i = 0; i < whole; i += 16) {
-    lane_max = _mm512_max_ps(_mm512_loadu_ps(scores + i), lane_max);
-  }
-  if (tail != 0) {
-    lane_max =
-        _mm512_mask_max_ps(lane_max, tail, _mm512_maskz_loadu_ps(tail, scores + whole), lane_max);
-  }
-  const __m512 max_score = _mm512_set1_ps(_mm512_reduce_max_ps(lane_max));
-  // As SoftmaxExpAvx512, the exps rounded to pairs instead of stored: 8 dwords a register.
-  __m256 lane = _mm256_setzero_ps();
-  for (int64_t i = 0; i < whole; i += 16) {
-    const __m512 e = ExpOfScores(_mm512_loadu_ps(scores + i), max_score);
-    lane = AddToLanes(lane, e, 0xffff);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + i / 2),
-                        _mm512_cvtepi32_epi16(RoundToBf16Lanes(e)));
-  }
-  if (tail != 0) {
-    // Past n the exps are +0 (an odd n's last pair); only the pairs that hold one are stored.
-    const __m512 e = _mm512_maskz_mov_ps(
-        tail, ExpOfScores(_mm512_maskz_loadu_ps(tail, scores + whole), max_score));
-    lane = AddToLanes(lane, e, tail);
-    const __mmask8 stored = static_cast<__mmask8>((1u << ((n - whole + 1) / 2)) - 1);
-    _mm256_mask_storeu_epi32(pairs + whole / 2, stored, _mm512_cvtepi32_epi16(RoundToBf16Lanes(e)));
   }
   return lanes8::SumOfLanes(lane);
 }

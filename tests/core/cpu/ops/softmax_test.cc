@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/dtype.h"
 #include "core/cpu/ops/lane_sum.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/softmax_row.h"
@@ -114,32 +113,6 @@ TEST(SoftmaxTest, ExpPartGivesTheSoftmaxsExpsAndSumInEveryForm) {
           << name << ", row of " << n;
       for (int64_t i = 0; i < n; ++i) got[i] *= 1.0f / got_sum;
       ASSERT_EQ(0, std::memcmp(got.data(), softmax.data(), n * sizeof(float))) << name;
-    }
-  }
-}
-
-// The exps as bf16 pairs (SoftmaxExpToBf16Pairs, what PagedAttentionBf16 reads): each form's
-// pairs are SoftmaxExpInPlace's exps rounded by FloatToBf16, an odd row's last high half +0,
-// and the dword after the last pair untouched; the sum is SoftmaxExpInPlace's.
-TEST(SoftmaxTest, ExpPairsAreTheExpsRoundedToBf16InEveryForm) {
-  std::vector<std::pair<const char*, float (*)(float*, int64_t, uint32_t*)>> forms = {
-      {"generic", internal::SoftmaxExpPairsGeneric}};
-  if (internal::CpuHasAvx512()) forms.push_back({"avx512", internal::SoftmaxExpPairsAvx512});
-  for (const std::vector<float>& row : Rows()) {
-    const int64_t n = static_cast<int64_t>(row.size()), pairs = (n + 1) / 2;
-    std::vector<float> e = row;
-    const float sum = SoftmaxExpInPlace(e.data(), n);
-    std::vector<uint32_t> want(pairs + 1, 0xdeadbeefu);
-    for (int64_t j = 0; j < pairs; ++j) {
-      want[j] =
-          FloatToBf16(e[2 * j]) | (2 * j + 1 < n ? uint32_t{FloatToBf16(e[2 * j + 1])} << 16 : 0u);
-    }
-    for (const auto& [name, form] : forms) {
-      std::vector<float> scratch = row;
-      std::vector<uint32_t> got(pairs + 1, 0xdeadbeefu);
-      const float got_sum = form(scratch.data(), n, got.data());
-      ASSERT_EQ(0, std::memcmp(&got_sum, &sum, sizeof sum)) << name << ", row of " << n;
-      ASSERT_EQ(got, want) << name << ", row of " << n;
     }
   }
 }
