@@ -103,9 +103,9 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, kItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
-    thread_local std::vector<float> probs, sums;             // [n_rows, item_context], [n_rows]
-    thread_local std::vector<uint32_t> q_pairs, prob_pairs;  // [n_rows, key / context pairs]
-    thread_local std::vector<uint32_t> keys, values;         // one block's (Bf16Block)
+    thread_local std::vector<float> probs, sums;            // [n_rows, item_context], [n_rows]
+    thread_local std::vector<uint32_t> q_pairs, exp_pairs;  // [n_rows, key / context pairs]
+    thread_local std::vector<uint32_t> keys, values;        // one block's (Bf16Block)
     keys.resize(key_pairs * kPositionBlock);
     values.resize(kPositionBlock / 2 * value_width);
     for (int64_t i = item_begin; i < item_end; ++i) {
@@ -115,7 +115,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
       probs.resize(n_rows * item_context);
       sums.resize(n_rows);
       q_pairs.resize(n_rows * key_pairs);
-      prob_pairs.resize(n_rows * context_pairs);
+      exp_pairs.resize(n_rows * context_pairs);
       for (int64_t r = 0; r < n_rows; ++r) {
         round_pairs(q + row_of(r).first * head_dim, head_dim, q_pairs.data() + r * key_pairs);
       }
@@ -152,7 +152,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
               f(r, n);
             });
       };
-      const uint32_t* in[kRunRows];  // a run's query pairs, or probability pairs
+      const uint32_t* in[kRunRows];  // a run's query pairs, or exp pairs
       float* res[kRunRows];          // and its scores, or outputs
       each_block(false, [&](int64_t r, int64_t n) {
         for (int64_t j = 0; j < n; ++j) {
@@ -165,12 +165,12 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
         const auto [qh, context] = row_of(r);
         float* row = probs.data() + r * item_context;
         sums[r] = SoftmaxExpInPlace(row, context);
-        round_pairs(row, context, prob_pairs.data() + r * context_pairs);
+        round_pairs(row, context, exp_pairs.data() + r * context_pairs);
         std::fill_n(out + qh * head_dim, head_dim, 0.f);
       }
       each_block(true, [&](int64_t r, int64_t n) {
         for (int64_t j = 0; j < n; ++j) {
-          in[j] = prob_pairs.data() + (r + j) * context_pairs + block.p0 / 2;
+          in[j] = exp_pairs.data() + (r + j) * context_pairs + block.p0 / 2;
           res[j] = out + row_of(r + j).first * head_dim;
         }
         sum_fn(block, n, in, res);
