@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, cpu_math, "exact",
           "CPU backend arithmetic of the linear layers: exact (fp32 activations), bf16 (bf16 "
           "weights times activations rounded to bf16, as Transformers' bf16 forward; faster "
           "where vdpbf16ps is fast) or bf16_amx (the same rounding, Intel AMX tile products; "
-          "emulated, slowly, without AMX); docs/cpu_math.md and docs/performance.md");
+          "emulated, slowly, without AMX); both bf16 modes also run GLM-4.5's attention in bf16; "
+          "docs/cpu_math.md and docs/performance.md");
 ABSL_FLAG(std::string, fp8_tensor_cores, "off",
           "CUDA FP8 GEMMs on FP8 tensor cores, activations quantized per token: auto (where the "
           "GPU supports them, else CUDA cores), on (refuse to start without them), off "

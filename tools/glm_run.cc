@@ -65,7 +65,8 @@ ABSL_FLAG(double, max_relative_error, 0,
 ABSL_FLAG(std::string, cpu_math, "exact",
           "CPU runner's linear-layer arithmetic: exact (fp32 activations), bf16 (activations "
           "rounded to bf16 for bf16 weights, vdpbf16ps order) or bf16_amx (the same rounding, "
-          "Intel AMX tile order); see docs/cpu_math.md");
+          "Intel AMX tile order), both also running GLM-4.5's attention in bf16; see "
+          "docs/cpu_math.md");
 ABSL_FLAG(std::string, weight_dtype, "stored",
           "stored; int8 (linear layers quantized at load; CPU runner only, with "
           "--cpu_math=bf16 or bf16_amx); fp8_channel or fp8_block (a bf16 checkpoint made FP8 "
@@ -159,10 +160,9 @@ absl::StatusOr<RunFlags> ParseRunFlags() {
 
 // The runner the flags ask for, over the loaded (and, on the CPU, possibly quantized) weights.
 absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> LoadRunner(const RunFlags& f) {
-  const bool on_cuda =
-      f.device == glmserve::DeviceKind::kCuda ||
-      (f.device == glmserve::DeviceKind::kAuto && f.quant != glmserve::WeightQuant::kInt8 &&
-       glmserve::CudaDeviceAvailable());
+  const bool on_cuda = f.device == glmserve::DeviceKind::kCuda ||
+                       (f.device == glmserve::DeviceKind::kAuto &&
+                        f.quant != glmserve::WeightQuant::kInt8 && glmserve::CudaDeviceAvailable());
   glmserve::RandomWeightOptions random;
   random.seed = absl::GetFlag(FLAGS_seed);
   random.dtype = f.dtype;
@@ -284,10 +284,11 @@ absl::Status Perplexity(glmserve::ModelRunner& runner) {
   const auto t0 = Clock::now();
   ASSIGN_OR_RETURN(const glmserve::TokenScores scores,
                    glmserve::ScoreTokens(runner, ids, absl::GetFlag(FLAGS_perplexity_window)));
-  std::printf("perplexity %.6f over %lld predicted tokens (mean nll %.8f nats, window %d) in "
-              "%.2f s\n",
-              scores.perplexity(), static_cast<long long>(scores.predicted), scores.mean_nll(),
-              absl::GetFlag(FLAGS_perplexity_window), Seconds(t0, Clock::now()));
+  std::printf(
+      "perplexity %.6f over %lld predicted tokens (mean nll %.8f nats, window %d) in "
+      "%.2f s\n",
+      scores.perplexity(), static_cast<long long>(scores.predicted), scores.mean_nll(),
+      absl::GetFlag(FLAGS_perplexity_window), Seconds(t0, Clock::now()));
   return absl::OkStatus();
 }
 
