@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/base/dtype.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_items.h"
 #include "core/cpu/ops/bf16_math.h"
@@ -40,7 +41,7 @@ void PackValuesBf16Generic(const AttentionRows& rows, uint32_t* values) {
   rows.ForEach(true, [&](int64_t p, const float* value) {
     const int64_t j = (p - rows.begin) / 2, high = (p - rows.begin) % 2;
     for (int64_t d = 0; d < hd; ++d) {
-      values[j * width + d] |= (Bf16Pair(value[d], 0.f) & 0xffffu) << (16 * high);
+      values[j * width + d] |= uint32_t{FloatToBf16(value[d])} << (16 * high);
     }
   });
 }

@@ -12,10 +12,6 @@
 namespace glmserve::internal {
 namespace {
 
-inline __mmask16 FirstLanes(int64_t n) {
-  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
-}
-
 // The rows of positions [begin, context) of `rows`, from the cache.
 int64_t RowPointers(const AttentionRows& rows, bool values, const float** ptr) {
   rows.ForEach(values, [&](int64_t p, const float* row) { ptr[p - rows.begin] = row; });
@@ -56,7 +52,8 @@ void ScoresRows(const Bf16Block& b, const uint32_t* const* q, float scale, float
   auto store = [&](const __m512* a, float* out) {
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
-      _mm512_mask_storeu_ps(out + b.p0 + 16 * g, FirstLanes(len - 16 * g), _mm512_mul_ps(a[g], s));
+      _mm512_mask_storeu_ps(out + b.p0 + 16 * g, FirstLanes16(len - 16 * g),
+                            _mm512_mul_ps(a[g], s));
     }
   };
   store(a0, scores[0]);
@@ -144,7 +141,7 @@ constexpr SumRowsFn kSumRows[3][8] = {{SumRows<1, 1>, SumRows<1, 2>, SumRows<1, 
 void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out) {
   for (int64_t i = 0; i < n; i += 32) {
     const int64_t pairs = (std::min<int64_t>(32, n - i) + 1) / 2;
-    _mm512_mask_storeu_epi32(out + i / 2, FirstLanes(pairs), Bf16Pairs32(x + i, n - i));
+    _mm512_mask_storeu_epi32(out + i / 2, FirstLanes16(pairs), Bf16Pairs32(x + i, n - i));
   }
 }
 
@@ -213,7 +210,7 @@ void AttentionWeightedSumBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uin
   const bool odd = (b.end - b.p0) % 2 != 0;
   for (int64_t d0 = 0; d0 < b.head_dim; d0 += 128) {
     const int64_t vectors = std::min<int64_t>(8, (b.head_dim - d0 + 15) / 16);
-    const __mmask16 last = FirstLanes(b.head_dim - d0 - 16 * (vectors - 1));
+    const __mmask16 last = FirstLanes16(b.head_dim - d0 - 16 * (vectors - 1));
     for (int64_t r = 0; r < n; r += 3) {
       const int64_t rows = std::min<int64_t>(3, n - r);
       kSumRows[rows - 1][vectors - 1](b, pairs, odd, probs + r, d0, last, out + r);

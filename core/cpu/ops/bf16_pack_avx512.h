@@ -29,16 +29,18 @@ GLM_AVX512_TARGET inline __m512i RoundToBf16Lanes(__m512 v) {
   return _mm512_mask_blend_epi32(nan, rounded, quiet);
 }
 
+// The first n of 16 lanes (none for n <= 0, all for n >= 16).
+GLM_AVX512_TARGET inline __mmask16 FirstLanes16(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
 // The first n of x's 32 floats (n may be more than 32; past n +0) rounded to bf16 as 16 pairs:
 // dword j holds element 2j in its low half, 2j + 1 in its high half.
 GLM_AVX512_TARGET inline __m512i Bf16Pairs32(const float* x, int64_t n) {
-  auto first = [](int64_t count) {
-    return count >= 16 ? __mmask16{0xffff}
-                       : static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1);
-  };
-  const __m256i lo = _mm512_cvtepi32_epi16(RoundToBf16Lanes(_mm512_maskz_loadu_ps(first(n), x)));
+  const __m256i lo =
+      _mm512_cvtepi32_epi16(RoundToBf16Lanes(_mm512_maskz_loadu_ps(FirstLanes16(n), x)));
   const __m256i hi =
-      _mm512_cvtepi32_epi16(RoundToBf16Lanes(_mm512_maskz_loadu_ps(first(n - 16), x + 16)));
+      _mm512_cvtepi32_epi16(RoundToBf16Lanes(_mm512_maskz_loadu_ps(FirstLanes16(n - 16), x + 16)));
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 

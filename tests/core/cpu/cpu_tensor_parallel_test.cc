@@ -115,9 +115,10 @@ void ExpectGroupMatchesOneRank(const ModelWeights& weights, int tp, bool expert_
 
 // Int8 weights quantize each activation per 32-wide group: the ranks' reordered sums (1e-7)
 // can move one code across a rounding step, which moves the logits by far more than the
-// reordering itself. Seeds 31-45 of these tests: most runs within 2.5e-7, a third with such a
-// step at 4.5e-3 .. 1.1e-2 (with the fp32 attention as with the bf16 one), greedy tokens
-// equal in all. A rank that dropped or doubled its part would move them by O(1).
+// reordering itself. Seeds 31-45 of these tests (a temporary build taking the seed from the
+// environment, not in the repository): most runs within 2.5e-7, a third with such a step at
+// 4.5e-3 .. 1.1e-2 (with the fp32 attention as with the bf16 one), greedy tokens equal in all. A
+// rank that dropped or doubled its part would move them by O(1).
 constexpr double kInt8Bound = 3e-2;
 
 TEST(CpuTensorParallelTest, Glm45MatchesOneRankAtTp248) {
