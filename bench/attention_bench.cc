@@ -7,9 +7,12 @@
 // int8 modes), amx (PagedAttentionAmx: the bf16_amx mode; its portable emulation where the CPU has
 // no AMX), bf16 (PagedAttentionBf16: the bf16 and int8 modes since 2026-12-05; its portable code
 // where the CPU has no AVX512_BF16). bf16 and amx rows are set against the vdpbf16ps and AMX peaks.
+// --kv_caches: the cache formats each mode reads, fp32 and/or bf16 (--kv_cache_dtype; the bf16
+// and amx modes give the same bits from either, the fp32 mode widens bf16 rows).
 //
 //   build/bench/attention_bench
 //   build/bench/attention_bench --tokens=8192 --decode_contexts=4096,16384 --modes=fp32,bf16,amx
+//   build/bench/attention_bench --modes=bf16 --kv_caches=fp32,bf16 --decode_batch=8
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +37,7 @@ ABSL_FLAG(int, context, 0, "tokens cached before the prefill chunk");
 ABSL_FLAG(std::string, decode_contexts, "4096", "decode contexts, comma-separated (empty: none)");
 ABSL_FLAG(int, decode_batch, 1, "sequences per decode step");
 ABSL_FLAG(std::string, modes, "fp32", "fp32, bf16, amx (comma-separated)");
+ABSL_FLAG(std::string, kv_caches, "fp32", "KV cache formats: fp32, bf16 (comma-separated)");
 ABSL_FLAG(int, rounds, 3, "timed runs per row (the median is shown)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
@@ -45,12 +49,18 @@ using glmserve::bench::Since;
 
 constexpr int64_t kHeads = 96, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 
-// `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1).
+// `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1), in an fp32 or a
+// bf16 cache.
 struct Filled {
   glmserve::KvCache cache;
   std::vector<glmserve::BlockTable> tables;
-  Filled(int64_t seqs, int64_t length)
-      : cache({1, kKvHeads, kHeadDim, kBlockSize, seqs * ((length + kBlockSize - 1) / kBlockSize)}),
+  Filled(int64_t seqs, int64_t length, bool bf16)
+      : cache({.num_layers = 1,
+               .kv_heads = kKvHeads,
+               .head_dim = kHeadDim,
+               .block_size = kBlockSize,
+               .num_blocks = seqs * ((length + kBlockSize - 1) / kBlockSize),
+               .bf16 = bf16}),
         tables(seqs) {
     std::mt19937 rng(3);
     std::uniform_real_distribution<float> dist(-1.f, 1.f);
@@ -114,6 +124,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  const std::vector<std::string> kv_caches = absl::StrSplit(absl::GetFlag(FLAGS_kv_caches), ',');
+  for (const std::string& kv : kv_caches) {
+    if (kv != "fp32" && kv != "bf16") {
+      std::fprintf(stderr, "unknown KV cache format '%s' (fp32, bf16)\n", kv.c_str());
+      return 1;
+    }
+  }
   std::vector<int> decode_contexts;
   if (!absl::GetFlag(FLAGS_decode_contexts).empty()) {
     const auto parsed =
@@ -140,7 +157,7 @@ int main(int argc, char** argv) {
       limits.read_gbs);
   std::printf("%lld heads / %lld KV heads x %lld, one layer\n\n", static_cast<long long>(kHeads),
               static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
-  std::printf("| mode (kernel) | phase | time | achieved | limit | fraction |\n");
+  std::printf("| mode (kernel), KV cache | phase | time | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|\n");
   auto kernel = [](const std::string& mode) {
     if (mode == "amx") return glmserve::internal::AttentionAmxKernelName();
@@ -149,42 +166,47 @@ int main(int argc, char** argv) {
            : glmserve::internal::CpuHasAvx2Fma() ? "avx2"
                                                  : "generic";
   };
-  if (tokens > 0) {
-    const Filled filled(1, context + tokens);
-    const std::vector<glmserve::SequenceSlice> slice = {{tokens, context, &filled.tables[0]}};
-    // Row t attends to context + t + 1 keys: QK^T and PV, 2 flops per product each.
-    const double pairs =
-        static_cast<double>(tokens) * context + static_cast<double>(tokens) * (tokens + 1) / 2;
-    const double flops = pairs * kHeads * kHeadDim * 4;
-    for (const std::string& mode : modes) {
-      const double s = Time(mode, slice, filled.cache, rounds);
-      const double peak = Peak(mode, limits);
-      std::printf(
-          "| %s (%s) | prefill %lld at context %lld | %.3f s | %.0f GFLOP/s | %.0f GFLOP/s "
-          "| %.2f |\n",
-          mode.c_str(), kernel(mode), static_cast<long long>(tokens),
-          static_cast<long long>(context), s, flops / s / 1e9, peak, flops / s / 1e9 / peak);
+  for (const std::string& kv : kv_caches) {
+    const bool bf16_kv = kv == "bf16";
+    if (tokens > 0) {
+      const Filled filled(1, context + tokens, bf16_kv);
+      const std::vector<glmserve::SequenceSlice> slice = {{tokens, context, &filled.tables[0]}};
+      // Row t attends to context + t + 1 keys: QK^T and PV, 2 flops per product each.
+      const double pairs =
+          static_cast<double>(tokens) * context + static_cast<double>(tokens) * (tokens + 1) / 2;
+      const double flops = pairs * kHeads * kHeadDim * 4;
+      for (const std::string& mode : modes) {
+        const double s = Time(mode, slice, filled.cache, rounds);
+        const double peak = Peak(mode, limits);
+        std::printf(
+            "| %s (%s), %s | prefill %lld at context %lld | %.3f s | %.0f GFLOP/s | %.0f "
+            "GFLOP/s | %.2f |\n",
+            mode.c_str(), kernel(mode), kv.c_str(), static_cast<long long>(tokens),
+            static_cast<long long>(context), s, flops / s / 1e9, peak, flops / s / 1e9 / peak);
+      }
     }
-  }
-  for (const int64_t c : decode_contexts) {
-    // Each sequence holds c tokens and decodes its next (position c): c + 1 K and V rows.
-    const Filled filled(batch, c + 1);
-    std::vector<glmserve::SequenceSlice> step;
-    for (const auto& table : filled.tables) step.push_back({1, c, &table});
-    // A KV head's 12 query heads share its rows: 12 products per value read, so on few cores
-    // the arithmetic, not the read, may bound the step. The limit is the larger time.
-    const double bytes = static_cast<double>(batch) * (c + 1) * kKvHeads * kHeadDim * 2 * 4;
-    const double flops = static_cast<double>(batch) * (c + 1) * kHeads * kHeadDim * 4;
-    for (const std::string& mode : modes) {
-      const double s = Time(mode, step, filled.cache, rounds);
-      const double peak = Peak(mode, limits);
-      const double read_s = bytes / (limits.read_gbs * 1e9), compute_s = flops / (peak * 1e9);
-      std::printf(
-          "| %s (%s) | decode batch %lld at context %lld | %.3f ms | %.1f GB/s, %.0f "
-          "GFLOP/s | %.3f ms (%s-bound) | %.2f |\n",
-          mode.c_str(), kernel(mode), static_cast<long long>(batch), static_cast<long long>(c),
-          s * 1e3, bytes / s / 1e9, flops / s / 1e9, std::max(read_s, compute_s) * 1e3,
-          read_s >= compute_s ? "read" : "compute", std::max(read_s, compute_s) / s);
+    for (const int64_t c : decode_contexts) {
+      // Each sequence holds c tokens and decodes its next (position c): c + 1 K and V rows.
+      const Filled filled(batch, c + 1, bf16_kv);
+      std::vector<glmserve::SequenceSlice> step;
+      for (const auto& table : filled.tables) step.push_back({1, c, &table});
+      // A KV head's 12 query heads share its rows: 12 products per value read, so on few cores
+      // the arithmetic, not the read, may bound the step. The limit is the larger time.
+      const double bytes =
+          static_cast<double>(batch) * (c + 1) * kKvHeads * kHeadDim * 2 * (bf16_kv ? 2 : 4);
+      const double flops = static_cast<double>(batch) * (c + 1) * kHeads * kHeadDim * 4;
+      for (const std::string& mode : modes) {
+        const double s = Time(mode, step, filled.cache, rounds);
+        const double peak = Peak(mode, limits);
+        const double read_s = bytes / (limits.read_gbs * 1e9), compute_s = flops / (peak * 1e9);
+        std::printf(
+            "| %s (%s), %s | decode batch %lld at context %lld | %.3f ms | %.1f GB/s, %.0f "
+            "GFLOP/s | %.3f ms (%s-bound) | %.2f |\n",
+            mode.c_str(), kernel(mode), kv.c_str(), static_cast<long long>(batch),
+            static_cast<long long>(c), s * 1e3, bytes / s / 1e9, flops / s / 1e9,
+            std::max(read_s, compute_s) * 1e3, read_s >= compute_s ? "read" : "compute",
+            std::max(read_s, compute_s) / s);
+      }
     }
   }
   return 0;

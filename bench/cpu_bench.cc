@@ -55,6 +55,10 @@ ABSL_FLAG(std::string, decode_context, "-1",
           "-1 decodes batch 1 after the last measured prompt and the batch after 16-token "
           "prompts; N >= 0 gives every decoded sequence N cached positions of synthetic keys and "
           "values first (a decode step's cost does not depend on their values; GLM-4.5 presets)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "the KV cache of every mode (--kv_cache_dtype of glm-server): auto (bf16 where the "
+          "mode's attention rounds K and V to bf16 anyway: bf16, bf16_amx, int8, int8_amx), "
+          "fp32 or bf16; the mode column names each mode's");
 ABSL_FLAG(bool, breakdown, false,
           "also print where the time of each prefill and of each decode step of batch 1 goes, by "
           "op family (core/base/op_times.h)");
@@ -100,6 +104,14 @@ void FillSyntheticContext(const std::vector<glmserve::BlockTable*>& tables, int6
   for (int64_t layer = 0; layer < cache->shape().num_layers; ++layer) {
     for (glmserve::BlockTable* t : tables) {
       for (int64_t b = 0; b * bs < n; ++b) {
+        if (cache->host_bf16()) {
+          uint16_t* k = cache->bf16_rows(layer, (*t)[b], 0);
+          uint16_t* v = cache->bf16_rows(layer, (*t)[b], 1);
+          for (int64_t i = 0; i < width; ++i) {
+            k[i] = glmserve::FloatToBf16(next()), v[i] = glmserve::FloatToBf16(next());
+          }
+          continue;
+        }
         float* k = cache->keys(layer, (*t)[b]);
         float* v = cache->values(layer, (*t)[b]);
         for (int64_t i = 0; i < width; ++i) k[i] = next(), v[i] = next();
@@ -224,9 +236,12 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
                    const glmserve::bench::MachineLimits& limits,
                    const glmserve::ModelConfig& config, int steps, int batch) {
   const bool int8 = glmserve::bench::Int8Weights(mode_name);
+  const bool bf16_kv = model.CacheShape(1).bf16;
   const std::string mode_label =
       mode_name + " (" +
-      (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) + ")";
+      (int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math)) +
+      (bf16_kv ? ", bf16 KV" : ", fp32 KV") + ")";
+  const double kv_element_bytes = bf16_kv ? 2 : 4;
   const char* mode = mode_label.c_str();
   // The peak of the arithmetic the mode runs (int8: vpdpbusd; AMX or vdpbf16ps missing:
   // their emulation is fp32 scalar code, so the FMA peak).
@@ -242,8 +257,8 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
                                     : limits.fma_gflops;
   for (const PrefillResult& p : prefills) {
     const int prefill = p.tokens;
-    const glmserve::bench::StepCost prefill_cost =
-        glmserve::bench::Cost(model.weights(), prefill, prefill, config.n_routed_experts, 1);
+    const glmserve::bench::StepCost prefill_cost = glmserve::bench::Cost(
+        model.weights(), prefill, prefill, config.n_routed_experts, 1, kv_element_bytes);
     const double prefill_gflops = prefill_cost.flops / p.s / 1e9;
     std::printf(
         "| %s | prefill %d | %.3f s | %.1f | %.0f GFLOP/s | %.0f GFLOP/s (%s peak) | %.2f |\n",
@@ -268,8 +283,9 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
         t_read >= t_compute ? "read" : "compute", t_compute, t_read, t_floor / p.s);
   }
   for (const DecodeResult& r : decodes) {
-    const glmserve::bench::StepCost d1 = glmserve::bench::Cost(
-        model.weights(), 1, r.decode1_context + steps / 2 + 1, config.num_experts_per_tok, 1);
+    const glmserve::bench::StepCost d1 =
+        glmserve::bench::Cost(model.weights(), 1, r.decode1_context + steps / 2 + 1,
+                              config.num_experts_per_tok, 1, kv_element_bytes);
     const double d1_gb = (d1.weight_bytes + d1.kv_bytes) / 1e9;
     std::printf(
         "| %s | decode batch 1, context %lld | %.1f ms/step | %.2f | %.1f GB/s (%.2f GB/step) | "
@@ -282,8 +298,9 @@ void PrintModeRows(const std::string& mode_name, glmserve::CpuMath math,
     // distinct experts read).
     const int64_t distinct =
         std::min<int64_t>(config.n_routed_experts, batch * config.num_experts_per_tok);
-    const glmserve::bench::StepCost db = glmserve::bench::Cost(
-        model.weights(), batch, r.decode_batch_context + steps / 2 + 1, distinct, batch);
+    const glmserve::bench::StepCost db =
+        glmserve::bench::Cost(model.weights(), batch, r.decode_batch_context + steps / 2 + 1,
+                              distinct, batch, kv_element_bytes);
     const double db_gb = (db.weight_bytes + db.kv_bytes * batch) / 1e9;  // KV: per sequence
     std::printf(
         "| %s | decode batch %d, context %lld | %.1f ms/step | %.2f | <= %.1f GB/s (<= %.2f "
@@ -337,6 +354,12 @@ int main(int argc, char** argv) {
   }
   if (steps < 1 || batch < 1) {
     std::fprintf(stderr, "--decode_steps and --decode_batch must be >= 1\n");
+    return 1;
+  }
+  const absl::StatusOr<glmserve::KvCacheDType> kv_dtype =
+      glmserve::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok() || *kv_dtype == glmserve::KvCacheDType::kFp8E4M3) {
+    std::fprintf(stderr, "--kv_cache_dtype must be auto, fp32 or bf16\n");
     return 1;
   }
   const bool synthetic = *std::max_element(contexts.begin(), contexts.end()) >= 0;
@@ -402,6 +425,10 @@ int main(int argc, char** argv) {
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
     glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode_name));
     glmserve::CpuModel model(*std::move(mode_weights), math);
+    if (absl::Status s = model.SetKvCacheDType(*kv_dtype); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 1;
+    }
     std::vector<PrefillResult> prefill_results;
     std::vector<DecodeResult> decode_results;
     if (!RunPhases(model, prefills, contexts, steps, batch, &prefill_results, &decode_results)) {

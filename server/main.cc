@@ -96,9 +96,11 @@ ABSL_FLAG(int64_t, kv_capacity_tokens, 32768,
           "KV cache slots in tokens, shared by every running sequence");
 ABSL_FLAG(int64_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "auto: the backend's KV format (fp32 on the CPU, bf16 on a GPU); fp8_e4m3: e4m3 with "
-          "a scale per token and KV head, 3.9x fewer bytes than fp32 (CPU backend, GLM-4.5 "
-          "only; docs/kv_cache.md)");
+          "auto: the backend's choice (a GPU: bf16; the CPU: bf16 where its attention rounds K "
+          "and V to bf16 anyway, the bf16, int8 and bf16_amx modes on bf16 weights: the same "
+          "results in half the bytes; fp32 elsewhere); fp32 (CPU); bf16 (GLM-4.5 only on the "
+          "CPU); fp8_e4m3: e4m3 with a scale per token and KV head, 3.9x fewer bytes than fp32 "
+          "(GLM-4.5 only; docs/kv_cache.md)");
 ABSL_FLAG(double, gpu_memory_fraction, 0,
           "0: the KV cache holds --kv_capacity_tokens; in (0, 1] on a CUDA device: the KV cache "
           "takes what this fraction of the device's memory leaves after the weights and the "
@@ -622,6 +624,11 @@ int main(int argc, char** argv) {
   if (absl::Status s = ValidateMainFlags(); !s.ok()) return BadFlag(s);
   if (absl::Status s = glmserve::ValidateServerOptions(options); !s.ok()) return BadFlag(s);
   if (absl::GetFlag(FLAGS_plan)) {
+    if (*kv_dtype == glmserve::KvCacheDType::kFp32) {  // the plan is a GPU one: bf16 or FP8
+      return BadFlag(absl::InvalidArgumentError(
+          "--plan plans GPU devices, whose KV cache is bf16 (auto, bf16) or fp8_e4m3; "
+          "--kv_cache_dtype=fp32 is the CPU backend's"));
+    }
     return PrintPlan(*kv_dtype == glmserve::KvCacheDType::kFp8E4M3);
   }
   absl::StatusOr<ModelFlags> model_flags = ParseModelFlags();

@@ -320,10 +320,8 @@ absl::Status GlmServer::Serve(std::unique_ptr<glmserve::ModelRunner> model,
   info.set_weight_bytes(weight_bytes);
   info.set_kv_capacity_tokens(engine_->kv_capacity_tokens());
   info.set_kv_block_size(engine_->options().block_size);
-  const glmserve::DType kv_dtype = engine_->kv_cache_dtype();
-  info.set_kv_cache_dtype(kv_dtype == glmserve::DType::kF8E4M3 ? "fp8_e4m3"
-                          : kv_dtype == glmserve::DType::kBF16 ? "bf16"
-                                                               : "fp32");
+  info.set_kv_cache_dtype(
+      glmserve::KvCacheDTypeName(glmserve::KvCacheDTypeOf(engine_->kv_cache_dtype())));
   info.set_kv_bytes_per_token(kv_bytes_per_token_);
   info.set_mtp_draft_tokens(engine_->options().mtp_draft_tokens);
   info.set_has_mtp_layer(engine_->model().has_mtp());

@@ -79,8 +79,10 @@ ABSL_FLAG(std::string, save, "",
           "directory as a Hugging Face checkpoint (config.json + model.safetensors) and exit");
 ABSL_FLAG(int, threads, 0, "CPU worker threads (0: all cores, or GLM_NUM_THREADS)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "auto: the runner's own KV cache (fp32 on the CPU, bf16 on CUDA); fp8_e4m3: e4m3 with "
-          "a scale per token and KV head (GLM-4.5 only; docs/kv_cache.md)");
+          "auto: the runner's choice (CUDA: bf16; CPU: bf16 where its attention rounds K and V "
+          "to bf16 anyway, the bf16, int8 and bf16_amx modes on bf16 weights, else fp32); fp32 "
+          "(CPU), bf16, or fp8_e4m3: e4m3 with a scale per token and KV head (bf16 and fp8_e4m3: "
+          "GLM-4.5 only on the CPU; docs/kv_cache.md)");
 ABSL_FLAG(std::string, perplexity, "",
           "score this UTF-8 text file instead of generating: its tokens (the checkpoint's "
           "tokenizer) in windows of --perplexity_window, printing the perplexity "
@@ -198,7 +200,10 @@ absl::StatusOr<std::unique_ptr<glmserve::ModelRunner>> LoadRunner(const RunFlags
     std::printf("threads   %d, %s\n", glmserve::NumThreads(),
                 runner->compute_description().c_str());
   }
-  std::printf("kv cache  %s, %lld bytes per token\n", glmserve::KvCacheDTypeName(f.kv_dtype),
+  // The format the runner chose (auto resolves per backend and arithmetic), from a 1-block cache.
+  ASSIGN_OR_RETURN(const std::unique_ptr<glmserve::KvCache> probe, runner->CreateCache(1, 16));
+  std::printf("kv cache  %s, %lld bytes per token\n",
+              glmserve::KvCacheDTypeName(glmserve::KvCacheDTypeOf(probe->dtype())),
               static_cast<long long>(runner->kv_bytes_per_token()));
   return runner;
 }

@@ -117,26 +117,41 @@ absl::Status CpuModel::EnableMtp() {
 KvCacheShape CpuModel::CacheShape(int64_t num_blocks, int64_t block_size) const {
   const int64_t layers = num_span_layers() + (mtp_enabled_ ? 1 : 0);
   KvCacheShape shape = CacheShapeFor(config(), layers, num_blocks, block_size);
-  shape.fp8 = kv_fp8_;
+  shape.fp8 = kv_cache_dtype() == KvCacheDType::kFp8E4M3;
+  shape.bf16 = kv_cache_dtype() == KvCacheDType::kBf16;
   return shape;
 }
 
 int64_t CpuModel::kv_bytes_per_token() const {
   const int64_t layers = num_span_layers() + (mtp_enabled_ ? 1 : 0);
-  if (kv_fp8_) {  // a code per value, a 4-byte scale per token, kind and KV head
-    const ModelConfig& c = config();
-    return layers * 2 * c.num_key_value_heads * (c.head_dim + 4);
+  const ModelConfig& c = config();
+  switch (kv_cache_dtype()) {
+    case KvCacheDType::kFp8E4M3:  // a code per value, a 4-byte scale per token, kind and KV head
+      return layers * 2 * c.num_key_value_heads * (c.head_dim + 4);
+    case KvCacheDType::kBf16:
+      return layers * c.cache_values_per_token_layer() * int64_t{2};
+    default:
+      return layers * c.cache_values_per_token_layer() * static_cast<int64_t>(sizeof(float));
   }
-  return layers * config().cache_values_per_token_layer() * static_cast<int64_t>(sizeof(float));
+}
+
+KvCacheDType CpuModel::kv_cache_dtype() const {
+  if (kv_dtype_ != KvCacheDType::kAuto) return kv_dtype_;
+  // The bf16 attentions (AttentionBlock) round every key and value with FloatToBf16 before
+  // use, which is what a bf16 cache stores: the same bits in half the bytes.
+  const bool bf16_attention =
+      !config().is_mla() && weights_.weight_dtype == DType::kBF16 && math_ != CpuMath::kExact;
+  return bf16_attention ? KvCacheDType::kBf16 : KvCacheDType::kFp32;
 }
 
 absl::Status CpuModel::SetKvCacheDType(KvCacheDType dtype) {
-  if (dtype == KvCacheDType::kFp8E4M3 && config().is_mla()) {
-    return absl::FailedPreconditionError(
-        "--kv_cache_dtype=fp8_e4m3 covers GLM-4.5's keys and values; GLM-5's latent cache "
-        "(glm_moe_dsa) stays fp32 (docs/kv_cache.md)");
+  if ((dtype == KvCacheDType::kFp8E4M3 || dtype == KvCacheDType::kBf16) && config().is_mla()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--kv_cache_dtype=", KvCacheDTypeName(dtype),
+        " covers GLM-4.5's keys and values; GLM-5's latent cache (glm_moe_dsa) stays fp32 on the "
+        "CPU (docs/kv_cache.md)"));
   }
-  kv_fp8_ = dtype == KvCacheDType::kFp8E4M3;
+  kv_dtype_ = dtype;
   return absl::OkStatus();
 }
 
@@ -150,11 +165,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> CpuModel::CreateCache(int64_t num_block
 
 absl::Status CpuModel::CheckBatch(const ForwardBatch& batch, const KvCache& cache,
                                   int64_t run_begin, int64_t run_end) const {
-  if (!cache.host_fp32() && !cache.host_fp8()) {
+  if (!cache.host_fp32() && !cache.host_fp8() && !cache.host_bf16()) {
     return absl::InvalidArgumentError("KV cache was not created by the CPU backend");
   }
-  if (cache.host_fp8() && config().is_mla()) {  // the latent kernels read fp32 rows
-    return absl::InvalidArgumentError("an FP8 KV cache cannot hold GLM-5's latent rows");
+  if (!cache.host_fp32() && config().is_mla()) {  // the latent kernels read fp32 rows
+    return absl::InvalidArgumentError(absl::StrCat("an ", cache.host_fp8() ? "FP8" : "bf16",
+                                                   " KV cache cannot hold GLM-5's latent rows"));
   }
   if (cache.shape().num_layers != num_span_layers() + (mtp_enabled_ ? 1 : 0)) {
     return absl::InvalidArgumentError("KV cache shape does not match the model");
@@ -240,8 +256,10 @@ void CpuModel::AttentionBlock(const LayerWeights& layer, int64_t span_layer,
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // The bf16 modes on bf16 weights (int8 weights quantized from them included) run attention
   // in bf16, as the reference's bf16 forward does: bf16_amx on the tile unit (attention_amx.h),
-  // bf16 on vdpbf16ps (attention_bf16.h); every other case (and the FP8 cache) the fp32 path.
-  const bool bf16_attention = weights_.weight_dtype == DType::kBF16 && cache->host_fp32();
+  // bf16 on vdpbf16ps (attention_bf16.h), from an fp32 or a bf16 cache alike; every other case
+  // (and the FP8 cache) the fp32 path.
+  const bool bf16_attention =
+      weights_.weight_dtype == DType::kBF16 && (cache->host_fp32() || cache->host_bf16());
   if (bf16_attention && math_ == CpuMath::kBf16Amx) {
     PagedAttentionAmx(q_.data(), slices, *cache, span_layer, c.num_attention_heads, scale,
                       attn_.data());

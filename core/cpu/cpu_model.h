@@ -59,9 +59,14 @@ class CpuModel final : public ModelRunner {
   std::string device_name() const override { return "cpu"; }
   int64_t weight_bytes() const override { return weights_.ParameterBytes(); }
   int64_t kv_bytes_per_token() const override;
-  // kFp8E4M3: GLM-4.5's K/V as e4m3 with a scale per token and KV head (core/model/kv_fp8.h);
-  // FAILED_PRECONDITION for GLM-5, whose latent cache stays fp32.
+  // kFp32; kBf16 (FloatToBf16 of each key and value); kFp8E4M3 (e4m3 with a scale per token and
+  // KV head, core/model/kv_fp8.h); kAuto: bf16 where this model's attention rounds K and V to
+  // bf16 anyway (GLM-4.5 on bf16 weights in the bf16 and bf16_amx arithmetic, int8 included:
+  // the same bits in half the bytes), fp32 elsewhere. FAILED_PRECONDITION for bf16 or FP8 on
+  // GLM-5, whose latent cache stays fp32.
   absl::Status SetKvCacheDType(KvCacheDType dtype) override;
+  // The format of the caches CreateCache makes: kFp32, kBf16 or kFp8E4M3 (kAuto resolved).
+  KvCacheDType kv_cache_dtype() const;
   absl::StatusOr<std::unique_ptr<KvCache>> CreateCache(int64_t num_blocks,
                                                        int64_t block_size) override;
   bool has_mtp() const override { return weights_.mtp.has_value(); }
@@ -120,7 +125,7 @@ class CpuModel final : public ModelRunner {
 
   ModelWeights weights_;
   CpuMath math_;
-  bool kv_fp8_ = false;       // SetKvCacheDType(kFp8E4M3)
+  KvCacheDType kv_dtype_ = KvCacheDType::kAuto;  // SetKvCacheDType
   bool mtp_enabled_ = false;  // EnableMtp(): caches hold one more layer, the MTP layer's
   // Tensor parallel (the second constructor); comm_ is null for a model on its own.
   RankLayout layout_;

@@ -310,6 +310,11 @@ absl::Status CudaModel::EnableMtp() {
 }
 
 absl::Status CudaModel::SetKvCacheDType(KvCacheDType dtype) {
+  if (dtype == KvCacheDType::kFp32) {
+    return absl::FailedPreconditionError(
+        "--kv_cache_dtype=fp32 is the CPU backend's; the CUDA backend's cache is bf16 (auto, "
+        "bf16) or fp8_e4m3 (docs/kv_cache.md)");
+  }
   if (dtype == KvCacheDType::kFp8E4M3 && is_mla_) {
     return absl::FailedPreconditionError(
         "--kv_cache_dtype=fp8_e4m3 covers GLM-4.5's keys and values; GLM-5's latent cache "

@@ -37,14 +37,32 @@ void BlockAllocator::Release(int32_t block) {
 }
 
 absl::StatusOr<KvCacheDType> ParseKvCacheDType(absl::string_view name) {
-  if (name == "auto") return KvCacheDType::kAuto;
-  if (name == "fp8_e4m3") return KvCacheDType::kFp8E4M3;
+  for (KvCacheDType dtype :
+       {KvCacheDType::kAuto, KvCacheDType::kFp32, KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
+    if (name == KvCacheDTypeName(dtype)) return dtype;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("--kv_cache_dtype '", name, "' is not one of auto, fp8_e4m3"));
+      absl::StrCat("--kv_cache_dtype '", name, "' is not one of auto, fp32, bf16, fp8_e4m3"));
 }
 
 const char* KvCacheDTypeName(KvCacheDType dtype) {
-  return dtype == KvCacheDType::kFp8E4M3 ? "fp8_e4m3" : "auto";
+  switch (dtype) {
+    case KvCacheDType::kFp8E4M3:
+      return "fp8_e4m3";
+    case KvCacheDType::kBf16:
+      return "bf16";
+    case KvCacheDType::kFp32:
+      return "fp32";
+    case KvCacheDType::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+KvCacheDType KvCacheDTypeOf(DType dtype) {
+  return dtype == DType::kF8E4M3 ? KvCacheDType::kFp8E4M3
+         : dtype == DType::kBF16 ? KvCacheDType::kBf16
+                                 : KvCacheDType::kFp32;
 }
 
 absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_bytes) {
@@ -77,11 +95,17 @@ absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t element_
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape& shape) {
-  if (shape.fp8 && shape.latent) {
-    return absl::InvalidArgumentError("an FP8 KV cache holds GQA keys and values only");
+  if ((shape.fp8 || shape.bf16) && shape.latent) {
+    return absl::InvalidArgumentError(absl::StrCat("a host ", shape.fp8 ? "FP8" : "bf16",
+                                                   " KV cache holds GQA keys and values only"));
+  }
+  if (shape.fp8 && shape.bf16) {
+    return absl::InvalidArgumentError("a KV cache is FP8 or bf16, not both");
   }
   // FP8: a code per value plus a 4-byte scale per head_dim values.
-  ASSIGN_OR_RETURN(int64_t bytes, KvCacheBytes(shape, shape.fp8 ? 1 : sizeof(float)));
+  ASSIGN_OR_RETURN(int64_t bytes, KvCacheBytes(shape, shape.fp8    ? 1
+                                                      : shape.bf16 ? 2
+                                                                   : sizeof(float)));
   if (shape.fp8) bytes += bytes / shape.head_dim * 4;
   // Refuse what cannot fit in RAM at all: the zero-filled storage is touched at once, so an
   // allocation the kernel overcommits would end in the OOM killer rather than an error.
@@ -103,10 +127,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateHost(const KvCacheShape&
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape),
-      dtype_(shape.fp8 ? DType::kF8E4M3 : DType::kF32),
-      data_(shape.fp8 ? 0 : num_elements()),
+      dtype_(shape.fp8    ? DType::kF8E4M3
+             : shape.bf16 ? DType::kBF16
+                          : DType::kF32),
+      data_(shape.fp8 || shape.bf16 ? 0 : num_elements()),
       codes_(shape.fp8 ? num_elements() : 0),
       scales_(shape.fp8 ? num_elements() / shape.head_dim : 0),
+      bf16_(shape.bf16 ? num_elements() : 0),
       allocator_(static_cast<int32_t>(shape.num_blocks)) {}
 
 KvCache::KvCache(const KvCacheShape& shape, void* storage, DType dtype,

@@ -2,9 +2,11 @@
 // block allocator, addressed per sequence through a block table.
 //
 // A block id names the same slot range in every layer (as in vLLM), so one block table
-// serves the whole layer span. Keys and values are stored in fp32 on the CPU backend, so the
-// cache adds no rounding to the exact path. Another backend (CUDA) can hand the cache storage
-// it owns (device memory, bf16): the layout and the block bookkeeping stay the same.
+// serves the whole layer span. Keys and values are stored in fp32 on the CPU backend where
+// its attention reads them in fp32, so the cache adds no rounding to the exact path, and in
+// bf16 where its attention rounds them to bf16 anyway (or FP8, on request). Another backend
+// (CUDA) can hand the cache storage it owns (device memory, bf16): the layout and the block
+// bookkeeping stay the same.
 #pragma once
 
 #include <cstdint>
@@ -50,13 +52,18 @@ inline int64_t BlocksFor(int64_t positions, int64_t block_size) {
   return (positions + block_size - 1) / block_size;
 }
 
-// The KV cache's element format (EngineOptions::kv_cache_dtype, --kv_cache_dtype): the
-// backend's own (fp32 on the CPU, bf16 on the GPU) or FP8 e4m3 with a scale per token and KV
-// head (core/model/kv_fp8.h; CPU and CUDA backends, GLM-4.5 K/V only; docs/kv_cache.md).
-enum class KvCacheDType : uint8_t { kAuto, kFp8E4M3 };
-// "auto" or "fp8_e4m3"; INVALID_ARGUMENT naming the flag otherwise.
+// The KV cache's element format (EngineOptions::kv_cache_dtype, --kv_cache_dtype; the values
+// travel as integers to remote ranks, so new ones go at the end). kAuto: the backend's choice
+// (the GPU: bf16; the CPU: bf16 where its attention rounds K and V to bf16 anyway, so that the
+// cache changes no bit, fp32 elsewhere: CpuModel::SetKvCacheDType). kFp32 (CPU only) and kBf16:
+// those elements (GLM-4.5 K/V only on the CPU); kFp8E4M3: e4m3 with a scale per token and KV
+// head (core/model/kv_fp8.h; CPU and CUDA backends, GLM-4.5 K/V only). docs/kv_cache.md.
+enum class KvCacheDType : uint8_t { kAuto, kFp8E4M3, kBf16, kFp32 };
+// "auto", "fp32", "bf16" or "fp8_e4m3"; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<KvCacheDType> ParseKvCacheDType(absl::string_view name);
 const char* KvCacheDTypeName(KvCacheDType dtype);
+// The format of a cache holding `dtype` elements: kFp8E4M3, kBf16 or kFp32 (never kAuto).
+KvCacheDType KvCacheDTypeOf(DType dtype);
 
 struct KvCacheShape {
   int64_t num_layers = 0;  // layers of the served span
@@ -72,6 +79,9 @@ struct KvCacheShape {
   // (core/model/kv_fp8.h) instead of fp32 values: host arrays on the CPU, one device allocation
   // (codes, then scales) on the GPU (core/cuda/model.h). GQA layout only (not `latent`).
   bool fp8 = false;
+  // bf16 values (FloatToBf16 of what is written) instead of fp32 on the CPU, half the bytes. GQA
+  // layout only; at most one of fp8 and bf16.
+  bool bf16 = false;
 
   // Rows per token slot and layer: 2 (keys, values) or 1 (the latent row).
   int64_t kinds() const { return latent ? 1 : 2; }
@@ -110,9 +120,11 @@ class KvCache {
   }
 
   // True for the plain constructor's host fp32 storage (the CPU backend's cache).
-  bool host_fp32() const { return !external_storage_ && !shape_.fp8; }
+  bool host_fp32() const { return !external_storage_ && !shape_.fp8 && !shape_.bf16; }
   // True for the plain constructor's host FP8 storage (shape().fp8).
   bool host_fp8() const { return !external_storage_ && shape_.fp8; }
+  // True for the plain constructor's host bf16 storage (shape().bf16).
+  bool host_bf16() const { return !external_storage_ && shape_.bf16; }
   DType dtype() const { return dtype_; }
   // Elements of K and V storage: [num_layers, num_blocks, kinds (k, v), block_size, kv_dim].
   int64_t num_elements() const {
@@ -122,6 +134,7 @@ class KvCache {
   void* storage() {
     return external_storage_ ? external_.get()
            : shape_.fp8      ? static_cast<void*>(codes_.data())
+           : shape_.bf16     ? static_cast<void*>(bf16_.data())
                              : static_cast<void*>(data_.data());
   }
   const void* storage() const { return const_cast<KvCache*>(this)->storage(); }
@@ -149,6 +162,14 @@ class KvCache {
   }
   const float* scales(int64_t layer, int32_t block, int kind) const {
     return const_cast<KvCache*>(this)->scales(layer, block, kind);
+  }
+  // A host bf16 cache's rows of one block in one layer, kind 0 (keys) or 1 (values):
+  // [block_size, kv_heads * head_dim] bf16 bits; nullptr otherwise.
+  uint16_t* bf16_rows(int64_t layer, int32_t block, int kind) {
+    return host_bf16() ? bf16_.data() + Offset(layer, block, kind) : nullptr;
+  }
+  const uint16_t* bf16_rows(int64_t layer, int32_t block, int kind) const {
+    return const_cast<KvCache*>(this)->bf16_rows(layer, block, kind);
   }
   const float* keys(int64_t layer, int32_t block) const {
     return const_cast<KvCache*>(this)->HostRows(layer, block, 0);
@@ -202,6 +223,8 @@ class KvCache {
   // FP8 (shape_.fp8) instead of data_: the codes and the per-head scales.
   std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;  // [.., block_size, kv_dim]
   std::vector<float, HugePageAllocator<float>> scales_;     // [.., block_size, kv_heads]
+  // bf16 (shape_.bf16) instead of data_, in its layout.
+  std::vector<uint16_t, HugePageAllocator<uint16_t>> bf16_;  // [.., block_size, kv_dim]
   bool external_storage_ = false;
   std::shared_ptr<void> external_;  // used instead of data_ for storage owned elsewhere
   BlockAllocator allocator_;

@@ -48,7 +48,8 @@ class ModelRunner {
 
   // The element format of the caches CreateCache makes from now on (--kv_cache_dtype).
   // kAuto is always accepted; anything else FAILED_PRECONDITION naming the flag unless the
-  // backend overrides this (the CPU backend's FP8 cache; the CUDA runner keeps bf16).
+  // backend overrides this (the CPU backend's fp32, bf16 and FP8 caches; the CUDA runner's
+  // bf16 and FP8).
   virtual absl::Status SetKvCacheDType(KvCacheDType dtype);
 
   // The MTP layer (docs/mtp.md): whether the loaded weights have one, and turning it on, which

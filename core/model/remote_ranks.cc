@@ -300,8 +300,8 @@ absl::Status ServeLeader(RemoteChannel& channel, ModelRunner* local_ranks, const
       }
       case StepCall::kSetKvDType:
         RETURN_IF_ERROR(DecodeInts(frame.payload, 1, &ints));
-        if (ints[0] != static_cast<int64_t>(KvCacheDType::kAuto) &&
-            ints[0] != static_cast<int64_t>(KvCacheDType::kFp8E4M3)) {
+        if (ints[0] < static_cast<int64_t>(KvCacheDType::kAuto) ||
+            ints[0] > static_cast<int64_t>(KvCacheDType::kFp32)) {
           return absl::InvalidArgumentError("malformed step from the leader: KV cache dtype");
         }
         status = local.SetKvCacheDType(static_cast<KvCacheDType>(ints[0]));

@@ -57,15 +57,16 @@ struct Mode {
 // The bounds, and why. Each mode rounds something: bf16 and bf16_amx each activation to bf16
 // before each linear layer (2^-9 relative), int8 each weight to a 2^-8 step of its group's
 // range, the FP8 forms each weight to e4m3 (3 mantissa bits, 2^-4), the FP8 KV cache each
-// cached key and value likewise. Measured on this model (docs/performance.md, "Accuracy of the
-// fast paths") every mode moves the perplexity by under 0.3% and keeps 97-99% of the greedy
-// choices. The bounds leave room for another machine's kernels (AVX-512 or scalar, AMX or its
-// emulation: other rounding orders, the same model) without letting a real regression through:
-// a broken kernel or a wrong scale moves the perplexity by far more than 2%. The change is
-// bounded both ways: a mode that lowers the perplexity beyond noise is as wrong (a causal mask
-// that leaks the next token lowers it a lot). Near-ties of a small model's flat distributions
-// are what flips a greedy choice; a flipped near-tie costs almost no likelihood, which is why
-// perplexity is the first gate and agreement the second.
+// cached key and value likewise, the bf16 KV cache each cached key and value to bf16 (the bf16
+// modes' caches are bf16 by default: the same bits as fp32 ones, attention_bf16.h). Measured on
+// this model (docs/performance.md, "Accuracy of the fast paths") every mode moves the perplexity by
+// under 0.3% and keeps 97-99% of the greedy choices. The bounds leave room for another machine's
+// kernels (AVX-512 or scalar, AMX or its emulation: other rounding orders, the same model) without
+// letting a real regression through: a broken kernel or a wrong scale moves the perplexity by far
+// more than 2%. The change is bounded both ways: a mode that lowers the perplexity beyond noise is
+// as wrong (a causal mask that leaks the next token lowers it a lot). Near-ties of a small model's
+// flat distributions are what flips a greedy choice; a flipped near-tie costs almost no likelihood,
+// which is why perplexity is the first gate and agreement the second.
 const Mode kModes[] = {
     {"exact", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kAuto, 0.0, 1.0},
     {"bf16", CpuMath::kBf16, WeightQuant::kStored, KvCacheDType::kAuto, 0.005, 0.97},
@@ -75,6 +76,8 @@ const Mode kModes[] = {
     {"fp8_channel", CpuMath::kExact, WeightQuant::kFp8Channel, KvCacheDType::kAuto, 0.02, 0.93},
     {"fp8_block", CpuMath::kExact, WeightQuant::kFp8Block, KvCacheDType::kAuto, 0.02, 0.93},
     {"kv_fp8", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kFp8E4M3, 0.02, 0.93},
+    // The exact arithmetic over a bf16 cache: K and V rounded as the bf16 modes round them.
+    {"kv_bf16", CpuMath::kExact, WeightQuant::kStored, KvCacheDType::kBf16, 0.005, 0.97},
 };
 
 std::unique_ptr<ModelRunner> Runner(const Mode& mode) {

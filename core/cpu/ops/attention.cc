@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/base/dtype.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_items.h"
 #include "core/cpu/ops/attention_simd.h"
@@ -84,6 +86,13 @@ void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> bat
                     cache->scales(layer, block, 1) + slot * heads);
         continue;
       }
+      if (cache->host_bf16()) {  // FloatToBf16 of each value: what the bf16 attentions read
+        std::transform(k + row * dim, k + (row + 1) * dim,
+                       cache->bf16_rows(layer, block, 0) + slot * dim, FloatToBf16);
+        std::transform(v + row * dim, v + (row + 1) * dim,
+                       cache->bf16_rows(layer, block, 1) + slot * dim, FloatToBf16);
+        continue;
+      }
       std::copy_n(k + row * dim, dim, cache->keys(layer, block) + slot * dim);
       std::copy_n(v + row * dim, dim, cache->values(layer, block) + slot * dim);
     }
@@ -108,19 +117,26 @@ void SumEachRow(const internal::AttentionRows& rows, int64_t n, const float* con
 // of them that the loops read. In the cache a head's slice of each position lies kv_dim floats
 // from the next (4 KiB on GLM-4.5 Air): a block's rows share cache sets, so rereading them for
 // each query row missed even L2, and the hardware prefetchers do not follow the stride.
-// Contiguous, they stay in L2 and stream. A copy: no bit changes.
+// Contiguous, they stay in L2 and stream. A copy (from a bf16 cache: each value widened,
+// exactly): no bit changes.
+template <typename T>
 internal::AttentionRows PackBlock(const internal::AttentionRows& rows, bool values, int64_t p0,
                                   int64_t p1, float* buf) {
   internal::AttentionRows block = rows;
   block.begin = p0;
   block.context = p1;
   const int64_t hd = rows.head_dim, stride = rows.kv_dim;
-  block.ForEachRun(values, [&](int64_t p, const float* row, int64_t count) {
+  block.template ForEachRun<T>(values, [&](int64_t p, const T* row, int64_t count) {
     for (int64_t i = 0; i < count; ++i, row += stride) {
       if (i + 4 < count) {
-        for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(row + 4 * stride + d);
+        for (int64_t d = 0; d < hd; d += 64 / sizeof(T)) __builtin_prefetch(row + 4 * stride + d);
       }
-      std::copy_n(row, hd, buf + (p + i - p0) * hd);
+      float* dst = buf + (p + i - p0) * hd;
+      if constexpr (std::is_same_v<T, float>) {
+        std::copy_n(row, hd, dst);
+      } else {
+        std::transform(row, row + hd, dst, Bf16ToFloat);
+      }
     }
   });
   block.packed = buf;
@@ -231,7 +247,10 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
         internal::ForEachBlockRun(
             row_of,
             [&](int64_t p0, int64_t p1) {
-              view = n_rows > 1 ? PackBlock(rows, values, p0, p1, packed.data()) : rows;
+              // A bf16 cache's rows are widened here, whatever the item's rows.
+              view = cache.host_bf16() ? PackBlock<uint16_t>(rows, values, p0, p1, packed.data())
+                     : n_rows > 1      ? PackBlock<float>(rows, values, p0, p1, packed.data())
+                                       : rows;
               view.begin = p0;
             },
             [&](int64_t, int64_t end, int64_t r, int64_t n) {

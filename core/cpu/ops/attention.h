@@ -16,7 +16,8 @@ void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> bat
 
 // out[t, h, :] = softmax(q[t, h] . K^T * scale) V over the positions <= t's position of t's
 // own sequence, with K, V of kv head h / (heads / kv_heads) (from an FP8 cache: its rows
-// decoded to fp32, core/model/kv_fp8.h). Scores, softmax and the
+// decoded to fp32, core/model/kv_fp8.h; from a bf16 cache: widened, exactly, so the bits are
+// those of an fp32 cache holding the rounded values). Scores, softmax and the
 // weighted sum are fp32 (the bf16 modes on bf16 weights take their own: attention_bf16.h,
 // attention_amx.h). q: [total_tokens, heads, head_dim]; out: same shape.
 void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,

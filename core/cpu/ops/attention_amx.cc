@@ -112,6 +112,13 @@ GLM_AVX512_TARGET void TransposeValuesAvx512(const uint16_t* staged, int64_t dp,
 }
 #endif
 
+// The start of a host fp32 or bf16 cache's key (kind 0) or value rows of `block`, as bytes.
+inline const char* RowBytes(const KvCache& cache, int64_t layer, int32_t block, int kind) {
+  if (cache.host_bf16()) return reinterpret_cast<const char*>(cache.bf16_rows(layer, block, kind));
+  return reinterpret_cast<const char*>(kind == 0 ? cache.keys(layer, block)
+                                                 : cache.values(layer, block));
+}
+
 // Where PackKeys writes: for each of `heads` units (KV heads of one sequence, in kv_head
 // order), key p's row at k_rows[h] + (p - base) * dp and its values at vt[h][d * ld + p - base]
 // (transposed).
@@ -135,6 +142,8 @@ inline __attribute__((always_inline)) void PackKeysBody(const PackTarget& t, int
                                                         const BlockTable& blocks, int64_t dp) {
   const int64_t bs = cache.shape().block_size, hd = cache.shape().head_dim;
   const int64_t kv_dim = cache.kv_dim(), ctx = t.units[0].ctx;
+  const bool bf16_cache = cache.host_bf16();
+  const int64_t elem = bf16_cache ? 2 : 4;  // bytes per cached element
   // Only [0, head_dim) of a staged row is ever written: the padding stays +0 while the
   // layout (dp, head_dim) does; a new layout starts from zeros.
   thread_local std::vector<uint16_t> staged;
@@ -157,30 +166,34 @@ inline __attribute__((always_inline)) void PackKeysBody(const PackTarget& t, int
         }
         continue;
       }
-      const int64_t row = (p % bs) * kv_dim;
-      const float* keys = cache.keys(layer, blocks[p / bs]) + row;
-      const float* values = cache.values(layer, blocks[p / bs]) + row;
       // Each position's row starts a new page: ask for a later position's slices.
       const int64_t ahead = p + kPrefetchKeys;
       if (ahead < ctx) {
         const int64_t ahead_row = (ahead % bs) * kv_dim;
-        const float* ka = cache.keys(layer, blocks[ahead / bs]) + ahead_row;
-        const float* va = cache.values(layer, blocks[ahead / bs]) + ahead_row;
+        const char* ka = RowBytes(cache, layer, blocks[ahead / bs], 0) + ahead_row * elem;
+        const char* va = RowBytes(cache, layer, blocks[ahead / bs], 1) + ahead_row * elem;
         for (int h = 0; h < t.heads; ++h) {
-          const int64_t off = t.units[h].kv_head * hd;
-          for (int64_t d = 0; d < hd; d += 16) {
+          const int64_t off = t.units[h].kv_head * hd * elem;
+          for (int64_t d = 0; d < hd * elem; d += 64) {
             __builtin_prefetch(ka + off + d);
             __builtin_prefetch(va + off + d);
           }
         }
       }
+      const int64_t row = (p % bs) * kv_dim;
       for (int h = 0; h < t.heads; ++h) {
-        const float* key = keys + t.units[h].kv_head * hd;
-        const float* value = values + t.units[h].kv_head * hd;
+        const int64_t off = row + t.units[h].kv_head * hd;
         uint16_t* kr = t.k_rows[h] + (p - t.base) * dp;
         uint16_t* vr = staged.data() + h * tile + i * dp;
-        for (int64_t d = 0; d < hd; ++d) kr[d] = ToBf16(key[d]);
-        for (int64_t d = 0; d < hd; ++d) vr[d] = ToBf16(value[d]);
+        if (bf16_cache) {  // the stored bits are FloatToBf16's already
+          std::copy_n(cache.bf16_rows(layer, blocks[p / bs], 0) + off, hd, kr);
+          std::copy_n(cache.bf16_rows(layer, blocks[p / bs], 1) + off, hd, vr);
+        } else {
+          const float* key = cache.keys(layer, blocks[p / bs]) + off;
+          const float* value = cache.values(layer, blocks[p / bs]) + off;
+          for (int64_t d = 0; d < hd; ++d) kr[d] = ToBf16(key[d]);
+          for (int64_t d = 0; d < hd; ++d) vr[d] = ToBf16(value[d]);
+        }
         std::fill(kr + hd, kr + dp, uint16_t{0});  // the staging tile's padding stays +0
       }
     }

@@ -24,26 +24,44 @@ void RoundPairsGeneric(const float* x, int64_t n, uint32_t* out) {
     out[j] = Bf16Pair(x[2 * j], 2 * j + 1 < n ? x[2 * j + 1] : 0.f);
 }
 
-void PackKeysBf16Generic(const AttentionRows& rows, uint32_t* keys) {
+namespace {
+
+// A cached element's bf16 bits: an fp32 cache's value rounded, a bf16 cache's bits as stored
+// (which WriteKv rounded the same way).
+inline uint32_t Bf16Bits(float x) { return FloatToBf16(x); }
+inline uint32_t Bf16Bits(uint16_t x) { return x; }
+
+template <typename T>
+void PackKeysFrom(const AttentionRows& rows, uint32_t* keys) {
   const int64_t hd = rows.head_dim;
-  rows.ForEach(false, [&](int64_t p, const float* key) {
+  rows.ForEach<T>(false, [&](int64_t p, const T* key) {
     for (int64_t i = 0; 2 * i < hd; ++i) {
       keys[i * kPositionBlock + p - rows.begin] =
-          Bf16Pair(key[2 * i], 2 * i + 1 < hd ? key[2 * i + 1] : 0.f);
+          Bf16Bits(key[2 * i]) | (2 * i + 1 < hd ? Bf16Bits(key[2 * i + 1]) << 16 : 0u);
     }
   });
 }
 
-void PackValuesBf16Generic(const AttentionRows& rows, uint32_t* values) {
+template <typename T>
+void PackValuesFrom(const AttentionRows& rows, uint32_t* values) {
   const int64_t hd = rows.head_dim, width = (hd + 15) / 16 * 16;
   const int64_t n = rows.context - rows.begin;
   std::fill_n(values, (n + 1) / 2 * width, 0u);  // the dims past head_dim, an odd last position
-  rows.ForEach(true, [&](int64_t p, const float* value) {
+  rows.ForEach<T>(true, [&](int64_t p, const T* value) {
     const int64_t j = (p - rows.begin) / 2, high = (p - rows.begin) % 2;
-    for (int64_t d = 0; d < hd; ++d) {
-      values[j * width + d] |= uint32_t{FloatToBf16(value[d])} << (16 * high);
-    }
+    for (int64_t d = 0; d < hd; ++d) values[j * width + d] |= Bf16Bits(value[d]) << (16 * high);
   });
+}
+
+}  // namespace
+
+void PackKeysBf16Generic(const AttentionRows& rows, uint32_t* keys) {
+  rows.cache->host_bf16() ? PackKeysFrom<uint16_t>(rows, keys) : PackKeysFrom<float>(rows, keys);
+}
+
+void PackValuesBf16Generic(const AttentionRows& rows, uint32_t* values) {
+  rows.cache->host_bf16() ? PackValuesFrom<uint16_t>(rows, values)
+                          : PackValuesFrom<float>(rows, values);
 }
 
 void AttentionScoresBf16Generic(const Bf16Block& b, int64_t n, const uint32_t* const* q,

@@ -36,8 +36,9 @@
 
 namespace glmserve {
 
-// PagedAttention's contract (attention.h) in the arithmetic above; the cache must be the fp32
-// host cache. q, out: [total_tokens, heads, head_dim].
+// PagedAttention's contract (attention.h) in the arithmetic above, on a host fp32 or bf16 cache
+// (whose stored bits are the operands' rounding above: the same results bit for bit). q, out:
+// [total_tokens, heads, head_dim].
 void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, const KvCache& cache,
                         int64_t layer, int64_t heads, float scale, float* out);
 

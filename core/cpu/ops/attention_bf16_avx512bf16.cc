@@ -13,9 +13,68 @@ namespace glmserve::internal {
 namespace {
 
 // The rows of positions [begin, context) of `rows`, from the cache.
-int64_t RowPointers(const AttentionRows& rows, bool values, const float** ptr) {
-  rows.ForEach(values, [&](int64_t p, const float* row) { ptr[p - rows.begin] = row; });
+template <typename T>
+int64_t RowPointers(const AttentionRows& rows, bool values, const T** ptr) {
+  rows.ForEach<T>(values, [&](int64_t p, const T* row) { ptr[p - rows.begin] = row; });
   return rows.context - rows.begin;
+}
+
+// 32 elements of a cached row as 16 bf16 pairs: an fp32 cache's rounded, a bf16 cache's loaded.
+inline __m512i Pairs32(const float* row) { return Bf16Pairs32(row, 32); }
+inline __m512i Pairs32(const uint16_t* row) { return _mm512_loadu_si512(row); }
+// 16 elements of a cached row as bf16 bits in the low halves of 16 dwords.
+inline __m512i Bf16Lanes16(const float* row) { return RoundToBf16Lanes(_mm512_loadu_ps(row)); }
+inline __m512i Bf16Lanes16(const uint16_t* row) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+}
+
+// 16 positions x 16 key pairs at a time: each position's 32 dims as 16 pairs (one register a
+// position), then one 16 x 16 dword transpose gives each pair's 16 positions.
+template <typename T>
+void PackKeysFrom(const AttentionRows& rows, uint32_t* keys) {
+  const int64_t hd = rows.head_dim;
+  const T* ptr[kPositionBlock];
+  const int64_t n = RowPointers(rows, false, ptr);
+  for (int64_t g = 0; 16 * g < n; ++g) {
+    const int64_t count = std::min<int64_t>(16, n - 16 * g);
+    for (int64_t j = 16 * (g + 1); j < std::min(n, 16 * (g + 2)); ++j) {
+      for (int64_t d = 0; d < hd; d += 64 / sizeof(T)) __builtin_prefetch(ptr[j] + d);
+    }
+    for (int64_t c = 0; c < hd / 32; ++c) {
+      __m512i t[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        t[j] = j < count ? Pairs32(ptr[16 * g + j] + 32 * c) : _mm512_setzero_si512();
+      }
+      Transpose16x16(t);
+      for (int64_t i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(keys + (16 * c + i) * kPositionBlock + 16 * g, t[i]);
+      }
+    }
+  }
+}
+
+// Two positions' values into the low and high halves of each dword.
+template <typename T>
+void PackValuesFrom(const AttentionRows& rows, uint32_t* values) {
+  const int64_t hd = rows.head_dim;
+  const T* ptr[kPositionBlock];
+  const int64_t n = RowPointers(rows, true, ptr);
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    const T* lo = ptr[2 * j];
+    const T* hi = 2 * j + 1 < n ? ptr[2 * j + 1] : nullptr;
+    if (2 * j + 5 < n) {
+      for (int64_t d = 0; d < hd; d += 64 / sizeof(T)) {
+        __builtin_prefetch(ptr[2 * j + 4] + d);
+        __builtin_prefetch(ptr[2 * j + 5] + d);
+      }
+    }
+    for (int64_t d = 0; d < hd; d += 16) {
+      const __m512i l = Bf16Lanes16(lo + d);
+      const __m512i h =
+          hi != nullptr ? _mm512_slli_epi32(Bf16Lanes16(hi + d), 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(values + j * hd + d, _mm512_or_si512(l, h));
+    }
+  }
 }
 
 // Scores of R rows against positions [0, 16 G) of the block: lanes along positions, one
@@ -145,54 +204,15 @@ void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out) {
   }
 }
 
-// 16 positions x 16 key pairs at a time: each position's 32 dims rounded to 16 pairs (one
-// register a position), then one 16 x 16 dword transpose gives each pair's 16 positions.
 void PackKeysBf16Avx512(const AttentionRows& rows, uint32_t* keys) {
-  const int64_t hd = rows.head_dim;
-  if (hd % 32 != 0) return PackKeysBf16Generic(rows, keys);
-  const float* ptr[kPositionBlock];
-  const int64_t n = RowPointers(rows, false, ptr);
-  for (int64_t g = 0; 16 * g < n; ++g) {
-    const int64_t count = std::min<int64_t>(16, n - 16 * g);
-    for (int64_t j = 16 * (g + 1); j < std::min(n, 16 * (g + 2)); ++j) {
-      for (int64_t d = 0; d < hd; d += 16) __builtin_prefetch(ptr[j] + d);
-    }
-    for (int64_t c = 0; c < hd / 32; ++c) {
-      __m512i t[16];
-      for (int64_t j = 0; j < 16; ++j) {
-        t[j] = j < count ? Bf16Pairs32(ptr[16 * g + j] + 32 * c, 32) : _mm512_setzero_si512();
-      }
-      Transpose16x16(t);
-      for (int64_t i = 0; i < 16; ++i) {
-        _mm512_storeu_si512(keys + (16 * c + i) * kPositionBlock + 16 * g, t[i]);
-      }
-    }
-  }
+  if (rows.head_dim % 32 != 0) return PackKeysBf16Generic(rows, keys);
+  rows.cache->host_bf16() ? PackKeysFrom<uint16_t>(rows, keys) : PackKeysFrom<float>(rows, keys);
 }
 
-// Two positions' values, rounded, into the low and high halves of each dword.
 void PackValuesBf16Avx512(const AttentionRows& rows, uint32_t* values) {
-  const int64_t hd = rows.head_dim;
-  if (hd % 16 != 0) return PackValuesBf16Generic(rows, values);
-  const float* ptr[kPositionBlock];
-  const int64_t n = RowPointers(rows, true, ptr);
-  for (int64_t j = 0; 2 * j < n; ++j) {
-    const float* lo = ptr[2 * j];
-    const float* hi = 2 * j + 1 < n ? ptr[2 * j + 1] : nullptr;
-    if (2 * j + 5 < n) {
-      for (int64_t d = 0; d < hd; d += 16) {
-        __builtin_prefetch(ptr[2 * j + 4] + d);
-        __builtin_prefetch(ptr[2 * j + 5] + d);
-      }
-    }
-    for (int64_t d = 0; d < hd; d += 16) {
-      const __m512i l = RoundToBf16Lanes(_mm512_loadu_ps(lo + d));
-      const __m512i h = hi != nullptr
-                            ? _mm512_slli_epi32(RoundToBf16Lanes(_mm512_loadu_ps(hi + d)), 16)
-                            : _mm512_setzero_si512();
-      _mm512_storeu_si512(values + j * hd + d, _mm512_or_si512(l, h));
-    }
-  }
+  if (rows.head_dim % 16 != 0) return PackValuesBf16Generic(rows, values);
+  rows.cache->host_bf16() ? PackValuesFrom<uint16_t>(rows, values)
+                          : PackValuesFrom<float>(rows, values);
 }
 
 void AttentionScoresBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uint32_t* const* q,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/model/forward_types.h"
 #include "core/model/kv_cache.h"
@@ -26,29 +27,39 @@ struct AttentionRows {
   int64_t packed_begin = 0;
   // f(p, row) for p = begin .. context - 1 in order, row the key (or value) row of position p:
   // one block lookup per block of positions, not a division per position (a 64-bit division
-  // per position held the decode loops to its latency).
-  template <typename F>
+  // per position held the decode loops to its latency). T: the cache's element, float (the
+  // fp32 cache, or `packed`) or uint16_t (the bf16 cache's bits, KvCache::bf16_rows).
+  template <typename T = float, typename F>
   void ForEach(bool values, F&& f) const {
-    ForEachRun(values, [&f, this](int64_t p, const float* row, int64_t count) {
+    ForEachRun<T>(values, [&f, this](int64_t p, const T* row, int64_t count) {
       for (int64_t i = 0; i < count; ++i, row += kv_dim) f(p + i, row);
     });
   }
   // f(p, row, count) for each run of consecutive positions p .. p + count - 1 in one block
   // (their rows kv_dim apart from `row`), in order.
-  template <typename F>
+  template <typename T = float, typename F>
   void ForEachRun(bool values, F&& f) const {
-    if (packed != nullptr) {
-      if (begin < context) f(begin, packed + (begin - packed_begin) * kv_dim, context - begin);
-      return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (packed != nullptr) {
+        if (begin < context) f(begin, packed + (begin - packed_begin) * kv_dim, context - begin);
+        return;
+      }
     }
     for (int64_t p = begin; p < context;) {
       const int64_t block = p / block_size, end = std::min(context, (block + 1) * block_size);
-      const int32_t id = (*blocks)[block];
-      f(p,
-        (values ? cache->values(layer, id) : cache->keys(layer, id)) + (p % block_size) * kv_dim +
-            kv_off,
-        end - p);
+      f(p, Rows<T>(values, (*blocks)[block]) + (p % block_size) * kv_dim + kv_off, end - p);
       p = end;
+    }
+  }
+
+ private:
+  template <typename T>
+  const T* Rows(bool values, int32_t id) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return values ? cache->values(layer, id) : cache->keys(layer, id);
+    } else {
+      static_assert(std::is_same_v<T, uint16_t>);
+      return cache->bf16_rows(layer, id, values ? 1 : 0);
     }
   }
 };

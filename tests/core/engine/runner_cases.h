@@ -19,7 +19,9 @@ struct RunnerCase {
   DType dtype;  // the weights' precision (the CUDA runner computes in bf16 either way)
   const char* preset = "tiny";  // the random model: GLM-4.5's block, or GLM-5's ("tiny-glm5")
   CpuMath cpu_math = CpuMath::kExact;  // the CPU runner's linear arithmetic (core/cpu/ops/linear.h)
-  bool kv_fp8 = false;  // --kv_cache_dtype=fp8_e4m3 (core/model/kv_fp8.h; GLM-4.5 only)
+  // --kv_cache_dtype (docs/kv_cache.md): auto (the CPU's bf16 and bf16_amx cases: bf16), fp32,
+  // bf16, fp8_e4m3 (core/model/kv_fp8.h; GLM-4.5 only).
+  KvCacheDType kv_cache = KvCacheDType::kAuto;
   // --fp8_tensor_cores=auto: FP8 GEMMs on tensor cores, activations quantized per token and
   // 1x128 group in prefill and decode alike (docs/cuda.md "One activation arithmetic").
   bool fp8_tensor_cores = false;
@@ -44,27 +46,34 @@ inline constexpr RunnerCase kRunnerCases[] = {
     // CUDA runner's FP8 kernels (bf16 activations, as its bf16 GEMMs).
     {"cpu_fp8", DeviceKind::kCpu, DType::kF8E4M3},
     {"cuda_fp8", DeviceKind::kCuda, DType::kF8E4M3},
-    {"cuda_fp8_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny", CpuMath::kExact, false, true},
+    {"cuda_fp8_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny", CpuMath::kExact, KvCacheDType::kAuto,
+     true},
     // FP8 GLM-5 (e4m3, 128x128 block scales, the GLM-5-FP8 form): MLA with an FP8 kv_b_proj.
     {"cpu_fp8_glm5", DeviceKind::kCpu, DType::kF8E4M3, "tiny-glm5"},
     {"cuda_fp8_glm5", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5"},
     // The same with tensor cores on: 128x128 block weights, quantized activations in its FFN
     // and experts (cuBLASLt's block-scaled matmul, or quantized GEMV passes where it declines,
     // e.g. unaligned MoE output slices); MLA's projections keep fp8_linear.cu's kernels.
-    {"cuda_fp8_glm5_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5", CpuMath::kExact, false,
-     true},
+    {"cuda_fp8_glm5_tc", DeviceKind::kCuda, DType::kF8E4M3, "tiny-glm5", CpuMath::kExact,
+     KvCacheDType::kAuto, true},
     // The bf16 mode (docs/cpu_math.md): vdpbf16ps's order in its linear layers and attention
-    // (attention_bf16.h), the same bit-identity contract.
+    // (attention_bf16.h), the same bit-identity contract; its cache is bf16 (auto), or fp32.
     {"cpu_bf16_math", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16},
+    {"cpu_bf16_math_kvfp32", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16,
+     KvCacheDType::kFp32},
     // The AMX mode (docs/cpu_math.md): its own fixed order, so the same bit-identity contract.
     {"cpu_bf16_amx", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kBf16Amx},
     {"cpu_bf16_amx_glm5", DeviceKind::kCpu, DType::kBF16, "tiny-glm5", CpuMath::kBf16Amx},
     // The FP8 KV cache (docs/kv_cache.md) on both backends, in the same format.
-    {"cpu_f32_kvfp8", DeviceKind::kCpu, DType::kF32, "tiny", CpuMath::kExact, true},
-    {"cuda_bf16_kvfp8", DeviceKind::kCuda, DType::kBF16, "tiny", CpuMath::kExact, true},
+    {"cpu_f32_kvfp8", DeviceKind::kCpu, DType::kF32, "tiny", CpuMath::kExact,
+     KvCacheDType::kFp8E4M3},
+    {"cuda_bf16_kvfp8", DeviceKind::kCuda, DType::kBF16, "tiny", CpuMath::kExact,
+     KvCacheDType::kFp8E4M3},
+    // A bf16 cache read by the fp32 path (rows widened, attention.h).
+    {"cpu_f32_kvbf16", DeviceKind::kCpu, DType::kF32, "tiny", CpuMath::kExact, KvCacheDType::kBf16},
     // The CPU runner sampling after each step: the sampling contract on the CPU.
-    {"cpu_bf16_sampling", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kExact, false, false,
-     true}};
+    {"cpu_bf16_sampling", DeviceKind::kCpu, DType::kBF16, "tiny", CpuMath::kExact,
+     KvCacheDType::kAuto, false, true}};
 
 // Test names and ctest entries show the case's name rather than its bytes.
 inline void PrintTo(const RunnerCase& r, std::ostream* os) { *os << r.name; }

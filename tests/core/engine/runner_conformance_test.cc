@@ -66,10 +66,8 @@ class RunnerConformance : public ::testing::TestWithParam<RunnerCase> {
         GetParam().fp8_tensor_cores ? Fp8TensorCores::kAuto : Fp8TensorCores::kOff);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return nullptr;
-    if (GetParam().kv_fp8) {
-      const absl::Status s = (*runner)->SetKvCacheDType(KvCacheDType::kFp8E4M3);
-      EXPECT_TRUE(s.ok()) << s;
-    }
+    const absl::Status s = (*runner)->SetKvCacheDType(GetParam().kv_cache);
+    EXPECT_TRUE(s.ok()) << s;
     if (GetParam().host_sampling) return std::make_unique<HostSamplingRunner>(*std::move(runner));
     return *std::move(runner);
   }

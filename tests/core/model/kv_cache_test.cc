@@ -261,6 +261,55 @@ TEST(KvCacheCreateHostTest, FreshCacheIsZeroedFp32WithEveryBlockFree) {
   for (int64_t i = 0; i < cache.num_elements(); ++i) ASSERT_EQ(data[i], 0.0f) << i;
 }
 
+// The bf16 host cache (--kv_cache_dtype=bf16): two bytes per value in the fp32 cache's layout,
+// zeroed, no fp32 or FP8 view; refused for the latent layout and beside FP8.
+TEST(KvCacheCreateHostTest, Bf16CacheHalvesTheBytesInTheSameLayout) {
+  KvCacheShape s = SmallShape();
+  s.bf16 = true;
+  absl::StatusOr<std::unique_ptr<KvCache>> made = KvCache::CreateHost(s);
+  ASSERT_TRUE(made.ok()) << made.status();
+  KvCache& cache = **made;
+  EXPECT_TRUE(cache.host_bf16());
+  EXPECT_FALSE(cache.host_fp32());
+  EXPECT_FALSE(cache.host_fp8());
+  EXPECT_EQ(cache.dtype(), DType::kBF16);
+  EXPECT_EQ(KvCacheDTypeOf(cache.dtype()), KvCacheDType::kBf16);
+  EXPECT_EQ(cache.bytes_per_token(), 2 * 3 * 8 * 2);
+  EXPECT_EQ(cache.keys(0, 0), nullptr);
+  EXPECT_EQ(cache.codes(0, 0, 0), nullptr);
+  const uint16_t* base = static_cast<const uint16_t*>(cache.storage());
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    for (int32_t b = 0; b < s.num_blocks; ++b) {
+      for (int kind = 0; kind < 2; ++kind) {
+        EXPECT_EQ(cache.bf16_rows(l, b, kind) - base, cache.ElementOffset(l, b, kind));
+      }
+    }
+  }
+  for (int64_t i = 0; i < cache.num_elements(); ++i) ASSERT_EQ(base[i], 0u) << i;
+
+  KvCacheShape latent = s;
+  latent.latent = true;
+  EXPECT_EQ(KvCache::CreateHost(latent).status().code(), absl::StatusCode::kInvalidArgument);
+  KvCacheShape both = s;
+  both.fp8 = true;
+  EXPECT_EQ(KvCache::CreateHost(both).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The flag's names round-trip, and anything else names every accepted value.
+TEST(KvCacheDTypeTest, NamesRoundTripAndAnUnknownNameListsTheAccepted) {
+  for (const KvCacheDType d :
+       {KvCacheDType::kAuto, KvCacheDType::kFp32, KvCacheDType::kBf16, KvCacheDType::kFp8E4M3}) {
+    absl::StatusOr<KvCacheDType> parsed = ParseKvCacheDType(KvCacheDTypeName(d));
+    ASSERT_TRUE(parsed.ok()) << KvCacheDTypeName(d);
+    EXPECT_EQ(*parsed, d);
+  }
+  const absl::StatusOr<KvCacheDType> bad = ParseKvCacheDType("fp16");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("auto, fp32, bf16, fp8_e4m3"), std::string::npos);
+  EXPECT_EQ(KvCacheDTypeOf(DType::kF32), KvCacheDType::kFp32);
+  EXPECT_EQ(KvCacheDTypeOf(DType::kF8E4M3), KvCacheDType::kFp8E4M3);
+}
+
 TEST(KvCacheLayoutTest, KeysAndValuesRowsTileTheStorageInDocumentedOrder) {
   const KvCacheShape s = SmallShape();
   std::unique_ptr<KvCache> cache = *KvCache::CreateHost(s);

@@ -106,6 +106,16 @@ TEST(PagedAttentionAmxTest, HardwareEqualsEmulationBitForBit) {
   EXPECT_EQ(0, std::memcmp(fast.data(), emulated.data(), fast.size() * sizeof(float)));
 }
 
+// A bf16 cache (the bf16_amx mode's default) stores FloatToBf16 of each key and value, what the
+// packing rounds them to: the fp32 cache's bits in the tile unit's form (or its emulation) and
+// the portable packing, for decode groups, staged prefills, head dims on and off the 32 grid.
+TEST(PagedAttentionAmxTest, ABf16CacheGivesTheFp32CachesBits) {
+  testing::ExpectTheBf16CacheGivesTheFp32CachesBits(
+      PagedAttentionAmx, {{64, 8, 128, 16, {{0, 70}, {100, 1}, {33, 1}, {5, 1}, {33, 40}}},
+                          {4, 2, 40, 16, {{0, 37}, {20, 1}}},
+                          {2, 1, 8, 4, {{0, 9}, {3, 2}}}});
+}
+
 // The probabilities go to the tile unit as bf16 pairs: each half FloatToBf16's bits (nearest
 // even, NaN made quiet), for every kind of value, ties and the largest finite included.
 TEST(PagedAttentionAmxTest, ProbabilityPairsRoundAsFloatToBf16) {

@@ -129,6 +129,17 @@ TEST(PagedAttentionBf16Test, EveryFormGivesTheDefinitionsBits) {
   internal::ForceGenericKernels(false);
 }
 
+// A bf16 cache (--kv_cache_dtype=bf16, the bf16 modes' default) stores FloatToBf16 of each key
+// and value, the operands this attention rounds them to: every case gives the fp32 cache's bits,
+// in every form (the AVX-512 packers load its pairs and widen its values instead of rounding).
+TEST(PagedAttentionBf16Test, ABf16CacheGivesTheFp32CachesBits) {
+  std::vector<testing::CacheCase> cases;
+  for (const Case& c : kCases) {
+    cases.push_back({c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs});
+  }
+  testing::ExpectTheBf16CacheGivesTheFp32CachesBits(PagedAttentionBf16, cases);
+}
+
 // What the arithmetic promises against exact attention on the same bf16 operands: fp32
 // accumulation, the exp polynomial and the probabilities' bf16 rounding (2^-9 relative each).
 TEST(PagedAttentionBf16Test, MatchesFloat64ReferenceOnBf16Operands) {

@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "core/base/dtype.h"
 #include "core/cpu/ops/attention.h"
+#include "core/cpu/ops/linear.h"
 #include "core/model/kv_cache.h"
 #include "tests/test_util.h"
 
@@ -65,12 +66,53 @@ struct AttentionFixture {
     }
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
-  std::vector<float> Run() const {
+  std::vector<float> Run() const { return RunOn(cache); }
+  // fn over another cache with the same shape and block ids (Bf16Cache).
+  std::vector<float> RunOn(const KvCache& other) const {
     std::vector<float> out(q.size(), NAN);
-    fn(q.data(), batch, cache, 0, heads, scale(), out.data());
+    fn(q.data(), batch, other, 0, heads, scale(), out.data());
     return out;
   }
+  // The same keys and values written into a bf16 cache (KvCacheShape::bf16) at the same block
+  // ids: what a bf16 cache holds for them.
+  KvCache Bf16Cache() const {
+    KvCacheShape shape = cache.shape();
+    shape.bf16 = true;
+    KvCache bf16(shape);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceSlice all{batch[i].start_position + batch[i].num_tokens, 0, &tables[i]};
+      WriteKv(keys[i].data(), values[i].data(), {all}, 0, &bf16);
+    }
+    return bf16;
+  }
 };
+
+// A bf16 cache gives an attention that rounds K and V to bf16 itself (PagedAttentionBf16,
+// PagedAttentionAmx) the fp32 cache's bits, for every case of `cases` ((heads, KV heads, head
+// dim, block size), sequences) in the form this machine runs and the portable one.
+struct CacheCase {
+  int64_t heads, kv_heads, head_dim, block_size;
+  std::vector<std::pair<int64_t, int64_t>> seqs;  // (cached tokens, new tokens)
+};
+inline void ExpectTheBf16CacheGivesTheFp32CachesBits(AttentionFn fn,
+                                                     const std::vector<CacheCase>& cases) {
+  uint32_t seed = 7000;
+  for (const bool generic : {false, true}) {
+    internal::ForceGenericKernels(generic);
+    for (const CacheCase& c : cases) {
+      const AttentionFixture s(fn, c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs,
+                               seed += 10);
+      const std::vector<float> fp32 = s.Run(), bf16 = s.RunOn(s.Bf16Cache());
+      ASSERT_EQ(fp32.size(), bf16.size());
+      for (size_t i = 0; i < fp32.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&fp32[i], &bf16[i], sizeof(float)), 0)
+            << (generic ? "portable" : "fast") << " form, head_dim " << c.head_dim << ", element "
+            << i << ": " << bf16[i] << " against " << fp32[i];
+      }
+    }
+  }
+  internal::ForceGenericKernels(false);
+}
 
 // Float64 attention on the bf16-rounded q, K and V: what both bf16 arithmetics promise up to
 // fp32 accumulation, the exp polynomial and the probabilities' bf16 rounding.

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "core/base/dtype.h"
 #include "core/cpu/ops/attention_simd.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/softmax.h"
@@ -311,6 +313,98 @@ TEST(PagedAttentionTest, BlockedItemsGiveEachRowItsLoneBits) {
   for (int64_t i = 0; i < heads * head_dim; ++i) {
     ASSERT_EQ(alone[i], ref[decode_at + i]) << "decode element " << i;
   }
+}
+
+// WriteKv into a bf16 cache stores FloatToBf16 of each key and value (nearest even, NaN kept
+// NaN and quiet): ties both ways, subnormals, infinities, the largest finite (which rounds to
+// inf), NaNs with a payload only in the low half, at their slots of a block past the first.
+TEST(WriteKvTest, ABf16CacheStoresEachValueRoundedToNearestEven) {
+  KvCacheShape shape{2, 2, 4, 4, 3};
+  shape.bf16 = true;
+  KvCache cache(shape);
+  ASSERT_TRUE(cache.host_bf16());
+  EXPECT_EQ(cache.keys(0, 0), nullptr);  // no fp32 view of bf16 storage
+  BlockTable table = {2, 0};
+  const std::vector<float> specials = {
+      1.0f + 0x1p-8f, 1.0f + 0x3p-8f,  -1.0f - 0x1p-8f, 0x1p-130f,
+      -0x1p-140f,     INFINITY,        -INFINITY,       3.4028235e38f,
+      std::nanf(""),  -std::nanf("1"), 1.0f + 0x1p-20f, 0.0f,
+      -0.0f,          65504.0f,        1e-38f,          2.5f};
+  std::vector<float> k(5 * 8), v(5 * 8);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = specials[i % specials.size()];
+    v[i] = -specials[(i + 3) % specials.size()];
+  }
+  float low_payload_nan;  // a NaN whose payload is only in the bits rounding drops
+  const uint32_t bits = 0x7f800001u;
+  std::memcpy(&low_payload_nan, &bits, sizeof bits);
+  k[3] = low_payload_nan;
+  // Positions 3..7 of a sequence: slots 3 of block 2, then 0..3 of block 0; layer 1.
+  WriteKv(k.data(), v.data(), {{5, 3, &table}}, 1, &cache);
+  for (int64_t t = 0; t < 5; ++t) {
+    const int64_t pos = 3 + t;
+    const int32_t block = table[pos / 4];
+    for (int64_t i = 0; i < 8; ++i) {
+      const uint16_t key = cache.bf16_rows(1, block, 0)[(pos % 4) * 8 + i];
+      const uint16_t value = cache.bf16_rows(1, block, 1)[(pos % 4) * 8 + i];
+      ASSERT_EQ(key, FloatToBf16(k[t * 8 + i])) << "key " << t << ", " << i;
+      ASSERT_EQ(value, FloatToBf16(v[t * 8 + i])) << "value " << t << ", " << i;
+    }
+  }
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(cache.bf16_rows(1, 2, 0)[3 * 8 + 3])));
+  EXPECT_EQ(cache.bf16_rows(1, 2, 0)[3 * 8 + 0], 0x3f80u);  // 1 + 2^-8 ties to even: 1
+  EXPECT_EQ(cache.bf16_rows(1, 2, 0)[3 * 8 + 1], 0x3f82u);  // 1 + 3 x 2^-8 ties up
+  // Layer 0 untouched.
+  for (int32_t b = 0; b < 3; ++b) {
+    for (int64_t i = 0; i < 32; ++i) ASSERT_EQ(cache.bf16_rows(0, b, 0)[i], 0u);
+  }
+}
+
+// The fp32 path (exact, and any arithmetic on weights that are not bf16) on a bf16 cache: each
+// row widened exactly, so the bits are those of an fp32 cache holding the rounded values, in
+// the SIMD forms and the portable one, whatever the item's rows (a lone row reads unpacked from
+// an fp32 cache but is widened into a block from a bf16 one).
+TEST(PagedAttentionTest, ABf16CacheIsAnFp32CacheOfTheRoundedValues) {
+  uint32_t seed = 900;
+  for (const bool generic : {false, true}) {
+    internal::ForceGenericKernels(generic);
+    for (const Case& c : std::vector<Case>{{4, 2, 13, 3, {{0, 5}, {6, 1}, {2, 7}}},
+                                           {24, 2, 128, 16, {{0, 70}, {100, 1}, {33, 40}}},
+                                           {2, 2, 24, 8, {{0, 1}, {30, 1}, {0, 19}}},
+                                           {3, 1, 64, 16, {{64, 1}, {0, 66}}}}) {
+      int64_t cached = 0, total = 0;
+      for (const auto& [before, fresh] : c.seqs) cached += before + fresh, total += fresh;
+      const int64_t kv_dim = c.kv_heads * c.head_dim;
+      KvCacheShape shape{1, c.kv_heads, c.head_dim, c.block_size, cached / c.block_size + 8};
+      KvCache fp32(shape);
+      shape.bf16 = true;
+      KvCache bf16(shape);
+      std::vector<BlockTable> tables(c.seqs.size());
+      std::vector<SequenceSlice> batch;
+      for (size_t i = 0; i < c.seqs.size(); ++i) {
+        const int64_t n = c.seqs[i].first + c.seqs[i].second;
+        ASSERT_TRUE(fp32.Reserve(&tables[i], n).ok());
+        std::vector<float> k = testing::RandomVector(n * kv_dim, seed++);
+        std::vector<float> v = testing::RandomVector(n * kv_dim, seed++);
+        WriteKv(k.data(), v.data(), {{n, 0, &tables[i]}}, 0, &bf16);
+        for (float& x : k) x = Bf16ToFloat(FloatToBf16(x));
+        for (float& x : v) x = Bf16ToFloat(FloatToBf16(x));
+        WriteKv(k.data(), v.data(), {{n, 0, &tables[i]}}, 0, &fp32);
+        batch.push_back({c.seqs[i].second, c.seqs[i].first, &tables[i]});
+      }
+      const std::vector<float> q = testing::RandomVector(total * c.heads * c.head_dim, seed++, 3.f);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+      std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
+      PagedAttention(q.data(), batch, fp32, 0, c.heads, scale, want.data());
+      PagedAttention(q.data(), batch, bf16, 0, c.heads, scale, got.data());
+      for (size_t i = 0; i < q.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+            << (generic ? "portable" : "fast") << ", head_dim " << c.head_dim << ", element " << i
+            << ": " << got[i] << " against " << want[i];
+      }
+    }
+  }
+  internal::ForceGenericKernels(false);
 }
 
 TEST(KvCacheTest, ReserveIsAllOrNothingAndFreeReturnsBlocks) {
