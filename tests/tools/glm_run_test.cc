@@ -121,7 +121,31 @@ TEST(GlmRunTest, Fp8KvCacheFlag) {
   EXPECT_NE(glm5.output.find("GLM-5's latent cache"), std::string::npos) << glm5.output;
   const RunResult bad = RunGlmRun("--model=tiny --kv_cache_dtype=fp16");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("is not one of auto, fp8_e4m3"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("is not one of auto, fp32, bf16, fp8_e4m3"), std::string::npos)
+      << bad.output;
+}
+
+// The kv cache line names the format auto chose: bf16 in --cpu_math=bf16 on bf16 weights (whose
+// attention rounds K and V to bf16 anyway: the same greedy tokens as an fp32 cache), fp32 in the
+// exact mode.
+TEST(GlmRunTest, KvCacheLineNamesTheFormatAutoChose) {
+  const std::string dir = testing::GoldenDir("bf16");
+  const std::string run = absl::StrCat("--model=", dir, " --prompt=1,2,3,4,5 --max_new_tokens=6");
+  const RunResult bf16 = RunGlmRun(run + " --cpu_math=bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find("kv cache  bf16, "), std::string::npos) << bf16.output;
+  const RunResult fp32 = RunGlmRun(run + " --cpu_math=bf16 --kv_cache_dtype=fp32");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_NE(fp32.output.find("kv cache  fp32, "), std::string::npos) << fp32.output;
+  const auto greedy = [](const std::string& out) {
+    const size_t at = out.find("greedy    ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(greedy(bf16.output).empty()) << bf16.output;
+  EXPECT_EQ(greedy(bf16.output), greedy(fp32.output));
+  const RunResult exact = RunGlmRun(run);
+  ASSERT_EQ(exact.exit_code, 0) << exact.output;
+  EXPECT_NE(exact.output.find("kv cache  fp32, "), std::string::npos) << exact.output;
 }
 
 // --save writes a checkpoint from a preset that loads back to the same model: the same
@@ -174,12 +198,12 @@ TEST(GlmRunTest, PerplexityOfTheDefaultModelIsTransformers) {
   ASSERT_NE(at, std::string::npos) << r.output;
   const double ppl = std::stod(r.output.substr(at + 11));
   EXPECT_NEAR(ppl, ref["perplexity"].get<double>(), 1e-4 * ref["perplexity"].get<double>());
-  EXPECT_NE(r.output.find(absl::StrCat("over ", ref["predicted"].get<int64_t>(),
-                                       " predicted tokens")),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find(absl::StrCat("over ", ref["predicted"].get<int64_t>(), " predicted tokens")),
+      std::string::npos)
       << r.output;
-  const RunResult fp8 = RunGlmRun(
-      absl::StrCat("--model=", model, " --weight_dtype=fp8_block --perplexity=", text));
+  const RunResult fp8 =
+      RunGlmRun(absl::StrCat("--model=", model, " --weight_dtype=fp8_block --perplexity=", text));
   EXPECT_EQ(fp8.exit_code, 0) << fp8.output;
   EXPECT_NE(fp8.output.find("(F8_E4M3)"), std::string::npos) << fp8.output;
 
@@ -187,11 +211,10 @@ TEST(GlmRunTest, PerplexityOfTheDefaultModelIsTransformers) {
   EXPECT_NE(no_tokenizer.exit_code, 0);
   EXPECT_NE(no_tokenizer.output.find("needs the checkpoint's tokenizer.json"), std::string::npos)
       << no_tokenizer.output;
-  const RunResult bad_window = RunGlmRun(
-      absl::StrCat("--model=", model, " --perplexity=", text, " --perplexity_window=1"));
+  const RunResult bad_window =
+      RunGlmRun(absl::StrCat("--model=", model, " --perplexity=", text, " --perplexity_window=1"));
   EXPECT_NE(bad_window.exit_code, 0);
-  EXPECT_NE(bad_window.output.find("window must be >= 2"), std::string::npos)
-      << bad_window.output;
+  EXPECT_NE(bad_window.output.find("window must be >= 2"), std::string::npos) << bad_window.output;
 }
 
 }  // namespace

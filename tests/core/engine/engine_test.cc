@@ -50,7 +50,11 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}, LayerSpan span = 
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(TinyModel(span), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (engine.ok()) {
-    EXPECT_EQ((*engine)->kv_cache_dtype(), g_kv_fp8 ? DType::kF8E4M3 : DType::kF32);
+    // The bf16 modes' caches are bf16 (auto: their attention rounds K and V to bf16 anyway), so
+    // every scenario below runs on that cache in those modes.
+    EXPECT_EQ((*engine)->kv_cache_dtype(), g_kv_fp8                    ? DType::kF8E4M3
+                                           : g_math != CpuMath::kExact ? DType::kBF16
+                                                                       : DType::kF32);
   }
   return *std::move(engine);
 }
