@@ -426,6 +426,30 @@ TEST(ServiceKvCacheTest, Fp8KvCacheIsReportedAndServes) {
       << server->StartupSummary();
 }
 
+// --cpu_math=bf16 on bf16 weights with the default --kv_cache_dtype=auto: a bf16 cache (its
+// attention rounds K and V to bf16 anyway, docs/kv_cache.md), reported as such with half the fp32
+// cache's bytes, in GetModelInfo and the start-up line.
+TEST(ServiceKvCacheTest, TheBf16ModesAutoCacheIsReportedAsBf16) {
+  std::unique_ptr<GlmServer> server = StartServer(TinyOptions(), /*serve=*/false);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<ModelWeights> weights = LoadModel("tiny");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_EQ(weights->weight_dtype, DType::kBF16);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
+      CreateModelRunner(*std::move(weights), DeviceKind::kCpu, CpuMath::kBf16);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE(server->Serve(*std::move(runner), DType::kBF16).ok());
+  std::unique_ptr<Client> client = Connect(*server);
+  absl::StatusOr<v1::ModelInfo> info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->kv_cache_dtype(), "bf16");
+  EXPECT_EQ(info->kv_bytes_per_token(), 3 * 2 * 2 * 16 * 2);  // layers x (K, V) x KV heads x d
+  absl::StatusOr<v1::Finished> f = client->Generate(GreedyRequest({1, 2, 3}, 5), nullptr);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_NE(server->StartupSummary().find("bytes per token, bf16)"), std::string::npos)
+      << server->StartupSummary();
+}
+
 TEST(ServiceLimitsTest, ServerDefaultDeadlineAppliesToCallsWithoutOne) {
   ServerOptions options = TinyOptions();
   options.service.default_deadline = absl::Milliseconds(60);
