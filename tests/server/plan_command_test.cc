@@ -94,6 +94,18 @@ TEST(PlanCommandTest, TheBinaryPrintsThePlanOrRefuses) {
   r = testing::RunCommand(absl::StrCat(GLM_SERVER_PATH, " --plan --model=tiny --devices=8xlots"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("expected COUNTxSIZE"), std::string::npos) << r.output;
+  // The plan is a GPU one: the CPU's fp32 cache is refused by name, bf16 is the GPUs' own.
+  r = testing::RunCommand(absl::StrCat(
+      GLM_SERVER_PATH, " --plan --model=glm-4.5-fp8 --devices=8x80GB --kv_cache_dtype=fp32"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // a bad flag, as every flag error
+  EXPECT_NE(r.output.find("--kv_cache_dtype=fp32 is the CPU backend's"), std::string::npos)
+      << r.output;
+  const testing::CommandResult bf16 = testing::RunCommand(absl::StrCat(
+      GLM_SERVER_PATH, " --plan --model=glm-4.5-fp8 --devices=8x80GB --kv_cache_dtype=bf16"));
+  EXPECT_EQ(bf16.exit_code, 0) << bf16.output;
+  const testing::CommandResult automatic = testing::RunCommand(
+      absl::StrCat(GLM_SERVER_PATH, " --plan --model=glm-4.5-fp8 --devices=8x80GB"));
+  EXPECT_EQ(bf16.output, automatic.output);
 }
 
 }  // namespace
