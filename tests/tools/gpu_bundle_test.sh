@@ -75,8 +75,8 @@ for t in core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test \
   grep -q "ok   $t" "$work/logs_amx/summary.txt" || die "$t not run by --amx"
 done
 grep -q '^| int8_amx (' "$work/logs_amx/linear_bench.log" || die "linear_bench printed no int8_amx row"
-grep -Eq '^\| amx \((generic_)?amx_bf16\) \| prefill 64' "$work/logs_amx/attention_bench.log" &&
-  grep -q '^| fp32 (.*) | decode batch 1 at context 256' "$work/logs_amx/attention_bench.log" ||
+grep -Eq '^\| amx \((generic_)?amx_bf16\), fp32 \| prefill 64' "$work/logs_amx/attention_bench.log" &&
+  grep -q '^| fp32 (.*), fp32 | decode batch 1 at context 256' "$work/logs_amx/attention_bench.log" ||
   die "attention_bench printed no amx prefill or fp32 decode row"
 if grep -q "core_cuda_" "$work/logs_amx/summary.txt"; then die "--amx ran the GPU tests"; fi
 # run.sh itself fails a failing step: a test binary that exits non-zero.
