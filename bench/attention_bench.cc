@@ -30,6 +30,7 @@
 #include "core/cpu/ops/attention_amx.h"
 #include "core/cpu/ops/attention_bf16.h"
 #include "core/cpu/ops/linear.h"
+#include "core/cpu/ops/linear_amx.h"
 #include "core/model/kv_cache.h"
 
 ABSL_FLAG(int, tokens, 2048, "prefill tokens (0: no prefill row)");
@@ -38,6 +39,9 @@ ABSL_FLAG(std::string, decode_contexts, "4096", "decode contexts, comma-separate
 ABSL_FLAG(int, decode_batch, 1, "sequences per decode step");
 ABSL_FLAG(std::string, modes, "fp32", "fp32, bf16, amx (comma-separated)");
 ABSL_FLAG(std::string, kv_caches, "fp32", "KV cache formats: fp32, bf16 (comma-separated)");
+ABSL_FLAG(std::string, kernels, "native",
+          "native (what this CPU has), avx2 (what a CPU without AVX-512 runs: AVX2 + FMA) or "
+          "portable");
 ABSL_FLAG(int, rounds, 3, "timed runs per row (the median is shown)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 
@@ -104,11 +108,15 @@ double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>&
   return Median(s);
 }
 
-// The peak of the arithmetic `mode` runs: AMX's or vdpbf16ps's where the CPU has them (their
-// portable code is set against the FMA peak), the FMA peak for fp32.
+// The peak of the arithmetic `mode` runs: AMX's or vdpbf16ps's where the kernels use them (their
+// AVX2 and portable forms are set against the FMA peak), the FMA peak for fp32.
 double Peak(const std::string& mode, const glmserve::bench::MachineLimits& limits) {
-  if (mode == "amx" && limits.amx_gflops > 0) return limits.amx_gflops;
-  if (mode == "bf16" && limits.bf16_gflops > 0) return limits.bf16_gflops;
+  if (mode == "amx" && glmserve::internal::CpuHasAmx() && limits.amx_gflops > 0) {
+    return limits.amx_gflops;
+  }
+  if (mode == "bf16" && glmserve::internal::CpuHasAvx512Bf16() && limits.bf16_gflops > 0) {
+    return limits.bf16_gflops;
+  }
   return limits.fma_gflops;
 }
 
@@ -124,6 +132,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  const std::string kernels = absl::GetFlag(FLAGS_kernels);
+  if (kernels != "native" && kernels != "avx2" && kernels != "portable") {
+    std::fprintf(stderr, "unknown --kernels '%s' (native, avx2, portable)\n", kernels.c_str());
+    return 1;
+  }
+  glmserve::internal::ForceAvx2Kernels(kernels == "avx2");
+  glmserve::internal::ForceGenericKernels(kernels == "portable");
   const std::vector<std::string> kv_caches = absl::StrSplit(absl::GetFlag(FLAGS_kv_caches), ',');
   for (const std::string& kv : kv_caches) {
     if (kv != "fp32" && kv != "bf16") {

@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
       "(<= GB/step) | fraction of read |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const std::string& mode : modes) {
+    glmserve::bench::UseKernelsOf(mode);  // before WeightsForMode: the int8 layout follows
     absl::StatusOr<glmserve::ModelWeights> mode_weights =
         glmserve::bench::WeightsForMode(*weights, mode);
     if (!mode_weights.ok()) {
@@ -130,7 +131,6 @@ int main(int argc, char** argv) {
       return 1;
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode);
-    glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode));
     const glmserve::ModelWeights cost_view = *mode_weights;  // views: shares the memory
     auto model = std::make_unique<glmserve::CpuModel>(*std::move(mode_weights), math);
     glmserve::EngineOptions options;

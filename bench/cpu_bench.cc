@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "(linear layers quantized to int8 at load, --weight_dtype=int8; int8 activations) and "
           "int8_amx (the same with --cpu_math=bf16_amx: AMX int8 tiles); int8_row_major: int8 "
           "with its codes row-major whatever this CPU prefers (the same bits; what the layout "
-          "gains); exact_portable: exact on the portable kernels (what SIMD gains)");
+          "gains); exact_portable: exact on the portable kernels (what SIMD gains); exact_avx2, "
+          "int8_avx2: on the kernels a CPU without AVX-512 runs (AVX2 + FMA)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(std::string, decode_context, "-1",
           "contexts of the decode measurements, comma-separated (0,4096,16384: rows for each): "
@@ -416,6 +417,7 @@ int main(int argc, char** argv) {
   std::printf("\n| mode | phase | time | tokens/s | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const std::string& mode_name : modes) {
+    glmserve::bench::UseKernelsOf(mode_name);  // before WeightsForMode: the int8 layout follows
     absl::StatusOr<glmserve::ModelWeights> mode_weights =
         glmserve::bench::WeightsForMode(*weights, mode_name);
     if (!mode_weights.ok()) {
@@ -423,7 +425,6 @@ int main(int argc, char** argv) {
       return 1;
     }
     const glmserve::CpuMath math = glmserve::bench::MathOf(mode_name);
-    glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode_name));
     glmserve::CpuModel model(*std::move(mode_weights), math);
     if (absl::Status s = model.SetKvCacheDType(*kv_dtype); !s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());

@@ -6,7 +6,9 @@
 // int8_row_major (int8 with its codes row-major whatever layout this CPU's kernels prefer,
 // Int8Layout in core/model/weights.h: the same bits, what the layout gains in the same run), plus
 // exact_portable: the exact arithmetic on the portable kernels,
-// whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run).
+// whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run), and
+// exact_avx2 / int8_avx2: exact and int8 on the kernels a CPU without AVX-512 runs (AVX2 + FMA;
+// internal::ForceAvx2Kernels), timed on an AVX-512 machine.
 #pragma once
 
 #include <string>
@@ -27,11 +29,12 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
   std::vector<std::string> modes;
   for (absl::string_view name : absl::StrSplit(list, ',')) {
     if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8" &&
-        name != "int8_amx" && name != "int8_row_major" && name != "exact_portable") {
+        name != "int8_amx" && name != "int8_row_major" && name != "exact_portable" &&
+        name != "exact_avx2" && name != "int8_avx2") {
       return absl::InvalidArgumentError(
           absl::StrCat("--modes: '", name,
                        "' is not one of exact, bf16, bf16_amx, int8, int8_amx, int8_row_major, "
-                       "exact_portable"));
+                       "exact_portable, exact_avx2, int8_avx2"));
     }
     modes.emplace_back(name);
   }
@@ -39,17 +42,26 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
 }
 
 inline CpuMath MathOf(const std::string& mode) {
-  if (mode == "exact" || mode == "exact_portable") return CpuMath::kExact;
+  if (mode == "exact" || mode == "exact_portable" || mode == "exact_avx2") return CpuMath::kExact;
   return mode == "bf16_amx" || mode == "int8_amx" ? CpuMath::kBf16Amx : CpuMath::kBf16;
 }
 
 // Whether `mode` quantizes the linear layers to int8 at load.
 inline bool Int8Weights(const std::string& mode) {
-  return mode == "int8" || mode == "int8_amx" || mode == "int8_row_major";
+  return mode == "int8" || mode == "int8_amx" || mode == "int8_row_major" || mode == "int8_avx2";
 }
 
 // Whether `mode` runs on the portable kernels (internal::ForceGenericKernels while it runs).
 inline bool PortableKernels(const std::string& mode) { return mode == "exact_portable"; }
+// Whether `mode` runs on what a CPU without AVX-512 runs (internal::ForceAvx2Kernels).
+inline bool Avx2Kernels(const std::string& mode) {
+  return mode == "exact_avx2" || mode == "int8_avx2";
+}
+// Sets the kernels `mode` runs on; before WeightsForMode, whose int8 layout follows them.
+inline void UseKernelsOf(const std::string& mode) {
+  internal::ForceGenericKernels(PortableKernels(mode));
+  internal::ForceAvx2Kernels(Avx2Kernels(mode));
+}
 
 // `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and
 // shared owners); int8 and int8_amx add its quantized copy of the linear layers for as long as it

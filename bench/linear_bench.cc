@@ -135,9 +135,11 @@ int main(int argc, char** argv) {
   std::vector<Int8Set> int8_sets(modes->size());
   for (size_t i = 0; i < modes->size(); ++i) {
     if (!glmserve::bench::Int8Weights((*modes)[i])) continue;
-    const glmserve::Int8Layout layout = (*modes)[i] == "int8_row_major"
-                                            ? glmserve::Int8Layout::kRowMajor
-                                            : glmserve::Int8LayoutForThisCpu();
+    // int8_avx2: the layout a CPU without AVX512_VNNI picks.
+    const glmserve::Int8Layout layout =
+        (*modes)[i] == "int8_row_major" || (*modes)[i] == "int8_avx2"
+            ? glmserve::Int8Layout::kRowMajor
+            : glmserve::Int8LayoutForThisCpu();
     int8_sets[i].q = Int8Matrix(q, layout, &int8_store);
     for (const glmserve::Matrix& w : expert_w) {
       int8_sets[i].experts.push_back(Int8Matrix(w, layout, &int8_store));
@@ -170,7 +172,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < n_modes; ++i) {
       const glmserve::CpuMath math = glmserve::bench::MathOf((*modes)[i]);
       const bool int8 = glmserve::bench::Int8Weights((*modes)[i]);
-      glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels((*modes)[i]));
+      glmserve::bench::UseKernelsOf((*modes)[i]);
       auto t = Clock::now();
       glmserve::Linear(x.data(), tokens, int8 ? int8_sets[i].q : q, nullptr, y.data(), math);
       dense_s[i].push_back(Since(t));

@@ -229,9 +229,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_threads) > 0) glmserve::SetNumThreads(absl::GetFlag(FLAGS_threads));
   const glmserve::CpuMath math = Check(glmserve::ParseCpuMath(absl::GetFlag(FLAGS_math)), "math");
   // Every list is checked before the model loads: a typo fails at once, naming its flag.
-  const std::vector<int> step_tokens =
-      Check(glmserve::bench::ParseIntList("step_tokens", absl::GetFlag(FLAGS_step_tokens), 1),
-            "flags");
+  const std::vector<int> step_tokens = Check(
+      glmserve::bench::ParseIntList("step_tokens", absl::GetFlag(FLAGS_step_tokens), 1), "flags");
   const std::vector<int> stream_counts =
       Check(glmserve::bench::ParseIntList("streams", absl::GetFlag(FLAGS_streams), 1), "flags");
   const std::vector<int> draft_counts =

@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<int>& sizes = *parsed_sizes;
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  glmserve::internal::ForceGenericKernels(glmserve::bench::PortableKernels(mode));
+  glmserve::bench::UseKernelsOf(mode);
   auto config = glmserve::PresetConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());

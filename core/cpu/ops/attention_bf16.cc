@@ -16,7 +16,7 @@ namespace glmserve {
 namespace internal {
 
 const char* AttentionBf16KernelName() {
-  return CpuHasAvx512Bf16() ? "avx512_bf16" : "generic_bf16";
+  return CpuHasAvx512Bf16() ? "avx512_bf16" : CpuHasAvx2Fma() ? "avx2_bf16" : "generic_bf16";
 }
 
 void RoundPairsGeneric(const float* x, int64_t n, uint32_t* out) {
@@ -113,12 +113,19 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
   const int64_t key_pairs = (head_dim + 1) / 2, value_width = (head_dim + 15) / 16 * 16;
   const bool simd = internal::CpuHasAvx512Bf16();
   const auto round_pairs = simd ? internal::RoundPairsAvx512 : internal::RoundPairsGeneric;
-  const auto pack_keys = simd ? internal::PackKeysBf16Avx512 : internal::PackKeysBf16Generic;
-  const auto pack_values = simd ? internal::PackValuesBf16Avx512 : internal::PackValuesBf16Generic;
-  const auto scores_fn =
-      simd ? internal::AttentionScoresBf16Avx512Bf16 : internal::AttentionScoresBf16Generic;
-  const auto sum_fn = simd ? internal::AttentionWeightedSumBf16Avx512Bf16
-                           : internal::AttentionWeightedSumBf16Generic;
+  const bool avx2 = !simd && internal::CpuHasAvx2Fma();
+  const auto pack_keys = simd   ? internal::PackKeysBf16Avx512
+                         : avx2 ? internal::PackKeysBf16Avx2
+                                : internal::PackKeysBf16Generic;
+  const auto pack_values = simd   ? internal::PackValuesBf16Avx512
+                           : avx2 ? internal::PackValuesBf16Avx2
+                                  : internal::PackValuesBf16Generic;
+  const auto scores_fn = simd   ? internal::AttentionScoresBf16Avx512Bf16
+                         : avx2 ? internal::AttentionScoresBf16Avx2
+                                : internal::AttentionScoresBf16Generic;
+  const auto sum_fn = simd   ? internal::AttentionWeightedSumBf16Avx512Bf16
+                      : avx2 ? internal::AttentionWeightedSumBf16Avx2
+                             : internal::AttentionWeightedSumBf16Generic;
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, kItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
@@ -151,6 +158,20 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                                 .value_width = value_width,
                                 .keys = keys.data(),
                                 .values = values.data()};
+      // The AVX2 loops' condition for dropping their DAZ/FTZ masks (attention_bf16_avx2.cc): the
+      // packed block's smallest exponents, over its n positions.
+      auto block_exponents = [&](bool values_pass, int64_t n) {
+        if (values_pass) {
+          block.value_exp_min =
+              internal::MinExponentOfPairs(values.data(), (n + 1) / 2 * value_width);
+          return;
+        }
+        int low = 255;
+        for (int64_t i = 0; i < key_pairs; ++i) {
+          low = std::min(low, internal::MinExponentOfPairs(keys.data() + i * kPositionBlock, n));
+        }
+        block.key_exp_min = low;
+      };
       // Each position block packed once for the item's rows; f(r, n) for each run, `block` set
       // to the run's positions.
       auto each_block = [&](bool values_pass, auto&& f) {
@@ -164,6 +185,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
               } else {
                 pack_keys(rows, keys.data());
               }
+              if (avx2) block_exponents(values_pass, p1 - p0);
             },
             [&](int64_t p0, int64_t end, int64_t r, int64_t n) {
               block.p0 = p0;

@@ -23,8 +23,9 @@
 //    even, its last pair's second position reads as e +0 and value +0.
 // A row's bits depend only on its own q, its position and its sequence's K/V: never on which
 // rows share its work item, the chunk it came in or the thread (the invariance suites hold).
-// Where the CPU lacks AVX512_BF16 the same arithmetic runs in portable code, bit for bit, much
-// slower (as the mode's linear layers do).
+// Where the CPU lacks AVX512_BF16 the same arithmetic runs on AVX2 + FMA, bit for bit (an FMA
+// per product and the DAZ/FTZ masks: slower than vdpbf16ps, faster than the fp32 path's mul and
+// add), or in portable code without AVX2.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,8 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
 
 namespace internal {
 
-// "avx512_bf16" where vdpbf16ps runs it, "generic_bf16" for the portable code.
+// "avx512_bf16" where vdpbf16ps runs it, "avx2_bf16" where AVX2 + FMA emulate it (portable
+// packing), "generic_bf16" for the portable code.
 const char* AttentionBf16KernelName();
 
 // One position block's operands (positions p0 .. p0 + kPositionBlock - 1, attention_items.h) as
@@ -60,6 +62,9 @@ struct Bf16Block {
   // p0 + 2j + 1 (high); dims past head_dim +0.
   const uint32_t* values = nullptr;
   int64_t p0 = 0, end = 0;
+  // The AVX2 form's: the smallest biased exponent among the nonzero bf16 of the packed keys and
+  // of the packed values (0: unknown, or a subnormal among them), MinExponentOfPairs.
+  int key_exp_min = 0, value_exp_min = 0;
 };
 
 // The packing of `rows`' positions [begin, context) (at most kPositionBlock, begin their p0)
@@ -70,6 +75,8 @@ void PackKeysBf16Generic(const AttentionRows& rows, uint32_t* keys);
 void PackValuesBf16Generic(const AttentionRows& rows, uint32_t* values);
 void PackKeysBf16Avx512(const AttentionRows& rows, uint32_t* keys);
 void PackValuesBf16Avx512(const AttentionRows& rows, uint32_t* values);
+void PackKeysBf16Avx2(const AttentionRows& rows, uint32_t* keys);
+void PackValuesBf16Avx2(const AttentionRows& rows, uint32_t* values);
 // out[j] = Bf16Pair(x[2j], x[2j + 1]) for j < ceil(n / 2), x[n] read as +0 when n is odd.
 void RoundPairsGeneric(const float* x, int64_t n, uint32_t* out);
 void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out);
@@ -85,6 +92,15 @@ void AttentionScoresBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uint32_t
                                    float scale, float* const* scores);
 void AttentionWeightedSumBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uint32_t* const* probs,
                                         float* const* out);
+// The smallest biased exponent among the nonzero bf16 halves of pairs[0, n) (AVX2): 0 where one
+// is subnormal, 255 where all are zero.
+int MinExponentOfPairs(const uint32_t* pairs, int64_t n);
+// The same loops on AVX2 + FMA (attention_bf16_avx2.cc): where AVX512_BF16 is missing but AVX2
+// is not (the int8 mode on AMD Zen 2/3 and Intel client CPUs).
+void AttentionScoresBf16Avx2(const Bf16Block& b, int64_t n, const uint32_t* const* q, float scale,
+                             float* const* scores);
+void AttentionWeightedSumBf16Avx2(const Bf16Block& b, int64_t n, const uint32_t* const* probs,
+                                  float* const* out);
 
 }  // namespace internal
 }  // namespace glmserve

@@ -72,15 +72,17 @@ absl::StatusOr<CpuMath> ParseCpuMath(absl::string_view name) {
 namespace internal {
 namespace {
 std::atomic<bool> force_generic{false};
+std::atomic<bool> force_avx2{false};
 }  // namespace
 
 void ForceGenericKernels(bool force) { force_generic.store(force); }
+void ForceAvx2Kernels(bool force) { force_avx2.store(force); }
 
 bool CpuHasAvx512() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has && !force_generic.load();
+  return has && !force_generic.load() && !force_avx2.load();
 #else
   return false;
 #endif
@@ -104,7 +106,7 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
-bool CpuHasAmx() { return AmxPermitted() && !force_generic.load(); }
+bool CpuHasAmx() { return AmxPermitted() && !force_generic.load() && !force_avx2.load(); }
 
 bool CpuHasAvx512Vnni() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -99,6 +99,9 @@ bool CpuHasAvx2Fma();
 bool CpuHasAvx512Bf16();  // AVX-512 F/BW/VL/DQ plus AVX512_BF16
 // Tests and benches: force the portable kernels even where the CPU has AVX-512.
 void ForceGenericKernels(bool force);
+// Tests and benches: run as a CPU without AVX-512 (and AMX) would, AVX2 where the CPU has it:
+// the kernels an AVX2-only machine runs, timed and checked on an AVX-512 one.
+void ForceAvx2Kernels(bool force);
 
 // kBf16 on one bf16 matrix: xb is the activation already rounded to bf16, [m, w->cols].
 struct Bf16Job {

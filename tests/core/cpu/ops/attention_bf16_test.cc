@@ -79,12 +79,10 @@ std::vector<float> Definition(const Fixture& s) {
   return out;
 }
 
-// The forms this machine can run: the AVX512_BF16 one where the CPU has it, the portable one.
-std::vector<bool> Forms() {
-  std::vector<bool> generic = {true};
-  if (internal::CpuHasAvx512Bf16()) generic.push_back(false);
-  return generic;
-}
+// The forms this machine can run (testing::KernelForms): the portable one, AVX2 where the CPU has
+// it, AVX512_BF16 where it has that.
+using testing::KernelForm;
+using testing::KernelForms;
 
 struct Case {
   int64_t heads, kv_heads, head_dim, block_size;
@@ -113,8 +111,8 @@ const Case kCases[] = {
 // Every form gives the definition's bits, row by row, whatever the items, runs and blocks.
 TEST(PagedAttentionBf16Test, EveryFormGivesTheDefinitionsBits) {
   uint32_t seed = 40;
-  for (const bool generic : Forms()) {
-    internal::ForceGenericKernels(generic);
+  for (const KernelForm& form : KernelForms()) {
+    form.Use();
     for (const Case& c : kCases) {
       const Fixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
       const std::vector<float> out = s.Run(), want = Definition(s);
@@ -126,7 +124,75 @@ TEST(PagedAttentionBf16Test, EveryFormGivesTheDefinitionsBits) {
       }
     }
   }
-  internal::ForceGenericKernels(false);
+  KernelForm::Reset();
+}
+
+// vdpbf16ps reads bf16 subnormal operands as zero and flushes subnormal results: keys, values and
+// queries with bf16 subnormals (of both signs) and with 1e-20 entries whose products and sums
+// underflow, in every form against the definition, bit for bit (the AVX2 form writes both rules
+// out as masks).
+TEST(PagedAttentionBf16Test, SubnormalsAreReadAsZeroAndFlushedInEveryForm) {
+  for (const KernelForm& form : KernelForms()) {
+    form.Use();
+    for (const int64_t head_dim : {32, 13}) {
+      Fixture s(4, 2, head_dim, 16, {{0, 37}, {5, 2}}, 555);
+      auto sprinkle = [](std::vector<float>& x, int64_t salt) {
+        for (size_t i = 0; i < x.size(); ++i) {
+          switch ((i + salt) % 7) {
+            case 0:
+              x[i] = 3e-39f;
+              break;
+            case 1:
+              x[i] = -2e-39f;
+              break;
+            case 2:
+              x[i] = 1e-20f;
+              break;
+            case 3:
+              x[i] = -1e-20f;
+              break;
+            default:
+              break;
+          }
+        }
+      };
+      for (size_t i = 0; i < s.keys.size(); ++i) {
+        sprinkle(s.keys[i], 1);
+        sprinkle(s.values[i], 2);
+      }
+      sprinkle(s.q, 3);
+      s.Write();
+      const std::vector<float> out = s.Run(), want = Definition(s);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&out[i], &want[i], sizeof(float)), 0)
+            << form.name << ", head_dim " << head_dim << ", element " << i << ": " << out[i]
+            << " against " << want[i];
+      }
+    }
+  }
+  KernelForm::Reset();
+}
+
+// The AVX2 form drops its masks only where no partial sum can fall below FLT_MIN (exponents of
+// each product's operands summing to at least 142). Here they do not: exps of 1 against values
+// 2^-120 and -(2^-120 - 2^-127) cancel to 2^-127 in the second step of one lane, which vdpbf16ps
+// flushes to zero; a threshold set too low would keep it. Every form, the definition's bits.
+TEST(PagedAttentionBf16Test, ATinyPartialSumIsFlushedEvenAmongNormalOperands) {
+  for (const KernelForm& form : KernelForms()) {
+    form.Use();
+    Fixture s(1, 1, 16, 16, {{0, 2}}, 77);
+    std::fill(s.q.begin(), s.q.end(), 0.0f);  // equal scores: both exps are 1
+    s.values[0][0] = 0x1p-120f;
+    s.values[0][16] = -(0x1p-120f - 0x1p-127f);
+    s.Write();
+    const std::vector<float> out = s.Run(), want = Definition(s);
+    EXPECT_EQ(want[16], 0.0f);  // the row at position 1, dim 0: flushed
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&out[i], &want[i], sizeof(float)), 0)
+          << form.name << ", element " << i << ": " << out[i] << " against " << want[i];
+    }
+  }
+  KernelForm::Reset();
 }
 
 // A bf16 cache (--kv_cache_dtype=bf16, the bf16 modes' default) stores FloatToBf16 of each key
@@ -167,8 +233,8 @@ TEST(PagedAttentionBf16Test, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
 // not reach the rows before it, in any form.
 TEST(PagedAttentionBf16Test, ThePositionAfterARowsOwnNeverReachesIt) {
   constexpr int64_t kHeads = 12, kHeadDim = 64, kPoisoned = 41;
-  for (const bool generic : Forms()) {
-    internal::ForceGenericKernels(generic);
+  for (const KernelForm& form : KernelForms()) {
+    form.Use();
     for (const float poison : {std::numeric_limits<float>::infinity(), NAN}) {
       Fixture s(kHeads, 1, kHeadDim, 16, {{0, 70}}, 321);
       std::fill_n(s.keys[0].begin() + kPoisoned * kHeadDim, kHeadDim, poison);
@@ -182,7 +248,7 @@ TEST(PagedAttentionBf16Test, ThePositionAfterARowsOwnNeverReachesIt) {
       EXPECT_FALSE(std::isfinite(out[kPoisoned * kHeads * kHeadDim])) << "the poison was not read";
     }
   }
-  internal::ForceGenericKernels(false);
+  KernelForm::Reset();
 }
 
 // Bits a rounding can trip on: signed zeros, subnormals (one rounding up to the smallest
@@ -199,20 +265,16 @@ std::vector<float> AwkwardFloats(int64_t n, uint32_t seed) {
   return x;
 }
 
-// The AVX-512 rounding and packing against the portable code, bit for bit, on awkward values:
-// every length of a pair run up to past two registers, and blocks of 1 .. 64 positions.
-TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
-  if (!internal::CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
-  const std::vector<float> x = AwkwardFloats(80, 7);
-  for (int64_t n = 1; n <= 80; ++n) {
-    std::vector<uint32_t> fast((n + 1) / 2 + 1, 0xdeadbeefu), portable = fast;
-    internal::RoundPairsAvx512(x.data(), n, fast.data());
-    internal::RoundPairsGeneric(x.data(), n, portable.data());
-    ASSERT_EQ(fast, portable) << "n " << n;  // and the dword after the pairs untouched
-  }
+// A packer pair against the portable code, bit for bit, on awkward values (AwkwardFloats) in an
+// fp32 or a bf16 cache: head dims on and off the 16 and 32 grids, blocks of 1 .. 64 positions
+// starting at block boundaries and inside them.
+using PackFn = void (*)(const internal::AttentionRows&, uint32_t*);
+void ExpectPackingEqualsPortable(PackFn pack_keys, PackFn pack_values, bool bf16_cache = false) {
   for (const int64_t head_dim : {32, 48, 64, 128}) {
     const int64_t kv_heads = 2, tokens = 150, kv_dim = kv_heads * head_dim;
-    KvCache cache(KvCacheShape{1, kv_heads, head_dim, 16, 16});
+    KvCacheShape shape{1, kv_heads, head_dim, 16, 16};
+    shape.bf16 = bf16_cache;
+    KvCache cache(shape);
     BlockTable table;
     ASSERT_TRUE(cache.Reserve(&table, tokens).ok());
     const std::vector<float> k = AwkwardFloats(tokens * kv_dim, 8);
@@ -232,7 +294,7 @@ TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
                                          .context = p1,
                                          .begin = p0};
       std::vector<uint32_t> fast(key_pairs * internal::kPositionBlock, 0u), portable = fast;
-      internal::PackKeysBf16Avx512(rows, fast.data());
+      pack_keys(rows, fast.data());
       internal::PackKeysBf16Generic(rows, portable.data());
       for (int64_t i = 0; i < key_pairs; ++i) {
         for (int64_t j = 0; j < p1 - p0; ++j) {
@@ -243,12 +305,39 @@ TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
       }
       std::vector<uint32_t> vfast(internal::kPositionBlock / 2 * width, 0x12345678u);
       std::vector<uint32_t> vportable = vfast;
-      internal::PackValuesBf16Avx512(rows, vfast.data());
+      pack_values(rows, vfast.data());
       internal::PackValuesBf16Generic(rows, vportable.data());
       const int64_t used = (p1 - p0 + 1) / 2 * width;
       ASSERT_TRUE(std::equal(vfast.begin(), vfast.begin() + used, vportable.begin()))
           << "values, head_dim " << head_dim << ", block " << p0 << ".." << p1;
     }
+  }
+}
+
+TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
+  if (!internal::CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  ExpectPackingEqualsPortable(internal::PackKeysBf16Avx512, internal::PackValuesBf16Avx512);
+  ExpectPackingEqualsPortable(internal::PackKeysBf16Avx512, internal::PackValuesBf16Avx512,
+                              /*bf16_cache=*/true);
+}
+
+TEST(PagedAttentionBf16Test, Avx2PackingEqualsPortable) {
+  if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
+  ExpectPackingEqualsPortable(internal::PackKeysBf16Avx2, internal::PackValuesBf16Avx2);
+  ExpectPackingEqualsPortable(internal::PackKeysBf16Avx2, internal::PackValuesBf16Avx2,
+                              /*bf16_cache=*/true);
+}
+
+// The AVX-512 rounding of pair runs against the portable code: every length up to past two
+// registers, and the dword after the pairs untouched.
+TEST(PagedAttentionBf16Test, Avx512RoundPairsEqualPortable) {
+  if (!internal::CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  const std::vector<float> x = AwkwardFloats(80, 7);
+  for (int64_t n = 1; n <= 80; ++n) {
+    std::vector<uint32_t> fast((n + 1) / 2 + 1, 0xdeadbeefu), portable = fast;
+    internal::RoundPairsAvx512(x.data(), n, fast.data());
+    internal::RoundPairsGeneric(x.data(), n, portable.data());
+    ASSERT_EQ(fast, portable) << "n " << n;
   }
 }
 

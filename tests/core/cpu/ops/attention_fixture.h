@@ -87,6 +87,25 @@ struct AttentionFixture {
   }
 };
 
+// The kernel forms this machine can run, each set up by Use(): the portable code, AVX2 (as a CPU
+// without AVX-512 runs, ForceAvx2Kernels) where the CPU has it, and the CPU's own where that is
+// more (AVX-512, AVX512_BF16, AMX).
+struct KernelForm {
+  const char* name;
+  bool generic, avx2;
+  void Use() const {
+    internal::ForceGenericKernels(generic);
+    internal::ForceAvx2Kernels(avx2);
+  }
+  static void Reset() { KernelForm{"native", false, false}.Use(); }
+};
+inline std::vector<KernelForm> KernelForms() {
+  std::vector<KernelForm> forms = {{"portable", true, false}};
+  if (internal::CpuHasAvx2Fma()) forms.push_back({"avx2", false, true});
+  if (internal::CpuHasAvx512()) forms.push_back({"native", false, false});
+  return forms;
+}
+
 // A bf16 cache gives an attention that rounds K and V to bf16 itself (PagedAttentionBf16,
 // PagedAttentionAmx) the fp32 cache's bits, for every case of `cases` ((heads, KV heads, head
 // dim, block size), sequences) in the form this machine runs and the portable one.
@@ -97,8 +116,8 @@ struct CacheCase {
 inline void ExpectTheBf16CacheGivesTheFp32CachesBits(AttentionFn fn,
                                                      const std::vector<CacheCase>& cases) {
   uint32_t seed = 7000;
-  for (const bool generic : {false, true}) {
-    internal::ForceGenericKernels(generic);
+  for (const KernelForm& form : KernelForms()) {
+    form.Use();
     for (const CacheCase& c : cases) {
       const AttentionFixture s(fn, c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs,
                                seed += 10);
@@ -106,12 +125,12 @@ inline void ExpectTheBf16CacheGivesTheFp32CachesBits(AttentionFn fn,
       ASSERT_EQ(fp32.size(), bf16.size());
       for (size_t i = 0; i < fp32.size(); ++i) {
         ASSERT_EQ(std::memcmp(&fp32[i], &bf16[i], sizeof(float)), 0)
-            << (generic ? "portable" : "fast") << " form, head_dim " << c.head_dim << ", element "
-            << i << ": " << bf16[i] << " against " << fp32[i];
+            << form.name << " form, head_dim " << c.head_dim << ", element " << i << ": " << bf16[i]
+            << " against " << fp32[i];
       }
     }
   }
-  internal::ForceGenericKernels(false);
+  KernelForm::Reset();
 }
 
 // Float64 attention on the bf16-rounded q, K and V: what both bf16 arithmetics promise up to
