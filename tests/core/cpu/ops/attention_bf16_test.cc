@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/base/dtype.h"
@@ -113,6 +114,9 @@ TEST(PagedAttentionBf16Test, EveryFormGivesTheDefinitionsBits) {
   uint32_t seed = 40;
   for (const KernelForm& form : KernelForms()) {
     form.Use();
+    if (std::string(form.name) == "avx2") {  // what a CPU without AVX-512 dispatches to
+      EXPECT_STREQ(internal::AttentionBf16KernelName(), "avx2_bf16");
+    }
     for (const Case& c : kCases) {
       const Fixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
       const std::vector<float> out = s.Run(), want = Definition(s);
