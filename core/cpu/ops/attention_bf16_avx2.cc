@@ -11,10 +11,10 @@
 // 2^(E - 134), so a product is one where E_a + E_b >= 142; zeros are exact), every partial sum
 // from +0 is one too, so no operand is subnormal and no result is nonzero below FLT_MIN: DAZ and
 // FTZ change nothing, and plain FMAs give the same bits. Each call checks that from the
-// operands' smallest exponents (the block's, Bf16BlockExponentsAvx2; its rows' own) and, for the
-// weighted sums, that the running outputs are such multiples; otherwise it takes the masked
-// loop. Queries of |x| >= 2^-56 against keys of the same (s - max down to about -75 for the
-// exps against values near 1/16) take the fast loop.
+// operands' smallest exponents (the packed block's, Bf16Block::key_exp_min / value_exp_min; its
+// rows' own) and, for the weighted sums, that the running outputs are such multiples; otherwise
+// it takes the masked loop. Queries and keys of magnitude >= 2^-56 always qualify; exps against
+// values near 1/16 do down to about 2^-108 (scores within about 75 of their row's largest).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,8 +25,8 @@
 namespace glmserve::internal {
 namespace {
 
-// A dword's high bf16 (dims 2i + 1, or the later position) and low bf16 as fp32 lanes, each
-// read as zero (keeping its sign) where its exponent is zero: vdpbf16ps's DAZ.
+// fp32 lanes holding bf16 values, each read as zero (keeping its sign) where its exponent is
+// zero: vdpbf16ps's DAZ.
 inline __m256 Daz(__m256i bits) {
   const __m256i exponent = _mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000));
   const __m256i keep = _mm256_or_si256(
@@ -34,7 +34,8 @@ inline __m256 Daz(__m256i bits) {
       _mm256_set1_epi32(static_cast<int>(0x80000000u)));
   return _mm256_castsi256_ps(_mm256_and_si256(bits, keep));
 }
-// kMasked: with the DAZ; otherwise the operands are known normal or zero.
+// A dword's high bf16 (dim 2i + 1, or the later position) and its low bf16 as fp32 lanes;
+// kMasked: with the DAZ, otherwise the operands are known normal or zero.
 template <bool kMasked>
 inline __m256 High(__m256i pairs) {
   const __m256i h = _mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
