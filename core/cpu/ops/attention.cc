@@ -87,10 +87,8 @@ void WriteKv(const float* k, const float* v, absl::Span<const SequenceSlice> bat
         continue;
       }
       if (cache->host_bf16()) {  // FloatToBf16 of each value: what the bf16 attentions read
-        std::transform(k + row * dim, k + (row + 1) * dim,
-                       cache->bf16_rows(layer, block, 0) + slot * dim, FloatToBf16);
-        std::transform(v + row * dim, v + (row + 1) * dim,
-                       cache->bf16_rows(layer, block, 1) + slot * dim, FloatToBf16);
+        internal::RoundToBf16(k + row * dim, dim, cache->bf16_rows(layer, block, 0) + slot * dim);
+        internal::RoundToBf16(v + row * dim, dim, cache->bf16_rows(layer, block, 1) + slot * dim);
         continue;
       }
       std::copy_n(k + row * dim, dim, cache->keys(layer, block) + slot * dim);

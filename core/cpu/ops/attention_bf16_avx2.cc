@@ -59,30 +59,44 @@ inline __m256 FmaFtz(__m256 a, __m256 b, __m256 acc) {
                           r);
 }
 
+// One row's pair, broadcast: its high and low bf16 as fp32 lanes, and the lane step against
+// another operand's (high, then low: DpBf16Lane's order).
+template <bool kMasked>
+struct Broadcast {
+  __m256 h, l;
+  explicit Broadcast(uint32_t pair) {
+    const __m256i p = _mm256_set1_epi32(static_cast<int>(pair));
+    h = High<kMasked>(p);
+    l = Low<kMasked>(p);
+  }
+  __m256 Step(__m256 xh, __m256 xl, __m256 acc) const {
+    return FmaFtz<kMasked>(l, xl, FmaFtz<kMasked>(h, xh, acc));
+  }
+};
+
 // The smallest biased exponent among the nonzero bf16 halves of pairs[0, n): 0 where one is
-// subnormal, 255 where all are zero.
+// subnormal, 255 where all are zero. A half's magnitude (exponent, then mantissa) minus 1,
+// compared unsigned, orders the nonzero ones by exponent and puts the zeros last (0 - 1 wraps).
 int MinExponent(const uint32_t* pairs, int64_t n) {
-  const __m256i exp_mask = _mm256_set1_epi32(0xff), magnitude = _mm256_set1_epi32(0x7fff);
-  const __m256i zero = _mm256_setzero_si256(), none = _mm256_set1_epi32(255);
-  __m256i low = none;
+  const __m256i magnitude = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  __m256i low = _mm256_set1_epi32(-1);
   auto take = [&](__m256i x) {
-    for (const __m256i half :
-         {_mm256_srli_epi32(x, 16), _mm256_and_si256(x, _mm256_set1_epi32(0xffff))}) {
-      const __m256i e = _mm256_and_si256(_mm256_srli_epi32(half, 7), exp_mask);
-      const __m256i is_zero = _mm256_cmpeq_epi32(_mm256_and_si256(half, magnitude), zero);
-      low = _mm256_min_epu32(low, _mm256_blendv_epi8(e, none, is_zero));
-    }
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(x, 16), magnitude);
+    const __m256i lo = _mm256_and_si256(x, magnitude);
+    low = _mm256_min_epu32(low,
+                           _mm256_min_epu32(_mm256_sub_epi32(hi, one), _mm256_sub_epi32(lo, one)));
   };
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) take(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + i)));
   if (i < n) {
-    alignas(32) uint32_t tail[8] = {};
+    alignas(32) uint32_t tail[8] = {};  // zeros: ignored
     std::copy(pairs + i, pairs + n, tail);
     take(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)));
   }
   alignas(32) uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), low);
-  return static_cast<int>(*std::min_element(lanes, lanes + 8));
+  const uint32_t least = *std::min_element(lanes, lanes + 8);
+  return least == 0xffffffffu ? 255 : static_cast<int>((least + 1) >> 7);
 }
 
 // Whether products of bf16 values of biased exponents >= ea and >= eb are all multiples of
@@ -109,19 +123,12 @@ void ScoresRows(const Bf16Block& b, const uint32_t* const* q, float scale, float
   for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
   const uint32_t* k = b.keys + 8 * g0;
   for (int64_t i = 0; i < b.key_pairs; ++i, k += kPositionBlock) {
-    const __m256i q0 = _mm256_set1_epi32(static_cast<int>(q[0][i]));
-    const __m256 q0h = High<kMasked>(q0), q0l = Low<kMasked>(q0);
-    __m256 q1h = q0h, q1l = q0l;
-    if constexpr (R > 1) {
-      const __m256i q1 = _mm256_set1_epi32(static_cast<int>(q[1][i]));
-      q1h = High<kMasked>(q1);
-      q1l = Low<kMasked>(q1);
-    }
+    const Broadcast<kMasked> q0(q[0][i]), q1(q[R > 1 ? 1 : 0][i]);
     for (int g = 0; g < G; ++g) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 8 * g));
       const __m256 kh = High<kMasked>(x), kl = Low<kMasked>(x);
-      a0[g] = FmaFtz<kMasked>(q0l, kl, FmaFtz<kMasked>(q0h, kh, a0[g]));
-      if constexpr (R > 1) a1[g] = FmaFtz<kMasked>(q1l, kl, FmaFtz<kMasked>(q1h, kh, a1[g]));
+      a0[g] = q0.Step(kh, kl, a0[g]);
+      if constexpr (R > 1) a1[g] = q1.Step(kh, kl, a1[g]);
     }
   }
   const __m256 s = _mm256_set1_ps(scale);
@@ -162,20 +169,13 @@ void Steps(const Bf16Block& b, int64_t pairs, bool odd, const uint32_t* const* p
            __m256* a0, __m256* a1) {
   const auto step = [&](int64_t j, __m256i keep) {
     const uint32_t* x_row = b.values + j * b.value_width + d0;
-    const __m256i w0 = _mm256_set1_epi32(static_cast<int>(probs[0][j]));
-    const __m256 w0h = High<kMasked>(w0), w0l = Low<kMasked>(w0);
-    __m256 w1h = w0h, w1l = w0l;
-    if constexpr (R > 1) {
-      const __m256i w1 = _mm256_set1_epi32(static_cast<int>(probs[1][j]));
-      w1h = High<kMasked>(w1);
-      w1l = Low<kMasked>(w1);
-    }
+    const Broadcast<kMasked> w0(probs[0][j]), w1(probs[R > 1 ? 1 : 0][j]);
     for (int v = 0; v < V; ++v) {
       const __m256i x = _mm256_and_si256(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_row + 8 * v)), keep);
       const __m256 xh = High<kMasked>(x), xl = Low<kMasked>(x);
-      a0[v] = FmaFtz<kMasked>(w0l, xl, FmaFtz<kMasked>(w0h, xh, a0[v]));
-      if constexpr (R > 1) a1[v] = FmaFtz<kMasked>(w1l, xl, FmaFtz<kMasked>(w1h, xh, a1[v]));
+      a0[v] = w0.Step(xh, xl, a0[v]);
+      if constexpr (R > 1) a1[v] = w1.Step(xh, xl, a1[v]);
     }
   };
   const int64_t full = pairs - (odd ? 1 : 0);

@@ -318,6 +318,30 @@ void ExpectPackingEqualsPortable(PackFn pack_keys, PackFn pack_values, bool bf16
   }
 }
 
+// The AVX2 loops' exponent scan against its definition: the smallest biased exponent among the
+// nonzero halves (sign ignored), 0 where one is subnormal, 255 where all are zero; every length
+// (the 8-dword body and its tail).
+TEST(PagedAttentionBf16Test, MinExponentOfPairsIsTheSmallestNonzeroHalfsExponent) {
+  if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const std::vector<float> x = AwkwardFloats(64, 11);
+  std::vector<uint32_t> pairs(32);
+  internal::RoundPairsGeneric(x.data(), 64, pairs.data());
+  for (uint32_t& p : pairs) p &= (p % 3 == 0) ? 0xffff0000u : 0xffffffffu;  // some zero halves
+  pairs[5] = 0x80000000u;                                                   // -0 and +0
+  for (int64_t n = 0; n <= 32; ++n) {
+    int want = 255;
+    for (int64_t i = 0; i < n; ++i) {
+      for (const uint32_t half : {pairs[i] >> 16, pairs[i] & 0xffffu}) {
+        if ((half & 0x7fffu) != 0) want = std::min(want, static_cast<int>((half >> 7) & 0xffu));
+      }
+    }
+    EXPECT_EQ(internal::MinExponentOfPairs(pairs.data(), n), want) << "n " << n;
+  }
+  const std::vector<uint32_t> zeros(9, 0u), subnormal = {0x3f800001u, 0x00058000u};
+  EXPECT_EQ(internal::MinExponentOfPairs(zeros.data(), 9), 255);
+  EXPECT_EQ(internal::MinExponentOfPairs(subnormal.data(), 2), 0);
+}
+
 TEST(PagedAttentionBf16Test, Avx512PackingEqualsPortable) {
   if (!internal::CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
   ExpectPackingEqualsPortable(internal::PackKeysBf16Avx512, internal::PackValuesBf16Avx512);
