@@ -210,7 +210,8 @@ ModelWeights RandomTiny(const std::string& preset, DType dtype) {
 }
 
 // The runner's side: an FP8 cache's dtype and bytes (the CPU's count), the engine reporting
-// it, GLM-5's latent cache refused, and a bf16 cache or a host cache refused by the FP8 path.
+// it, GLM-5's latent cache refused, and a bf16 cache or a host cache refused by the FP8 path;
+// bf16 named accepted as the device's own format, fp32 (the CPU's) refused.
 TEST_F(KvFp8Cuda, CacheBytesDTypeAndRefusals) {
   absl::StatusOr<std::unique_ptr<CudaModel>> m =
       CudaModel::Create(RandomTiny("tiny", DType::kBF16));
@@ -234,6 +235,14 @@ TEST_F(KvFp8Cuda, CacheBytesDTypeAndRefusals) {
   ASSERT_TRUE((*m)->SetKvCacheDType(KvCacheDType::kAuto).ok());
   std::unique_ptr<KvCache> bf16 = *(*m)->CreateCache(8, 4);
   EXPECT_EQ(bf16->dtype(), DType::kBF16);
+  // bf16 named is the device's own format; the CPU's fp32 is refused by name and changes nothing.
+  ASSERT_TRUE((*m)->SetKvCacheDType(KvCacheDType::kBf16).ok());
+  EXPECT_EQ((*(*m)->CreateCache(8, 4))->dtype(), DType::kBF16);
+  const absl::Status fp32 = (*m)->SetKvCacheDType(KvCacheDType::kFp32);
+  EXPECT_EQ(fp32.code(), absl::StatusCode::kFailedPrecondition) << fp32;
+  EXPECT_NE(fp32.message().find("--kv_cache_dtype=fp32"), absl::string_view::npos) << fp32;
+  EXPECT_EQ((*(*m)->CreateCache(8, 4))->dtype(), DType::kBF16);
+  EXPECT_EQ((*m)->kv_bytes_per_token(), bf16_bytes);
   BlockTable table;
   ASSERT_TRUE(host->Reserve(&table, 3).ok());
   ForwardBatch batch;
