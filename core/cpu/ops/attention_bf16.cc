@@ -132,6 +132,8 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
     thread_local std::vector<float> probs, sums;            // [n_rows, item_context], [n_rows]
     thread_local std::vector<uint32_t> q_pairs, exp_pairs;  // [n_rows, key / context pairs]
     thread_local std::vector<uint32_t> keys, values;        // one block's (Bf16Block)
+    thread_local internal::RowsAhead rows_ahead;            // the next block's rows
+    internal::LinesAhead ahead;
     keys.resize(key_pairs * kPositionBlock);
     values.resize(kPositionBlock / 2 * value_width);
     for (int64_t i = item_begin; i < item_end; ++i) {
@@ -157,7 +159,8 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                                 .key_pairs = key_pairs,
                                 .value_width = value_width,
                                 .keys = keys.data(),
-                                .values = values.data()};
+                                .values = values.data(),
+                                .ahead = &ahead};
       // The AVX2 loops' condition for dropping their DAZ/FTZ masks (attention_bf16_avx2.cc): the
       // packed block's smallest exponents, over its n positions.
       auto block_exponents = [&](bool values_pass, int64_t n) {
@@ -171,6 +174,27 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
           low = std::min(low, internal::MinExponentOfPairs(keys.data() + i * kPositionBlock, n));
         }
         block.key_exp_min = low;
+      };
+      // The rows packed after those of [.., p1): the pass's next block, or after the keys' last
+      // block the values' first.
+      auto plan_ahead = [&](bool values_pass, int64_t p1) {
+        rows_ahead.Clear();
+        internal::AttentionRows next = rows;
+        next.begin = p1;
+        if (p1 == item_context) {  // the keys' last block: the values' first; the values': none
+          next.begin = values_pass ? item_context : 0;
+          values_pass = true;
+        }
+        next.context = std::min(item_context, next.begin + kPositionBlock);
+        if (cache.host_bf16()) {
+          next.ForEach<uint16_t>(values_pass, [&](int64_t, const uint16_t* row) {
+            rows_ahead.Add(row, 2 * head_dim);
+          });
+        } else {
+          next.ForEach<float>(
+              values_pass, [&](int64_t, const float* row) { rows_ahead.Add(row, 4 * head_dim); });
+        }
+        ahead = rows_ahead.lines();
       };
       // Each position block packed once for the item's rows; f(r, n) for each run, `block` set
       // to the run's positions.
@@ -186,6 +210,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                 pack_keys(rows, keys.data());
               }
               if (avx2) block_exponents(values_pass, p1 - p0);
+              plan_ahead(values_pass, p1);
             },
             [&](int64_t p0, int64_t end, int64_t r, int64_t n) {
               block.p0 = p0;

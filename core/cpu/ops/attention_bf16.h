@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "core/cpu/ops/attention_items.h"
 #include "core/cpu/ops/attention_simd.h"
 #include "core/model/forward_types.h"
 #include "core/model/kv_cache.h"
@@ -65,6 +66,9 @@ struct Bf16Block {
   // The AVX2 form's: the smallest biased exponent among the nonzero bf16 of the packed keys and
   // of the packed values (0: unknown, or a subnormal among them), MinExponentOfPairs.
   int key_exp_min = 0, value_exp_min = 0;
+  // Where set, the SIMD loops prefetch a line or two of it per step and advance it (the next
+  // block's rows).
+  LinesAhead* ahead = nullptr;
 };
 
 // The packing of `rows`' positions [begin, context) (at most kPositionBlock, begin their p0)

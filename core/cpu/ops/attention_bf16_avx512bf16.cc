@@ -90,7 +90,10 @@ void ScoresRows(const Bf16Block& b, const uint32_t* const* q, float scale, float
   const uint32_t* q2 = q[R > 2 ? 2 : 0];
   const uint32_t* q3 = q[R > 3 ? 3 : 0];
   const uint32_t* k = b.keys;
+  LinesAhead ahead = b.ahead != nullptr ? *b.ahead : LinesAhead{};  // a local: in registers
   for (int64_t i = 0; i < b.key_pairs; ++i, k += kPositionBlock) {
+    ahead.Prefetch();
+    ahead.Prefetch();
     const __m512bh b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q0[i]));
     const __m512bh b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q1[i]));
     const __m512bh b2 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q2[i]));
@@ -106,6 +109,7 @@ void ScoresRows(const Bf16Block& b, const uint32_t* const* q, float scale, float
       if constexpr (R > 3) a3[g] = _mm512_dpbf16_ps(a3[g], b3, (__m512bh)x);
     }
   }
+  if (b.ahead != nullptr) *b.ahead = ahead;
   const __m512 s = _mm512_set1_ps(scale);
   const int64_t len = b.end - b.p0;
   auto store = [&](const __m512* a, float* out) {
@@ -162,7 +166,10 @@ void SumRows(const Bf16Block& b, int64_t pairs, bool odd, const uint32_t* const*
   const uint32_t* p0 = probs[0];
   const uint32_t* p1 = probs[R > 1 ? 1 : 0];
   const uint32_t* p2 = probs[R > 2 ? 2 : 0];
+  LinesAhead ahead = b.ahead != nullptr ? *b.ahead : LinesAhead{};
   const auto step = [&](int64_t j, __m512i keep) {
+    ahead.Prefetch();
+    ahead.Prefetch();
     const uint32_t* x_row = b.values + j * b.value_width + d0;
     const __m512bh w0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p0[j]));
     const __m512bh w1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p1[j]));
@@ -180,6 +187,7 @@ void SumRows(const Bf16Block& b, int64_t pairs, bool odd, const uint32_t* const*
   const __m512i all = _mm512_set1_epi32(-1);
   for (int64_t j = 0; j < full; ++j) step(j, all);
   if (odd) step(full, _mm512_set1_epi32(0xffff));
+  if (b.ahead != nullptr) *b.ahead = ahead;
   store(a0, out[0]);
   if constexpr (R > 1) store(a1, out[1]);
   if constexpr (R > 2) store(a2, out[2]);
