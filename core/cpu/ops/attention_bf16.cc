@@ -126,6 +126,10 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
   const auto sum_fn = simd   ? internal::AttentionWeightedSumBf16Avx512Bf16
                       : avx2 ? internal::AttentionWeightedSumBf16Avx2
                              : internal::AttentionWeightedSumBf16Generic;
+  // AVX-512 reads a bf16 cache's values where they lie (Bf16Block::value_rows) for items of at
+  // most one run of rows (a decode step's), which read each value once: no packing. Longer items
+  // read a block once per run, and a packed block stays in L1 between them.
+  const bool direct_values = simd && cache.host_bf16() && head_dim % 32 == 0;
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, kItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
@@ -133,6 +137,7 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
     thread_local std::vector<uint32_t> q_pairs, exp_pairs;  // [n_rows, key / context pairs]
     thread_local std::vector<uint32_t> keys, values;        // one block's (Bf16Block)
     thread_local internal::RowsAhead rows_ahead;            // the next block's rows
+    const uint16_t* value_rows[kPositionBlock];             // or its value rows (direct_values)
     internal::LinesAhead ahead;
     keys.resize(key_pairs * kPositionBlock);
     values.resize(kPositionBlock / 2 * value_width);
@@ -160,7 +165,9 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                                 .value_width = value_width,
                                 .keys = keys.data(),
                                 .values = values.data(),
+                                .value_rows = nullptr,
                                 .ahead = &ahead};
+      if (direct_values && n_rows <= kRunRows) block.value_rows = value_rows;
       // The AVX2 loops' condition for dropping their DAZ/FTZ masks (attention_bf16_avx2.cc): the
       // packed block's smallest exponents, over its n positions.
       auto block_exponents = [&](bool values_pass, int64_t n) {
@@ -204,7 +211,10 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
             [&](int64_t p0, int64_t p1) {
               rows.begin = p0;
               rows.context = p1;
-              if (values_pass) {
+              if (values_pass && block.value_rows != nullptr) {
+                rows.ForEach<uint16_t>(
+                    true, [&](int64_t p, const uint16_t* row) { value_rows[p - p0] = row; });
+              } else if (values_pass) {
                 pack_values(rows, values.data());
               } else {
                 pack_keys(rows, keys.data());

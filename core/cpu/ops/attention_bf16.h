@@ -66,6 +66,10 @@ struct Bf16Block {
   // The AVX2 form's: the smallest biased exponent among the nonzero bf16 of the packed keys and
   // of the packed values (0: unknown, or a subnormal among them), MinExponentOfPairs.
   int key_exp_min = 0, value_exp_min = 0;
+  // The AVX-512 weighted sums' alternative to `values` on a bf16 cache with head_dim a multiple
+  // of 32, for runs of at most kRunRows rows: position p0 + i's value row at [i] (the values are
+  // then not packed: the loops interleave each pair's rows in registers). Other forms ignore it.
+  const uint16_t* const* value_rows = nullptr;
   // Where set, the SIMD loops prefetch a line or two of it per step and advance it (the next
   // block's rows).
   LinesAhead* ahead = nullptr;

@@ -203,6 +203,70 @@ constexpr SumRowsFn kSumRows[3][8] = {{SumRows<1, 1>, SumRows<1, 2>, SumRows<1, 
                                       {SumRows<3, 1>, SumRows<3, 2>, SumRows<3, 3>, SumRows<3, 4>,
                                        SumRows<3, 5>, SumRows<3, 6>, SumRows<3, 7>, SumRows<3, 8>}};
 
+// The weighted sums of R rows (a decode item's: one token's query heads of a KV head) over dims
+// [d0, d0 + 32) straight from a bf16 cache's value rows (Bf16Block::value_rows), without the
+// values' packing: each pair's two rows interleaved by vpunpcklwd / vpunpckhwd into the dwords
+// vdpbf16ps takes, once for all R rows. Those interleave within 128-bit lanes, so accumulator 0
+// of a row holds dims d0 + {0..3, 8..11, 16..19, 24..27} and accumulator 1 dims d0 + {4..7,
+// 12..15, 20..23, 28..31}: the outputs are permuted into that order on load and back on store.
+// Each lane's operations are the packed form's for its dim: the same bits. All rows in one pass
+// and 32 dims a call, so that each cache line is read once: a position's rows lie a KV row apart
+// (2 KiB on GLM-4.5-Air), in few L1 sets, and a block's lines do not stay in L1 between passes.
+template <int R>
+void SumRowsDirect(const Bf16Block& b, int64_t pairs, bool odd, const uint32_t* const* probs,
+                   int64_t d0, float* const* out) {
+  static_assert(R >= 1 && R <= kRunRows);
+  __m512 a[R][2];
+  {
+    const __m512i even_dims =
+        _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i odd_dims = _mm512_add_epi32(even_dims, _mm512_set1_epi32(4));
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 lo = _mm512_loadu_ps(out[r] + d0), hi = _mm512_loadu_ps(out[r] + d0 + 16);
+      a[r][0] = _mm512_permutex2var_ps(lo, even_dims, hi);
+      a[r][1] = _mm512_permutex2var_ps(lo, odd_dims, hi);
+    }
+  }
+  LinesAhead ahead = b.ahead != nullptr ? *b.ahead : LinesAhead{};
+  // Pair j; `last_odd`: its second position is past the rows' own, read as +0 (never loaded).
+  const auto step = [&](int64_t j, bool last_odd) {
+    ahead.Prefetch();
+    ahead.Prefetch();
+    const __m512i lo = _mm512_loadu_si512(b.value_rows[2 * j] + d0);
+    const __m512i hi =
+        last_odd ? _mm512_setzero_si512() : _mm512_loadu_si512(b.value_rows[2 * j + 1] + d0);
+    const __m512bh x0 = (__m512bh)_mm512_unpacklo_epi16(lo, hi);
+    const __m512bh x1 = (__m512bh)_mm512_unpackhi_epi16(lo, hi);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(probs[r][j]));
+      a[r][0] = _mm512_dpbf16_ps(a[r][0], w, x0);
+      a[r][1] = _mm512_dpbf16_ps(a[r][1], w, x1);
+    }
+  };
+  const int64_t full = pairs - (odd ? 1 : 0);
+  for (int64_t j = 0; j < full; ++j) step(j, false);
+  if (odd) step(full, true);
+  if (b.ahead != nullptr) *b.ahead = ahead;
+  const __m512i low_dims =
+      _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i high_dims = _mm512_add_epi32(low_dims, _mm512_set1_epi32(8));
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out[r] + d0, _mm512_permutex2var_ps(a[r][0], low_dims, a[r][1]));
+    _mm512_storeu_ps(out[r] + d0 + 16, _mm512_permutex2var_ps(a[r][0], high_dims, a[r][1]));
+  }
+}
+
+using SumRowsDirectFn = void (*)(const Bf16Block&, int64_t, bool, const uint32_t* const*, int64_t,
+                                 float* const*);
+constexpr SumRowsDirectFn kSumRowsDirect[kRunRows] = {
+    SumRowsDirect<1>, SumRowsDirect<2>,  SumRowsDirect<3>,  SumRowsDirect<4>,
+    SumRowsDirect<5>, SumRowsDirect<6>,  SumRowsDirect<7>,  SumRowsDirect<8>,
+    SumRowsDirect<9>, SumRowsDirect<10>, SumRowsDirect<11>, SumRowsDirect<12>};
+static_assert(kRunRows == 12, "kSumRowsDirect covers every run");
+
 }  // namespace
 
 void RoundPairsAvx512(const float* x, int64_t n, uint32_t* out) {
@@ -236,6 +300,12 @@ void AttentionWeightedSumBf16Avx512Bf16(const Bf16Block& b, int64_t n, const uin
                                         float* const* out) {
   const int64_t pairs = (b.end - b.p0 + 1) / 2;
   const bool odd = (b.end - b.p0) % 2 != 0;
+  if (b.value_rows != nullptr) {
+    for (int64_t d0 = 0; d0 < b.head_dim; d0 += 32) {
+      kSumRowsDirect[n - 1](b, pairs, odd, probs, d0, out);
+    }
+    return;
+  }
   for (int64_t d0 = 0; d0 < b.head_dim; d0 += 128) {
     const int64_t vectors = std::min<int64_t>(8, (b.head_dim - d0 + 15) / 16);
     const __mmask16 last = FirstLanes16(b.head_dim - d0 - 16 * (vectors - 1));

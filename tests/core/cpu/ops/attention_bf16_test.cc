@@ -201,7 +201,8 @@ TEST(PagedAttentionBf16Test, ATinyPartialSumIsFlushedEvenAmongNormalOperands) {
 
 // A bf16 cache (--kv_cache_dtype=bf16, the bf16 modes' default) stores FloatToBf16 of each key
 // and value, the operands this attention rounds them to: every case gives the fp32 cache's bits,
-// in every form (the AVX-512 packers load its pairs and widen its values instead of rounding).
+// in every form (the AVX-512 packers load its pairs and widen its values instead of rounding;
+// items of one run of rows, a decode step's, read its value rows unpacked).
 TEST(PagedAttentionBf16Test, ABf16CacheGivesTheFp32CachesBits) {
   std::vector<testing::CacheCase> cases;
   for (const Case& c : kCases) {
@@ -234,7 +235,8 @@ TEST(PagedAttentionBf16Test, RowsAreBitIdenticalWhateverTheChunkOrBatch) {
 // A row at an even position reads its last pair's second position as probability +0 and value
 // +0. There the cache holds the next token's row, which a later row of the same work item reads
 // (here inf or NaN at position 41, whose own row and those after it are not checked): it must
-// not reach the rows before it, in any form.
+// not reach the rows before it, in any form, from either cache (AVX-512 reads a bf16 cache's
+// value rows where they lie: the row after the last pair's first must not be loaded into it).
 TEST(PagedAttentionBf16Test, ThePositionAfterARowsOwnNeverReachesIt) {
   constexpr int64_t kHeads = 12, kHeadDim = 64, kPoisoned = 41;
   for (const KernelForm& form : KernelForms()) {
@@ -244,12 +246,16 @@ TEST(PagedAttentionBf16Test, ThePositionAfterARowsOwnNeverReachesIt) {
       std::fill_n(s.keys[0].begin() + kPoisoned * kHeadDim, kHeadDim, poison);
       std::fill_n(s.values[0].begin() + kPoisoned * kHeadDim, kHeadDim, poison);
       s.Write();
-      const std::vector<float> out = s.Run();
-      for (int64_t i = 0; i < kPoisoned * kHeads * kHeadDim; ++i) {
-        ASSERT_TRUE(std::isfinite(out[i]))
-            << internal::AttentionBf16KernelName() << ", poison " << poison << ", element " << i;
+      for (const bool bf16_cache : {false, true}) {
+        const std::vector<float> out = bf16_cache ? s.RunOn(s.Bf16Cache()) : s.Run();
+        for (int64_t i = 0; i < kPoisoned * kHeads * kHeadDim; ++i) {
+          ASSERT_TRUE(std::isfinite(out[i]))
+              << internal::AttentionBf16KernelName() << ", poison " << poison << ", bf16 cache "
+              << bf16_cache << ", element " << i;
+        }
+        EXPECT_FALSE(std::isfinite(out[kPoisoned * kHeads * kHeadDim]))
+            << "the poison was not read";
       }
-      EXPECT_FALSE(std::isfinite(out[kPoisoned * kHeads * kHeadDim])) << "the poison was not read";
     }
   }
   KernelForm::Reset();
