@@ -225,6 +225,8 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
       internal::AttentionItems(batch, kv_heads, group, internal::kFp32ItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
     thread_local std::vector<float> probs, packed;
+    thread_local internal::RowsAhead rows_ahead;  // the next block's rows, for the loops
+    internal::LinesAhead ahead;
     packed.resize(internal::kPositionBlock * head_dim);
     for (int64_t i = item_begin; i < item_end; ++i) {
       const internal::ItemRows row_of{items[i], batch[items[i].seq], heads, group};
@@ -250,6 +252,11 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
                      : n_rows > 1      ? PackBlock<float>(rows, values, p0, p1, packed.data())
                                        : rows;
               view.begin = p0;
+              if (view.packed != nullptr) {  // (a lone row's loops prefetch its own rows)
+                internal::PlanRowsAhead(rows, values, p1, item_context, &rows_ahead);
+                ahead = rows_ahead.lines();
+                view.ahead = &ahead;
+              }
             },
             [&](int64_t, int64_t end, int64_t r, int64_t n) {
               view.context = end;

@@ -118,7 +118,7 @@ constexpr SumChunkFn kSumChunks[8] = {SumChunk<1>, SumChunk<2>, SumChunk<3>, Sum
 // to the rows' arrays, made GCC keep the registers on the stack, a store per add.
 template <int R, int V>
 void SumChunkRows(const float* v, int64_t count, int64_t hd, const float* const* probs, int64_t d0,
-                  __mmask16 last, float* const* out) {
+                  __mmask16 last, float* const* out, LinesAhead* lines_ahead) {
   static_assert(R >= 1 && R <= 3 && R * V <= 24);
   __m512 a0[V], a1[V], a2[V];
   auto load = [&](__m512* a, const float* o) {
@@ -145,7 +145,10 @@ void SumChunkRows(const float* v, int64_t count, int64_t hd, const float* const*
   const float* w1 = probs[R > 1 ? 1 : 0];
   const float* w2 = probs[R > 2 ? 2 : 0];
   v += d0;
+  LinesAhead ahead = *lines_ahead;  // a local: in registers
   for (int64_t i = 0; i < count; ++i, v += hd) {
+    ahead.Prefetch();
+    ahead.Prefetch();
     const __m512 b0 = _mm512_set1_ps(w0[i]);
     const __m512 b1 = _mm512_set1_ps(w1[i]);
     const __m512 b2 = _mm512_set1_ps(w2[i]);
@@ -159,13 +162,14 @@ void SumChunkRows(const float* v, int64_t count, int64_t hd, const float* const*
       if constexpr (R > 2) a2[j] = _mm512_add_ps(a2[j], _mm512_mul_ps(b2, x));
     }
   }
+  *lines_ahead = ahead;
   store(a0, out[0]);
   if constexpr (R > 1) store(a1, out[1]);
   if constexpr (R > 2) store(a2, out[2]);
 }
 
 using SumChunkRowsFn = void (*)(const float*, int64_t, int64_t, const float* const*, int64_t,
-                                __mmask16, float* const*);
+                                __mmask16, float* const*, LinesAhead*);
 // [R - 1][V - 1]: three rows at a time up to V = 8 (24 accumulators).
 constexpr SumChunkRowsFn kSumChunkRows[3][8] = {
     {SumChunkRows<1, 1>, SumChunkRows<1, 2>, SumChunkRows<1, 3>, SumChunkRows<1, 4>,
@@ -226,6 +230,7 @@ void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, f
 
 void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* q,
                                float scale, float* const* scores) {
+  constexpr int kLinesPerCall = 12;
   const int64_t hd = rows.head_dim;
   if (rows.packed == nullptr || hd % 8 != 0) {
     for (int64_t r = 0; r < n; ++r) AttentionScoresAvx512(rows, q[r], scale, scores[r]);
@@ -236,11 +241,15 @@ void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float
   // and it kept a query vector on the stack.
   const int64_t p = rows.begin, count = rows.context - rows.begin;
   const float* k = rows.packed + (p - rows.packed_begin) * hd;
+  LinesAhead ahead = rows.ahead != nullptr ? *rows.ahead : LinesAhead{};
   int64_t i = 0;
   for (; i + 8 <= count; i += 8) {
     float* s[2];
     int64_t r = 0;
     for (; r + 2 <= n; r += 2) {
+      // A 128-wide block's next fp32 rows are 512 lines; 48 calls of two rows take it at GLM's
+      // 12 rows a run.
+      for (int l = 0; l < kLinesPerCall; ++l) ahead.Prefetch();
       s[0] = scores[r] + p + i;
       s[1] = scores[r + 1] + p + i;
       lanes8::ScoresOfEightRows<2>(q + r, k + i * hd, hd, hd, scale, s);
@@ -250,6 +259,7 @@ void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float
       lanes8::ScoresOfEightRows<1>(q + r, k + i * hd, hd, hd, scale, s);
     }
   }
+  if (rows.ahead != nullptr) *rows.ahead = ahead;
   if (i < count) {
     AttentionRows tail = rows;
     tail.begin = p + i;
@@ -265,12 +275,14 @@ void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const 
   }
   const int64_t hd = rows.head_dim, p = rows.begin, count = rows.context - rows.begin;
   const float* v = rows.packed + (p - rows.packed_begin) * hd;
+  LinesAhead none;
+  LinesAhead* ahead = rows.ahead != nullptr ? rows.ahead : &none;
   ForEachChunk(hd, [&](int64_t d0, int64_t vecs, __mmask16 last) {
     const float* w[3];
     for (int64_t r = 0; r < n;) {
       const int64_t take = std::min<int64_t>(3, n - r);
       for (int64_t j = 0; j < take; ++j) w[j] = probs[r + j] + p;
-      kSumChunkRows[take - 1][vecs - 1](v, count, hd, w, d0, last, out + r);
+      kSumChunkRows[take - 1][vecs - 1](v, count, hd, w, d0, last, out + r, ahead);
       r += take;
     }
   });

@@ -182,27 +182,6 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
         }
         block.key_exp_min = low;
       };
-      // The rows packed after those of [.., p1): the pass's next block, or after the keys' last
-      // block the values' first.
-      auto plan_ahead = [&](bool values_pass, int64_t p1) {
-        rows_ahead.Clear();
-        internal::AttentionRows next = rows;
-        next.begin = p1;
-        if (p1 == item_context) {  // the keys' last block: the values' first; the values': none
-          next.begin = values_pass ? item_context : 0;
-          values_pass = true;
-        }
-        next.context = std::min(item_context, next.begin + kPositionBlock);
-        if (cache.host_bf16()) {
-          next.ForEach<uint16_t>(values_pass, [&](int64_t, const uint16_t* row) {
-            rows_ahead.Add(row, 2 * head_dim);
-          });
-        } else {
-          next.ForEach<float>(
-              values_pass, [&](int64_t, const float* row) { rows_ahead.Add(row, 4 * head_dim); });
-        }
-        ahead = rows_ahead.lines();
-      };
       // Each position block packed once for the item's rows; f(r, n) for each run, `block` set
       // to the run's positions.
       auto each_block = [&](bool values_pass, auto&& f) {
@@ -220,7 +199,8 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                 pack_keys(rows, keys.data());
               }
               if (avx2) block_exponents(values_pass, p1 - p0);
-              plan_ahead(values_pass, p1);
+              internal::PlanRowsAhead(rows, values_pass, p1, item_context, &rows_ahead);
+              ahead = rows_ahead.lines();
             },
             [&](int64_t p0, int64_t end, int64_t r, int64_t n) {
               block.p0 = p0;

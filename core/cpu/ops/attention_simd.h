@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/cpu/ops/attention_items.h"
 #include "core/model/forward_types.h"
 #include "core/model/kv_cache.h"
 
@@ -25,6 +26,8 @@ struct AttentionRows {
   // them; kv_dim is then head_dim): the loops read them there, whichever kind they read.
   const float* packed = nullptr;
   int64_t packed_begin = 0;
+  // Where set, the AVX-512 multi-row loops prefetch from it as they go (the next block's rows).
+  LinesAhead* ahead = nullptr;
   // f(p, row) for p = begin .. context - 1 in order, row the key (or value) row of position p:
   // one block lookup per block of positions, not a division per position (a 64-bit division
   // per position held the decode loops to its latency). T: the cache's element, float (the
@@ -63,6 +66,32 @@ struct AttentionRows {
     }
   }
 };
+
+// The cached rows a two-pass attention packs after `rows`' block [.., p1) of an item whose rows
+// read positions [0, item_context): the pass's next block, after the keys' last block the
+// values' first, after the values' last none. Into `ahead`, for the loops to prefetch.
+inline void PlanRowsAhead(const AttentionRows& rows, bool values, int64_t p1, int64_t item_context,
+                          RowsAhead* ahead) {
+  ahead->Clear();
+  AttentionRows next = rows;
+  next.packed = nullptr;
+  next.begin = p1;
+  if (p1 >= item_context) {
+    if (values) return;
+    values = true;
+    next.begin = 0;
+  }
+  next.context = std::min(item_context, next.begin + kPositionBlock);
+  if (rows.cache->host_bf16()) {
+    next.ForEach<uint16_t>(values, [&](int64_t, const uint16_t* row) {
+      ahead->Add(row, static_cast<int64_t>(sizeof(uint16_t)) * rows.head_dim);
+    });
+  } else {
+    next.ForEach<float>(values, [&](int64_t, const float* row) {
+      ahead->Add(row, static_cast<int64_t>(sizeof(float)) * rows.head_dim);
+    });
+  }
+}
 
 // scores[p] = LaneDot<8>(q, key p, head_dim) * scale, begin <= p < context.
 void AttentionScoresGeneric(const AttentionRows& rows, const float* q, float scale, float* scores);
