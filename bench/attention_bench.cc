@@ -8,11 +8,15 @@
 // no AMX), bf16 (PagedAttentionBf16: the bf16 and int8 modes since 2026-12-05; its portable code
 // where the CPU has no AVX512_BF16). bf16 and amx rows are set against the vdpbf16ps and AMX peaks.
 // --kv_caches: the cache formats each mode reads, fp32 and/or bf16 (--kv_cache_dtype; the bf16
-// and amx modes give the same bits from either, the fp32 mode widens bf16 rows).
+// and amx modes give the same bits from either, the fp32 mode widens bf16 rows). --layers: the
+// cache layers the timed calls take in turn, one a call (each row's time is a call's): in the
+// model every layer's cache is its own memory, so a decode step reads it from DRAM, where one
+// layer of a 4,096-token bf16 cache (16 MiB) stays in a large L3 between calls.
 //
 //   build/bench/attention_bench
 //   build/bench/attention_bench --tokens=8192 --decode_contexts=4096,16384 --modes=fp32,bf16,amx
 //   build/bench/attention_bench --modes=bf16 --kv_caches=fp32,bf16 --decode_batch=8
+//   build/bench/attention_bench --tokens=0 --modes=bf16 --kv_caches=bf16 --layers=4
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +48,9 @@ ABSL_FLAG(std::string, kernels, "native",
           "portable");
 ABSL_FLAG(int, rounds, 3, "timed runs per row (the median is shown)");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
+ABSL_FLAG(int, layers, 1,
+          "cache layers the timed calls take in turn (more than one: each call's rows come from "
+          "memory, as in the model; 1: they may stay in L3)");
 
 namespace {
 
@@ -53,13 +60,13 @@ using glmserve::bench::Since;
 
 constexpr int64_t kHeads = 96, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 
-// `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1), in an fp32 or a
-// bf16 cache.
+// `seqs` sequences of `length` tokens each, their K/V rows random in [-1, 1) (the same in every
+// one of `layers` layers), in an fp32 or a bf16 cache.
 struct Filled {
   glmserve::KvCache cache;
   std::vector<glmserve::BlockTable> tables;
-  Filled(int64_t seqs, int64_t length, bool bf16)
-      : cache({.num_layers = 1,
+  Filled(int64_t seqs, int64_t length, bool bf16, int64_t layers)
+      : cache({.num_layers = layers,
                .kv_heads = kKvHeads,
                .head_dim = kHeadDim,
                .block_size = kBlockSize,
@@ -74,14 +81,18 @@ struct Filled {
       for (float& x : k) x = dist(rng);
       for (float& x : v) x = dist(rng);
       const glmserve::SequenceSlice all{length, 0, &table};
-      glmserve::WriteKv(k.data(), v.data(), {all}, 0, &cache);
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        glmserve::WriteKv(k.data(), v.data(), {all}, layer, &cache);
+      }
     }
   }
 };
 
-// The median seconds of one PagedAttention call over `batch`.
+// The median seconds of one PagedAttention call over `batch`, the calls taking the cache's
+// layers in turn (a round times one call on each, and counts their mean).
 double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>& batch,
             const glmserve::KvCache& cache, int rounds) {
+  const int64_t layers = cache.shape().num_layers;
   int64_t rows = 0;
   for (const auto& s : batch) rows += s.num_tokens;
   std::mt19937 rng(5);
@@ -89,21 +100,21 @@ double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>&
   std::vector<float> q(rows * kHeads * kHeadDim), out(q.size());
   for (float& x : q) x = dist(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  auto run = [&] {
+  auto run = [&](int64_t layer) {
     if (mode == "amx") {
-      glmserve::PagedAttentionAmx(q.data(), batch, cache, 0, kHeads, scale, out.data());
+      glmserve::PagedAttentionAmx(q.data(), batch, cache, layer, kHeads, scale, out.data());
     } else if (mode == "bf16") {
-      glmserve::PagedAttentionBf16(q.data(), batch, cache, 0, kHeads, scale, out.data());
+      glmserve::PagedAttentionBf16(q.data(), batch, cache, layer, kHeads, scale, out.data());
     } else {
-      glmserve::PagedAttention(q.data(), batch, cache, 0, kHeads, scale, out.data());
+      glmserve::PagedAttention(q.data(), batch, cache, layer, kHeads, scale, out.data());
     }
   };
-  run();  // warm-up: the caches and the pool's threads
+  run(0);  // warm-up: the caches and the pool's threads
   std::vector<double> s;
   for (int r = 0; r < rounds; ++r) {
     const auto t = Clock::now();
-    run();
-    s.push_back(Since(t));
+    for (int64_t layer = 0; layer < layers; ++layer) run(layer);
+    s.push_back(Since(t) / static_cast<double>(layers));
   }
   return Median(s);
 }
@@ -159,8 +170,9 @@ int main(int argc, char** argv) {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens), context = absl::GetFlag(FLAGS_context);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
-  if (tokens < 0 || context < 0 || batch < 1) {
-    std::fprintf(stderr, "--tokens and --context must be >= 0, --decode_batch >= 1\n");
+  const int64_t layers = absl::GetFlag(FLAGS_layers);
+  if (tokens < 0 || context < 0 || batch < 1 || layers < 1) {
+    std::fprintf(stderr, "--tokens and --context must be >= 0, --decode_batch and --layers >= 1\n");
     return 1;
   }
 
@@ -170,8 +182,10 @@ int main(int argc, char** argv) {
       "GFLOP/s, read %.1f GB/s\n",
       glmserve::NumThreads(), limits.fma_gflops, limits.bf16_gflops, limits.amx_gflops,
       limits.read_gbs);
-  std::printf("%lld heads / %lld KV heads x %lld, one layer\n\n", static_cast<long long>(kHeads),
-              static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim));
+  std::printf("%lld heads / %lld KV heads x %lld, one layer a call, %lld cache layer%s in turn\n\n",
+              static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
+              static_cast<long long>(kHeadDim), static_cast<long long>(layers),
+              layers == 1 ? "" : "s");
   std::printf("| mode (kernel), KV cache | phase | time | achieved | limit | fraction |\n");
   std::printf("|---|---|---|---|---|---|\n");
   auto kernel = [](const std::string& mode) {
@@ -184,7 +198,7 @@ int main(int argc, char** argv) {
   for (const std::string& kv : kv_caches) {
     const bool bf16_kv = kv == "bf16";
     if (tokens > 0) {
-      const Filled filled(1, context + tokens, bf16_kv);
+      const Filled filled(1, context + tokens, bf16_kv, layers);
       const std::vector<glmserve::SequenceSlice> slice = {{tokens, context, &filled.tables[0]}};
       // Row t attends to context + t + 1 keys: QK^T and PV, 2 flops per product each.
       const double pairs =
@@ -202,7 +216,7 @@ int main(int argc, char** argv) {
     }
     for (const int64_t c : decode_contexts) {
       // Each sequence holds c tokens and decodes its next (position c): c + 1 K and V rows.
-      const Filled filled(batch, c + 1, bf16_kv);
+      const Filled filled(batch, c + 1, bf16_kv, layers);
       std::vector<glmserve::SequenceSlice> step;
       for (const auto& table : filled.tables) step.push_back({1, c, &table});
       // A KV head's 12 query heads share its rows: 12 products per value read, so on few cores

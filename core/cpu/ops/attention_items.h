@@ -78,8 +78,9 @@ struct LinesAhead {
 class RowsAhead {
  public:
   void Clear() { n_ = span_ = 0; }
-  // A row of `bytes` bytes at `row` (at most kPositionBlock rows between Clears).
+  // A row of `bytes` bytes at `row`; past kPositionBlock rows between Clears, left out (hints).
   void Add(const void* row, int64_t bytes) {
+    if (n_ == kPositionBlock) return;
     const uintptr_t begin = reinterpret_cast<uintptr_t>(row);
     rows_[n_++] = begin & ~uintptr_t{63};
     span_ = std::max<uintptr_t>(span_, ((begin & 63) + bytes + 63) & ~uintptr_t{63});

@@ -69,6 +69,9 @@ TEST(RowsAheadTest, HoldsAFullPositionBlock) {
   // to the last row's end.
   EXPECT_GE(lines.back() + 64, reinterpret_cast<uintptr_t>(rows.data() + rows.size()));
   EXPECT_GE(lines.size(), static_cast<size_t>(4 * kPositionBlock));
+  // A row past the block's count is left out, not written past the end.
+  ahead.Add(rows.data(), 256);
+  EXPECT_EQ(Drain(ahead.lines()).size(), lines.size());
 }
 
 }  // namespace
