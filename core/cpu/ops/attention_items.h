@@ -1,6 +1,7 @@
 // How the two-pass attentions (PagedAttention's fp32 path, attention.cc, and PagedAttentionBf16,
-// attention_bf16.cc) split a batch into work items, and walk an item's position blocks and the
-// runs of rows that share them. The arithmetic is the caller's; nothing here touches a value.
+// attention_bf16.cc) split a batch into work items, walk an item's position blocks and the runs
+// of rows that share them, and name the cache lines the next block will read (RowsAhead). The
+// arithmetic is the caller's; nothing here touches a value.
 #pragma once
 
 #include <algorithm>
