@@ -199,8 +199,10 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
                 pack_keys(rows, keys.data());
               }
               if (avx2) block_exponents(values_pass, p1 - p0);
-              internal::PlanRowsAhead(rows, values_pass, p1, item_context, &rows_ahead);
-              ahead = rows_ahead.lines();
+              if (simd || avx2) {  // (the portable loops do not read ahead)
+                internal::PlanRowsAhead(rows, values_pass, p1, item_context, &rows_ahead);
+                ahead = rows_ahead.lines();
+              }
             },
             [&](int64_t p0, int64_t end, int64_t r, int64_t n) {
               block.p0 = p0;
