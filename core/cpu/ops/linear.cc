@@ -226,10 +226,12 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
-    // kBf16Amx cuts its jobs its own way (AmxUnits); the others into kBlockN output rows.
-    const int64_t units = tasks[j].amx.xp != nullptr ? AmxUnits(tasks[j].amx)
-                          : tasks[j].m() > 0         ? (tasks[j].rows() + kBlockN - 1) / kBlockN
-                                                     : 0;
+    // kBf16Amx and kBf16 cut their jobs their own ways (AmxUnits, Bf16Units); the others into
+    // kBlockN output rows.
+    const int64_t units = tasks[j].amx.xp != nullptr  ? AmxUnits(tasks[j].amx)
+                          : tasks[j].bf16.xb != nullptr ? Bf16Units(tasks[j].bf16)
+                          : tasks[j].m() > 0            ? (tasks[j].rows() + kBlockN - 1) / kBlockN
+                                                        : 0;
     starts[j + 1] = starts[j] + units;
   }
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
@@ -266,7 +268,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         use_tiles(Tiles::kBf16);
         AmxUnitHardware(tasks[j].amx, b - starts[j]);
       } else if (tasks[j].bf16.xb != nullptr) {
-        bf16_fn(tasks[j].bf16, b - starts[j]);
+        bf16_fn(tasks[j].bf16, Bf16UnitAt(tasks[j].bf16, b - starts[j]));
       } else {
         exact_fn(tasks[j].exact, b - starts[j], &panel);
       }

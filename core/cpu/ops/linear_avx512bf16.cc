@@ -11,6 +11,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <vector>
 
 #include "core/cpu/ops/avx512_lanes.h"
 #include "core/cpu/ops/linear.h"
@@ -45,17 +47,26 @@ inline void Step(__m512 (&acc)[MR][NR], const uint16_t* x, int64_t ldx, const ui
   }
 }
 
-// y[i, n] (+ bias[n]) for an MR x NR tile: x [MR, k_total] (ldx), w [NR, k_total] (row
-// stride k_total), y [MR, NR] (ldy).
+// K steps [k0, k1) of an MR x NR tile: x [MR, k_total] (ldx), w [NR, k_total] (row stride
+// k_total). The lanes start at zero (first) or from `lanes` [MR][NR][16]; they go back there,
+// or, after K's last step (last), are reduced by the lane tree into y [MR, NR] (ldy) + bias[n].
+// Cutting K at multiples of 32 leaves every lane's chain of roundings as one pass over K makes it.
 template <int MR, int NR>
-void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, float* y, int64_t ldy,
+void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, int64_t k0,
+          int64_t k1, bool first, bool last, float* lanes, float* y, int64_t ldy,
           const float* bias) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= k_total; k += 32) Step<MR, NR>(acc, x, ldx, w, k_total, k, 32);
-  if (k < k_total) Step<MR, NR>(acc, x, ldx, w, k_total, k, k_total - k);
+    for (int n = 0; n < NR; ++n)
+      acc[i][n] = first ? _mm512_setzero_ps() : _mm512_load_ps(lanes + (i * NR + n) * 16);
+  int64_t k = k0;
+  for (; k + 32 <= k1; k += 32) Step<MR, NR>(acc, x, ldx, w, k_total, k, 32);
+  if (k < k1) Step<MR, NR>(acc, x, ldx, w, k_total, k, k1 - k);
+  if (!last) {
+    for (int i = 0; i < MR; ++i)
+      for (int n = 0; n < NR; ++n) _mm512_store_ps(lanes + (i * NR + n) * 16, acc[i][n]);
+    return;
+  }
   for (int i = 0; i < MR; ++i) {
     for (int n = 0; n < NR; ++n) {
       float v = ReduceLanes(acc[i][n]);
@@ -65,8 +76,8 @@ void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k_total, fl
   }
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t,
-                        const float*);
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, bool,
+                        bool, float*, float*, int64_t, const float*);
 template <int MR, int... NR>
 constexpr TileFn kRow[] = {Tile<MR, NR>...};
 // kTiles[mr - 1][nr - 1]: the MR x NR tile.
@@ -75,22 +86,39 @@ constexpr const TileFn* kTiles[kRowsM] = {kRow<1, 1, 2, 3, 4, 5, 6, 7, 8>,
                                           kRow<3, 1, 2, 3, 4, 5, 6, 7, 8>};
 static_assert(kRowsN == 8, "kTiles lists NR = 1..kRowsN");
 
+int64_t Knob(const char* name, int64_t def) {
+  const char* e = getenv(name);
+  return e ? atoll(e) : def;
+}
+
 }  // namespace
 
-void Bf16BlockAvx512(const Bf16Job& job, int64_t nb) {
+void Bf16BlockAvx512(const Bf16Job& job, const Bf16Unit& u) {
   const Matrix& w = *job.w;
-  const int64_t n_rows = w.rows, k_total = w.cols, m = job.m;
-  const int64_t n0 = nb * kBlockN, n1 = std::min(n_rows, n0 + kBlockN);
+  const int64_t n_rows = w.rows, k_total = w.cols;
   const uint16_t* p = static_cast<const uint16_t*>(w.data);
-  // Weight tiles outside, activation tiles inside: a weight tile (8 rows, 64 KiB at K = 4096)
-  // stays in L2 while every activation tile passes over it.
-  for (int64_t n = n0; n < n1; n += kRowsN) {
-    const int nr = static_cast<int>(std::min<int64_t>(kRowsN, n1 - n));
-    for (int64_t i = 0; i < m; i += kRowsM) {
-      const int mr = static_cast<int>(std::min<int64_t>(kRowsM, m - i));
-      kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, p + n * k_total, k_total,
-                             job.y + i * n_rows + n, n_rows,
-                             job.bias != nullptr ? job.bias + n : nullptr);
+  static const int64_t range_knob = Knob("GLM_RANGEK", 2048), chunk = Knob("GLM_CHUNKM", 96),
+                       min_rows = Knob("GLM_MINROWS", 4);
+  const int64_t range = u.i1 - u.i0 >= min_rows ? range_knob : k_total;
+  const int64_t tiles_n = (u.n1 - u.n0 + kRowsN - 1) / kRowsN;
+  constexpr int64_t kLaneTile = kRowsM * kRowsN * 16;
+  thread_local std::vector<__m512> lane_buf;
+  lane_buf.resize(static_cast<size_t>((chunk + kRowsM - 1) / kRowsM * tiles_n * kLaneTile / 16));
+  float* lanes = reinterpret_cast<float*>(lane_buf.data());
+  for (int64_t c0 = u.i0; c0 < u.i1; c0 += chunk) {
+    const int64_t c1 = std::min(u.i1, c0 + chunk);
+    for (int64_t k0 = 0; k0 < k_total; k0 += range) {
+      const int64_t k1 = std::min(k_total, k0 + range);
+      for (int64_t n = u.n0; n < u.n1; n += kRowsN) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRowsN, u.n1 - n));
+        for (int64_t i = c0; i < c1; i += kRowsM) {
+          const int mr = static_cast<int>(std::min<int64_t>(kRowsM, c1 - i));
+          float* l = lanes + (((i - c0) / kRowsM) * tiles_n + (n - u.n0) / kRowsN) * kLaneTile;
+          kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, p + n * k_total, k_total, k0, k1,
+                                 k0 == 0, k1 == k_total, l, job.y + i * n_rows + n, n_rows,
+                                 job.bias != nullptr ? job.bias + n : nullptr);
+        }
+      }
     }
   }
 }
