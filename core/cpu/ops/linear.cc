@@ -228,7 +228,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   for (size_t j = 0; j < tasks.size(); ++j) {
     // kBf16Amx and kBf16 cut their jobs their own ways (AmxUnits, Bf16Units); the others into
     // kBlockN output rows.
-    const int64_t units = tasks[j].amx.xp != nullptr  ? AmxUnits(tasks[j].amx)
+    const int64_t units = tasks[j].amx.xp != nullptr    ? AmxUnits(tasks[j].amx)
                           : tasks[j].bf16.xb != nullptr ? Bf16Units(tasks[j].bf16)
                           : tasks[j].m() > 0            ? (tasks[j].rows() + kBlockN - 1) / kBlockN
                                                         : 0;

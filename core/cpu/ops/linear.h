@@ -121,6 +121,8 @@ struct Bf16Unit {
   int64_t i0, i1, n0, n1;
 };
 inline constexpr int64_t kBf16PartBytes = int64_t{8} << 20;
+// Parts are whole chunks of the AVX512_BF16 kernel (linear_avx512bf16.cc).
+inline constexpr int64_t kBf16ChunkRows = 96;
 int64_t Bf16Units(const Bf16Job& job);
 Bf16Unit Bf16UnitAt(const Bf16Job& job, int64_t unit);
 // One unit of one job.

@@ -1,19 +1,27 @@
 // The kBf16 Linear kernel on AVX512_BF16: activations already rounded to bf16 (LinearMany
 // does that once per activation), bf16 weights read in place, vdpbf16ps into fp32 lanes.
 //
-// Register tiles of up to 3 activation rows x 8 weight rows (24 accumulators). Every tile
-// runs through all of K with its lanes in registers, then reduces them by the one lane tree:
-// so every element's sum has the order linear.h defines whatever the tile, the task or m.
-// The shape is measured, not derived: on the development VM (Emerald Rapids) the 3x8 tiles
-// over all of K ran the prefill GEMMs of bench/linear_bench at 1.17-1.27x the previous 4x4
-// tiles over 1024-wide K blocks, whose lanes waited in memory between blocks
-// (docs/performance.md, "Against llama.cpp").
+// Register tiles of up to 3 activation rows x 8 weight rows (24 accumulators), each lane
+// reduced by the one lane tree after K's last step: so every element's sum has the order
+// linear.h defines whatever the tile, the unit or m. (The shape was measured on an Emerald
+// Rapids VM: docs/performance.md, "Against llama.cpp".)
+//
+// The loops around the tiles (a Goto-style blocking): a unit (Bf16Unit: 32 weight rows, a part
+// of the activation rows) is cut into chunks of kChunkRows activation rows, and K into ranges
+// of kRangeK; per chunk and range, each 8-row weight slice (32 KiB, in L1) meets every 3-row
+// tile of the chunk's slice (192 KiB, in L2), the lanes of every tile waiting in a per-thread
+// buffer between ranges. Cutting K at multiples of 32 leaves each lane's chain of roundings
+// as it is. Over all of K each tile read its 8 weight rows (64 KiB at K = 4,096) from L2 and its
+// activation rows from L3 or memory, once per 8 weight rows: that fed vdpbf16ps at 0.51-0.56 of
+// its peak at K = 4,096 and 0.26 at K = 12,288 on a Zen 4 VM; the ranges give 0.80 and 0.71-0.76
+// (bench/linear_bench, docs/performance.md "The bf16 GEMM in K ranges"). A unit of 3 rows or
+// fewer (decode) runs over all of K at once: no weight slice would meet a second tile.
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/cpu/ops/avx512_lanes.h"
 #include "core/cpu/ops/linear.h"
 
@@ -86,10 +94,10 @@ constexpr const TileFn* kTiles[kRowsM] = {kRow<1, 1, 2, 3, 4, 5, 6, 7, 8>,
                                           kRow<3, 1, 2, 3, 4, 5, 6, 7, 8>};
 static_assert(kRowsN == 8, "kTiles lists NR = 1..kRowsN");
 
-int64_t Knob(const char* name, int64_t def) {
-  const char* e = getenv(name);
-  return e ? atoll(e) : def;
-}
+constexpr int64_t kRangeK = 2048;               // K per range (a multiple of 32)
+constexpr int64_t kChunkRows = kBf16ChunkRows;  // activation rows per chunk (linear.h)
+static_assert(kRangeK % 32 == 0 && kChunkRows % kRowsM == 0 && kBlockN % kRowsN == 0);
+constexpr int64_t kTileLanes = kRowsM * kRowsN * 16;  // floats of one tile's lanes
 
 }  // namespace
 
@@ -97,26 +105,25 @@ void Bf16BlockAvx512(const Bf16Job& job, const Bf16Unit& u) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols;
   const uint16_t* p = static_cast<const uint16_t*>(w.data);
-  static const int64_t range_knob = Knob("GLM_RANGEK", 2048), chunk = Knob("GLM_CHUNKM", 96),
-                       min_rows = Knob("GLM_MINROWS", 4);
-  const int64_t range = u.i1 - u.i0 >= min_rows ? range_knob : k_total;
-  const int64_t tiles_n = (u.n1 - u.n0 + kRowsN - 1) / kRowsN;
-  constexpr int64_t kLaneTile = kRowsM * kRowsN * 16;
-  thread_local std::vector<__m512> lane_buf;
-  lane_buf.resize(static_cast<size_t>((chunk + kRowsM - 1) / kRowsM * tiles_n * kLaneTile / 16));
-  float* lanes = reinterpret_cast<float*>(lane_buf.data());
-  for (int64_t c0 = u.i0; c0 < u.i1; c0 += chunk) {
-    const int64_t c1 = std::min(u.i1, c0 + chunk);
+  const int64_t range = u.i1 - u.i0 > kRowsM ? kRangeK : k_total;
+  // The lanes of every tile of a chunk: [kChunkRows / kRowsM][kBlockN / kRowsN][kTileLanes].
+  constexpr int64_t kTilesN = kBlockN / kRowsN;
+  thread_local AlignedVector<float> lane_buffer(kChunkRows / kRowsM * kTilesN * kTileLanes);
+  float* lanes = lane_buffer.data();
+  for (int64_t c0 = u.i0; c0 < u.i1; c0 += kChunkRows) {
+    const int64_t c1 = std::min(u.i1, c0 + kChunkRows);
     for (int64_t k0 = 0; k0 < k_total; k0 += range) {
       const int64_t k1 = std::min(k_total, k0 + range);
       for (int64_t n = u.n0; n < u.n1; n += kRowsN) {
         const int nr = static_cast<int>(std::min<int64_t>(kRowsN, u.n1 - n));
+        const uint16_t* wn = p + n * k_total;
+        const float* bias = job.bias != nullptr ? job.bias + n : nullptr;
         for (int64_t i = c0; i < c1; i += kRowsM) {
           const int mr = static_cast<int>(std::min<int64_t>(kRowsM, c1 - i));
-          float* l = lanes + (((i - c0) / kRowsM) * tiles_n + (n - u.n0) / kRowsN) * kLaneTile;
-          kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, p + n * k_total, k_total, k0, k1,
-                                 k0 == 0, k1 == k_total, l, job.y + i * n_rows + n, n_rows,
-                                 job.bias != nullptr ? job.bias + n : nullptr);
+          float* tile_lanes =
+              lanes + ((i - c0) / kRowsM * kTilesN + (n - u.n0) / kRowsN) * kTileLanes;
+          kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, wn, k_total, k0, k1, k0 == 0,
+                                 k1 == k_total, tile_lanes, job.y + i * n_rows + n, n_rows, bias);
         }
       }
     }

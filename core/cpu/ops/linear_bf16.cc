@@ -34,16 +34,22 @@ float DotBf16(const uint16_t* x, const uint16_t* w, int64_t k_total) {
 
 }  // namespace
 
+namespace {
+// Activation rows per part: about kBf16PartBytes of bf16 rows, a multiple of kBf16ChunkRows.
+int64_t PartRows(const Bf16Job& job) {
+  const int64_t rows = kBf16PartBytes / (2 * std::max<int64_t>(1, job.w->cols));
+  return std::max(kBf16ChunkRows, rows / kBf16ChunkRows * kBf16ChunkRows);
+}
+}  // namespace
+
 int64_t Bf16Units(const Bf16Job& job) {
   if (job.m <= 0) return 0;
-  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN;
-  const int64_t part = std::max<int64_t>(1, kBf16PartBytes / (2 * job.w->cols));
+  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN, part = PartRows(job);
   return blocks * ((job.m + part - 1) / part);
 }
 
 Bf16Unit Bf16UnitAt(const Bf16Job& job, int64_t unit) {
-  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN;
-  const int64_t part = std::max<int64_t>(1, kBf16PartBytes / (2 * job.w->cols));
+  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN, part = PartRows(job);
   const int64_t p = unit / blocks, nb = unit % blocks;
   return {p * part, std::min(job.m, (p + 1) * part), nb * kBlockN,
           std::min(job.w->rows, (nb + 1) * kBlockN)};

@@ -65,6 +65,49 @@ TEST(LinearBf16, MatchesFloat64ReferenceOfRoundedActivationsOnAwkwardShapes) {
   }
 }
 
+// Prefill-sized shapes, past what the awkward shapes reach: K in several of the kernel's
+// 2,048-wide ranges with a tail, more rows than one 96-row chunk, and an activation over
+// kBf16PartBytes, so its rows are cut into parts (the second shape: three). Each element is one
+// lane chain over all of K whatever the cut, so the kernel still gives the emulation's bits.
+TEST(LinearBf16, PrefillShapesAcrossRangesChunksAndPartsBitForBit) {
+  const Shape shapes[] = {{200, 40, 4133}, {600, 41, 12300}};
+  uint32_t seed = 71;
+  for (const Shape& s : shapes) {
+    const std::vector<float> x = RandomVector(s.m * s.k, seed++);
+    const std::vector<uint16_t> wb = ToBf16(RandomVector(s.n * s.k, seed++, 0.05f));
+    const Matrix w{DType::kBF16, s.n, s.k, wb.data()};
+    const std::vector<float> bias = RandomVector(s.n, seed++);
+    std::vector<float> y(s.m * s.n, NAN), g(s.m * s.n, NAN);
+    Linear(x.data(), s.m, w, bias.data(), y.data(), CpuMath::kBf16);
+    {
+      ForceGeneric generic;
+      Linear(x.data(), s.m, w, bias.data(), g.data(), CpuMath::kBf16);
+    }
+    const std::vector<float> ref =
+        testing::Bf16ActivationReference(x, s.m, wb, s.n, s.k, bias.data());
+    EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " k=" << s.k;
+    for (int64_t i = 0; i < s.m * s.n; ++i) {
+      ASSERT_EQ(y[i], g[i]) << "m=" << s.m << " k=" << s.k << " element " << i;
+    }
+    // A row alone (over all of K at once) and in a call of 5 (in ranges): the same bits.
+    for (int64_t row : {int64_t{0}, s.m / 2, s.m - 5}) {
+      for (int64_t count : {1, 5}) {
+        std::vector<float> part(count * s.n);
+        Linear(x.data() + row * s.k, count, w, bias.data(), part.data(), CpuMath::kBf16);
+        for (int64_t i = 0; i < count * s.n; ++i) {
+          ASSERT_EQ(part[i], y[row * s.n + i]) << "row " << row << " count " << count;
+        }
+      }
+    }
+  }
+  // The second shape's activation is cut into parts: its units are more than its blocks.
+  const Matrix w{DType::kBF16, 41, 12300, nullptr};
+  const internal::Bf16Job job{nullptr, 600, &w, nullptr, nullptr};
+  EXPECT_EQ(internal::Bf16Units(job), 2 * 3);
+  EXPECT_EQ(internal::Bf16UnitAt(job, 5).i0, 2 * 288);
+  EXPECT_EQ(internal::Bf16UnitAt(job, 5).i1, 600);
+}
+
 TEST(LinearBf16, ActivationsAreRoundedToNearestEven) {
   // K = 1, W = [1]: y is round_bf16(x) exactly. 1 + 2^-8 is halfway between 1 and 1 + 2^-7
   // (bf16 keeps 7 fraction bits): ties go to the even neighbour, 1; 1 + 3 * 2^-8 is halfway
