@@ -9,7 +9,7 @@
 // The loops around the tiles (a Goto-style blocking): a unit (Bf16Unit: 32 weight rows, a part
 // of the activation rows) is cut into chunks of kChunkRows activation rows, and K into ranges
 // of kRangeK; per chunk and range, each 8-row weight slice (32 KiB, in L1) meets every 3-row
-// tile of the chunk's slice (192 KiB, in L2), the lanes of every tile waiting in a per-thread
+// tile of the chunk's slice (384 KiB, in L2), the lanes of every tile waiting in a per-thread
 // buffer between ranges. Cutting K at multiples of 32 leaves each lane's chain of roundings
 // as it is. Over all of K each tile read its 8 weight rows (64 KiB at K = 4,096) from L2 and its
 // activation rows from L3 or memory, once per 8 weight rows: that fed vdpbf16ps at 0.51-0.56 of
