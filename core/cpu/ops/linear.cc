@@ -207,7 +207,29 @@ struct Task {
   Int8Job int8;
   int64_t rows() const { return exact.w->rows; }
   int64_t m() const { return exact.m; }
+  int64_t blocks() const { return (rows() + kBlockN - 1) / kBlockN; }
+  // kBf16 and exact: activation rows per unit (linear.h, kPartBytes).
+  int64_t part_rows() const {
+    return ActivationPartRows(exact.w->cols * (bf16.xb != nullptr ? 2 : 4));
+  }
+  // Parallel units: kBf16Amx cuts its jobs its own way (AmxUnits), int8 into kBlockN output
+  // rows, kBf16 and exact into kBlockN output rows by parts of the activation rows.
+  int64_t units() const {
+    if (m() <= 0) return 0;
+    if (amx.xp != nullptr) return AmxUnits(amx);
+    if (int8.x != nullptr) return blocks();
+    return blocks() * ((m() + part_rows() - 1) / part_rows());
+  }
 };
+
+}  // namespace
+
+int64_t ActivationPartRows(int64_t row_bytes) {
+  const int64_t rows = kPartBytes / std::max<int64_t>(1, row_bytes);
+  return std::max(kBf16ChunkRows, rows / kBf16ChunkRows * kBf16ChunkRows);
+}
+
+namespace {
 
 using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
 
@@ -226,13 +248,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
   for (size_t j = 0; j < tasks.size(); ++j) {
-    // kBf16Amx and kBf16 cut their jobs their own ways (AmxUnits, Bf16Units); the others into
-    // kBlockN output rows.
-    const int64_t units = tasks[j].amx.xp != nullptr    ? AmxUnits(tasks[j].amx)
-                          : tasks[j].bf16.xb != nullptr ? Bf16Units(tasks[j].bf16)
-                          : tasks[j].m() > 0            ? (tasks[j].rows() + kBlockN - 1) / kBlockN
-                                                        : 0;
-    starts[j + 1] = starts[j] + units;
+    starts[j + 1] = starts[j] + tasks[j].units();
   }
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
   const bool amx_int8_model = Int8AmxTileModelForced();
@@ -267,10 +283,19 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         }
         use_tiles(Tiles::kBf16);
         AmxUnitHardware(tasks[j].amx, b - starts[j]);
-      } else if (tasks[j].bf16.xb != nullptr) {
-        bf16_fn(tasks[j].bf16, Bf16UnitAt(tasks[j].bf16, b - starts[j]));
       } else {
-        exact_fn(tasks[j].exact, b - starts[j], &panel);
+        // kBf16 or exact: the unit's part of the activation rows is a job of its own.
+        const int64_t unit = b - starts[j], blocks = tasks[j].blocks();
+        const int64_t i0 = unit / blocks * tasks[j].part_rows(), nb = unit % blocks;
+        const int64_t rows = std::min(tasks[j].m() - i0, tasks[j].part_rows());
+        const int64_t k = tasks[j].exact.w->cols, n = tasks[j].rows();
+        if (tasks[j].bf16.xb != nullptr) {
+          const Bf16Job& job = tasks[j].bf16;
+          bf16_fn({job.xb + i0 * k, rows, job.w, job.bias, job.y + i0 * n}, nb);
+        } else {
+          const LinearJob& job = tasks[j].exact;
+          exact_fn({job.x + i0 * k, rows, job.w, job.bias, job.y + i0 * n}, nb, &panel);
+        }
       }
     }
     // Released tiles are not saved at a context switch, and other code on this pool thread

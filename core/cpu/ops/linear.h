@@ -111,23 +111,20 @@ struct Bf16Job {
   const float* bias = nullptr;
   float* y = nullptr;
 };
-// A unit of a kBf16 job's work: output rows [n0, n1) (one kBlockN block) of activation rows
-// [i0, i1). A prefill's activation is cut into row parts of about kBf16PartBytes, and the units
-// run part by part (units are handed out in order): so while the threads take the blocks of one
-// part, that part stays in L3, where the whole activation (48 MiB at 2,048 tokens and K =
-// 12,288) would stream from memory once per block. Each output is one unit's, whole: how rows
-// are cut cannot change a bit.
-struct Bf16Unit {
-  int64_t i0, i1, n0, n1;
-};
-inline constexpr int64_t kBf16PartBytes = int64_t{8} << 20;
-// Parts are whole chunks of the AVX512_BF16 kernel (linear_avx512bf16.cc).
+// Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job.
+void Bf16BlockGeneric(const Bf16Job& job, int64_t nb);
+void Bf16BlockAvx512(const Bf16Job& job, int64_t nb);
+// The AVX512_BF16 kernel's chunk of activation rows (linear_avx512bf16.cc).
 inline constexpr int64_t kBf16ChunkRows = 96;
-int64_t Bf16Units(const Bf16Job& job);
-Bf16Unit Bf16UnitAt(const Bf16Job& job, int64_t unit);
-// One unit of one job.
-void Bf16BlockGeneric(const Bf16Job& job, const Bf16Unit& u);
-void Bf16BlockAvx512(const Bf16Job& job, const Bf16Unit& u);
+// kBf16 and exact jobs run in units of kBlockN output rows by a part of the activation rows:
+// a prefill's activation is cut into parts of about kPartBytes, and the units run part by part
+// (units are handed out in order), so while the threads take the blocks of one part, that part
+// stays in L3, where the whole activation (48 MiB of bf16 at 2,048 tokens and K = 12,288) would
+// stream from memory once per block. Each output is one unit's, whole: how rows are cut cannot
+// change a bit. Parts are whole chunks of the bf16 kernel (and so whole 3- and 4-row tiles).
+inline constexpr int64_t kPartBytes = int64_t{8} << 20;
+// Activation rows per part for activation rows of row_bytes each.
+int64_t ActivationPartRows(int64_t row_bytes);
 // Rounds n floats to bf16 (FloatToBf16: round to nearest even).
 void RoundToBf16(const float* x, int64_t n, uint16_t* out);
 // Widens rows [row_begin, row_begin + rows) x columns [k_begin, k_begin + k_len) of w to

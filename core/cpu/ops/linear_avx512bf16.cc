@@ -6,10 +6,10 @@
 // linear.h defines whatever the tile, the unit or m. (The shape was measured on an Emerald
 // Rapids VM: docs/performance.md, "Against llama.cpp".)
 //
-// The loops around the tiles (a Goto-style blocking): a unit (Bf16Unit: 32 weight rows, a part
-// of the activation rows) is cut into chunks of kChunkRows activation rows, and K into ranges
-// of kRangeK; per chunk and range, each 8-row weight slice (32 KiB, in L1) meets every 3-row
-// tile of the chunk's slice (384 KiB, in L2), the lanes of every tile waiting in a per-thread
+// The loops around the tiles (a Goto-style blocking): a unit (32 weight rows by a part of the
+// activation rows: linear.h, kPartBytes) is cut into chunks of kChunkRows activation rows, and K
+// into ranges of kRangeK; per chunk and range, each 8-row weight slice (32 KiB, in L1) meets every
+// 3-row tile of the chunk's slice (384 KiB, in L2), the lanes of every tile waiting in a per-thread
 // buffer between ranges. Cutting K at multiples of 32 leaves each lane's chain of roundings
 // as it is. Over all of K each tile read its 8 weight rows (64 KiB at K = 4,096) from L2 and its
 // activation rows from L3 or memory, once per 8 weight rows: that fed vdpbf16ps at 0.51-0.56 of
@@ -101,27 +101,28 @@ constexpr int64_t kTileLanes = kRowsM * kRowsN * 16;  // floats of one tile's la
 
 }  // namespace
 
-void Bf16BlockAvx512(const Bf16Job& job, const Bf16Unit& u) {
+void Bf16BlockAvx512(const Bf16Job& job, int64_t nb) {
   const Matrix& w = *job.w;
-  const int64_t n_rows = w.rows, k_total = w.cols;
+  const int64_t n_rows = w.rows, k_total = w.cols, m = job.m;
+  const int64_t n0 = nb * kBlockN, n1 = std::min(n_rows, n0 + kBlockN);
   const uint16_t* p = static_cast<const uint16_t*>(w.data);
-  const int64_t range = u.i1 - u.i0 > kRowsM ? kRangeK : k_total;
+  const int64_t range = m > kRowsM ? kRangeK : k_total;
   // The lanes of every tile of a chunk: [kChunkRows / kRowsM][kBlockN / kRowsN][kTileLanes].
   constexpr int64_t kTilesN = kBlockN / kRowsN;
   thread_local AlignedVector<float> lane_buffer(kChunkRows / kRowsM * kTilesN * kTileLanes);
   float* lanes = lane_buffer.data();
-  for (int64_t c0 = u.i0; c0 < u.i1; c0 += kChunkRows) {
-    const int64_t c1 = std::min(u.i1, c0 + kChunkRows);
+  for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
+    const int64_t c1 = std::min(m, c0 + kChunkRows);
     for (int64_t k0 = 0; k0 < k_total; k0 += range) {
       const int64_t k1 = std::min(k_total, k0 + range);
-      for (int64_t n = u.n0; n < u.n1; n += kRowsN) {
-        const int nr = static_cast<int>(std::min<int64_t>(kRowsN, u.n1 - n));
+      for (int64_t n = n0; n < n1; n += kRowsN) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRowsN, n1 - n));
         const uint16_t* wn = p + n * k_total;
         const float* bias = job.bias != nullptr ? job.bias + n : nullptr;
         for (int64_t i = c0; i < c1; i += kRowsM) {
           const int mr = static_cast<int>(std::min<int64_t>(kRowsM, c1 - i));
           float* tile_lanes =
-              lanes + ((i - c0) / kRowsM * kTilesN + (n - u.n0) / kRowsN) * kTileLanes;
+              lanes + ((i - c0) / kRowsM * kTilesN + (n - n0) / kRowsN) * kTileLanes;
           kTiles[mr - 1][nr - 1](job.xb + i * k_total, k_total, wn, k_total, k0, k1, k0 == 0,
                                  k1 == k_total, tile_lanes, job.y + i * n_rows + n, n_rows, bias);
         }

@@ -34,32 +34,12 @@ float DotBf16(const uint16_t* x, const uint16_t* w, int64_t k_total) {
 
 }  // namespace
 
-namespace {
-// Activation rows per part: about kBf16PartBytes of bf16 rows, a multiple of kBf16ChunkRows.
-int64_t PartRows(const Bf16Job& job) {
-  const int64_t rows = kBf16PartBytes / (2 * std::max<int64_t>(1, job.w->cols));
-  return std::max(kBf16ChunkRows, rows / kBf16ChunkRows * kBf16ChunkRows);
-}
-}  // namespace
-
-int64_t Bf16Units(const Bf16Job& job) {
-  if (job.m <= 0) return 0;
-  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN, part = PartRows(job);
-  return blocks * ((job.m + part - 1) / part);
-}
-
-Bf16Unit Bf16UnitAt(const Bf16Job& job, int64_t unit) {
-  const int64_t blocks = (job.w->rows + kBlockN - 1) / kBlockN, part = PartRows(job);
-  const int64_t p = unit / blocks, nb = unit % blocks;
-  return {p * part, std::min(job.m, (p + 1) * part), nb * kBlockN,
-          std::min(job.w->rows, (nb + 1) * kBlockN)};
-}
-
-void Bf16BlockGeneric(const Bf16Job& job, const Bf16Unit& u) {
+void Bf16BlockGeneric(const Bf16Job& job, int64_t nb) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols;
-  for (int64_t i = u.i0; i < u.i1; ++i) {
-    for (int64_t n = u.n0; n < u.n1; ++n) {
+  const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
+  for (int64_t i = 0; i < job.m; ++i) {
+    for (int64_t n = n0; n < n0 + nn; ++n) {
       const uint16_t* x = job.xb + i * k_total;
       float v = DotBf16(x, static_cast<const uint16_t*>(w.data) + n * k_total, k_total);
       if (job.bias != nullptr) v += job.bias[n];

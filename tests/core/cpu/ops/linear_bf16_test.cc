@@ -100,12 +100,11 @@ TEST(LinearBf16, PrefillShapesAcrossRangesChunksAndPartsBitForBit) {
       }
     }
   }
-  // The second shape's activation is cut into parts: its units are more than its blocks.
-  const Matrix w{DType::kBF16, 41, 12300, nullptr};
-  const internal::Bf16Job job{nullptr, 600, &w, nullptr, nullptr};
-  EXPECT_EQ(internal::Bf16Units(job), 2 * 3);
-  EXPECT_EQ(internal::Bf16UnitAt(job, 5).i0, 2 * 288);
-  EXPECT_EQ(internal::Bf16UnitAt(job, 5).i1, 600);
+  // The second shape's activation (bf16 rows of 12,300) is cut into parts of 288 rows: 3.
+  EXPECT_EQ(internal::ActivationPartRows(2 * 12300), 288);
+  // Parts are whole 96-row chunks, at least one.
+  EXPECT_EQ(internal::ActivationPartRows(2 * 4096), 960);
+  EXPECT_EQ(internal::ActivationPartRows(int64_t{1} << 30), internal::kBf16ChunkRows);
 }
 
 TEST(LinearBf16, ActivationsAreRoundedToNearestEven) {

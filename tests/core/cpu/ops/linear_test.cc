@@ -122,6 +122,26 @@ TEST_P(LinearTest, RowResultIndependentOfBatchAcrossKernelPaths) {
   }
 }
 
+// A prefill-sized activation (fp32 rows of 4,200: 16.4 MB) runs in parts of 480 rows
+// (linear.h, kPartBytes): every row is written, and each row's bits are what it gets alone,
+// on either side of each cut.
+TEST_P(LinearTest, ActivationCutIntoPartsGivesEachRowItsBits) {
+  const DType dtype = GetParam();
+  const int64_t n = 40, k = 4200, m = 1000;
+  ASSERT_EQ(internal::ActivationPartRows(4 * k), 480);
+  std::vector<float> x = RandomVector(m * k, 27);
+  StoredMatrix w = Store(RandomVector(n * k, 28, 0.05f), n, k, dtype);
+  const std::vector<float> bias = RandomVector(n, 29);
+  std::vector<float> all(m * n, NAN);  // poisoned: unwritten elements show
+  Linear(x.data(), m, w.view, bias.data(), all.data());
+  EXPECT_LT(RelativeError(all, Reference(x, m, w, &bias)), 1e-5);
+  for (int64_t row : {0, 479, 480, 959, 960, 999}) {
+    std::vector<float> alone(n);
+    Linear(x.data() + row * k, 1, w.view, bias.data(), alone.data());
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], all[row * n + j]) << "row " << row;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, LinearTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
