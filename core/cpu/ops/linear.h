@@ -121,7 +121,8 @@ inline constexpr int64_t kBf16ChunkRows = 96;
 // (units are handed out in order), so while the threads take the blocks of one part, that part
 // stays in L3, where the whole activation (48 MiB of bf16 at 2,048 tokens and K = 12,288) would
 // stream from memory once per block. Each output is one unit's, whole: how rows are cut cannot
-// change a bit. Parts are whole chunks of the bf16 kernel (and so whole 3- and 4-row tiles).
+// change a bit. Parts are whole chunks of the bf16 kernel (and so whole 3-, 4- and 6-row
+// tiles).
 inline constexpr int64_t kPartBytes = int64_t{8} << 20;
 // Activation rows per part for activation rows of row_bytes each.
 int64_t ActivationPartRows(int64_t row_bytes);
