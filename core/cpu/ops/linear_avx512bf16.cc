@@ -14,7 +14,7 @@
 // as it is. Over all of K each tile read its 8 weight rows (64 KiB at K = 4,096) from L2 and its
 // activation rows from L3 or memory, once per 8 weight rows: that fed vdpbf16ps at 0.51-0.56 of
 // its peak at K = 4,096 and 0.26 at K = 12,288 on a Zen 4 VM; the ranges give 0.80 and 0.71-0.76
-// (bench/linear_bench, docs/performance.md "The bf16 GEMM in K ranges"). A unit of 3 rows or
+// (bench/linear_bench, docs/performance.md "Prefill GEMMs in L1, L2 and L3"). A unit of 3 rows or
 // fewer (decode) runs over all of K at once: no weight slice would meet a second tile.
 #include <immintrin.h>
 
