@@ -7,7 +7,6 @@
 
 #if defined(GLM_HAVE_CUDNN)
 #include <cudnn_graph.h>
-#include <cudnn_version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,15 +14,14 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <random>
 #include <vector>
 
 #include "absl/memory/memory.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cudnn_attention_plan.h"
+#include "core/cuda/cudnn_backend.h"
 #include "core/cuda/device_memory.h"
-#include "core/cuda/shared_library.h"
 #endif
 
 namespace glmserve::cuda {
@@ -74,155 +72,14 @@ absl::Status CudnnAttention::SelfCheckForTest(int64_t) {
 
 namespace {
 
-// ---- the library, loaded once --------------------------------------------------------------
-
-struct CudnnApi {
-  decltype(&cudnnGetVersion) get_version;
-  decltype(&cudnnGetErrorString) error_string;
-  decltype(&cudnnGetLastErrorString) last_error;  // may be null
-  decltype(&cudnnCreate) create;
-  decltype(&cudnnDestroy) destroy;
-  decltype(&cudnnSetStream) set_stream;
-  decltype(&cudnnBackendCreateDescriptor) create_desc;
-  decltype(&cudnnBackendDestroyDescriptor) destroy_desc;
-  decltype(&cudnnBackendFinalize) finalize;
-  decltype(&cudnnBackendSetAttribute) set_attr;
-  decltype(&cudnnBackendGetAttribute) get_attr;
-  decltype(&cudnnBackendExecute) execute;
-};
-
-CudnnApi api;
-absl::Status load_status = absl::UnknownError("not loaded");
-std::once_flag once;
-
-// Paged cache loads with ragged Q/O and a bottom-right causal mask need 9.7; up to 9.9 decode
-// steps (one query row) with a causal mask and paged head_dim > 128 are refused, and bf16 SDPA
-// has known bugs in 9.10.0 and 9.10.1 (cudnn_frontend's support checks): 9.10.2 and newer.
-constexpr size_t kMinCudnnVersion = 91002;
-
-void Load() {
-  const std::string soname = absl::StrCat("libcudnn.so.", CUDNN_MAJOR);
-  // The loader's search path (LD_LIBRARY_PATH: a pip nvidia-cudnn package's lib directory, say),
-  // then GLMSERVE_CUDNN_PATH (a directory), then the toolkit's lib directories (cuDNN installed
-  // into the toolkit, as the NVIDIA images do).
-  absl::StatusOr<void*> opened = OpenCudaLibrary(soname, GLM_CUDA_LIBRARY_DIR, "cuDNN");
-  if (!opened.ok()) {
-    std::vector<std::string> dirs;
-    if (const char* dir = std::getenv("GLMSERVE_CUDNN_PATH"); dir != nullptr && dir[0] != '\0') {
-      dirs.push_back(dir);
-    }
-    dirs.push_back(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/../lib"));
-    dirs.push_back(absl::StrCat(GLM_CUDA_LIBRARY_DIR, "/../lib64"));
-    for (const std::string& dir : dirs) {
-      absl::StatusOr<void*> again = OpenCudaLibrary(soname, dir.c_str(), "cuDNN");
-      if (again.ok()) {
-        opened = again;
-        break;
-      }
-    }
-  }
-  if (!opened.ok()) {
-    load_status = opened.status();
-    return;
-  }
-  void* library = *opened;
-  Resolve(library, "cudnnGetLastErrorString", &api.last_error);  // optional
-  const bool ok = Resolve(library, "cudnnGetVersion", &api.get_version) &&
-                  Resolve(library, "cudnnGetErrorString", &api.error_string) &&
-                  Resolve(library, "cudnnCreate", &api.create) &&
-                  Resolve(library, "cudnnDestroy", &api.destroy) &&
-                  Resolve(library, "cudnnSetStream", &api.set_stream) &&
-                  Resolve(library, "cudnnBackendCreateDescriptor", &api.create_desc) &&
-                  Resolve(library, "cudnnBackendDestroyDescriptor", &api.destroy_desc) &&
-                  Resolve(library, "cudnnBackendFinalize", &api.finalize) &&
-                  Resolve(library, "cudnnBackendSetAttribute", &api.set_attr) &&
-                  Resolve(library, "cudnnBackendGetAttribute", &api.get_attr) &&
-                  Resolve(library, "cudnnBackendExecute", &api.execute);
-  if (!ok) {
-    load_status =
-        absl::FailedPreconditionError(absl::StrCat(soname, " lacks a function this build needs"));
-    return;
-  }
-  const size_t version = api.get_version();
-  if (version < kMinCudnnVersion) {
-    load_status = absl::FailedPreconditionError(
-        absl::StrCat("cuDNN ", version,
-                     " is older than 9.10.2 (paged K/V with ragged Q, a bottom-right causal "
-                     "mask in decode steps, no known bf16 SDPA bugs)"));
-    return;
-  }
-  load_status = absl::OkStatus();
-}
-
-absl::Status LoadCudnn() {
-  std::call_once(once, Load);
-  return load_status;
-}
-
-std::string VersionText() {
-  const size_t v = api.get_version();
-  return absl::StrCat(v / 10000, ".", (v / 100) % 100, ".", v % 100);
-}
-
-absl::Status CudnnError(cudnnStatus_t s, const char* what) {
-  std::string text = absl::StrCat("cuDNN ", what, ": ", api.error_string(s));
-  if (api.last_error != nullptr) {
-    char message[512] = {0};
-    api.last_error(message, sizeof(message));
-    if (message[0] != '\0') absl::StrAppend(&text, " (", message, ")");
-  }
-  return absl::FailedPreconditionError(text);
-}
-
-#define GLM_CUDNN_TRY(call, what)                    \
-  do {                                               \
-    const cudnnStatus_t glm_cudnn_status_ = (call);  \
-    if (glm_cudnn_status_ != CUDNN_STATUS_SUCCESS) { \
-      return CudnnError(glm_cudnn_status_, what);    \
-    }                                                \
-  } while (false)
-
-// One backend descriptor, destroyed with its owner.
-class Desc {
- public:
-  Desc() = default;
-  Desc(Desc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
-  Desc& operator=(Desc&& o) noexcept {
-    std::swap(d_, o.d_);
-    return *this;
-  }
-  ~Desc() {
-    if (d_ != nullptr) api.destroy_desc(d_);
-  }
-  static absl::StatusOr<Desc> Make(cudnnBackendDescriptorType_t type) {
-    Desc d;
-    GLM_CUDNN_TRY(api.create_desc(type, &d.d_), "create descriptor");
-    return d;
-  }
-  cudnnBackendDescriptor_t get() const { return d_; }
-
- private:
-  cudnnBackendDescriptor_t d_ = nullptr;
-};
-
-absl::Status Set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                 cudnnBackendAttributeType_t type, int64_t count, const void* value,
-                 const char* what) {
-  GLM_CUDNN_TRY(api.set_attr(d, name, type, count, value), what);
-  return absl::OkStatus();
-}
-absl::Status SetDesc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                     cudnnBackendDescriptor_t value, const char* what) {
-  return Set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, what);
-}
-absl::Status SetInt(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, int64_t value,
-                    const char* what) {
-  return Set(d, name, CUDNN_TYPE_INT64, 1, &value, what);
-}
-absl::Status SetType(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                     cudnnDataType_t value, const char* what) {
-  return Set(d, name, CUDNN_TYPE_DATA_TYPE, 1, &value, what);
-}
+using cudnn::Api;
+using cudnn::CudnnError;
+using cudnn::Desc;
+using cudnn::Dims;
+using cudnn::GraphBuilder;
+using cudnn::LoadCudnn;
+using cudnn::Set;
+using cudnn::VersionText;
 
 // The non-virtual tensors' ids, the variant pack's keys.
 enum Uid : int64_t {
@@ -238,218 +95,8 @@ enum Uid : int64_t {
   kRaggedO,
   kScale,
   kNegInf,
-  kFirstVirtual = 100,
 };
-
-using Dims = std::vector<int64_t>;
-
-// Builds one SDPA operation graph; owns every descriptor it made.
-class GraphBuilder {
- public:
-  absl::StatusOr<cudnnBackendDescriptor_t> Tensor(int64_t uid, cudnnDataType_t type,
-                                                  const Dims& dims, const Dims& strides,
-                                                  bool is_virtual, bool by_value = false,
-                                                  cudnnBackendDescriptor_t ragged = nullptr) {
-    ASSIGN_OR_RETURN(Desc t, Desc::Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR));
-    const cudnnBackendDescriptor_t d = t.get();
-    RETURN_IF_ERROR(SetType(d, CUDNN_ATTR_TENSOR_DATA_TYPE, type, "tensor type"));
-    RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64,
-                        static_cast<int64_t>(dims.size()), dims.data(), "tensor dims"));
-    RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64,
-                        static_cast<int64_t>(strides.size()), strides.data(), "tensor strides"));
-    RETURN_IF_ERROR(SetInt(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, uid, "tensor uid"));
-    RETURN_IF_ERROR(SetInt(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16, "tensor alignment"));
-    const bool v = is_virtual;
-    RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, "virtual"));
-    if (by_value) {
-      const bool b = true;
-      RETURN_IF_ERROR(Set(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &b, "by value"));
-    }
-    if (ragged != nullptr) {
-      RETURN_IF_ERROR(SetDesc(d, CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, ragged, "ragged offset"));
-    }
-    GLM_CUDNN_TRY(api.finalize(d), "finalize tensor");
-    keep_.push_back(std::move(t));
-    return d;
-  }
-  absl::StatusOr<cudnnBackendDescriptor_t> Virtual(cudnnDataType_t type, const Dims& dims,
-                                                   const Dims& strides) {
-    return Tensor(next_virtual_++, type, dims, strides, /*is_virtual=*/true);
-  }
-  // A scalar passed by value at execution time.
-  absl::StatusOr<cudnnBackendDescriptor_t> Scalar(int64_t uid, cudnnDataType_t type) {
-    return Tensor(uid, type, {1, 1, 1, 1}, {1, 1, 1, 1}, false, /*by_value=*/true);
-  }
-
-  // y = mode(x[, b][, t]); axis >= 0 sets the pointwise axis (GEN_INDEX).
-  absl::Status Pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t compute,
-                         cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                         cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
-                         int64_t axis = -1) {
-    ASSIGN_OR_RETURN(Desc pw, Desc::Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR));
-    RETURN_IF_ERROR(Set(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode,
-                        "pointwise mode"));
-    RETURN_IF_ERROR(SetType(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, compute, "pointwise prec"));
-    if (axis >= 0) RETURN_IF_ERROR(SetInt(pw.get(), CUDNN_ATTR_POINTWISE_AXIS, axis, "axis"));
-    GLM_CUDNN_TRY(api.finalize(pw.get()), "finalize pointwise");
-    ASSIGN_OR_RETURN(Desc op, Desc::Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR));
-    RETURN_IF_ERROR(
-        SetDesc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw.get(), "pw desc"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pw x"));
-    if (b != nullptr) {
-      RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pw b"));
-    }
-    if (t != nullptr) {
-      RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pw t"));
-    }
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pw y"));
-    GLM_CUDNN_TRY(api.finalize(op.get()), "finalize pointwise operation");
-    keep_.push_back(std::move(pw));
-    ops_.push_back(std::move(op));
-    return absl::OkStatus();
-  }
-
-  absl::Status Reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
-                         cudnnBackendDescriptor_t y) {
-    ASSIGN_OR_RETURN(Desc r, Desc::Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR));
-    RETURN_IF_ERROR(Set(r.get(), CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
-                        1, &mode, "reduction mode"));
-    RETURN_IF_ERROR(SetType(r.get(), CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT, "red type"));
-    GLM_CUDNN_TRY(api.finalize(r.get()), "finalize reduction");
-    ASSIGN_OR_RETURN(Desc op, Desc::Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_DESC, r.get(), "red desc"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "red x"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "red y"));
-    GLM_CUDNN_TRY(api.finalize(op.get()), "finalize reduction operation");
-    keep_.push_back(std::move(r));
-    ops_.push_back(std::move(op));
-    return absl::OkStatus();
-  }
-
-  // c = a b, with the GEMM's M / N / K overridden per batch entry by the length tensors given.
-  absl::Status Matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
-                      cudnnBackendDescriptor_t c, cudnnBackendDescriptor_t m_override,
-                      cudnnBackendDescriptor_t n_override, cudnnBackendDescriptor_t k_override,
-                      bool padded) {
-    ASSIGN_OR_RETURN(Desc mm, Desc::Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR));
-    RETURN_IF_ERROR(SetType(mm.get(), CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT, "mm type"));
-    if (padded) {
-      const double zero = 0.0;
-      RETURN_IF_ERROR(
-          Set(mm.get(), CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 1, &zero, "padding"));
-    }
-    GLM_CUDNN_TRY(api.finalize(mm.get()), "finalize matmul");
-    ASSIGN_OR_RETURN(Desc op, Desc::Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_DESC, mm.get(), "mm desc"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "mm a"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "mm b"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "mm c"));
-    if (m_override != nullptr) {
-      RETURN_IF_ERROR(
-          SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, m_override, "m"));
-    }
-    if (n_override != nullptr) {
-      RETURN_IF_ERROR(
-          SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, n_override, "n"));
-    }
-    if (k_override != nullptr) {
-      RETURN_IF_ERROR(
-          SetDesc(op.get(), CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, k_override, "k"));
-    }
-    GLM_CUDNN_TRY(api.finalize(op.get()), "finalize matmul operation");
-    keep_.push_back(std::move(mm));
-    ops_.push_back(std::move(op));
-    return absl::OkStatus();
-  }
-
-  absl::Status PagedLoad(cudnnBackendDescriptor_t container, cudnnBackendDescriptor_t page_table,
-                         cudnnBackendDescriptor_t seq_len, cudnnBackendDescriptor_t y) {
-    ASSIGN_OR_RETURN(Desc op, Desc::Make(CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC,
-                            container, "paged container"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC,
-                            page_table, "page table"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, seq_len,
-                            "paged seq len"));
-    RETURN_IF_ERROR(SetDesc(op.get(), CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC, y, "paged y"));
-    GLM_CUDNN_TRY(api.finalize(op.get()), "finalize paged cache load");
-    ops_.push_back(std::move(op));
-    return absl::OkStatus();
-  }
-
-  // The operation graph over every operation added, then the first engine configuration of
-  // heuristics mode A whose execution plan finalizes.
-  absl::Status Finish(cudnnHandle_t handle) {
-    ASSIGN_OR_RETURN(graph_, Desc::Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
-    std::vector<cudnnBackendDescriptor_t> ops;
-    for (const Desc& op : ops_) ops.push_back(op.get());
-    RETURN_IF_ERROR(Set(graph_.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                        static_cast<int64_t>(ops.size()), ops.data(), "graph ops"));
-    RETURN_IF_ERROR(Set(graph_.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                        &handle, "graph handle"));
-    GLM_CUDNN_TRY(api.finalize(graph_.get()), "finalize operation graph");
-
-    ASSIGN_OR_RETURN(Desc heur, Desc::Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR));
-    RETURN_IF_ERROR(
-        SetDesc(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph_.get(), "heur graph"));
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    RETURN_IF_ERROR(
-        Set(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heur mode"));
-    GLM_CUDNN_TRY(api.finalize(heur.get()), "finalize heuristics (no engine for this graph)");
-    constexpr int kMaxConfigs = 8;
-    std::vector<Desc> configs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int i = 0; i < kMaxConfigs; ++i) {
-      ASSIGN_OR_RETURN(Desc c, Desc::Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(c.get());
-      configs.push_back(std::move(c));
-    }
-    int64_t count = 0;
-    GLM_CUDNN_TRY(api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &count, raw.data()),
-                  "heuristics results");
-    if (count <= 0) {
-      return absl::FailedPreconditionError("cuDNN heuristics found no engine for the SDPA graph");
-    }
-    absl::Status last = absl::OkStatus();
-    for (int64_t i = 0; i < std::min<int64_t>(count, kMaxConfigs); ++i) {
-      absl::StatusOr<Desc> plan = Desc::Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      if (!plan.ok()) return plan.status();
-      last = Set(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
-                 "plan handle");
-      if (last.ok()) {
-        last = SetDesc(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i], "plan cfg");
-      }
-      if (last.ok()) {
-        const cudnnStatus_t s = api.finalize(plan->get());
-        last =
-            s == CUDNN_STATUS_SUCCESS ? absl::OkStatus() : CudnnError(s, "finalize execution plan");
-      }
-      if (!last.ok()) continue;
-      int64_t workspace = 0, got = 0;
-      GLM_CUDNN_TRY(api.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                 CUDNN_TYPE_INT64, 1, &got, &workspace),
-                    "workspace size");
-      plan_ = *std::move(plan);
-      workspace_ = workspace;
-      configs_ = std::move(configs);
-      return absl::OkStatus();
-    }
-    return last;
-  }
-
-  cudnnBackendDescriptor_t plan() const { return plan_.get(); }
-  int64_t workspace() const { return workspace_; }
-
- private:
-  std::vector<Desc> keep_;  // tensors, pointwise / reduction / matmul descriptors
-  std::vector<Desc> ops_;
-  Desc graph_;
-  std::vector<Desc> configs_;
-  Desc plan_;
-  int64_t workspace_ = 0;
-  int64_t next_virtual_ = kFirstVirtual;
-};
+static_assert(kNegInf < cudnn::kFirstVirtualUid, "the graph's own ids lie below the virtual ones");
 
 // Every shape fact a plan depends on besides the bucketed key.
 struct GraphShape {
@@ -579,7 +226,7 @@ struct CudnnAttention::Impl {
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     plans.clear();
-    if (handle != nullptr) api.destroy(handle);
+    if (handle != nullptr) Api().destroy(handle);
   }
 };
 
@@ -604,8 +251,8 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(const Att
   m.stream = stream;
   m.shape = shape;
   m.version = VersionText();
-  GLM_CUDNN_TRY(api.create(&m.handle), "create handle");
-  GLM_CUDNN_TRY(api.set_stream(m.handle, stream), "set stream");
+  GLM_CUDNN_TRY(Api().create(&m.handle), "create handle");
+  GLM_CUDNN_TRY(Api().set_stream(m.handle, stream), "set stream");
   ASSIGN_OR_RETURN(m.meta_copied, CreateEvent(/*timing=*/false));
   return self;
 }
@@ -831,8 +478,8 @@ absl::StatusOr<bool> CudnnAttention::Enqueue(const StepPlan& plan, const float* 
   const int32_t* pages = meta + m.batch.page_table_offset();
   const uint16_t* v_layer = cache_layer + shape.block_size * shape.kv_heads * shape.head_dim;
   float scale = shape.scale;
-  float neg_inf = api.get_version() < 91000 ? std::numeric_limits<float>::lowest()
-                                            : -std::numeric_limits<float>::infinity();
+  float neg_inf = Api().get_version() < 91000 ? std::numeric_limits<float>::lowest()
+                                              : -std::numeric_limits<float>::infinity();
   const int64_t uids[] = {kQ,          kKContainer, kVContainer, kO,       kSeqLenQ, kSeqLenKv,
                           kPageTableK, kPageTableV, kRaggedQ,    kRaggedO, kScale,   kNegInf};
   void* pointers[] = {m.q_bf16.get(),
@@ -855,11 +502,11 @@ absl::StatusOr<bool> CudnnAttention::Enqueue(const StepPlan& plan, const float* 
   void* workspace = m.workspace.get();
   RETURN_IF_ERROR(Set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
                       &workspace, "variant workspace"));
-  if (const cudnnStatus_t s = api.finalize(pack.get()); s != CUDNN_STATUS_SUCCESS) {
+  if (const cudnnStatus_t s = Api().finalize(pack.get()); s != CUDNN_STATUS_SUCCESS) {
     Disable(std::string(CudnnError(s, "finalize variant pack").message()));
     return false;
   }
-  if (const cudnnStatus_t s = api.execute(m.handle, m.plan->plan(), pack.get());
+  if (const cudnnStatus_t s = Api().execute(m.handle, m.plan->plan(), pack.get());
       s != CUDNN_STATUS_SUCCESS) {
     // Nothing was enqueued for this call: the caller's kernel runs it instead.
     Disable(std::string(CudnnError(s, "execute").message()));
