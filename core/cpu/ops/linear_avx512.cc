@@ -15,6 +15,7 @@ namespace {
 using avx512::kTileM;
 using avx512::kTileN;
 using avx512::ReduceLanes;
+using avx512::ReduceLanes4;
 
 // Up to this many activation rows, bf16 weights are widened in registers straight from
 // memory; beyond, once into a panel that the row tiles then share. Measured on Zen 4: the
@@ -41,6 +42,20 @@ inline __m512 LoadWeights(const uint16_t* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// y[i][n] += the lane tree's sum of acc[i][n], for an MR x NR tile (y's rows ldy apart).
+template <int MR, int NR>
+inline void AddLaneSums(const __m512 (&acc)[MR][NR], float* y, int64_t ldy) {
+  for (int i = 0; i < MR; ++i) {
+    if constexpr (NR == 4) {
+      float* row = y + i * ldy;
+      _mm_storeu_ps(row, _mm_add_ps(_mm_loadu_ps(row),
+                                    ReduceLanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
+    } else {
+      for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
+    }
+  }
+}
+
 // y[i][n] += dot(x_i[0:kk], w_n[0:kk]) for an MR x NR tile; weight rows have stride ldw.
 template <int MR, int NR, typename W>
 void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, float* y, int64_t ldy) {
@@ -65,8 +80,7 @@ void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, floa
       for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
+  AddLaneSums<MR, NR>(acc, y, ldy);
 }
 
 // Tiles by shape: kTiles<W>[MR - 1][NR - 1].
@@ -156,8 +170,7 @@ void TileFp8(const float* x, int64_t ldx, const Fp8Rows& w, int64_t kk, float* y
       for (int n = 0; n < NR; ++n) acc[i][n] = _mm512_fmadd_ps(xv, wv[n], acc[i][n]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
+  AddLaneSums<MR, NR>(acc, y, ldy);
 }
 
 using TileFp8Fn = void (*)(const float*, int64_t, const Fp8Rows&, int64_t, float*, int64_t);
