@@ -285,9 +285,9 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         AmxUnitHardware(tasks[j].amx, b - starts[j]);
       } else {
         // kBf16 or exact: the unit's part of the activation rows is a job of its own.
-        const int64_t unit = b - starts[j], blocks = tasks[j].blocks();
-        const int64_t i0 = unit / blocks * tasks[j].part_rows(), nb = unit % blocks;
-        const int64_t rows = std::min(tasks[j].m() - i0, tasks[j].part_rows());
+        const int64_t unit = b - starts[j], blocks = tasks[j].blocks(), part = tasks[j].part_rows();
+        const int64_t i0 = unit / blocks * part, nb = unit % blocks;
+        const int64_t rows = std::min(tasks[j].m() - i0, part);
         const int64_t k = tasks[j].exact.w->cols, n = tasks[j].rows();
         if (tasks[j].bf16.xb != nullptr) {
           const Bf16Job& job = tasks[j].bf16;

@@ -19,7 +19,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "core/base/aligned_vector.h"
 #include "core/cpu/ops/avx512_lanes.h"

@@ -128,7 +128,7 @@ TEST(LinearBf16, ActivationsAreRoundedToNearestEven) {
 }
 
 // The batch-invariance contract in this mode: a row's bits do not depend on which rows
-// share the call, across the register-resident (m <= 4) and K-blocked (m > 4) paths.
+// share the call, over all of K at once (m <= 3) and in K ranges (m > 3).
 TEST(LinearBf16, RowResultIndependentOfBatch) {
   const int64_t n = 70, k = 2100, m = 13;
   const std::vector<float> x = RandomVector(m * k, 7);
