@@ -335,11 +335,14 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
   };
   // Int8 weights: each distinct activation quantized once (q/k/v and gate/up share theirs),
   // with the operands this machine's kernel reads; a deque keeps the addresses the tasks hold.
+  // The storage stays with the thread from call to call: a prefill's activations are tens of
+  // MB, which fresh from the allocator are fresh pages, faulted in and zeroed on every call.
   struct Quantized {
     const float* x;
     internal::Int8Activation a;
   };
-  std::deque<Quantized> quantized;
+  static thread_local std::deque<Quantized> quantized;
+  size_t used = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const LinearJob& job = jobs[j];
     if (job.m <= 0 || job.w->format != WeightFormat::kInt8Groups) continue;
@@ -348,10 +351,11 @@ void LinearMany(absl::Span<const LinearJob> jobs, CpuMath math) {
     auto same = [&](const Quantized& q) {
       return q.x == job.x && q.a.m == job.m && q.a.k == k && q.a.operands == operands;
     };
-    auto it = std::find_if(quantized.begin(), quantized.end(), same);
-    if (it == quantized.end()) {
-      quantized.push_back({job.x, {}});
-      it = quantized.end() - 1;
+    auto it = std::find_if(quantized.begin(), quantized.begin() + used, same);
+    if (it == quantized.begin() + used) {
+      if (used == quantized.size()) quantized.emplace_back();
+      it = quantized.begin() + used++;
+      it->x = job.x;
       internal::QuantizeActivationInt8(job.x, job.m, k, &it->a, operands);
     }
     tasks[j].int8 = {&it->a, job.w, job.bias, job.y};

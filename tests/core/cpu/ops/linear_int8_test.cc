@@ -331,6 +331,32 @@ TEST(LinearInt8, LinearManySharesTheActivation) {
   EXPECT_EQ(yb, RunLinear(x, m, b, nullptr, false));
 }
 
+// LinearMany keeps its quantized activations' storage from call to call (on the thread): a
+// call quantizes its own activations afresh even at the address, shape and operands of the
+// last call's, and a smaller call after a larger one reads none of the larger one's rows.
+TEST(LinearInt8, LinearManyQuantizesEachCallAfresh) {
+  const int64_t k = 300;
+  const testing::Int8Matrix w = QuantizeInt8(RandomVector(40 * k, 73, 0.1f), 40, k);
+  std::vector<float> x(100 * k);
+  uint32_t seed = 74;
+  // m = 100 on the tiles (when this CPU has them), then 100 again with other values at the
+  // same address, then 70 and 5 rows of it; the references after all four calls (they run
+  // LinearMany too).
+  const int64_t rows[] = {100, 100, 70, 5};
+  std::vector<std::vector<float>> values, ys;
+  for (int64_t m : rows) {
+    values.push_back(RandomVector(m * k, seed++));
+    std::copy(values.back().begin(), values.back().end(), x.begin());
+    ys.emplace_back(m * 40, NAN);
+    const LinearJob job{x.data(), m, &w.view, nullptr, ys.back().data()};
+    LinearMany({&job, 1}, CpuMath::kBf16);
+  }
+  for (size_t i = 0; i < ys.size(); ++i) {
+    // The portable kernel on the same values at another address.
+    EXPECT_EQ(ys[i], RunLinear(values[i], rows[i], w, nullptr, true)) << "call " << i;
+  }
+}
+
 // A non-finite activation poisons its own row's outputs (NaN), never another row's, and
 // nothing crashes; both kernels agree.
 TEST(LinearInt8, NonFiniteActivationGivesNanInItsRowOnly) {
