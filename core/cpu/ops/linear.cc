@@ -208,21 +208,29 @@ struct Task {
   int64_t rows() const { return exact.w->rows; }
   int64_t m() const { return exact.m; }
   int64_t blocks() const { return (rows() + kBlockN - 1) / kBlockN; }
-  // kBf16 and exact: activation rows per unit (linear.h, kPartBytes).
+  // Activation rows per unit (linear.h, kPartBytes): kBf16, exact, and int8 on the VNNI tiles
+  // (a row's codes and its group scales).
   int64_t part_rows() const {
+    if (int8.x != nullptr) return ActivationPartRows(int8.x->kp + int8.x->kp / kInt8Group * 4);
     return ActivationPartRows(exact.w->cols * (bf16.xb != nullptr ? 2 : 4));
+  }
+  bool int8_in_parts() const {
+    return int8.x != nullptr && int8.x->operands == Int8Operands::kVnniTiles;
   }
   // Parallel units: kBf16Amx cuts its jobs its own way (AmxUnits), int8 into kBlockN output
   // rows, kBf16 and exact into kBlockN output rows by parts of the activation rows.
   int64_t units() const {
     if (m() <= 0) return 0;
     if (amx.xp != nullptr) return AmxUnits(amx);
-    if (int8.x != nullptr) return blocks();
+    if (int8.x != nullptr && !int8_in_parts()) return blocks();
     return blocks() * ((m() + part_rows() - 1) / part_rows());
   }
 };
 
 }  // namespace
+
+// Parts start at whole 16-row vectors of the int8 tiles.
+static_assert(kBf16ChunkRows % kAmxTileRows == 0);
 
 int64_t ActivationPartRows(int64_t row_bytes) {
   const int64_t rows = kPartBytes / std::max<int64_t>(1, row_bytes);
@@ -275,7 +283,16 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
                                                                        b - starts[j]);
       } else if (tasks[j].int8.x != nullptr) {
         const auto kernel = int8_kernel(tasks[j].int8);
-        kernel(tasks[j].int8, b - starts[j]);
+        if (!tasks[j].int8_in_parts()) {
+          kernel(tasks[j].int8, b - starts[j]);
+          continue;
+        }
+        // The unit's part of the activation rows (whole 16-row vectors of the tiles).
+        const int64_t unit = b - starts[j], part = tasks[j].part_rows();
+        Int8Job job = tasks[j].int8;
+        job.row_begin = unit / tasks[j].blocks() * part;
+        job.row_end = std::min(tasks[j].m(), job.row_begin + part);
+        kernel(job, unit % tasks[j].blocks());
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxUnitEmulated(tasks[j].amx, b - starts[j]);

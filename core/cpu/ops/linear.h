@@ -116,13 +116,14 @@ void Bf16BlockGeneric(const Bf16Job& job, int64_t nb);
 void Bf16BlockAvx512(const Bf16Job& job, int64_t nb);
 // The AVX512_BF16 kernel's chunk of activation rows (linear_avx512bf16.cc).
 inline constexpr int64_t kBf16ChunkRows = 96;
-// kBf16 and exact jobs run in units of kBlockN output rows by a part of the activation rows:
-// a prefill's activation is cut into parts of about kPartBytes, and the units run part by part
-// (units are handed out in order), so while the threads take the blocks of one part, that part
-// stays in L3, where the whole activation (48 MiB of bf16 at 2,048 tokens and K = 12,288) would
-// stream from memory once per block. Each output is one unit's, whole: how rows are cut cannot
-// change a bit. Parts are whole chunks of the bf16 kernel (and so whole 3-, 4- and 6-row
-// tiles).
+// kBf16, exact and int8 jobs on the VNNI tiles run in units of kBlockN output rows by a part
+// of the activation rows: a prefill's activation is cut into parts of about kPartBytes, and the
+// units run part by part (units are handed out in order), so while the threads take the blocks
+// of one part, that part stays in L3, where the whole activation (48 MiB of bf16 at 2,048
+// tokens and K = 12,288; 27 MiB of int8 codes and scales) would stream from memory once per
+// block. Each output is one unit's, whole: how rows are cut cannot change a bit. Parts are
+// whole chunks of the bf16 kernel (and so whole 3-, 4- and 6-row tiles, and whole 16-row
+// vectors of the int8 tiles).
 inline constexpr int64_t kPartBytes = int64_t{8} << 20;
 // Activation rows per part for activation rows of row_bytes each.
 int64_t ActivationPartRows(int64_t row_bytes);
@@ -188,6 +189,11 @@ struct Int8Job {
   const Matrix* w = nullptr;  // WeightFormat::kInt8Groups, w->cols == x->k
   const float* bias = nullptr;
   float* y = nullptr;  // [x->m, w->rows]
+  // Only the activation rows [row_begin, RowEnd()): a part of a prefill's rows (kPartBytes; a
+  // multiple of 16 rows from the start). The VNNI tile kernel and the portable one read it; the
+  // other kernels are handed whole jobs (LinearMany cuts only kVnniTiles jobs into parts).
+  int64_t row_begin = 0, row_end = -1;
+  int64_t RowEnd() const { return row_end < 0 ? x->m : row_end; }
 };
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
 // portable reference (either layout), the VNNI kernel (needs kVnniTiles; either layout), VNNI's

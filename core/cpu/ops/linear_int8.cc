@@ -118,7 +118,7 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
       wq = row_codes.data();
       ws = row_scales.data();
     }
-    for (int64_t i = 0; i < x.m; ++i) {
+    for (int64_t i = job.row_begin; i < job.RowEnd(); ++i) {
       const int8_t* xq = x.q.data() + i * x.kp;
       const float* xs = x.group_scale.data() + i * x_groups;
       float acc = 0.0f;

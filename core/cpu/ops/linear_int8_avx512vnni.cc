@@ -19,7 +19,9 @@
 // of the int8 dot peak either way on a Zen 4 VM, linear_bench --modes=int8 --tokens=2048).
 // K is cut in blocks whose activation operands (2 x 16 rows x 512 codes)
 // stay in L1 while every 4-row weight chunk of the task meets them; the sums wait in memory
-// between blocks. The blocking never changes an output's sequence of FMAs.
+// between blocks. A prefill's activation rows come a part at a time (Int8Job::row_begin,
+// linear.h kPartBytes), so that the part stays in L3 while both threads' tasks read it. The
+// blocking never changes an output's sequence of FMAs.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -249,10 +251,10 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   const Weights wt = PrepareWeights(w, n0, nn, &tail, &corr, &scale);
   const BlockFn* const* blocks =
       w.int8_layout == Int8Layout::kRows16 ? kBlocks<true> : kBlocks<false>;
-  const int64_t vectors = (x.m + 15) / 16;
+  const int64_t vectors = (job.RowEnd() + 15) / 16;
   // Sums of every chunk of the task against one register tile of activation vectors.
   alignas(64) float acc[kBlockN / kTileC][kTileR * kTileC * 16];
-  for (int64_t v0 = 0; v0 < vectors; v0 += kTileR) {
+  for (int64_t v0 = job.row_begin / 16; v0 < vectors; v0 += kTileR) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileR, vectors - v0));
     const Acts acts{x.tiles.data() + v0 * x_groups * kWords,
                     x.tile_scale.data() + v0 * x_groups * 16, x_groups * kWords, x_groups * 16};
@@ -277,7 +279,7 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
           for (int i = 0; i < 16; ++i) rows[i][c0 + c] = s[i];
         }
       }
-      const int64_t row0 = 16 * (v0 + r), m_rows = std::min<int64_t>(16, x.m - row0);
+      const int64_t row0 = 16 * (v0 + r), m_rows = std::min<int64_t>(16, job.RowEnd() - row0);
       for (int64_t i = 0; i < m_rows; ++i) {
         float* y = job.y + (row0 + i) * n_rows + n0;
         for (int64_t j = 0; j < nn; j += 16) {

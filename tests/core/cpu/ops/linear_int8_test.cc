@@ -331,6 +331,29 @@ TEST(LinearInt8, LinearManySharesTheActivation) {
   EXPECT_EQ(yb, RunLinear(x, m, b, nullptr, false));
 }
 
+// A prefill's activation on the VNNI tiles runs a part of its rows at a time (linear.h,
+// kPartBytes): 900 rows at K = 16,384 make parts of 384, 384 and 132 rows (none a multiple of
+// the 32-row register tiles past the first), and every row gets the portable kernel's bits
+// on the whole activation, bias included, across a ragged last block of weight rows.
+TEST(LinearInt8, VnniTilesRunInPartsWithEachRowsBits) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  const int64_t m = 900, n = 40, k = 16384;
+  const int64_t part = internal::ActivationPartRows(k + k / 32 * 4);
+  ASSERT_LT(2 * part, m) << "the activation must cross two cuts";
+  ASSERT_EQ(internal::Int8OperandsFor(m, Int8Layout::kRowMajor),
+            internal::Int8Operands::kVnniTiles);
+  const std::vector<float> x = RandomVector(m * k, 90);
+  const std::vector<float> bias = RandomVector(n, 91);
+  for (Int8Layout layout : {Int8Layout::kRowMajor, Int8Layout::kRows16}) {
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 92, 0.1f), n, k, layout);
+    const std::vector<float> parts = RunLinear(x, m, w, bias.data(), false);
+    const std::vector<float> whole = RunLinear(x, m, w, bias.data(), true);
+    for (int64_t i = 0; i < m * n; ++i) {
+      ASSERT_EQ(Bits(parts[i]), Bits(whole[i])) << "row " << i / n << " output " << i % n;
+    }
+  }
+}
+
 // LinearMany keeps its quantized activations' storage from call to call (on the thread): a
 // call quantizes its own activations afresh even at the address, shape and operands of the
 // last call's, and a smaller call after a larger one reads none of the larger one's rows.
