@@ -217,8 +217,9 @@ struct Task {
   bool int8_in_parts() const {
     return int8.x != nullptr && int8.x->operands == Int8Operands::kVnniTiles;
   }
-  // Parallel units: kBf16Amx cuts its jobs its own way (AmxUnits), int8 into kBlockN output
-  // rows, kBf16 and exact into kBlockN output rows by parts of the activation rows.
+  // Parallel units: kBf16Amx cuts its jobs its own way (AmxUnits), int8 off the VNNI tiles
+  // into kBlockN output rows, the others into kBlockN output rows by parts of the activation
+  // rows.
   int64_t units() const {
     if (m() <= 0) return 0;
     if (amx.xp != nullptr) return AmxUnits(amx);
