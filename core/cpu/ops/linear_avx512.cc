@@ -209,8 +209,8 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
   float* y = job.y;
   const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-  for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
   if (w.dtype == DType::kBF16 && m <= kDirectMaxRows) {
+    for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
     // Few rows (decode, and experts' thin slices of a prefill): stream each 4-row weight tile
     // through all K blocks in place, so the hardware prefetcher sees long sequential rows;
     // each K block of the tile (4 KiB) serves every 4-row group of activations from L1.
@@ -231,6 +231,7 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
              (w.scale_block_cols % 16 == 0 || w.scale_block_cols >= k_total)) {
     // FP8 with few rows: widened in registers straight from memory (1 byte per weight read),
     // as the bf16 path above; the same values and order as the panel path below.
+    for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
     const uint8_t* wb = static_cast<const uint8_t*>(w.data) + n0 * k_total;
     for (int64_t n = 0; n < nn; n += kTileN) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
@@ -251,6 +252,13 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
     // fp32 panel that stays in L2 while every activation tile passes over it.
     panel_buffer->resize(kBlockN * std::min(k_total, kBlockK));
     float* panel = panel_buffer->data();
+    // Each K block's sums are added into `sums` [m][kBlockN], contiguous and in L2, and y takes
+    // the totals at the end: y's rows lie n_rows apart, each on its own page, and adding into
+    // them once per K block cost a fifth of the tiles' time at prefill (perf, linear_bench
+    // --modes=exact). From zero, the same additions in the same order: the same bits.
+    thread_local std::vector<float> sums_buffer;
+    sums_buffer.assign(m * kBlockN, 0.f);
+    float* sums = sums_buffer.data();
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
       const int64_t kk = std::min(kBlockK, k_total - k0);
       if (w.format == WeightFormat::kFp8Scaled) {
@@ -265,10 +273,11 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
         for (int64_t n = 0; n < nn; n += kTileN) {
           const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
           kPanelTiles[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, panel + n * kk, kk, kk,
-                                      y + i0 * n_rows + n0 + n, n_rows);
+                                      sums + i0 * kBlockN + n, kBlockN);
         }
       }
     }
+    for (int64_t i = 0; i < m; ++i) std::copy_n(sums + i * kBlockN, nn, y + i * n_rows + n0);
   }
   if (job.bias != nullptr) {
     for (int64_t i = 0; i < m; ++i)
