@@ -118,10 +118,10 @@ void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel
   float* y = job.y;
   const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
-  for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
   const bool bf16 = w.format == WeightFormat::kDense && w.dtype == DType::kBF16;
   const bool f32 = w.format == WeightFormat::kDense && w.dtype == DType::kF32;
   if ((bf16 || f32) && m <= kDirectMaxRows) {
+    for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
     // Weights read in place (bf16 widened in registers): each weight tile streams through all
     // of K, so the prefetcher sees long sequential rows, and each K block of it serves every
     // row tile from L1. (Beyond kDirectMaxRows the panel below keeps the activations' passes
@@ -146,6 +146,11 @@ void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel
     // block scales, one rounding, as WidenPanel defines) that stays in L2 for every row tile.
     panel_buffer->resize(kBlockN * std::min(k_total, kBlockK));
     float* panel = panel_buffer->data();
+    // The K blocks' sums go into `sums` [m][kBlockN] (contiguous), y takes the totals: as in
+    // LinearBlockAvx512, whose comment says why. The same additions in the same order.
+    thread_local std::vector<float> sums_buffer;
+    sums_buffer.assign(m * kBlockN, 0.f);
+    float* sums = sums_buffer.data();
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
       const int64_t kk = std::min(kBlockK, k_total - k0);
       if (bf16) {
@@ -153,8 +158,9 @@ void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel
       } else {
         WidenPanel(w, n0, nn, k0, kk, panel);
       }
-      TileBlock(x + k0, k_total, m, static_cast<const float*>(panel), kk, nn, kk, y + n0, n_rows);
+      TileBlock(x + k0, k_total, m, static_cast<const float*>(panel), kk, nn, kk, sums, kBlockN);
     }
+    for (int64_t i = 0; i < m; ++i) std::copy_n(sums + i * kBlockN, nn, y + i * n_rows + n0);
   }
   if (job.bias != nullptr) {
     for (int64_t i = 0; i < m; ++i)
