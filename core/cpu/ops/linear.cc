@@ -226,6 +226,15 @@ struct Task {
     if (int8.x != nullptr && !int8_in_parts()) return blocks();
     return blocks() * ((m() + part_rows() - 1) / part_rows());
   }
+  // A unit of a job cut in parts: its block of output rows and its activation rows [i0,
+  // i0 + count). Parts run one after another, each over all the blocks.
+  struct Cut {
+    int64_t nb, i0, count;
+  };
+  Cut cut(int64_t unit) const {
+    const int64_t part = part_rows(), i0 = unit / blocks() * part;
+    return {unit % blocks(), i0, std::min(m() - i0, part)};
+  }
 };
 
 }  // namespace
@@ -289,11 +298,11 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
           continue;
         }
         // The unit's part of the activation rows (whole 16-row vectors of the tiles).
-        const int64_t unit = b - starts[j], part = tasks[j].part_rows();
+        const Task::Cut cut = tasks[j].cut(b - starts[j]);
         Int8Job job = tasks[j].int8;
-        job.row_begin = unit / tasks[j].blocks() * part;
-        job.row_end = std::min(tasks[j].m(), job.row_begin + part);
-        kernel(job, unit % tasks[j].blocks());
+        job.row_begin = cut.i0;
+        job.row_end = cut.i0 + cut.count;
+        kernel(job, cut.nb);
       } else if (tasks[j].amx.xp != nullptr) {
         if (!amx) {
           AmxUnitEmulated(tasks[j].amx, b - starts[j]);
@@ -303,9 +312,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         AmxUnitHardware(tasks[j].amx, b - starts[j]);
       } else {
         // kBf16 or exact: the unit's part of the activation rows is a job of its own.
-        const int64_t unit = b - starts[j], blocks = tasks[j].blocks(), part = tasks[j].part_rows();
-        const int64_t i0 = unit / blocks * part, nb = unit % blocks;
-        const int64_t rows = std::min(tasks[j].m() - i0, part);
+        const auto [nb, i0, rows] = tasks[j].cut(b - starts[j]);
         const int64_t k = tasks[j].exact.w->cols, n = tasks[j].rows();
         if (tasks[j].bf16.xb != nullptr) {
           const Bf16Job& job = tasks[j].bf16;
