@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/int_list.h"
 #include "bench/machine_limits.h"
+#include "core/base/aligned_vector.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention.h"
 #include "core/cpu/ops/attention_amx.h"
@@ -75,7 +76,7 @@ struct Filled {
         tables(seqs) {
     std::mt19937 rng(3);
     std::uniform_real_distribution<float> dist(-1.f, 1.f);
-    std::vector<float> k(length * kKvHeads * kHeadDim), v(k.size());
+    glmserve::AlignedVector<float> k(length * kKvHeads * kHeadDim), v(k.size());
     for (glmserve::BlockTable& table : tables) {
       if (!cache.Reserve(&table, length).ok()) std::abort();
       for (float& x : k) x = dist(rng);
@@ -97,7 +98,7 @@ double Time(const std::string& mode, const std::vector<glmserve::SequenceSlice>&
   for (const auto& s : batch) rows += s.num_tokens;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> q(rows * kHeads * kHeadDim), out(q.size());
+  glmserve::AlignedVector<float> q(rows * kHeads * kHeadDim), out(q.size());
   for (float& x : q) x = dist(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   auto run = [&](int64_t layer) {

@@ -17,6 +17,7 @@
 #include "absl/flags/parse.h"
 #include "bench/int_list.h"
 #include "bench/machine_limits.h"
+#include "core/base/aligned_vector.h"
 #include "core/base/huge_pages.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/linear.h"
@@ -49,7 +50,7 @@ int Main() {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> wb(n * k);
   for (uint16_t& v : wb) v = FloatToBf16(0.05f * normal(rng));
-  std::vector<float> x(max_m * k);
+  glmserve::AlignedVector<float> x(max_m * k);
   for (float& v : x) v = normal(rng);
   // On transparent huge pages, as the engine's int8 weights (core/cpu/quantize.cc): on 4 KiB
   // pages the hardware prefetchers stop at every page, and a decode-sized call reads at about
@@ -111,7 +112,7 @@ int Main() {
       "| kernel | rows | ms | GOP/s | of vpdpbusd peak | weight GB/s "
       "|\n|---|---|---|---|---|---|\n");
   for (const int64_t m : *rows) {
-    std::vector<float> y(m * n);
+    glmserve::AlignedVector<float> y(m * n);
     for (const Kernel& kernel : kernels) {
       if (!kernel.available) continue;
       // The portable kernel is a reference: one small size only.

@@ -145,15 +145,16 @@ int main(int argc, char** argv) {
       int8_sets[i].experts.push_back(Int8Matrix(w, layout, &int8_store));
     }
   }
-  std::vector<float> x(tokens * dense_in), y(tokens * q_dim);
+  glmserve::AlignedVector<float> x(tokens * dense_in), y(tokens * q_dim);
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.f, 1.f);
   for (float& v : x) v = dist(rng);
   // Each expert its own activations (gate/up share theirs, down takes its own), as in MoeFfn.
-  std::vector<float> xe(n_experts * m_expert * hidden), he(n_experts * m_expert * inter);
+  glmserve::AlignedVector<float> xe(n_experts * m_expert * hidden),
+      he(n_experts * m_expert * inter);
   for (float& v : xe) v = dist(rng);
   for (float& v : he) v = dist(rng);
-  std::vector<float> ye(n_experts * 3 * m_expert * hidden);
+  glmserve::AlignedVector<float> ye(n_experts * 3 * m_expert * hidden);
 
   const glmserve::bench::MachineLimits limits = glmserve::bench::MeasureMachine();
   std::printf(

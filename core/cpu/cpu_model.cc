@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/aligned_vector.h"
 #include "core/base/op_times.h"
 #include "core/base/status_macros.h"
 #include "core/cpu/ops/attention_amx.h"
@@ -292,7 +293,7 @@ void CpuModel::ResizeBuffers(int64_t t) {
   // zero-fills the regrown part (about 0.3 GB when a 2,048-token prompt follows a decode step
   // on GLM-4.5-Air). So a buffer may hold more rows than the step: every width comes from the
   // config, and the results copy the step's t rows (Forward, ForwardMtp).
-  const auto grow = [t](std::vector<float>& v, int64_t per_token) {
+  const auto grow = [t](AlignedVector<float>& v, int64_t per_token) {
     if (static_cast<int64_t>(v.size()) < t * per_token) v.resize(t * per_token);
   };
   grow(h_, hidden);
@@ -388,7 +389,7 @@ void CpuModel::Head(const std::vector<int64_t>& rows, int64_t t, const std::vect
   // Only the rows whose logits are wanted go through the head.
   if (rows.empty()) return;
   const int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<float> normed(n * hidden);
+  AlignedVector<float> normed(n * hidden);  // on cache lines, as the kernels read it
   for (int64_t r = 0; r < n; ++r) {
     if (head_input) {
       std::copy_n(result->head_input.data() + rows[r] * hidden, hidden, normed.data() + r * hidden);

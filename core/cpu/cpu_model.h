@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/base/aligned_vector.h"
 #include "core/cpu/ops/attention.h"
 #include "core/cpu/ops/dsa_indexer.h"
 #include "core/cpu/ops/linear.h"
@@ -135,29 +136,31 @@ class CpuModel final : public ModelRunner {
   RotaryEmbedding rope_;
   RouterParams router_;
 
-  // Run state, resized per step. Shapes for T = total tokens of the step.
-  std::vector<float> h_;     // [T, hidden] residual stream
-  std::vector<float> x_;     // [T, hidden] normed input of the current sub-block
-  std::vector<float> q_;     // [T, heads * head_dim]
-  std::vector<float> k_;     // [T, kv_heads * head_dim]
-  std::vector<float> v_;     // [T, kv_heads * head_dim]
-  std::vector<float> attn_;  // [T, heads * head_dim]
-  std::vector<float> out_;   // [T, hidden] sub-block output before the residual add
-  std::vector<float> cat_;   // [T, 2 hidden] MTP input: enorm(embedding) | hnorm(h)
+  // Run state, resized per step. Shapes for T = total tokens of the step. On cache lines: the
+  // kernels read them as whole vectors, and a buffer this size from malloc sits 16 bytes off a
+  // line, so every 64-byte load would split in two (docs/performance.md, session 37).
+  AlignedVector<float> h_;     // [T, hidden] residual stream
+  AlignedVector<float> x_;     // [T, hidden] normed input of the current sub-block
+  AlignedVector<float> q_;     // [T, heads * head_dim]
+  AlignedVector<float> k_;     // [T, kv_heads * head_dim]
+  AlignedVector<float> v_;     // [T, kv_heads * head_dim]
+  AlignedVector<float> attn_;  // [T, heads * head_dim]
+  AlignedVector<float> out_;   // [T, hidden] sub-block output before the residual add
+  AlignedVector<float> cat_;   // [T, 2 hidden] MTP input: enorm(embedding) | hnorm(h)
 
   // GLM-5 (is_mla) only. Shapes for T tokens; H heads, Q q_lora_rank, R kv_lora_rank.
   MlaShape mla_shape_;
   IndexerShape index_shape_;
   std::vector<AbsorbedKey> absorbed_k_;  // per span layer: W_uk^T [H, R, dn] (AbsorbedKeyWeights)
-  std::vector<float> q_resid_;           // [T, Q]        q_a_layernorm(q_a_proj x)
-  std::vector<float> kv_a_;              // [T, R + dr]   kv_a_proj_with_mqa x
-  std::vector<float> latent_;            // [T, R]        kv_a_layernorm of the latent part
-  std::vector<float> k_rot_;             // [T, dr]       rotary key after RoPE
-  std::vector<float> q_lat_;             // [H, T, R]     absorbed queries
-  std::vector<float> out_lat_;           // [H, T, R]     attention output in latent space
-  std::vector<float> iq_;                // [T, Hi, Di]   indexer queries
-  std::vector<float> ik_;                // [T, Di]       indexer keys
-  std::vector<float> iw_;                // [T, Hi]       indexer head weights
+  AlignedVector<float> q_resid_;         // [T, Q]        q_a_layernorm(q_a_proj x)
+  AlignedVector<float> kv_a_;            // [T, R + dr]   kv_a_proj_with_mqa x
+  AlignedVector<float> latent_;          // [T, R]        kv_a_layernorm of the latent part
+  AlignedVector<float> k_rot_;           // [T, dr]       rotary key after RoPE
+  AlignedVector<float> q_lat_;           // [H, T, R]     absorbed queries
+  AlignedVector<float> out_lat_;         // [H, T, R]     attention output in latent space
+  AlignedVector<float> iq_;              // [T, Hi, Di]   indexer queries
+  AlignedVector<float> ik_;              // [T, Di]       indexer keys
+  AlignedVector<float> iw_;              // [T, Hi]       indexer head weights
   TopkSelection selection_;  // the last full layer's top-k, for the shared layers after it
 };
 

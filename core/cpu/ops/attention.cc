@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/base/dtype.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_items.h"
@@ -172,7 +173,7 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
     // that share it. Every head's scores, softmax and weighted sum are the fp32 path's below,
     // in the same order, on the decoded rows: as batch-invariant as that path.
     ParallelFor(total * kv_heads, 1, [&](int64_t item_begin, int64_t item_end) {
-      thread_local std::vector<float> probs, row;
+      thread_local AlignedVector<float> probs, row;
       probs.resize(group * max_context);  // [group, context]
       row.resize(head_dim);               // one decoded K or V head row
       for (int64_t item = item_begin; item < item_end; ++item) {
@@ -224,7 +225,7 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, internal::kFp32ItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
-    thread_local std::vector<float> probs, packed;
+    thread_local AlignedVector<float> probs, packed;
     thread_local internal::RowsAhead rows_ahead;  // the next block's rows, for the loops
     internal::LinesAhead ahead;
     packed.resize(internal::kPositionBlock * head_dim);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/base/dtype.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_items.h"
@@ -133,11 +134,11 @@ void PagedAttentionBf16(const float* q, absl::Span<const SequenceSlice> batch, c
   const std::vector<internal::AttentionItem> items =
       internal::AttentionItems(batch, kv_heads, group, kItemLimits);
   ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t item_begin, int64_t item_end) {
-    thread_local std::vector<float> probs, sums;            // [n_rows, item_context], [n_rows]
-    thread_local std::vector<uint32_t> q_pairs, exp_pairs;  // [n_rows, key / context pairs]
-    thread_local std::vector<uint32_t> keys, values;        // one block's (Bf16Block)
-    thread_local internal::RowsAhead rows_ahead;            // the next block's rows
-    const uint16_t* value_rows[kPositionBlock];             // or its value rows (direct_values)
+    thread_local AlignedVector<float> probs, sums;            // [n_rows, item_context], [n_rows]
+    thread_local AlignedVector<uint32_t> q_pairs, exp_pairs;  // [n_rows, key / context pairs]
+    thread_local AlignedVector<uint32_t> keys, values;        // one block's (Bf16Block)
+    thread_local internal::RowsAhead rows_ahead;              // the next block's rows
+    const uint16_t* value_rows[kPositionBlock];               // or its value rows (direct_values)
     internal::LinesAhead ahead;
     keys.resize(key_pairs * kPositionBlock);
     values.resize(kPositionBlock / 2 * value_width);

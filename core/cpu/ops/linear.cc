@@ -174,7 +174,7 @@ void WidenPanel(const Matrix& w, int64_t row_begin, int64_t rows, int64_t k_begi
   }
 }
 
-void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel) {
+void LinearBlockGeneric(const LinearJob& job, int64_t nb, AlignedVector<float>* panel) {
   const Matrix& w = *job.w;
   const int64_t m = job.m, n_rows = w.rows, k_total = w.cols;
   const int64_t n0 = nb * kBlockN, nn = std::min(kBlockN, n_rows - n0);
@@ -249,7 +249,7 @@ int64_t ActivationPartRows(int64_t row_bytes) {
 
 namespace {
 
-using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
+using BlockFn = void (*)(const LinearJob&, int64_t, AlignedVector<float>*);
 
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
@@ -271,7 +271,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
   const bool amx_int8_model = Int8AmxTileModelForced();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> panel;
+    thread_local AlignedVector<float> panel;
     // This thread's tile configuration (it is per thread; the two kernels' tiles differ).
     enum class Tiles { kNone, kBf16, kInt8 } tiles = Tiles::kNone;
     auto use_tiles = [&tiles](Tiles kind) {

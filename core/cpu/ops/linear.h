@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/base/aligned_vector.h"
 #include "core/model/weights.h"
 
 namespace glmserve {
@@ -90,10 +91,10 @@ namespace internal {
 // The portable kernel, exposed for tests that compare it with the dispatched one.
 void LinearGeneric(const float* x, int64_t m, const Matrix& w, const float* bias, float* y);
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job; `panel` is scratch.
-void LinearBlockGeneric(const LinearJob& job, int64_t nb, std::vector<float>* panel);
-void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel);
+void LinearBlockGeneric(const LinearJob& job, int64_t nb, AlignedVector<float>* panel);
+void LinearBlockAvx512(const LinearJob& job, int64_t nb, AlignedVector<float>* panel);
 // The AVX2 + FMA kernel: the AVX-512 kernel's arithmetic (same bits) in 8-wide registers.
-void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel);
+void LinearBlockAvx2(const LinearJob& job, int64_t nb, AlignedVector<float>* panel);
 bool CpuHasAvx512();
 bool CpuHasAvx2Fma();
 bool CpuHasAvx512Bf16();  // AVX-512 F/BW/VL/DQ plus AVX512_BF16
@@ -147,20 +148,21 @@ enum class Int8Operands {
   // in place as A tiles, 16 at a time: linear_int8_amx.h), and group_scale.
   kAmxRows,
 };
+// Its buffers start on cache lines, as every kernel reads them as whole vectors.
 struct Int8Activation {
   int64_t m = 0, k = 0, kp = 0;
   Int8Operands operands = Int8Operands::kGroups;
-  std::vector<int8_t> q;           // [m, kp] (kAmxRows: [ceil(m/16) * 16, kp]): round(x /
-                                   // scale) per 32-wide group
-  std::vector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
+  AlignedVector<int8_t> q;           // [m, kp] (kAmxRows: [ceil(m/16) * 16, kp]): round(x /
+                                     // scale) per 32-wide group
+  AlignedVector<float> group_scale;  // [m, kp / 32]: each group's scale (0 past the last)
   // kGroups on AVX512-VNNI only: [m, kp / 32] each group's sum of codes (the VNNI decode
   // kernels, its only readers, bias the weights by 128 and take 128 x this back out).
-  std::vector<int32_t> group_sum;
+  AlignedVector<int32_t> group_sum;
   // The codes packed per 16 rows and group [ceil(m/16)][kp/32][8][16] words, word (p, i) = the 4
   // codes q[16 u + i][32 g + 4 p .. + 3] (as unsigned bytes + 128 for kVnniTiles; rows past m
   // are codes 0), and the group scales [ceil(m/16)][kp/32][16] (0 past m).
-  std::vector<int32_t> tiles;
-  std::vector<float> tile_scale;
+  AlignedVector<int32_t> tiles;
+  AlignedVector<float> tile_scale;
 };
 // The VNNI kernel's lanes lie along activation rows; below this many rows (decode) its kernel
 // whose lanes lie along K (Int8BlockAvx512VnniRows) is faster, and LinearMany packs no tiles.

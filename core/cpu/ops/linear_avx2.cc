@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/cpu/ops/avx2_lanes.h"
 #include "core/cpu/ops/linear.h"
 
@@ -112,7 +113,7 @@ void WidenBf16(const uint16_t* src, int64_t ld, int64_t nn, int64_t kk, float* d
 
 }  // namespace
 
-void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel_buffer) {
+void LinearBlockAvx2(const LinearJob& job, int64_t nb, AlignedVector<float>* panel_buffer) {
   const Matrix& w = *job.w;
   const float* x = job.x;
   float* y = job.y;
@@ -148,7 +149,7 @@ void LinearBlockAvx2(const LinearJob& job, int64_t nb, std::vector<float>* panel
     float* panel = panel_buffer->data();
     // The K blocks' sums go into `sums` [m][kBlockN] (contiguous), y takes the totals: as in
     // LinearBlockAvx512, whose comment says why. The same additions in the same order.
-    thread_local std::vector<float> sums_buffer;
+    thread_local AlignedVector<float> sums_buffer;
     sums_buffer.assign(m * kBlockN, 0.f);
     float* sums = sums_buffer.data();
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {

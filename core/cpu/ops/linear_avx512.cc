@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/base/aligned_vector.h"
 #include "core/cpu/ops/avx512_lanes.h"
 #include "core/cpu/ops/linear.h"
 
@@ -203,7 +204,7 @@ void WidenFp8(const Matrix& w, int64_t n0, int64_t nn, int64_t k0, int64_t kk, f
 
 }  // namespace
 
-void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* panel_buffer) {
+void LinearBlockAvx512(const LinearJob& job, int64_t nb, AlignedVector<float>* panel_buffer) {
   const Matrix& w = *job.w;
   const float* x = job.x;
   float* y = job.y;
@@ -251,12 +252,12 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, std::vector<float>* pan
     // Each K block of the task's weight rows is widened (or copied) once into a contiguous
     // fp32 panel that stays in L2 while every activation tile passes over it.
     panel_buffer->resize(kBlockN * std::min(k_total, kBlockK));
-    float* panel = panel_buffer->data();
+    float* panel = panel_buffer->data();  // on cache lines, as x is (AlignedVector)
     // Each K block's sums are added into `sums` [m][kBlockN], contiguous and in L2, and y takes
     // the totals at the end: y's rows lie n_rows apart, each on its own page, and adding into
     // them once per K block cost a fifth of the tiles' time at prefill (perf, linear_bench
     // --modes=exact). From zero, the same additions in the same order: the same bits.
-    thread_local std::vector<float> sums_buffer;
+    thread_local AlignedVector<float> sums_buffer;
     sums_buffer.assign(m * kBlockN, 0.f);
     float* sums = sums_buffer.data();
     for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {

@@ -95,13 +95,13 @@ std::vector<float> Model(const std::vector<float>& x, int64_t m, const Stored& w
   return y;
 }
 
-using BlockFn = void (*)(const LinearJob&, int64_t, std::vector<float>*);
+using BlockFn = void (*)(const LinearJob&, int64_t, AlignedVector<float>*);
 
 std::vector<float> RunBlocks(BlockFn fn, const std::vector<float>& x, int64_t m, const Stored& w,
                              const std::vector<float>* bias) {
   std::vector<float> y(m * w.view.rows, NAN);
   const LinearJob job{x.data(), m, &w.view, bias != nullptr ? bias->data() : nullptr, y.data()};
-  std::vector<float> panel;
+  AlignedVector<float> panel;
   for (int64_t nb = 0; nb * kBlockN < w.view.rows; ++nb) fn(job, nb, &panel);
   return y;
 }
