@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/base/aligned_vector.h"
@@ -47,10 +48,13 @@ inline __m512 LoadWeights(const uint16_t* p, __mmask16 mask) {
 template <int MR, int NR>
 inline void AddLaneSums(const __m512 (&acc)[MR][NR], float* y, int64_t ldy) {
   for (int i = 0; i < MR; ++i) {
-    if constexpr (NR == 4) {
-      float* row = y + i * ldy;
-      _mm_storeu_ps(row, _mm_add_ps(_mm_loadu_ps(row),
-                                    ReduceLanes4(acc[i][0], acc[i][1], acc[i][2], acc[i][3])));
+    if constexpr (NR % 4 == 0) {
+      for (int n = 0; n < NR; n += 4) {
+        float* row = y + i * ldy + n;
+        _mm_storeu_ps(
+            row, _mm_add_ps(_mm_loadu_ps(row),
+                            ReduceLanes4(acc[i][n], acc[i][n + 1], acc[i][n + 2], acc[i][n + 3])));
+      }
     } else {
       for (int n = 0; n < NR; ++n) y[i * ldy + n] += ReduceLanes(acc[i][n]);
     }
@@ -66,6 +70,16 @@ void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, floa
   int64_t k = 0;
   for (; k + 16 <= kk; k += 16) {
     __m512 wv[NR];
+    if constexpr (std::is_same_v<W, uint16_t>) {
+      // bf16 weights are read in place only from memory (the direct path): ask for each row's
+      // next K block while this one is summed, a cache line at a time. Past a row's end this
+      // touches the next row, which a later tile reads anyway (a prefetch never faults).
+      if (k % 32 == 0) {
+        for (int n = 0; n < NR; ++n) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + n * ldw + k + kBlockK), _MM_HINT_T0);
+        }
+      }
+    }
     for (int n = 0; n < NR; ++n) wv[n] = LoadWeights(w + n * ldw + k);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
@@ -93,6 +107,20 @@ constexpr TileFn<W> kTilesForM[kTileN] = {Tile<MR, 1, W>, Tile<MR, 2, W>, Tile<M
 template <typename W>
 constexpr const TileFn<W>* kTiles[kTileM] = {kTilesForM<W, 1>, kTilesForM<W, 2>, kTilesForM<W, 3>,
                                              kTilesForM<W, 4>};
+// The direct path at one or two activation rows (decode): tiles of 8 weight rows, so that 8 rows
+// stream from memory at once (16 KiB ahead with the prefetch above, where 4 rows' loads alone
+// left the out-of-order window short of the memory's latency). Measured on a Zen 5 VM,
+// cpu_bench --modes=exact --decode_context=0: decode batch 1 54 -> 48 ms/step with the prefetch,
+// of which 8-row tiles alone gave 54 -> 50-51 (docs/performance.md, session 37).
+constexpr int64_t kWideMaxRows = 2;
+constexpr int kWideTileN = 8;
+template <typename W, int MR>
+constexpr TileFn<W> kWideTilesForM[kWideTileN] = {Tile<MR, 1, W>, Tile<MR, 2, W>, Tile<MR, 3, W>,
+                                                  Tile<MR, 4, W>, Tile<MR, 5, W>, Tile<MR, 6, W>,
+                                                  Tile<MR, 7, W>, Tile<MR, 8, W>};
+template <typename W>
+constexpr const TileFn<W>* kWideTiles[kWideMaxRows] = {kWideTilesForM<W, 1>, kWideTilesForM<W, 2>};
+
 // The panel path's tiles are 6 activation rows x 4 weight rows (24 accumulators, 4 weight
 // vectors and an activation vector: 29 registers): 10 loads per 24 FMAs where 4 x 4 takes 8 per
 // 16, and the panel (in L2) gives 4 of them. On a Zen 4 VM, linear_bench --modes=exact
@@ -213,18 +241,22 @@ void LinearBlockAvx512(const LinearJob& job, int64_t nb, AlignedVector<float>* p
   if (w.dtype == DType::kBF16 && m <= kDirectMaxRows) {
     for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * n_rows + n0, nn, 0.f);
     // Few rows (decode, and experts' thin slices of a prefill): stream each 4-row weight tile
-    // through all K blocks in place, so the hardware prefetcher sees long sequential rows;
-    // each K block of the tile (4 KiB) serves every 4-row group of activations from L1.
-    // Same per-element order as the panel path below.
+    // (8-row at one or two activation rows) through all K blocks in place, so the hardware
+    // prefetcher sees long sequential rows; each K block of the tile (4 KiB) serves every 4-row
+    // group of activations from L1. Same per-element order as the panel path below.
     const uint16_t* wb = static_cast<const uint16_t*>(w.data) + n0 * k_total;
-    for (int64_t n = 0; n < nn; n += kTileN) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileN, nn - n));
+    const bool wide = m <= kWideMaxRows;
+    const int64_t tile_n = wide ? kWideTileN : kTileN;
+    for (int64_t n = 0; n < nn; n += tile_n) {
+      const int nr = static_cast<int>(std::min(tile_n, nn - n));
       for (int64_t k0 = 0; k0 < k_total; k0 += kBlockK) {
         const int64_t kk = std::min(kBlockK, k_total - k0);
         for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
           const int mr = static_cast<int>(std::min<int64_t>(kTileM, m - i0));
-          kTiles<uint16_t>[mr - 1][nr - 1](x + i0 * k_total + k0, k_total, wb + n * k_total + k0,
-                                           k_total, kk, y + i0 * n_rows + n0 + n, n_rows);
+          const TileFn<uint16_t> tile =
+              wide ? kWideTiles<uint16_t>[mr - 1][nr - 1] : kTiles<uint16_t>[mr - 1][nr - 1];
+          tile(x + i0 * k_total + k0, k_total, wb + n * k_total + k0, k_total, kk,
+               y + i0 * n_rows + n0 + n, n_rows);
         }
       }
     }
