@@ -28,6 +28,11 @@ namespace glmserve::internal {
 namespace {
 
 constexpr int kMaxRows = 4;  // activation rows per pass over a block (their sums in registers)
+// How far ahead each group's weights are asked for: 8 groups, 4 KiB. Measured on the Zen 5 VM,
+// linear_bench --modes=int8 --tokens=128 --experts=128 (8 rows per expert, weights from memory),
+// experts on one thread 16.1 GB/s without, 21.1 at 2 KiB, 23.1-23.5 at 4, 23.2-23.8 at 8;
+// cpu_bench --modes=int8 decode batch 8: 47.6-49.0 -> 37.6-39.0 ms/step.
+constexpr int64_t kPrefetchGroups = 8;
 
 struct ActRows {
   const int8_t* q[kMaxRows];     // [kp] codes
@@ -51,6 +56,17 @@ void BlockDots(const int8_t* q, const uint16_t* scales, int64_t groups, const Ac
   for (int i = 0; i < R; ++i) f[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int8_t* unit = q + g * kInt8BlockGroupBytes;
+    // The weights stream from memory once (decode, or an expert's few rows of a prefill), one
+    // block after another: each group asks for the one kPrefetchGroups ahead (past the block's
+    // end, the next block's, which the task or its neighbour reads next; a prefetch never
+    // faults). The hardware prefetcher alone left compute and memory taking turns. At one row
+    // the loop is short enough to run ahead by itself (decode batch 1 is at the read ceiling),
+    // and the prefetches only cost issue slots.
+    for (int64_t line = 0; R > 1 && line < kInt8BlockGroupBytes; line += 64) {
+      _mm_prefetch(
+          reinterpret_cast<const char*>(unit + kPrefetchGroups * kInt8BlockGroupBytes + line),
+          _MM_HINT_T0);
+    }
     // Two chains per row (even and odd words) so that one row's dots do not wait on each
     // other's latency; their sum is exact.
     __m512i d0[R], d1[R];
