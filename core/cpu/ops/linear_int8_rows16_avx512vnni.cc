@@ -62,10 +62,12 @@ void BlockDots(const int8_t* q, const uint16_t* scales, int64_t groups, const Ac
     // faults). The hardware prefetcher alone left compute and memory taking turns. At one row
     // the loop is short enough to run ahead by itself (decode batch 1 is at the read ceiling),
     // and the prefetches only cost issue slots.
-    for (int64_t line = 0; R > 1 && line < kInt8BlockGroupBytes; line += 64) {
-      _mm_prefetch(
-          reinterpret_cast<const char*>(unit + kPrefetchGroups * kInt8BlockGroupBytes + line),
-          _MM_HINT_T0);
+    if constexpr (R > 1) {
+      for (int64_t line = 0; line < kInt8BlockGroupBytes; line += 64) {
+        _mm_prefetch(
+            reinterpret_cast<const char*>(unit + kPrefetchGroups * kInt8BlockGroupBytes + line),
+            _MM_HINT_T0);
+      }
     }
     // Two chains per row (even and odd words) so that one row's dots do not wait on each
     // other's latency; their sum is exact.
