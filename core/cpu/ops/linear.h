@@ -213,6 +213,16 @@ bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block
 inline constexpr int64_t kBlockN = 32;   // weight rows per parallel task
+
+// The exact kernels' direct path (decode) reads bf16 weight rows in place, from memory, at
+// three instructions per 32 bytes: too many for the out-of-order window alone to keep enough
+// loads in flight. Each of its tiles calls this every 16 columns: at every other call (a cache
+// line of bf16) it asks for each of the `nr` rows' next K block. Past a row's end that is the
+// next row, which a later tile reads anyway (a prefetch never faults).
+inline void PrefetchNextKBlock(const uint16_t* w, int64_t ldw, int nr, int64_t k) {
+  if (k % 32 != 0) return;
+  for (int n = 0; n < nr; ++n) __builtin_prefetch(w + n * ldw + k + kBlockK, 0, 3);
+}
 }  // namespace internal
 
 }  // namespace glmserve

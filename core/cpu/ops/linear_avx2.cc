@@ -60,15 +60,9 @@ void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, floa
     for (int n = 0; n < NR; ++n) acc[i][n][0] = acc[i][n][1] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= kk; k += 16) {
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      // bf16 weights are read in place only from memory (the direct path): each row's next K
-      // block asked for while this one is summed, as the AVX-512 kernel does.
-      if (k % 32 == 0) {
-        for (int n = 0; n < NR; ++n) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + n * ldw + k + kBlockK), _MM_HINT_T0);
-        }
-      }
-    }
+    // bf16 weights are read in place only on the direct path (float: the panel, or fp32
+    // weights, for which the prefetch was not measured).
+    if constexpr (std::is_same_v<W, uint16_t>) PrefetchNextKBlock(w, ldw, NR, k);
     Step<MR, NR>(x, ldx, w, ldw, k, acc);
   }
   if (k < kk) {

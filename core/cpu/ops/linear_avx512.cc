@@ -70,16 +70,8 @@ void Tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t kk, floa
   int64_t k = 0;
   for (; k + 16 <= kk; k += 16) {
     __m512 wv[NR];
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      // bf16 weights are read in place only from memory (the direct path): ask for each row's
-      // next K block while this one is summed, a cache line at a time. Past a row's end this
-      // touches the next row, which a later tile reads anyway (a prefetch never faults).
-      if (k % 32 == 0) {
-        for (int n = 0; n < NR; ++n) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + n * ldw + k + kBlockK), _MM_HINT_T0);
-        }
-      }
-    }
+    // bf16 weights are read in place only on the direct path (float: the panel, in L2).
+    if constexpr (std::is_same_v<W, uint16_t>) PrefetchNextKBlock(w, ldw, NR, k);
     for (int n = 0; n < NR; ++n) wv[n] = LoadWeights(w + n * ldw + k);
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);

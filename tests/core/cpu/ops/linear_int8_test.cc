@@ -469,7 +469,9 @@ TEST(LinearInt8, QuantizedActivationBuffersStartOnCacheLines) {
     auto on_line = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
     EXPECT_TRUE(on_line(a.q.data())) << static_cast<int>(operands);
     EXPECT_TRUE(on_line(a.group_scale.data())) << static_cast<int>(operands);
-    if (!a.group_sum.empty()) EXPECT_TRUE(on_line(a.group_sum.data()));
+    if (!a.group_sum.empty()) {
+      EXPECT_TRUE(on_line(a.group_sum.data())) << static_cast<int>(operands);
+    }
     if (!a.tiles.empty()) {
       EXPECT_TRUE(on_line(a.tiles.data())) << static_cast<int>(operands);
       EXPECT_TRUE(on_line(a.tile_scale.data())) << static_cast<int>(operands);
