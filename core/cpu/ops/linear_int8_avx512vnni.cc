@@ -17,6 +17,11 @@
 // Register tiles of R (up to 2) activation vectors x C (up to 4) weight rows: R x C int32 dots
 // and R x C fp32 sums, all in registers (3 x 4 spilled the sums and ran no faster: 0.56-0.58
 // of the int8 dot peak either way on a Zen 4 VM, linear_bench --modes=int8 --tokens=2048).
+// Each dot runs as two chains, the group's even and odd code words, added at the group's end:
+// an integer sum, so its order is free, and 16 chains cover vpdpbusd's latency where 8 left
+// a tenth of the unit idle (a Zen 5 probe: 8 independent chains 0.91 of its rate, 12 or more
+// 1.0). A kRows16 chunk whose 4 rows sit side by side in one block (kChunk) reads its words,
+// sums and scales at one pointer's offsets instead of 3 x 4 pointers per group.
 // K is cut in blocks whose activation operands (2 x 16 rows x 512 codes)
 // stay in L1 while every 4-row weight chunk of the task meets them; the sums wait in memory
 // between blocks. A prefill's activation rows come a part at a time (Int8Job::row_begin,
@@ -28,6 +33,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu/ops/bf16_pack_avx512.h"
 #include "core/cpu/ops/linear.h"
 #include "core/cpu/ops/linear_int8_rows.h"
 #include "core/cpu/quantize.h"
@@ -70,7 +76,7 @@ struct Acts {
 
 // Groups [g0, g1) of R activation vectors x C weight rows (the task's rows c0 ..): sums `acc`
 // [R][C][16] read (or zero, first) and written back.
-template <int R, int C, bool kRows16>
+template <int R, int C, bool kRows16, bool kChunk = false>
 void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, bool first,
            float* acc) {
   using S = Strides<kRows16>;
@@ -80,12 +86,20 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
       f[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r * C + c) * 16);
   for (int64_t g = g0; g < g1; ++g) {
     const int8_t* wp[C];
-    __m512i d[R][C];
+    __m512i d[R][C], e[R][C];
     for (int c = 0; c < C; ++c) {
       const int64_t row = c0 + c;
-      wp[c] = g < w.full ? w.q[row] + g * S::kGroup : w.tail + row * kInt8Group;
-      const __m512i start = _mm512_set1_epi32(w.corr[row][g * S::kPrepared]);
-      for (int r = 0; r < R; ++r) d[r][c] = start;
+      if constexpr (kChunk) {
+        wp[c] = w.q[c0] + g * S::kGroup + 4 * c;
+      } else {
+        wp[c] = g < w.full ? w.q[row] + g * S::kGroup : w.tail + row * kInt8Group;
+      }
+      const __m512i start = _mm512_set1_epi32(kChunk ? w.corr[c0][g * S::kPrepared + c]
+                                                     : w.corr[row][g * S::kPrepared]);
+      for (int r = 0; r < R; ++r) {
+        d[r][c] = start;
+        e[r][c] = _mm512_setzero_si512();
+      }
     }
     const int32_t* xt = x.tiles + g * kWords;
     for (int p = 0; p < 8; ++p) {
@@ -95,13 +109,23 @@ void Block(const Acts& x, const Weights& w, int64_t c0, int64_t g0, int64_t g1, 
         int32_t word;
         std::memcpy(&word, wp[c] + S::kWord * p, sizeof(word));  // (the tail: row-major)
         const __m512i b = _mm512_set1_epi32(word);
-        for (int r = 0; r < R; ++r) d[r][c] = _mm512_dpbusd_epi32(d[r][c], a[r], b);
+        for (int r = 0; r < R; ++r) {
+          if (p % 2 == 0) {
+            d[r][c] = _mm512_dpbusd_epi32(d[r][c], a[r], b);
+          } else {
+            e[r][c] = _mm512_dpbusd_epi32(e[r][c], a[r], b);
+          }
+        }
       }
     }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) d[r][c] = _mm512_add_epi32(d[r][c], e[r][c]);
     for (int r = 0; r < R; ++r) {
       const __m512 xs = _mm512_loadu_ps(x.scale + r * x.sld + g * 16);
       for (int c = 0; c < C; ++c) {
-        const __m512 scale = _mm512_mul_ps(xs, _mm512_set1_ps(w.scale[c0 + c][g * S::kPrepared]));
+        const float ws =
+            kChunk ? w.scale[c0][g * S::kPrepared + c] : w.scale[c0 + c][g * S::kPrepared];
+        const __m512 scale = _mm512_mul_ps(xs, _mm512_set1_ps(ws));
         f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][c]), scale, f[r][c]);
       }
     }
@@ -116,6 +140,10 @@ constexpr BlockFn kBlocksForR[kTileC] = {Block<R, 1, kRows16>, Block<R, 2, kRows
                                          Block<R, 3, kRows16>, Block<R, 4, kRows16>};
 template <bool kRows16>
 constexpr const BlockFn* kBlocks[kTileR] = {kBlocksForR<1, kRows16>, kBlocksForR<2, kRows16>};
+template <int R>
+constexpr BlockFn kChunkBlocksForR[kTileC] = {Block<R, 1, true, true>, Block<R, 2, true, true>,
+                                              Block<R, 3, true, true>, Block<R, 4, true, true>};
+constexpr const BlockFn* kChunkBlocks[kTileR] = {kChunkBlocksForR<1>, kChunkBlocksForR<2>};
 
 // Row-major weights: -128 x the sum of each group's codes and the widened scales of rows
 // [n0, n0 + rows), [rows][groups], and their tail groups zero-padded. Vectorized: at one vector
@@ -190,20 +218,30 @@ void PrepareRows16(const Matrix& w, int64_t n0, int64_t rows, std::vector<int32_
   scale->resize(corr->size());
   const int8_t* q = static_cast<const int8_t*>(w.data);
   const __m512i ones = _mm512_set1_epi8(1);
+  // Four groups at a time: each group's sum is a chain of 8 vpdpbusd, and one chain alone would
+  // wait on the instruction's latency at every step (a tenth of a 128-row expert's time).
+  constexpr int64_t kChains = 4;
   for (int64_t b = b0; b < b1; ++b) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t unit = b * groups + g, out = ((b - b0) * groups + g) * kInt8BlockRows;
-      __m512i sum = _mm512_setzero_si512();
+    for (int64_t g0 = 0; g0 < groups; g0 += kChains) {
+      const int64_t n = std::min(kChains, groups - g0);
+      __m512i sum[kChains];
+      for (int64_t j = 0; j < kChains; ++j) sum[j] = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p) {
-        sum = _mm512_dpbusd_epi32(sum, ones,
-                                  _mm512_loadu_si512(q + unit * kInt8BlockGroupBytes + p * 64));
+        for (int64_t j = 0; j < n; ++j) {
+          const int8_t* codes = q + (b * groups + g0 + j) * kInt8BlockGroupBytes + p * 64;
+          sum[j] = _mm512_dpbusd_epi32(sum[j], ones, _mm512_loadu_si512(codes));
+        }
       }
-      // |sum| <= 32 x 128: -128 x sum fits.
-      _mm512_storeu_si512(corr->data() + out,
-                          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
-      const __m256i h = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(w.group_scales + unit * kInt8BlockRows));
-      _mm512_storeu_si512(scale->data() + out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t unit = b * groups + g0 + j;
+        const int64_t out = ((b - b0) * groups + g0 + j) * kInt8BlockRows;
+        // |sum| <= 32 x 128: -128 x sum fits.
+        _mm512_storeu_si512(corr->data() + out,
+                            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum[j], 7)));
+        const __m256i h = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(w.group_scales + unit * kInt8BlockRows));
+        _mm512_storeu_si512(scale->data() + out, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
     }
   }
 }
@@ -251,6 +289,20 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   const Weights wt = PrepareWeights(w, n0, nn, &tail, &corr, &scale);
   const BlockFn* const* blocks =
       w.int8_layout == Int8Layout::kRows16 ? kBlocks<true> : kBlocks<false>;
+  // kRows16 chunks whose rows sit side by side in one block (all but where a block's edge
+  // cuts the chunk): their words, sums and scales are one pointer's offsets.
+  bool chunk[kBlockN / kTileC] = {};
+  if (w.int8_layout == Int8Layout::kRows16) {
+    for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
+      const int64_t nc = std::min<int64_t>(kTileC, nn - c0);
+      bool side = true;
+      for (int64_t c = 1; c < nc; ++c) {
+        side = side && wt.q[c0 + c] == wt.q[c0] + 4 * c && wt.corr[c0 + c] == wt.corr[c0] + c &&
+               wt.scale[c0 + c] == wt.scale[c0] + c;
+      }
+      chunk[c0 / kTileC] = side;
+    }
+  }
   const int64_t vectors = (job.RowEnd() + 15) / 16;
   // Sums of every chunk of the task against one register tile of activation vectors.
   alignas(64) float acc[kBlockN / kTileC][kTileR * kTileC * 16];
@@ -262,17 +314,30 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
       const int64_t g1 = std::min(groups, g0 + kBlockGroups);
       for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
         const int nc = static_cast<int>(std::min<int64_t>(kTileC, nn - c0));
-        blocks[nr - 1][nc - 1](acts, wt, c0, g0, g1, g0 == 0, acc[c0 / kTileC]);
+        (chunk[c0 / kTileC] ? kChunkBlocks : blocks)[nr - 1][nc - 1](acts, wt, c0, g0, g1, g0 == 0,
+                                                                     acc[c0 / kTileC]);
       }
     }
     // Sum (r, c) lane i: output n0 + c0 + c of activation row 16 (v0 + r) + i. They go to y
     // through `rows`, one activation row's outputs side by side, so that y takes whole vectors:
     // y's rows lie n_rows apart, and writing it one float at a time, each to another line of a
     // matrix past L3, cost a third of the kernel's time (linear_bench --modes=int8).
+    // Whole 16-output spans turn over with one 16 x 16 transpose (the scalar copy cost a
+    // tenth of a 128-row expert's time), the tail's outputs one at a time.
     alignas(64) float rows[16][kBlockN];
     const __mmask16 tail_mask = static_cast<__mmask16>((1u << (nn % 16)) - 1);
+    const int64_t whole = nn / 16 * 16;
     for (int r = 0; r < nr; ++r) {
-      for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
+      for (int64_t j = 0; j < whole; j += 16) {
+        __m512i t[16];
+        for (int o = 0; o < 16; ++o) {
+          const int64_t c0 = j + o / kTileC * kTileC;
+          t[o] = _mm512_load_si512(acc[c0 / kTileC] + (r * kTileC + o % kTileC) * 16);
+        }
+        Transpose16x16(t);
+        for (int i = 0; i < 16; ++i) _mm512_store_si512(rows[i] + j, t[i]);
+      }
+      for (int64_t c0 = whole; c0 < nn; c0 += kTileC) {
         const int nc = static_cast<int>(std::min<int64_t>(kTileC, nn - c0));
         for (int c = 0; c < nc; ++c) {
           const float* s = acc[c0 / kTileC] + (r * nc + c) * 16;

@@ -217,7 +217,8 @@ TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
 
 // A RowSlice of kRows16 weights that starts inside a block (its first row at a non-zero lane,
 // as mla.cc's per-head slices may) gives the rows the row-major slice gives, through every kernel
-// (the decode kernel for m = 1 and 3, the tile kernel for m = 5 and 20) and the portable one.
+// (the decode kernel for m = 1 to 20, the tile kernel for m = 70, whose 4-row chunks then fall
+// inside a block and across a block's edge) and the portable one.
 TEST(LinearInt8, Rows16RowSliceInsideABlock) {
   const int64_t n = 100, k = 200;
   const std::vector<float> wf = RandomVector(n * k, 95, 0.1f);
@@ -231,7 +232,7 @@ TEST(LinearInt8, Rows16RowSliceInsideABlock) {
       for (int64_t c = 0; c < k; c += 7) ASSERT_EQ(a.Int8Code(r, c), b.Int8Code(r, c));
       ASSERT_EQ(a.Int8Scale(r, 3), b.Int8Scale(r, 3));
     }
-    for (int64_t m : {1, 3, 5, 20}) {
+    for (int64_t m : {1, 3, 5, 20, 70}) {
       const std::vector<float> x = RandomVector(m * k, 96 + static_cast<uint32_t>(m));
       for (bool generic : {false, true}) {
         std::vector<float> ya(m * count, NAN), yb(m * count, NAN);
