@@ -227,8 +227,10 @@ void PrepareRows16(const Matrix& w, int64_t n0, int64_t rows, std::vector<int32_
       __m512i sum[kChains];
       for (int64_t j = 0; j < kChains; ++j) sum[j] = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p) {
-        for (int64_t j = 0; j < n; ++j) {
-          const int8_t* codes = q + (b * groups + g0 + j) * kInt8BlockGroupBytes + p * 64;
+        for (int64_t j = 0; j < kChains; ++j) {
+          // (Past the last group: the last one again, so that the chains stay in registers.)
+          const int64_t g = std::min(g0 + j, groups - 1);
+          const int8_t* codes = q + (b * groups + g) * kInt8BlockGroupBytes + p * 64;
           sum[j] = _mm512_dpbusd_epi32(sum[j], ones, _mm512_loadu_si512(codes));
         }
       }
