@@ -93,6 +93,8 @@ int Main() {
        internal::Int8BlockAvx512VnniRows16, &w16},
       {"avx2_int8", internal::CpuHasAvx2Fma(), internal::Int8Operands::kGroups,
        internal::Int8BlockAvx2, &w},
+      {"avx2_int8_rows16", internal::CpuHasAvx2Fma(), internal::Int8Operands::kGroups,
+       internal::Int8BlockAvx2Rows16, &w16},
       {"generic_int8", true, internal::Int8Operands::kGroups, internal::Int8BlockGeneric, &w},
   };
   const double peak = Int8DotPeakGops();
@@ -103,8 +105,9 @@ int Main() {
       "LinearMany picks on VNNI: for the kRows16 layout (QuantizeWeights' choice there) "
       "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there, but amx_int8 "
       "(rows16) from %ld rows where AMX-INT8 is present; for row-major weights amx_int8 on AMX, "
-      "else avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; avx2_int8 "
-      "without VNNI\n\n",
+      "else avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; without "
+      "VNNI avx2_int8_rows16 (kRows16, QuantizeWeights' choice there too), avx2_int8 for "
+      "row-major weights\n\n",
       static_cast<long>(internal::kInt8Rows16TileMinRows),
       static_cast<long>(internal::kInt8AmxRows16MinRows),
       static_cast<long>(internal::kInt8VnniMinRows));

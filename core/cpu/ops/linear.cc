@@ -254,14 +254,15 @@ using BlockFn = void (*)(const LinearJob&, int64_t, AlignedVector<float>*);
 void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
   const auto bf16_fn = CpuHasAvx512Bf16() ? Bf16BlockAvx512 : Bf16BlockGeneric;
   // The operands LinearMany packed name the kernel (Int8OperandsFor); all give the same bits.
-  // Row-major weights have a kernel on each instruction set, kRows16 on AVX512-VNNI only.
+  // Either layout has a kernel on AVX512-VNNI and on AVX2.
   const auto int8_kernel = [](const Int8Job& job) {
     const bool rows16 = job.w->int8_layout == Int8Layout::kRows16;
     if (job.x->operands == Int8Operands::kVnniTiles) return Int8BlockAvx512Vnni;
     // AMX's operands where AMX is missing (only if asked for by hand): the reference reads them.
     if (job.x->operands != Int8Operands::kGroups) return Int8BlockGeneric;
     if (CpuHasAvx512Vnni()) return rows16 ? Int8BlockAvx512VnniRows16 : Int8BlockAvx512VnniRows;
-    return CpuHasAvx2Fma() && !rows16 ? Int8BlockAvx2 : Int8BlockGeneric;
+    if (!CpuHasAvx2Fma()) return Int8BlockGeneric;
+    return rows16 ? Int8BlockAvx2Rows16 : Int8BlockAvx2;
   };
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);

@@ -84,7 +84,8 @@ const char* LinearInt8KernelName();
 // Where QuantizeWeights keeps int8 codes by default (Int8Layout, core/model/weights.h):
 // kRows16 on AVX512-VNNI, with or without AMX int8 (its decode kernel streams 16 rows per
 // vector, about 2.3x the rate of row-major rows on a Zen 4 core: docs/performance.md; AMX reads
-// a block's group as a B tile in place), kRowMajor elsewhere (the AVX2 kernel reads rows).
+// a block's group as a B tile in place), and on AVX2 (Int8BlockAvx2Rows16: no reduction across
+// lanes, 1.4-2x the row-major AVX2 kernel); kRowMajor on other CPUs.
 Int8Layout Int8LayoutForThisCpu();
 
 namespace internal {
@@ -200,8 +201,8 @@ struct Int8Job {
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job, the same bits from each: the
 // portable reference (either layout), the VNNI kernel (needs kVnniTiles; either layout), VNNI's
 // kernel for fewer rows (lanes along K; reads q, group_scale and group_sum; row-major) and the
-// AVX2 one (row-major). AMX's (linear_int8_amx.h): row-major weights with kAmxTiles, kRows16
-// with kAmxRows.
+// AVX2 ones (row-major, and kRows16 below). AMX's (linear_int8_amx.h): row-major weights with
+// kAmxTiles, kRows16 with kAmxRows.
 void Int8BlockGeneric(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb);
 void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb);
@@ -209,6 +210,9 @@ void Int8BlockAvx512VnniRows(const Int8Job& job, int64_t nb);
 // lanes along the weight rows (linear_int8_rows16_avx512vnni.cc).
 void Int8BlockAvx512VnniRows16(const Int8Job& job, int64_t nb);
 void Int8BlockAvx2(const Int8Job& job, int64_t nb);
+// Int8Layout::kRows16 weights on AVX2 without AVX512-VNNI, every row count (kGroups):
+// lanes along the weight rows (linear_int8_rows16_avx2.cc).
+void Int8BlockAvx2Rows16(const Int8Job& job, int64_t nb);
 bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block

@@ -139,7 +139,8 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
 namespace glmserve {
 
 Int8Layout Int8LayoutForThisCpu() {
-  return internal::CpuHasAvx512Vnni() ? Int8Layout::kRows16 : Int8Layout::kRowMajor;
+  return internal::CpuHasAvx512Vnni() || internal::CpuHasAvx2Fma() ? Int8Layout::kRows16
+                                                                   : Int8Layout::kRowMajor;
 }
 
 }  // namespace glmserve

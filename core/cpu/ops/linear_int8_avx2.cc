@@ -1,6 +1,7 @@
 // The int8-weight Linear kernel on AVX2 (arithmetic: linear.h, "group-serial"; reference:
-// Int8BlockGeneric in linear_int8.cc, which this kernel matches bit for bit). It serves every
-// activation on x86-64 without AVX512-VNNI. Its driver, shared with the VNNI kernel for decode,
+// Int8BlockGeneric in linear_int8.cc, which this kernel matches bit for bit). It serves
+// row-major weights on x86-64 without AVX512-VNNI (QuantizeWeights keeps kRows16 there, which
+// linear_int8_rows16_avx2.cc reads faster). Its driver, shared with the VNNI kernel for decode,
 // is linear_int8_rows.h: lanes along K, weight rows read one after another.
 //
 // A group's exact dot comes from vpmaddubsw on |x| (unsigned) and w with x's sign (signed),

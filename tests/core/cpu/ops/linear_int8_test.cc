@@ -215,10 +215,29 @@ TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
                              540, Int8Layout::kRows16);
 }
 
+// The AVX2 kernel for kRows16 weights (x86-64 without AVX512-VNNI, every row count): one and
+// two activation rows per pass (m odd and even, m = 70 and 129 long prefills), partial and
+// single-row blocks, N across 32-row tasks, ragged K (a zero-padded last group).
+TEST(LinearInt8, Avx2Rows16KernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvx2Rows16, internal::Int8Operands::kGroups,
+                             {{1, 1, 1},
+                              {1, 9, 31},
+                              {2, 16, 32},
+                              {3, 17, 33},
+                              {4, 40, 96},
+                              {1, 70, 1408},
+                              {6, 33, 513},
+                              {9, 35, 4129},
+                              {70, 20, 300},
+                              {129, 64, 1030}},
+                             640, Int8Layout::kRows16);
+}
+
 // A RowSlice of kRows16 weights that starts inside a block (its first row at a non-zero lane,
 // as mla.cc's per-head slices may) gives the rows the row-major slice gives, through every kernel
-// (the decode kernel for m = 1 to 20, the tile kernel for m = 70, whose 4-row chunks then fall
-// inside a block and across a block's edge) and the portable one.
+// (VNNI's decode kernel for m = 1 to 20, its tile kernel for m = 70, whose 4-row chunks then fall
+// inside a block and across a block's edge; the AVX2 ones) and the portable one.
 TEST(LinearInt8, Rows16RowSliceInsideABlock) {
   const int64_t n = 100, k = 200;
   const std::vector<float> wf = RandomVector(n * k, 95, 0.1f);
@@ -234,15 +253,17 @@ TEST(LinearInt8, Rows16RowSliceInsideABlock) {
     }
     for (int64_t m : {1, 3, 5, 20, 70}) {
       const std::vector<float> x = RandomVector(m * k, 96 + static_cast<uint32_t>(m));
-      for (bool generic : {false, true}) {
+      for (const char* kernels : {"native", "avx2", "generic"}) {
         std::vector<float> ya(m * count, NAN), yb(m * count, NAN);
-        internal::ForceGenericKernels(generic);
+        internal::ForceAvx2Kernels(std::strcmp(kernels, "avx2") == 0);
+        internal::ForceGenericKernels(std::strcmp(kernels, "generic") == 0);
         Linear(x.data(), m, a, nullptr, ya.data(), CpuMath::kBf16);
         Linear(x.data(), m, b, nullptr, yb.data(), CpuMath::kBf16);
+        internal::ForceAvx2Kernels(false);
         internal::ForceGenericKernels(false);
         for (int64_t i = 0; i < m * count; ++i) {
           ASSERT_EQ(Bits(ya[i]), Bits(yb[i])) << "slice [" << begin << ", +" << count << ") m=" << m
-                                              << " generic=" << generic << " " << i;
+                                              << " kernels=" << kernels << " " << i;
         }
       }
     }
@@ -290,31 +311,42 @@ TEST(LinearInt8, VnniRowsKernelEqualsThePortableOneBitForBit) {
                              340);
 }
 
-// Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels
-// and the portable one, in both layouts: a row alone runs a decode kernel (where VNNI exists:
-// lanes along K below kInt8VnniMinRows rows for row-major weights, lanes along the weight rows
-// below kInt8Rows16TileMinRows for kRows16), a batch the many-row one; the order depends on
+// Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels,
+// the AVX2 ones and the portable one, in both layouts: a row alone runs a decode kernel (where VNNI
+// exists: lanes along K below kInt8VnniMinRows rows for row-major weights, lanes along the weight
+// rows below kInt8Rows16TileMinRows for kRows16), a batch the many-row one; the order depends on
 // neither.
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
   const std::vector<float> bias = RandomVector(n, 52);
-  for (auto [generic, layout] : {std::pair{false, Int8Layout::kRowMajor},
-                                 {true, Int8Layout::kRowMajor},
-                                 {false, Int8Layout::kRows16}}) {
-    const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k, layout);
+  // (generic, avx2, layout): AVX2's kernels as on a CPU without AVX-512 (ForceAvx2Kernels).
+  struct Case {
+    bool generic, avx2;
+    Int8Layout layout;
+  };
+  for (const Case c : {Case{false, false, Int8Layout::kRowMajor},
+                       {true, false, Int8Layout::kRowMajor},
+                       {false, false, Int8Layout::kRows16},
+                       {false, true, Int8Layout::kRowMajor},
+                       {false, true, Int8Layout::kRows16}}) {
+    const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k, c.layout);
+    internal::ForceAvx2Kernels(c.avx2);
     for (int64_t m : {1, 3, 4, 16, 17, 63, 64, 128}) {
       const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
-      const std::vector<float> all = RunLinear(x, m, w, bias.data(), generic);
+      const std::vector<float> all = RunLinear(x, m, w, bias.data(), c.generic);
       for (int64_t i = 0; i < m; i += (m > 20 ? 7 : 1)) {
         const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
-        const std::vector<float> alone = RunLinear(row, 1, w, bias.data(), generic);
+        const std::vector<float> alone = RunLinear(row, 1, w, bias.data(), c.generic);
         for (int64_t j = 0; j < n; ++j) {
-          ASSERT_EQ(alone[j], all[i * n + j])
-              << (generic ? "generic" : "simd") << " rows16=" << (layout == Int8Layout::kRows16)
-              << " m=" << m << " row " << i << " col " << j;
+          ASSERT_EQ(alone[j], all[i * n + j]) << (c.generic ? "generic"
+                                                  : c.avx2  ? "avx2"
+                                                            : "simd")
+                                              << " rows16=" << (c.layout == Int8Layout::kRows16)
+                                              << " m=" << m << " row " << i << " col " << j;
         }
       }
     }
+    internal::ForceAvx2Kernels(false);
   }
 }
 
