@@ -49,7 +49,8 @@ ABSL_FLAG(std::string, modes, "exact,bf16,bf16_amx,int8",
           "int8_amx (the same with --cpu_math=bf16_amx: AMX int8 tiles); int8_row_major: int8 "
           "with its codes row-major whatever this CPU prefers (the same bits; what the layout "
           "gains); exact_portable: exact on the portable kernels (what SIMD gains); exact_avx2, "
-          "int8_avx2: on the kernels a CPU without AVX-512 runs (AVX2 + FMA)");
+          "int8_avx2: on the kernels a CPU without AVX-512 runs (AVX2 + FMA); int8_avx_vnni: on "
+          "those of one with AVX2 and AVX-VNNI");
 ABSL_FLAG(int, threads, 0, "threads (0: all cores)");
 ABSL_FLAG(std::string, decode_context, "-1",
           "contexts of the decode measurements, comma-separated (0,4096,16384: rows for each): "

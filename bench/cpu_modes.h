@@ -8,7 +8,8 @@
 // exact_portable: the exact arithmetic on the portable kernels,
 // whatever SIMD the CPU has (what the SIMD kernels gain, measured in the same run), and
 // exact_avx2 / int8_avx2: exact and int8 on the kernels a CPU without AVX-512 runs (AVX2 + FMA;
-// internal::ForceAvx2Kernels), timed on an AVX-512 machine.
+// internal::ForceAvx2Kernels), timed on an AVX-512 machine, and int8_avx_vnni: int8 on those of
+// a CPU with AVX2 and AVX-VNNI but no AVX-512 (internal::ForceAvxVnniKernels).
 #pragma once
 
 #include <string>
@@ -30,11 +31,11 @@ inline absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& li
   for (absl::string_view name : absl::StrSplit(list, ',')) {
     if (name != "exact" && name != "bf16" && name != "bf16_amx" && name != "int8" &&
         name != "int8_amx" && name != "int8_row_major" && name != "exact_portable" &&
-        name != "exact_avx2" && name != "int8_avx2") {
+        name != "exact_avx2" && name != "int8_avx2" && name != "int8_avx_vnni") {
       return absl::InvalidArgumentError(
           absl::StrCat("--modes: '", name,
                        "' is not one of exact, bf16, bf16_amx, int8, int8_amx, int8_row_major, "
-                       "exact_portable, exact_avx2, int8_avx2"));
+                       "exact_portable, exact_avx2, int8_avx2, int8_avx_vnni"));
     }
     modes.emplace_back(name);
   }
@@ -48,7 +49,8 @@ inline CpuMath MathOf(const std::string& mode) {
 
 // Whether `mode` quantizes the linear layers to int8 at load.
 inline bool Int8Weights(const std::string& mode) {
-  return mode == "int8" || mode == "int8_amx" || mode == "int8_row_major" || mode == "int8_avx2";
+  return mode == "int8" || mode == "int8_amx" || mode == "int8_row_major" || mode == "int8_avx2" ||
+         mode == "int8_avx_vnni";
 }
 
 // Whether `mode` runs on the portable kernels (internal::ForceGenericKernels while it runs).
@@ -61,6 +63,7 @@ inline bool Avx2Kernels(const std::string& mode) {
 inline void UseKernelsOf(const std::string& mode) {
   internal::ForceGenericKernels(PortableKernels(mode));
   internal::ForceAvx2Kernels(Avx2Kernels(mode));
+  internal::ForceAvxVnniKernels(mode == "int8_avx_vnni");
 }
 
 // `base` as `mode` runs it. The copy shares the weights' memory (ModelWeights holds views and

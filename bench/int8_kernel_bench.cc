@@ -95,6 +95,8 @@ int Main() {
        internal::Int8BlockAvx2, &w},
       {"avx2_int8_rows16", internal::CpuHasAvx2Fma(), internal::Int8Operands::kGroups,
        internal::Int8BlockAvx2Rows16, &w16},
+      {"avx_vnni_int8_rows16", internal::CpuHasAvxVnni(), internal::Int8Operands::kGroups,
+       internal::Int8BlockAvxVnniRows16, &w16},
       {"generic_int8", true, internal::Int8Operands::kGroups, internal::Int8BlockGeneric, &w},
   };
   const double peak = Int8DotPeakGops();
@@ -106,7 +108,8 @@ int Main() {
       "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there, but amx_int8 "
       "(rows16) from %ld rows where AMX-INT8 is present; for row-major weights amx_int8 on AMX, "
       "else avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; without "
-      "VNNI avx2_int8_rows16 (kRows16, QuantizeWeights' choice there too), avx2_int8 for "
+      "VNNI avx_vnni_int8_rows16 or avx2_int8_rows16 (kRows16, QuantizeWeights' choice there too), "
+      "avx2_int8 for "
       "row-major weights\n\n",
       static_cast<long>(internal::kInt8Rows16TileMinRows),
       static_cast<long>(internal::kInt8AmxRows16MinRows),

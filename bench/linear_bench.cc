@@ -135,11 +135,12 @@ int main(int argc, char** argv) {
   std::vector<Int8Set> int8_sets(modes->size());
   for (size_t i = 0; i < modes->size(); ++i) {
     if (!glmserve::bench::Int8Weights((*modes)[i])) continue;
-    // int8_avx2: the layout a CPU without AVX512_VNNI picks.
-    const glmserve::Int8Layout layout =
-        (*modes)[i] == "int8_row_major" || (*modes)[i] == "int8_avx2"
-            ? glmserve::Int8Layout::kRowMajor
-            : glmserve::Int8LayoutForThisCpu();
+    // The layout the CPU the mode runs as picks (int8_avx2: one without AVX-512).
+    glmserve::bench::UseKernelsOf((*modes)[i]);
+    const glmserve::Int8Layout layout = (*modes)[i] == "int8_row_major"
+                                            ? glmserve::Int8Layout::kRowMajor
+                                            : glmserve::Int8LayoutForThisCpu();
+    glmserve::bench::UseKernelsOf("");
     int8_sets[i].q = Int8Matrix(q, layout, &int8_store);
     for (const glmserve::Matrix& w : expert_w) {
       int8_sets[i].experts.push_back(Int8Matrix(w, layout, &int8_store));
@@ -213,9 +214,11 @@ int main(int argc, char** argv) {
     const double d = dense_flops / Median(dense_s[i]) / 1e9;
     const double e = moe_flops / Median(moe_s[i]) / 1e9;
     const double gbs = moe_bytes / Median(moe_s[i]) / 1e9;
+    glmserve::bench::UseKernelsOf((*modes)[i]);  // the kernel names of the CPU it ran as
     std::printf("| %s (%s) | %.0f | %.2f | %.0f | %.2f | %.1f | %.2f |\n", (*modes)[i].c_str(),
                 int8 ? glmserve::LinearInt8KernelName() : glmserve::LinearKernelName(math), d,
                 d / peak, e, e / peak, gbs, gbs / limits.read_gbs);
   }
+  glmserve::bench::UseKernelsOf("");
   return 0;
 }

@@ -73,16 +73,20 @@ namespace internal {
 namespace {
 std::atomic<bool> force_generic{false};
 std::atomic<bool> force_avx2{false};
+std::atomic<bool> force_avx_vnni{false};
+// Whether AVX-512 and AMX are hidden (ForceAvx2Kernels, ForceAvxVnniKernels).
+bool NoAvx512Forced() { return force_avx2.load() || force_avx_vnni.load(); }
 }  // namespace
 
 void ForceGenericKernels(bool force) { force_generic.store(force); }
 void ForceAvx2Kernels(bool force) { force_avx2.store(force); }
+void ForceAvxVnniKernels(bool force) { force_avx_vnni.store(force); }
 
 bool CpuHasAvx512() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return has && !force_generic.load() && !force_avx2.load();
+  return has && !force_generic.load() && !NoAvx512Forced();
 #else
   return false;
 #endif
@@ -106,7 +110,16 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
-bool CpuHasAmx() { return AmxPermitted() && !force_generic.load() && !force_avx2.load(); }
+bool CpuHasAmx() { return AmxPermitted() && !force_generic.load() && !NoAvx512Forced(); }
+
+bool CpuHasAvxVnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avxvnni");
+  return has && CpuHasAvx2Fma() && !force_avx2.load();
+#else
+  return false;
+#endif
+}
 
 bool CpuHasAvx512Vnni() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -262,7 +275,8 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     if (job.x->operands != Int8Operands::kGroups) return Int8BlockGeneric;
     if (CpuHasAvx512Vnni()) return rows16 ? Int8BlockAvx512VnniRows16 : Int8BlockAvx512VnniRows;
     if (!CpuHasAvx2Fma()) return Int8BlockGeneric;
-    return rows16 ? Int8BlockAvx2Rows16 : Int8BlockAvx2;
+    if (rows16) return CpuHasAvxVnni() ? Int8BlockAvxVnniRows16 : Int8BlockAvx2Rows16;
+    return Int8BlockAvx2;
   };
   // Blocks of all tasks in one index space: [starts[j], starts[j + 1]) belong to task j.
   std::vector<int64_t> starts(tasks.size() + 1, 0);
@@ -468,6 +482,7 @@ void Linear(const float* x, int64_t m, const Matrix& w, const float* bias, float
 const char* LinearInt8KernelName() {
   if (internal::CpuHasAmxInt8()) return "amx_int8";
   if (internal::CpuHasAvx512Vnni()) return "avx512_vnni";
+  if (internal::CpuHasAvxVnni()) return "avx_vnni_int8";
   return internal::CpuHasAvx2Fma() ? "avx2_int8" : "generic_int8";
 }
 

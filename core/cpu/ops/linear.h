@@ -79,7 +79,8 @@ const char* LinearKernelName(CpuMath math = CpuMath::kExact);
 // The kernel int8 weights run on (any mode; all give the same bits): "amx_int8" (on kRows16
 // weights: activations of kInt8AmxRows16MinRows rows or more; fewer take VNNI's decode kernel),
 // "avx512_vnni" (kRows16: lanes along the weight rows below kInt8Rows16TileMinRows activation
-// rows, along the activation rows from there), "avx2_int8" or "generic_int8".
+// rows, along the activation rows from there), "avx_vnni_int8" (AVX2 with AVX-VNNI: kRows16
+// weights on it, row-major on AVX2), "avx2_int8" or "generic_int8".
 const char* LinearInt8KernelName();
 // Where QuantizeWeights keeps int8 codes by default (Int8Layout, core/model/weights.h):
 // kRows16 on AVX512-VNNI, with or without AMX int8 (its decode kernel streams 16 rows per
@@ -104,6 +105,11 @@ void ForceGenericKernels(bool force);
 // Tests and benches: run as a CPU without AVX-512 (and AMX) would, AVX2 where the CPU has it:
 // the kernels an AVX2-only machine runs, timed and checked on an AVX-512 one.
 void ForceAvx2Kernels(bool force);
+// Tests and benches: run as a CPU with AVX2 and AVX-VNNI but no AVX-512 (or AMX) would, where
+// the CPU has AVX-VNNI.
+void ForceAvxVnniKernels(bool force);
+// AVX2 + FMA plus AVX-VNNI (vpdpbusd on 256 bits; off under ForceAvx2Kernels).
+bool CpuHasAvxVnni();
 
 // kBf16 on one bf16 matrix: xb is the activation already rounded to bf16, [m, w->cols].
 struct Bf16Job {
@@ -213,6 +219,8 @@ void Int8BlockAvx2(const Int8Job& job, int64_t nb);
 // Int8Layout::kRows16 weights on AVX2 without AVX512-VNNI, every row count (kGroups):
 // lanes along the weight rows (linear_int8_rows16_avx2.cc).
 void Int8BlockAvx2Rows16(const Int8Job& job, int64_t nb);
+// The same on AVX-VNNI (linear_int8_rows16_avxvnni.cc; reads group_sum too).
+void Int8BlockAvxVnniRows16(const Int8Job& job, int64_t nb);
 bool CpuHasAvx512Vnni();  // AVX-512 F/BW/VL/DQ plus AVX512_VNNI
 // Block sizes shared by both kernels: the fixed K blocking is part of the numerics.
 inline constexpr int64_t kBlockK = 512;  // K block: partial sums are added per block

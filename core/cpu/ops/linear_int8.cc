@@ -74,8 +74,8 @@ void QuantizeActivationInt8(const float* x, int64_t m, int64_t k, Int8Activation
   if (operands == Int8Operands::kGroups) {
     a->tiles.clear();
     a->tile_scale.clear();
-    // Only the VNNI decode kernels read them (exact in int32: |sum| <= 32 x 127).
-    if (!CpuHasAvx512Vnni()) {
+    // Only the VNNI kernels read them (exact in int32: |sum| <= 32 x 127).
+    if (!CpuHasAvx512Vnni() && !CpuHasAvxVnni()) {
       a->group_sum.clear();
       return;
     }

@@ -33,6 +33,9 @@ namespace {
 constexpr int kMaxRows = 2;
 // Groups per K range of a prefill (see Int8BlockAvx2Rows16).
 constexpr int64_t kRangeGroups = 16;
+// How far ahead each group's weights are asked for: 8 groups, 4 KiB (docs/performance.md,
+// "Int8 weights on AVX2 in 16-row blocks").
+constexpr int64_t kPrefetchGroups = 8;
 
 inline __m256i Broadcast4(const int8_t* codes) {
   int32_t word;
@@ -61,6 +64,14 @@ void BlockSums(const int8_t* q, const uint16_t* scales, int64_t g0, int64_t g1,
   }
   for (int64_t g = g0; g < g1; ++g) {
     const int8_t* unit = q + g * kInt8BlockGroupBytes;
+    // Each group asks for the one kPrefetchGroups ahead (past the block's end, the next block's;
+    // a prefetch never faults), as VNNI's decode kernel does: alone, the hardware prefetcher
+    // left the weights of a decode step arriving at 0.72-0.74 of the read ceiling.
+    for (int64_t line = 0; line < kInt8BlockGroupBytes; line += 64) {
+      _mm_prefetch(
+          reinterpret_cast<const char*>(unit + kPrefetchGroups * kInt8BlockGroupBytes + line),
+          _MM_HINT_T0);
+    }
     __m256i d[R][2];
     for (int i = 0; i < R; ++i) d[i][0] = d[i][1] = _mm256_setzero_si256();
     for (int p = 0; p < 8; ++p) {

@@ -207,18 +207,21 @@ TEST(QuantizeWeights, QuantizesTheLinearLayersOnceAndIsNeverSilent) {
 // The two int8 layouts hold the same codes and scales and give the same bits through the whole
 // model: a 70-token prompt (the tile kernel in either layout) and decode steps of one token (the
 // row-major and the kRows16 decode kernels; the portable one where the CPU lacks VNNI), and on
-// the AVX2 kernels in either layout.
+// the AVX2 kernels in either layout and on AVX-VNNI's.
 TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
   // amx_model: LinearMany as on an AMX-INT8 CPU, the kernels' drivers on the software tile
   // model (linear_int8_amx.h): the prompt's 70 rows on the tiles, the decode steps' one row on
   // VNNI's kernel for kRows16 and on the tiles for row-major codes.
   // avx2: the kernels of a CPU without AVX-512 (ForceAvx2Kernels; either layout at every m).
-  auto run = [](Int8Layout layout, bool amx_model, bool avx2 = false) {
+  // avx_vnni: those of one with AVX-VNNI too (ForceAvxVnniKernels).
+  auto run = [](Int8Layout layout, bool amx_model, bool avx2 = false, bool avx_vnni = false) {
     internal::ForceInt8AmxTileModel(amx_model);
     internal::ForceAvx2Kernels(avx2);
+    internal::ForceAvxVnniKernels(avx_vnni);
     absl::Cleanup reset = [] {
       internal::ForceInt8AmxTileModel(false);
       internal::ForceAvx2Kernels(false);
+      internal::ForceAvxVnniKernels(false);
     };
     absl::StatusOr<ModelWeights> w = LoadModel("tiny");
     EXPECT_TRUE(w.ok()) << w.status();
@@ -250,18 +253,19 @@ TEST(QuantizeWeights, Int8LayoutsGiveTheSameBits) {
   ASSERT_FALSE(row_major.empty());
   struct Case {
     Int8Layout layout;
-    bool amx_model, avx2;
+    bool amx_model, avx2, avx_vnni;
   };
-  for (const Case c : {Case{Int8Layout::kRows16, false, false},
-                       {Int8Layout::kRowMajor, true, false},
-                       {Int8Layout::kRows16, true, false},
-                       {Int8Layout::kRowMajor, false, true},
-                       {Int8Layout::kRows16, false, true}}) {
-    const std::vector<float> other = run(c.layout, c.amx_model, c.avx2);
+  for (const Case c : {Case{Int8Layout::kRows16, false, false, false},
+                       {Int8Layout::kRowMajor, true, false, false},
+                       {Int8Layout::kRows16, true, false, false},
+                       {Int8Layout::kRowMajor, false, true, false},
+                       {Int8Layout::kRows16, false, true, false},
+                       {Int8Layout::kRows16, false, false, true}}) {
+    const std::vector<float> other = run(c.layout, c.amx_model, c.avx2, c.avx_vnni);
     ASSERT_EQ(row_major.size(), other.size());
     EXPECT_EQ(std::memcmp(row_major.data(), other.data(), row_major.size() * sizeof(float)), 0)
         << "rows16=" << (c.layout == Int8Layout::kRows16) << " amx_model=" << c.amx_model
-        << " avx2=" << c.avx2;
+        << " avx2=" << c.avx2 << " avx_vnni=" << c.avx_vnni;
   }
   // And the codes agree element by element (Matrix::Int8Code reads either layout).
   absl::StatusOr<ModelWeights> a = LoadModel("tiny"), b = LoadModel("tiny");

@@ -234,6 +234,23 @@ TEST(LinearInt8, Avx2Rows16KernelEqualsThePortableOneBitForBit) {
                              640, Int8Layout::kRows16);
 }
 
+// The same kernel on AVX-VNNI (vpdpbusd on 256 bits; the activation's group code sums too).
+TEST(LinearInt8, AvxVnniRows16KernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvxVnni()) GTEST_SKIP() << "this CPU has no AVX-VNNI";
+  ExpectKernelEqualsPortable(internal::Int8BlockAvxVnniRows16, internal::Int8Operands::kGroups,
+                             {{1, 1, 1},
+                              {1, 9, 31},
+                              {2, 16, 32},
+                              {3, 17, 33},
+                              {4, 40, 96},
+                              {1, 70, 1408},
+                              {6, 33, 513},
+                              {9, 35, 4129},
+                              {70, 20, 300},
+                              {129, 64, 1030}},
+                             740, Int8Layout::kRows16);
+}
+
 // A RowSlice of kRows16 weights that starts inside a block (its first row at a non-zero lane,
 // as mla.cc's per-head slices may) gives the rows the row-major slice gives, through every kernel
 // (VNNI's decode kernel for m = 1 to 20, its tile kernel for m = 70, whose 4-row chunks then fall
@@ -253,13 +270,15 @@ TEST(LinearInt8, Rows16RowSliceInsideABlock) {
     }
     for (int64_t m : {1, 3, 5, 20, 70}) {
       const std::vector<float> x = RandomVector(m * k, 96 + static_cast<uint32_t>(m));
-      for (const char* kernels : {"native", "avx2", "generic"}) {
+      for (const char* kernels : {"native", "avx2", "avx_vnni", "generic"}) {
         std::vector<float> ya(m * count, NAN), yb(m * count, NAN);
         internal::ForceAvx2Kernels(std::strcmp(kernels, "avx2") == 0);
+        internal::ForceAvxVnniKernels(std::strcmp(kernels, "avx_vnni") == 0);
         internal::ForceGenericKernels(std::strcmp(kernels, "generic") == 0);
         Linear(x.data(), m, a, nullptr, ya.data(), CpuMath::kBf16);
         Linear(x.data(), m, b, nullptr, yb.data(), CpuMath::kBf16);
         internal::ForceAvx2Kernels(false);
+        internal::ForceAvxVnniKernels(false);
         internal::ForceGenericKernels(false);
         for (int64_t i = 0; i < m * count; ++i) {
           ASSERT_EQ(Bits(ya[i]), Bits(yb[i])) << "slice [" << begin << ", +" << count << ") m=" << m
@@ -312,25 +331,28 @@ TEST(LinearInt8, VnniRowsKernelEqualsThePortableOneBitForBit) {
 }
 
 // Every row of a batch of m equals that row run alone, bit for bit, on this machine's kernels,
-// the AVX2 ones and the portable one, in both layouts: a row alone runs a decode kernel (where VNNI
-// exists: lanes along K below kInt8VnniMinRows rows for row-major weights, lanes along the weight
-// rows below kInt8Rows16TileMinRows for kRows16), a batch the many-row one; the order depends on
-// neither.
+// the AVX2 and AVX-VNNI ones and the portable one, in both layouts: a row alone runs a decode
+// kernel (where VNNI exists: lanes along K below kInt8VnniMinRows rows for row-major weights, lanes
+// along the weight rows below kInt8Rows16TileMinRows for kRows16), a batch the many-row one; the
+// order depends on neither.
 TEST(LinearInt8, BatchInvariance) {
   const int64_t n = 45, k = 2100;
   const std::vector<float> bias = RandomVector(n, 52);
-  // (generic, avx2, layout): AVX2's kernels as on a CPU without AVX-512 (ForceAvx2Kernels).
+  // (generic, avx2, avx_vnni, layout): the kernels of a CPU without AVX-512, with AVX2 alone
+  // (ForceAvx2Kernels) or with AVX-VNNI too (ForceAvxVnniKernels).
   struct Case {
-    bool generic, avx2;
+    bool generic, avx2, avx_vnni;
     Int8Layout layout;
   };
-  for (const Case c : {Case{false, false, Int8Layout::kRowMajor},
-                       {true, false, Int8Layout::kRowMajor},
-                       {false, false, Int8Layout::kRows16},
-                       {false, true, Int8Layout::kRowMajor},
-                       {false, true, Int8Layout::kRows16}}) {
+  for (const Case c : {Case{false, false, false, Int8Layout::kRowMajor},
+                       {true, false, false, Int8Layout::kRowMajor},
+                       {false, false, false, Int8Layout::kRows16},
+                       {false, true, false, Int8Layout::kRowMajor},
+                       {false, true, false, Int8Layout::kRows16},
+                       {false, false, true, Int8Layout::kRows16}}) {
     const testing::Int8Matrix w = QuantizeInt8(RandomVector(n * k, 51, 0.05f), n, k, c.layout);
     internal::ForceAvx2Kernels(c.avx2);
+    internal::ForceAvxVnniKernels(c.avx_vnni);
     for (int64_t m : {1, 3, 4, 16, 17, 63, 64, 128}) {
       const std::vector<float> x = RandomVector(m * k, 60 + static_cast<uint32_t>(m));
       const std::vector<float> all = RunLinear(x, m, w, bias.data(), c.generic);
@@ -338,15 +360,17 @@ TEST(LinearInt8, BatchInvariance) {
         const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
         const std::vector<float> alone = RunLinear(row, 1, w, bias.data(), c.generic);
         for (int64_t j = 0; j < n; ++j) {
-          ASSERT_EQ(alone[j], all[i * n + j]) << (c.generic ? "generic"
-                                                  : c.avx2  ? "avx2"
-                                                            : "simd")
+          ASSERT_EQ(alone[j], all[i * n + j]) << (c.generic    ? "generic"
+                                                  : c.avx2     ? "avx2"
+                                                  : c.avx_vnni ? "avx_vnni"
+                                                               : "simd")
                                               << " rows16=" << (c.layout == Int8Layout::kRows16)
                                               << " m=" << m << " row " << i << " col " << j;
         }
       }
     }
     internal::ForceAvx2Kernels(false);
+    internal::ForceAvxVnniKernels(false);
   }
 }
 
