@@ -85,8 +85,9 @@ const char* LinearInt8KernelName();
 // Where QuantizeWeights keeps int8 codes by default (Int8Layout, core/model/weights.h):
 // kRows16 on AVX512-VNNI, with or without AMX int8 (its decode kernel streams 16 rows per
 // vector, about 2.3x the rate of row-major rows on a Zen 4 core: docs/performance.md; AMX reads
-// a block's group as a B tile in place), and on AVX2 (Int8BlockAvx2Rows16: no reduction across
-// lanes, 1.4-2x the row-major AVX2 kernel); kRowMajor on other CPUs.
+// a block's group as a B tile in place), and on AVX2 (Int8BlockAvx2Rows16, or with AVX-VNNI
+// Int8BlockAvxVnniRows16: no reduction across lanes; 1.5-1.6x the row-major AVX2 kernel in the
+// model); kRowMajor on other CPUs.
 Int8Layout Int8LayoutForThisCpu();
 
 namespace internal {
