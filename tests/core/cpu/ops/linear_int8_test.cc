@@ -196,12 +196,12 @@ TEST(LinearInt8, VnniKernelOnRows16EqualsThePortableOneBitForBit) {
                              440, Int8Layout::kRows16);
 }
 
-// VNNI's decode kernel for kRows16 weights: 1-4 activation rows per pass and more (m = 6, 9, 63
-// take two, three and 16 passes), partial and single-row blocks, N across 32-row tasks, ragged K
-// (a zero-padded last group).
-TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
-  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
-  ExpectKernelEqualsPortable(internal::Int8BlockAvx512VnniRows16, internal::Int8Operands::kGroups,
+// A kernel for kRows16 weights with kGroups operands against the portable one: one to four
+// activation rows per pass and more (m = 6, 9, 63 take several passes of VNNI's decode kernel;
+// 70 and 129, a prefill, take the 256-bit kernels' K ranges), partial and single-row blocks, N
+// across 32-row tasks, ragged K (a zero-padded last group).
+void ExpectRows16KernelEqualsPortable(BlockFn kernel, uint32_t seed) {
+  ExpectKernelEqualsPortable(kernel, internal::Int8Operands::kGroups,
                              {{1, 1, 1},
                               {1, 9, 31},
                               {2, 16, 32},
@@ -211,44 +211,28 @@ TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
                               {6, 33, 513},
                               {9, 35, 4129},
                               {1, 64, 4096},
-                              {63, 20, 300}},
-                             540, Int8Layout::kRows16);
+                              {63, 20, 300},
+                              {70, 20, 300},
+                              {129, 64, 1030}},
+                             seed, Int8Layout::kRows16);
 }
 
-// The AVX2 kernel for kRows16 weights (x86-64 without AVX512-VNNI, every row count): one and
-// two activation rows per pass (m odd and even, m = 70 and 129 long prefills), partial and
-// single-row blocks, N across 32-row tasks, ragged K (a zero-padded last group).
+// VNNI's decode kernel (below kInt8Rows16TileMinRows rows on AVX512-VNNI; any m works).
+TEST(LinearInt8, VnniRows16KernelEqualsThePortableOneBitForBit) {
+  if (!internal::CpuHasAvx512Vnni()) GTEST_SKIP() << "this CPU has no AVX512-VNNI";
+  ExpectRows16KernelEqualsPortable(internal::Int8BlockAvx512VnniRows16, 540);
+}
+
+// The AVX2 kernel (x86-64 without AVX512-VNNI or AVX-VNNI, every row count).
 TEST(LinearInt8, Avx2Rows16KernelEqualsThePortableOneBitForBit) {
   if (!internal::CpuHasAvx2Fma()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
-  ExpectKernelEqualsPortable(internal::Int8BlockAvx2Rows16, internal::Int8Operands::kGroups,
-                             {{1, 1, 1},
-                              {1, 9, 31},
-                              {2, 16, 32},
-                              {3, 17, 33},
-                              {4, 40, 96},
-                              {1, 70, 1408},
-                              {6, 33, 513},
-                              {9, 35, 4129},
-                              {70, 20, 300},
-                              {129, 64, 1030}},
-                             640, Int8Layout::kRows16);
+  ExpectRows16KernelEqualsPortable(internal::Int8BlockAvx2Rows16, 640);
 }
 
-// The same kernel on AVX-VNNI (vpdpbusd on 256 bits; the activation's group code sums too).
+// The same loops on AVX-VNNI (vpdpbusd on 256 bits; the activation's group code sums too).
 TEST(LinearInt8, AvxVnniRows16KernelEqualsThePortableOneBitForBit) {
   if (!internal::CpuHasAvxVnni()) GTEST_SKIP() << "this CPU has no AVX-VNNI";
-  ExpectKernelEqualsPortable(internal::Int8BlockAvxVnniRows16, internal::Int8Operands::kGroups,
-                             {{1, 1, 1},
-                              {1, 9, 31},
-                              {2, 16, 32},
-                              {3, 17, 33},
-                              {4, 40, 96},
-                              {1, 70, 1408},
-                              {6, 33, 513},
-                              {9, 35, 4129},
-                              {70, 20, 300},
-                              {129, 64, 1030}},
-                             740, Int8Layout::kRows16);
+  ExpectRows16KernelEqualsPortable(internal::Int8BlockAvxVnniRows16, 740);
 }
 
 // A RowSlice of kRows16 weights that starts inside a block (its first row at a non-zero lane,
