@@ -1,5 +1,9 @@
 #include "core/cpu/ops/linear.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -114,7 +118,12 @@ bool CpuHasAmx() { return AmxPermitted() && !force_generic.load() && !NoAvx512Fo
 
 bool CpuHasAvxVnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = __builtin_cpu_supports("avxvnni");
+  // CPUID leaf 7, subleaf 1, EAX bit 4 (clang 14's __builtin_cpu_supports has no name for it).
+  // Its VEX instructions use the YMM state, which CpuHasAvx2Fma's check covers.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+  }();
   return has && CpuHasAvx2Fma() && !force_avx2.load();
 #else
   return false;
