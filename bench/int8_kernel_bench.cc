@@ -108,9 +108,8 @@ int Main() {
       "avx512_vnni_rows16 below %ld rows, avx512_vnni (rows16) from there, but amx_int8 "
       "(rows16) from %ld rows where AMX-INT8 is present; for row-major weights amx_int8 on AMX, "
       "else avx512_vnni_rows (lanes along K) below %ld rows, avx512_vnni from there; without "
-      "VNNI avx_vnni_int8_rows16 or avx2_int8_rows16 (kRows16, QuantizeWeights' choice there too), "
-      "avx2_int8 for "
-      "row-major weights\n\n",
+      "VNNI avx_vnni_int8_rows16 or avx2_int8_rows16 (kRows16, QuantizeWeights' choice there "
+      "too), avx2_int8 for row-major weights\n\n",
       static_cast<long>(internal::kInt8Rows16TileMinRows),
       static_cast<long>(internal::kInt8AmxRows16MinRows),
       static_cast<long>(internal::kInt8VnniMinRows));

@@ -139,8 +139,8 @@ void Int8BlockGeneric(const Int8Job& job, int64_t nb) {
 namespace glmserve {
 
 Int8Layout Int8LayoutForThisCpu() {
-  return internal::CpuHasAvx512Vnni() || internal::CpuHasAvx2Fma() ? Int8Layout::kRows16
-                                                                   : Int8Layout::kRowMajor;
+  // Every kernel for kRows16 (AVX512-VNNI, AVX-VNNI, AVX2) needs at least AVX2 + FMA.
+  return internal::CpuHasAvx2Fma() ? Int8Layout::kRows16 : Int8Layout::kRowMajor;
 }
 
 }  // namespace glmserve

@@ -291,18 +291,13 @@ void Int8BlockAvx512Vnni(const Int8Job& job, int64_t nb) {
   const Weights wt = PrepareWeights(w, n0, nn, &tail, &corr, &scale);
   const BlockFn* const* blocks =
       w.int8_layout == Int8Layout::kRows16 ? kBlocks<true> : kBlocks<false>;
-  // kRows16 chunks whose rows sit side by side in one block (all but where a block's edge
-  // cuts the chunk): their words, sums and scales are one pointer's offsets.
+  // kRows16 chunks whose rows lie in one block (all but where a block's edge cuts the chunk):
+  // their lanes are consecutive, so their words, sums and scales are one pointer's offsets.
   bool chunk[kBlockN / kTileC] = {};
   if (w.int8_layout == Int8Layout::kRows16) {
     for (int64_t c0 = 0; c0 < nn; c0 += kTileC) {
-      const int64_t nc = std::min<int64_t>(kTileC, nn - c0);
-      bool side = true;
-      for (int64_t c = 1; c < nc; ++c) {
-        side = side && wt.q[c0 + c] == wt.q[c0] + 4 * c && wt.corr[c0 + c] == wt.corr[c0] + c &&
-               wt.scale[c0 + c] == wt.scale[c0] + c;
-      }
-      chunk[c0 / kTileC] = side;
+      const int64_t last = std::min(nn, c0 + kTileC) - 1;
+      chunk[c0 / kTileC] = w.int8_block(n0 + c0) == w.int8_block(n0 + last);
     }
   }
   const int64_t vectors = (job.RowEnd() + 15) / 16;
