@@ -1,8 +1,9 @@
 // The scalar bf16 arithmetic that the portable emulations of vdpbf16ps and TDPBF16PS share
-// (linear_bf16.cc, linear_amx.cc, attention_bf16.cc, attention_flash.h): bf16 rounding of fp32,
-// the instructions' treatment of subnormals, and one lane step of vdpbf16ps. Internal linkage,
-// so that files compiled for different ISAs never share a definition at link time (an inline
-// function compiled for AVX-512 must not be picked for a caller on a machine without it).
+// (linear_bf16.cc, linear_amx.cc, amx_tiles.cc, attention_bf16.cc, attention_flash.h): bf16
+// rounding of fp32, the instructions' treatment of subnormals, and one lane step of vdpbf16ps.
+// Internal linkage, so that files compiled for different ISAs never share a definition at link time
+// (an inline function compiled for AVX-512 must not be picked for a caller on a machine without
+// it).
 #pragma once
 
 #include <cfloat>
@@ -45,6 +46,21 @@ inline float DpBf16Lane(float acc, uint32_t a, uint32_t b) {
   acc = Ftz(std::fma(DazBf16(static_cast<uint16_t>(a >> 16)),
                      DazBf16(static_cast<uint16_t>(b >> 16)), acc));
   return Ftz(std::fma(DazBf16(static_cast<uint16_t>(a)), DazBf16(static_cast<uint16_t>(b)), acc));
+}
+
+// One C element of TDPBF16PS (linear_amx.h states the arithmetic): over `pairs` pairs of bf16,
+// the even chain over products a(2p) b(2p) and the odd one over a(2p+1) b(2p+1), each step one
+// FMA (one rounding) from +0, then c + (e + o), DAZ and FTZ as above. a(j), b(j): element j's
+// bf16 bits. The tile unit's model (amx_tiles.h) and the kernel's portable emulation
+// (linear_amx.cc) both take their arithmetic from here.
+template <typename A, typename B>
+inline float AmxBf16Element(float c, int pairs, A a, B b) {
+  float e = 0.0f, o = 0.0f;
+  for (int p = 0; p < pairs; ++p) {
+    e = Ftz(std::fma(DazBf16(a(2 * p)), DazBf16(b(2 * p)), e));
+    o = Ftz(std::fma(DazBf16(a(2 * p + 1)), DazBf16(b(2 * p + 1)), o));
+  }
+  return Ftz(Ftz(c) + Ftz(e + o));
 }
 
 }  // namespace

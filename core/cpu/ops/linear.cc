@@ -293,7 +293,7 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
     starts[j + 1] = starts[j] + tasks[j].units();
   }
   const bool amx = CpuHasAmx(), amx_int8 = CpuHasAmxInt8();
-  const bool amx_int8_model = Int8AmxTileModelForced();
+  const bool amx_int8_model = Int8AmxTileModelForced(), amx_model = AmxTileModelForced();
   ParallelFor(starts.back(), 1, [&](int64_t begin, int64_t end) {
     thread_local AlignedVector<float> panel;
     // This thread's tile configuration (it is per thread; the two kernels' tiles differ).
@@ -328,8 +328,8 @@ void RunTasks(const std::vector<Task>& tasks, BlockFn exact_fn) {
         job.row_end = cut.i0 + cut.count;
         kernel(job, cut.nb);
       } else if (tasks[j].amx.xp != nullptr) {
-        if (!amx) {
-          AmxUnitEmulated(tasks[j].amx, b - starts[j]);
+        if (amx_model || !amx) {
+          (amx_model ? AmxUnitTileModel : AmxUnitEmulated)(tasks[j].amx, b - starts[j]);
           continue;
         }
         use_tiles(Tiles::kBf16);

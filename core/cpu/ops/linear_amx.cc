@@ -3,6 +3,7 @@
 #include "core/cpu/ops/linear_amx.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -16,7 +17,6 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define GLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 #endif
 
 namespace glmserve::internal {
@@ -45,18 +45,13 @@ inline int64_t PackedIndex(int64_t i, int64_t k, int64_t chunks) {
          ((k % kAmxTileK) / 2) * (2 * kAmxTileRows) + (i % kAmxTileRows) * 2 + (k % 2);
 }
 
-// The tile unit reads bf16 subnormals (and a subnormal accumulator) as zero and flushes
-// subnormal results (DazBf16, Ftz: bf16_math.h).
-// One TDPBF16PS step of one C element: the even and odd chains over 16 pairs, then c + (e + o).
-// a: 32 bf16 of the A row; b(j): element j (0..31) of the B column, as pairs.
+// One TDPBF16PS step of one C element (AmxBf16Element, bf16_math.h): the even and odd chains
+// over 16 pairs, then c + (e + o). a: 32 bf16 of the A row; b(j): element j (0..31) of the B
+// column, as pairs.
 template <typename B>
 inline float ChunkStep(float c, const uint16_t* a, B b) {
-  float e = 0.0f, o = 0.0f;
-  for (int p = 0; p < 16; ++p) {
-    e = Ftz(std::fma(DazBf16(a[2 * p]), DazBf16(b(2 * p)), e));
-    o = Ftz(std::fma(DazBf16(a[2 * p + 1]), DazBf16(b(2 * p + 1)), o));
-  }
-  return Ftz(Ftz(c) + Ftz(e + o));
+  return AmxBf16Element(
+      c, 16, [a](int j) { return a[j]; }, b);
 }
 
 }  // namespace
@@ -161,8 +156,6 @@ void AmxUnitEmulated(const AmxJob& job, int64_t unit) {
   }
 }
 
-#if defined(__x86_64__)
-
 namespace {
 
 // Tiles 0-3: C (row tile t, activation tile u at 2t + u); 4, 5: A; 6, 7: B. All 16 x 64 bytes.
@@ -208,42 +201,42 @@ void MakeSource(const Matrix& w, int64_t row0, AlignedVector<uint16_t>* padded, 
 // starting from +0 (kc0 = 0) or from the tiles in c (a previous range's, exactly as the tile
 // unit left them: continuing from them is the same chain), stored to c [NT * 2 + MT][16][16].
 // b: the packed tiles of the first activation tile; the second's are b_next elements further.
-template <int NT, int MT>
-GLM_AMX_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t kc0,
-                             int64_t kc1, float* c) {
+template <typename Tiles, int NT, int MT>
+GLM_AMX_BF16_TARGET void TileLoop(const ASource* a, const uint16_t* b, int64_t b_next, int64_t kc0,
+                                  int64_t kc1, float* c) {
   if (kc0 == 0) {
-    _tile_zero(0);
-    if constexpr (MT == 2) _tile_zero(1);
-    if constexpr (NT == 2) _tile_zero(2);
-    if constexpr (NT == 2 && MT == 2) _tile_zero(3);
+    GLM_TILE(Tiles, zero, 0);
+    if constexpr (MT == 2) GLM_TILE(Tiles, zero, 1);
+    if constexpr (NT == 2) GLM_TILE(Tiles, zero, 2);
+    if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, zero, 3);
   } else {
-    _tile_loadd(0, c, 64);
-    if constexpr (MT == 2) _tile_loadd(1, c + 256, 64);
-    if constexpr (NT == 2) _tile_loadd(2, c + 512, 64);
-    if constexpr (NT == 2 && MT == 2) _tile_loadd(3, c + 768, 64);
+    GLM_TILE(Tiles, loadd, 0, c, 64);
+    if constexpr (MT == 2) GLM_TILE(Tiles, loadd, 1, c + 256, 64);
+    if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 2, c + 512, 64);
+    if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, loadd, 3, c + 768, 64);
   }
   const int64_t full = a[0].ld / kAmxTileK;
   const int64_t lda = a[0].ld * 2;  // bytes
   for (int64_t kc = kc0; kc < kc1; ++kc) {
     const uint16_t* bk = b + kc * kAmxTileElems;
     if (kc < full) {
-      _tile_loadd(4, a[0].p + kc * kAmxTileK, lda);
-      if constexpr (NT == 2) _tile_loadd(5, a[1].p + kc * kAmxTileK, lda);
+      GLM_TILE(Tiles, loadd, 4, a[0].p + kc * kAmxTileK, lda);
+      if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 5, a[1].p + kc * kAmxTileK, lda);
     } else {
-      _tile_loadd(4, a[0].tail, 64);
-      if constexpr (NT == 2) _tile_loadd(5, a[1].tail, 64);
+      GLM_TILE(Tiles, loadd, 4, a[0].tail, 64);
+      if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 5, a[1].tail, 64);
     }
-    _tile_loadd(6, bk, 64);
-    if constexpr (MT == 2) _tile_loadd(7, bk + b_next, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (MT == 2) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (NT == 2) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (NT == 2 && MT == 2) _tile_dpbf16ps(3, 5, 7);
+    GLM_TILE(Tiles, loadd, 6, bk, 64);
+    if constexpr (MT == 2) GLM_TILE(Tiles, loadd, 7, bk + b_next, 64);
+    GLM_TILE(Tiles, dpbf16ps, 0, 4, 6);
+    if constexpr (MT == 2) GLM_TILE(Tiles, dpbf16ps, 1, 4, 7);
+    if constexpr (NT == 2) GLM_TILE(Tiles, dpbf16ps, 2, 5, 6);
+    if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, dpbf16ps, 3, 5, 7);
   }
-  _tile_stored(0, c, 64);
-  if constexpr (MT == 2) _tile_stored(1, c + 256, 64);
-  if constexpr (NT == 2) _tile_stored(2, c + 512, 64);
-  if constexpr (NT == 2 && MT == 2) _tile_stored(3, c + 768, 64);
+  GLM_TILE(Tiles, stored, 0, c, 64);
+  if constexpr (MT == 2) GLM_TILE(Tiles, stored, 1, c + 256, 64);
+  if constexpr (NT == 2) GLM_TILE(Tiles, stored, 2, c + 512, 64);
+  if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, stored, 3, c + 768, 64);
 }
 
 // One C tile ct [16 outputs][16 activation rows] into y (rows of y ld apart): element [r][col]
@@ -275,37 +268,10 @@ void StoreTiles(const AmxJob& job, int64_t n0, int64_t nn, int64_t u0, int mt, c
   }
 }
 
-}  // namespace
-
-bool AmxPermitted() {
-  static const bool permitted = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
-    const bool tile = (edx & (1u << 24)) != 0, bf16 = (edx & (1u << 22)) != 0;
-    if (!tile || !bf16) return false;
-    // Linux (5.16+) hands out the 8 KiB tile data state only on request, once per process.
-    // A refusal (older kernel, a hypervisor or seccomp policy) leaves AMX off: the emulation
-    // runs instead, never a faulting instruction.
-    constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023;
-    constexpr int kXfeatureXtiledata = 18;
-    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
-    uint64_t mask = 0;
-    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) != 0) return false;
-    return (mask & (uint64_t{1} << kXfeatureXtiledata)) != 0;
-  }();
-  return permitted;
-}
-
-// On the permission alone, not the tests' override: a caller that saw AMX usable must get
-// its tiles configured even if the override flips meanwhile.
-GLM_AMX_TARGET void AmxThreadBegin() {
-  if (AmxPermitted()) _tile_loadconfig(&Config());
-}
-GLM_AMX_TARGET void AmxThreadEnd() {
-  if (AmxPermitted()) _tile_release();
-}
-
-void AmxUnitHardware(const AmxJob& job, int64_t unit) {
+// Units of a job on the tile unit or on its model (Tiles, amx_tiles.h): one code for both, so
+// that the tests of every CPU run the addressing, tails, ranges and stores the tile unit runs.
+template <typename Tiles>
+void AmxUnitOn(const AmxJob& job, int64_t unit) {
   const Matrix& w = *job.w;
   const int64_t n_rows = w.rows, k_total = w.cols, chunks = Chunks(k_total);
   const int64_t group = AmxGroupBlocks(job), blocks = (n_rows + kBlockN - 1) / kBlockN;
@@ -328,7 +294,11 @@ void AmxUnitHardware(const AmxJob& job, int64_t unit) {
   const bool ranged = chunks > kRangeChunks;
   if (ranged) partial.resize((nb1 - nb0) * pairs * 4 * 256);
   alignas(64) float c_own[4 * 256];
-  const bool vector_stores = CpuHasAvx512();
+#if defined(__x86_64__)
+  const StoreTileFn store = CpuHasAvx512() ? StoreAmxTileAvx512 : StoreTile;
+#else
+  const StoreTileFn store = StoreTile;
+#endif
   for (int64_t kc0 = 0; kc0 < chunks; kc0 += kRangeChunks) {
     const int64_t kc1 = std::min(chunks, kc0 + kRangeChunks);
     for (int64_t s0 = 0; s0 < m_tiles; s0 += slab_tiles) {
@@ -342,14 +312,14 @@ void AmxUnitHardware(const AmxJob& job, int64_t unit) {
           const uint16_t* b = job.xp + u0 * b_next;
           float* c = ranged ? partial.data() + ((nb - nb0) * pairs + u0 / 2) * 4 * 256 : c_own;
           if (nt == 2) {
-            mt == 2 ? TileLoop<2, 2>(src, b, b_next, kc0, kc1, c)
-                    : TileLoop<2, 1>(src, b, b_next, kc0, kc1, c);
+            mt == 2 ? TileLoop<Tiles, 2, 2>(src, b, b_next, kc0, kc1, c)
+                    : TileLoop<Tiles, 2, 1>(src, b, b_next, kc0, kc1, c);
           } else {
-            mt == 2 ? TileLoop<1, 2>(src, b, b_next, kc0, kc1, c)
-                    : TileLoop<1, 1>(src, b, b_next, kc0, kc1, c);
+            mt == 2 ? TileLoop<Tiles, 1, 2>(src, b, b_next, kc0, kc1, c)
+                    : TileLoop<Tiles, 1, 1>(src, b, b_next, kc0, kc1, c);
           }
           if (kc1 == chunks) {
-            StoreTiles(job, n0, nn, u0, mt, c, vector_stores ? StoreAmxTileAvx512 : StoreTile);
+            StoreTiles(job, n0, nn, u0, mt, c, store);
           }
         }
       }
@@ -357,7 +327,54 @@ void AmxUnitHardware(const AmxJob& job, int64_t unit) {
   }
 }
 
-GLM_AMX_TARGET bool AmxTileDpHardware(float* c, const uint16_t* a, const uint16_t* b) {
+}  // namespace
+
+namespace {
+std::atomic<bool> tile_model_forced{false};
+}  // namespace
+
+void ForceAmxTileModel(bool force) { tile_model_forced.store(force); }
+bool AmxTileModelForced() { return tile_model_forced.load(std::memory_order_relaxed); }
+
+void AmxUnitTileModel(const AmxJob& job, int64_t unit) {
+  AmxTileModel::loadconfig(&Config());
+  AmxUnitOn<AmxTileModel>(job, unit);
+  AmxTileModel::release();
+}
+
+#if defined(__x86_64__)
+
+bool AmxPermitted() {
+  static const bool permitted = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool tile = (edx & (1u << 24)) != 0, bf16 = (edx & (1u << 22)) != 0;
+    if (!tile || !bf16) return false;
+    // Linux (5.16+) hands out the 8 KiB tile data state only on request, once per process.
+    // A refusal (older kernel, a hypervisor or seccomp policy) leaves AMX off: the emulation
+    // runs instead, never a faulting instruction.
+    constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023;
+    constexpr int kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+    uint64_t mask = 0;
+    if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &mask) != 0) return false;
+    return (mask & (uint64_t{1} << kXfeatureXtiledata)) != 0;
+  }();
+  return permitted;
+}
+
+// On the permission alone, not the tests' override: a caller that saw AMX usable must get
+// its tiles configured even if the override flips meanwhile.
+GLM_AMX_BF16_TARGET void AmxThreadBegin() {
+  if (AmxPermitted()) _tile_loadconfig(&Config());
+}
+GLM_AMX_BF16_TARGET void AmxThreadEnd() {
+  if (AmxPermitted()) _tile_release();
+}
+
+void AmxUnitHardware(const AmxJob& job, int64_t unit) { AmxUnitOn<AmxTileUnit>(job, unit); }
+
+GLM_AMX_BF16_TARGET bool AmxTileDpHardware(float* c, const uint16_t* a, const uint16_t* b) {
   if (!CpuHasAmx()) return false;
   AmxThreadBegin();
   _tile_loadd(0, c, 64);

@@ -29,19 +29,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cpu/ops/amx_tiles.h"
 #include "core/model/weights.h"
 
 namespace glmserve::internal {
-
-// LDTILECFG's 64-byte operand (palette 1): bytes per row and rows of each of the 8 tiles; the
-// one layout every AMX kernel and bench fills in with its own tile shapes.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // CPUID says AMX-TILE and AMX-BF16, and Linux granted this process the tile data state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once, process-wide); false
@@ -87,7 +78,16 @@ struct AmxJob {
 int64_t AmxGroupBlocks(const AmxJob& job);
 int64_t AmxUnits(const AmxJob& job);
 void AmxUnitHardware(const AmxJob& job, int64_t unit);
+// The portable emulation: the kernel's arithmetic, element by element, in the same chunk order.
 void AmxUnitEmulated(const AmxJob& job, int64_t unit);
+// AmxUnitHardware's own code on the software tile unit (amx_tiles.h), on any CPU and with the
+// same bits; it configures the model's tiles itself. The tests compare it with the emulation,
+// so the hardware kernel's tiling is checked where there is no AMX.
+void AmxUnitTileModel(const AmxJob& job, int64_t unit);
+// Tests: kBf16Amx (Linear, LinearMany) and PagedAttentionAmx run their tile unit code on the
+// software model, on any CPU (on an AMX one too, instead of the tile unit).
+void ForceAmxTileModel(bool force);
+bool AmxTileModelForced();
 // Loads the tile configuration on this thread (it is per-thread state) / releases the tiles,
 // so the kernel need not save them at a context switch. No-ops without AMX.
 void AmxThreadBegin();

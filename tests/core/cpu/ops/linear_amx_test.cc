@@ -2,7 +2,8 @@
 // emulation, bit for bit, on random tiles of every kind of value (where the machine has
 // AMX; skipped with the reason otherwise, a failure under GLMSERVE_REQUIRE_AMX=1); the
 // emulation's documented arithmetic on hand-made cases (everywhere); batch invariance, awkward
-// shapes, bias and LinearMany through Linear in both the dispatched and the portable kernel.
+// shapes, bias and LinearMany through Linear in the dispatched kernel, the portable one and the
+// tile unit's code on the software tile model (amx_tiles.h), which runs it on any CPU.
 #include "core/cpu/ops/linear_amx.h"
 
 #include <gtest/gtest.h>
@@ -43,6 +44,11 @@ bool SameValue(float a, float b) { return Bits(a) == Bits(b) || (std::isnan(a) &
 struct ForceGeneric {
   ForceGeneric() { internal::ForceGenericKernels(true); }
   ~ForceGeneric() { internal::ForceGenericKernels(false); }
+};
+// The tile unit's kernel code on the software tile model (amx_tiles.h), on any CPU.
+struct ForceTileModel {
+  ForceTileModel() { internal::ForceAmxTileModel(true); }
+  ~ForceTileModel() { internal::ForceAmxTileModel(false); }
 };
 
 // Random bf16 / fp32 bit patterns by kind: 0 moderate exponents; 1 any exponent (inf/NaN
@@ -207,16 +213,24 @@ TEST(LinearAmx, MatchesFloat64ReferenceAndTheEmulationOnAwkwardShapes) {
     for (bool with_bias : {false, true}) {
       const float* b = with_bias ? bias.data() : nullptr;
       const std::vector<float> ref = testing::Bf16ActivationReference(x, s.m, wb, s.n, s.k, b);
-      std::vector<float> y(s.m * s.n, NAN), g(s.m * s.n, NAN);  // poisoned: unwritten show
+      // Poisoned: unwritten outputs show.
+      std::vector<float> y(s.m * s.n, NAN), g(s.m * s.n, NAN), model(s.m * s.n, NAN);
       Linear(x.data(), s.m, w, b, y.data(), CpuMath::kBf16Amx);
       {
         ForceGeneric generic;
         Linear(x.data(), s.m, w, b, g.data(), CpuMath::kBf16Amx);
       }
+      {
+        ForceTileModel tile_model;
+        Linear(x.data(), s.m, w, b, model.data(), CpuMath::kBf16Amx);
+      }
       EXPECT_LT(RelativeError(y, ref), 2e-6) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
       for (int64_t i = 0; i < s.m * s.n; ++i) {
         ASSERT_EQ(Bits(y[i]), Bits(g[i]))
             << LinearKernelName(CpuMath::kBf16Amx) << " vs generic_amx_bf16, m=" << s.m
+            << " n=" << s.n << " k=" << s.k << " element " << i;
+        ASSERT_EQ(Bits(model[i]), Bits(g[i]))
+            << "the tile unit's code on the tile model vs generic_amx_bf16, m=" << s.m
             << " n=" << s.n << " k=" << s.k << " element " << i;
       }
     }
@@ -246,6 +260,17 @@ void ExpectRowsIndependentOfBatch(int64_t k) {
 // tile or several, full or partial, odd or even counts of them) or where the row sits.
 TEST(LinearAmx, RowResultIndependentOfBatch) {
   // Two activation slabs at k = 1000; K in two ranges at 4200 (the C tiles kept between them).
+  for (const int64_t k : {1000, 4200}) {
+    SCOPED_TRACE(k);
+    ExpectRowsIndependentOfBatch(k);
+  }
+}
+
+// The same contract for the tile unit's own code, run on the software tile model where the CPU
+// has no AMX: its slabs, pairs of activation tiles and K ranges cut a batch differently from
+// the emulation's row by row, so this is where a cut that changed a bit would show.
+TEST(LinearAmx, RowResultIndependentOfBatchOnTheTileModel) {
+  ForceTileModel tile_model;
   for (const int64_t k : {1000, 4200}) {
     SCOPED_TRACE(k);
     ExpectRowsIndependentOfBatch(k);
