@@ -28,6 +28,10 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__)
+#include <immintrin.h>  // the intrinsics GLM_TILE names
+#endif
+
 namespace glmserve::internal {
 
 // LDTILECFG's 64-byte operand (palette 1): bytes per row and rows of each of the 8 tiles; the

@@ -1,7 +1,7 @@
 // The AMX int8 kernel's support (linear_int8_amx.h): the activation packing (shared with the
-// VNNI kernel), the software tile model, the tile configuration and the one-tile test hook. The
-// hardware kernel is in linear_int8_amx_avx512.cc (it scales with AVX-512); the reference that
-// defines the bits is Int8BlockGeneric (linear_int8.cc).
+// VNNI kernel), the driver on the software tile unit (amx_tiles.h), the tile configuration and
+// the one-tile test hook. The hardware kernel is in linear_int8_amx_avx512.cc (it scales with
+// AVX-512); the reference that defines the bits is Int8BlockGeneric (linear_int8.cc).
 #include "core/cpu/ops/linear_int8_amx.h"
 
 #include <algorithm>
@@ -15,7 +15,6 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
-#define GLM_AMX_INT8_TARGET __attribute__((target("amx-tile,amx-int8")))
 #endif
 
 namespace glmserve::internal {
@@ -73,47 +72,23 @@ void MakeInt8ASource(const Matrix& w, int64_t row0, std::vector<int8_t>* padded,
 
 namespace {
 
-// The tile unit as the kernels configure it, in software: A tiles of 16 rows x 32 bytes, B
-// tiles of 8 rows x 64 bytes, C tiles of 16 x 16 int32; loads copy rows at the given stride
-// as TILELOADD does, so the drivers' addressing is what is checked.
-struct SoftwareOps {
-  static void LoadA(const Int8ASource& a, int64_t g, int8_t* tile) {
-    const bool in_place = g < a.ld / 32;
-    const int8_t* src = in_place ? a.p + 32 * g : a.tail;
-    const int64_t stride = in_place ? a.ld : 32;
-    for (int r = 0; r < 16; ++r) std::memcpy(tile + 32 * r, src + r * stride, 32);
-  }
-  template <int NT, int MT>
-  static void Group(const Int8ASource* a, int64_t g, const int32_t* b, int64_t b_next, int32_t* c) {
-    int8_t at[2][16 * 32], bt[2][8 * 64];
-    for (int t = 0; t < NT; ++t) LoadA(a[t], g, at[t]);
-    for (int u = 0; u < MT; ++u) std::memcpy(bt[u], b + u * b_next, sizeof(bt[u]));
-    for (int t = 0; t < NT; ++t) {
-      for (int u = 0; u < MT; ++u) {
-        int32_t* ct = c + (t * 2 + u) * kInt8AmxTileCells;
-        std::fill_n(ct, kInt8AmxTileCells, 0);
-        AmxInt8TileDpEmulated(ct, at[t], bt[u]);
-      }
-    }
-  }
-  template <int NT, int MT>
-  static void Rows16Group(const int8_t* a, int64_t lda, const int8_t* b, int64_t b_next,
-                          int32_t* c) {
-    int8_t at[2][16 * 32], bt[2][8 * 64];
-    for (int u = 0; u < MT; ++u) {
-      for (int r = 0; r < 16; ++r) std::memcpy(at[u] + 32 * r, a + (16 * u + r) * lda, 32);
-    }
-    for (int t = 0; t < NT; ++t) {
-      for (int p = 0; p < 8; ++p) std::memcpy(bt[t] + 64 * p, b + t * b_next + 64 * p, 64);
-    }
-    for (int t = 0; t < NT; ++t) {
-      for (int u = 0; u < MT; ++u) {
-        int32_t* ct = c + (t * 2 + u) * kInt8AmxTileCells;
-        std::fill_n(ct, kInt8AmxTileCells, 0);
-        AmxInt8TileDpEmulated(ct, at[u], bt[t]);
-      }
-    }
-  }
+// Tiles 0-3: C, 16 rows of 16 int32; 4, 5: A, 16 weight rows of one 32-byte group; 6, 7: B,
+// 8 rows of 16 words.
+const AmxTileConfig& Config() {
+  static const AmxTileConfig config = [] {
+    AmxTileConfig c;
+    constexpr uint16_t kColsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
+    constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
+    std::copy_n(kColsb, 8, c.colsb);
+    std::copy_n(kRows, 8, c.rows);
+    return c;
+  }();
+  return config;
+}
+
+// The driver on the software tile unit, with scalar scaling (the same bits).
+struct ModelOps {
+  using Tiles = AmxTileModel;
   static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs) {
     for (int j = 0; j < 16; ++j) acc[j] = std::fma(static_cast<float>(d[j]), ws * xs[j], acc[j]);
   }
@@ -121,9 +96,15 @@ struct SoftwareOps {
 
 }  // namespace
 
-void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb) { Int8AmxBlock<SoftwareOps>(job, nb); }
+void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb) {
+  AmxTileModel::loadconfig(&Config());
+  Int8AmxBlock<ModelOps>(job, nb);
+  AmxTileModel::release();
+}
 void Int8AmxRows16BlockTileModel(const Int8Job& job, int64_t nb) {
-  Int8AmxRows16Block<SoftwareOps>(job, nb);
+  AmxTileModel::loadconfig(&Config());
+  Int8AmxRows16Block<ModelOps>(job, nb);
+  AmxTileModel::release();
 }
 
 void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
@@ -145,20 +126,6 @@ void AmxInt8TileDpEmulated(int32_t* c, const int8_t* a, const int8_t* b) {
 #if defined(__x86_64__)
 
 namespace {
-
-// Tiles 0-3: C, 16 rows of 16 int32; 4, 5: A, 16 weight rows of one 32-byte group; 6, 7: B,
-// 8 rows of 16 words.
-const AmxTileConfig& Config() {
-  static const AmxTileConfig config = [] {
-    AmxTileConfig c;
-    constexpr uint16_t kColsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
-    constexpr uint8_t kRows[8] = {16, 16, 16, 16, 16, 16, 8, 8};
-    std::copy_n(kColsb, 8, c.colsb);
-    std::copy_n(kRows, 8, c.rows);
-    return c;
-  }();
-  return config;
-}
 
 bool CpuidAmxInt8() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

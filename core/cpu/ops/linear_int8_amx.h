@@ -47,9 +47,9 @@ void PackInt8AmxBlock(Int8Activation* a, int64_t block);
 // Output rows [nb * kBlockN, (nb + 1) * kBlockN) of one job. Needs Int8AmxThreadBegin on its
 // thread and the packed tiles (Int8Operands::kAmxTiles).
 void Int8AmxBlockHardware(const Int8Job& job, int64_t nb);
-// The hardware kernel's driver over a software model of the tiles and scalar scaling (same
-// bits, any CPU; needs the packed tiles): what the tests run where AMX is missing, so the
-// kernel's addressing, tails and padding are checked everywhere.
+// The hardware kernel's driver and tile code on the software tile unit (amx_tiles.h), with
+// scalar scaling (same bits, any CPU; needs the packed tiles): what the tests run where AMX is
+// missing, so the kernel's addressing, tails and padding are checked everywhere.
 void Int8AmxBlockTileModel(const Int8Job& job, int64_t nb);
 // The same for kRows16 weights and Int8Operands::kAmxRows activations (weights as B tiles).
 void Int8AmxRows16BlockHardware(const Int8Job& job, int64_t nb);

@@ -1,32 +1,25 @@
-// The AMX int8 kernel's driver (linear_int8_amx.h), written once over its two primitives so that
-// the same tiling runs on the tile unit (linear_int8_amx_avx512.cc: TDPBSSD and AVX-512) and on
-// a software model of the tiles (linear_int8_amx.cc: the tests run it on any CPU, which checks
-// the operand addressing, the tails and the padding without AMX). Internal to those two files.
+// The AMX int8 kernel's driver and tile code (linear_int8_amx.h), written once so that the same
+// tiling runs on the tile unit (linear_int8_amx_avx512.cc: TDPBSSD and AVX-512) and on the
+// software model of the tiles (amx_tiles.h; linear_int8_amx.cc: the tests run it on any CPU,
+// which checks the operand addressing, the tails and the padding without AMX). Internal to
+// those two files.
 //
 // Ops provides:
-//   template <int NT, int MT> static void Group(const Int8ASource* a, int64_t g,
-//                                               const int32_t* b, int64_t b_next, int32_t* c);
-//     group g's int32 dots of NT (1, 2) weight tiles x MT (1, 2) activation tiles into
-//     c [NT * 2 + MT][16][16] (C tile (t, u) at 2t + u); b: the group's B tile of the first
-//     activation tile, the second's b_next words further;
-//   template <int NT, int MT> static void Rows16Group(const int8_t* a, int64_t lda,
-//       const int8_t* b, int64_t b_next, int32_t* c);
-//     kRows16 weights: one group's int32 dots of MT (1, 2) activation tiles (A: 16 rows x 32
-//     bytes from a, row stride lda; the second 16 rows further) x NT (1, 2) weight blocks
-//     (B: 512 bytes from b; the second b_next bytes further) into c [NT * 2 + MT][16][16],
-//     C tile (t, u) at 2t + u, element [activation row][weight row];
+//   using Tiles = ...;  the tile unit or its software model (amx_tiles.h), which runs the
+//     groups' tile code below (Int8TileGroup, Int8TileRows16Group);
 //   static void ScaleRow(float* acc, const int32_t* d, float ws, const float* xs);
 //     acc[j] = fma(float(d[j]), ws * xs[j], acc[j]) for j < 16 (kRows16 passes the activation
 //     row's scale as ws and the 16 weight rows' as xs: the product commutes, so the bits are
 //     the reference's xs * ws).
-// Only templates live here: each file instantiates them for its own ISA, so no function
-// compiled for AVX-512 can be linked into a caller on another CPU.
+// Only templates live here: each file instantiates them for its own ISA and Tiles, so no
+// function compiled for AVX-512 can be linked into a caller on another CPU.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "core/cpu/ops/amx_tiles.h"
 #include "core/cpu/ops/linear.h"
 
 namespace glmserve::internal {
@@ -45,6 +38,66 @@ void MakeInt8ASource(const Matrix& w, int64_t row0, std::vector<int8_t>* padded,
 inline constexpr int64_t kInt8AmxTileWords = 8 * 16;   // one B tile: 8 rows of 16 words
 inline constexpr int64_t kInt8AmxTileCells = 16 * 16;  // one C tile
 
+// The tile configuration both drivers run under (Int8AmxThreadBegin; the model's own): tiles
+// 0-3 C, 16 rows of 16 int32; 4, 5 A, 16 rows of one 32-byte group; 6, 7 B, 8 rows of 16 words.
+// C tile (t, u) is tile 2t + u; NT x MT of them in use.
+template <typename Tiles, int NT, int MT>
+GLM_AMX_INT8_TARGET inline void Int8ZeroC() {
+  GLM_TILE(Tiles, zero, 0);
+  if constexpr (MT == 2) GLM_TILE(Tiles, zero, 1);
+  if constexpr (NT == 2) GLM_TILE(Tiles, zero, 2);
+  if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, zero, 3);
+}
+template <typename Tiles, int NT, int MT>
+GLM_AMX_INT8_TARGET inline void Int8StoreC(int32_t* c) {
+  GLM_TILE(Tiles, stored, 0, c, 64);
+  if constexpr (MT == 2) GLM_TILE(Tiles, stored, 1, c + kInt8AmxTileCells, 64);
+  if constexpr (NT == 2) GLM_TILE(Tiles, stored, 2, c + 2 * kInt8AmxTileCells, 64);
+  if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, stored, 3, c + 3 * kInt8AmxTileCells, 64);
+}
+
+// Group g's int32 dots of NT (1, 2) weight tiles x MT (1, 2) activation tiles into
+// c [NT * 2 + MT][16][16] (C tile (t, u) at 2t + u); b: the group's B tile of the first
+// activation tile, the second's b_next words further.
+template <typename Tiles, int NT, int MT>
+GLM_AMX_INT8_TARGET void Int8TileGroup(const Int8ASource* a, int64_t g, const int32_t* b,
+                                       int64_t b_next, int32_t* c) {
+  Int8ZeroC<Tiles, NT, MT>();
+  if (g < a[0].ld / 32) {
+    GLM_TILE(Tiles, loadd, 4, a[0].p + 32 * g, a[0].ld);
+    if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 5, a[1].p + 32 * g, a[1].ld);
+  } else {
+    GLM_TILE(Tiles, loadd, 4, a[0].tail, 32);
+    if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 5, a[1].tail, 32);
+  }
+  GLM_TILE(Tiles, loadd, 6, b, 64);
+  if constexpr (MT == 2) GLM_TILE(Tiles, loadd, 7, b + b_next, 64);
+  GLM_TILE(Tiles, dpbssd, 0, 4, 6);
+  if constexpr (MT == 2) GLM_TILE(Tiles, dpbssd, 1, 4, 7);
+  if constexpr (NT == 2) GLM_TILE(Tiles, dpbssd, 2, 5, 6);
+  if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, dpbssd, 3, 5, 7);
+  Int8StoreC<Tiles, NT, MT>(c);
+}
+
+// kRows16 weights: one group's int32 dots of MT (1, 2) activation tiles (A: 16 rows x 32 bytes
+// in place from a, row stride lda; the second 16 rows further) x NT (1, 2) weight blocks (B: a
+// block's group in place, 512 bytes from b; the second b_next bytes further) into
+// c [NT * 2 + MT][16][16], C tile (t, u) at 2t + u, element [activation row][weight row].
+template <typename Tiles, int NT, int MT>
+GLM_AMX_INT8_TARGET void Int8TileRows16Group(const int8_t* a, int64_t lda, const int8_t* b,
+                                             int64_t b_next, int32_t* c) {
+  Int8ZeroC<Tiles, NT, MT>();
+  GLM_TILE(Tiles, loadd, 4, a, lda);
+  if constexpr (MT == 2) GLM_TILE(Tiles, loadd, 5, a + 16 * lda, lda);
+  GLM_TILE(Tiles, loadd, 6, b, 64);
+  if constexpr (NT == 2) GLM_TILE(Tiles, loadd, 7, b + b_next, 64);
+  GLM_TILE(Tiles, dpbssd, 0, 4, 6);  // C (t, u) = (0, 0)
+  if constexpr (MT == 2) GLM_TILE(Tiles, dpbssd, 1, 5, 6);
+  if constexpr (NT == 2) GLM_TILE(Tiles, dpbssd, 2, 4, 7);
+  if constexpr (NT == 2 && MT == 2) GLM_TILE(Tiles, dpbssd, 3, 5, 7);
+  Int8StoreC<Tiles, NT, MT>(c);
+}
+
 template <typename Ops>
 void Int8AmxBlock(const Int8Job& job, int64_t nb) {
   const Matrix& w = *job.w;
@@ -56,8 +109,9 @@ void Int8AmxBlock(const Int8Job& job, int64_t nb) {
   thread_local std::vector<int8_t> padded[2];
   for (int t = 0; t < nt; ++t) MakeInt8ASource(w, n0 + 16 * t, &padded[t], &a[t]);
   using GroupFn = void (*)(const Int8ASource*, int64_t, const int32_t*, int64_t, int32_t*);
-  constexpr GroupFn kGroup[2][2] = {{Ops::template Group<1, 1>, Ops::template Group<1, 2>},
-                                    {Ops::template Group<2, 1>, Ops::template Group<2, 2>}};
+  using Tiles = typename Ops::Tiles;
+  constexpr GroupFn kGroup[2][2] = {{Int8TileGroup<Tiles, 1, 1>, Int8TileGroup<Tiles, 1, 2>},
+                                    {Int8TileGroup<Tiles, 2, 1>, Int8TileGroup<Tiles, 2, 2>}};
   const int64_t m_tiles = (x.m + 15) / 16;
   const int64_t b_next = x_groups * kInt8AmxTileWords;  // from one activation tile to the next
   alignas(64) int32_t c[4 * kInt8AmxTileCells];
@@ -117,9 +171,10 @@ void Int8AmxRows16Block(const Int8Job& job, int64_t nb) {
   const int8_t* codes = static_cast<const int8_t*>(w.data);
   const int64_t b_next = groups * kInt8BlockGroupBytes;  // from one block to the next
   using GroupFn = void (*)(const int8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+  using Tiles = typename Ops::Tiles;
   constexpr GroupFn kGroup[2][2] = {
-      {Ops::template Rows16Group<1, 1>, Ops::template Rows16Group<1, 2>},
-      {Ops::template Rows16Group<2, 1>, Ops::template Rows16Group<2, 2>}};
+      {Int8TileRows16Group<Tiles, 1, 1>, Int8TileRows16Group<Tiles, 1, 2>},
+      {Int8TileRows16Group<Tiles, 2, 1>, Int8TileRows16Group<Tiles, 2, 2>}};
   const int64_t m_tiles = (x.m + 15) / 16;
   alignas(64) int32_t c[4 * kInt8AmxTileCells];
   // [t * 2 + u][activation row i][lane]: every output of the pass, for all of K.
