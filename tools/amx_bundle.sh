@@ -43,8 +43,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-targets=(core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test
-  core_cpu_ops_attention_amx_test cpu_bench linear_bench attention_bench int8_kernel_bench
+targets=(core_cpu_ops_amx_tiles_test core_cpu_ops_linear_amx_test
+  core_cpu_ops_linear_int8_amx_test core_cpu_ops_attention_amx_test cpu_bench linear_bench attention_bench int8_kernel_bench
   glm-run)
 cmake --build "$build" -j "${JOBS:-2}" --target "${targets[@]}"
 rm -rf "$out"

@@ -8,8 +8,9 @@
 #
 # What runs, most important first, every step under a timeout and the whole under DEADLINE
 # seconds (default 480: steps that would start later are skipped and say so):
-#   1. host.txt (lscpu, flags, memory) and the AMX kernels' bit tests on the tile unit
-#      (GLMSERVE_REQUIRE_AMX=1: a skip is a failure). Without AMX the run stops here.
+#   1. host.txt (lscpu, flags, memory) and the AMX kernels' bit tests on the tile unit, the
+#      software tile model's against it first (GLMSERVE_REQUIRE_AMX=1: a skip is a failure).
+#      Without AMX the run stops here.
 #   2. glmserve: cpu_bench on $PRESET (int8_amx, int8, int8_row_major, bf16_amx; prefill
 #      2,048, decode batch 1 and 8 at contexts 0 and 4,096, --breakdown), each row beside the
 #      same-run peaks; then linear_bench, attention_bench and int8_kernel_bench if time is left.
@@ -121,8 +122,8 @@ run_step() {  # name timeout log command...
 
 # 1. The bit tests.
 if [ "$amx" = 1 ]; then export GLMSERVE_REQUIRE_AMX=1; else unset GLMSERVE_REQUIRE_AMX; fi
-for t in core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test \
-  core_cpu_ops_attention_amx_test; do
+for t in core_cpu_ops_amx_tiles_test core_cpu_ops_linear_amx_test \
+  core_cpu_ops_linear_int8_amx_test core_cpu_ops_attention_amx_test; do
   run_step "$t" 180 "$out/$t.log" taskset -c "$set_a" "$here/bin/$t"
   grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$out/$t.log" | sed 's/^/       /' | tee -a "$summary"
 done

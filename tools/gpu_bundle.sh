@@ -47,7 +47,7 @@ tests+=(core_engine_runner_conformance_test core_engine_golden_test)
 tests+=(models_glm45_kjv_cuda_test)
 # The host CPU's AMX kernels (bf16, int8, attention): GPU hosts are often Intel Xeons with AMX,
 # the only machines that can measure them (run.sh --amx; their tests also run in every mode).
-tests+=(core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test
+tests+=(core_cpu_ops_amx_tiles_test core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test
   core_cpu_ops_attention_amx_test)
 benches=(gpu_bench sampler_bench host_bench moe_routing_bench mtp_bench tp_bench cpu_bench
   linear_bench attention_bench)

@@ -173,8 +173,8 @@ run_step() {  # name log command...
 
 # --amx: the host CPU's AMX kernels alone (no GPU needed), then stop.
 if [ "$amx_only" = 1 ]; then
-  for t in core_cpu_ops_linear_amx_test core_cpu_ops_linear_int8_amx_test \
-    core_cpu_ops_attention_amx_test; do
+  for t in core_cpu_ops_amx_tiles_test core_cpu_ops_linear_amx_test \
+    core_cpu_ops_linear_int8_amx_test core_cpu_ops_attention_amx_test; do
     run_test "$here/bin/$t"
   done
   # AMX_QUICK=1: the quick benchmarks even on an AMX CPU (the bundle's own test: the full ones

@@ -1,5 +1,6 @@
-// PagedAttentionAmx (attention_amx.h): packing K/V and the query rows, the work split, and the
-// portable emulation of the block step (the AMX one is in attention_amx_avx512.cc).
+// PagedAttentionAmx (attention_amx.h): packing K/V and the query rows, the work split, the
+// portable emulation of the block step and its tile products on the software tile unit (the
+// AMX one is in attention_amx_avx512.cc).
 #include "core/cpu/ops/attention_amx.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "core/base/aligned_vector.h"
 #include "core/base/parallel.h"
 #include "core/cpu/ops/attention_amx_internal.h"
+#include "core/cpu/ops/attention_amx_tiles.h"
 #include "core/cpu/ops/attention_flash.h"
 #include "core/cpu/ops/bf16_pack_avx512.h"
 #include "core/cpu/ops/linear.h"
@@ -272,8 +274,29 @@ struct CallArgs {
   float* out;
   int64_t heads, group, head_dim, dp;
   float scale;
-  bool hardware;
+  bool hardware;    // the tile unit (CpuHasAmx, CpuHasAvx512)
+  bool tile_model;  // else its software model (ForceAmxTileModel), else the emulation
 };
+
+// The tiles of this thread for a call's work items: configured on the tile unit or the model.
+void TilesBegin(const CallArgs& c) {
+  if (c.hardware) AmxThreadBegin();
+  if (c.tile_model) AmxTileModel::loadconfig(&AmxBf16TileConfig());
+}
+void TilesEnd(const CallArgs& c) {
+  if (c.hardware) AmxThreadEnd();
+  if (c.tile_model) AmxTileModel::release();
+}
+
+void RunFlashGroup(const CallArgs& c, const FlashGroup& group, const FlashScratch& scratch) {
+  if (c.hardware) {
+    FlashGroupHardware(group, scratch);
+  } else if (c.tile_model) {
+    FlashGroupTileModel(group, scratch);
+  } else {
+    FlashGroupEmulated(group, scratch);
+  }
+}
 
 // Row block [r0, r0 + 32) of unit u: gathers its query rows and packs them into q_tiles
 // (positions into pos, output rows into outs); returns the block, K/V not yet set.
@@ -328,8 +351,7 @@ void RunRowBlocks(const CallArgs& c, const Unit& u, int64_t r0, int count, const
   group.count = count;
   group.blocks = row_blocks;
   group.states = states;
-  c.hardware ? FlashGroupHardware(group, buf->Scratch())
-             : FlashGroupEmulated(group, buf->Scratch());
+  RunFlashGroup(c, group, buf->Scratch());
 }
 
 // Units [first, first + heads) of one sequence, one row block each (decodes, short chunks),
@@ -363,18 +385,17 @@ void RunGroup(const CallArgs& c, const Unit* first, int heads, const KvCache& ca
   group.vt_blocks = vt_blocks;
   group.pack = GroupPacker::Pack;
   group.pack_context = &packer;
-  c.hardware ? FlashGroupHardware(group, buf->Scratch())
-             : FlashGroupEmulated(group, buf->Scratch());
+  RunFlashGroup(c, group, buf->Scratch());
 }
 
 }  // namespace
 
-void FlashRowBlockEmulated(const FlashBlock& block, const FlashScratch& scratch) {
-  FlashRowBlock<EmulatedTiles>(block, scratch);
-}
-
 void FlashGroupEmulated(const FlashGroup& group, const FlashScratch& scratch) {
   FlashGroupRun<EmulatedTiles>(group, scratch);
+}
+
+void FlashGroupTileModel(const FlashGroup& group, const FlashScratch& scratch) {
+  FlashGroupRun<AmxFlashTiles<AmxTileModel>>(group, scratch);
 }
 
 const char* AttentionAmxKernelName() {
@@ -391,7 +412,8 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
   const int64_t head_dim = cache.shape().head_dim, kv_heads = cache.shape().kv_heads;
   const int64_t group = heads / kv_heads;
   const int64_t dp = (head_dim + 31) / 32 * 32;
-  const bool hardware = internal::CpuHasAmx() && internal::CpuHasAvx512();
+  const bool tile_model = internal::AmxTileModelForced();
+  const bool hardware = !tile_model && internal::CpuHasAmx() && internal::CpuHasAvx512();
 
   std::vector<Unit> units;
   int64_t row = 0;
@@ -413,7 +435,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     row += slice.num_tokens;
   }
 
-  const internal::CallArgs args{q, out, heads, group, head_dim, dp, scale, hardware};
+  const internal::CallArgs args{q, out, heads, group, head_dim, dp, scale, hardware, tile_model};
   // Units of one row block (decodes, short chunks) pack their K/V a key block at a time inside
   // their own work item: each cached row is read once, straight into L1.
   std::vector<Unit> staged, fused;
@@ -439,14 +461,14 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
   }
   ParallelFor(static_cast<int64_t>(groups.size()), 1, [&](int64_t begin, int64_t end) {
     thread_local internal::BlockBuffers buf;
-    if (hardware) internal::AmxThreadBegin();
+    internal::TilesBegin(args);
     for (int64_t i = begin; i < end; ++i) {
       const Unit* first = fused.data() + groups[i].first;
       buf.Size(dp, head_dim, groups[i].second);
       internal::RunGroup(args, first, groups[i].second, cache, layer, *batch[first->seq].blocks,
                          &buf);
     }
-    if (hardware) internal::AmxThreadEnd();
+    internal::TilesEnd(args);
   });
 
   // The others in rounds whose packed K/V fit the arena (a round takes at least one unit):
@@ -492,7 +514,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     ParallelFor(block_starts.back(), 1, [&](int64_t begin, int64_t end) {
       thread_local internal::BlockBuffers buf;
       buf.Size(dp, head_dim, kRun);
-      if (hardware) internal::AmxThreadBegin();
+      internal::TilesBegin(args);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t j = unit_of(block_starts, item);
         const Unit& u = staged[first + j];
@@ -500,7 +522,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
         const int count = static_cast<int>(std::min(kRun, u.row_blocks(group) - b0));
         internal::RunRowBlocks(args, u, b0 * kFlashRows, count, packed, &buf);
       }
-      if (hardware) internal::AmxThreadEnd();
+      internal::TilesEnd(args);
     });
     first = last;
   }

@@ -58,10 +58,10 @@ struct FlashGroup {
 };
 
 // The block step with the tile products on the AMX unit (call between AmxThreadBegin and
-// AmxThreadEnd) and with their portable emulation: the same bits.
-void FlashRowBlockHardware(const FlashBlock& block, const FlashScratch& scratch);
-void FlashRowBlockEmulated(const FlashBlock& block, const FlashScratch& scratch);
+// AmxThreadEnd), with their portable emulation, and with the AMX unit's tile code on the
+// software tile unit (its tiles configured with AmxBf16TileConfig): the same bits.
 void FlashGroupHardware(const FlashGroup& group, const FlashScratch& scratch);
 void FlashGroupEmulated(const FlashGroup& group, const FlashScratch& scratch);
+void FlashGroupTileModel(const FlashGroup& group, const FlashScratch& scratch);
 
 }  // namespace glmserve::internal

@@ -25,7 +25,8 @@ namespace {
 
 inline float FlashMax(float a, float b) { return a > b ? a : b; }
 
-// Tiles provides the two tile products (attention_amx.cc: emulated; attention_amx_avx512.cc: AMX):
+// Tiles provides the two tile products (attention_amx.cc: emulated; attention_amx_tiles.h: on
+// the tile unit or its software model):
 //   Scores(k_rows, dp, q_tiles, mt, st): st[key][row] for the block's 32 keys (rows of k_rows)
 //     and mt * 16 query rows, each element one TDPBF16PS chain over the dp / 32 chunks from +0.
 //   Pv(vt, ctx_pad, dp, pt, mt, ot_blk): ot_blk[d][row] = one TDPBF16PS from +0 over the 32 keys.
@@ -133,20 +134,6 @@ inline int64_t FlashKeyBlocks(const FlashBlock& b) {
   int32_t max_pos = -1;
   for (int r = 0; r < kFlashRows; ++r) max_pos = b.pos[r] > max_pos ? b.pos[r] : max_pos;
   return max_pos / kFlashKeys + 1;
-}
-
-// A row block over its packed K/V (b.k_rows, b.vt), state in the scratch.
-template <typename Tiles>
-void FlashRowBlock(const FlashBlock& b, const FlashScratch& s) {
-  alignas(64) float m[kFlashRows], l[kFlashRows];
-  const FlashState state{m, l, s.ot};
-  FlashBegin(b.dp, state);
-  const int64_t blocks = FlashKeyBlocks(b);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int32_t key0 = static_cast<int32_t>(kb * kFlashKeys);
-    FlashStep<Tiles>(b, key0, b.k_rows + key0 * b.dp, b.vt + key0, b.ctx_pad, s, state);
-  }
-  FlashEnd(b, state);
 }
 
 // A group of row blocks stepping through the key blocks together (FlashGroup).

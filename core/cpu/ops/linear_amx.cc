@@ -156,10 +156,8 @@ void AmxUnitEmulated(const AmxJob& job, int64_t unit) {
   }
 }
 
-namespace {
-
 // Tiles 0-3: C (row tile t, activation tile u at 2t + u); 4, 5: A; 6, 7: B. All 16 x 64 bytes.
-const AmxTileConfig& Config() {
+const AmxTileConfig& AmxBf16TileConfig() {
   static const AmxTileConfig config = [] {
     AmxTileConfig c;
     for (int t = 0; t < 8; ++t) {
@@ -170,6 +168,8 @@ const AmxTileConfig& Config() {
   }();
   return config;
 }
+
+namespace {
 
 // One A tile's source: 16 weight rows read in place (stride ld elements) for the full K
 // chunks, and a zero-padded copy of the tail chunk; rows past the matrix: a padded copy.
@@ -337,7 +337,7 @@ void ForceAmxTileModel(bool force) { tile_model_forced.store(force); }
 bool AmxTileModelForced() { return tile_model_forced.load(std::memory_order_relaxed); }
 
 void AmxUnitTileModel(const AmxJob& job, int64_t unit) {
-  AmxTileModel::loadconfig(&Config());
+  AmxTileModel::loadconfig(&AmxBf16TileConfig());
   AmxUnitOn<AmxTileModel>(job, unit);
   AmxTileModel::release();
 }
@@ -366,7 +366,7 @@ bool AmxPermitted() {
 // On the permission alone, not the tests' override: a caller that saw AMX usable must get
 // its tiles configured even if the override flips meanwhile.
 GLM_AMX_BF16_TARGET void AmxThreadBegin() {
-  if (AmxPermitted()) _tile_loadconfig(&Config());
+  if (AmxPermitted()) _tile_loadconfig(&AmxBf16TileConfig());
 }
 GLM_AMX_BF16_TARGET void AmxThreadEnd() {
   if (AmxPermitted()) _tile_release();

@@ -88,6 +88,9 @@ void AmxUnitTileModel(const AmxJob& job, int64_t unit);
 // software model, on any CPU (on an AMX one too, instead of the tile unit).
 void ForceAmxTileModel(bool force);
 bool AmxTileModelForced();
+// The bf16 kernels' tile configuration (this one and PagedAttentionAmx's): eight tiles of 16
+// rows x 64 bytes.
+const AmxTileConfig& AmxBf16TileConfig();
 // Loads the tile configuration on this thread (it is per-thread state) / releases the tiles,
 // so the kernel need not save them at a context switch. No-ops without AMX.
 void AmxThreadBegin();

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/npy.h"
 #include "core/cpu/cpu_model.h"
+#include "core/cpu/ops/linear_amx.h"
 #include "core/model/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
@@ -138,12 +139,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenCpuMathTest,
 
 // The portable kBf16 and kBf16Amx kernels (emulations of vdpbf16ps and of TDPBF16PS) give
 // the dispatched kernel's bits on a whole forward, prefill and decode: a machine without
-// AVX512_BF16 (or AMX) computes what one with it does.
+// AVX512_BF16 (or AMX) computes what one with it does. For kBf16Amx, so does the AMX kernels'
+// own code on the software tile unit (ForceAmxTileModel: linear and attention).
 class PortableKernelTest : public ::testing::TestWithParam<CpuMath> {};
 
 TEST_P(PortableKernelTest, GivesTheDispatchedBits) {
   const CpuMath math = GetParam();
-  auto run = [math](bool generic) {
+  auto run = [math](bool generic, bool tile_model = false) {
     absl::StatusOr<ModelWeights> weights = LoadCheckpoint(testing::GoldenDir("bf16"));
     EXPECT_TRUE(weights.ok()) << weights.status();
     CpuModel model(*std::move(weights), math);
@@ -153,6 +155,7 @@ TEST_P(PortableKernelTest, GivesTheDispatchedBits) {
     BlockTable table;
     EXPECT_TRUE(cache.Reserve(&table, n + 1).ok());
     internal::ForceGenericKernels(generic);
+    internal::ForceAmxTileModel(tile_model);
     ForwardBatch batch;
     batch.sequences = {{n, 0, &table}};
     batch.token_ids = expected.prompt;
@@ -165,6 +168,7 @@ TEST_P(PortableKernelTest, GivesTheDispatchedBits) {
     batch.token_ids = absl::MakeConstSpan(&next, 1);
     EXPECT_TRUE(model.Forward(batch, &cache, options, &decode).ok());
     internal::ForceGenericKernels(false);
+    internal::ForceAmxTileModel(false);
     prefill.logits.insert(prefill.logits.end(), decode.logits.begin(), decode.logits.end());
     return prefill.logits;
   };
@@ -173,6 +177,7 @@ TEST_P(PortableKernelTest, GivesTheDispatchedBits) {
   const std::vector<float> generic = run(true);
   ASSERT_FALSE(dispatched.empty());
   EXPECT_EQ(dispatched, generic);
+  if (math == CpuMath::kBf16Amx) EXPECT_EQ(run(false, /*tile_model=*/true), generic);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, PortableKernelTest,

@@ -1,8 +1,9 @@
 // The software tile unit (core/cpu/ops/amx_tiles.h): its products equal the one-tile
 // emulations that the AMX machines checked against TDPBF16PS and TDPBSSD (linear_amx_test,
 // linear_int8_amx_test), loads and stores follow the configured shapes and strides, shapes
-// smaller than a whole tile index the operands as the instructions do, and what the tile unit
-// would fault on stops the process with the reason.
+// smaller than a whole tile index the operands as the instructions do (on an AMX CPU: as the
+// tile unit does, bit for bit), and what the tile unit would fault on stops the process with the
+// reason.
 #include "core/cpu/ops/amx_tiles.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include "core/base/dtype.h"
 #include "core/cpu/ops/linear_amx.h"
 #include "core/cpu/ops/linear_int8_amx.h"
+#include "tests/core/cpu/ops/amx_test_util.h"
 
 namespace glmserve {
 namespace {
@@ -84,41 +86,6 @@ TEST(AmxTileModel, Int8ProductEqualsTheOneTileEmulationAndWraps) {
   }
 }
 
-// M = 3, N = 5, K = 4 pairs (8 bf16), operands read at strides wider than their rows: every
-// element is a sum of small integers, exact in any order, so the expected value is plain
-// arithmetic and only the indexing is under test. Bytes outside the stored rows stay put.
-TEST(AmxTileModel, PartialShapesIndexTheOperandsAsTheInstructionDoes) {
-  Released released;
-  const AmxTileConfig config = Config({{3, 20}, {3, 16}, {4, 20}});
-  Model::loadconfig(&config);
-  constexpr int kM = 3, kN = 5, kPairs = 4, kStride = 40;  // bytes
-  std::vector<uint16_t> a(kM * kStride / 2, FloatToBf16(100.0f)), b(kPairs * kStride / 2);
-  for (int i = 0; i < kM; ++i) {
-    for (int q = 0; q < 2 * kPairs; ++q) a[i * kStride / 2 + q] = FloatToBf16(i + 1 + q);
-  }
-  for (int p = 0; p < kPairs; ++p) {
-    for (int j = 0; j < kN; ++j) {
-      for (int s = 0; s < 2; ++s) b[p * kStride / 2 + 2 * j + s] = FloatToBf16(j - 2 * p + s);
-    }
-  }
-  std::vector<float> c(kM * kStride / 4, -7.0f);
-  Model::loadd(0, c.data(), kStride);
-  Model::loadd(1, a.data(), kStride);
-  Model::loadd(2, b.data(), kStride);
-  Model::dpbf16ps(0, 1, 2);
-  Model::stored(0, c.data(), kStride);
-  for (int i = 0; i < kM; ++i) {
-    for (int j = 0; j < kStride / 4; ++j) {
-      float want = -7.0f;
-      if (j < kN) {
-        for (int q = 0; q < 2 * kPairs; ++q)
-          want += float(i + 1 + q) * float(j - 2 * (q / 2) + q % 2);
-      }
-      EXPECT_EQ(c[i * kStride / 4 + j], want) << "row " << i << " column " << j;
-    }
-  }
-}
-
 TEST(AmxTileModel, ZeroAndReloadAfterReleaseStartFromZero) {
   Released released;
   const AmxTileConfig config = Config({{16, 64}});
@@ -132,6 +99,102 @@ TEST(AmxTileModel, ZeroAndReloadAfterReleaseStartFromZero) {
   Model::loadconfig(&config);  // LDTILECFG zeroes the tiles
   Model::stored(0, got.data(), 64);
   EXPECT_EQ(got, std::vector<float>(256, 0.0f));
+}
+
+// One program of tile instructions with shapes smaller than a whole tile (M, N and K all off
+// 16), bf16 and int8, each operand read at a stride wider than its row, written once over Tiles
+// like the kernels.
+struct ProgramData {
+  std::vector<float> c_f32 = std::vector<float>(3 * 10, -3.5f);       // C: 3 rows x 5 of 10
+  std::vector<uint16_t> a_bf16 = std::vector<uint16_t>(3 * 20);       // A: 3 rows x 8 of 20
+  std::vector<uint16_t> b_bf16 = std::vector<uint16_t>(4 * 20);       // B: 4 rows x 10 of 20
+  std::vector<int32_t> c_i32 = std::vector<int32_t>(5 * 8, 1 << 30);  // C: 5 rows x 3 of 8
+  std::vector<int8_t> a_i8 = std::vector<int8_t>(5 * 24);             // A: 5 rows x 8 of 24
+  std::vector<int8_t> b_i8 = std::vector<int8_t>(2 * 24);             // B: 2 rows x 12 of 24
+};
+
+#if defined(__x86_64__)
+#define GLM_TEST_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,amx-int8")))
+#else
+#define GLM_TEST_AMX_TARGET
+#endif
+
+template <typename Tiles>
+GLM_TEST_AMX_TARGET void RunProgram(ProgramData* d) {
+  const AmxTileConfig config = Config({{3, 20}, {3, 16}, {4, 20}, {5, 12}, {5, 8}, {2, 12}});
+  GLM_TILE(Tiles, loadconfig, &config);
+  GLM_TILE(Tiles, loadd, 0, d->c_f32.data(), 40);
+  GLM_TILE(Tiles, loadd, 1, d->a_bf16.data(), 40);
+  GLM_TILE(Tiles, loadd, 2, d->b_bf16.data(), 40);
+  GLM_TILE(Tiles, dpbf16ps, 0, 1, 2);
+  GLM_TILE(Tiles, dpbf16ps, 0, 1, 2);  // twice: C goes on from the first product's result
+  GLM_TILE(Tiles, stored, 0, d->c_f32.data(), 40);
+  GLM_TILE(Tiles, loadd, 3, d->c_i32.data(), 32);
+  GLM_TILE(Tiles, loadd, 4, d->a_i8.data(), 24);
+  GLM_TILE(Tiles, loadd, 5, d->b_i8.data(), 24);
+  GLM_TILE(Tiles, dpbssd, 3, 4, 5);
+  GLM_TILE(Tiles, stored, 3, d->c_i32.data(), 32);
+  GLM_TILE(Tiles, release);
+}
+
+ProgramData RandomProgramData(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  ProgramData d;
+  for (uint16_t& v : d.a_bf16) v = FloatToBf16(dist(rng));
+  for (uint16_t& v : d.b_bf16) v = FloatToBf16(dist(rng));
+  for (int8_t& v : d.a_i8) v = static_cast<int8_t>(rng());
+  for (int8_t& v : d.b_i8) v = static_cast<int8_t>(rng());
+  return d;
+}
+
+// On an AMX CPU the model and the tile unit run the program to the same bits, the parts of
+// the buffers outside the configured shapes untouched by both.
+TEST(AmxTileModel, RunsAProgramOfPartialTilesAsTheTileUnitDoes) {
+  GLM_REQUIRE_AMX(internal::CpuHasAmx() && internal::CpuHasAmxInt8(), "AMX-BF16 and AMX-INT8");
+#if defined(__x86_64__)
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    ProgramData model = RandomProgramData(seed), unit = model;
+    RunProgram<Model>(&model);
+    RunProgram<internal::AmxTileUnit>(&unit);
+    EXPECT_EQ(0, std::memcmp(model.c_f32.data(), unit.c_f32.data(), 4 * model.c_f32.size()));
+    EXPECT_EQ(model.c_i32, unit.c_i32);
+  }
+#endif
+}
+
+// The same program on the model everywhere: what it must compute, by plain arithmetic (the
+// bf16 operands are small integers, so every sum is exact in any order).
+TEST(AmxTileModel, RunsAProgramOfPartialTiles) {
+  ProgramData d;
+  for (size_t i = 0; i < d.a_bf16.size(); ++i) d.a_bf16[i] = FloatToBf16(float(i % 7) - 3.0f);
+  for (size_t i = 0; i < d.b_bf16.size(); ++i) d.b_bf16[i] = FloatToBf16(float(i % 5) - 2.0f);
+  for (size_t i = 0; i < d.a_i8.size(); ++i) d.a_i8[i] = static_cast<int8_t>(i * 37);
+  for (size_t i = 0; i < d.b_i8.size(); ++i) d.b_i8[i] = static_cast<int8_t>(i * 91);
+  ProgramData want = d;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 5; ++j) {
+      float dot = 0.0f;
+      for (int q = 0; q < 8; ++q) {
+        dot +=
+            Bf16ToFloat(d.a_bf16[i * 20 + q]) * Bf16ToFloat(d.b_bf16[(q / 2) * 20 + 2 * j + q % 2]);
+      }
+      want.c_f32[i * 10 + j] += 2.0f * dot;
+    }
+  }
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      uint32_t acc = static_cast<uint32_t>(want.c_i32[i * 8 + j]);
+      for (int q = 0; q < 8; ++q) {
+        acc += static_cast<uint32_t>(int32_t{d.a_i8[i * 24 + q]} *
+                                     int32_t{d.b_i8[(q / 4) * 24 + 4 * j + q % 4]});
+      }
+      want.c_i32[i * 8 + j] = static_cast<int32_t>(acc);
+    }
+  }
+  RunProgram<Model>(&d);
+  EXPECT_EQ(d.c_f32, want.c_f32);
+  EXPECT_EQ(d.c_i32, want.c_i32);
 }
 
 using AmxTileModelDeathTest = ::testing::Test;

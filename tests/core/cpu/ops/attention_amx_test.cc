@@ -106,6 +106,34 @@ TEST(PagedAttentionAmxTest, HardwareEqualsEmulationBitForBit) {
   EXPECT_EQ(0, std::memcmp(fast.data(), emulated.data(), fast.size() * sizeof(float)));
 }
 
+// The tile unit's own tile code (attention_amx_tiles.h) on the software tile model, on any CPU:
+// the emulation's bits for decode groups, staged prefills (several row blocks per item) and
+// head dims on and off the 32 grid, and a prompt in chunks the whole prompt's bits.
+TEST(PagedAttentionAmxTest, TheTileUnitsCodeOnTheTileModelEqualsTheEmulation) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim, block_size;
+    std::vector<std::pair<int64_t, int64_t>> seqs;
+  };
+  const Case cases[] = {{64, 8, 128, 16, {{0, 70}, {100, 1}, {33, 1}, {5, 1}, {33, 40}}},
+                        {4, 2, 40, 5, {{0, 37}, {20, 1}, {2, 150}}}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    AttnFixture s(c.heads, c.kv_heads, c.head_dim, c.block_size, c.seqs, seed += 10);
+    internal::ForceAmxTileModel(true);
+    const std::vector<float> model = s.Run();
+    internal::ForceAmxTileModel(false);
+    internal::ForceGenericKernels(true);
+    const std::vector<float> emulated = s.Run();
+    internal::ForceGenericKernels(false);
+    ASSERT_EQ(model.size(), emulated.size());
+    EXPECT_EQ(0, std::memcmp(model.data(), emulated.data(), model.size() * sizeof(float)))
+        << "head_dim " << c.head_dim;
+  }
+  internal::ForceAmxTileModel(true);
+  testing::ExpectChunksGiveTheWholePromptsBits(PagedAttentionAmx);
+  internal::ForceAmxTileModel(false);
+}
+
 // A bf16 cache (the bf16_amx mode's default) stores FloatToBf16 of each key and value, what the
 // packing rounds them to: the fp32 cache's bits in the tile unit's form (or its emulation) and
 // the portable packing, for decode groups, staged prefills, head dims on and off the 32 grid.
