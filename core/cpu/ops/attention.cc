@@ -116,7 +116,8 @@ void SumEachRow(const internal::AttentionRows& rows, int64_t n, const float* con
 // of them that the loops read. In the cache a head's slice of each position lies kv_dim floats
 // from the next (4 KiB on GLM-4.5 Air): a block's rows share cache sets, so rereading them for
 // each query row missed even L2, and the hardware prefetchers do not follow the stride.
-// Contiguous, they stay in L2 and stream. A copy (from a bf16 cache: each value widened,
+// Contiguous, they stay in L2 and stream: worth the copy for an item of many rows (a prompt), not
+// for a decode step's few (kInPlaceRows). A copy (from a bf16 cache: each value widened,
 // exactly): no bit changes.
 template <typename T>
 internal::AttentionRows PackBlock(const internal::AttentionRows& rows, bool values, int64_t p0,
@@ -232,6 +233,10 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
     for (int64_t i = item_begin; i < item_end; ++i) {
       const internal::ItemRows row_of{items[i], batch[items[i].seq], heads, group};
       const int64_t n_rows = row_of.count(), item_context = row_of.context();
+      // A decode step's item (one token's rows) reads each fp32 block a few times: the AVX-512
+      // loops read it in place, the next block's lines planned ahead, where copying it cost
+      // more than it saved. Longer items pack: their passes reuse the block from L1 and L2.
+      const bool in_place = avx512 && n_rows <= internal::kInPlaceRows;
       probs.resize(n_rows * item_context);  // [n_rows, item_context]
       const internal::AttentionRows rows{.cache = &cache,
                                          .blocks = row_of.slice.blocks,
@@ -250,10 +255,12 @@ void PagedAttention(const float* q, absl::Span<const SequenceSlice> batch, const
             [&](int64_t p0, int64_t p1) {
               // A bf16 cache's rows are widened here, whatever the item's rows.
               view = cache.host_bf16() ? PackBlock<uint16_t>(rows, values, p0, p1, packed.data())
-                     : n_rows > 1      ? PackBlock<float>(rows, values, p0, p1, packed.data())
-                                       : rows;
+                     : n_rows > 1 && !in_place
+                         ? PackBlock<float>(rows, values, p0, p1, packed.data())
+                         : rows;
               view.begin = p0;
-              if (view.packed != nullptr) {  // (a lone row's loops prefetch its own rows)
+              // (The portable and AVX2 loops prefetch a lone row's rows themselves.)
+              if (view.packed != nullptr || in_place) {
                 internal::PlanRowsAhead(rows, values, p1, item_context, &rows_ahead);
                 ahead = rows_ahead.lines();
                 view.ahead = &ahead;

@@ -117,8 +117,8 @@ constexpr SumChunkFn kSumChunks[8] = {SumChunk<1>, SumChunk<2>, SumChunk<3>, Sum
 // same bits. One array per row, loaded and stored array by array: a [R][V] array, or pointers
 // to the rows' arrays, made GCC keep the registers on the stack, a store per add.
 template <int R, int V>
-void SumChunkRows(const float* v, int64_t count, int64_t hd, const float* const* probs, int64_t d0,
-                  __mmask16 last, float* const* out, LinesAhead* lines_ahead) {
+void SumChunkRows(const AttentionRows& rows, const float* const* probs, int64_t d0, __mmask16 last,
+                  float* const* out, LinesAhead* lines_ahead) {
   static_assert(R >= 1 && R <= 3 && R * V <= 24);
   __m512 a0[V], a1[V], a2[V];
   auto load = [&](__m512* a, const float* o) {
@@ -141,35 +141,39 @@ void SumChunkRows(const float* v, int64_t count, int64_t hd, const float* const*
   load(a0, out[0]);
   if constexpr (R > 1) load(a1, out[1]);
   if constexpr (R > 2) load(a2, out[2]);
-  const float* w0 = probs[0];
-  const float* w1 = probs[R > 1 ? 1 : 0];
-  const float* w2 = probs[R > 2 ? 2 : 0];
-  v += d0;
+  const int64_t stride = rows.kv_dim;
   LinesAhead ahead = *lines_ahead;  // a local: in registers
-  for (int64_t i = 0; i < count; ++i, v += hd) {
-    ahead.Prefetch();
-    ahead.Prefetch();
-    const __m512 b0 = _mm512_set1_ps(w0[i]);
-    const __m512 b1 = _mm512_set1_ps(w1[i]);
-    const __m512 b2 = _mm512_set1_ps(w2[i]);
+  rows.ForEachRun(true, [&](int64_t p, const float* v, int64_t count) {
+    const float* w0 = probs[0] + p;
+    const float* w1 = probs[R > 1 ? 1 : 0] + p;
+    const float* w2 = probs[R > 2 ? 2 : 0] + p;
+    v += d0;
+    for (int64_t i = 0; i < count; ++i, v += stride) {
+      ahead.Prefetch();
+      ahead.Prefetch();
+      const __m512 b0 = _mm512_set1_ps(w0[i]);
+      const __m512 b1 = _mm512_set1_ps(w1[i]);
+      const __m512 b2 = _mm512_set1_ps(w2[i]);
 #pragma GCC unroll 8
-    for (int j = 0; j < V; ++j) {
-      __m512 x = j + 1 < V ? _mm512_loadu_ps(v + 16 * j) : _mm512_maskz_loadu_ps(last, v + 16 * j);
-      // Into a register, once: otherwise GCC folds the load into each row's multiply.
-      if constexpr (R > 1) __asm__("" : "+v"(x));
-      a0[j] = _mm512_add_ps(a0[j], _mm512_mul_ps(b0, x));
-      if constexpr (R > 1) a1[j] = _mm512_add_ps(a1[j], _mm512_mul_ps(b1, x));
-      if constexpr (R > 2) a2[j] = _mm512_add_ps(a2[j], _mm512_mul_ps(b2, x));
+      for (int j = 0; j < V; ++j) {
+        __m512 x =
+            j + 1 < V ? _mm512_loadu_ps(v + 16 * j) : _mm512_maskz_loadu_ps(last, v + 16 * j);
+        // Into a register, once: otherwise GCC folds the load into each row's multiply.
+        if constexpr (R > 1) __asm__("" : "+v"(x));
+        a0[j] = _mm512_add_ps(a0[j], _mm512_mul_ps(b0, x));
+        if constexpr (R > 1) a1[j] = _mm512_add_ps(a1[j], _mm512_mul_ps(b1, x));
+        if constexpr (R > 2) a2[j] = _mm512_add_ps(a2[j], _mm512_mul_ps(b2, x));
+      }
     }
-  }
+  });
   *lines_ahead = ahead;
   store(a0, out[0]);
   if constexpr (R > 1) store(a1, out[1]);
   if constexpr (R > 2) store(a2, out[2]);
 }
 
-using SumChunkRowsFn = void (*)(const float*, int64_t, int64_t, const float* const*, int64_t,
-                                __mmask16, float* const*, LinesAhead*);
+using SumChunkRowsFn = void (*)(const AttentionRows&, const float* const*, int64_t, __mmask16,
+                                float* const*, LinesAhead*);
 // [R - 1][V - 1]: three rows at a time up to V = 8 (24 accumulators).
 constexpr SumChunkRowsFn kSumChunkRows[3][8] = {
     {SumChunkRows<1, 1>, SumChunkRows<1, 2>, SumChunkRows<1, 3>, SumChunkRows<1, 4>,
@@ -231,58 +235,50 @@ void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, f
 void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* q,
                                float scale, float* const* scores) {
   constexpr int kLinesPerCall = 12;
-  const int64_t hd = rows.head_dim;
-  if (rows.packed == nullptr || hd % 8 != 0) {
+  const int64_t hd = rows.head_dim, ld = rows.kv_dim;
+  if (hd % 8 != 0) {
     for (int64_t r = 0; r < n; ++r) AttentionScoresAvx512(rows, q[r], scale, scores[r]);
     return;
   }
   // Eight positions at a time (their keys, 4 KiB at a 128-wide head, stay in L1 for all n
   // rows), two rows at a time: 16 lane chains, where three rows' 24 left GCC too few registers
-  // and it kept a query vector on the stack.
-  const int64_t p = rows.begin, count = rows.context - rows.begin;
-  const float* k = rows.packed + (p - rows.packed_begin) * hd;
+  // and it kept a query vector on the stack. The keys are packed, or read in place (ld apart).
   LinesAhead ahead = rows.ahead != nullptr ? *rows.ahead : LinesAhead{};
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    float* s[2];
-    int64_t r = 0;
-    for (; r + 2 <= n; r += 2) {
-      // A 128-wide block's next fp32 rows are 512 lines; 48 calls of two rows take it at GLM's
-      // 12 rows a run.
-      for (int l = 0; l < kLinesPerCall; ++l) ahead.Prefetch();
-      s[0] = scores[r] + p + i;
-      s[1] = scores[r + 1] + p + i;
-      lanes8::ScoresOfEightRows<2>(q + r, k + i * hd, hd, hd, scale, s);
+  rows.ForEachRun(false, [&](int64_t p, const float* k, int64_t count) {
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+      float* s[2];
+      int64_t r = 0;
+      for (; r + 2 <= n; r += 2) {
+        // A 128-wide block's next fp32 rows are 512 lines; 48 calls of two rows take it at
+        // GLM's 12 rows a run.
+        for (int l = 0; l < kLinesPerCall; ++l) ahead.Prefetch();
+        s[0] = scores[r] + p + i;
+        s[1] = scores[r + 1] + p + i;
+        lanes8::ScoresOfEightRows<2>(q + r, k + i * ld, ld, hd, scale, s);
+      }
+      if (r < n) {
+        s[0] = scores[r] + p + i;
+        lanes8::ScoresOfEightRows<1>(q + r, k + i * ld, ld, hd, scale, s);
+      }
     }
-    if (r < n) {
-      s[0] = scores[r] + p + i;
-      lanes8::ScoresOfEightRows<1>(q + r, k + i * hd, hd, hd, scale, s);
+    for (; i < count; ++i) {
+      for (int64_t r = 0; r < n; ++r) {
+        LaneDot8Rows<1>(q[r], k + i * ld, ld, hd, scale, scores[r] + p + i);
+      }
     }
-  }
+  });
   if (rows.ahead != nullptr) *rows.ahead = ahead;
-  if (i < count) {
-    AttentionRows tail = rows;
-    tail.begin = p + i;
-    for (int64_t r = 0; r < n; ++r) AttentionScoresAvx512(tail, q[r], scale, scores[r]);
-  }
 }
 
 void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* probs,
                                     float* const* out) {
-  if (rows.packed == nullptr) {
-    for (int64_t r = 0; r < n; ++r) AttentionWeightedSumAvx512(rows, probs[r], out[r]);
-    return;
-  }
-  const int64_t hd = rows.head_dim, p = rows.begin, count = rows.context - rows.begin;
-  const float* v = rows.packed + (p - rows.packed_begin) * hd;
   LinesAhead none;
   LinesAhead* ahead = rows.ahead != nullptr ? rows.ahead : &none;
-  ForEachChunk(hd, [&](int64_t d0, int64_t vecs, __mmask16 last) {
-    const float* w[3];
+  ForEachChunk(rows.head_dim, [&](int64_t d0, int64_t vecs, __mmask16 last) {
     for (int64_t r = 0; r < n;) {
       const int64_t take = std::min<int64_t>(3, n - r);
-      for (int64_t j = 0; j < take; ++j) w[j] = probs[r + j] + p;
-      kSumChunkRows[take - 1][vecs - 1](v, count, hd, w, d0, last, out + r, ahead);
+      kSumChunkRows[take - 1][vecs - 1](rows, probs + r, d0, last, out + r, ahead);
       r += take;
     }
   });

@@ -105,8 +105,9 @@ void AttentionWeightedSumAvx512(const AttentionRows& rows, const float* probs, f
 void AttentionWeightedSumAvx2(const AttentionRows& rows, const float* probs, float* out);
 // The same loops for n rows that read the same positions (`rows`; PagedAttention's rows of one
 // position block): q[r] / probs[r] and scores[r] / out[r] as above for each r < n, each row's
-// bits a lone row's. The AVX-512 forms load each packed key and value vector once for several
-// rows; unpacked views go row by row.
+// bits a lone row's. The AVX-512 forms load each key and value vector once for several rows,
+// packed or in place in the cache (then prefetching `rows.ahead`'s lines as they go); a head
+// dim off the 8-lane grid goes row by row.
 void AttentionScoresRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* q,
                                float scale, float* const* scores);
 void AttentionWeightedSumRowsAvx512(const AttentionRows& rows, int64_t n, const float* const* probs,

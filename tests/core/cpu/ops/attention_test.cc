@@ -187,7 +187,8 @@ TEST(PagedAttentionTest, EverySimdFormEqualsPortableBitForBit) {
 // position block) against the portable single-row loops, bit for bit: 1 to 7 rows (whole groups
 // of two and three, and ragged ones), head dims with an 8-lane tail (13, not a multiple of 8: the
 // row-by-row fallback), a masked last register (24, 136), two 128-wide chunks (260); packed
-// parts of 5, 3, 13 and 8 positions (ragged against the 8-position step) and the unpacked view.
+// parts of 5, 3, 13 and 8 positions (ragged against the 8-position step), and the rows read in
+// place (a decode item's way), whose runs end at the cache's 8-position blocks too.
 TEST(PagedAttentionTest, Avx512RowsFormsEqualPortableBitForBit) {
   if (!internal::CpuHasAvx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   uint32_t seed = 500;
@@ -211,6 +212,7 @@ TEST(PagedAttentionTest, Avx512RowsFormsEqualPortableBitForBit) {
                                             sums.data() + r * head_dim);
     }
     for (const bool packed : {true, false}) {
+      const char* form_name = packed ? " packed" : " in place";
       for (int64_t n = 1; n <= n_rows; ++n) {
         std::vector<float> s2(n * context, NAN), o2(n * head_dim, 0.0f);
         std::vector<const float*> qs(n), ps(n);
@@ -246,12 +248,12 @@ TEST(PagedAttentionTest, Avx512RowsFormsEqualPortableBitForBit) {
           for (int64_t p = 0; p < context; ++p) {
             ASSERT_EQ(s2[r * context + p], scores[r * context + p])
                 << "head_dim " << head_dim << " rows " << n << " row " << r << " score " << p
-                << (packed ? " packed" : " unpacked");
+                << form_name;
           }
           for (int64_t d = 0; d < head_dim; ++d) {
             ASSERT_EQ(o2[r * head_dim + d], sums[r * head_dim + d])
                 << "head_dim " << head_dim << " rows " << n << " row " << r << " element " << d
-                << (packed ? " packed" : " unpacked");
+                << form_name;
           }
         }
       }
