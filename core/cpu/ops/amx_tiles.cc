@@ -38,14 +38,15 @@ int Rows(const char* instruction, int t) {
 int Colsb(int t) { return file.config.colsb[t]; }
 
 // The shape rules of TDPBF16PS and TDPBSSD (C += A B): three different tiles, M = rows(C) =
-// rows(A), N bytes = colsb(C) = colsb(B), K bytes = colsb(A) = 4 rows(B).
-void CheckProduct(const char* instruction, int c, int a, int b) {
+// rows(A), N bytes = colsb(C) = colsb(B), K bytes = colsb(A) = 4 rows(B). Returns M.
+int CheckProduct(const char* instruction, int c, int a, int b) {
   const int m = Rows(instruction, c), m_a = Rows(instruction, a), k_rows = Rows(instruction, b);
   if (c == a || c == b || a == b) Fault(instruction, "C, A and B must be different tiles", c);
   if (m != m_a) Fault(instruction, "rows of C and A differ", a);
   if (Colsb(c) != Colsb(b)) Fault(instruction, "bytes per row of C and B differ", b);
   if (Colsb(a) != 4 * k_rows) Fault(instruction, "bytes per row of A are not 4 x rows of B", a);
   if (Colsb(c) % 4 != 0) Fault(instruction, "C rows are not whole dwords", c);
+  return m;
 }
 
 float LoadFloat(const uint8_t* p) {
@@ -117,8 +118,7 @@ void AmxTileModel::stored(int t, void* base, int64_t stride_bytes) {
 }
 
 void AmxTileModel::dpbf16ps(int c, int a, int b) {
-  CheckProduct("TDPBF16PS", c, a, b);
-  const int m_rows = Rows("TDPBF16PS", c), n = Colsb(c) / 4, pairs = Colsb(a) / 4;
+  const int m_rows = CheckProduct("TDPBF16PS", c, a, b), n = Colsb(c) / 4, pairs = Colsb(a) / 4;
   uint8_t* ct = file.data[c];
   const uint8_t *at = file.data[a], *bt = file.data[b];
   for (int i = 0; i < m_rows; ++i) {
@@ -134,8 +134,7 @@ void AmxTileModel::dpbf16ps(int c, int a, int b) {
 }
 
 void AmxTileModel::dpbssd(int c, int a, int b) {
-  CheckProduct("TDPBSSD", c, a, b);
-  const int m_rows = Rows("TDPBSSD", c), n = Colsb(c) / 4, words = Colsb(a) / 4;
+  const int m_rows = CheckProduct("TDPBSSD", c, a, b), n = Colsb(c) / 4, words = Colsb(a) / 4;
   uint8_t* ct = file.data[c];
   const uint8_t *at = file.data[a], *bt = file.data[b];
   for (int i = 0; i < m_rows; ++i) {

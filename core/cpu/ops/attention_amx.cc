@@ -274,27 +274,29 @@ struct CallArgs {
   float* out;
   int64_t heads, group, head_dim, dp;
   float scale;
-  bool hardware;    // the tile unit (CpuHasAmx, CpuHasAvx512)
-  bool tile_model;  // else its software model (ForceAmxTileModel), else the emulation
+  // The tile products' machine: the tile unit (CpuHasAmx, CpuHasAvx512), its software model
+  // (ForceAmxTileModel), or the portable emulation.
+  enum class Tiles { kUnit, kModel, kEmulated } tiles;
 };
 
 // The tiles of this thread for a call's work items: configured on the tile unit or the model.
 void TilesBegin(const CallArgs& c) {
-  if (c.hardware) AmxThreadBegin();
-  if (c.tile_model) AmxTileModel::loadconfig(&AmxBf16TileConfig());
+  if (c.tiles == CallArgs::Tiles::kUnit) AmxThreadBegin();
+  if (c.tiles == CallArgs::Tiles::kModel) AmxTileModel::loadconfig(&AmxBf16TileConfig());
 }
 void TilesEnd(const CallArgs& c) {
-  if (c.hardware) AmxThreadEnd();
-  if (c.tile_model) AmxTileModel::release();
+  if (c.tiles == CallArgs::Tiles::kUnit) AmxThreadEnd();
+  if (c.tiles == CallArgs::Tiles::kModel) AmxTileModel::release();
 }
 
 void RunFlashGroup(const CallArgs& c, const FlashGroup& group, const FlashScratch& scratch) {
-  if (c.hardware) {
-    FlashGroupHardware(group, scratch);
-  } else if (c.tile_model) {
-    FlashGroupTileModel(group, scratch);
-  } else {
-    FlashGroupEmulated(group, scratch);
+  switch (c.tiles) {
+    case CallArgs::Tiles::kUnit:
+      return FlashGroupHardware(group, scratch);
+    case CallArgs::Tiles::kModel:
+      return FlashGroupTileModel(group, scratch);
+    case CallArgs::Tiles::kEmulated:
+      return FlashGroupEmulated(group, scratch);
   }
 }
 
@@ -412,8 +414,10 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
   const int64_t head_dim = cache.shape().head_dim, kv_heads = cache.shape().kv_heads;
   const int64_t group = heads / kv_heads;
   const int64_t dp = (head_dim + 31) / 32 * 32;
-  const bool tile_model = internal::AmxTileModelForced();
-  const bool hardware = !tile_model && internal::CpuHasAmx() && internal::CpuHasAvx512();
+  using Tiles = internal::CallArgs::Tiles;
+  const Tiles tiles = internal::AmxTileModelForced()                      ? Tiles::kModel
+                      : internal::CpuHasAmx() && internal::CpuHasAvx512() ? Tiles::kUnit
+                                                                          : Tiles::kEmulated;
 
   std::vector<Unit> units;
   int64_t row = 0;
@@ -435,7 +439,7 @@ void PagedAttentionAmx(const float* q, absl::Span<const SequenceSlice> batch, co
     row += slice.num_tokens;
   }
 
-  const internal::CallArgs args{q, out, heads, group, head_dim, dp, scale, hardware, tile_model};
+  const internal::CallArgs args{q, out, heads, group, head_dim, dp, scale, tiles};
   // Units of one row block (decodes, short chunks) pack their K/V a key block at a time inside
   // their own work item: each cached row is read once, straight into L1.
   std::vector<Unit> staged, fused;
