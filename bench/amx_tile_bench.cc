@@ -7,7 +7,11 @@
 //     on cache lines and shifted off them by 16 and 32 bytes: each slice's rate over the
 //     register-only slice run just before it, medians. Why the kernels keep their tile
 //     operands on cache lines (core/base/aligned_vector.h).
-//   build/bench/amx_tile_bench --slices=200
+//  3. the same step fed from each level of the memory below L1, in the patterns the bf16
+//     GEMM (linear_amx.cc) runs, beside this core's plain read rate from that level: the
+//     ceilings behind issue 28's first target (docs/performance.md, "The AMX GEMM's feed,
+//     measured level by level").
+//   build/bench/amx_tile_bench --slices=200 [--feed_rounds=5]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "bench/machine_limits.h"
+#include "core/base/aligned_vector.h"
 #include "core/cpu/ops/linear_amx.h"
 
 #if defined(__x86_64__)
@@ -24,9 +29,11 @@
 #endif
 
 ABSL_FLAG(int, slices, 200, "slices per measurement (each ~0.1-0.5 ms)");
+ABSL_FLAG(int, feed_rounds, 5, "runs of each feed pattern (the median is shown; 0: skip them)");
 
 namespace {
 
+using glmserve::AlignedVector;
 using glmserve::bench::Median;
 
 constexpr int64_t kIterations = 2048;  // per slice; 4 TDPBF16PS each
@@ -64,6 +71,142 @@ __attribute__((target("amx-tile,amx-bf16"))) double Slice(const uint16_t* tiles,
   _tile_stored(0, c, 64);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return kIterations * 4 * kFlopsPerTdp / s / 1e9 + 0 * c[0];
+}
+
+// --- 3. The 2 x 2 step fed from L2, L3 and memory ----------------------------------------
+//
+// The bf16 GEMM's step: C tiles 0-3 over K = kFeedK, A tiles 4, 5 = 32 weight rows read in
+// place (row-major, a row every kFeedK elements), B tiles 6, 7 = an activation pair packed as
+// tiles (1 KiB per chunk, a tile's chunks in order). A unit is kFeedGroup such 32-row blocks
+// (1 MiB of weights); it takes the activation rows in slabs of kFeedSlab, each slab through
+// every block (linear_amx.cc's AmxUnitOn, without its K ranges and stores).
+constexpr int64_t kFeedK = 4096, kFeedChunks = kFeedK / 32, kFeedGroup = 4, kFeedSlab = 64;
+constexpr int64_t kFeedUnitElems = kFeedGroup * 32 * kFeedK;  // 1 MiB of bf16
+
+// One unit: weights w (kFeedUnitElems), activation rows [0, m) of the packed b; `pin` keeps
+// every slab on the first one (its rows stay in L2). Returns the products run.
+__attribute__((target("amx-tile,amx-bf16"))) int64_t FeedUnit(const uint16_t* w, const uint16_t* b,
+                                                              int64_t m, bool pin) {
+  int64_t products = 0;
+  for (int64_t s0 = 0; s0 < m; s0 += kFeedSlab) {
+    for (int64_t g = 0; g < kFeedGroup; ++g) {
+      const uint16_t* a0 = w + g * 32 * kFeedK;
+      const uint16_t* a1 = a0 + 16 * kFeedK;
+      for (int64_t p = 0; p < std::min(kFeedSlab, m - s0); p += 32) {
+        const uint16_t* b0 = b + ((pin ? 0 : s0) + p) * kFeedK;
+        const uint16_t* b1 = b0 + 16 * kFeedK;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kc = 0; kc < kFeedChunks; ++kc) {
+          _tile_loadd(4, a0 + kc * 32, kFeedK * 2);
+          _tile_loadd(5, a1 + kc * 32, kFeedK * 2);
+          _tile_loadd(6, b0 + kc * 512, 64);
+          _tile_loadd(7, b1 + kc * 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        alignas(64) static float c[256];
+        _tile_stored(0, c, 64);
+        products += 4 * kFeedChunks;
+      }
+    }
+  }
+  return products;
+}
+
+volatile int64_t read_sink = 0;
+
+// This core's plain read rate over n bytes (4 streams of 64-byte loads), GB/s, best of rounds.
+__attribute__((target("avx512f"))) double ReadRate(const uint8_t* p, int64_t n, int rounds) {
+  double best = 0;
+  const int64_t part = n / 4, passes = std::max<int64_t>(1, (int64_t{256} << 20) / n);
+  for (int r = 0; r < rounds; ++r) {
+    __m512i acc = _mm512_setzero_si512();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      for (int64_t off = 0; off < part; off += 64) {
+        for (int s = 0; s < 4; ++s) {
+          acc = _mm512_add_epi64(acc, _mm512_load_si512(p + s * part + off));
+        }
+      }
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    alignas(64) int64_t lanes[8];
+    _mm512_store_si512(lanes, acc);
+    read_sink = read_sink + lanes[0];  // keeps the loads
+    best = std::max(best, passes * part * 4 / sec / 1e9);
+  }
+  return best;
+}
+
+// The step's rate from each level: the median of rounds, over the register-only rate.
+void FeedTable(const uint16_t* tiles, int rounds) {
+  constexpr int64_t kPrompt = 2048, kExpertRows = 128, kExpertUnits = 32;
+  // 1 GiB of weights: each round's experts take fresh units from its start, which the fill of
+  // the rest pushed out of the caches (this VM's L3 reads 480 MiB in lscpu).
+  constexpr int64_t kWeightUnits = 1024;
+  AlignedVector<uint16_t> weights(kWeightUnits * kFeedUnitElems, uint16_t{0x3a83});
+  AlignedVector<uint16_t> acts(kPrompt * kFeedK, uint16_t{0x3a83});
+  const auto bytes = [](const uint16_t* p) { return reinterpret_cast<const uint8_t*>(p); };
+  struct Pattern {
+    const char* level;
+    const char* what;
+    bool experts;      // fresh units of kExpertRows rows, else one unit over the prompt 20 times
+    bool pin;          // every slab is the first one (it stays in L2)
+    double far_bytes;  // operand bytes per product from below L2 (of the step's 1 KiB)
+    const uint8_t* read_base;  // where the plain read rate is measured, and how much of it
+    int64_t read_bytes;
+  };
+  // A unit's first block over each slab reads that slab from below L2: 512 KiB per 4,096
+  // products (512 / kFeedGroup bytes a product). An expert's first pair over each block reads
+  // the block from memory: 1 MiB per 8,192 products (128 bytes a product); its activation rows
+  // stay in L2 here (in the model they are another expert's each time: an optimistic case).
+  const Pattern patterns[] = {
+      {"L2", "a unit after its first pass: 1 MiB of weights, the same 64-row slab", false, true, 0,
+       bytes(weights.data()), kFeedUnitElems * 2},
+      {"L3", "a unit over a 2,048-row prompt: each 64-row slab from L3, used by 4 blocks", false,
+       false, 512.0 / kFeedGroup, bytes(acts.data()), kPrompt * kFeedK * 2},
+      {"memory", "experts: fresh 1 MiB units of weights, 128 rows each", true, false, 128,
+       bytes(weights.data()), kWeightUnits * kFeedUnitElems * 2},
+  };
+  const double ref_rate = [&] {
+    std::vector<double> r;
+    for (int s = 0; s < 50; ++s) r.push_back(Slice(tiles, false));
+    return Median(r);
+  }();
+  std::printf(
+      "\n| 2 x 2 step fed from | pattern | GFLOP/s | of the register rate | operand GB/s in all "
+      "/ from below L2 | this core's plain read rate there |\n|---|---|---|---|---|---|\n");
+  for (const Pattern& pat : patterns) {
+    std::vector<double> rates;
+    for (int r = 0; r < rounds; ++r) {
+      int64_t products = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (pat.experts) {
+        for (int64_t u = r * kExpertUnits; u < (r + 1) * kExpertUnits; ++u) {
+          const int64_t unit = u % kWeightUnits;
+          products +=
+              FeedUnit(weights.data() + unit * kFeedUnitElems, acts.data(), kExpertRows, pat.pin);
+        }
+      } else {
+        for (int rep = 0; rep < 20; ++rep) {
+          products += FeedUnit(weights.data(), acts.data(), kPrompt, pat.pin);
+        }
+      }
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      rates.push_back(products * kFlopsPerTdp / sec / 1e9);
+    }
+    const double rate = Median(rates), products_per_s = rate * 1e9 / kFlopsPerTdp;
+    std::printf("| %s | %s | %.0f | %.2f | %.0f / %.1f | %.1f GB/s |\n", pat.level, pat.what, rate,
+                rate / ref_rate, products_per_s * 1024 / 1e9, products_per_s * pat.far_bytes / 1e9,
+                ReadRate(pat.read_base, pat.read_bytes, 3));
+  }
+  std::printf("(register-only rate of this run: %.0f GFLOP/s)\n", ref_rate);
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) int Run() {
@@ -104,6 +247,7 @@ __attribute__((target("amx-tile,amx-bf16"))) int Run() {
     std::printf("| %s (%d bytes past a cache line) | %.2f |\n",
                 shift == 0 ? "aligned" : "misaligned", shift, Median(ratio));
   }
+  if (absl::GetFlag(FLAGS_feed_rounds) > 0) FeedTable(buffer, absl::GetFlag(FLAGS_feed_rounds));
   _tile_release();
   return 0;
 }
