@@ -180,10 +180,11 @@ inline constexpr int64_t kInt8VnniMinRows = 4;
 // 1.6x at 8 rows, even at 64, behind by 10% from 256: bench/int8_kernel_bench).
 inline constexpr int64_t kInt8Rows16TileMinRows = 64;
 // On AMX, kRows16 weights meet activations of this many rows or more on the tiles
-// (Int8AmxRows16Block), fewer on Int8BlockAvx512VnniRows16: below one full A tile the tile
-// product's rows are mostly padding, while the VNNI kernel takes up to 4 rows per pass. Not
-// yet measured on an AMX CPU (bench/int8_kernel_bench prints both there).
-inline constexpr int64_t kInt8AmxRows16MinRows = 16;
+// (Int8AmxRows16Block), fewer on Int8BlockAvx512VnniRows16, which takes up to 4 rows per pass.
+// Measured on an AMX Xeon (bench/int8_kernel_bench, one thread, 4096 x 4096): the tiles win
+// from 5 rows (1.15x) though 11 of the A tile's 16 rows are padding (1.15x at 8, 1.47x at 12),
+// the VNNI kernel at 4 rows and fewer (1.1-1.2x); a decode step of 8 sequences 1.06-1.27x.
+inline constexpr int64_t kInt8AmxRows16MinRows = 5;
 // What LinearMany packs for an activation of m rows against weights in `layout` on this
 // machine.
 Int8Operands Int8OperandsFor(int64_t m, Int8Layout layout = Int8Layout::kRowMajor);

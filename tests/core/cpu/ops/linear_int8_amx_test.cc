@@ -238,7 +238,9 @@ TEST(LinearInt8Amx, LinearManyAsOnAnAmxCpuEqualsThisCpusKernels) {
   for (const Int8Layout layout : {Int8Layout::kRowMajor, Int8Layout::kRows16}) {
     const testing::Int8Matrix w = QuantizeInt8(wf, n, k, layout);
     const Matrix slice = w.view.RowSlice(7, 50);
-    for (const int64_t m : {1, 15, 16, 17, 40}) {
+    for (const int64_t m :
+         {int64_t{1}, internal::kInt8AmxRows16MinRows - 1, internal::kInt8AmxRows16MinRows,
+          int64_t{15}, int64_t{17}, int64_t{40}}) {
       const std::vector<float> x = RandomVector(m * k, 53 + static_cast<uint32_t>(m));
       auto run = [&](bool model) {
         internal::ForceInt8AmxTileModel(model);
@@ -259,8 +261,12 @@ TEST(LinearInt8Amx, LinearManyAsOnAnAmxCpuEqualsThisCpusKernels) {
   }
   internal::ForceInt8AmxTileModel(true);
   EXPECT_EQ(internal::Int8OperandsFor(1), internal::Int8Operands::kAmxTiles);
-  EXPECT_EQ(internal::Int8OperandsFor(15, Int8Layout::kRows16), internal::Int8Operands::kGroups);
-  EXPECT_EQ(internal::Int8OperandsFor(16, Int8Layout::kRows16), internal::Int8Operands::kAmxRows);
+  const int64_t rows16_min = internal::kInt8AmxRows16MinRows;
+  EXPECT_EQ(internal::Int8OperandsFor(rows16_min - 1, Int8Layout::kRows16),
+            internal::Int8Operands::kGroups);
+  EXPECT_EQ(internal::Int8OperandsFor(rows16_min, Int8Layout::kRows16),
+            internal::Int8Operands::kAmxRows);
+  EXPECT_EQ(internal::Int8OperandsFor(8, Int8Layout::kRows16), internal::Int8Operands::kAmxRows);
   internal::ForceInt8AmxTileModel(false);
 }
 
