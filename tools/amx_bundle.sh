@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Packs the AMX check (issue 28's targets: glmserve's AMX modes against llama.cpp on the same
 # Xeon) into one folder for a host that can build nothing: a CPU build of glmserve's AMX tests,
-# cpu_bench, linear_bench, attention_bench, int8_kernel_bench and glm-run; optionally
-# llama.cpp's benchmarks built for Sapphire Rapids and the GGUF skeleton that rebuilds the
-# preset's GGUF there.
+# cpu_bench, linear_bench, attention_bench, int8_kernel_bench, amx_tile_bench and glm-run;
+# optionally llama.cpp's benchmarks built for Sapphire Rapids and the GGUF skeleton that
+# rebuilds the preset's GGUF there.
 #
 #   tools/amx_bundle.sh [--build-dir DIR] [--out DIR] [--llama-build DIR --llama-src DIR
 #                       --gguf DIR] [--archive]
@@ -45,7 +45,7 @@ done
 
 targets=(core_cpu_ops_amx_tiles_test core_cpu_ops_linear_amx_test
   core_cpu_ops_linear_int8_amx_test core_cpu_ops_attention_amx_test cpu_bench linear_bench attention_bench int8_kernel_bench
-  glm-run)
+  amx_tile_bench glm-run)
 cmake --build "$build" -j "${JOBS:-2}" --target "${targets[@]}"
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/lib-fallback"

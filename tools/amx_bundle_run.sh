@@ -13,7 +13,8 @@
 #      Without AMX the run stops here.
 #   2. glmserve: cpu_bench on $PRESET (int8_amx, int8, int8_row_major, bf16_amx; prefill
 #      2,048, decode batch 1 and 8 at contexts 0 and 4,096, --breakdown), each row beside the
-#      same-run peaks; then linear_bench, attention_bench and int8_kernel_bench if time is left.
+#      same-run peaks; then linear_bench, attention_bench, int8_kernel_bench and amx_tile_bench
+#      (the tile step fed from L2, L3 and memory) if time is left.
 #      On CPU set A (2 cores).
 #   3. Meanwhile on set C (the other cores): the preset's checkpoint (glm-run --save, the same
 #      bytes as on the build machine), its GGUF BF16 (gguf_fill from the skeleton and manifest
@@ -208,6 +209,9 @@ run_step attention_bench 90 "$out/attention_bench.log" taskset -c "$set_a" \
 # (kInt8AmxRows16MinRows) against VNNI's decode kernel.
 run_step int8_kernel_bench 90 "$out/int8_kernel_bench.log" taskset -c "${set_a%%,*}" \
   "$here/bin/int8_kernel_bench" --rows=1,4,8,12,16,32,64,256 --n=4096 --k=4096 --reps=3
+# One thread: the bf16 GEMM's tile step fed from each level (issue 28's first target's ceilings).
+run_step amx_tile_bench 60 "$out/amx_tile_bench.log" taskset -c "${set_a%%,*}" \
+  "$here/bin/amx_tile_bench" --slices=100
 
 if [ "$have_llama" = 0 ]; then
   :
