@@ -9,8 +9,8 @@
 //     operands on cache lines (core/base/aligned_vector.h).
 //  3. the same step fed from each level of the memory below L1, in the patterns the bf16
 //     GEMM (linear_amx.cc) runs, beside this core's plain read rate from that level: the
-//     ceilings behind issue 28's first target (docs/performance.md, "The AMX GEMM's feed,
-//     measured level by level").
+//     ceilings behind issue 28's first target (docs/performance.md, "On the AMX Xeon again:
+//     the tile unit's feed level by level").
 //   build/bench/amx_tile_bench --slices=200 [--feed_rounds=5]
 #include <algorithm>
 #include <chrono>
