@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -118,28 +119,22 @@ __attribute__((target("amx-tile,amx-bf16"))) int64_t FeedUnit(const uint16_t* w,
   return products;
 }
 
-volatile int64_t read_sink = 0;
-
-// This core's plain read rate over n bytes (4 streams of 64-byte loads), GB/s, best of rounds.
-__attribute__((target("avx512f"))) double ReadRate(const uint8_t* p, int64_t n, int rounds) {
+// This core's plain read rate over n bytes (machine_limits.h's SumStreams, 4 streams), GB/s,
+// the best of rounds.
+double ReadRate(const uint8_t* p, int64_t n, int rounds) {
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(p);
+  const int64_t passes = std::max<int64_t>(1, (int64_t{256} << 20) / n);
   double best = 0;
-  const int64_t part = n / 4, passes = std::max<int64_t>(1, (int64_t{256} << 20) / n);
+  uint64_t total = 0;
   for (int r = 0; r < rounds; ++r) {
-    __m512i acc = _mm512_setzero_si512();
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = glmserve::bench::Clock::now();
     for (int64_t pass = 0; pass < passes; ++pass) {
-      for (int64_t off = 0; off < part; off += 64) {
-        for (int s = 0; s < 4; ++s) {
-          acc = _mm512_add_epi64(acc, _mm512_load_si512(p + s * part + off));
-        }
-      }
+      asm volatile("" ::: "memory");  // each pass reads again (the sum is the same each time)
+      total += glmserve::bench::SumStreams(words, 0, n / 8, 4);
     }
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    alignas(64) int64_t lanes[8];
-    _mm512_store_si512(lanes, acc);
-    read_sink = read_sink + lanes[0];  // keeps the loads
-    best = std::max(best, passes * part * 4 / sec / 1e9);
+    best = std::max(best, passes * n / glmserve::bench::Since(t0) / 1e9);
   }
+  if (total == 0) std::abort();  // keeps the sums alive (the buffers are never zero)
   return best;
 }
 
@@ -185,7 +180,7 @@ void FeedTable(const uint16_t* tiles, int rounds) {
     std::vector<double> rates;
     for (int r = 0; r < rounds; ++r) {
       int64_t products = 0;
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = glmserve::bench::Clock::now();
       if (pat.experts) {
         for (int64_t u = r * kExpertUnits; u < (r + 1) * kExpertUnits; ++u) {
           const int64_t unit = u % kWeightUnits;
@@ -197,9 +192,7 @@ void FeedTable(const uint16_t* tiles, int rounds) {
           products += FeedUnit(weights.data(), acts.data(), kPrompt, pat.pin);
         }
       }
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      rates.push_back(products * kFlopsPerTdp / sec / 1e9);
+      rates.push_back(products * kFlopsPerTdp / glmserve::bench::Since(t0) / 1e9);
     }
     const double rate = Median(rates), products_per_s = rate * 1e9 / kFlopsPerTdp;
     std::printf("| %s | %s | %.0f | %.2f | %.0f / %.1f | %.1f GB/s |\n", pat.level, pat.what, rate,
